@@ -1,0 +1,1 @@
+"""Kafka edge: the embedded broker, topic administration, producers."""

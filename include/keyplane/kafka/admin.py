@@ -1,0 +1,100 @@
+"""Topic administration and offset queries that work on Kafka and on tansu.
+
+tansu's ListOffsets(latest) answers with the start of the last record batch
+plus one, not the high watermark. A Fetch response, however, carries the true
+high watermark, so :func:`high_watermarks` seeks near the reported end and
+reads the watermark from one fetch. On Apache Kafka both agree, and the same
+code is correct.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+
+class TopicError(RuntimeError):
+    """A topic is missing or does not have the partitions the caller needs."""
+
+
+def ensure_topic(bootstrap_servers: str, name: str, partitions: int) -> int:
+    """Create ``name`` with ``partitions`` partitions unless it exists.
+
+    Returns the topic's partition count. An existing topic with a different
+    count is kept as it is (tansu cannot add partitions), and the caller gets
+    the real count back.
+    """
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    try:
+        try:
+            admin.create_topics([NewTopic(name, partitions, 1)])
+        except TopicAlreadyExistsError:
+            pass
+    finally:
+        admin.close()
+    return len(partitions_of(bootstrap_servers, name))
+
+
+def partitions_of(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -> list[int]:
+    """The topic's partition ids; TopicError when it does not exist."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            parts = consumer.partitions_for_topic(topic)
+            if parts:
+                return sorted(parts)
+            if time.monotonic() > deadline:
+                raise TopicError(
+                    f"topic {topic!r} does not exist on {bootstrap_servers}; "
+                    "create it with `keyplane topic create`"
+                )
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+
+
+def high_watermarks(
+    bootstrap_servers: str, topic: str, partitions: list[int] | None = None
+) -> dict[int, int]:
+    """The next offset to be written in each partition (the high watermark)."""
+    parts = partitions if partitions is not None else partitions_of(bootstrap_servers, topic)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        enable_auto_commit=False,
+        fetch_max_bytes=1024,
+        max_partition_fetch_bytes=1024,
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in parts]
+        reported: Mapping[TopicPartition, int] = consumer.end_offsets(tps)
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, max(0, reported[tp] - 1))
+        marks: dict[int, int] = {}
+        deadline = time.monotonic() + 10.0
+        while len(marks) < len(tps):
+            consumer.poll(timeout_ms=200, max_records=1)
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None:
+                    marks[tp.partition] = hw
+            if time.monotonic() > deadline:
+                missing = [tp.partition for tp in tps if tp.partition not in marks]
+                raise TopicError(f"no high watermark for {topic} partitions {missing}")
+        return marks
+    finally:
+        consumer.close()
+
+
+def earliest_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers)
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap_servers, topic)]
+        return {tp.partition: off for tp, off in consumer.beginning_offsets(tps).items()}
+    finally:
+        consumer.close()

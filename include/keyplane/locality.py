@@ -1,0 +1,777 @@
+"""Locality-aware routing tables from key-pair statistics (paper 000 §3.2-§3.3).
+
+Two consecutive stateful stages A and B route by different keys. When a pair
+of keys (a, b) is frequent, putting a and b on the same instance keeps the
+tuples between the stages on one server; hashing gets that right only with
+probability 1/n (000 §3.2). This module turns the observed pair counts into
+routing tables that co-locate correlated keys while keeping each stage's load
+within an imbalance bound α (000 §3.1):
+
+1. Build the bipartite key graph: a vertex per key of either stage weighted by
+   the key's frequency, an edge per pair weighted by its count (000 §3.3).
+2. Take out the *heavy* keys, whose weight alone exceeds α times the mean
+   instance load. A single such key caps the balance: its instance is over the
+   bound whatever else it holds, so no partition can meet α. They are returned
+   as heavy keys for the hot-key splitter (paper 001 §4.2) to spread over
+   several instances, or pinned to the least loaded instance on request.
+3. Keep the most valuable keys within the table budget: first by the pair
+   weight they can make local, then by frequency. Other keys use the hash
+   fallback (000 §3.3), which fixes their instance.
+4. Partition the table keys with METIS (000 §3.3), target part sizes set to the
+   capacity the hashed keys leave on each instance.
+5. METIS balances one constraint only (pymetis passes one weight per vertex),
+   while α must hold for each stage separately, and METIS may overshoot its own
+   tolerance. A greedy pass therefore moves the cheapest keys (locality lost
+   per unit of load moved) out of overloaded instances; when no key fits, the
+   heaviest key of the overloaded instance is handed to the hot-key splitter.
+   This makes the predicted per-stage imbalance ≤ α a guarantee.
+
+What the balance counts. The load of an instance in a stage is the summed
+weight of that stage's keys placed on it: table keys at their table instance
+and hashed keys (known keys outside the table) at their hash instance. Keys
+handed to the splitter are left out: the splitter spreads them, and adding a
+load spread evenly over all instances can only lower max/mean, so leaving them
+out gives the conservative figure. Pinned heavy keys are counted where pinned.
+
+Beyond the paper, :class:`PairHistory` keeps pair statistics across windows
+with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import pymetis
+import scipy.sparse as sp
+
+from keyplane.baselines import hash_worker
+from keyplane.partitioner import KeyArray, TimeArray, WorkerArray
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+HeavyKeyPolicy = Literal["split", "pin"]
+HistoryMode = Literal["reset", "decay"]
+
+_METIS_VERTEX_SCALE = 1_000_000_000
+_METIS_EDGE_SCALE = 1_000_000
+_MIN_PART_TARGET = 1e-6
+_MIN_VERTICES_PER_PART = 2
+# Loads are sums of floats: stop a hair below the bound so that recomputing the
+# loads from scratch (in another order) still lands within α.
+_BOUND_MARGIN = 1.0 - 1e-12
+
+
+def _weighted_counts(index: npt.ArrayLike, weights: FloatArray, size: int) -> FloatArray:
+    """Sum of ``weights`` per index value in ``[0, size)``."""
+    return np.bincount(index, weights=weights, minlength=size).astype(np.float64, copy=False)
+
+
+def _int64_keys(values: npt.ArrayLike, what: str) -> KeyArray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D array, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{what} must hold integer key ids, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def _weights(values: npt.ArrayLike, length: int, what: str) -> FloatArray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.shape != (length,):
+        raise ValueError(f"{what} must have shape ({length},), got {array.shape}")
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError(f"{what} must be finite and non-negative")
+    return array
+
+
+@dataclass(frozen=True)
+class KeyWeights:
+    """Per-key weights of one stage (key frequencies = vertex weights, 000 §3.3)."""
+
+    keys: KeyArray
+    weights: FloatArray
+
+    def __post_init__(self) -> None:
+        keys = _int64_keys(self.keys, "KeyWeights.keys")
+        weights = _weights(self.weights, keys.size, "KeyWeights.weights")
+        if np.unique(keys).size != keys.size:
+            raise ValueError("KeyWeights.keys must be distinct")
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "weights", weights)
+
+
+@dataclass(frozen=True)
+class PairStatistics:
+    """Observed key pairs between stage A and stage B of one window (000 §3.2).
+
+    ``counts[i]`` is how many tuples carried stage-A key ``a_keys[i]`` and
+    stage-B key ``b_keys[i]``; a pair may repeat (counts add up). ``freq_a`` and
+    ``freq_b`` are optional per-key frequencies: statistics keep only the top
+    pairs, so a key can be more frequent than its pairs show. A key's weight is
+    the larger of its frequency and its pair total, since every tuple of a pair
+    is also a tuple of each of its keys.
+    """
+
+    a_keys: KeyArray
+    b_keys: KeyArray
+    counts: FloatArray
+    freq_a: KeyWeights | None = None
+    freq_b: KeyWeights | None = None
+
+    def __post_init__(self) -> None:
+        a_keys = _int64_keys(self.a_keys, "a_keys")
+        b_keys = _int64_keys(self.b_keys, "b_keys")
+        if a_keys.size != b_keys.size:
+            raise ValueError(
+                f"a_keys and b_keys must have the same length, got {a_keys.size} and {b_keys.size}"
+            )
+        counts = _weights(self.counts, a_keys.size, "counts")
+        object.__setattr__(self, "a_keys", a_keys)
+        object.__setattr__(self, "b_keys", b_keys)
+        object.__setattr__(self, "counts", counts)
+
+    def stage_weights(self, stage: Literal["a", "b"]) -> KeyWeights:
+        """Every known key of ``stage`` with its weight (max of frequency, pair total)."""
+        pair_keys = self.a_keys if stage == "a" else self.b_keys
+        frequencies = self.freq_a if stage == "a" else self.freq_b
+        keys, inverse = np.unique(pair_keys, return_inverse=True)
+        pair_total = _weighted_counts(inverse, self.counts, keys.size)
+        if frequencies is None:
+            return KeyWeights(keys, pair_total)
+        all_keys = np.union1d(keys, frequencies.keys)
+        weights = np.zeros(all_keys.size)
+        weights[np.searchsorted(all_keys, keys)] = pair_total
+        at = np.searchsorted(all_keys, frequencies.keys)
+        weights[at] = np.maximum(weights[at], frequencies.weights)
+        return KeyWeights(all_keys, weights)
+
+
+def aggregate_pairs(
+    a_keys: KeyArray, b_keys: KeyArray, counts: FloatArray
+) -> tuple[KeyArray, KeyArray, FloatArray]:
+    """Sum the counts of repeated (a, b) pairs and drop zero counts."""
+    if a_keys.size == 0:
+        return a_keys, b_keys, counts
+    a_unique, a_index = np.unique(a_keys, return_inverse=True)
+    b_unique, b_index = np.unique(b_keys, return_inverse=True)
+    code = a_index.astype(np.int64) * b_unique.size + b_index
+    codes, inverse = np.unique(code, return_inverse=True)
+    summed = _weighted_counts(inverse, counts, codes.size)
+    keep = summed > 0
+    codes = codes[keep]
+    return a_unique[codes // b_unique.size], b_unique[codes % b_unique.size], summed[keep]
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """Knobs of :func:`build_plan`, validated once.
+
+    ``alpha`` is 000 §3.1's imbalance bound (1.03 is METIS' default tolerance,
+    000 §4.3). ``max_table_entries`` bounds each stage's table (the routing
+    table lives in every upstream task); ``None`` means no bound.
+    """
+
+    n_instances: int
+    alpha: float = 1.03
+    max_table_entries: int | None = None
+    seed: int = 0
+    heavy_key_policy: HeavyKeyPolicy = "split"
+
+    def __post_init__(self) -> None:
+        if self.n_instances < 1:
+            raise ValueError(f"n_instances must be ≥ 1, got {self.n_instances}")
+        if not np.isfinite(self.alpha) or self.alpha < 1.0:
+            raise ValueError(f"alpha is an imbalance bound and must be ≥ 1, got {self.alpha}")
+        if self.max_table_entries is not None and self.max_table_entries < 0:
+            raise ValueError(f"max_table_entries must be ≥ 0 or None, got {self.max_table_entries}")
+        if self.heavy_key_policy not in ("split", "pin"):
+            raise ValueError(
+                f"heavy_key_policy must be 'split' or 'pin', got {self.heavy_key_policy!r}"
+            )
+
+    @property
+    def metis_ufactor(self) -> int:
+        """METIS' load tolerance in thousandths: α = 1.03 → 30 (at least 1)."""
+        return max(1, round((self.alpha - 1.0) * 1000))
+
+
+class Evaluation(NamedTuple):
+    """Locality and per-stage imbalance (max / mean instance load) of a window."""
+
+    locality: float
+    imbalance_a: float
+    imbalance_b: float
+
+
+@dataclass(frozen=True)
+class LocalityPlan:
+    """Routing tables for stages A and B and what they are predicted to achieve.
+
+    ``heavy_keys_a``/``heavy_keys_b`` are the keys too heavy for α, heaviest
+    first: with the ``split`` policy they are not in the tables and the hot-key
+    splitter must spread them; with ``pin`` they are in the tables too.
+    Predictions are measured on the training statistics (see the module
+    docstring for what the imbalance counts).
+    """
+
+    n_instances: int
+    alpha: float
+    table_a: dict[int, int]
+    table_b: dict[int, int]
+    heavy_keys_a: tuple[int, ...]
+    heavy_keys_b: tuple[int, ...]
+    predicted_locality: float
+    predicted_imbalance_a: float
+    predicted_imbalance_b: float
+    heavy_key_policy: HeavyKeyPolicy = "split"
+
+    @property
+    def tables(self) -> tuple[dict[int, int], dict[int, int]]:
+        return self.table_a, self.table_b
+
+    def evaluate(self, window: PairStatistics) -> Evaluation:
+        """Score the plan on another window, e.g. the next one (held-out)."""
+        split = self.heavy_key_policy == "split"
+        return evaluate(
+            self.tables,
+            window,
+            self.n_instances,
+            split_keys_a=self.heavy_keys_a if split else (),
+            split_keys_b=self.heavy_keys_b if split else (),
+        )
+
+
+class TableRouter:
+    """Routes by a key → instance table, hashing keys it does not hold (000 §3.3).
+
+    Lookups are vectorised: the table is kept as sorted keys and a parallel
+    instance array, and each chunk is resolved with one ``searchsorted``.
+    """
+
+    def __init__(self, table: Mapping[int, int], n_workers: int, name: str = "table") -> None:
+        if n_workers < 1:
+            raise ValueError(f"n_workers must be ≥ 1, got {n_workers}")
+        keys = np.fromiter(table.keys(), dtype=np.int64, count=len(table))
+        workers = np.fromiter(table.values(), dtype=np.int64, count=len(table))
+        if workers.size and (workers.min() < 0 or workers.max() >= n_workers):
+            raise ValueError(f"table instances must lie in [0, {n_workers})")
+        order = np.argsort(keys, kind="stable")
+        self._keys = keys[order]
+        self._workers = workers[order]
+        self.name = name
+        self.n_workers = n_workers
+
+    def route(self, keys: KeyArray, times: TimeArray) -> WorkerArray:
+        keys = np.asarray(keys, dtype=np.int64)
+        if self._keys.size == 0:
+            return hash_worker(keys, self.n_workers)
+        position = np.minimum(np.searchsorted(self._keys, keys), self._keys.size - 1)
+        found = self._keys[position] == keys
+        workers = np.empty(keys.size, dtype=np.int64)
+        workers[found] = self._workers[position[found]]
+        missing = ~found
+        if missing.any():
+            workers[missing] = hash_worker(keys[missing], self.n_workers)
+        return workers
+
+
+def _imbalance(loads: FloatArray) -> float:
+    """max / mean of instance loads; 1.0 when there is no load at all."""
+    total = float(loads.sum())
+    if total <= 0.0:
+        return 1.0
+    return float(loads.max()) / (total / loads.size)
+
+
+def evaluate(
+    tables: tuple[Mapping[int, int], Mapping[int, int]],
+    pairs_window: PairStatistics,
+    n: int,
+    *,
+    split_keys_a: Collection[int] = (),
+    split_keys_b: Collection[int] = (),
+) -> Evaluation:
+    """Locality and per-stage imbalance of routing tables on a window.
+
+    Keys outside a table take the hash fallback (000 §3.3), so a plan trained
+    on window t can be scored on window t+1. Split keys (hot keys spread by the
+    splitter) count as local with probability 1/n and are left out of the
+    imbalance, exactly as in :func:`build_plan`'s predictions.
+    """
+    table_a, table_b = tables
+    router_a = TableRouter(table_a, n, "a")
+    router_b = TableRouter(table_b, n, "b")
+    no_times = np.zeros(0)
+    split_a = np.fromiter(split_keys_a, dtype=np.int64)
+    split_b = np.fromiter(split_keys_b, dtype=np.int64)
+
+    a_keys, b_keys, counts = aggregate_pairs(
+        pairs_window.a_keys, pairs_window.b_keys, pairs_window.counts
+    )
+    worker_a = router_a.route(a_keys, no_times)
+    worker_b = router_b.route(b_keys, no_times)
+    spread = np.isin(a_keys, split_a) | np.isin(b_keys, split_b)
+    local = np.where(spread, 1.0 / n, (worker_a == worker_b).astype(np.float64))
+    total = float(counts.sum())
+    locality = float((counts * local).sum() / total) if total > 0 else 0.0
+
+    def stage_imbalance(stage: Literal["a", "b"], router: TableRouter, split: KeyArray) -> float:
+        weights = pairs_window.stage_weights(stage)
+        keep = ~np.isin(weights.keys, split)
+        workers = router.route(weights.keys[keep], no_times)
+        return _imbalance(_weighted_counts(workers, weights.weights[keep], n))
+
+    return Evaluation(
+        locality,
+        stage_imbalance("a", router_a, split_a),
+        stage_imbalance("b", router_b, split_b),
+    )
+
+
+def _heavy_mask(weights: FloatArray, alpha: float, n: int) -> BoolArray:
+    """Keys heavier than α × the mean instance load of the keys that remain.
+
+    Taking a heavy key out lowers the mean, which may make the next key heavy,
+    so the rule is applied to the weights in decreasing order until it stops.
+    """
+    heavy = np.zeros(weights.size, dtype=np.bool_)
+    remaining = float(weights.sum())
+    for index in np.argsort(-weights, kind="stable"):
+        if remaining <= 0.0 or weights[index] <= alpha * remaining / n:
+            break
+        heavy[index] = True
+        remaining -= float(weights[index])
+    return heavy
+
+
+def _table_mask(
+    pair_weight: FloatArray, weight: FloatArray, eligible: BoolArray, budget: int | None
+) -> BoolArray:
+    """The most valuable eligible keys: by pair weight, then frequency, within budget."""
+    candidates = np.flatnonzero(eligible & (weight > 0))
+    order = np.lexsort((-weight[candidates], -pair_weight[candidates]))
+    chosen = candidates[order] if budget is None else candidates[order[:budget]]
+    mask = np.zeros(weight.size, dtype=np.bool_)
+    mask[chosen] = True
+    return mask
+
+
+@dataclass
+class _KeyGraph:
+    """The bipartite key graph of 000 §3.3 with vertices A keys, then B keys."""
+
+    keys: KeyArray
+    weight: FloatArray
+    is_a: BoolArray
+    adjacency: sp.csr_matrix
+    edge_a: npt.NDArray[np.int64]
+    edge_b: npt.NDArray[np.int64]
+    edge_weight: FloatArray
+    n_a: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.n_a = int(self.is_a.sum())
+
+    @classmethod
+    def from_statistics(cls, pairs: PairStatistics) -> _KeyGraph:
+        weights_a = pairs.stage_weights("a")
+        weights_b = pairs.stage_weights("b")
+        a_keys, b_keys, counts = aggregate_pairs(pairs.a_keys, pairs.b_keys, pairs.counts)
+        n_a, n_b = weights_a.keys.size, weights_b.keys.size
+        edge_a = np.searchsorted(weights_a.keys, a_keys).astype(np.int64)
+        edge_b = (n_a + np.searchsorted(weights_b.keys, b_keys)).astype(np.int64)
+        size = n_a + n_b
+        adjacency = sp.csr_matrix(
+            (np.concatenate([counts, counts]), (np.r_[edge_a, edge_b], np.r_[edge_b, edge_a])),
+            shape=(size, size),
+        )
+        adjacency.sum_duplicates()
+        adjacency.sort_indices()
+        return cls(
+            keys=np.concatenate([weights_a.keys, weights_b.keys]),
+            weight=np.concatenate([weights_a.weights, weights_b.weights]),
+            is_a=np.r_[np.ones(n_a, dtype=np.bool_), np.zeros(n_b, dtype=np.bool_)],
+            adjacency=adjacency,
+            edge_a=edge_a,
+            edge_b=edge_b,
+            edge_weight=counts,
+        )
+
+    def stage(self, stage_is_a: bool) -> npt.NDArray[np.int64]:
+        return np.arange(self.n_a) if stage_is_a else np.arange(self.n_a, self.keys.size)
+
+    def neighbours(self, vertex: int) -> tuple[npt.NDArray[np.int32], FloatArray]:
+        start, end = self.adjacency.indptr[vertex], self.adjacency.indptr[vertex + 1]
+        return self.adjacency.indices[start:end], self.adjacency.data[start:end]
+
+
+def _metis_parts(
+    graph: _KeyGraph,
+    tabled: BoolArray,
+    fixed_loads: dict[bool, FloatArray],
+    stage_totals: dict[bool, float],
+    settings: PlanSettings,
+) -> npt.NDArray[np.int64]:
+    """Partition the table keys with METIS (000 §3.3); returns a part per table key.
+
+    Vertex weights are each stage's share of its own total, so one balance
+    constraint weighs both stages equally. A part's target is the capacity the
+    hashed keys leave on its instance, summed over stages.
+    """
+    n = settings.n_instances
+    vertices = np.flatnonzero(tabled)
+    if vertices.size == 0 or n == 1:
+        return np.zeros(vertices.size, dtype=np.int64)
+    stage_total = np.where(graph.is_a[vertices], stage_totals[True], stage_totals[False])
+    shares = np.divide(
+        graph.weight[vertices], stage_total, out=np.zeros(vertices.size), where=stage_total > 0
+    )
+    vertex_weights = np.rint(shares * _METIS_VERTEX_SCALE).astype(np.int64)
+
+    capacity = np.zeros(n)
+    for stage_is_a, total in stage_totals.items():
+        if total > 0:
+            capacity += np.maximum(0.0, total / n - fixed_loads[stage_is_a]) / total
+    capacity = np.maximum(capacity, _MIN_PART_TARGET)
+    targets = [float(c) for c in capacity / capacity.sum()]
+    targets[-1] = 1.0 - sum(targets[:-1])
+    if vertices.size < _MIN_VERTICES_PER_PART * n:
+        return _fill_by_capacity(shares, capacity)
+
+    sub = graph.adjacency[vertices][:, vertices].tocsr()
+    sub.sort_indices()
+    edge_weights = sub.data
+    if edge_weights.size:
+        scaled = np.rint(edge_weights / edge_weights.max() * _METIS_EDGE_SCALE)
+        edge_weights = np.maximum(scaled, 1.0)
+    index_type = pymetis.zero_copy_dtype()
+    result = pymetis.part_graph(
+        n,
+        adjacency=pymetis.CSRAdjacency(
+            sub.indptr.astype(index_type), sub.indices.astype(index_type)
+        ),
+        vweights=vertex_weights.astype(index_type),
+        eweights=edge_weights.astype(index_type),
+        tpwgts=targets,
+        options=pymetis.Options(ufactor=settings.metis_ufactor, seed=settings.seed),
+    )
+    return np.asarray(result.vertex_part, dtype=np.int64)
+
+
+def _fill_by_capacity(shares: FloatArray, capacity: FloatArray) -> npt.NDArray[np.int64]:
+    """Heaviest key first onto the part with most room left.
+
+    Used instead of METIS for graphs with too few vertices per part, which
+    METIS' recursive bisection cannot split (it then reports errors).
+    """
+    room = capacity.copy()
+    parts = np.zeros(shares.size, dtype=np.int64)
+    for vertex in np.argsort(-shares, kind="stable"):
+        part = int(np.argmax(room))
+        parts[vertex] = part
+        room[part] -= shares[vertex]
+    return parts
+
+
+class _Rebalancer:
+    """Greedy repair of per-stage balance after METIS (step 5 of the module doc).
+
+    ``connection[v, i]`` is the pair weight between key v and the keys placed
+    on instance i, so moving v from p to q loses ``connection[v, p] -
+    connection[v, q]`` of local pair weight; it is kept up to date per move.
+    """
+
+    def __init__(
+        self,
+        graph: _KeyGraph,
+        placement: npt.NDArray[np.int64],
+        tabled: BoolArray,
+        heavy: BoolArray,
+        settings: PlanSettings,
+    ) -> None:
+        self.graph = graph
+        self.placement = placement
+        self.tabled = tabled
+        self.heavy = heavy
+        self.settings = settings
+        n = settings.n_instances
+        placed = np.flatnonzero(placement >= 0)
+        indicator = sp.csr_matrix(
+            (np.ones(placed.size), (placed, placement[placed])), shape=(placement.size, n)
+        )
+        self.connection = np.asarray((graph.adjacency @ indicator).todense())
+
+    def _shift(self, vertex: int, source: int, target: int | None) -> None:
+        neighbours, weights = self.graph.neighbours(vertex)
+        self.connection[neighbours, source] -= weights
+        if target is not None:
+            self.connection[neighbours, target] += weights
+
+    def balance_stage(self, stage_is_a: bool) -> None:
+        n = self.settings.n_instances
+        alpha = self.settings.alpha
+        stage = self.graph.stage(stage_is_a)
+        weight = self.graph.weight
+        placed = stage[self.placement[stage] >= 0]
+        loads = _weighted_counts(self.placement[placed], weight[placed], n)
+        while True:
+            total = float(loads.sum())
+            bound = alpha * total / n * _BOUND_MARGIN
+            overloaded = int(np.argmax(loads))
+            if total <= 0.0 or loads[overloaded] <= bound:
+                return
+            excess = loads[overloaded] - bound
+            room: FloatArray = bound - loads
+            room[overloaded] = -np.inf
+            on_part = stage[self.placement[stage] == overloaded]
+            movable = on_part[self.tabled[on_part] & (weight[on_part] > 0)]
+            move = self._cheapest_move(movable, overloaded, room, excess)
+            if move is None:
+                vertex = int(on_part[np.argmax(weight[on_part])])
+                self.heavy[vertex] = True
+                self.tabled[vertex] = False
+                self.placement[vertex] = -1
+                self._shift(vertex, overloaded, None)
+                loads[overloaded] -= weight[vertex]
+                continue
+            vertex, target = move
+            self.placement[vertex] = target
+            self._shift(vertex, overloaded, target)
+            loads[overloaded] -= weight[vertex]
+            loads[target] += weight[vertex]
+
+    def _cheapest_move(
+        self,
+        movable: npt.NDArray[np.int64],
+        source: int,
+        room: FloatArray,
+        excess: float,
+    ) -> tuple[int, int] | None:
+        """The move losing least locality: one key clearing the excess, or the
+        best loss-per-load key when a run of such keys is estimated cheaper."""
+        if movable.size == 0:
+            return None
+        weight = self.graph.weight[movable]
+        connection = self.connection[movable]
+        loss = connection[:, [source]] - connection
+        fits = weight[:, None] <= room[None, :]
+        if not fits.any():
+            return None
+        rate = np.where(fits, loss / weight[:, None], np.inf)
+        best_rate = np.unravel_index(int(np.argmin(rate)), rate.shape)
+        clears = fits & (weight[:, None] >= excess)
+        if clears.any():
+            single = np.where(clears, loss, np.inf)
+            best_single = np.unravel_index(int(np.argmin(single)), single.shape)
+            if single[best_single] <= rate[best_rate] * excess:
+                return int(movable[best_single[0]]), int(best_single[1])
+        return int(movable[best_rate[0]]), int(best_rate[1])
+
+
+def build_plan(
+    pairs: PairStatistics,
+    n_instances: int,
+    *,
+    alpha: float = 1.03,
+    max_table_entries: int | None = None,
+    seed: int = 0,
+    heavy_key_policy: HeavyKeyPolicy = "split",
+) -> LocalityPlan:
+    """Routing tables for stages A and B from one window of pair statistics (000 §3.3).
+
+    Guarantee (``split`` policy): on ``pairs`` the predicted per-stage
+    imbalance is ≤ ``alpha``. See the module docstring for the steps and for
+    what the balance counts.
+    """
+    settings = PlanSettings(n_instances, alpha, max_table_entries, seed, heavy_key_policy)
+    n = settings.n_instances
+    graph = _KeyGraph.from_statistics(pairs)
+    pair_weight = np.asarray(graph.adjacency.sum(axis=1)).ravel()
+
+    heavy = np.zeros(graph.keys.size, dtype=np.bool_)
+    tabled = np.zeros(graph.keys.size, dtype=np.bool_)
+    for stage_is_a in (True, False):
+        stage = graph.stage(stage_is_a)
+        heavy[stage] = _heavy_mask(graph.weight[stage], settings.alpha, n)
+        budget = settings.max_table_entries
+        if budget is not None and settings.heavy_key_policy == "pin":
+            budget = max(0, budget - int(heavy[stage].sum()))
+        tabled[stage] = _table_mask(pair_weight[stage], graph.weight[stage], ~heavy[stage], budget)
+
+    placement = np.full(graph.keys.size, -1, dtype=np.int64)
+    hashed = ~heavy & ~tabled
+    placement[hashed] = hash_worker(graph.keys[hashed], n)
+    fixed_loads: dict[bool, FloatArray] = {}
+    stage_totals: dict[bool, float] = {}
+    for stage_is_a in (True, False):
+        stage = graph.stage(stage_is_a)
+        stage_hashed = stage[hashed[stage]]
+        fixed_loads[stage_is_a] = _weighted_counts(
+            placement[stage_hashed], graph.weight[stage_hashed], n
+        )
+        stage_totals[stage_is_a] = float(graph.weight[stage[~heavy[stage]]].sum())
+    placement[tabled] = _metis_parts(graph, tabled, fixed_loads, stage_totals, settings)
+
+    rebalancer = _Rebalancer(graph, placement, tabled, heavy, settings)
+    for stage_is_a in (True, False):
+        rebalancer.balance_stage(stage_is_a)
+
+    if settings.heavy_key_policy == "pin":
+        _pin_heavy(graph, placement, tabled, heavy, n)
+
+    return _finish_plan(graph, placement, tabled, heavy, settings)
+
+
+def _pin_heavy(
+    graph: _KeyGraph,
+    placement: npt.NDArray[np.int64],
+    tabled: BoolArray,
+    heavy: BoolArray,
+    n: int,
+) -> None:
+    """Put each heavy key, heaviest first, on its stage's least loaded instance."""
+    for stage_is_a in (True, False):
+        stage = graph.stage(stage_is_a)
+        placed = stage[placement[stage] >= 0]
+        loads = _weighted_counts(placement[placed], graph.weight[placed], n)
+        stage_heavy = stage[heavy[stage]]
+        for vertex in stage_heavy[np.argsort(-graph.weight[stage_heavy], kind="stable")]:
+            target = int(np.argmin(loads))
+            placement[vertex] = target
+            tabled[vertex] = True
+            loads[target] += graph.weight[vertex]
+
+
+def _finish_plan(
+    graph: _KeyGraph,
+    placement: npt.NDArray[np.int64],
+    tabled: BoolArray,
+    heavy: BoolArray,
+    settings: PlanSettings,
+) -> LocalityPlan:
+    n = settings.n_instances
+    split = heavy & (placement < 0)
+    place_a = placement[graph.edge_a]
+    place_b = placement[graph.edge_b]
+    spread = split[graph.edge_a] | split[graph.edge_b]
+    local = np.where(spread, 1.0 / n, (place_a == place_b).astype(np.float64))
+    total = float(graph.edge_weight.sum())
+    locality = float((graph.edge_weight * local).sum() / total) if total > 0 else 0.0
+
+    def table(stage_is_a: bool) -> dict[int, int]:
+        stage = graph.stage(stage_is_a)
+        chosen = stage[tabled[stage]]
+        return dict(zip(graph.keys[chosen].tolist(), placement[chosen].tolist(), strict=True))
+
+    def heavy_keys(stage_is_a: bool) -> tuple[int, ...]:
+        stage = graph.stage(stage_is_a)
+        chosen = stage[heavy[stage]]
+        chosen = chosen[np.argsort(-graph.weight[chosen], kind="stable")]
+        return tuple(graph.keys[chosen].tolist())
+
+    def imbalance(stage_is_a: bool) -> float:
+        stage = graph.stage(stage_is_a)
+        placed = stage[placement[stage] >= 0]
+        return _imbalance(_weighted_counts(placement[placed], graph.weight[placed], n))
+
+    return LocalityPlan(
+        n_instances=n,
+        alpha=settings.alpha,
+        table_a=table(True),
+        table_b=table(False),
+        heavy_keys_a=heavy_keys(True),
+        heavy_keys_b=heavy_keys(False),
+        predicted_locality=locality,
+        predicted_imbalance_a=imbalance(True),
+        predicted_imbalance_b=imbalance(False),
+        heavy_key_policy=settings.heavy_key_policy,
+    )
+
+
+@dataclass(frozen=True)
+class HistoryPolicy:
+    """How pair statistics carry over from one window to the next.
+
+    ``reset`` keeps only the latest window, as paper 000 §3.2 does after each
+    reconfiguration. ``decay`` multiplies the history by ``decay`` before adding
+    each new window, FISH's inter-epoch decaying (paper 001 §4.1): older windows
+    are weighted down, not dropped. FISH's own factor is missing from our copy
+    of the paper; 0.5 (a window's weight halves per window, so the history
+    spans about two windows) is our default. ``max_entries`` bounds the pairs
+    and each stage's frequencies kept (heaviest first), as a SpaceSaving
+    summary would.
+    """
+
+    mode: HistoryMode = "decay"
+    decay: float = 0.5
+    max_entries: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("reset", "decay"):
+            raise ValueError(f"mode must be 'reset' or 'decay', got {self.mode!r}")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must lie in (0, 1], got {self.decay}")
+        if self.max_entries is not None and self.max_entries < 1:
+            raise ValueError(f"max_entries must be ≥ 1 or None, got {self.max_entries}")
+
+
+def _merge_weights(old: KeyWeights, new: KeyWeights, decay: float) -> KeyWeights:
+    keys = np.union1d(old.keys, new.keys)
+    weights = np.zeros(keys.size)
+    np.add.at(weights, np.searchsorted(keys, old.keys), decay * old.weights)
+    np.add.at(weights, np.searchsorted(keys, new.keys), new.weights)
+    return KeyWeights(keys, weights)
+
+
+def _top_weights(weights: KeyWeights, limit: int | None) -> KeyWeights:
+    if limit is None or weights.keys.size <= limit:
+        return weights
+    keep = np.sort(np.lexsort((weights.keys, -weights.weights))[:limit])
+    return KeyWeights(weights.keys[keep], weights.weights[keep])
+
+
+class PairHistory:
+    """Pair statistics accumulated over windows under a :class:`HistoryPolicy`."""
+
+    def __init__(self, policy: HistoryPolicy | None = None) -> None:
+        self.policy = policy if policy is not None else HistoryPolicy()
+        self._statistics = PairStatistics(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        self.windows = 0
+
+    @property
+    def statistics(self) -> PairStatistics:
+        """The accumulated statistics, ready for :func:`build_plan`."""
+        return self._statistics
+
+    def add(self, window: PairStatistics) -> None:
+        """Fold one window in: replace (``reset``) or decay-and-add (``decay``)."""
+        if self.policy.mode == "reset" or self.windows == 0:
+            old = PairStatistics(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+            decay = 0.0
+        else:
+            old = self._statistics
+            decay = self.policy.decay
+        a_keys, b_keys, counts = aggregate_pairs(
+            np.r_[old.a_keys, window.a_keys],
+            np.r_[old.b_keys, window.b_keys],
+            np.r_[decay * old.counts, window.counts],
+        )
+        limit = self.policy.max_entries
+        if limit is not None and counts.size > limit:
+            keep = np.sort(np.lexsort((b_keys, a_keys, -counts))[:limit])
+            a_keys, b_keys, counts = a_keys[keep], b_keys[keep], counts[keep]
+        freq_a = _merge_weights(old.stage_weights("a"), window.stage_weights("a"), decay)
+        freq_b = _merge_weights(old.stage_weights("b"), window.stage_weights("b"), decay)
+        self._statistics = PairStatistics(
+            a_keys,
+            b_keys,
+            counts,
+            freq_a=_top_weights(freq_a, limit),
+            freq_b=_top_weights(freq_b, limit),
+        )
+        self.windows += 1

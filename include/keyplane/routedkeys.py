@@ -1,0 +1,458 @@
+"""Routed keys: put a key on a chosen partition of a Spark stateful operator.
+
+Why this exists. keyplane treats a partition of a stateful operator as an
+operator instance (see "How the papers map onto Spark" in the design brief).
+Spark gives us no hook to say "key k goes to partition p": a stateful operator
+(``groupBy(...).applyInPandasWithState`` / ``transformWithState``) requires a
+``StatefulOpClusteredDistribution``, which Spark satisfies with
+``HashPartitioning(grouping, P)``, whose ``partitionIdExpression`` is
+``Pmod(CollationAwareMurmur3Hash(grouping), P)`` in Spark 4.x (``Murmur3Hash``
+before). For a ``UTF8_BINARY`` string column, the default collation, both hash
+the same UTF-8 bytes with the same seed (42) as ``pyspark.sql.functions.hash``.
+``df.repartition(P, col)`` builds the same ``HashPartitioning``, so it lands a
+value where the stateful operator would.
+
+So instead of the key, the job groups by a *routed key*: the key, a separator
+and a decimal salt (``"user42#17"``). The salt is searched so that the routed
+key's Spark hash lands on the wanted partition. This implements a routing table
+with hash fallback (Caneill et al., paper 000 §3.3: "When a key is not present
+in the routing table, it falls back to the standard hash-based routing
+policy") and hot-key splitting (FISH, paper 001 §4.1.2: a hot key is assigned to
+several workers, chosen by consistent hashing in §5) on top of Spark's own
+keyed state store.
+
+Hash fallback. A key with no table entry is grouped by itself, so it keeps its
+natural partition ``spark_partition(key, P)``. The one exception keeps grouping
+values unambiguous: a plain key that contains the separator could equal another
+key's routed key (plain ``"a#3"`` versus key ``"a"`` with salt 3) and the two
+would then share state. Such a key is therefore also salted, to its own natural
+partition. Every grouping value either has no separator (a plain key) or is
+``key + SEPARATOR + canonical decimal salt`` (a routed key), and
+``original_key`` inverts both.
+
+``P`` must be the number of state partitions of the query, which is
+``spark.sql.shuffle.partitions`` when the checkpoint was first created; Spark
+keeps it fixed for the life of the checkpoint.
+
+The hash is pure Python and numpy, no Spark import, so the control plane can
+compute routing without a JVM. The vectorised salt search hashes only the
+bytes after the key's last whole 4-byte block, since Murmur3's state after the
+shared prefix blocks is the same for every salt.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+SEPARATOR = "#"
+"""Between the key and its salt. Keys may contain it: the salt follows the last one."""
+
+SPARK_HASH_SEED = 42
+"""The seed of Spark's ``Murmur3Hash`` and ``HashPartitioning``."""
+
+TRIES_PER_PARTITION = 64
+"""Default salt-search bound, as a multiple of ``n``.
+
+Each salt hits a given partition with probability about 1/n, so ``64 n`` misses
+in a row happen with probability about ``exp(-64)``: a failure means a bug or a
+wrong ``n``, not bad luck.
+"""
+
+_MASK = 0xFFFFFFFF
+_C1 = 0xCC9E2D51
+_C2 = 0x1B873593
+_SEPARATOR_BYTES = SEPARATOR.encode("utf-8")
+_CANDIDATES_PER_CHUNK = 1 << 20
+"""Bounds the memory of one vectorised salt-search step (about 40 MB)."""
+
+_Words = npt.NDArray[np.integer[Any]]
+"""uint32 at run time; numpy's stubs widen ``uint32_array op int`` to a signed type."""
+_Word = TypeVar("_Word", int, _Words)
+
+
+class SaltNotFoundError(LookupError):
+    """No salt within the search bound sends a key to its target partition."""
+
+
+# Murmur3_x86_32 as Spark implements it (org.apache.spark.unsafe.hash.Murmur3_x86_32).
+# Each step works on a Python int or elementwise on a uint32 array, so the
+# scalar and the vectorised hash share one definition.
+
+
+def _rotl(x: _Word, r: int) -> _Word:
+    return ((x << r) & _MASK) | (x >> (32 - r))
+
+
+def _mix_k1(k1: _Word) -> _Word:
+    k1 = (k1 * _C1) & _MASK
+    k1 = _rotl(k1, 15)
+    return (k1 * _C2) & _MASK
+
+
+def _mix_h1(h1: _Word, k1: _Word) -> _Word:
+    h1 = h1 ^ k1
+    h1 = _rotl(h1, 13)
+    return (h1 * 5 + 0xE6546B64) & _MASK
+
+
+def _fmix(h1: _Word, length: _Word) -> _Word:
+    h1 = h1 ^ length
+    h1 = h1 ^ (h1 >> 16)
+    h1 = (h1 * 0x85EBCA6B) & _MASK
+    h1 = h1 ^ (h1 >> 13)
+    h1 = (h1 * 0xC2B2AE35) & _MASK
+    return h1 ^ (h1 >> 16)
+
+
+def _to_signed(h: int) -> int:
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def _hash_bytes(data: bytes, seed: int) -> int:
+    """Spark's ``Murmur3_x86_32.hashUnsafeBytes``, as an unsigned 32-bit int.
+
+    Whole 4-byte blocks are read little-endian, as standard Murmur3 does. The
+    tail differs from the standard: each trailing byte is sign-extended to an
+    int and mixed as a block of its own (``mixK1`` then ``mixH1``). Spark kept
+    this for backward compatibility when SPARK-23381 (apache/spark#20630) added
+    the standard-tail ``hashUnsafeBytes2`` for ML's feature hashing;
+    ``Murmur3Hash``/``CollationAwareMurmur3Hash`` still call ``hashUnsafeBytes``
+    for strings in Spark 4.x (checked in the 4.3.0 bytecode).
+    """
+    h1 = seed
+    aligned = len(data) - len(data) % 4
+    for block in struct.unpack_from(f"<{aligned // 4}I", data):
+        h1 = _mix_h1(h1, _mix_k1(block))
+    for byte in data[aligned:]:
+        h1 = _mix_h1(h1, _mix_k1((byte - 256 if byte >= 128 else byte) & _MASK))
+    return _fmix(h1, len(data))
+
+
+def spark_hash_string(s: str) -> int:
+    """Spark's ``hash(s)`` for a ``StringType`` value (signed 32-bit).
+
+    Equals ``F.hash(F.lit(s))``: ``hashUnsafeBytes`` over the UTF-8 bytes with
+    seed 42. Lone surrogates have no UTF-8 form and raise ``UnicodeEncodeError``.
+    """
+    return _to_signed(_hash_bytes(s.encode("utf-8"), SPARK_HASH_SEED))
+
+
+def spark_hash_long(v: int) -> int:
+    """Spark's ``hash(v)`` for a ``LongType`` value (signed 32-bit).
+
+    ``Murmur3_x86_32.hashLong``: the low then the high 32-bit word as two
+    blocks, then finalisation with length 8.
+    """
+    if not -(1 << 63) <= v < (1 << 63):
+        raise ValueError(f"{v} does not fit in a signed 64-bit long")
+    word = v & 0xFFFFFFFFFFFFFFFF
+    h1 = _mix_h1(SPARK_HASH_SEED, _mix_k1(word & _MASK))
+    h1 = _mix_h1(h1, _mix_k1(word >> 32))
+    return _to_signed(_fmix(h1, 8))
+
+
+def spark_partition(s: str, n: int) -> int:
+    """The partition Spark's ``HashPartitioning`` gives string ``s``: ``pmod(hash(s), n)``."""
+    _check_partition_count(n)
+    return spark_hash_string(s) % n
+
+
+def _mix_rows(h1: _Words, rows: npt.NDArray[np.uint8]) -> _Words:
+    """Continue ``hashUnsafeBytes`` from states ``h1`` over equal-length byte rows.
+
+    ``rows`` must start on a 4-byte block boundary of the hashed value. The
+    caller finalises with ``_fmix`` and the total length.
+    """
+    width = rows.shape[1]
+    aligned = width - width % 4
+    if aligned:
+        blocks = np.ascontiguousarray(rows[:, :aligned]).view("<u4").astype(np.uint32)
+        for column in range(blocks.shape[1]):
+            h1 = _mix_h1(h1, _mix_k1(blocks[:, column]))
+    for column in range(aligned, width):
+        signed_byte = rows[:, column].view(np.int8).astype(np.uint32)
+        h1 = _mix_h1(h1, _mix_k1(signed_byte))
+    return h1
+
+
+def _byte_rows(encoded: Sequence[bytes], width: int) -> npt.NDArray[np.uint8]:
+    """Stack byte strings of length ``width`` into a (len(encoded), width) matrix."""
+    if width == 0:
+        return np.zeros((len(encoded), 0), dtype=np.uint8)
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8).reshape(len(encoded), width)
+
+
+def _groups_by_length(lengths: npt.NDArray[np.int64]) -> Iterator[tuple[int, npt.NDArray[np.intp]]]:
+    """Yield (length, indices) for each distinct length."""
+    order = np.argsort(lengths, kind="stable")
+    sorted_lengths = lengths[order]
+    starts = np.flatnonzero(np.r_[True, sorted_lengths[1:] != sorted_lengths[:-1]])
+    for begin, end in zip(starts, np.r_[starts[1:], len(order)], strict=True):
+        yield int(sorted_lengths[begin]), order[begin:end]
+
+
+def spark_hash_strings(strings: Sequence[str]) -> npt.NDArray[np.int32]:
+    """``spark_hash_string`` of many strings at once, vectorised with numpy.
+
+    Strings are grouped by UTF-8 length so each group is one uint8 matrix and
+    Murmur3 runs column by column over all its rows.
+    """
+    encoded = [s.encode("utf-8") for s in strings]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    hashes = np.empty(len(encoded), dtype=np.uint32)
+    for width, indices in _groups_by_length(lengths):
+        rows = _byte_rows([encoded[i] for i in indices], width)
+        seeds = np.full(len(indices), SPARK_HASH_SEED, dtype=np.uint32)
+        hashes[indices] = _fmix(_mix_rows(seeds, rows), np.full_like(seeds, width))
+    return hashes.view(np.int32)
+
+
+def spark_partitions(strings: Sequence[str], n: int) -> npt.NDArray[np.int64]:
+    """``spark_partition`` of many strings at once."""
+    _check_partition_count(n)
+    return spark_hash_strings(strings).astype(np.int64) % n
+
+
+def routed_key(key: str, salt: int) -> str:
+    """The grouping value that carries ``key`` with ``salt``: ``f"{key}#{salt}"``.
+
+    The salt is written in canonical decimal (no sign, no leading zeros), so a
+    routed key has exactly one (key, salt) reading; see ``split_routed_key``.
+    """
+    if isinstance(salt, bool) or salt < 0:
+        raise ValueError(f"salt must be a non-negative int, got {salt!r}")
+    return f"{key}{SEPARATOR}{salt}"
+
+
+def split_routed_key(routed: str) -> tuple[str, int]:
+    """Invert ``routed_key``: split on the last separator, so keys may contain it."""
+    key, separator, salt_text = routed.rpartition(SEPARATOR)
+    canonical = salt_text.isascii() and salt_text.isdigit() and str(int(salt_text)) == salt_text
+    if not separator or not canonical:
+        raise ValueError(f"{routed!r} is not a routed key (key{SEPARATOR}salt)")
+    return key, int(salt_text)
+
+
+def original_key(grouping_key: str) -> str:
+    """The key behind a grouping value: a plain key is itself, a routed key is split."""
+    if SEPARATOR not in grouping_key:
+        return grouping_key
+    return split_routed_key(grouping_key)[0]
+
+
+def find_salt(key: str, target: int, n: int, start: int = 0, max_tries: int | None = None) -> int:
+    """The smallest salt ≥ ``start`` whose routed key lands on partition ``target``.
+
+    Expect about ``n`` tries. Raises ``SaltNotFoundError`` after ``max_tries``
+    (default ``TRIES_PER_PARTITION * n``) misses.
+    """
+    _check_target(target, n)
+    tries = _check_search_bounds(start, max_tries, n)
+    for salt in range(start, start + tries):
+        if spark_partition(routed_key(key, salt), n) == target:
+            return salt
+    raise SaltNotFoundError(
+        f"no salt in [{start}, {start + tries}) sends {key!r} to partition {target} of {n}"
+    )
+
+
+def find_salts(
+    keys: Sequence[str],
+    targets: Sequence[int] | npt.NDArray[np.integer],
+    n: int,
+    start: int = 0,
+    max_tries: int | None = None,
+) -> npt.NDArray[np.int64]:
+    """``find_salt`` for many keys at once, vectorised; same results.
+
+    Salts are tried in windows of ``2 n``; only keys still without a hit go on
+    to the next window, so the work is about ``2 n`` hashes per key. Each hash
+    covers only the bytes after the routed key's last whole block of the
+    ``key#`` prefix (at most 3) plus the salt digits, because the Murmur3 state
+    after those prefix blocks is computed once per key.
+    """
+    target_array = np.asarray(targets, dtype=np.int64)
+    if target_array.shape != (len(keys),):
+        raise ValueError(f"need one target per key: {len(keys)} keys, {target_array.shape} targets")
+    _check_partition_count(n)
+    if target_array.size and (target_array.min() < 0 or target_array.max() >= n):
+        raise ValueError(f"targets must lie in [0, {n})")
+    tries = _check_search_bounds(start, max_tries, n)
+    prefixes = _SaltPrefixes([key.encode("utf-8") + _SEPARATOR_BYTES for key in keys])
+    salts = np.full(len(keys), -1, dtype=np.int64)
+    pending = np.arange(len(keys))
+    window = 2 * n
+    chunk = max(1, _CANDIDATES_PER_CHUNK // window)
+    low, end = start, start + tries
+    while pending.size and low < end:
+        high = min(low + window, end)
+        for begin in range(0, pending.size, chunk):
+            members = pending[begin : begin + chunk]
+            salts[members] = prefixes.first_hits(members, target_array[members], low, high, n)
+        pending = pending[salts[pending] < 0]
+        low = high
+    if pending.size:
+        shown = ", ".join(repr(keys[i]) for i in pending[:5])
+        raise SaltNotFoundError(
+            f"no salt in [{start}, {end}) found for {pending.size} key(s) "
+            f"with n={n}, for example {shown}"
+        )
+    return salts
+
+
+class _SaltPrefixes:
+    """Murmur3 states of ``key#`` prefixes, for hashing many salts per key."""
+
+    def __init__(self, prefixes: Sequence[bytes]) -> None:
+        lengths = np.fromiter(map(len, prefixes), dtype=np.int64, count=len(prefixes))
+        self.lengths = lengths
+        self.states = np.empty(len(prefixes), dtype=np.uint32)
+        self.tail_lengths = lengths % 4
+        self.tails = np.zeros((len(prefixes), 3), dtype=np.uint8)
+        for width, indices in _groups_by_length(lengths):
+            rows = _byte_rows([prefixes[i] for i in indices], width)
+            aligned = width - width % 4
+            seeds = np.full(len(indices), SPARK_HASH_SEED, dtype=np.uint32)
+            self.states[indices] = _mix_rows(seeds, rows[:, :aligned])
+            self.tails[indices, : width - aligned] = rows[:, aligned:]
+
+    def first_hits(
+        self,
+        members: npt.NDArray[np.intp],
+        targets: npt.NDArray[np.int64],
+        low: int,
+        high: int,
+        n: int,
+    ) -> npt.NDArray[np.int64]:
+        """For each member key, the smallest salt in [low, high) hitting its target, or -1."""
+        found = np.full(len(members), -1, dtype=np.int64)
+        for digit_count, run_low, run_high in _decimal_runs(low, high):
+            run = np.arange(run_low, run_high, dtype=np.int64)
+            digits = _decimal_digits(run, digit_count)
+            for tail_length in range(4):
+                local = np.flatnonzero((self.tail_lengths[members] == tail_length) & (found < 0))
+                if local.size == 0:
+                    continue
+                keys = members[local]
+                rows = np.concatenate(
+                    [
+                        np.repeat(self.tails[keys, :tail_length], run.size, axis=0),
+                        np.tile(digits, (keys.size, 1)),
+                    ],
+                    axis=1,
+                )
+                hashed = _mix_rows(np.repeat(self.states[keys], run.size), rows)
+                lengths = np.repeat(self.lengths[keys] + digit_count, run.size).astype(np.uint32)
+                signed = _fmix(hashed, lengths).view(np.int32).astype(np.int64)
+                hits = (signed % n).reshape(keys.size, run.size) == targets[local, None]
+                has_hit = hits.any(axis=1)
+                found[local[has_hit]] = run_low + hits[has_hit].argmax(axis=1)
+        return found
+
+
+def _decimal_runs(low: int, high: int) -> Iterator[tuple[int, int, int]]:
+    """Split [low, high) into runs of salts with equal decimal digit counts."""
+    while low < high:
+        digit_count = len(str(low))
+        run_high = min(high, 10**digit_count)
+        yield digit_count, low, run_high
+        low = run_high
+
+
+def _decimal_digits(values: npt.NDArray[np.int64], digit_count: int) -> npt.NDArray[np.uint8]:
+    """ASCII decimal digits of ``values`` (all with ``digit_count`` digits), one row each."""
+    powers = 10 ** np.arange(digit_count - 1, -1, -1, dtype=np.int64)
+    return ((values[:, None] // powers) % 10 + ord("0")).astype(np.uint8)
+
+
+def _check_partition_count(n: int) -> None:
+    if n < 1:
+        raise ValueError(f"the number of partitions must be at least 1, got {n}")
+
+
+def _check_target(target: int, n: int) -> None:
+    _check_partition_count(n)
+    if not 0 <= target < n:
+        raise ValueError(f"target partition {target} is not in [0, {n})")
+
+
+def _check_search_bounds(start: int, max_tries: int | None, n: int) -> int:
+    if start < 0:
+        raise ValueError(f"start must be non-negative, got {start}")
+    tries = TRIES_PER_PARTITION * n if max_tries is None else max_tries
+    if tries < 1:
+        raise ValueError(f"max_tries must be at least 1, got {tries}")
+    return tries
+
+
+class RoutedKeyTable:
+    """Grouping values for a routing table and hot keys over ``n_instances`` partitions.
+
+    ``routing`` maps a key to its instance (paper 000 §3.3); ``hot_keys`` maps a
+    hot key to d ≥ 2 distinct instances that each hold partial state (paper 001
+    §4.1.2; a merge step combines the partials). A key may not be in both. All
+    salts are searched once, vectorised, when the table is built.
+    """
+
+    def __init__(
+        self,
+        *,
+        n_instances: int,
+        routing: Mapping[str, int],
+        hot_keys: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
+        _check_partition_count(n_instances)
+        hot = {} if hot_keys is None else hot_keys
+        both = routing.keys() & hot.keys()
+        if both:
+            raise ValueError(f"keys both tabled and hot: {sorted(both)[:5]}")
+        for key, instances in hot.items():
+            if len(instances) < 2 or len(set(instances)) != len(instances):
+                raise ValueError(f"hot key {key!r} needs ≥ 2 distinct instances, got {instances}")
+        search_keys = [*routing.keys()]
+        search_targets = [*routing.values()]
+        for key, instances in hot.items():
+            search_keys.extend([key] * len(instances))
+            search_targets.extend(instances)
+        for key, target in zip(search_keys, search_targets, strict=True):
+            if not 0 <= target < n_instances:
+                raise ValueError(f"key {key!r}: instance {target} is not in [0, {n_instances})")
+        salts = find_salts(search_keys, search_targets, n_instances)
+        routed = [routed_key(k, int(s)) for k, s in zip(search_keys, salts, strict=True)]
+        self.n_instances = n_instances
+        self._instances = dict(zip(routed, search_targets, strict=True))
+        self._routes: dict[str, tuple[str, ...]] = {}
+        position = 0
+        for key in routing:
+            self._routes[key] = (routed[position],)
+            position += 1
+        for key, instances in hot.items():
+            self._routes[key] = tuple(routed[position : position + len(instances)])
+            position += len(instances)
+
+    def route(self, key: str) -> list[str]:
+        """The grouping values of ``key``: one if tabled, d if hot, else the hash fallback.
+
+        A key without a table entry keeps its natural partition. It is grouped
+        by itself, or, if it contains the separator, by a routed key salted to
+        that same partition (see the module docstring).
+        """
+        routes = self._routes.get(key)
+        if routes is not None:
+            return list(routes)
+        if SEPARATOR not in key:
+            return [key]
+        natural = spark_partition(key, self.n_instances)
+        return [routed_key(key, find_salt(key, natural, self.n_instances))]
+
+    def instance_of(self, grouping_key: str) -> int:
+        """The instance (partition) that Spark sends ``grouping_key`` to."""
+        instance = self._instances.get(grouping_key)
+        if instance is not None:
+            return instance
+        return spark_partition(grouping_key, self.n_instances)

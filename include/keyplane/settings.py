@@ -1,0 +1,42 @@
+"""Where keyplane finds its broker, its state and its topics.
+
+Every value can be set from the environment (prefix ``KEYPLANE_``), so the
+same code runs against the embedded broker on a laptop and against Apache
+Kafka in the distributed deployment (``docker-compose.yml``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Process-wide settings, read once from ``KEYPLANE_*`` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="KEYPLANE_", frozen=True)
+
+    home: Path = Field(
+        default=Path("var"),
+        description="State directory: broker pid file, checkpoints, configuration store.",
+    )
+    bootstrap_servers: str | None = Field(
+        default=None,
+        description="Kafka bootstrap servers. Unset: the embedded broker's address.",
+    )
+    broker_port: int = Field(default=19092, ge=1, le=65535)
+    events_topic: str = "keyplane.events"
+    results_topic: str = "keyplane.results"
+    kafka_source: Literal["python", "jvm"] = Field(
+        default="python",
+        description="'python': keyplane's Python Data Source; 'jvm': Spark's own Kafka "
+        "connector (needs spark-sql-kafka on the classpath).",
+    )
+    spark_master: str = "local[2]"
+
+    def resolved_bootstrap_servers(self) -> str:
+        """The configured servers, else the embedded broker's loopback address."""
+        return self.bootstrap_servers or f"127.0.0.1:{self.broker_port}"

@@ -1,0 +1,1 @@
+"""Spark edge: the session, the Kafka source and sink, the streaming jobs."""

@@ -1,0 +1,243 @@
+"""A Kafka source for Structured Streaming, written with PySpark's Python Data Source API.
+
+Spark's own Kafka connector is a separate JVM artifact that many clusters (and
+offline machines) do not have. This source needs only kafka-python and gives
+the same guarantees: one input partition per Kafka partition, offsets stored
+in Spark's checkpoint (so a restarted driver resumes exactly where the last
+committed batch ended), and the same output schema as Spark's connector.
+Where the JVM connector is on the classpath, :func:`read_kafka` can select it
+(``KEYPLANE_KAFKA_SOURCE=jvm``) and downstream code does not change.
+
+Options: ``kafka.bootstrap.servers``, ``subscribe`` (comma-separated topics),
+``startingOffsets`` (earliest | latest | JSON), ``maxOffsetsPerTrigger``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, parse_starting_offsets
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SOURCE_NAME = "keyplane-kafka"
+
+KAFKA_SCHEMA = (
+    "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, timestamp TIMESTAMP"
+)
+
+_ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+class KafkaSourceOptionError(ValueError):
+    """A required option is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class KafkaInputPartition(InputPartition):
+    """Records ``start <= offset < end`` of one topic partition."""
+
+    bootstrap_servers: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def _required(options: dict[str, str], name: str) -> str:
+    value = options.get(name)
+    if not value:
+        raise KafkaSourceOptionError(f"the keyplane Kafka source needs option {name!r}")
+    return value
+
+
+class KafkaStreamReader(DataSourceStreamReader):
+    """Plans micro-batches from Kafka offsets and reads them, one task per partition."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.bootstrap_servers = _required(options, "kafka.bootstrap.servers")
+        self.topics = [t.strip() for t in _required(options, "subscribe").split(",") if t.strip()]
+        self.starting = parse_starting_offsets(options.get("startingOffsets", "earliest"))
+        max_rows = options.get("maxOffsetsPerTrigger")
+        self.max_rows = int(max_rows) if max_rows else None
+        if self.max_rows is not None and self.max_rows < 1:
+            raise KafkaSourceOptionError(f"maxOffsetsPerTrigger must be >= 1, got {max_rows}")
+
+    def _marks(self) -> PartitionOffsets:
+        from keyplane.kafka.admin import high_watermarks
+
+        return {
+            topic: {str(p): off for p, off in high_watermarks(self.bootstrap_servers, topic).items()}
+            for topic in self.topics
+        }
+
+    def _earliest(self) -> PartitionOffsets:
+        from keyplane.kafka.admin import earliest_offsets
+
+        return {
+            topic: {str(p): off for p, off in earliest_offsets(self.bootstrap_servers, topic).items()}
+            for topic in self.topics
+        }
+
+    def initialOffset(self) -> dict[str, Any]:
+        if self.starting == "latest":
+            return self._marks()
+        earliest = self._earliest()
+        if self.starting == "earliest":
+            return earliest
+        assert isinstance(self.starting, dict)
+        return {t: {**earliest.get(t, {}), **self.starting.get(t, {})} for t in self.topics}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadAllAvailable() if self.max_rows is None else ReadMaxRows(self.max_rows)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        marks = self._marks()
+        earliest = self._earliest()
+        # Partitions unknown to ``start`` (new topic partitions) begin at their earliest offset.
+        base = {t: {**earliest.get(t, {}), **start.get(t, {})} for t in marks}
+        if isinstance(limit, ReadMaxRows):
+            return cap_offsets(base, marks, limit.max_rows)
+        return marks
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return self._marks()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        out: list[InputPartition] = []
+        for topic, parts in sorted(end.items()):
+            for part, end_off in sorted(parts.items(), key=lambda kv: int(kv[0])):
+                begin = start.get(topic, {}).get(part, 0)
+                if end_off > begin:
+                    out.append(
+                        KafkaInputPartition(
+                            self.bootstrap_servers, topic, int(part), int(begin), int(end_off)
+                        )
+                    )
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        assert isinstance(partition, KafkaInputPartition)
+        yield from read_partition(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
+
+
+def read_partition(p: KafkaInputPartition, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
+    """Read exactly the records ``p.start <= offset < p.end`` as Arrow batches."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=p.bootstrap_servers,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    tp = TopicPartition(p.topic, p.partition)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, p.start)
+        cols: dict[str, list[Any]] = {name: [] for name in _ARROW_SCHEMA.names}
+        position = p.start
+        idle_polls = 0
+        while position < p.end:
+            records = consumer.poll(timeout_ms=1000, max_records=batch_rows).get(tp, [])
+            if not records:
+                idle_polls += 1
+                if idle_polls > 60:
+                    raise TimeoutError(
+                        f"{p.topic}[{p.partition}]: no records past offset {position} "
+                        f"(wanted up to {p.end}) after 60 s"
+                    )
+                continue
+            idle_polls = 0
+            for r in records:
+                if r.offset >= p.end:
+                    break
+                cols["key"].append(r.key)
+                cols["value"].append(r.value)
+                cols["offset"].append(r.offset)
+                cols["timestamp"].append(r.timestamp)
+                position = r.offset + 1
+            if len(cols["offset"]) >= batch_rows or position >= p.end:
+                yield _to_batch(cols, p)
+                cols = {name: [] for name in _ARROW_SCHEMA.names}
+    finally:
+        consumer.close()
+
+
+def _to_batch(cols: dict[str, list[Any]], p: KafkaInputPartition) -> pa.RecordBatch:
+    n = len(cols["offset"])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(cols["key"], pa.binary()),
+            pa.array(cols["value"], pa.binary()),
+            pa.array([p.topic] * n, pa.string()),
+            pa.array([p.partition] * n, pa.int32()),
+            pa.array(cols["offset"], pa.int64()),
+            pa.array([ms * 1000 for ms in cols["timestamp"]], pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")
+            ),
+        ],
+        schema=_ARROW_SCHEMA,
+    )
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("keyplane-kafka")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return KAFKA_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(dict(self.options))
+
+
+def read_kafka(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    topics: str,
+    *,
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+    implementation: str = "python",
+) -> DataFrame:
+    """A streaming DataFrame over ``topics`` with Spark's Kafka source schema."""
+    if implementation == "python":
+        spark.dataSource.register(KafkaDataSource)
+        fmt = SOURCE_NAME
+    elif implementation == "jvm":
+        fmt = "kafka"
+    else:
+        raise KafkaSourceOptionError(f"implementation must be 'python' or 'jvm', got {implementation!r}")
+    reader = (
+        spark.readStream.format(fmt)
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("subscribe", topics)
+        .option("startingOffsets", starting_offsets)
+    )
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load()

@@ -1,0 +1,41 @@
+"""SparkSession construction with the settings every keyplane job needs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+
+def build_session(
+    app_name: str = "keyplane",
+    master: str = "local[2]",
+    *,
+    shuffle_partitions: int = 4,
+    extra: dict[str, str] | None = None,
+) -> SparkSession:
+    """A session whose Python workers run this interpreter (the project's venv).
+
+    Without ``PYSPARK_PYTHON`` Spark would start workers with whatever
+    ``python3`` is first on PATH, which does not have keyplane installed.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.driver.memory", "2g")
+    )
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

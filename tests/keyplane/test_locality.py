@@ -1,0 +1,288 @@
+"""Tests of locality-aware routing tables (paper 000 §3.3) and pair history."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from keyplane.baselines import hash_worker
+from keyplane.locality import (
+    HistoryPolicy,
+    KeyWeights,
+    PairHistory,
+    PairStatistics,
+    PlanSettings,
+    TableRouter,
+    aggregate_pairs,
+    build_plan,
+    evaluate,
+)
+from keyplane.partitioner import Partitioner
+
+
+def correlated_window(
+    seed: int, n_keys: int = 600, n_tuples: int = 30_000, noise: float = 0.1
+) -> PairStatistics:
+    """Tuples whose stage-B key is mostly one of three partners of the stage-A key.
+
+    A key's partners come from its community of 30 keys, so the key graph has
+    clear clusters. The partners are fixed (seed 0), so windows drawn with
+    different seeds come from one distribution, like consecutive windows.
+    """
+    community = np.arange(n_keys) // 30
+    offsets = np.random.default_rng(0).integers(0, 30, size=(n_keys, 3))
+    partners = np.minimum(community[:, None] * 30 + offsets, n_keys - 1)
+    rng = np.random.default_rng(seed)
+    a_keys = np.minimum(rng.pareto(1.5, n_tuples) * 40, n_keys - 1).astype(np.int64)
+    a_keys = np.random.default_rng(0).permutation(n_keys)[a_keys]
+    b_keys = partners[a_keys, rng.integers(0, 3, n_tuples)]
+    random = rng.random(n_tuples) < noise
+    b_keys[random] = rng.integers(0, n_keys, int(random.sum()))
+    return PairStatistics(a_keys, b_keys + 10_000, np.ones(n_tuples))
+
+
+def brute_force_locality(
+    pairs: PairStatistics,
+    table_a: dict[int, int],
+    table_b: dict[int, int],
+    n: int,
+    split: frozenset[int] = frozenset(),
+) -> float:
+    """Share of pair weight on one instance; a pair with a split key is local 1/n of the time."""
+    local = 0.0
+    for a, b, count in zip(pairs.a_keys.tolist(), pairs.b_keys.tolist(), pairs.counts, strict=True):
+        if a in split or b in split:
+            local += count / n
+            continue
+        worker_a = table_a.get(a, int(hash_worker(np.array([a]), n)[0]))
+        worker_b = table_b.get(b, int(hash_worker(np.array([b]), n)[0]))
+        local += count * (worker_a == worker_b)
+    return local / float(pairs.counts.sum())
+
+
+def test_correlated_pairs_give_locality_far_above_hash_and_it_holds_on_the_next_window() -> None:
+    n = 6
+    train, held_out = correlated_window(seed=1), correlated_window(seed=2)
+    plan = build_plan(train, n)
+    hashed = evaluate(({}, {}), held_out, n)
+    next_window = plan.evaluate(held_out)
+
+    assert plan.predicted_locality > 0.6
+    assert hashed.locality < 0.25  # about 1/n
+    assert next_window.locality > 0.55
+    assert abs(next_window.locality - plan.predicted_locality) < 0.1
+    assert plan.predicted_imbalance_a <= 1.03
+    assert plan.predicted_imbalance_b <= 1.03
+
+
+def test_predictions_equal_an_independent_evaluation_on_the_training_window() -> None:
+    n = 4
+    train = correlated_window(seed=3, n_keys=200, n_tuples=5_000)
+    plan = build_plan(train, n)
+
+    split = frozenset(plan.heavy_keys_a + plan.heavy_keys_b)
+    assert plan.predicted_locality == pytest.approx(
+        brute_force_locality(train, plan.table_a, plan.table_b, n, split), rel=1e-9
+    )
+
+
+def test_a_key_with_30_percent_of_the_weight_is_reported_and_balance_still_holds() -> None:
+    rng = np.random.default_rng(5)
+    n_tuples = 20_000
+    a_keys = rng.integers(1, 500, n_tuples)
+    a_keys[: int(0.3 * n_tuples)] = 0
+    b_keys = a_keys % 97 + 1_000
+    pairs = PairStatistics(a_keys, b_keys, np.ones(n_tuples))
+
+    plan = build_plan(pairs, 8)
+
+    assert plan.heavy_keys_a == (0,)
+    assert 0 not in plan.table_a
+    assert plan.predicted_imbalance_a <= 1.03
+    assert plan.predicted_imbalance_b <= 1.03
+    evaluation = plan.evaluate(pairs)
+    assert evaluation.imbalance_a == pytest.approx(plan.predicted_imbalance_a, rel=1e-9)
+
+
+def test_pinned_heavy_key_goes_to_the_least_loaded_instance_and_imbalance_is_honest() -> None:
+    rng = np.random.default_rng(6)
+    n_tuples = 10_000
+    a_keys = rng.integers(1, 300, n_tuples)
+    a_keys[: int(0.3 * n_tuples)] = 0
+    pairs = PairStatistics(a_keys, a_keys % 50 + 1_000, np.ones(n_tuples))
+
+    plan = build_plan(pairs, 4, heavy_key_policy="pin")
+
+    assert plan.heavy_keys_a == (0,)
+    assert 0 in plan.table_a
+    # 30 % of the load on one of 4 instances is 1.2 × the mean at least.
+    assert plan.predicted_imbalance_a >= 1.2
+    assert plan.evaluate(pairs).imbalance_a == pytest.approx(plan.predicted_imbalance_a)
+
+
+def test_table_budget_keeps_the_keys_with_most_pair_weight() -> None:
+    a_keys = np.array([1, 2, 3, 4, 5, 1, 2])
+    b_keys = np.array([10, 20, 30, 40, 50, 10, 20])
+    counts = np.array([50.0, 40.0, 30.0, 2.0, 1.0, 50.0, 40.0])
+    plan = build_plan(PairStatistics(a_keys, b_keys, counts), 2, alpha=2.0, max_table_entries=3)
+
+    assert set(plan.table_a) == {1, 2, 3}
+    assert set(plan.table_b) == {10, 20, 30}
+
+
+def test_keys_known_only_from_frequencies_are_counted_in_the_balance() -> None:
+    pairs = PairStatistics(
+        np.array([1, 2]),
+        np.array([10, 20]),
+        np.array([5.0, 5.0]),
+        freq_a=KeyWeights(np.array([1, 3, 4, 5]), np.array([8.0, 5.0, 5.0, 5.0])),
+    )
+    weights = pairs.stage_weights("a")
+    assert weights.keys.tolist() == [1, 2, 3, 4, 5]
+    assert weights.weights.tolist() == [8.0, 5.0, 5.0, 5.0, 5.0]
+
+    plan = build_plan(pairs, 2, alpha=1.2)
+    assert plan.evaluate(pairs).imbalance_a == pytest.approx(plan.predicted_imbalance_a)
+    assert plan.predicted_imbalance_a <= 1.2
+
+
+@st.composite
+def skewed_graphs(draw: st.DrawFn) -> tuple[PairStatistics, int, float, int | None, int]:
+    seed = draw(st.integers(0, 2**32 - 1))
+    n = draw(st.integers(1, 8))
+    alpha = draw(st.sampled_from([1.0, 1.01, 1.03, 1.1, 1.5]))
+    budget = draw(st.one_of(st.none(), st.integers(0, 40)))
+    n_a, n_b = draw(st.integers(1, 60)), draw(st.integers(1, 60))
+    n_pairs = draw(st.integers(0, 300))
+    exponent = draw(st.floats(1.05, 3.0))
+    rng = np.random.default_rng(seed)
+    a_keys = (rng.zipf(exponent, n_pairs) - 1) % n_a
+    b_keys = (rng.zipf(exponent, n_pairs) - 1) % n_b + 1_000
+    counts = np.floor(rng.pareto(1.2, n_pairs) * 10.0)
+    freq_a = None
+    if draw(st.booleans()):
+        extra = np.arange(n_a + 5)
+        freq_a = KeyWeights(extra, np.floor(rng.pareto(1.0, extra.size) * 5.0))
+    pairs = PairStatistics(a_keys, b_keys, counts, freq_a=freq_a)
+    return pairs, n, alpha, budget, seed
+
+
+@settings(max_examples=80, deadline=None)
+@given(skewed_graphs())
+def test_property_balance_is_within_alpha_on_the_training_graph(
+    case: tuple[PairStatistics, int, float, int | None, int],
+) -> None:
+    pairs, n, alpha, budget, seed = case
+    plan = build_plan(pairs, n, alpha=alpha, max_table_entries=budget, seed=seed % 1000)
+
+    measured = plan.evaluate(pairs)
+    assert measured.imbalance_a <= alpha
+    assert measured.imbalance_b <= alpha
+    assert plan.predicted_imbalance_a == pytest.approx(measured.imbalance_a, rel=1e-9)
+    assert plan.predicted_imbalance_b == pytest.approx(measured.imbalance_b, rel=1e-9)
+    assert plan.predicted_locality == pytest.approx(measured.locality, rel=1e-9, abs=1e-12)
+    for table, heavy in ((plan.table_a, plan.heavy_keys_a), (plan.table_b, plan.heavy_keys_b)):
+        assert all(0 <= worker < n for worker in table.values())
+        assert not set(table) & set(heavy)
+        if budget is not None:
+            assert len(table) <= budget
+
+
+def test_table_router_is_a_partitioner_routing_table_keys_and_hashing_the_rest() -> None:
+    router = TableRouter({5: 2, -3: 0, 1 << 40: 1}, 3, "locality-a")
+    keys = np.array([5, 7, -3, 1 << 40, 8, 5], dtype=np.int64)
+
+    workers = router.route(keys, np.zeros(keys.size))
+
+    assert isinstance(router, Partitioner)
+    fallback = hash_worker(np.array([7, 8]), 3)
+    assert workers.tolist() == [2, int(fallback[0]), 0, 1, int(fallback[1]), 2]
+    assert TableRouter({}, 3).route(keys, np.zeros(6)).tolist() == hash_worker(keys, 3).tolist()
+
+
+def test_table_router_rejects_instances_out_of_range() -> None:
+    with pytest.raises(ValueError, match=r"\[0, 2\)"):
+        TableRouter({1: 2}, 2)
+
+
+def test_evaluate_with_empty_tables_is_hash_routing() -> None:
+    pairs = correlated_window(seed=7, n_keys=100, n_tuples=2_000)
+    assert evaluate(({}, {}), pairs, 5).locality == pytest.approx(
+        brute_force_locality(pairs, {}, {}, 5)
+    )
+
+
+def test_settings_reject_bad_values_and_derive_the_metis_ufactor() -> None:
+    assert PlanSettings(4, alpha=1.03).metis_ufactor == 30
+    assert PlanSettings(4, alpha=1.0).metis_ufactor == 1
+    with pytest.raises(ValueError, match="alpha"):
+        PlanSettings(4, alpha=0.9)
+    with pytest.raises(ValueError, match="n_instances"):
+        PlanSettings(0)
+    with pytest.raises(ValueError, match="max_table_entries"):
+        PlanSettings(2, max_table_entries=-1)
+    with pytest.raises(ValueError, match="same length"):
+        PairStatistics(np.array([1, 2]), np.array([1]), np.array([1.0, 1.0]))
+    with pytest.raises(ValueError, match="non-negative"):
+        PairStatistics(np.array([1]), np.array([1]), np.array([-1.0]))
+
+
+def test_aggregate_pairs_sums_repeats_and_drops_zero_counts() -> None:
+    a, b, counts = aggregate_pairs(
+        np.array([1, 1, 2, 3]), np.array([5, 5, 5, 6]), np.array([1.0, 2.0, 4.0, 0.0])
+    )
+    assert list(zip(a.tolist(), b.tolist(), counts.tolist(), strict=True)) == [
+        (1, 5, 3.0),
+        (2, 5, 4.0),
+    ]
+
+
+def window(pairs: list[tuple[int, int, float]]) -> PairStatistics:
+    a, b, counts = zip(*pairs, strict=True)
+    return PairStatistics(np.array(a), np.array(b), np.array(counts))
+
+
+def as_dict(statistics: PairStatistics) -> dict[tuple[int, int], float]:
+    return {
+        (int(a), int(b)): float(c)
+        for a, b, c in zip(statistics.a_keys, statistics.b_keys, statistics.counts, strict=True)
+    }
+
+
+def test_reset_history_keeps_only_the_latest_window() -> None:
+    history = PairHistory(HistoryPolicy(mode="reset"))
+    history.add(window([(1, 10, 4.0)]))
+    history.add(window([(2, 20, 3.0)]))
+
+    assert as_dict(history.statistics) == {(2, 20): 3.0}
+    assert history.statistics.stage_weights("a").keys.tolist() == [2]
+
+
+def test_decay_history_weights_older_windows_down_without_dropping_them() -> None:
+    history = PairHistory(HistoryPolicy(mode="decay", decay=0.5))
+    history.add(window([(1, 10, 4.0), (2, 20, 2.0)]))
+    history.add(window([(1, 10, 1.0), (3, 30, 8.0)]))
+
+    assert as_dict(history.statistics) == {(1, 10): 3.0, (2, 20): 1.0, (3, 30): 8.0}
+    weights = history.statistics.stage_weights("a")
+    assert dict(zip(weights.keys.tolist(), weights.weights.tolist(), strict=True)) == {
+        1: 3.0,
+        2: 1.0,
+        3: 8.0,
+    }
+    assert history.windows == 2
+
+
+def test_history_bound_keeps_the_heaviest_pairs() -> None:
+    history = PairHistory(HistoryPolicy(decay=1.0, max_entries=2))
+    history.add(window([(1, 10, 4.0), (2, 20, 2.0), (3, 30, 9.0)]))
+
+    assert as_dict(history.statistics) == {(1, 10): 4.0, (3, 30): 9.0}
+
+
+def test_history_policy_rejects_bad_decay() -> None:
+    with pytest.raises(ValueError, match="decay"):
+        HistoryPolicy(decay=0.0)
+    with pytest.raises(ValueError, match="mode"):
+        HistoryPolicy(mode="forever")  # type: ignore[arg-type]
