@@ -270,9 +270,8 @@ class _HeadChoicesPartitioner:
             return
         cutoff = self.settings.theta_scale / self.n_workers * total
         head = {
-            int(item.item): float(item.count) / total  # type: ignore[call-overload]
-            for item in self._sketch.top()
-            if item.count >= cutoff
+            int(key): float(count) / total  # type: ignore[call-overload]
+            for key, count in self._sketch.items_at_least(cutoff).items()
         }
         self._head = self._head_workers(head, max(0.0, 1.0 - sum(head.values())))
         self._head_keys = np.array(sorted(self._head), dtype=np.int64)

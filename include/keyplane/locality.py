@@ -438,10 +438,10 @@ def _metis_parts(
         if total > 0:
             capacity += np.maximum(0.0, total / n - fixed_loads[stage_is_a]) / total
     capacity = np.maximum(capacity, _MIN_PART_TARGET)
-    targets = [float(c) for c in capacity / capacity.sum()]
-    targets[-1] = 1.0 - sum(targets[:-1])
     if vertices.size < _MIN_VERTICES_PER_PART * n:
         return _fill_by_capacity(shares, capacity)
+    targets = [float(c) for c in capacity / capacity.sum()]
+    targets[-1] = 1.0 - sum(targets[:-1])
 
     sub = graph.adjacency[vertices][:, vertices].tocsr()
     sub.sort_indices()

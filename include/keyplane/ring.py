@@ -69,6 +69,7 @@ class ConsistentHashRing:
         self._positions = np.empty(0, dtype=np.int64)
         self._owners = np.empty(0, dtype=np.int64)
         self._owner_list: list[int] = []
+        self._candidate_cache: dict[tuple[int, int], tuple[int, ...]] = {}
         for worker in workers:
             self._check_new(worker)
             self._workers.add(int(worker))
@@ -110,6 +111,7 @@ class ConsistentHashRing:
         self._positions = np.array([p for p, _ in nodes], dtype=np.int64)
         self._owner_list = [w for _, w in nodes]
         self._owners = np.array(self._owner_list, dtype=np.int64)
+        self._candidate_cache = {}
 
     def add_worker(self, worker: int) -> None:
         """Place a new worker; it takes over the arcs just before its virtual nodes."""
@@ -127,6 +129,17 @@ class ConsistentHashRing:
     def _require_workers(self) -> None:
         if not self._workers:
             raise ValueError("the ring has no workers")
+
+    def bucket(self, key: int) -> int:
+        """Ring position of one key (cached)."""
+        key = int(key)
+        bucket = self._bucket_cache.get(key)
+        if bucket is None:
+            if len(self._bucket_cache) > _CACHE_LIMIT:
+                self._bucket_cache.clear()
+            bucket = key_bucket(key)
+            self._bucket_cache[key] = bucket
+        return bucket
 
     def buckets(self, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Ring position of each key (SHA-1 computed once per distinct key, then cached)."""
@@ -162,7 +175,10 @@ class ConsistentHashRing:
         self._require_workers()
         if not 1 <= d <= len(self._workers):
             raise ValueError(f"d must be in [1, {len(self._workers)}], got {d}")
-        start = int(np.searchsorted(self._positions, self.buckets([key])[0], side="left"))
+        cached = self._candidate_cache.get((key, d))
+        if cached is not None:
+            return cached
+        start = int(np.searchsorted(self._positions, self.bucket(key), side="left"))
         owners, size = self._owner_list, len(self._owner_list)
         found: list[int] = []
         for step in range(size):
@@ -171,4 +187,8 @@ class ConsistentHashRing:
                 found.append(worker)
                 if len(found) == d:
                     break
-        return tuple(found)
+        result = tuple(found)
+        if len(self._candidate_cache) > _CACHE_LIMIT:
+            self._candidate_cache.clear()
+        self._candidate_cache[(key, d)] = result
+        return result

@@ -6,20 +6,21 @@ Spark gives us no hook to say "key k goes to partition p": a stateful operator
 (``groupBy(...).applyInPandasWithState`` / ``transformWithState``) requires a
 ``StatefulOpClusteredDistribution``, which Spark satisfies with
 ``HashPartitioning(grouping, P)``, whose ``partitionIdExpression`` is
-``Pmod(CollationAwareMurmur3Hash(grouping), P)`` in Spark 4.x (``Murmur3Hash``
-before). For a ``UTF8_BINARY`` string column, the default collation, both hash
-the same UTF-8 bytes with the same seed (42) as ``pyspark.sql.functions.hash``.
-``df.repartition(P, col)`` builds the same ``HashPartitioning``, so it lands a
-value where the stateful operator would.
+``Pmod(CollationAwareMurmur3Hash(grouping), P)`` in Spark 4.3 (checked in its
+bytecode; ``Murmur3Hash`` in Spark 3.x). For a ``UTF8_BINARY`` string column,
+the default collation, both hash the same UTF-8 bytes with the same seed (42)
+as ``pyspark.sql.functions.hash``. ``df.repartition(P, col)`` builds the same
+``HashPartitioning``, so it lands a value where the stateful operator would.
 
 So instead of the key, the job groups by a *routed key*: the key, a separator
 and a decimal salt (``"user42#17"``). The salt is searched so that the routed
-key's Spark hash lands on the wanted partition. This implements a routing table
-with hash fallback (Caneill et al., paper 000 §3.3: "When a key is not present
-in the routing table, it falls back to the standard hash-based routing
-policy") and hot-key splitting (FISH, paper 001 §4.1.2: a hot key is assigned to
-several workers, chosen by consistent hashing in §5) on top of Spark's own
-keyed state store.
+key's Spark hash lands on the wanted partition. The routed key must be the only
+grouping column: with several, Spark chains the hash through all of them. This
+implements a routing table with hash fallback (Caneill et al., paper 000 §3.3:
+"When a key is not present in the routing table, it falls back to the standard
+hash-based routing policy") and hot-key splitting (FISH, paper 001 §4.1.2: a
+hot key is assigned to several workers, chosen by consistent hashing in §5) on
+top of Spark's own keyed state store.
 
 Hash fallback. A key with no table entry is grouped by itself, so it keeps its
 natural partition ``spark_partition(key, P)``. The one exception keeps grouping
@@ -59,8 +60,8 @@ TRIES_PER_PARTITION = 64
 """Default salt-search bound, as a multiple of ``n``.
 
 Each salt hits a given partition with probability about 1/n, so ``64 n`` misses
-in a row happen with probability about ``exp(-64)``: a failure means a bug or a
-wrong ``n``, not bad luck.
+in a row happen with probability about ``exp(-64)``: a failure means a bug, not
+bad luck.
 """
 
 _MASK = 0xFFFFFFFF
@@ -68,7 +69,7 @@ _C1 = 0xCC9E2D51
 _C2 = 0x1B873593
 _SEPARATOR_BYTES = SEPARATOR.encode("utf-8")
 _CANDIDATES_PER_CHUNK = 1 << 20
-"""Bounds the memory of one vectorised salt-search step (about 40 MB)."""
+"""Bounds the memory of one vectorised salt-search step (tens of MB)."""
 
 _Words = npt.NDArray[np.integer[Any]]
 """uint32 at run time; numpy's stubs widen ``uint32_array op int`` to a signed type."""
@@ -189,6 +190,8 @@ def _byte_rows(encoded: Sequence[bytes], width: int) -> npt.NDArray[np.uint8]:
 
 def _groups_by_length(lengths: npt.NDArray[np.int64]) -> Iterator[tuple[int, npt.NDArray[np.intp]]]:
     """Yield (length, indices) for each distinct length."""
+    if lengths.size == 0:
+        return
     order = np.argsort(lengths, kind="stable")
     sorted_lengths = lengths[order]
     starts = np.flatnonzero(np.r_[True, sorted_lengths[1:] != sorted_lengths[:-1]])

@@ -152,13 +152,21 @@ class SpaceSaving:
     is a lower bound of the counter (counters only grow); a stale entry met at
     the top is re-keyed. A monitored update is then O(1) and an eviction
     O(log m) amortised, and memory stays O(m).
+
+    :meth:`scale` is O(1): counters are stored in units of a running scale
+    factor (true value = stored value × factor), which keeps their order, so
+    the heap stays valid. Stored values are renormalised when the factor gets
+    tiny.
     """
+
+    _RENORMALISE_BELOW = 1e-150
 
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
         self._capacity = capacity
         self._total: Weight = 0
+        self._unit = 1.0
         self._slot_of: dict[Hashable, int] = {}
         self._items: list[Hashable] = []
         self._counts: list[Weight] = []
@@ -186,6 +194,13 @@ class SpaceSaving:
     def __contains__(self, item: object) -> bool:
         return item in self._slot_of
 
+    def _true(self, stored: Weight) -> Weight:
+        return stored if self._unit == 1.0 else stored * self._unit
+
+    def _true_list(self, stored: list[Weight]) -> list[Weight]:
+        unit = self._unit
+        return list(stored) if unit == 1.0 else [v * unit for v in stored]
+
     def min_count(self) -> Weight:
         """Upper bound on the true weight of any unmonitored item.
 
@@ -194,7 +209,7 @@ class SpaceSaving:
         """
         if not self.is_full:
             return 0
-        return self._peek_min()[0]
+        return self._true(self._peek_min()[0])
 
     def _peek_min(self) -> tuple[Weight, int]:
         heap, counts = self._heap, self._counts
@@ -224,7 +239,7 @@ class SpaceSaving:
         self._apply(distinct, summed)
 
     def _apply(self, distinct: list[Hashable], weights: list[Weight]) -> None:
-        slot_of, counts = self._slot_of, self._counts
+        slot_of, counts, unit = self._slot_of, self._counts, self._unit
         newcomers: list[tuple[Hashable, Weight]] = []
         added: Weight = 0
         for item, weight in zip(distinct, weights, strict=True):
@@ -233,52 +248,64 @@ class SpaceSaving:
                     raise ValueError(f"weights must be non-negative, got {weight!r}")
                 continue
             added += weight
+            stored = weight if unit == 1.0 else weight / unit
             slot = slot_of.get(item)
             if slot is None:
-                newcomers.append((item, weight))
+                newcomers.append((item, stored))
             else:
-                counts[slot] += weight
+                counts[slot] += stored
         self._total += added
         if not newcomers:
             return
         newcomers.sort(key=lambda pair: pair[1], reverse=True)
         items, errors, heap, capacity = self._items, self._errors, self._heap, self._capacity
-        for item, weight in newcomers:
+        for item, stored in newcomers:
             if len(items) < capacity:
                 slot = len(items)
                 items.append(item)
-                counts.append(weight)
+                counts.append(stored)
                 errors.append(0)
                 slot_of[item] = slot
-                heapq.heappush(heap, (weight, slot))
+                heapq.heappush(heap, (stored, slot))
                 continue
             floor, slot = self._peek_min()
             del slot_of[items[slot]]
             items[slot] = item
             slot_of[item] = slot
-            counts[slot] = floor + weight
+            counts[slot] = floor + stored
             errors[slot] = floor
-            heapq.heapreplace(heap, (floor + weight, slot))
+            heapq.heapreplace(heap, (floor + stored, slot))
 
     def estimate(self, item: Hashable) -> Weight:
         """Upper bound on the item's weight (its counter, or :meth:`min_count`)."""
         slot = self._slot_of.get(item)
-        return self.min_count() if slot is None else self._counts[slot]
+        return self.min_count() if slot is None else self._true(self._counts[slot])
 
     def error(self, item: Hashable) -> Weight:
         """Maximal overestimate of :meth:`estimate` (``estimate - error`` is a lower bound)."""
         slot = self._slot_of.get(item)
-        return self.min_count() if slot is None else self._errors[slot]
+        return self.min_count() if slot is None else self._true(self._errors[slot])
 
     def top(self, k: int | None = None) -> list[FrequentItem]:
         """The ``k`` monitored items with the largest counts (all if ``k`` is None)."""
         n = len(self._items) if k is None else min(k, len(self._items))
         slots = heapq.nlargest(n, range(len(self._items)), key=self._counts.__getitem__)
-        return [FrequentItem(self._items[s], self._counts[s], self._errors[s]) for s in slots]
+        return [
+            FrequentItem(self._items[s], self._true(self._counts[s]), self._true(self._errors[s]))
+            for s in slots
+        ]
 
     def counts(self) -> dict[Hashable, Weight]:
         """Every monitored item with its estimated weight."""
-        return dict(zip(self._items, self._counts, strict=True))
+        return dict(zip(self._items, self._true_list(self._counts), strict=True))
+
+    def items_at_least(self, min_count: float) -> dict[Hashable, Weight]:
+        """Monitored items whose estimated weight is at least ``min_count`` (vectorised)."""
+        if not self._items:
+            return {}
+        true = np.asarray(self._counts, dtype=np.float64) * self._unit
+        slots = np.flatnonzero(true >= min_count).tolist()
+        return {self._items[s]: self._true(self._counts[s]) for s in slots}
 
     def scale(self, factor: float) -> None:
         """Multiply every counter, error and the total by ``factor`` in ``[0, 1]``.
@@ -293,6 +320,7 @@ class SpaceSaving:
             raise ValueError(f"scale factor must be in [0, 1], got {factor}")
         if factor == 0.0:
             self._total = 0
+            self._unit = 1.0
             self._slot_of.clear()
             self._items.clear()
             self._counts.clear()
@@ -302,9 +330,12 @@ class SpaceSaving:
         if factor == 1.0:
             return
         self._total *= factor
-        self._counts = [c * factor for c in self._counts]
-        self._errors = [e * factor for e in self._errors]
-        self._rebuild_heap()
+        self._unit *= factor
+        if self._unit < self._RENORMALISE_BELOW:
+            self._counts = self._true_list(self._counts)
+            self._errors = self._true_list(self._errors)
+            self._unit = 1.0
+            self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
         self._heap = [(c, s) for s, c in enumerate(self._counts)]
@@ -329,15 +360,18 @@ class SpaceSaving:
                 f"cannot merge SpaceSaving of capacity {self._capacity} with {other.capacity}"
             )
         floor_a, floor_b = self.min_count(), other.min_count()
+        counts_b, errors_b = other._true_list(other._counts), other._true_list(other._errors)
         merged: dict[Hashable, tuple[Weight, Weight]] = {}
         other_slot = other._slot_of
-        for item, count, err in zip(self._items, self._counts, self._errors, strict=True):
+        for item, count, err in zip(
+            self._items, self._true_list(self._counts), self._true_list(self._errors), strict=True
+        ):
             slot = other_slot.get(item)
             if slot is None:
                 merged[item] = (count + floor_b, err + floor_b)
             else:
-                merged[item] = (count + other._counts[slot], err + other._errors[slot])
-        for item, count, err in zip(other._items, other._counts, other._errors, strict=True):
+                merged[item] = (count + counts_b[slot], err + errors_b[slot])
+        for item, count, err in zip(other._items, counts_b, errors_b, strict=True):
             if item not in self._slot_of:
                 merged[item] = (count + floor_a, err + floor_a)
         kept = heapq.nlargest(self._capacity, merged.items(), key=lambda kv: kv[1][0])
@@ -360,6 +394,7 @@ class SpaceSaving:
         self._items = list(items)
         self._counts = list(counts)
         self._errors = list(errors)
+        self._unit = 1.0
         self._slot_of = {item: slot for slot, item in enumerate(self._items)}
         if len(self._slot_of) != len(self._items):
             raise ValueError("items must be distinct")
@@ -383,8 +418,8 @@ class SpaceSaving:
                 out[f"key_{j}"] = [_plain(i[j]) for i in items]  # type: ignore[index]
         else:
             out["key"] = [_plain(i) for i in items]
-        out["count"] = [_plain(c) for c in self._counts]
-        out["error"] = [_plain(e) for e in self._errors]
+        out["count"] = [_plain(c) for c in self._true_list(self._counts)]
+        out["error"] = [_plain(e) for e in self._true_list(self._errors)]
         return out
 
     @classmethod
@@ -485,6 +520,11 @@ class EpochTopK:
     def frequencies(self) -> dict[int, float]:
         """Each held key's decayed count (an overestimate by at most total/capacity)."""
         return {int(k): float(c) for k, c in self._sketch.counts().items()}  # type: ignore[call-overload]
+
+    def frequencies_at_least(self, min_share: float) -> dict[int, float]:
+        """Held keys whose decayed count is at least ``min_share`` of :attr:`total`."""
+        at_least = self._sketch.items_at_least(min_share * float(self._sketch.total))
+        return {int(k): float(c) for k, c in at_least.items()}  # type: ignore[call-overload]
 
     def top(self, k: int | None = None) -> list[FrequentItem]:
         """The ``k`` keys with the largest decayed counts."""

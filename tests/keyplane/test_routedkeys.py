@@ -18,15 +18,9 @@ import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pyspark import TaskContext
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
-
 from keyplane import routedkeys
 from keyplane.routedkeys import (
     SEPARATOR,
-    TRIES_PER_PARTITION,
     RoutedKeyTable,
     SaltNotFoundError,
     find_salt,
@@ -40,6 +34,10 @@ from keyplane.routedkeys import (
     spark_partitions,
     split_routed_key,
 )
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 SPARK_4_3_STRING_HASHES = {
     "": 142593372,
@@ -345,32 +343,40 @@ def test_routed_keys_land_on_their_partition_when_repartitioned(
     )
 
 
-def partition_of_each_group(
-    key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState
-) -> Iterator[pd.DataFrame]:
-    """Count the group's rows in its state; emit the task (state partition) that ran it."""
-    context = TaskContext.get()
-    assert context is not None
-    seen = (state.get[0] if state.exists else 0) + sum(len(frame) for frame in frames)
-    state.update((seen,))
-    yield pd.DataFrame({"rk": [key[0]], "p": [context.partitionId()], "seen": [seen]})
-
-
 @pytest.mark.integration
 def test_routed_keys_land_on_their_partition_in_a_stateful_operator(
     spark: SparkSession, routed_200: tuple[RoutedKeyTable, list[str]], tmp_path: Path
 ) -> None:
-    """A streaming ``applyInPandasWithState`` runs each routed key's group on its instance."""
+    """A streaming ``applyInPandasWithState`` runs each routed key's group on its instance.
+
+    Two micro-batches: the 50 keys seen again in the second find their state
+    from the first, on the same instance.
+    """
     table, routed = routed_200
     (tmp_path / "in").mkdir()
-    pd.DataFrame({"rk": routed + routed[:50]}).to_parquet(tmp_path / "in" / "part.parquet")
+    pd.DataFrame({"rk": routed}).to_parquet(tmp_path / "in" / "0.parquet")
+    pd.DataFrame({"rk": routed[:50]}).to_parquet(tmp_path / "in" / "1.parquet")
     collected: list[tuple[str, int, int]] = []
+
+    def partition_of_each_group(
+        key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        """Count the group's rows in its state; emit the task (state partition) that ran it.
+
+        Defined here so that cloudpickle ships it by value to Spark's Python worker.
+        """
+        context = TaskContext.get()
+        assert context is not None
+        seen = (state.get[0] if state.exists else 0) + sum(len(frame) for frame in frames)
+        state.update((seen,))
+        yield pd.DataFrame({"rk": [key[0]], "p": [context.partitionId()], "seen": [seen]})
 
     def collect(batch: DataFrame, batch_id: int) -> None:
         collected.extend((row.rk, row.p, row.seen) for row in batch.collect())
 
     query = (
         spark.readStream.schema("rk string")
+        .option("maxFilesPerTrigger", 1)
         .parquet(str(tmp_path / "in"))
         .groupBy("rk")
         .applyInPandasWithState(
@@ -387,5 +393,6 @@ def test_routed_keys_land_on_their_partition_in_a_stateful_operator(
         .start()
     )
     query.awaitTermination()
-    seen = {r: 2 if i < 50 else 1 for i, r in enumerate(routed)}
-    assert sorted(collected) == sorted((r, table.instance_of(r), seen[r]) for r in routed)
+    first = [(r, table.instance_of(r), 1) for r in routed]
+    second = [(r, table.instance_of(r), 2) for r in routed[:50]]
+    assert sorted(collected) == sorted(first + second)

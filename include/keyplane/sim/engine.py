@@ -25,6 +25,7 @@ that of a per-event simulation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -164,7 +165,9 @@ def simulate(
         else:
             routed_at = records[-1].completions
             order = np.argsort(routed_at, kind="stable")
+        routing_started = time.perf_counter()
         instances = route_in_order(stage.router, keys, routed_at, order, chunk_size)
+        route_seconds = time.perf_counter() - routing_started
 
         if position == 0:
             arrivals = routed_at
@@ -186,6 +189,7 @@ def simulate(
                 arrivals=arrivals,
                 completions=completions,
                 services=services,
+                route_seconds=route_seconds,
             )
         )
     return SimulationResult(stages=tuple(records), source_times=emitted, server_of_instance=servers)

@@ -31,6 +31,9 @@ class StageRecord:
         arrivals: when the tuple entered the instance's queue.
         completions: when the instance finished processing it.
         services: the processing time it took.
+        route_seconds: wall-clock seconds the router spent on this stage
+            (the part of a run the simulator does not control; see
+            ``bench/sim_speed.py``).
     """
 
     name: str
@@ -40,6 +43,7 @@ class StageRecord:
     arrivals: FloatArray
     completions: FloatArray
     services: FloatArray
+    route_seconds: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)

@@ -62,7 +62,7 @@ class KafkaInputPartition(InputPartition):
 
 
 def _required(options: dict[str, str], name: str) -> str:
-    value = options.get(name)
+    value = options.get(name.lower())
     if not value:
         raise KafkaSourceOptionError(f"the keyplane Kafka source needs option {name!r}")
     return value
@@ -72,10 +72,12 @@ class KafkaStreamReader(DataSourceStreamReader):
     """Plans micro-batches from Kafka offsets and reads them, one task per partition."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        # Spark hands data sources their options with lower-cased names.
+        options = {k.lower(): v for k, v in options.items()}
         self.bootstrap_servers = _required(options, "kafka.bootstrap.servers")
         self.topics = [t.strip() for t in _required(options, "subscribe").split(",") if t.strip()]
-        self.starting = parse_starting_offsets(options.get("startingOffsets", "earliest"))
-        max_rows = options.get("maxOffsetsPerTrigger")
+        self.starting = parse_starting_offsets(options.get("startingoffsets", "earliest"))
+        max_rows = options.get("maxoffsetspertrigger")
         self.max_rows = int(max_rows) if max_rows else None
         if self.max_rows is not None and self.max_rows < 1:
             raise KafkaSourceOptionError(f"maxOffsetsPerTrigger must be >= 1, got {max_rows}")

@@ -139,3 +139,84 @@ def test_rejects_mismatched_router_and_missing_field_with_fake_router() -> None:
         simulate(trace, [Stage(FakeTableRouter([5], 2))], cluster)
     with pytest.raises(TypeError, match="Partitioner"):
         Stage(object())  # type: ignore[arg-type]
+
+
+def zipf_trace(n: int = 20_000, n_keys: int = 2_000, seed: int = 0) -> Trace:
+    from keyplane.workloads import ZipfEvolvingWorkload
+
+    workload = ZipfEvolvingWorkload(n_events=n, n_keys=n_keys, exponent=1.2, seed=seed)
+    return Trace.from_batches(workload.batches(8_192))
+
+
+def baseline_metrics(name: str, n_workers: int = 8) -> tuple[float, float, int, int]:
+    from keyplane.baselines import (
+        DChoicesPartitioner,
+        HashPartitioner,
+        PKGPartitioner,
+        ShufflePartitioner,
+        WChoicesPartitioner,
+    )
+    from keyplane.hotkeys import FishPartitioner
+
+    routers = {
+        "hash": HashPartitioner,
+        "shuffle": ShufflePartitioner,
+        "pkg": PKGPartitioner,
+        "d-choices": DChoicesPartitioner,
+        "w-choices": WChoicesPartitioner,
+        "fish": FishPartitioner,
+    }
+    trace = zipf_trace()
+    cluster = ClusterConfig(n_servers=n_workers, service_time=1e-4, source_rate=8e4)
+    metrics = summarize(simulate(trace, [Stage(routers[name](n_workers))], cluster))
+    stage = metrics.stages[0]
+    return metrics.makespan, stage.imbalance, stage.replicas, stage.keys
+
+
+def test_end_to_end_hash_keeps_one_replica_per_key_but_is_skewed() -> None:
+    makespan, skew, replicas, keys = baseline_metrics("hash")
+    assert replicas == keys
+    assert skew > 1.5
+    assert makespan > 20_000 / 8e4 * 1.5
+
+
+def test_end_to_end_shuffle_is_perfectly_balanced_and_replicates_hot_keys() -> None:
+    makespan, skew, replicas, keys = baseline_metrics("shuffle")
+    assert skew == 1.0
+    # round robin at exactly the capacity: no tuple ever waits
+    assert makespan == pytest.approx((20_000 - 1) / 8e4 + 1e-4, rel=1e-9)
+    assert replicas > 2 * keys
+
+
+@pytest.mark.parametrize("name", ["pkg", "d-choices", "w-choices", "fish"])
+def test_end_to_end_load_aware_baselines_beat_hash_on_skew(name: str) -> None:
+    hash_makespan, hash_skew, _, keys = baseline_metrics("hash")
+    makespan, skew, replicas, same_keys = baseline_metrics(name)
+    assert same_keys == keys
+    assert skew < hash_skew
+    assert makespan < hash_makespan
+    assert keys < replicas <= 8 * keys
+
+
+def test_end_to_end_locality_of_hash_is_near_one_over_n_and_table_is_one() -> None:
+    from keyplane.baselines import HashPartitioner
+    from keyplane.locality import TableRouter
+
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 1_000, 30_000)
+    trace = Trace(fields=(a, a + 1_000_000))
+    cluster = ClusterConfig(n_servers=6)
+    hashed = summarize(
+        simulate(trace, [Stage(HashPartitioner(6), 0), Stage(HashPartitioner(6), 1)], cluster)
+    )
+    assert hashed.locality == pytest.approx(1 / 6, abs=0.05)
+    table_a = {k: k % 6 for k in range(1_000)}
+    table_b = {k + 1_000_000: k % 6 for k in range(1_000)}
+    tabled = summarize(
+        simulate(
+            trace,
+            [Stage(TableRouter(table_a, 6), 0), Stage(TableRouter(table_b, 6), 1)],
+            cluster,
+        )
+    )
+    assert tabled.locality == 1.0

@@ -1,0 +1,384 @@
+"""The routing configuration: versioned, immutable, checksummed on stable storage.
+
+A configuration says, for every stateful operator, how many instances it has,
+which keys a routing table pins to an instance (paper 000 §3.3), which hot
+keys are split over several instances (paper 001 §4.2), and optionally which
+executor hosts each instance. Paper 000 §3.4 saves every routing configuration
+to stable storage before a reconfiguration starts, so that a crash during
+migration can be recovered; keyplane also keeps old versions so that a bad
+configuration can be rolled back, and names each version's parent.
+
+On disk a version is a directory ``v{version:06d}/`` holding one Parquet file
+per operator for the table and one for the hot keys, plus ``manifest.json``
+with the metadata, each data file's SHA-256, and a checksum over all of it.
+The control topic carries (version, checksum), so a reader verifies it loads
+exactly the configuration that was published. A version is written to a
+temporary directory and renamed into place, so a crash never leaves a half
+written version, and a published version never changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+CreatedBy = Literal["initial", "schedule", "manual", "rollback", "scale"]
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+_VERSION_DIRECTORY = re.compile(r"^v(\d{6})$")
+_MAX_REPORTED = 5
+
+
+def _listing(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_REPORTED])
+    more = len(items) - _MAX_REPORTED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+class OperatorRouting(BaseModel):
+    """How one stateful operator routes its keys.
+
+    A key in ``table`` goes to that instance; a key in ``hot_keys`` is split
+    over the listed instances (at least two, distinct); any other key takes
+    the hash fallback. Keys are strings here: the edge maps them to and from
+    the integer ids the algorithms use.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parallelism: int = Field(ge=1)
+    table: dict[str, int] = Field(default_factory=dict)
+    hot_keys: dict[str, tuple[int, ...]] = Field(default_factory=dict)
+    placement: dict[int, str] | None = None
+
+    @model_validator(mode="after")
+    def _check_invariants(self) -> Self:
+        p = self.parallelism
+        outside = [f"{k!r}→{i}" for k, i in self.table.items() if not 0 <= i < p]
+        if outside:
+            raise ValueError(f"table routes keys outside instances [0, {p}): {_listing(outside)}")
+        both = [repr(k) for k in self.hot_keys if k in self.table]
+        if both:
+            raise ValueError(f"keys both in the table and hot: {_listing(both)}")
+        short = [repr(k) for k, inst in self.hot_keys.items() if len(inst) < 2]
+        if short:
+            raise ValueError(f"hot keys need at least 2 instances: {_listing(short)}")
+        repeated = [repr(k) for k, inst in self.hot_keys.items() if len(set(inst)) != len(inst)]
+        if repeated:
+            raise ValueError(f"hot keys list an instance twice: {_listing(repeated)}")
+        hot_outside = [
+            f"{k!r}→{list(inst)}"
+            for k, inst in self.hot_keys.items()
+            if any(not 0 <= i < p for i in inst)
+        ]
+        if hot_outside:
+            raise ValueError(f"hot keys use instances outside [0, {p}): {_listing(hot_outside)}")
+        if self.placement is not None and set(self.placement) != set(range(p)):
+            raise ValueError(
+                f"placement must name an executor for each instance 0..{p - 1}, "
+                f"got instances {sorted(self.placement)}"
+            )
+        return self
+
+
+class RoutingConfig(BaseModel):
+    """One version of the routing of every stateful operator.
+
+    ``operators`` is listed upstream first. ``parent_version`` is the version
+    this one replaces: only the initial configuration has none, and a child is
+    always newer than its parent.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = Field(ge=1)
+    parent_version: int | None = Field(default=None, ge=1)
+    created_at: AwareDatetime = Field(default_factory=lambda: datetime.now(UTC))
+    created_by: CreatedBy
+    operators: dict[str, OperatorRouting]
+
+    @model_validator(mode="after")
+    def _check_lineage(self) -> Self:
+        if self.parent_version is not None and self.version <= self.parent_version:
+            raise ValueError(
+                f"version {self.version} must be greater than its parent_version "
+                f"{self.parent_version}"
+            )
+        if (self.created_by == "initial") != (self.parent_version is None):
+            raise ValueError(
+                "only an 'initial' configuration has no parent_version "
+                f"(created_by={self.created_by!r}, parent_version={self.parent_version})"
+            )
+        if not self.operators:
+            raise ValueError("a configuration routes at least one operator")
+        unnamed = [name for name in self.operators if not name.strip()]
+        if unnamed:
+            raise ValueError("operator names must not be blank")
+        return self
+
+
+class ConfigStoreError(Exception):
+    """A configuration could not be saved or loaded as asked."""
+
+
+class UnknownVersionError(ConfigStoreError, LookupError):
+    """No configuration with the requested version is stored."""
+
+
+class ChecksumMismatchError(ConfigStoreError):
+    """Stored bytes differ from what the manifest (or the caller) expects."""
+
+
+class VersionConflictError(ConfigStoreError):
+    """A different configuration is already stored under this version."""
+
+
+@dataclass(frozen=True)
+class SavedConfig:
+    """Where a version was stored and the checksum to publish with it."""
+
+    version: int
+    path: Path
+    checksum: str
+
+
+def version_path(directory: Path | str, version: int) -> Path:
+    return Path(directory) / f"v{version:06d}"
+
+
+def stored_versions(directory: Path | str) -> list[int]:
+    """Every complete stored version, oldest first."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    versions = []
+    for entry in root.iterdir():
+        match = _VERSION_DIRECTORY.match(entry.name)
+        if match and (entry / MANIFEST_NAME).is_file():
+            versions.append(int(match.group(1)))
+    return sorted(versions)
+
+
+def latest_version(directory: Path | str) -> int | None:
+    """The newest stored version, or ``None`` when nothing is stored yet."""
+    versions = stored_versions(directory)
+    return versions[-1] if versions else None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _body_checksum(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _write_operator_files(operator: OperatorRouting, index: int, target: Path) -> tuple[str, str]:
+    table_name = f"operator-{index:03d}.table.parquet"
+    hot_name = f"operator-{index:03d}.hot_keys.parquet"
+    table_keys = sorted(operator.table)
+    pq.write_table(
+        pa.table(
+            {
+                "key": pa.array(table_keys, pa.string()),
+                "instance": pa.array([operator.table[k] for k in table_keys], pa.int32()),
+            }
+        ),
+        target / table_name,
+    )
+    hot_keys = sorted(operator.hot_keys)
+    pq.write_table(
+        pa.table(
+            {
+                "key": pa.array(hot_keys, pa.string()),
+                "instances": pa.array(
+                    [list(operator.hot_keys[k]) for k in hot_keys], pa.list_(pa.int32())
+                ),
+            }
+        ),
+        target / hot_name,
+    )
+    return table_name, hot_name
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_version(config: RoutingConfig, target: Path) -> str:
+    """Write every file of ``config`` into the empty directory ``target``."""
+    operators = []
+    for index, (name, operator) in enumerate(config.operators.items()):
+        table_name, hot_name = _write_operator_files(operator, index, target)
+        operators.append(
+            {
+                "name": name,
+                "parallelism": operator.parallelism,
+                "placement": None
+                if operator.placement is None
+                else {str(i): e for i, e in sorted(operator.placement.items())},
+                "table_file": table_name,
+                "hot_keys_file": hot_name,
+            }
+        )
+    files = {
+        entry.name: _file_sha256(entry) for entry in sorted(target.iterdir()) if entry.is_file()
+    }
+    body: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "version": config.version,
+        "parent_version": config.parent_version,
+        "created_at": config.created_at.isoformat(),
+        "created_by": config.created_by,
+        "operators": operators,
+        "files": files,
+    }
+    checksum = _body_checksum(body)
+    (target / MANIFEST_NAME).write_text(
+        json.dumps({**body, "checksum": checksum}, indent=2, ensure_ascii=False) + "\n"
+    )
+    for entry in target.iterdir():
+        _fsync(entry)
+    _fsync(target)
+    return checksum
+
+
+def save(config: RoutingConfig, directory: Path | str) -> SavedConfig:
+    """Store ``config`` as ``directory/v{version:06d}/`` atomically.
+
+    Saving a configuration equal to the stored one is a no-op; saving a
+    different one under an existing version raises :class:`VersionConflictError`
+    (a published version must never change under its readers).
+    """
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    final = version_path(root, config.version)
+    if final.exists():
+        return _existing(config, root)
+    staging = root / f".tmp-{final.name}-{uuid.uuid4().hex}"
+    staging.mkdir()
+    try:
+        digest = _write_version(config, staging)
+        try:
+            staging.rename(final)
+        except OSError:
+            if final.exists():
+                return _existing(config, root)
+            raise
+        _fsync(root)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return SavedConfig(config.version, final, digest)
+
+
+def _existing(config: RoutingConfig, root: Path) -> SavedConfig:
+    stored = load(root, config.version)
+    if stored != config:
+        raise VersionConflictError(
+            f"version {config.version} is already stored in {root} with different contents; "
+            "a new configuration needs a new version"
+        )
+    return SavedConfig(
+        config.version, version_path(root, config.version), checksum(root, config.version)
+    )
+
+
+def _read_manifest(root: Path, version: int) -> dict[str, Any]:
+    manifest_path = version_path(root, version) / MANIFEST_NAME
+    if not manifest_path.is_file():
+        known = stored_versions(root)
+        raise UnknownVersionError(
+            f"no configuration version {version} in {root}; stored versions: "
+            f"{_listing([str(v) for v in known]) if known else 'none'}"
+        )
+    try:
+        manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ChecksumMismatchError(f"{manifest_path} is not valid JSON: {error}") from error
+    return manifest
+
+
+def checksum(directory: Path | str, version: int) -> str:
+    """The checksum recorded for a stored version (what is published with it)."""
+    return str(_read_manifest(Path(directory), version)["checksum"])
+
+
+def load(
+    directory: Path | str, version: int, expected_checksum: str | None = None
+) -> RoutingConfig:
+    """Read and verify a stored version.
+
+    Every data file must match its SHA-256 in the manifest, the manifest must
+    match its own checksum, and that checksum must equal ``expected_checksum``
+    when given (the one published with the version).
+    """
+    root = Path(directory)
+    folder = version_path(root, version)
+    manifest = _read_manifest(root, version)
+    body = {key: value for key, value in manifest.items() if key != "checksum"}
+    files: dict[str, str] = body.get("files", {})
+    for name, expected in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            raise ChecksumMismatchError(f"{path} is listed in the manifest but missing")
+        actual = _file_sha256(path)
+        if actual != expected:
+            raise ChecksumMismatchError(
+                f"{path} has SHA-256 {actual}, but the manifest records {expected}: "
+                "the file was modified after it was saved"
+            )
+    recorded = manifest.get("checksum")
+    if _body_checksum(body) != recorded:
+        raise ChecksumMismatchError(
+            f"{folder / MANIFEST_NAME} does not match its own checksum {recorded}: "
+            "the manifest was modified after it was saved"
+        )
+    if expected_checksum is not None and recorded != expected_checksum:
+        raise ChecksumMismatchError(
+            f"version {version} in {root} has checksum {recorded}, expected {expected_checksum}"
+        )
+    if body.get("version") != version:
+        raise ConfigStoreError(
+            f"{folder / MANIFEST_NAME} describes version {body.get('version')}, not {version}"
+        )
+    operators: dict[str, OperatorRouting] = {}
+    for entry in body["operators"]:
+        table = pq.read_table(folder / entry["table_file"]).to_pydict()
+        hot = pq.read_table(folder / entry["hot_keys_file"]).to_pydict()
+        placement = entry["placement"]
+        operators[entry["name"]] = OperatorRouting(
+            parallelism=entry["parallelism"],
+            table=dict(zip(table["key"], table["instance"], strict=True)),
+            hot_keys={k: tuple(v) for k, v in zip(hot["key"], hot["instances"], strict=True)},
+            placement=None if placement is None else {int(i): e for i, e in placement.items()},
+        )
+    return RoutingConfig(
+        version=body["version"],
+        parent_version=body["parent_version"],
+        created_at=datetime.fromisoformat(body["created_at"]),
+        created_by=body["created_by"],
+        operators=operators,
+    )
