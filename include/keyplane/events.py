@@ -35,6 +35,12 @@ def encode_batch(batch: EventBatch, ts_ms: int) -> Iterator[bytes]:
         zip(batch.a.tolist(), batch.b.tolist(), batch.pad.tolist(), strict=True)
     ):
         yield json.dumps(
-            {"seq": batch.start + i, "a": key_name(a), "b": key_name(b), "ts": ts_ms, "pad": pads[pad]},
+            {
+                "seq": batch.start + i,
+                "a": key_name(a),
+                "b": key_name(b),
+                "ts": ts_ms,
+                "pad": pads[pad],
+            },
             separators=(",", ":"),
         ).encode()

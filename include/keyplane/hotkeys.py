@@ -114,9 +114,7 @@ class FishSettings:
         return self.theta_scale / n_workers
 
 
-def hot_key_worker_count(
-    frequency: float, max_frequency: float, n_workers: int, d_min: int
-) -> int:
+def hot_key_worker_count(frequency: float, max_frequency: float, n_workers: int, d_min: int) -> int:
     """Number of workers ``d`` for a hot key (001 §4.1.2, Algorithm 2 lines 1–4).
 
     The paper's formula is lost from its text. What survives: more frequent

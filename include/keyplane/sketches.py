@@ -104,19 +104,23 @@ def aggregate_items(
     Distinct items come in a deterministic order (sorted for arrays,
     first-seen otherwise).
     """
-    if isinstance(items, np.ndarray) or (
-        isinstance(items, Sequence) and items and not isinstance(items[0], str)
-    ):
-        arr = np.asarray(items)
-        if arr.dtype.kind in "iu" and arr.ndim in (1, 2):
-            w = None if weights is None else _check_weights(weights, arr.shape[0])
-            if arr.ndim == 2:
-                return _aggregate_rows(arr, w)
-            if w is None:
-                uniq, counts = np.unique(arr, return_counts=True)
-                return uniq.tolist(), counts.tolist()
-            uniq, inverse = np.unique(arr, return_inverse=True)
-            return uniq.tolist(), np.bincount(inverse, weights=w, minlength=uniq.size).tolist()
+    arr: npt.NDArray[Any] | None = None
+    if isinstance(items, np.ndarray):
+        arr = items
+    elif isinstance(items, Sequence) and items and not isinstance(items[0], str):
+        try:
+            arr = np.asarray(items)
+        except ValueError:  # ragged, e.g. tuples of different lengths
+            arr = None
+    if arr is not None and arr.dtype.kind in "iu" and arr.ndim in (1, 2):
+        w = None if weights is None else _check_weights(weights, arr.shape[0])
+        if arr.ndim == 2:
+            return _aggregate_rows(arr, w)
+        if w is None:
+            uniq, counts = np.unique(arr, return_counts=True)
+            return uniq.tolist(), counts.tolist()
+        uniq, inverse = np.unique(arr, return_inverse=True)
+        return uniq.tolist(), np.bincount(inverse, weights=w, minlength=uniq.size).tolist()
     seq: list[Hashable] = list(items)  # type: ignore[arg-type]
     if weights is None:
         counter: Counter[Hashable] = Counter(seq)
@@ -221,7 +225,9 @@ class SpaceSaving:
             heapq.heapreplace(heap, (current, slot))
 
     def update(self, item: Hashable, weight: Weight = 1) -> None:
-        """Add one item with a positive weight."""
+        """Add one item with a non-negative weight."""
+        if not weight >= 0 or not math.isfinite(weight):
+            raise ValueError(f"weights must be finite and non-negative, got {weight!r}")
         self._apply([item], [weight])
 
     def update_many(
@@ -239,22 +245,19 @@ class SpaceSaving:
         self._apply(distinct, summed)
 
     def _apply(self, distinct: list[Hashable], weights: list[Weight]) -> None:
-        slot_of, counts, unit = self._slot_of, self._counts, self._unit
+        """Apply validated (finite, non-negative) weights, one per distinct item."""
+        self._total += sum(weights)
+        unit = self._unit
+        stored_weights = weights if unit == 1.0 else [w / unit for w in weights]
+        slot_of, counts = self._slot_of, self._counts
+        lookup = slot_of.get
         newcomers: list[tuple[Hashable, Weight]] = []
-        added: Weight = 0
-        for item, weight in zip(distinct, weights, strict=True):
-            if not weight > 0:
-                if weight < 0 or weight != weight:
-                    raise ValueError(f"weights must be non-negative, got {weight!r}")
-                continue
-            added += weight
-            stored = weight if unit == 1.0 else weight / unit
-            slot = slot_of.get(item)
-            if slot is None:
-                newcomers.append((item, stored))
-            else:
+        for item, stored in zip(distinct, stored_weights, strict=True):
+            slot = lookup(item)
+            if slot is not None:
                 counts[slot] += stored
-        self._total += added
+            elif stored > 0:
+                newcomers.append((item, stored))
         if not newcomers:
             return
         newcomers.sort(key=lambda pair: pair[1], reverse=True)

@@ -29,7 +29,9 @@ def expected_counts(spec: WorkloadSpec, n_events: int | None = None) -> pd.DataF
         b_parts.append(batch.b[:take])
     frames = []
     for stage, parts in (("A", a_parts), ("B", b_parts)):
-        keys, counts = np.unique(np.concatenate(parts) if parts else np.array([], np.int64), return_counts=True)
+        keys, counts = np.unique(
+            np.concatenate(parts) if parts else np.array([], np.int64), return_counts=True
+        )
         frames.append(
             pd.DataFrame({"stage": stage, "key": [key_name(int(k)) for k in keys], "count": counts})
         )

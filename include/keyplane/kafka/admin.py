@@ -9,6 +9,7 @@ code is correct.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 
@@ -30,10 +31,8 @@ def ensure_topic(bootstrap_servers: str, name: str, partitions: int) -> int:
     """
     admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers)
     try:
-        try:
+        with contextlib.suppress(TopicAlreadyExistsError):
             admin.create_topics([NewTopic(name, partitions, 1)])
-        except TopicAlreadyExistsError:
-            pass
     finally:
         admin.close()
     return len(partitions_of(bootstrap_servers, name))

@@ -46,7 +46,9 @@ def total_rows(start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping
     )
 
 
-def cap_offsets(start: PartitionOffsets, latest: PartitionOffsets, max_rows: int) -> PartitionOffsets:
+def cap_offsets(
+    start: PartitionOffsets, latest: PartitionOffsets, max_rows: int
+) -> PartitionOffsets:
     """End offsets that read at most ``max_rows`` records after ``start``.
 
     Like Spark's own Kafka source (``maxOffsetsPerTrigger``), the budget is

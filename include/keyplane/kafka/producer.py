@@ -16,7 +16,7 @@ from keyplane.events import encode_batch
 from keyplane.kafka.admin import ensure_topic
 from keyplane.workloads import WorkloadSpec
 
-ProgressCallback = Callable[[int], None]
+ProgressCallback = Callable[[int], object]
 
 
 def make_producer(bootstrap_servers: str, *, idempotent: bool = True) -> KafkaProducer:

@@ -14,15 +14,20 @@ state come back together, so every event is counted exactly once.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
@@ -50,7 +55,12 @@ class CountsJobSettings(BaseModel):
     stop_when_idle_s: float | None = Field(
         default=None, gt=0, description="Stop after this long with no new input and no lag."
     )
-    source: str = "python"
+    source: Literal["python", "jvm"] = "python"
+    pipeline: Literal["two-stage", "count-by-first-key"] = Field(
+        default="two-stage",
+        description="'two-stage': the reference A → B running counts; "
+        "'count-by-first-key': Spark's native streaming count by field 1 (a baseline).",
+    )
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,10 @@ def read_output(output: Path) -> pd.DataFrame:
     if not files:
         return pd.DataFrame({"stage": [], "key": [], "count": []})
     frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    return frame.groupby(["stage", "key"], as_index=False)["count"].max()
+    latest: pd.DataFrame = frame.groupby(["stage", "key"], as_index=False).agg(
+        count=("count", "max")
+    )
+    return latest
 
 
 def _batch_writer(settings: CountsJobSettings) -> Callable[[DataFrame, int], None]:
@@ -128,9 +141,17 @@ def run_counts_job(
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         implementation=settings.source,
     )
+    events = parse_events(raw)
+    if settings.pipeline == "two-stage":
+        updates, mode = running_counts(events), "append"
+    else:
+        updates = events.groupBy("a").count().select(
+            F.lit("A").alias("stage"), F.col("a").alias("key"), "count"
+        )
+        mode = "update"
     query = (
-        running_counts(parse_events(raw))
-        .writeStream.foreachBatch(_batch_writer(settings))
+        updates.writeStream.outputMode(mode)
+        .foreachBatch(_batch_writer(settings))
         .option("checkpointLocation", str(settings.checkpoint))
         .trigger(processingTime=settings.trigger_interval)
         .queryName("keyplane_running_counts")
@@ -144,7 +165,7 @@ def run_counts_job(
             time.sleep(0.5)
             for raw_progress in query.recentProgress:
                 progress = progress_of(raw_progress)
-                if progress.batch_id in seen or progress.rows == 0 and progress.lag == 0:
+                if progress.batch_id in seen or (progress.rows == 0 and progress.lag == 0):
                     if progress.batch_id not in seen:
                         seen.add(progress.batch_id)
                     continue
@@ -172,3 +193,38 @@ def run_counts_job(
         query.stop()
         spark.stop()
     return history
+
+
+PROGRESS_PREFIX = "progress "
+
+
+def _print_progress(p: BatchProgress) -> None:
+    sys.stdout.write(PROGRESS_PREFIX + json.dumps(dataclasses.asdict(p)) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="running_counts", description="Run keyplane's reference two-stage counting job."
+    )
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--events-topic", default="keyplane.events")
+    parser.add_argument("--results-topic")
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--shuffle-partitions", type=int, default=4)
+    parser.add_argument("--max-offsets-per-trigger", type=int)
+    parser.add_argument("--trigger-interval", default="1 second")
+    parser.add_argument("--stop-at-offset-total", type=int)
+    parser.add_argument("--stop-when-idle-s", type=float)
+    parser.add_argument("--source", choices=["python", "jvm"], default="python")
+    parser.add_argument("--pipeline", choices=["two-stage", "count-by-first-key"])
+    args = parser.parse_args(argv)
+    settings = CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
+    run_counts_job(settings, on_progress=_print_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

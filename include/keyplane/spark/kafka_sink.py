@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from pyspark.sql import DataFrame, Row
 
 
-def _send_partition(rows: Iterator[Row], bootstrap_servers: str, topic: str, key_column: str) -> None:
+def _send_partition(
+    rows: Iterator[Row], bootstrap_servers: str, topic: str, key_column: str
+) -> None:
     from keyplane.kafka.producer import make_producer
 
     producer = make_producer(bootstrap_servers)

@@ -86,7 +86,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         from keyplane.kafka.admin import high_watermarks
 
         return {
-            topic: {str(p): off for p, off in high_watermarks(self.bootstrap_servers, topic).items()}
+            topic: {
+                str(p): off for p, off in high_watermarks(self.bootstrap_servers, topic).items()
+            }
             for topic in self.topics
         }
 
@@ -94,7 +96,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         from keyplane.kafka.admin import earliest_offsets
 
         return {
-            topic: {str(p): off for p, off in earliest_offsets(self.bootstrap_servers, topic).items()}
+            topic: {
+                str(p): off for p, off in earliest_offsets(self.bootstrap_servers, topic).items()
+            }
             for topic in self.topics
         }
 
@@ -135,7 +139,7 @@ class KafkaStreamReader(DataSourceStreamReader):
                     )
         return out
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaInputPartition)
         yield from read_partition(partition)
 
@@ -233,7 +237,9 @@ def read_kafka(
     elif implementation == "jvm":
         fmt = "kafka"
     else:
-        raise KafkaSourceOptionError(f"implementation must be 'python' or 'jvm', got {implementation!r}")
+        raise KafkaSourceOptionError(
+            f"implementation must be 'python' or 'jvm', got {implementation!r}"
+        )
     reader = (
         spark.readStream.format(fmt)
         .option("kafka.bootstrap.servers", bootstrap_servers)

@@ -38,7 +38,9 @@ def parse_events(raw: DataFrame, watermark: str = "1 minute") -> DataFrame:
     """Kafka records → typed events with an event-time column and watermark."""
     parsed = raw.select(F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e"))
     return (
-        parsed.select("e.seq", "e.a", "e.b", "e.pad", (F.col("e.ts") / 1000).cast("timestamp").alias("ts"))
+        parsed.select(
+            "e.seq", "e.a", "e.b", "e.pad", (F.col("e.ts") / 1000).cast("timestamp").alias("ts")
+        )
         .where(F.col("a").isNotNull() & F.col("b").isNotNull())
         .withWatermark("ts", watermark)
     )
@@ -50,8 +52,9 @@ class CountByFirstKey(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.count = handle.getValueState("count", "count LONG")
 
-    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
-        total = self.count.get()[0] if self.count.exists() else 0
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
+        stored = self.count.get() if self.count.exists() else None
+        total = int(stored[0]) if stored else 0
         per_b: dict[str, int] = {}
         latest = None
         for row in rows:

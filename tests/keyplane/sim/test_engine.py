@@ -1,10 +1,20 @@
 import numpy as np
 import pytest
+from keyplane.baselines import (
+    DChoicesPartitioner,
+    HashPartitioner,
+    PKGPartitioner,
+    ShufflePartitioner,
+    WChoicesPartitioner,
+)
+from keyplane.hotkeys import FishPartitioner
+from keyplane.locality import TableRouter
 from keyplane.partitioner import KeyArray, TimeArray, WorkerArray
 from keyplane.sim.cluster import ClusterConfig
 from keyplane.sim.engine import Stage, simulate
 from keyplane.sim.metrics import summarize
 from keyplane.sim.trace import Trace
+from keyplane.workloads import ZipfEvolvingWorkload
 
 
 class FakeTableRouter:
@@ -142,22 +152,11 @@ def test_rejects_mismatched_router_and_missing_field_with_fake_router() -> None:
 
 
 def zipf_trace(n: int = 20_000, n_keys: int = 2_000, seed: int = 0) -> Trace:
-    from keyplane.workloads import ZipfEvolvingWorkload
-
     workload = ZipfEvolvingWorkload(n_events=n, n_keys=n_keys, exponent=1.2, seed=seed)
     return Trace.from_batches(workload.batches(8_192))
 
 
 def baseline_metrics(name: str, n_workers: int = 8) -> tuple[float, float, int, int]:
-    from keyplane.baselines import (
-        DChoicesPartitioner,
-        HashPartitioner,
-        PKGPartitioner,
-        ShufflePartitioner,
-        WChoicesPartitioner,
-    )
-    from keyplane.hotkeys import FishPartitioner
-
     routers = {
         "hash": HashPartitioner,
         "shuffle": ShufflePartitioner,
@@ -199,9 +198,6 @@ def test_end_to_end_load_aware_baselines_beat_hash_on_skew(name: str) -> None:
 
 
 def test_end_to_end_locality_of_hash_is_near_one_over_n_and_table_is_one() -> None:
-    from keyplane.baselines import HashPartitioner
-    from keyplane.locality import TableRouter
-
     rng = np.random.default_rng(2)
     a = rng.integers(0, 1_000, 30_000)
     trace = Trace(fields=(a, a + 1_000_000))
