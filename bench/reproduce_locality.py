@@ -71,6 +71,43 @@ FIG8_SERVICE_TIME = 1e-6
 bottleneck below L = 0.9 and the CPU above, which is where Fig. 8 plateaus."""
 
 
+DEFAULT_SEED = 7
+
+FINDINGS = """## Findings (full run, default seed)
+
+* Fig. 11: online routing keeps 66 % next-window locality (reset; 64 % with
+  decay) against 17 % for hash, with mean imbalance 1.07 (1.13 with decay):
+  the target (≥ 45 %, ≤ 1.2) is met. Every table's realised locality is well
+  below what METIS predicts on its training window (82 %), as in the paper
+  (75 % predicted, about 50 % realised).
+* Offline starts like online (66 %) but falls to the hash level (15–18 %)
+  within five windows, where the paper's offline held about 40 %:
+  `GeoTagsWorkload` replaces every favourite tag within five windows, so it
+  has none of the stable associations the Twitter data kept.
+* History policy: decayed statistics were slightly *worse* than reset here
+  (64.2 % against 66.3 % mean locality, worst imbalance 1.27 against 1.23).
+  This stream changes a fifth of its associations every window and its
+  flashes last a fifth of a window, so older windows mostly add stale pairs.
+  The design brief's observation (decay clearly better on a real drifting
+  trace) is not reproduced on this synthetic stream; the setting stays a
+  choice to measure per workload.
+* Fig. 12: locality grows with the number of edges kept, roughly with its
+  logarithm, and saturates: at n = 6, 300 edges (1.7 % of a window's pairs)
+  more than double hash's locality (0.39 against 0.17) and 3 000 edges (17 %)
+  reach 96 % of what all pairs give. The paper doubled locality with 0.1 %
+  of the edges; our windows hold about 17 000 distinct pairs, the paper's
+  millions.
+* Fig. 8: hash routing is flat in L (locality about 1/n), the paper's table
+  gains throughput with L and plateaus from L = 0.9 (where the CPU, not the
+  link, becomes the bottleneck by construction of the service time), and the
+  worst case loses throughput as L grows. keyplane's `build_plan` trained on
+  the same data matches or beats the paper's hand-written table (it is scored
+  in-sample and also co-locates chance (i, j) pairs). Hash is slightly below
+  the worst case at n = 4 and 6 because hashing 100 keys per instance leaves
+  about 10 % load imbalance, while the tables are exactly balanced.
+"""
+
+
 def namespaced(a: np.ndarray, b: np.ndarray, pad: np.ndarray | None = None) -> Trace:
     sizes = None if pad is None else pad.astype(np.float64) + HEADER_BYTES
     return Trace(fields=(a, b + B_NAMESPACE), sizes=sizes)
@@ -276,7 +313,7 @@ def locality_sweep(
 def main() -> None:
     parser = argparse.ArgumentParser(description="Reproduce paper 000 §4 in the simulator.")
     parser.add_argument("--quick", action="store_true", help="small run")
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--out", type=Path, default=None, help="write the report here")
     args = parser.parse_args()
 
@@ -380,6 +417,8 @@ def main() -> None:
             fig8,
         ]
     )
+    if not args.quick and args.seed == DEFAULT_SEED:
+        report += "\n\n" + FINDINGS
     report += "\n"
     print(report)
     if args.out is not None:

@@ -48,8 +48,10 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
         else:
             scalar = args[0] if args else annotation
             convert: Callable[[str], Any] = str
-            if scalar is int or scalar is float:
-                convert = scalar
+            if scalar is int:
+                convert = int
+            elif scalar is float:
+                convert = float
             parser.add_argument(flag, dest=name, type=convert, help=help_text)
 
 

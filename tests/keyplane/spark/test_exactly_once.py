@@ -1,0 +1,80 @@
+"""Exactly-once through a driver crash: SIGKILL mid-run, restart from the checkpoint.
+
+1M events over 8 partitions, a streaming count with maxOffsetsPerTrigger; the
+driver (Python process and its JVM) is killed with SIGKILL while batches are
+committing, then restarted on the same checkpoint. Every event must be counted
+exactly once, compared with the generator's ground truth.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from keyplane.kafka.producer import produce_workload
+from keyplane.spark.counts_job import read_output
+from keyplane.verification import compare_counts, expected_counts
+from keyplane.workloads import ZipfEvolvingWorkload
+
+pytestmark = pytest.mark.integration
+
+N_EVENTS = 1_000_000
+
+
+def _job(broker: str, topic: str, tmp: Path, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "keyplane.spark.counts_job",
+        "--bootstrap-servers",
+        broker,
+        "--events-topic",
+        topic,
+        "--checkpoint",
+        str(tmp / "checkpoint"),
+        "--output",
+        str(tmp / "output"),
+        "--pipeline",
+        "count-by-first-key",
+        "--max-offsets-per-trigger",
+        "100000",
+        "--trigger-interval",
+        "0 seconds",
+        "--stop-at-offset-total",
+        str(N_EVENTS),
+    ]
+    with log.open("ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_sigkill_mid_run_then_restart_counts_every_event_once(
+    broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    spec = ZipfEvolvingWorkload(n_keys=5_000, exponent=1.1, n_events=N_EVENTS, seed=7)
+    assert produce_workload(spec, broker, topic_name, partitions=8) == N_EVENTS
+    log = tmp_path / "job.log"
+
+    first = _job(broker, topic_name, tmp_path, log)
+    deadline = time.monotonic() + 600
+    while len(list((tmp_path / "output").glob("batch-*.parquet"))) < 3:
+        assert first.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "job made no progress"
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    committed_before = read_output(tmp_path / "output")["count"].sum()
+    assert 0 < committed_before < N_EVENTS, "the kill must land mid-run"
+
+    second = _job(broker, topic_name, tmp_path, log)
+    assert second.wait(timeout=900) == 0, log.read_text()[-3000:]
+
+    report = compare_counts(expected_counts(spec), read_output(tmp_path / "output"))
+    assert (
+        report.expected_events == N_EVENTS // 1 and report.lost == 0 and report.duplicated == 0
+    ), report
