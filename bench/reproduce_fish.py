@@ -76,41 +76,35 @@ DEFAULT_SEED = 1
 
 FINDINGS = """## Findings (full run, default seed)
 
-* Memory: FISH keeps 1.00–1.07x the replicas of fields grouping (paper
+* Memory: FISH keeps 1.01–1.27x the replicas of fields grouping (paper
   1.11–2.61x), far below shuffle grouping (5–34x here, paper 15.5–88.3x) and
   below D-Choices (1.4–2.0x) and W-Choices (1.5–3.1x). Target ≤ 3x: met.
-* Execution time: FISH with keyplane's defaults takes 1.26–1.80x shuffle's
-  time; with its waiting-time interval scaled to the simulated run
-  (`fish-scaled`) 1.11–1.22x. The target (≤ 1.1x) is not met, and in this
-  model D-Choices (≤ 1.18x) and W-Choices (≤ 1.02x) are faster than FISH at
-  every point, paying with memory; PKG is the worst load-aware policy (up to
-  16.9x), as in the paper. The paper's large gaps to D-C and W-C (up to 13.6x)
-  are not reproduced: keyplane's D-C and W-C re-derive their head every 1 000
-  tuples and choose by global sent counts, which recovers quickly from this
-  stream's single shift of the hot set.
-* Why FISH stays above shuffle: (1) with T = 10 s the inferred backlog never
-  drains inside a one-second run, so FISH balances cumulative sent counts and
-  banks idle time: after the hot set moves, a new hot key's tuples pile onto
-  the workers that were idle earlier (in a 300 000-tuple diagnostic at 64
-  workers, one worker took 2 178 of the 5 125 tuples of the new hottest key
-  in the last window, whose imbalance reached 3.8); (2) cold keys follow the
-  consistent-hash ring, whose arcs are uneven with 160 virtual nodes (largest
-  share of the key space 1.20x the mean at 64 workers, against 1.05x for
-  `hash mod n`), and a hot key fills a gap only if the gap is among its d
-  candidates. Raising d_min to 8 brings FISH to 1.02x (skew 1.0) and 1.10x
-  (skew 1.4) at 1.04–1.06x memory.
-* Decay (Figs. 12, 14): lifetime counting (decay 1) is 1.55x / 2.03x against
-  about 1.11x / 1.22x for decay 0.25–0.75, so epoch-based decay matters, as the
-  paper says. Decay 0 gives no hot keys at all (5.7x / 17x, fields grouping on
-  the ring), where the paper's decay 0 stays fast but costs memory: FISH
-  classifies keys on the counts after the epoch's decay, so with decay 0
-  every count is zero when the hot set is computed.
-* θ (Fig. 13): only θ = 1/n is clearly worse (1.68x / 1.38x), as in the paper;
-  smaller thresholds cost memory (1.14x at θ = 1/(20n)) for no speed.
-* Fig. 16: choosing by inferred waiting time is 1.22x (skew 1.0) and 1.37x
+* Execution time: FISH takes 1.00–1.12x shuffle's time; the target (≤ 1.1x)
+  holds at 7 of 8 points and is missed narrowly at 128 workers, skew 1.0
+  (1.12x). FISH is as fast as or faster than D-Choices at 6 of 8 points;
+  W-Choices stays within 1.02x of shuffle everywhere, paying 1.5–3.1x memory.
+  PKG is the worst load-aware policy (up to 16.9x), as in the paper. The
+  paper's large gaps to D-C and W-C (up to 13.6x) are not reproduced:
+  keyplane's D-C and W-C re-derive their head every 1 000 tuples and choose
+  by global sent counts, which recovers quickly from this stream's single
+  shift of the hot set. Scaling FISH's waiting-time interval to the run
+  (`fish-scaled`) changes nothing measurable.
+* Decay (Figs. 12, 14): lifetime counting (decay 1) takes 1.21x / 1.30x
+  (skew 1.0 / 1.4) against 1.00–1.02x for decay 0.25–0.75, so epoch-based
+  decay matters, as the paper says. Decay 0 gives no hot keys at all (5.7x /
+  17x, i.e. fields grouping on the ring), where the paper's decay 0 stays
+  fast but costs memory: FISH classifies keys on the counts left after the
+  epoch's decay, so with decay 0 every count is zero when the hot set is
+  computed.
+* θ (Fig. 13): θ = 1/n is clearly worse (1.68x / 1.38x), as in the paper,
+  and θ = 1/(2n) already costs 1.19x at skew 1.0; smaller thresholds than
+  1/(5n) only add memory (1.24x at θ = 1/(20n)).
+* d_min (Fig. 15): no effect on time here; memory grows slowly with it
+  (1.10x to 1.14x and 1.04x to 1.09x from d_min 2 to 8).
+* Fig. 16: choosing by inferred waiting time is 1.19x (skew 1.0) and 1.50x
   (skew 1.4) faster than choosing by sent count when half the workers are
-  twice as fast (paper: up to 2.61x). Neither reaches the ideal, because cold
-  keys go to their ring owner whatever its speed.
+  twice as fast, reaching the ideal at skew 1.4 (paper: up to 2.61x). At
+  skew 1.0 it cannot: cold keys go to their ring owner whatever its speed.
 * Fig. 17: after a worker joins or leaves, fields grouping on `hash mod n`
   holds 1.98x (skew 1.0) and 1.61x (skew 1.4) the replicas of a run without
   change, FISH on its ring 1.01–1.02x (paper: about 2x without consistent
