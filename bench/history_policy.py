@@ -18,6 +18,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+
 from keyplane.locality import HistoryPolicy, PairHistory, PairStatistics, build_plan, evaluate
 from keyplane.workloads import GeoTagsWorkload
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from keyplane.locality import PairStatistics, aggregate_pairs, build_plan, evaluate
 
 

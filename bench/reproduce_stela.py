@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+
 from keyplane.elasticity import (
     Operator,
     OperatorDag,

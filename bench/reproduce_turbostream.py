@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import pymetis
+
 from keyplane.placement import (
     NodeAssignment,
     PlacementSettings,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from keyplane.baselines import HashPartitioner
 from keyplane.hotkeys import FishPartitioner
 from keyplane.partitioner import Partitioner

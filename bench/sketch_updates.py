@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
 from keyplane.baselines import (
     DChoicesPartitioner,
     HashPartitioner,

@@ -114,9 +114,8 @@ def run_demo(
 
             thread = threading.Thread(target=produce, daemon=True)
             thread.start()
-            batches = _follow(job, log, echo=lambda line: bar.write(line))
+            batches = _follow(job, log, echo=tqdm.write)
             thread.join()
-            bar.close()
             if producer_error:
                 raise producer_error[0]
             if job.wait() != 0:

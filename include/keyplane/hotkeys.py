@@ -31,11 +31,21 @@ import numpy as np
 import numpy.typing as npt
 
 from keyplane.partitioner import KeyArray, TimeArray, WorkerArray
-from keyplane.ring import DEFAULT_VIRTUAL_NODES, ConsistentHashRing
+from keyplane.ring import (
+    DEFAULT_VIRTUAL_NODES,
+    CandidatePlacement,
+    make_placement,
+)
 from keyplane.sketches import EpochTopK
 
 HotAssignment = dict[int, tuple[int, ...]]
 """Hot key → its workers (candidate instances), in ring order."""
+
+BULK_CANDIDATES = 32
+"""From this many candidates on, a hot key's tuples in a segment are placed in
+bulk by :func:`greedy_fill` instead of one ``min`` over the candidates per
+tuple (which costs O(d) interpreted steps per tuple). Below it the per-tuple
+loop is cheaper than the fixed cost of a few numpy calls."""
 
 
 @dataclass(frozen=True)
@@ -80,10 +90,11 @@ class FishSettings:
     decay: float = 0.5
     epoch_unit: Literal["tuples", "seconds"] = "tuples"
     epoch_length: float = 1000.0
-    top_k_capacity: int = 1024
+    top_k_capacity: int | None = None
     virtual_nodes: int = DEFAULT_VIRTUAL_NODES
     waiting_interval_s: float = 10.0
     default_capacity: float = 10_000.0
+    candidate_selection: Literal["ring", "modulo"] = "ring"
 
     def __post_init__(self) -> None:
         if not 0.0 < self.theta_scale <= 1.0:
@@ -98,7 +109,7 @@ class FishSettings:
             raise ValueError(f"epoch_length must be positive, got {self.epoch_length}")
         if self.epoch_unit == "tuples" and self.epoch_length != int(self.epoch_length):
             raise ValueError(f"an epoch in tuples needs a whole length, got {self.epoch_length}")
-        if self.top_k_capacity < 1:
+        if self.top_k_capacity is not None and self.top_k_capacity < 1:
             raise ValueError(f"top_k_capacity must be positive, got {self.top_k_capacity}")
         if self.virtual_nodes < 1:
             raise ValueError(f"virtual_nodes must be positive, got {self.virtual_nodes}")
@@ -106,12 +117,29 @@ class FishSettings:
             raise ValueError(f"waiting_interval_s must be positive, got {self.waiting_interval_s}")
         if not (self.default_capacity > 0 and math.isfinite(self.default_capacity)):
             raise ValueError(f"default_capacity must be positive, got {self.default_capacity}")
+        if self.candidate_selection not in ("ring", "modulo"):
+            raise ValueError(
+                f"candidate_selection must be 'ring' or 'modulo', got {self.candidate_selection!r}"
+            )
 
     def hot_threshold(self, n_workers: int) -> float:
         """θ: the recent-frequency share from which a key is hot."""
         if n_workers < 1:
             raise ValueError(f"n_workers must be positive, got {n_workers}")
         return self.theta_scale / n_workers
+
+    def counter_capacity(self, n_workers: int) -> int:
+        """Counters of the recent hot-key table for ``n_workers`` workers.
+
+        ``top_k_capacity`` if set, else ``max(1024, ceil(4 / θ))``: SpaceSaving
+        overestimates a count by at most ``total / capacity``, i.e. here by at
+        most a quarter of the hot threshold, so no key below ``¾ θ`` can look
+        hot, and the table holds far more than the ``1/θ`` keys that can be hot
+        at once.
+        """
+        if self.top_k_capacity is not None:
+            return self.top_k_capacity
+        return max(1024, math.ceil(4.0 / self.hot_threshold(n_workers) - 1e-9))
 
 
 def hot_key_worker_count(frequency: float, max_frequency: float, n_workers: int, d_min: int) -> int:
@@ -149,36 +177,53 @@ def assign_hot_keys(
     previous: Mapping[int, Sequence[int]] | None = None,
     *,
     total: float | None = None,
-    ring: ConsistentHashRing | None = None,
+    placement: CandidatePlacement | None = None,
 ) -> HotAssignment:
     """Hot keys and their workers, from recent key frequencies (001 §4.1.2 and §5).
 
-    ``freqs`` maps keys to recent (decayed) frequencies; ``total`` is the
-    recent weight of the whole stream (default: the sum of ``freqs``, right
-    when ``freqs`` covers every key). Keys with share ``>= θ`` are hot; each
-    gets :func:`hot_key_worker_count` workers, at least as many as in
-    ``previous`` while it stays hot (stickiness: shrinking would strand
-    partial state on the dropped workers), at most ``n``. Workers come from
-    ``ring`` (default: a ring over ``0 … n - 1`` with the settings' virtual
-    nodes). Ring walks are prefix-stable, so a hot key's previous workers
-    stay among its new ones. Cold keys are absent from the result.
+    ``freqs`` maps keys to recent frequencies (the decayed history plus the
+    epoch just closed); ``total`` is the recent weight of the whole stream
+    (default: the sum of ``freqs``, right when ``freqs`` covers every key).
+    Keys with share ``>= θ`` are hot; each gets :func:`hot_key_worker_count`
+    workers, at least as many as in ``previous`` while it stays hot
+    (stickiness: shrinking would strand partial state on the dropped
+    workers), at most ``n``. Workers come from ``placement`` (default: the
+    settings' ``candidate_selection`` over ``0 … n - 1``), and ``previous``
+    must come from the same placement. Placements are prefix-stable, so a
+    hot key's previous workers stay among its new ones, and a key whose
+    ``d`` did not grow keeps its previous tuple without a new lookup.
+    Cold keys are absent from the result. The result is ordered hottest
+    first.
     """
-    if ring is None:
-        ring = ConsistentHashRing.of_size(n_workers, settings.virtual_nodes)
-    elif len(ring) != n_workers:
-        raise ValueError(f"ring has {len(ring)} workers but n_workers is {n_workers}")
+    if placement is None:
+        placement = make_placement(settings.candidate_selection, n_workers, settings.virtual_nodes)
+    elif len(placement) != n_workers:
+        raise ValueError(f"placement has {len(placement)} workers but n_workers is {n_workers}")
     stream_weight = float(sum(freqs.values())) if total is None else float(total)
-    if stream_weight <= 0:
+    if stream_weight <= 0 or not freqs:
         return {}
+    keys = np.fromiter(freqs.keys(), dtype=np.int64, count=len(freqs))
+    values = np.fromiter(freqs.values(), dtype=np.float64, count=len(freqs))
     cutoff = settings.hot_threshold(n_workers) * stream_weight
-    hot = {int(k): float(f) for k, f in freqs.items() if f > 0 and f >= cutoff}
-    hottest = max(hot.values(), default=0.0)
+    hot = (values > 0) & (values >= cutoff)
+    if not hot.any():
+        return {}
+    keys, values = keys[hot], values[hot]
+    order = np.lexsort((keys, -values))
+    keys, values = keys[order], values[order]
+    # hot_key_worker_count, vectorised over the hot keys
+    proportional = np.ceil(n_workers * values / values[0] - 1e-9)
+    counts = np.clip(proportional, min(settings.d_min, n_workers), n_workers).astype(np.int64)
     previous = previous or {}
+    candidates = placement.candidates
     assignment: HotAssignment = {}
-    for key, frequency in sorted(hot.items(), key=lambda kv: (-kv[1], kv[0])):
-        d = hot_key_worker_count(frequency, hottest, n_workers, settings.d_min)
-        d = min(max(d, len(previous.get(key, ()))), n_workers)
-        assignment[key] = ring.candidates(key, d)
+    for key, d in zip(keys.tolist(), counts.tolist(), strict=True):
+        before = previous.get(key)
+        if before is not None and len(before) >= d:
+            # prefix stability: the walk for len(before) is before itself
+            assignment[key] = tuple(before)
+        else:
+            assignment[key] = candidates(key, d)
     return assignment
 
 
@@ -216,16 +261,54 @@ def least_waiting_worker(
     return min(candidates, key=lambda w: (waits[w], sent_arr[w] / cap[w]))
 
 
+def greedy_fill(levels: npt.ArrayLike, capacity: npt.ArrayLike, count: int) -> npt.NDArray[np.intp]:
+    """Where ``count`` tuples of one key go, placed one by one by least waiting time.
+
+    ``levels`` are the candidates' inferred busy times (``sent / capacity``)
+    and each tuple adds ``1 / capacity`` to its worker's. Placing the tuples
+    one at a time on the least busy candidate (001 §4.2.2, ties to the
+    earlier candidate) picks, in order, the ``count`` smallest values of the
+    multiset ``{levels[w] + j / capacity[w] : j >= 0}``, ordered by value and
+    then candidate. This computes them in bulk: the continuous water level
+    ``L`` with ``Σ max(0, L − levels[w]) · capacity[w] = count`` bounds the
+    last pick, since at least ``count`` values lie at or below it. Returns
+    the index (into the candidates) of each tuple's worker, in tuple order.
+    """
+    base = np.asarray(levels, dtype=np.float64).reshape(-1)
+    cap = np.asarray(capacity, dtype=np.float64).reshape(-1)
+    if base.shape != cap.shape or base.size == 0:
+        raise ValueError("levels and capacity must be non-empty and of equal length")
+    if count <= 0:
+        return np.empty(0, dtype=np.intp)
+    order = np.argsort(base, kind="stable")
+    sorted_levels, sorted_cap = base[order], cap[order]
+    water = (count + np.cumsum(sorted_levels * sorted_cap)) / np.cumsum(sorted_cap)
+    next_level = np.append(sorted_levels[1:], np.inf)
+    level = float(water[int(np.argmax(water <= next_level))])
+    per_worker = np.clip(np.floor((level - base) * cap).astype(np.int64) + 2, 0, count)
+    while int(per_worker.sum()) < count:
+        per_worker = np.minimum(per_worker + 1, count)
+    worker = np.repeat(np.arange(base.size), per_worker)
+    starts = np.cumsum(per_worker) - per_worker
+    step = np.arange(worker.size) - np.repeat(starts, per_worker)
+    values = base[worker] + step / cap[worker]
+    return worker[np.argsort(values, kind="stable")[:count]]
+
+
 class FishPartitioner:
     """FISH grouping (paper 001) as a :class:`~keyplane.partitioner.Partitioner`.
 
     Per chunk, in stream order and split at epoch and interval boundaries:
 
-    * the hot set in force is the one computed at the last epoch end, so it
-      changes once per epoch, when the counts decay (001 §4.1); this lets
-      the cold keys of a segment be routed in one vectorised ring lookup;
-    * cold keys go to their ring owner; hot keys go, tuple by tuple, to the
-      candidate with the least inferred waiting time;
+    * the hot set in force is the one computed at the last epoch end (001
+      §4.1), from the counts of the decayed history plus that epoch, taken
+      before the epoch's decay is applied: with ``decay = 0`` the hot set is
+      exactly that of the last epoch (001 §6.3), with ``decay = 1`` that of
+      the whole stream;
+    * cold keys go to their single worker of the placement (ring owner, or
+      ``hash mod n`` with ``candidate_selection="modulo"``), looked up for
+      the whole chunk at once; hot keys go, tuple by tuple, to the candidate
+      with the least inferred waiting time;
     * every tuple then counts in the current epoch of the :class:`EpochTopK`.
 
     Waiting time: over each interval ``T`` (``waiting_interval_s``) the
@@ -237,7 +320,9 @@ class FishPartitioner:
     choosing the least ``sent_w / capacity_w`` is choosing the least
     waiting time, with ties between idle workers broken towards the least
     busy one. Capacities come from :meth:`observe_capacity`, the periodic
-    samples of 001 §4.2.1; until then ``default_capacity``.
+    samples of 001 §4.2.1; until then ``default_capacity``. Within a
+    segment the cold tuples are counted before the hot ones are placed, so
+    hot tuples fill the gaps the cold ones leave.
 
     Time is the running maximum of ``times`` (a late tuple does not move the
     clock back).
@@ -255,10 +340,11 @@ class FishPartitioner:
             raise ValueError(f"n_workers must be positive, got {n_workers}")
         self.settings = settings or FishSettings()
         self.n_workers = n_workers
-        most_hot = math.ceil(1.0 / self.settings.hot_threshold(n_workers))
-        if self.settings.top_k_capacity < most_hot:
+        counters = self.settings.counter_capacity(n_workers)
+        most_hot = math.ceil(1.0 / self.settings.hot_threshold(n_workers) - 1e-9)
+        if counters < most_hot:
             raise ValueError(
-                f"top_k_capacity {self.settings.top_k_capacity} cannot hold the up to "
+                f"top_k_capacity {counters} cannot hold the up to "
                 f"{most_hot} hot keys of {n_workers} workers; raise it or theta_scale"
             )
         if capacities is None:
@@ -268,10 +354,14 @@ class FishPartitioner:
             if cap.shape != (n_workers,) or np.any(~(cap > 0)) or not np.all(np.isfinite(cap)):
                 raise ValueError(f"capacities must be {n_workers} positive finite numbers")
         self._capacity = cap
-        self._ring = ConsistentHashRing.of_size(n_workers, self.settings.virtual_nodes)
-        self._topk = EpochTopK(self.settings.top_k_capacity, self.settings.decay)
+        self._placement = make_placement(
+            self.settings.candidate_selection, n_workers, self.settings.virtual_nodes
+        )
+        self._topk = EpochTopK(counters, self.settings.decay)
         self._hot: HotAssignment = {}
         self._hot_keys = np.empty(0, dtype=np.int64)
+        self._wide_keys = np.empty(0, dtype=np.int64)
+        self._wide_order: list[tuple[int, npt.NDArray[np.int64]]] = []
         self._sent = np.zeros(n_workers, dtype=np.float64)
         self._clock = -math.inf
         self._window_start: float | None = None
@@ -282,6 +372,11 @@ class FishPartitioner:
     def hot_assignment(self) -> HotAssignment:
         """The hot keys in force and their workers."""
         return dict(self._hot)
+
+    @property
+    def placement(self) -> CandidatePlacement:
+        """Where keys may go: the ring, or ``hash mod n`` (``candidate_selection``)."""
+        return self._placement
 
     @property
     def capacities(self) -> npt.NDArray[np.float64]:
@@ -322,6 +417,7 @@ class FishPartitioner:
             return out
         clock = np.maximum.accumulate(np.maximum(time_arr, self._clock))
         self._clock = float(clock[-1])
+        owners = self._placement.owners(key_arr)
         settings = self.settings
         by_tuples = settings.epoch_unit == "tuples"
         pos, size = 0, key_arr.size
@@ -339,7 +435,7 @@ class FishPartitioner:
                 epoch_end = self._epoch_start + settings.epoch_length
                 end = min(end, pos + int(np.searchsorted(rest, epoch_end, side="left")))
             end = max(end, pos + 1)
-            self._route_segment(key_arr[pos:end], out[pos:end])
+            self._route_segment(key_arr[pos:end], owners[pos:end], out[pos:end])
             self._topk.update_many(key_arr[pos:end])
             self._epoch_tuples += end - pos
             if by_tuples and self._epoch_tuples >= settings.epoch_length:
@@ -367,41 +463,102 @@ class FishPartitioner:
                 self._close_epochs(epochs)
 
     def _close_epochs(self, epochs: int) -> None:
-        self._topk.end_epoch(epochs)
+        """Close ``epochs`` epochs, the first holding the counted tuples, the rest empty.
+
+        The hot set is classified at the close of the last of them, on its
+        counts before that epoch's decay (001 §4.1: decay once per epoch,
+        after the epoch's counting), then the decay is applied. Classifying
+        after the decay would make ``decay = 0`` forget the epoch before
+        looking at it, so no key would ever be hot.
+        """
+        topk = self._topk
+        if epochs > 1:
+            topk.end_epoch(epochs - 1)
         self._epoch_tuples = 0
-        self._hot = assign_hot_keys(
-            self._topk.frequencies_at_least(self.settings.hot_threshold(self.n_workers)),
+        hot = assign_hot_keys(
+            topk.frequencies_at_least(self.settings.hot_threshold(self.n_workers)),
             self.n_workers,
             self.settings,
             previous=self._hot,
-            total=float(self._topk.total),
-            ring=self._ring,
+            total=float(topk.total),
+            placement=self._placement,
         )
-        self._hot_keys = np.array(sorted(self._hot), dtype=np.int64)
+        topk.end_epoch(1)
+        if hot != self._hot:
+            if hot.keys() != self._hot.keys():
+                self._hot_keys = np.array(sorted(hot), dtype=np.int64)
+            wide = sorted(
+                (
+                    (len(workers), key)
+                    for key, workers in hot.items()
+                    if len(workers) >= BULK_CANDIDATES
+                ),
+            )
+            self._wide_order = [(key, np.array(hot[key], dtype=np.int64)) for _, key in wide]
+            self._wide_keys = np.array(sorted(key for _, key in wide), dtype=np.int64)
+        self._hot = hot
 
-    def _route_segment(self, keys: KeyArray, out: WorkerArray) -> None:
+    def _route_segment(self, keys: KeyArray, owners: WorkerArray, out: WorkerArray) -> None:
+        """Route one segment: cold tuples, then few-candidate hot tuples, then wide hot keys.
+
+        The order is most constrained first: cold tuples have one worker,
+        then the tuples of hot keys with fewer than :data:`BULK_CANDIDATES`
+        candidates are placed one by one in arrival order, then each wide
+        key's tuples (narrowest key first) by :func:`greedy_fill`, which is
+        the same least-waiting-time rule applied to that key's tuples in a
+        row, computed in bulk. Wide keys are the most flexible, so they fill
+        the gaps the others leave.
+        """
+        n = self.n_workers
         hot_keys = self._hot_keys
+        out[:] = owners
         if hot_keys.size:
             index = np.minimum(np.searchsorted(hot_keys, keys), hot_keys.size - 1)
             is_hot = hot_keys[index] == keys
         else:
             is_hot = np.zeros(keys.size, dtype=bool)
-        cold = ~is_hot
-        if cold.any():
-            cold_workers = self._ring.owners(keys[cold])
-            out[cold] = cold_workers
-            self._sent += np.bincount(cold_workers, minlength=self.n_workers)
         if not is_hot.any():
+            self._sent += np.bincount(owners, minlength=n)
             return
+        self._sent += np.bincount(owners[~is_hot], minlength=n)
+        capacity = self._capacity
         hot_positions = np.flatnonzero(is_hot)
-        inverse_capacity = (1.0 / self._capacity).tolist()
-        busy = (self._sent / self._capacity).tolist()
-        workers_of = self._hot
-        chosen = []
-        for key in keys[hot_positions].tolist():
-            worker = min(workers_of[key], key=busy.__getitem__)
-            busy[worker] += inverse_capacity[worker]
-            chosen.append(worker)
-        chosen_arr = np.array(chosen, dtype=np.int64)
-        out[hot_positions] = chosen_arr
-        self._sent += np.bincount(chosen_arr, minlength=self.n_workers)
+        hot_of_tuple = keys[hot_positions]
+        wide_keys = self._wide_keys
+        if wide_keys.size:
+            is_wide = np.isin(hot_of_tuple, wide_keys)
+            narrow_positions = hot_positions[~is_wide]
+        else:
+            is_wide = np.zeros(hot_positions.size, dtype=bool)
+            narrow_positions = hot_positions
+        if narrow_positions.size:
+            inverse_capacity = (1.0 / capacity).tolist()
+            busy = (self._sent / capacity).tolist()
+            pick = busy.__getitem__
+            workers_of = self._hot
+            chosen: list[int] = []
+            append = chosen.append
+            for key in keys[narrow_positions].tolist():
+                worker = min(workers_of[key], key=pick)
+                busy[worker] += inverse_capacity[worker]
+                append(worker)
+            chosen_arr = np.array(chosen, dtype=np.int64)
+            out[narrow_positions] = chosen_arr
+            self._sent += np.bincount(chosen_arr, minlength=n)
+        if not is_wide.any():
+            return
+        wide_positions = hot_positions[is_wide]
+        wide_of_tuple = hot_of_tuple[is_wide]
+        for key, candidates in self._wide_order:
+            positions = wide_positions[wide_of_tuple == key]
+            if positions.size == 0:
+                continue
+            picks = candidates[
+                greedy_fill(
+                    self._sent[candidates] / capacity[candidates],
+                    capacity[candidates],
+                    positions.size,
+                )
+            ]
+            out[positions] = picks
+            self._sent += np.bincount(picks, minlength=n)

@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from keyplane import config as config_module
 from keyplane.config import (
     ChecksumMismatchError,
@@ -26,7 +28,6 @@ from keyplane.config import (
     save,
     stored_versions,
 )
-from pydantic import ValidationError
 
 CREATED = datetime(2026, 11, 3, 12, 30, tzinfo=UTC)
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyplane.baselines import hash_worker
 from keyplane.locality import (
     HistoryPolicy,

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.migration import (
     StalePlanError,

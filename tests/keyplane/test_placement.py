@@ -9,6 +9,7 @@ import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyplane.placement import (
     FrontierOrder,
     PlacementSettings,

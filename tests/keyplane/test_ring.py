@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyplane.ring import BUCKETS, ConsistentHashRing, key_bucket, node_bucket
 
 KEYS = np.random.default_rng(7).integers(-(2**62), 2**62, size=3000, dtype=np.int64)

@@ -18,6 +18,11 @@ import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+
 from keyplane import routedkeys
 from keyplane.routedkeys import (
     SEPARATOR,
@@ -34,10 +39,6 @@ from keyplane.routedkeys import (
     spark_partitions,
     split_routed_key,
 )
-from pyspark import TaskContext
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 SPARK_4_3_STRING_HASHES = {
     "": 142593372,

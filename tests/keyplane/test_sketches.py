@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from keyplane.sketches import EpochTopK, SpaceSaving, aggregate_items
 
 streams = st.lists(st.integers(min_value=0, max_value=40), min_size=0, max_size=300)

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from keyplane.workloads import (
     EventBatch,
     GeoTagsWorkload,
@@ -16,7 +18,6 @@ from keyplane.workloads import (
     ZipfEvolvingWorkload,
     parse_workload,
 )
-from pydantic import ValidationError
 
 SPECS: list[WorkloadSpec] = [
     PairsWorkload(n_events=150_000, n_keys=50, locality=0.6, pad_max=300, seed=3),

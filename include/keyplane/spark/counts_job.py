@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from keyplane.settings import Settings
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
@@ -145,8 +146,10 @@ def run_counts_job(
     if settings.pipeline == "two-stage":
         updates, mode = running_counts(events), "append"
     else:
-        updates = events.groupBy("a").count().select(
-            F.lit("A").alias("stage"), F.col("a").alias("key"), "count"
+        updates = (
+            events.groupBy("a")
+            .count()
+            .select(F.lit("A").alias("stage"), F.col("a").alias("key"), "count")
         )
         mode = "update"
     query = (
@@ -218,7 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger-interval", default="1 second")
     parser.add_argument("--stop-at-offset-total", type=int)
     parser.add_argument("--stop-when-idle-s", type=float)
-    parser.add_argument("--source", choices=["python", "jvm"], default="python")
+    parser.add_argument(
+        "--source",
+        choices=["python", "jvm"],
+        default=Settings().kafka_source,
+        help="Kafka source implementation (default: KEYPLANE_KAFKA_SOURCE or python)",
+    )
     parser.add_argument("--pipeline", choices=["two-stage", "count-by-first-key"])
     args = parser.parse_args(argv)
     settings = CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})

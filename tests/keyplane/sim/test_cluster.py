@@ -1,4 +1,5 @@
 import pytest
+
 from keyplane.sim.cluster import ClusterConfig
 
 

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from keyplane.sim.metrics import imbalance, instance_loads, key_replicas, locality
 
 

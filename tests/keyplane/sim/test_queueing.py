@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from keyplane.sim.queueing import fifo_completion_times
 
 

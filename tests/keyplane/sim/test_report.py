@@ -1,4 +1,5 @@
 import pytest
+
 from keyplane.sim.report import format_cell, markdown_table
 
 

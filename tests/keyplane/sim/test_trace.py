@@ -2,6 +2,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+
 from keyplane.sim.trace import Trace
 
 

@@ -1,0 +1,16 @@
+# The two commands of the README. Both set up everything first (idempotent).
+.PHONY: demo test lint bootstrap
+
+bootstrap:
+	@scripts/bootstrap
+
+demo: bootstrap
+	.venv/bin/keyplane demo geo-tags --n-events 200000 --rate 25000
+
+lint: bootstrap
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy include
+
+test: lint
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=15

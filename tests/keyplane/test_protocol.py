@@ -1,0 +1,967 @@
+"""Tests of the reconfiguration protocol of paper 000 §3.4 (keyplane.protocol).
+
+The two state machines are pure, so these tests drive them directly; messages
+between them go through the signed wire form, as they would on Kafka.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from keyplane.protocol import (
+    ControllerProtocol,
+    ControlMessage,
+    InvalidMessage,
+    JobProtocol,
+    ProtocolError,
+    UnplannedBatchError,
+    decode,
+    encode,
+)
+from keyplane.signing import canonical_json, sign
+
+KEY = b"control-key-for-tests-0123456789"
+T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
+OPS = ("A", "B")
+STORE = {v: hashlib.sha256(f"manifest v{v}".encode()).hexdigest() for v in range(1, 200)}
+
+
+def fixed_clock() -> datetime:
+    return T0
+
+
+def new_job(operators: tuple[str, ...] = OPS) -> JobProtocol:
+    return JobProtocol(operators, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
+
+
+def restored(job: JobProtocol) -> JobProtocol:
+    """The job as a restarted driver gets it back from its JSON checkpoint."""
+    checkpoint = json.loads(json.dumps(job.to_dict()))
+    return JobProtocol.from_dict(checkpoint, lookup_checksum=STORE.get, clock=fixed_clock)
+
+
+def wire(message: ControlMessage) -> ControlMessage:
+    return decode(encode(message, KEY), KEY)
+
+
+def command(
+    kind: str, version: int, base: int | None, operator: str | None = None
+) -> ControlMessage:
+    return ControlMessage(
+        type=kind,  # type: ignore[arg-type]
+        config_version=version,
+        previous_version=base,
+        operator=operator,
+        checksum=STORE[version],
+        sender="controller",
+        sent_at=T0,
+    )
+
+
+@dataclass
+class Deployment:
+    """A controller and a job joined by a signed, in-order control topic."""
+
+    job: JobProtocol = field(default_factory=new_job)
+    controller: ControllerProtocol = field(
+        default_factory=lambda: ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
+    )
+    batch: int = 0
+
+    def __post_init__(self) -> None:
+        self.job.begin_batch(self.batch)
+
+    def send(self, message: ControlMessage) -> list[ControlMessage]:
+        replies = self.job.on_message(wire(message), self.batch + 1)
+        for reply in replies:
+            self.controller.on_message(wire(reply))
+        return replies
+
+    def tick(self) -> dict[str, int]:
+        self.batch += 1
+        return self.job.begin_batch(self.batch)
+
+    def install(self, operator: str) -> list[ControlMessage]:
+        replies = self.job.state_installed(operator, self.batch)
+        for reply in replies:
+            self.controller.on_message(wire(reply))
+        return replies
+
+    def rollout(self, version: int) -> None:
+        """Roll ``version`` out the way the DAG does: one operator at a time."""
+        self.send(self.controller.prepare(version, STORE[version]))
+        self.tick()
+        for operator in OPS:
+            self.send(self.controller.propagate(operator))
+            self.tick()
+            self.tick()
+            self.install(operator)
+        self.send(self.controller.done())
+        self.tick()
+
+
+# --- the message model and its wire form -------------------------------------------------
+
+
+def test_message_fields_must_fit_the_type() -> None:
+    with pytest.raises(ValidationError, match="names the operator"):
+        command("PROPAGATE", 2, 1)
+    with pytest.raises(ValidationError, match="operator must be null"):
+        command("PREPARE", 2, 1, operator="A")
+    with pytest.raises(ValidationError, match="sent by the job"):
+        ControlMessage(type="ACK", config_version=2, checksum="c", sender="controller", batch_id=1)
+    with pytest.raises(ValidationError, match="micro-batch id"):
+        ControlMessage(type="ACK", config_version=2, checksum="c", sender="job")
+    with pytest.raises(ValidationError, match="no batch_id"):
+        ControlMessage(type="DONE", config_version=2, checksum="c", sender="controller", batch_id=3)
+    with pytest.raises(ValidationError, match="starts from"):
+        ControlMessage(type="PREPARE", config_version=2, checksum="c", sender="controller")
+    with pytest.raises(ValidationError, match="must be older"):
+        command("PREPARE", 2, 2)
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        ControlMessage.model_validate(
+            {**command("PREPARE", 2, 1).model_dump(), "config_version": 0}
+        )
+
+
+def test_encode_then_decode_returns_the_message_with_its_signature() -> None:
+    message = command("PROPAGATE", 3, 2, operator="B")
+
+    raw = encode(message, KEY)
+    decoded = decode(raw, KEY)
+
+    assert decoded.signature is not None and len(decoded.signature) == 64
+    assert decoded.model_copy(update={"signature": None}) == message
+    assert json.loads(raw)["operator"] == "B"
+    assert encode(decoded, KEY) == raw
+
+
+def signed(fields: dict[str, Any], key: bytes = KEY) -> bytes:
+    """Sign arbitrary fields, as a buggy or newer producer holding the key would."""
+    return canonical_json({**fields, "signature": sign(fields, key)})
+
+
+def reason_of(raw: bytes) -> str:
+    with pytest.raises(InvalidMessage) as caught:
+        decode(raw, KEY)
+    assert caught.value.reason in str(caught.value)
+    return caught.value.reason
+
+
+def test_decode_rejects_each_kind_of_bad_message_with_its_reason() -> None:
+    good = command("PREPARE", 2, 1)
+    body = good.model_dump(mode="json", exclude={"signature"})
+    raw = json.loads(encode(good, KEY))
+
+    assert reason_of(b"{not json") == "not_json"
+    assert reason_of(b"\xff\xfe") == "not_json"
+    assert reason_of(b'{"config_version": NaN}') == "not_json"
+    assert reason_of(b"[1, 2]") == "schema"
+    assert reason_of(canonical_json(body)) == "missing_signature"
+    assert reason_of(canonical_json({**body, "signature": ""})) == "missing_signature"
+    assert reason_of(encode(good, b"another-key-another-key-another!")) == "bad_signature"
+    assert reason_of(canonical_json({**raw, "config_version": 3})) == "bad_signature"
+    assert reason_of(canonical_json({**raw, "signature": "0" * 64})) == "bad_signature"
+    assert reason_of(signed({**body, "type": "RESHARD"})) == "unknown_type"
+    assert reason_of(canonical_json({**body, "type": "RESHARD"})) == "missing_signature"
+    assert reason_of(signed({**body, "config_version": 0})) == "schema"
+    assert reason_of(signed({**body, "config_version": "2"})) == "schema"
+    assert reason_of(signed({**body, "surprise": True})) == "schema"
+    assert reason_of(signed({**body, "sender": "job"})) == "schema"
+    assert reason_of(signed({key: v for key, v in body.items() if key != "checksum"})) == "schema"
+
+
+def test_schema_errors_say_which_field_is_wrong() -> None:
+    body = command("PREPARE", 2, 1).model_dump(mode="json", exclude={"signature"})
+    with pytest.raises(InvalidMessage, match="config_version"):
+        decode(signed({**body, "config_version": -1}), KEY)
+
+
+# --- the happy path ----------------------------------------------------------------------
+
+
+def test_rollout_v1_to_v2_to_v3_moves_a_then_b_and_records_every_batch() -> None:
+    d = Deployment()
+    job, controller = d.job, d.controller
+
+    [ack] = d.send(controller.prepare(2, STORE[2]))
+    assert (ack.type, ack.config_version, ack.previous_version, ack.batch_id) == ("ACK", 2, 1, 1)
+    assert controller.phase == "prepared" and controller.awaiting() == ()
+    assert job.pending_version == 2 and job.next_routing() == {"A": 1, "B": 1}
+    assert d.tick() == {"A": 1, "B": 1}
+
+    assert d.send(controller.propagate("A")) == []
+    assert job.next_routing() == {"A": 2, "B": 1}
+    assert [
+        (h.operator, h.from_version, h.to_version, h.switch_batch) for h in job.migrating()
+    ] == [("A", 1, 2, None)]
+    assert d.tick() == {"A": 2, "B": 1}
+    assert job.migrating()[0].switch_batch == 2
+    [waiting] = controller.awaiting()
+    assert (waiting.reply, waiting.operator) == ("MIGRATED", "A")
+    with pytest.raises(ProtocolError, match="upstream A"):
+        controller.propagate("B")
+
+    d.tick()
+    [migrated] = d.install("A")
+    assert (migrated.type, migrated.operator, migrated.config_version, migrated.batch_id) == (
+        "MIGRATED",
+        "A",
+        2,
+        3,
+    )
+    assert job.phase("A") == "migrated" and job.migrating() == ()
+    assert controller.awaiting() == ()
+
+    d.send(controller.propagate("B"))
+    assert d.tick() == {"A": 2, "B": 2}
+    d.tick()
+    d.install("B")
+    assert controller.phase == "migrated"
+    done = controller.done()
+    assert d.send(done) == []
+    assert job.active_version == 2 and job.pending_version is None
+    assert job.state.active_checksum == STORE[2]
+    assert controller.active_version == 2 and controller.phase == "idle"
+    assert d.tick() == {"A": 2, "B": 2}
+
+    d.rollout(3)
+
+    assert job.active_version == 3 and controller.active_version == 3
+    timeline = [job.routing_for_batch(b) for b in range(d.batch + 1)]
+    assert [(r["A"], r["B"]) for r in timeline] == [
+        (1, 1), (1, 1), (2, 1), (2, 1), (2, 2), (2, 2), (2, 2),
+        (2, 2), (3, 2), (3, 2), (3, 3), (3, 3), (3, 3),
+    ]  # fmt: skip
+    assert job.ignored == {}
+
+
+# --- stale, unknown and wrong messages ------------------------------------------------------
+
+
+def test_stale_and_unknown_versions_are_ignored_and_the_job_keeps_the_last_good_one() -> None:
+    d = Deployment()
+    d.rollout(2)
+    job = d.job
+    before = job.to_dict()
+
+    stale = job.react(command("PREPARE", 2, 1), 20)
+    unknown_checksum = job.react(
+        command("PREPARE", 3, 2).model_copy(update={"checksum": "f" * 64}), 20
+    )
+    not_stored = job.react(
+        ControlMessage(
+            type="PREPARE",
+            config_version=500,
+            previous_version=2,
+            checksum="a" * 64,
+            sender="controller",
+        ),
+        20,
+    )
+    wrong_base = job.react(command("PREPARE", 3, 1), 20)
+
+    assert (stale.outcome, stale.reason) == ("ignored", "stale_version")
+    assert (unknown_checksum.reason, not_stored.reason) == ("unknown_checksum", "unknown_checksum")
+    assert "holds no such version" in not_stored.detail
+    assert wrong_base.reason == "wrong_base"
+    assert job.to_dict() == before
+    assert job.active_version == 2 and job.next_routing() == {"A": 2, "B": 2}
+    assert job.ignored == {"stale_version": 1, "unknown_checksum": 2, "wrong_base": 1}
+
+
+def test_messages_that_do_not_fit_the_pending_version_are_ignored() -> None:
+    job = new_job()
+    job.begin_batch(0)
+    job.on_message(command("PREPARE", 2, 1), 1)
+    before = job.to_dict()
+
+    forged_checksum = command("PROPAGATE", 2, 1, "A").model_copy(update={"checksum": "0" * 64})
+    reasons = [
+        job.react(forged_checksum, 1).reason,
+        job.react(command("PROPAGATE", 2, 1, "Z"), 1).reason,
+        job.react(command("PROPAGATE", 2, 1, "B"), 1).reason,
+        job.react(command("DONE", 2, 1), 1).reason,
+        job.react(command("DONE", 4, 3), 1).reason,
+        job.react(command("ABORT", 1, None), 1).reason,
+    ]
+    ack = ControlMessage(
+        type="ACK",
+        config_version=2,
+        previous_version=1,
+        checksum=STORE[2],
+        sender="job",
+        batch_id=1,
+    )
+    reasons.append(job.react(ack, 1).reason)
+
+    assert reasons == [
+        "checksum_mismatch",
+        "unknown_operator",
+        "upstream_not_migrated",
+        "not_migrated",
+        "not_prepared",
+        "already_done",
+        "own_message",
+    ]
+    assert job.to_dict() == before
+
+
+# --- duplicates and reordering ------------------------------------------------------------------
+
+
+def test_duplicates_get_the_same_reply_and_change_nothing() -> None:
+    d = Deployment()
+    prepare = d.controller.prepare(2, STORE[2])
+    [ack] = d.send(prepare)
+    after_prepare = d.job.to_dict()
+
+    assert d.send(prepare) == [ack]
+    resent_by_a_new_controller = prepare.model_copy(
+        update={"message_id": UUID(int=7), "sent_at": T0 + timedelta(hours=1)}
+    )
+    assert d.send(resent_by_a_new_controller) == [ack]
+    assert d.job.to_dict() == after_prepare
+
+    d.tick()
+    propagate = d.controller.propagate("A")
+    d.send(propagate)
+    d.send(propagate)
+    d.tick()
+    d.tick()
+    [migrated] = d.install("A")
+    assert d.install("A") == [migrated]
+    assert d.send(propagate) == [migrated]
+    settled = d.job.to_dict()
+    d.send(prepare)
+    assert d.job.to_dict() == settled
+
+    d.send(d.controller.propagate("B"))
+    d.tick()
+    d.install("B")
+    done = d.controller.done()
+    d.send(done)
+    finished = d.job.to_dict()
+    for message in (done, prepare, propagate):
+        d.send(message)
+    assert d.job.to_dict() == finished
+    assert d.install("A") == []
+
+
+def test_propagate_before_prepare_is_held_until_the_prepare_arrives() -> None:
+    job = new_job()
+    job.begin_batch(0)
+
+    early = job.react(command("PROPAGATE", 2, 1, "A"), 1)
+    again = job.react(command("PROPAGATE", 2, 1, "A"), 1)
+    assert (early.outcome, again.outcome) == ("held", "held")
+    assert len(job.held) == 1 and job.next_routing() == {"A": 1, "B": 1}
+
+    [ack] = job.on_message(command("PREPARE", 2, 1), 1)
+
+    assert ack.type == "ACK"
+    assert job.held == () and job.phase("A") == "switching"
+    assert job.next_routing() == {"A": 2, "B": 1}
+
+
+def test_a_downstream_propagate_held_before_prepare_is_rejected_when_released() -> None:
+    job = new_job()
+    job.begin_batch(0)
+    job.on_message(command("PROPAGATE", 2, 1, "B"), 1)
+
+    job.on_message(command("PREPARE", 2, 1), 1)
+
+    assert job.held == () and job.phase("B") == "prepared"
+    assert job.ignored == {"upstream_not_migrated": 1}
+
+
+def test_next_prepare_waits_for_the_rollout_in_flight_to_finish() -> None:
+    d = Deployment()
+    d.send(d.controller.prepare(2, STORE[2]))
+    d.tick()
+    for operator in OPS:
+        d.send(d.controller.propagate(operator))
+        d.tick()
+        d.install(operator)
+
+    early = d.job.react(command("PREPARE", 3, 2), d.batch + 1)
+    assert early.outcome == "held" and d.job.pending_version == 2
+
+    reaction = d.job.react(command("DONE", 2, 1), d.batch + 1)
+
+    assert reaction.outcome == "applied"
+    [ack] = reaction.replies
+    assert (ack.type, ack.config_version, ack.previous_version) == ("ACK", 3, 2)
+    assert d.job.active_version == 2 and d.job.pending_version == 3
+
+
+# --- abort -------------------------------------------------------------------------------------
+
+
+def test_abort_returns_every_operator_to_the_previous_version() -> None:
+    d = Deployment()
+    d.send(d.controller.prepare(2, STORE[2]))
+    d.tick()
+    d.send(d.controller.propagate("A"))
+    d.tick()
+    d.tick()
+    d.install("A")
+    d.send(d.controller.propagate("B"))
+    assert d.job.next_routing() == {"A": 2, "B": 2}
+
+    abort = d.controller.abort()
+    assert d.send(abort) == []
+
+    job = d.job
+    assert job.active_version == 1 and job.pending_version is None
+    assert job.next_routing() == {"A": 1, "B": 1}
+    assert job.phase("B") == "steady", "B never routed a batch on v2, so it has nothing to move"
+    [(operator, source, target, switch)] = [
+        (h.operator, h.from_version, h.to_version, h.switch_batch) for h in job.migrating()
+    ]
+    assert (operator, source, target, switch) == ("A", 2, 1, None)
+
+    assert d.tick() == {"A": 1, "B": 1}
+    assert job.migrating()[0].switch_batch == d.batch
+    d.tick()
+    assert d.install("A") == []
+    assert job.phase("A") == "steady" and job.migrating() == ()
+    assert [job.version_for_batch(b, "A") for b in range(d.batch + 1)] == [1, 1, 2, 2, 1, 1]
+    assert job.version_for_batch(d.batch, "B") == 1
+
+    assert job.react(command("PREPARE", 2, 1), d.batch + 1).reason == "stale_version"
+    assert d.controller.abort() == abort
+    with pytest.raises(ProtocolError, match="v2 was aborted"):
+        d.controller.prepare(2, STORE[2])
+    with pytest.raises(ProtocolError, match="v2 was aborted"):
+        d.controller.propagate("A")
+    d.rollout(3)
+    assert job.active_version == 3
+
+
+def test_a_prepare_sent_while_state_is_reverting_waits_for_the_revert() -> None:
+    d = Deployment()
+    d.send(d.controller.prepare(2, STORE[2]))
+    d.tick()
+    d.send(d.controller.propagate("A"))
+    d.tick()
+    d.send(d.controller.abort())
+
+    prepare = d.controller.prepare(3, STORE[3])
+    assert prepare.previous_version == 1
+    assert d.send(prepare) == []
+    assert [m.message_id for m in d.job.held] == [prepare.message_id]
+
+    d.tick()
+    replies = d.install("A")
+
+    assert [(r.type, r.config_version) for r in replies] == [("ACK", 3)]
+    assert d.controller.phase == "prepared"
+    assert d.job.pending_version == 3 and d.job.held == ()
+
+
+def test_abort_of_a_version_never_prepared_means_it_is_never_prepared() -> None:
+    job = new_job()
+    job.begin_batch(0)
+
+    assert job.react(command("ABORT", 2, 1), 1).outcome == "applied"
+    assert job.react(command("PREPARE", 2, 1), 1).reason == "stale_version"
+    assert job.pending_version is None and job.active_version == 1
+
+
+# --- restarts -----------------------------------------------------------------------------------
+
+
+def test_killed_after_propagate_and_before_migrated_restores_and_replays_to_the_same_state() -> (
+    None
+):
+    prepare = command("PREPARE", 2, 1)
+    propagate_a = command("PROPAGATE", 2, 1, "A")
+    propagate_b = command("PROPAGATE", 2, 1, "B")
+    done = command("DONE", 2, 1)
+
+    def until_the_kill(job: JobProtocol) -> list[ControlMessage]:
+        job.begin_batch(0)
+        replies = job.on_message(prepare, 1)
+        job.begin_batch(1)
+        replies += job.on_message(propagate_a, 2)
+        job.begin_batch(2)
+        return replies
+
+    def after_the_kill(job: JobProtocol) -> list[ControlMessage]:
+        job.begin_batch(3)
+        replies = job.state_installed("A", 3)
+        replies += job.on_message(propagate_b, 4)
+        job.begin_batch(4)
+        replies += job.state_installed("B", 4)
+        return replies
+
+    uninterrupted = new_job()
+    until_the_kill(uninterrupted)
+    expected_replies = after_the_kill(uninterrupted)
+    expected_before_done = uninterrupted.to_dict()
+    uninterrupted.on_message(done, 5)
+
+    killed = new_job()
+    [ack] = until_the_kill(killed)
+    # The checkpoint written with batch 2: A routes on v2 from batch 2, its
+    # state is not installed yet, and MIGRATED(A) was never sent.
+    checkpoint = json.loads(json.dumps(killed.to_dict()))
+    del killed
+
+    revived = JobProtocol.from_dict(checkpoint, lookup_checksum=STORE.get, clock=fixed_clock)
+    assert revived.begin_batch(2) == {"A": 2, "B": 1}
+    assert revived.on_message(prepare, 3) == [ack]
+    assert revived.on_message(propagate_a, 3) == []
+    assert revived.to_dict() == checkpoint
+    replies = after_the_kill(revived)
+
+    assert replies == expected_replies
+    assert [(r.type, r.operator, r.batch_id) for r in replies] == [
+        ("MIGRATED", "A", 3),
+        ("MIGRATED", "B", 4),
+    ]
+    assert revived.to_dict() == expected_before_done
+    revived.on_message(done, 5)
+    assert revived.to_dict() == uninterrupted.to_dict()
+    assert [revived.routing_for_batch(b) for b in range(5)] == [
+        uninterrupted.routing_for_batch(b) for b in range(5)
+    ]
+
+
+def test_a_replayed_batch_routes_as_the_first_time_even_after_the_state_moved_on() -> None:
+    d = Deployment()
+    d.rollout(2)
+    job = restored(d.job)
+
+    assert job.begin_batch(1) == {"A": 1, "B": 1}
+    assert job.begin_batch(3) == {"A": 2, "B": 1}
+    assert job.next_routing() == {"A": 2, "B": 2}
+    with pytest.raises(ProtocolError, match="never planned"):
+        job.begin_batch(d.batch + 2)
+    with pytest.raises(UnplannedBatchError):
+        job.version_for_batch(d.batch + 1, "A")
+    with pytest.raises(KeyError, match="unknown operator"):
+        job.version_for_batch(0, "Z")
+
+
+def test_version_for_batch_before_any_batch_is_planned_is_an_error() -> None:
+    job = new_job()
+    with pytest.raises(UnplannedBatchError, match="no batch"):
+        job.version_for_batch(0, "A")
+    job.begin_batch(5)
+    with pytest.raises(UnplannedBatchError, match=r"5\.\.5"):
+        job.version_for_batch(4, "A")
+
+
+def test_state_installed_out_of_order_is_a_programming_error() -> None:
+    job = new_job()
+    job.begin_batch(0)
+    job.on_message(command("PREPARE", 2, 1), 1)
+    with pytest.raises(ProtocolError, match="not been propagated"):
+        job.state_installed("A", 1)
+    job.on_message(command("PROPAGATE", 2, 1, "A"), 1)
+    with pytest.raises(ProtocolError, match="begin_batch"):
+        job.state_installed("A", 1)
+    job.begin_batch(1)
+    with pytest.raises(ProtocolError, match="not in batch 0"):
+        job.state_installed("A", 0)
+    with pytest.raises(ProtocolError, match="not in batch 2"):
+        job.state_installed("A", 2)
+    with pytest.raises(KeyError):
+        job.state_installed("Z", 1)
+
+
+def test_a_corrupt_checkpoint_is_refused_with_the_reason() -> None:
+    d = Deployment()
+    d.send(d.controller.prepare(2, STORE[2]))
+    data = d.job.to_dict()
+
+    with pytest.raises(ValueError, match="not a valid job protocol checkpoint"):
+        JobProtocol.from_dict({**data, "format": 2}, lookup_checksum=STORE.get)
+    b_first = {"phase": "switching", "propagated_by": str(UUID(int=1))}
+    with pytest.raises(ValueError, match="B moved before its upstream A"):
+        JobProtocol.from_dict(
+            {**data, "phases": {**data["phases"], "B": b_first}}, lookup_checksum=STORE.get
+        )
+    with pytest.raises(ValueError, match="B is migrated but was never propagated"):
+        JobProtocol.from_dict(
+            {**data, "phases": {**data["phases"], "B": {"phase": "migrated"}}},
+            lookup_checksum=STORE.get,
+        )
+    with pytest.raises(ValueError, match="steady while v2 is pending"):
+        JobProtocol.from_dict(
+            {**data, "phases": {**data["phases"], "A": {"phase": "steady"}}},
+            lookup_checksum=STORE.get,
+        )
+
+
+def test_operators_must_be_named_once() -> None:
+    with pytest.raises(ValueError, match="more than once"):
+        JobProtocol(("A", "A"), 1, STORE[1], lookup_checksum=STORE.get)
+    with pytest.raises(ValueError, match="at least one"):
+        ControllerProtocol((), 1, STORE[1])
+
+
+# --- the controller -------------------------------------------------------------------------------
+
+
+def test_controller_steps_retried_return_the_same_message_and_change_nothing() -> None:
+    d = Deployment()
+    controller = d.controller
+    prepare = controller.prepare(2, STORE[2])
+    assert controller.prepare(2, STORE[2]) == prepare
+    d.send(prepare)
+    state = controller.to_dict()
+    assert controller.prepare(2, STORE[2]) == prepare
+    assert controller.to_dict() == state
+
+    propagate = controller.propagate("A")
+    assert controller.propagate("A").message_id == propagate.message_id
+    d.send(propagate)
+    d.tick()
+    d.install("A")
+    d.send(controller.propagate("B"))
+    d.tick()
+    d.install("B")
+
+    retried = ControllerProtocol.from_dict(json.loads(json.dumps(controller.to_dict())))
+    done = retried.done()
+    assert retried.done() == done
+    assert retried.propagate("A") == propagate
+    assert retried.prepare(2, STORE[2]) == prepare
+    with pytest.raises(ProtocolError, match="roll back by publishing a new version"):
+        retried.abort()
+    assert retried.active_version == 2
+
+
+def test_controller_refuses_steps_out_of_order() -> None:
+    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
+    with pytest.raises(ProtocolError, match="no rollout"):
+        controller.propagate("A")
+    with pytest.raises(ProtocolError, match="no rollout"):
+        controller.done()
+    with pytest.raises(ProtocolError, match="no rollout"):
+        controller.abort()
+    with pytest.raises(ProtocolError, match="not newer"):
+        controller.prepare(1, STORE[1])
+
+    controller.prepare(2, STORE[2])
+    with pytest.raises(ProtocolError, match="not acknowledged"):
+        controller.propagate("A")
+    with pytest.raises(ProtocolError, match="still rolling out"):
+        controller.prepare(3, STORE[3])
+    with pytest.raises(ProtocolError, match="checksum"):
+        controller.prepare(2, STORE[3])
+    with pytest.raises(ProtocolError, match="A, B not migrated"):
+        controller.done()
+    with pytest.raises(ProtocolError, match="unknown operator"):
+        controller.propagate("Z")
+
+
+def test_controller_reports_missing_replies_and_timeouts_at_the_time_it_is_given() -> None:
+    ticks = iter([T0, T0 + timedelta(minutes=3)])
+    controller = ControllerProtocol(OPS, 1, STORE[1], clock=lambda: next(ticks))
+    job = new_job()
+    job.begin_batch(0)
+
+    prepare = controller.prepare(2, STORE[2])
+    [waiting] = controller.awaiting()
+    assert (waiting.reply, waiting.request, waiting.since) == ("ACK", prepare, T0)
+    assert controller.overdue(T0 + timedelta(minutes=1), timedelta(minutes=2)) == ()
+    assert controller.overdue(T0 + timedelta(minutes=5), timedelta(minutes=2)) == (waiting,)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        controller.overdue(datetime(2026, 11, 3), timedelta(minutes=2))
+
+    [ack] = job.on_message(prepare, 1)
+    assert controller.on_message(ack).outcome == "applied"
+    assert controller.on_message(ack).outcome == "duplicate"
+    assert controller.awaiting() == ()
+
+    controller.propagate("A")
+    [waiting] = controller.awaiting()
+    assert (waiting.reply, waiting.operator, waiting.since) == (
+        "MIGRATED",
+        "A",
+        T0 + timedelta(minutes=3),
+    )
+    assert controller.overdue(T0 + timedelta(minutes=4), timedelta(minutes=2)) == ()
+    assert controller.overdue(T0 + timedelta(minutes=6), timedelta(minutes=2)) == (waiting,)
+
+
+def test_controller_ignores_messages_that_are_not_replies_to_its_rollout() -> None:
+    d = Deployment()
+    controller = d.controller
+    prepare = controller.prepare(2, STORE[2])
+    [ack] = d.job.on_message(prepare, 1)
+    other_version = ack.model_copy(update={"config_version": 3, "checksum": STORE[3]})
+    early_migrated = ControlMessage(
+        type="MIGRATED", config_version=2, previous_version=1, operator="A",
+        checksum=STORE[2], sender="job", batch_id=1,
+    )  # fmt: skip
+
+    assert controller.on_message(prepare).reason == "own_message"
+    assert controller.on_message(other_version).reason == "stale_version"
+    assert controller.on_message(ack.model_copy(update={"checksum": "0" * 64})).reason == (
+        "checksum_mismatch"
+    )
+    assert controller.on_message(early_migrated).reason == "not_propagated"
+    assert controller.phase == "preparing"
+    assert controller.ignored == {
+        "own_message": 1, "stale_version": 1, "checksum_mismatch": 1, "not_propagated": 1,
+    }  # fmt: skip
+
+
+# --- properties under duplication, reordering and restarts ------------------------------------
+
+PROPERTY_OPS = ("A", "B", "C")
+Round = tuple[bool, list[tuple[int, bool]], bool, bool, bool]
+
+
+@dataclass
+class Chaos:
+    """A correct controller and a job joined by a topic that duplicates and reorders.
+
+    The job checkpoints at every batch it plans, as the driver does. ``trace``
+    records every step of the job, so that a crash can be replayed from any
+    checkpoint; ``handled`` lists (trace position, message) for every message
+    the job applied or recognised as a duplicate.
+    """
+
+    job: JobProtocol = field(default_factory=lambda: new_job(PROPERTY_OPS))
+    controller: ControllerProtocol = field(
+        default_factory=lambda: ControllerProtocol(PROPERTY_OPS, 1, STORE[1], clock=fixed_clock)
+    )
+    in_flight: list[ControlMessage] = field(default_factory=list)
+    batch: int = 0
+    announced_done: set[int] = field(default_factory=lambda: {1})
+    planned: dict[int, dict[str, int]] = field(default_factory=dict)
+    checkpoints: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)
+    trace: list[tuple[str, Any]] = field(default_factory=list)
+    handled: list[tuple[int, ControlMessage]] = field(default_factory=list)
+    reply_ids: set[UUID] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.planned[0] = self.job.begin_batch(0)
+        self.checkpoints.append((0, 0, self.job.to_dict()))
+
+    def step(self, round_: Round) -> None:
+        """One round: maybe a controller step, some deliveries, maybe a batch."""
+        acts, deliveries, plans_batch, installs, aborts = round_
+        if aborts and self.controller.state.current is not None:
+            self.in_flight.append(self.controller.abort())
+        elif acts:
+            self.controller_step()
+        for index, duplicate_later in deliveries:
+            if self.in_flight:
+                message = self.in_flight[index % len(self.in_flight)]
+                if not duplicate_later:
+                    self.in_flight.remove(message)
+                self.deliver(message)
+        if plans_batch:
+            self.tick()
+        if installs:
+            for handoff in self.job.migrating():
+                if handoff.switch_batch is not None and handoff.switch_batch < self.batch:
+                    self.install(handoff.operator)
+
+    def controller_step(self) -> None:
+        """The controller's next step, as the DAG takes it; a wait re-sends the request."""
+        controller = self.controller
+        current = controller.state.current
+        if current is None:
+            state = controller.state
+            sent = [r.version for r in (state.current, state.last) if r is not None]
+            version = max([controller.active_version, *sent]) + 1
+            self.in_flight.append(controller.prepare(version, STORE[version]))
+        elif controller.phase == "migrated":
+            message = controller.done()
+            self.announced_done.add(message.config_version)
+            self.in_flight.append(message)
+        else:
+            try:
+                following = next(op for op in PROPERTY_OPS if op not in current.propagated)
+                self.in_flight.append(controller.propagate(following))
+            except (StopIteration, ProtocolError):
+                self.in_flight.extend(wait.request for wait in controller.awaiting())
+
+    def reply(self, replies: list[ControlMessage] | tuple[ControlMessage, ...]) -> None:
+        for reply in replies:
+            self.reply_ids.add(reply.message_id)
+            self.controller.on_message(wire(reply))
+
+    def deliver(self, message: ControlMessage) -> None:
+        self.trace.append(("deliver", message))
+        reaction = self.job.react(wire(message), self.batch + 1)
+        if reaction.outcome in ("applied", "duplicate"):
+            self.handled.append((len(self.trace), message))
+        self.reply(reaction.replies)
+
+    def tick(self) -> None:
+        self.batch += 1
+        self.trace.append(("tick", self.batch))
+        self.planned[self.batch] = self.job.begin_batch(self.batch)
+        checkpoint = json.loads(json.dumps(self.job.to_dict()))
+        self.checkpoints.append((self.batch, len(self.trace), checkpoint))
+
+    def install(self, operator: str) -> None:
+        handoff = {h.operator: h for h in self.job.migrating()}.get(operator)
+        if handoff is None or handoff.switch_batch is None:
+            return
+        self.trace.append(("install", operator))
+        self.reply(self.job.state_installed(operator, self.batch))
+
+
+def run(schedule: list[Round]) -> Chaos:
+    chaos = Chaos()
+    for event in schedule:
+        chaos.step(event)
+    return chaos
+
+
+def check_invariants(chaos: Chaos, previous_active: int) -> None:
+    job = chaos.job
+    active = job.active_version
+    routing = job.next_routing()
+    versions = [routing[op] for op in PROPERTY_OPS]
+    assert versions == sorted(versions, reverse=True), f"downstream ahead of upstream: {routing}"
+    assert set(versions) <= {active, job.pending_version}
+    assert active >= previous_active
+    assert active in chaos.announced_done
+    assert active <= chaos.controller.active_version
+    assert job.state.active_checksum == STORE[active]
+    for batch, recorded in chaos.planned.items():
+        assert [recorded[op] for op in PROPERTY_OPS] == sorted(recorded.values(), reverse=True)
+        assert job.routing_for_batch(batch) == recorded
+
+
+schedules = st.lists(
+    st.tuples(
+        st.booleans(),
+        st.lists(st.tuples(st.integers(min_value=0, max_value=29), st.booleans()), max_size=3),
+        st.booleans(),
+        st.booleans(),
+        st.integers(min_value=0, max_value=24).map(lambda draw: draw == 0),
+    ),
+    min_size=20,
+    max_size=60,
+)
+"""Rounds of a chaotic run: the controller acts, messages are delivered in any
+order (some kept to be delivered again), batches are planned, moved state
+arrives, and now and then the controller aborts."""
+
+STRAY_MESSAGES = [
+    command("PREPARE", 2, 1),
+    command("PROPAGATE", 2, 1, "A"),
+    command("PROPAGATE", 2, 1, "B"),
+    command("DONE", 2, 1),
+    command("ABORT", 2, 1),
+    command("PREPARE", 3, 2),
+    command("PROPAGATE", 3, 2, "A"),
+    command("ABORT", 3, 2),
+    command("PREPARE", 4, 1),
+]
+"""Valid messages of other possible histories: a controller that was restarted,
+or one whose earlier rollout this job saw differently."""
+
+
+def test_the_chaos_harness_reaches_finished_and_aborted_rollouts() -> None:
+    act_deliver_plan: Round = (True, [(0, False)], True, False, False)
+    plan_and_install: Round = (False, [], True, True, False)
+    steps = [act_deliver_plan]
+    for _ in PROPERTY_OPS:
+        steps += [act_deliver_plan, plan_and_install]
+    steps += [act_deliver_plan]
+    steps += [(True, [(0, True)], True, False, False)]
+    steps += [(True, [(1, False)], True, False, False)]
+    steps += [(False, [(1, False), (0, False)], False, False, True)]
+
+    chaos = run(steps)
+
+    assert chaos.job.active_version == 2 and chaos.controller.active_version == 2
+    assert chaos.job.pending_version is None and chaos.controller.phase == "idle"
+    assert chaos.controller.state.last is not None
+    assert chaos.controller.state.last.finish is not None
+    assert chaos.controller.state.last.finish.type == "ABORT"
+    assert [h.operator for h in chaos.job.migrating()] == ["A"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(schedule=schedules)
+def test_duplicated_and_reordered_messages_keep_dag_order_and_the_active_version(
+    schedule: list[Round],
+) -> None:
+    chaos = Chaos()
+    for event in schedule:
+        previous_active = chaos.job.active_version
+        chaos.step(event)
+        check_invariants(chaos, previous_active)
+    assert restored(chaos.job).to_dict() == chaos.job.to_dict()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    schedule=schedules,
+    strays=st.lists(st.sampled_from(STRAY_MESSAGES), max_size=6),
+    picks=st.lists(st.integers(min_value=0, max_value=200), max_size=14),
+)
+def test_applying_a_message_sequence_twice_equals_applying_it_once(
+    schedule: list[Round], strays: list[ControlMessage], picks: list[int]
+) -> None:
+    chaos = run(schedule)
+    delivered = [message for kind, message in chaos.trace if kind == "deliver"]
+    pool = chaos.in_flight + delivered + strays
+    if not pool:
+        return
+    sequence = [pool[pick % len(pool)] for pick in picks]
+    at = chaos.batch + 1
+
+    once, twice = restored(chaos.job), restored(chaos.job)
+    first = [reply for message in sequence for reply in once.on_message(message, at)]
+    for message in sequence + sequence:
+        twice.on_message(message, at)
+    assert twice.to_dict() == once.to_dict()
+
+    settled = once.to_dict()
+    again = [reply for message in sequence for reply in once.on_message(message, at)]
+    assert once.to_dict() == settled
+    known = chaos.reply_ids | {reply.message_id for reply in first}
+    assert {reply.message_id for reply in again} <= known, "a duplicate earned a new reply"
+
+
+@settings(max_examples=100, deadline=None)
+@given(schedule=schedules, crash=st.integers(min_value=0, max_value=100))
+def test_restoring_any_checkpoint_and_replaying_equals_the_uninterrupted_run(
+    schedule: list[Round], crash: int
+) -> None:
+    chaos = run(schedule)
+    batch, position, checkpoint = chaos.checkpoints[crash % len(chaos.checkpoints)]
+
+    job = JobProtocol.from_dict(checkpoint, lookup_checksum=STORE.get, clock=fixed_clock)
+    for handled_at, message in chaos.handled:
+        if handled_at <= position:
+            job.on_message(message, batch + 1)
+    assert job.to_dict() == checkpoint, "re-reading handled messages changed the checkpoint"
+
+    for kind, value in chaos.trace[position:]:
+        if kind == "deliver":
+            job.on_message(value, batch + 1)
+        elif kind == "tick":
+            batch = value
+            job.begin_batch(batch)
+        else:
+            job.state_installed(value, batch)
+
+    assert job.to_dict() == chaos.job.to_dict()
+    for planned_batch, recorded in chaos.planned.items():
+        assert job.routing_for_batch(planned_batch) == recorded
