@@ -28,9 +28,11 @@ and retried at any point, so every step is idempotent: a duplicate changes
 nothing and earns the reply the original earned. Messages that arrive early
 are held until they apply (a PROPAGATE before its PREPARE, a PREPARE while
 another reconfiguration is still in flight); messages that can never apply
-are ignored with a reason. A version that was finished, superseded or aborted
-is never prepared again: configuration versions only grow, and a rollback
-publishes a new version with the old contents.
+are ignored with a reason. A version that was finished or aborted is never
+prepared again: configuration versions only grow, and a rollback publishes a
+new version with the old contents. An ABORT puts every operator back on the
+active version at once; an operator that had already routed a batch on the
+aborted version hands its state back the same way it handed it over.
 
 Micro-batches make one thing simpler than in the paper: a batch is planned
 atomically, so the job records which version routed each operator in each
@@ -482,6 +484,7 @@ class JobProtocol:
         return Counter(self._ignored)
 
     def phase(self, operator: str) -> OperatorPhase:
+        """Where ``operator`` stands: see :class:`OperatorState`."""
         return self._operator(operator).phase
 
     def next_routing(self) -> dict[str, int]:
@@ -489,7 +492,12 @@ class JobProtocol:
         return {name: self._routes_on(name) for name in self._state.operators}
 
     def migrating(self) -> tuple[Handoff, ...]:
-        """Operators whose state is moving, upstream first."""
+        """Operators whose state is moving, upstream first.
+
+        During a rollout the state moves from the active version's locations
+        to the pending one's; after an ABORT it moves back. The driver moves
+        it in both cases the same way and then calls :meth:`state_installed`.
+        """
         handoffs = []
         for name in self._state.operators:
             state = self._state.phases[name]
@@ -656,9 +664,13 @@ class JobProtocol:
         A PROPAGATE waits for its PREPARE. A PREPARE from the active version
         waits while another reconfiguration (or the revert of an aborted one)
         is in flight; a PREPARE from a newer base waits while that base may
-        still become active: it is being rolled out or not yet seen. Only a
-        message that can never apply is ignored, so the outcome of a sequence
-        of messages does not depend on how often each one is delivered.
+        still become active: it is being rolled out or not yet seen.
+
+        Other messages are ignored either because they can never apply, or
+        because only the driver's progress could make them apply (a PROPAGATE
+        before its upstream migrated, a DONE before every operator did), and
+        the controller never sends those. So delivering a sequence of messages
+        twice has the same effect as delivering it once.
         """
         state = self._state
         if message.config_version <= state.latest_version:
@@ -1214,7 +1226,12 @@ class ControllerProtocol:
         return message
 
     def abort(self) -> ControlMessage:
-        """Abandon the rollout in flight: the ABORT. The job returns to the active version."""
+        """Abandon the rollout in flight: the ABORT. The job returns to the active version.
+
+        Operators that had already moved hand their state back before the job
+        accepts another PREPARE; until then the next PREPARE simply waits for
+        its ACK a little longer.
+        """
         state = self._state
         current = state.current
         if current is None:

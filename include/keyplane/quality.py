@@ -77,6 +77,8 @@ CONFIGURATION_SUITES = (CONFIGURATION_KEYS_SUITE, CONFIGURATION_OPERATORS_SUITE)
 DATASOURCE_NAME = "keyplane"
 BATCH_DEFINITION_NAME = "whole_frame"
 DATA_DOCS_SITE = "local_site"
+INDEX_RUNS = 200
+"""Validation runs the Data Docs index lists, newest first (every run keeps its own page)."""
 
 STATISTICS_COLUMNS = ("stage", "key", "count", "epoch", "window_start", "window_end")
 KEYS_COLUMNS = ("operator", "key", "kind", "instance", "d", "parallelism")
@@ -124,9 +126,9 @@ class ValidationFailed(Exception):
 class QualityResult:
     """The outcome of one validation run.
 
-    ``summary`` has one line per failed expectation (suite, expectation,
-    arguments, and the offending rows or observed value), or one line per
-    suite saying it passed. ``data_docs_path`` is the Data Docs index, rebuilt
+    ``summary`` has one line per failed expectation (suite, what the check
+    guards, expectation type and arguments, and the offending rows or the
+    observed value) and one line for each suite that passed. ``data_docs_path`` is the Data Docs index, rebuilt
     by the run.
     """
 
@@ -524,6 +526,39 @@ def _ensure_suite(
     return context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=expectations))
 
 
+def _limit_data_docs_index(context: FileDataContext) -> None:
+    """List only the latest :data:`INDEX_RUNS` runs on the Data Docs index page.
+
+    Rebuilding the index loads every stored validation result unless the
+    site's index builder has a ``validation_results_limit``, so without one
+    each run gets slower as results accumulate run after run. Older result
+    pages stay on disk; only the index stops linking them.
+    """
+    stored = context.list_data_docs_sites().get(DATA_DOCS_SITE)
+    builder: dict[str, Any] = {"class_name": "DefaultSiteIndexBuilder"}
+    if stored is not None:
+        builder = dict(stored.get("site_index_builder") or builder)
+        if builder.get("validation_results_limit") == INDEX_RUNS:
+            return
+    builder["validation_results_limit"] = INDEX_RUNS
+    if stored is None:
+        context.add_data_docs_site(
+            DATA_DOCS_SITE,
+            {
+                "class_name": "SiteBuilder",
+                "store_backend": {
+                    "class_name": "TupleFilesystemStoreBackend",
+                    "base_directory": f"uncommitted/data_docs/{DATA_DOCS_SITE}/",
+                },
+                "site_index_builder": builder,
+            },
+        )
+    else:
+        updated = stored.copy()
+        updated["site_index_builder"] = builder
+        context.update_data_docs_site(DATA_DOCS_SITE, updated)
+
+
 def quality_context(gx_root: Path | None = None) -> FileDataContext:
     """The file data context under ``gx_root`` with keyplane's suites and checkpoints.
 
@@ -554,6 +589,8 @@ def quality_context(gx_root: Path | None = None) -> FileDataContext:
             globally=False, metric_calculations=False
         )
         context.variables.save()
+
+    _limit_data_docs_index(context)
 
     try:
         source = context.data_sources.get(DATASOURCE_NAME)
@@ -701,24 +738,14 @@ def _run(
     success = True
     for suite_name, frame in frames:
         checkpoint = context.checkpoints.get(suite_name)
-        used = {p: parameters[p] for p in _parameters_of(context, suite_name)}
         outcome = checkpoint.run(
             batch_parameters={"dataframe": frame},
-            expectation_parameters=used,
+            expectation_parameters=dict(parameters),
             run_id=RunIdentifier(run_name=run_name),
         )
         success = success and bool(outcome.success)
         lines.extend(_summarise(context, suite_name, outcome))
     return QualityResult(success, "\n".join(lines), _data_docs_index(context))
-
-
-def _parameters_of(context: FileDataContext, suite_name: str) -> set[str]:
-    names: set[str] = set()
-    for expectation in context.suites.get(suite_name).expectations:
-        for value in expectation.configuration.kwargs.values():
-            if isinstance(value, Mapping) and "$PARAMETER" in value:
-                names.add(str(value["$PARAMETER"]))
-    return names
 
 
 def validate_statistics(

@@ -800,9 +800,10 @@ class Chaos:
             self.reply_ids.add(reply.message_id)
             self.controller.on_message(wire(reply))
 
-    def deliver(self, message: ControlMessage) -> None:
+    def deliver(self, sent: ControlMessage) -> None:
+        message = wire(sent)
         self.trace.append(("deliver", message))
-        reaction = self.job.react(wire(message), self.batch + 1)
+        reaction = self.job.react(message, self.batch + 1)
         if reaction.outcome in ("applied", "duplicate"):
             self.handled.append((len(self.trace), message))
         self.reply(reaction.replies)
