@@ -128,8 +128,8 @@ class QualityResult:
 
     ``summary`` has one line per failed expectation (suite, what the check
     guards, expectation type and arguments, and the offending rows or the
-    observed value) and one line for each suite that passed. ``data_docs_path`` is the Data Docs index, rebuilt
-    by the run.
+    observed value) and one line for each suite that passed.
+    ``data_docs_path`` is the Data Docs index, rebuilt by the run.
     """
 
     success: bool
