@@ -3,14 +3,16 @@
 Three pieces, each a pure function, put together by :class:`FishPartitioner`:
 
 1. *Classification* (001 §4.1.2, Algorithm 2 "CHK"): a key is hot when its
-   decayed recent frequency share is at least θ. A hot key gets ``d``
-   workers, more for more frequent keys, never fewer than ``d_min``, and its
-   ``d`` never shrinks while it stays hot. :func:`assign_hot_keys` is this
-   step; the control plane calls it on statistics gathered by Spark.
+   recent frequency share (decayed history plus the epoch just closed) is at
+   least θ. A hot key gets ``d`` workers, more for more frequent keys, never
+   fewer than ``d_min``, and its ``d`` never shrinks while it stays hot.
+   :func:`assign_hot_keys` is this step; the control plane calls it on
+   statistics gathered by Spark.
 2. *Candidates* (001 §5): the ``d`` workers are the first ``d`` distinct
    workers clockwise from the key on a consistent-hash ring. A cold key goes
    to the first of them only, so splitting a key never moves its existing
-   state, and adding or removing a worker remaps few keys.
+   state, and adding or removing a worker remaps few keys. ``hash mod n``
+   can replace the ring for the ablation of 001 §6.5.
 3. *Worker choice* (001 §4.2): among a hot key's candidates, the tuple goes
    to the worker with the least inferred waiting time. The source infers it
    from what it sent and each worker's sampled capacity; it never asks the
@@ -54,26 +56,41 @@ class FishSettings:
 
     Attributes:
         theta_scale: the hot threshold is ``θ = theta_scale / n`` (share of the
-            recent stream). Default 0.2, i.e. θ = 1/(5n): D-Choices' rule, which
-            001 §6.3 cites as its reference. 001 §6.3 reports that only much
-            larger thresholds hurt balance and smaller ones only cost memory.
+            recent stream). Default 0.1, i.e. θ = 1/(10n). 001 §6.3 takes
+            D-Choices' analysis as its reference and reports that smaller
+            thresholds favour balance and larger ones memory; its chosen value
+            is lost from our copy. D-Choices' 1/(5n) bounds imbalance for
+            tails routed by two choices (PKG), but FISH routes a cold key to
+            one worker, so nothing evens out the cold load afterwards: a key
+            just under 1/(5n) carries a fifth of a worker's fair share, and
+            at 128 workers on Zipf 1.0 four such keys met on one worker,
+            whose cold load alone was 1.5x its share (1.12x shuffle's
+            execution time). Under 1/(10n) a cold key carries at most a
+            tenth; FISH then stays within 1.002x shuffle at 16–128 workers
+            (three seeds) for 1.01–1.37x fields grouping's memory, inside
+            the 1.11–2.61x 001 §6.2 reports (``docs/reproduction/001-fish.md``).
         d_min: fewest workers a hot key gets (001 Algorithm 2). Default 2: a hot
             key gets at least the two choices of partial key grouping.
         decay: factor all counts are multiplied by at each epoch end (001
             §4.1.1). Default 0.5, the middle of the range 001 §6.3 explores:
             1 never forgets (lifetime counting, which 001 §6.4 shows misses
-            recent hot keys) and 0 forgets everything each epoch (001 §6.3:
-            false non-hot keys, 2.65x memory). 0.5 halves the past each epoch,
-            an effective window of ``1/(1 - decay) = 2`` epochs.
+            recent hot keys) and 0 keeps only the last epoch (001 §6.3: fast,
+            but false non-hot keys cost up to 2.65x memory). 0.5 halves the
+            past each epoch, an effective window of ``1/(1 - decay) = 2``
+            epochs. Keys are classified on the counts before the epoch's
+            decay, so ``decay`` weighs the history, never the epoch just seen.
         epoch_unit: whether ``epoch_length`` counts tuples or seconds of
             arrival time.
         epoch_length: epoch size. Default 1000 tuples: 001 §4.1.1 says its
             default epoch cuts decay updates "by three orders of magnitude"
             compared with per-tuple decay, i.e. about 10^3 tuples per epoch.
-        top_k_capacity: counters of the recent hot-key table. Default 1024. It
-            must exceed ``1/θ = 5n`` (the most keys that can be hot at once);
-            :class:`FishPartitioner` checks it. Counts are overestimated by at
-            most ``total / capacity``, under a fifth of θ's share for n ≤ 40.
+            Shorter epochs notice a new hot key sooner but classify on fewer
+            tuples, so more keys flicker into the hot set (memory); see the
+            epoch rows of the reproduction.
+        top_k_capacity: counters of the recent hot-key table. Default ``None``:
+            :meth:`counter_capacity` sizes it from θ. A set value must be at
+            least ``1/θ`` (the most keys that can be hot at once);
+            :class:`FishPartitioner` checks it.
         virtual_nodes: ring positions per worker (see ``keyplane.ring``).
         waiting_interval_s: the fixed interval ``T`` of 001 §4.2.1 (10 s), over
             which sent tuples are counted and a worker is assumed to process
@@ -83,9 +100,14 @@ class FishSettings:
             Structured Streaming executor core for simple stateful
             operators). With equal capacities only its absolute value
             matters, and only for how fast inferred backlog drains.
+        candidate_selection: where keys may go. ``"ring"`` (default) is 001
+            §5's consistent hashing; ``"modulo"`` is ``hash mod n``
+            (:class:`keyplane.ring.ModuloPlacement`), the "FISH w/o CH" arm
+            of the Fig. 17 ablation (001 §6.5), which remaps almost every key
+            when the number of workers changes.
     """
 
-    theta_scale: float = 0.2
+    theta_scale: float = 0.1
     d_min: int = 2
     decay: float = 0.5
     epoch_unit: Literal["tuples", "seconds"] = "tuples"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, cast
 
 import numpy as np
@@ -11,15 +12,17 @@ from hypothesis import strategies as st
 
 from keyplane.baselines import hash_worker
 from keyplane.hotkeys import (
+    BULK_CANDIDATES,
     FishPartitioner,
     FishSettings,
     assign_hot_keys,
+    greedy_fill,
     hot_key_worker_count,
     inferred_waiting_times,
     least_waiting_worker,
 )
 from keyplane.partitioner import Partitioner
-from keyplane.ring import ConsistentHashRing
+from keyplane.ring import ConsistentHashRing, ModuloPlacement
 
 
 def zipf_stream(exponent: float, n_keys: int, size: int, seed: int) -> np.ndarray:
@@ -55,10 +58,17 @@ def test_least_waiting_worker_breaks_ties_between_idle_workers_by_busyness():
     assert least_waiting_worker([0, 2, 1], sent, capacity, elapsed=100.0) == 1
 
 
-def test_settings_defaults_follow_the_d_choices_threshold_and_validate():
+def test_settings_defaults_halve_the_d_choices_threshold_and_validate():
     s = FishSettings()
-    assert s.hot_threshold(16) == pytest.approx(1 / 80)
+    assert s.hot_threshold(16) == pytest.approx(1 / 160)
     assert s.d_min == 2
+    assert s.candidate_selection == "ring"
+    # the table holds 4/θ counters: overestimates stay under a quarter of θ
+    assert s.counter_capacity(16) == 1024
+    assert s.counter_capacity(128) == 5120
+    assert FishSettings(top_k_capacity=3000).counter_capacity(128) == 3000
+    with pytest.raises(ValueError, match="candidate_selection"):
+        FishSettings(candidate_selection=cast(Any, "rendezvous"))
     with pytest.raises(ValueError, match="decay"):
         FishSettings(decay=1.2)
     with pytest.raises(ValueError, match="epoch_unit"):
@@ -96,12 +106,20 @@ def test_assignment_d_stays_within_bounds_and_never_shrinks_while_hot(first, sec
     ring = ConsistentHashRing.of_size(n, fish.virtual_nodes)
     before = assign_hot_keys(first, n, fish)
     after = assign_hot_keys({**first, **second}, n, fish, previous=before)
-    for assignment, freqs in ((before, first), (after, {**first, **second})):
+    for assignment, freqs, prior in (
+        (before, first, {}),
+        (after, {**first, **second}, before),
+    ):
         total = sum(freqs.values())
-        assert set(assignment) == {k for k, f in freqs.items() if f >= 0.2 / n * total}
+        assert set(assignment) == {
+            k for k, f in freqs.items() if f >= fish.hot_threshold(n) * total
+        }
+        hottest = max((freqs[k] for k in assignment), default=0.0)
         for key, workers in assignment.items():
             assert min(d_min, n) <= len(workers) <= n
             assert workers == ring.candidates(key, len(workers))
+            wanted = hot_key_worker_count(freqs[key], hottest, n, d_min)
+            assert len(workers) == max(wanted, len(prior.get(key, ())))
     for key in set(before) & set(after):
         assert len(after[key]) >= len(before[key])
         assert after[key][: len(before[key])] == before[key]
@@ -114,7 +132,7 @@ def test_a_hot_key_keeps_its_workers_when_it_cools_but_stays_hot():
     later = assign_hot_keys({1: 100.0, 3: 1000.0}, 16, fish, previous=first, total=1500.0)
     assert later[1] == first[1]
     assert 2 not in later
-    gone = assign_hot_keys({3: 1000.0}, 16, fish, previous=later, total=100_000.0)
+    gone = assign_hot_keys({3: 1000.0}, 16, fish, previous=later, total=1_000_000.0)
     assert gone == {}
 
 
@@ -213,3 +231,112 @@ def test_fish_is_a_partitioner_and_rejects_mismatched_input():
     assert fish.route(np.empty(0, dtype=np.int64), np.empty(0)).size == 0
     with pytest.raises(ValueError, match="differ"):
         fish.route(np.arange(3, dtype=np.int64), np.zeros(2))
+
+
+def one_hot_epoch(rng: np.random.Generator, key: int, share: float, size: int = 1000) -> np.ndarray:
+    """An epoch where ``key`` has about ``share`` of the tuples and the rest are all distinct."""
+    rest = rng.choice(np.arange(10**6, 2 * 10**6), size=size, replace=False)
+    return np.where(rng.random(size) < share, key, rest).astype(np.int64)
+
+
+def test_decay_zero_classifies_on_the_last_epoch_alone():
+    # Regression: the hot set used to be computed after the epoch's decay, so
+    # with decay = 0 every count was already zero and no key was ever hot.
+    rng = np.random.default_rng(11)
+    first, second = one_hot_epoch(rng, 42, 0.3), one_hot_epoch(rng, 43, 0.0)
+    forgetful = FishPartitioner(8, FishSettings(decay=0.0))
+    forgetful.route(first, np.zeros(first.size))
+    assert set(forgetful.hot_assignment) == {42}
+    forgetful.route(second, np.zeros(second.size))
+    assert forgetful.hot_assignment == {}  # 42 is absent from the last epoch
+    remembering = FishPartitioner(8, FishSettings(decay=0.5))
+    remembering.route(first, np.zeros(first.size))
+    remembering.route(second, np.zeros(second.size))
+    assert set(remembering.hot_assignment) == {42}  # 42 has 0.15/1.5 = 10% of the history
+
+
+def test_decay_zero_splits_hot_keys_and_balances_zipf():
+    keys = zipf_stream(1.2, 10_000, 120_000, seed=1)
+    fish = FishPartitioner(16, FishSettings(decay=0.0))
+    load = np.bincount(route_in_chunks(fish, keys, 20_000.0), minlength=16)
+    assert len(fish.hot_assignment) > 0
+    assert load.max() / load.mean() <= 1.1
+
+
+def test_idle_epochs_count_as_epochs_so_decay_zero_forgets_across_a_gap():
+    settings_ = FishSettings(epoch_unit="seconds", epoch_length=2.0)
+    keys = np.full(1000, 3, dtype=np.int64)
+    late = np.array([77], dtype=np.int64)
+    for decay, still_hot in ((0.0, False), (0.5, True)):
+        fish = FishPartitioner(4, dataclasses.replace(settings_, decay=decay))
+        fish.route(keys, np.linspace(0.0, 1.9, 1000))
+        fish.route(late, np.array([9.0]))  # closes [0, 2) and the empty [2, 4) … [6, 8)
+        assert fish.recent_counts.epochs == 4
+        assert (3 in fish.hot_assignment) is still_hot
+
+
+def test_modulo_candidate_selection_routes_cold_keys_by_hash_mod_n():
+    keys = np.arange(20_000, dtype=np.int64) % 5000
+    fish = FishPartitioner(8, FishSettings(candidate_selection="modulo"))
+    out = route_in_chunks(fish, keys, rate=1000.0)
+    assert isinstance(fish.placement, ModuloPlacement)
+    assert fish.hot_assignment == {}
+    assert np.array_equal(out, hash_worker(keys, 8))
+
+
+def test_modulo_candidate_selection_splits_a_hot_key_over_its_hashed_choices():
+    rng = np.random.default_rng(3)
+    keys = np.where(rng.random(30_000) < 0.1, 42, rng.integers(1000, 100_000, 30_000))
+    fish = FishPartitioner(16, FishSettings(candidate_selection="modulo"))
+    out = route_in_chunks(fish, keys, rate=5000.0)
+    workers_of_42 = fish.hot_assignment[42]
+    assert workers_of_42 == ModuloPlacement(16).candidates(42, len(workers_of_42))
+    assert workers_of_42[0] == int(hash_worker(np.array([42]), 16)[0])
+    late = np.arange(keys.size) >= 2000
+    assert set(out[late & (keys == 42)].tolist()) == set(workers_of_42)
+
+
+@pytest.mark.parametrize(
+    ("selection", "low", "high"), [("ring", 0.02, 0.12), ("modulo", 0.85, 1.0)]
+)
+def test_only_the_ring_keeps_keys_in_place_when_a_worker_joins(selection, low, high):
+    # 001 §6.5 (Fig. 17): without consistent hashing almost every key moves.
+    keys = np.arange(50_000, dtype=np.int64)
+    fish_settings = FishSettings(candidate_selection=selection)
+    before = FishPartitioner(16, fish_settings).placement.owners(keys)
+    after = FishPartitioner(17, fish_settings).placement.owners(keys)
+    assert low < np.mean(before != after) < high
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 63), st.sampled_from([1.0, 2.0, 4.0, 8.0])),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(min_value=1, max_value=300),
+)
+def test_greedy_fill_equals_placing_tuples_one_by_one(workers, count):
+    # dyadic levels and capacities keep every sum exact, so ties are real ties
+    levels = np.array([level / 8.0 for level, _ in workers])
+    capacity = np.array([cap for _, cap in workers])
+    busy = levels.tolist()
+    expected = []
+    for _ in range(count):
+        worker = min(range(len(busy)), key=busy.__getitem__)
+        busy[worker] += 1.0 / capacity[worker]
+        expected.append(worker)
+    assert greedy_fill(levels, capacity, count).tolist() == expected
+
+
+def test_a_key_with_many_candidates_is_filled_in_bulk_evenly():
+    n = 2 * BULK_CANDIDATES
+    fish = FishPartitioner(n)
+    keys = np.full(1000 * (n + 2), 5, dtype=np.int64)
+    out = fish.route(keys, np.zeros(keys.size))
+    assert len(fish.hot_assignment[5]) == n
+    load = np.bincount(out, minlength=n)
+    # the first epoch's 1000 tuples went to the ring owner; the others then
+    # caught up with it before it got any more
+    assert load.max() - load.min() <= 1

@@ -9,7 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyplane.ring import BUCKETS, ConsistentHashRing, key_bucket, node_bucket
+from keyplane.baselines import hash_worker
+from keyplane.ring import (
+    BUCKET_CACHE_SLOTS,
+    BUCKETS,
+    CandidatePlacement,
+    ConsistentHashRing,
+    ModuloPlacement,
+    key_bucket,
+    key_buckets,
+    make_placement,
+    node_bucket,
+)
 
 KEYS = np.random.default_rng(7).integers(-(2**62), 2**62, size=3000, dtype=np.int64)
 
@@ -112,3 +123,64 @@ def test_invalid_operations_raise():
         ConsistentHashRing().owners(np.array([1]))
     with pytest.raises(ValueError, match="virtual_nodes"):
         ConsistentHashRing([0], virtual_nodes=0)
+
+
+def test_vectorised_key_buckets_match_the_scalar_sha1():
+    assert key_buckets(KEYS).tolist() == [key_bucket(k) for k in KEYS.tolist()]
+    assert key_buckets(np.empty(0, dtype=np.int64)).size == 0
+
+
+def test_bucket_cache_survives_colliding_slots():
+    # ~38k keys in 2^18 slots: thousands of pairs share a slot and evict each other
+    keys = np.arange(BUCKET_CACHE_SLOTS + 5000, dtype=np.int64)[::-7]
+    ring = ConsistentHashRing.of_size(4, virtual_nodes=4)
+    expected = key_buckets(keys)
+    mixed = np.random.default_rng(1).permutation(np.concatenate([keys, keys[:5000]]))
+    for _ in range(2):
+        assert np.array_equal(ring.buckets(keys), expected)
+        assert np.array_equal(ring.buckets(mixed), key_buckets(mixed))
+    assert ring.bucket(int(keys[3])) == key_bucket(int(keys[3]))
+
+
+def test_candidate_walks_are_cached_per_key_and_forgotten_when_the_ring_changes():
+    ring = ConsistentHashRing.of_size(6, virtual_nodes=10)
+    short, full = ring.candidates(99, 2), ring.candidates(99, 6)
+    assert ring.candidates(99, 2) == short == full[:2]
+    ring.add_worker(6)
+    grown = ring.candidates(99, 7)
+    assert sorted(grown) == list(range(7))
+    assert tuple(w for w in grown if w != 6)[:6] == full
+
+
+def test_modulo_placement_is_hash_mod_n_with_distinct_hashed_choices():
+    n = 12
+    placement = ModuloPlacement(n)
+    assert isinstance(placement, CandidatePlacement)
+    assert np.array_equal(placement.owners(KEYS), hash_worker(KEYS, n))
+    for key in KEYS[:100].tolist():
+        full = placement.candidates(key, n)
+        assert sorted(full) == list(range(n))
+        assert full[0] == int(hash_worker(np.array([key]), n)[0])
+        seeded = [int(hash_worker(np.array([key]), n, seed=j)[0]) for j in range(6 * n)]
+        distinct = list(dict.fromkeys(seeded))
+        assert list(full[: len(distinct)]) == distinct[:n]
+        for d in range(1, n):
+            assert placement.candidates(key, d) == full[:d]
+    with pytest.raises(ValueError, match="d must be"):
+        placement.candidates(1, n + 1)
+
+
+def test_modulo_placement_moves_almost_every_key_when_a_worker_joins():
+    keys = np.arange(50_000, dtype=np.int64)
+    moved = np.mean(ModuloPlacement(16).owners(keys) != ModuloPlacement(17).owners(keys))
+    assert moved > 0.9
+
+
+def test_make_placement_names_the_two_kinds():
+    assert isinstance(make_placement("ring", 3), ConsistentHashRing)
+    assert isinstance(make_placement("modulo", 3), ModuloPlacement)
+    assert isinstance(make_placement("ring", 3), CandidatePlacement)
+    with pytest.raises(ValueError, match="placement"):
+        make_placement("rendezvous", 3)
+    with pytest.raises(ValueError, match="n_workers"):
+        ModuloPlacement(0)
