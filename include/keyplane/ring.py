@@ -225,8 +225,8 @@ class ConsistentHashRing:
             raise ValueError("the ring has no workers")
 
     def bucket(self, key: int) -> int:
-        """Ring position of one key (cached)."""
-        return int(self.buckets(np.array([key], dtype=np.int64))[0])
+        """Ring position of one key."""
+        return key_bucket(key)
 
     def buckets(self, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Ring position of each key; SHA-1 only for keys missing from the cache."""
@@ -265,20 +265,22 @@ class ConsistentHashRing:
         cached = self._walks.get(key, d)
         if cached is not None:
             return cached
-        start = int(np.searchsorted(self._positions, self.bucket(key), side="left"))
-        owners, size = self._owner_list, len(self._owner_list)
-        found: list[int] = []
-        seen: set[int] = set()
-        for step in range(size):
-            worker = owners[(start + step) % size]
-            if worker not in seen:
-                seen.add(worker)
-                found.append(worker)
-                if len(found) == d:
-                    break
-        result = tuple(found)
-        self._walks.put(key, result)
-        return result
+        # Walk far enough for 2d distinct workers: a hot key's d grows over
+        # time, and a longer walk answers later requests by its prefix.
+        wanted = min(2 * d, len(self._workers))
+        start = int(np.searchsorted(self._positions, key_bucket(key), side="left"))
+        size = self._owners.size
+        span = min(size, 4 * wanted)
+        while True:
+            arc = self._owner_list[start : start + span]
+            if start + span > size:
+                arc += self._owner_list[: start + span - size]
+            walk = tuple(dict.fromkeys(arc))
+            if len(walk) >= wanted or span == size:
+                break
+            span = min(size, 2 * span)
+        self._walks.put(key, walk)
+        return walk[:d]
 
 
 class ModuloPlacement:

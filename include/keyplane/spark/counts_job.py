@@ -77,12 +77,15 @@ class BatchProgress:
 
 
 def _offset_total(offsets: Any) -> int:
-    if not offsets:
-        return 0
-    if isinstance(offsets, str):
-        import json
+    """Sum of a progress report's per-partition offsets.
 
+    Spark reports offsets as a JSON string, and reports ``null`` for the
+    latest offset of the first batch after a restart.
+    """
+    if isinstance(offsets, str):
         offsets = json.loads(offsets)
+    if not isinstance(offsets, dict):
+        return 0
     return sum(int(o) for parts in offsets.values() for o in parts.values())
 
 
