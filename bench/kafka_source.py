@@ -81,9 +81,11 @@ def main() -> None:
             t0 = time.perf_counter()
             produce_workload(spec, bootstrap, "bench", partitions=args.partitions)
             produce_s = time.perf_counter() - t0
+            warm = PairsWorkload(n_keys=100, locality=0.8, n_events=20_000, seed=2)
+            produce_workload(warm, bootstrap, "warm-up", partitions=args.partitions)
             spark = build_session("bench-kafka-source", "local[2]")
-            # Warm-up: JVM, Python workers and the source's imports.
-            spark_source(spark, bootstrap, "bench", Path(tmp) / "warm", 1_000)
+            # Warm-up on its own topic: JVM, Python workers and the source's imports.
+            spark_source(spark, bootstrap, "warm-up", Path(tmp) / "warm", None)
             source_s, counted = spark_source(
                 spark, bootstrap, "bench", Path(tmp) / "ck", args.max_offsets_per_trigger
             )

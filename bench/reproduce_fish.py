@@ -70,6 +70,10 @@ POLICIES = (
     "fish θ=1/(5n)",
 )
 
+TIME_DIGITS = 4
+"""Significant digits of the execution-time tables: the policies that balance
+well differ from shuffle grouping in the fourth digit."""
+
 PREVIOUS_THETA_SCALE = 0.2
 """keyplane's earlier default θ = 1/(5n) (D-Choices' rule), kept as a row so the
 effect of the current default θ = 1/(10n) stays visible at every point."""
@@ -95,39 +99,66 @@ DEFAULT_SEED = 1
 
 FINDINGS = """## Findings (full run, default seed)
 
-* Memory: FISH keeps 1.01–1.27x the replicas of fields grouping (paper
-  1.11–2.61x), far below shuffle grouping (5–34x here, paper 15.5–88.3x) and
-  below D-Choices (1.4–2.0x) and W-Choices (1.5–3.1x). Target ≤ 3x: met.
-* Execution time: FISH takes 1.00–1.12x shuffle's time; the target (≤ 1.1x)
-  holds at 7 of 8 points and is missed narrowly at 128 workers, skew 1.0
-  (1.12x). FISH is as fast as or faster than D-Choices at 6 of 8 points;
-  W-Choices stays within 1.02x of shuffle everywhere, paying 1.5–3.1x memory.
-  PKG is the worst load-aware policy (up to 16.9x), as in the paper. The
-  paper's large gaps to D-C and W-C (up to 13.6x) are not reproduced:
-  keyplane's D-C and W-C re-derive their head every 1 000 tuples and choose
-  by global sent counts, which recovers quickly from this stream's single
-  shift of the hot set. Scaling FISH's waiting-time interval to the run
-  (`fish-scaled`) changes nothing measurable.
-* Decay (Figs. 12, 14): lifetime counting (decay 1) takes 1.21x / 1.30x
-  (skew 1.0 / 1.4) against 1.00–1.02x for decay 0.25–0.75, so epoch-based
-  decay matters, as the paper says. Decay 0 gives no hot keys at all (5.7x /
-  17x, i.e. fields grouping on the ring), where the paper's decay 0 stays
-  fast but costs memory: FISH classifies keys on the counts left after the
-  epoch's decay, so with decay 0 every count is zero when the hot set is
-  computed.
-* θ (Fig. 13): θ = 1/n is clearly worse (1.68x / 1.38x), as in the paper,
-  and θ = 1/(2n) already costs 1.19x at skew 1.0; smaller thresholds than
-  1/(5n) only add memory (1.24x at θ = 1/(20n)).
-* d_min (Fig. 15): no effect on time here; memory grows slowly with it
-  (1.10x to 1.14x and 1.04x to 1.09x from d_min 2 to 8).
-* Fig. 16: choosing by inferred waiting time is 1.19x (skew 1.0) and 1.50x
+* Why FISH missed the target at 128 workers, skew 1.0, with θ = 1/(5n)
+  (`fish θ=1/(5n)`: 1.12x SG): its cold keys alone overloaded one worker.
+  FISH sends a cold key to its ring owner whatever the load (001 §5), so
+  only hot tuples can be steered, and the busiest worker's cold load is a
+  floor under the execution time. Under 1/(5n) a key just below θ carries a
+  fifth of a worker's fair load; before the shift four such keys met on one
+  worker, whose cold load reached 1.50x its fair share (cold-load table),
+  so that worker stayed 1.29x overloaded until the hot set moved. Neither
+  the ring (that worker's arc is 1/n) nor the d rule (the hottest key may
+  use every worker) is the cause. Under θ = 1/(10n) the busiest worker's
+  cold load stays below its fair share at every point (at most 0.93x).
+* Execution time (Fig. 10): with θ = 1/(10n) FISH takes 1.0005–1.0013x
+  shuffle's time at 16–128 workers and both skews (target ≤ 1.1x: met;
+  with `--seed 2` and `--seed 3` the worst points are 1.0014x and 1.0018x).
+  It is as fast as or faster than D-Choices and W-Choices at 7 of 8 points;
+  at 16 workers, skew 1.0, every load-aware policy is within 0.05% of
+  shuffle and FISH trails W-Choices by 0.01%, the cost of its first epoch,
+  before any key is known hot. PKG is the worst load-aware policy (up to
+  16.9x), as in the paper. The paper's large gaps to D-C and W-C (up to
+  13.6x) are not reproduced: keyplane's D-C and W-C re-derive their head
+  every 1 000 tuples and choose by global sent counts, which recovers
+  quickly from this stream's single shift of the hot set. Scaling FISH's
+  waiting-time interval to the run (`fish-scaled`) changes nothing
+  measurable.
+* Memory (Fig. 11): FISH keeps 1.01–1.37x the replicas of fields grouping
+  (paper 1.11–2.61x; target ≤ 3x: met), below D-Choices (1.4–2.0x) and
+  W-Choices (1.5–3.1x) and far below shuffle grouping (5–34x here, paper
+  15.5–88.3x). Halving θ costs 1.27x → 1.37x at 128 workers, skew 1.0.
+* Decay (Figs. 12, 14): keys are now classified on the epoch's counts
+  before its decay, so decay 0 means "the last epoch only": 1.00x SG at the
+  highest memory of the decays (1.25x / 1.08x FG at skew 1.0 / 1.4), the
+  paper's pattern (fast, up to 2.65x memory). Before the fix decay 0 found
+  no hot key at all (5.7x / 17x SG). Lifetime counting (decay 1) takes
+  1.14x / 1.29x, so epoch-based decay matters, as the paper says.
+* θ (Fig. 13): θ = 1/n is clearly worse (1.68x / 1.38x) and 1/(2n) costs
+  1.19x at skew 1.0; 1/(5n) is fine at 64 workers but not at 128 (above);
+  1/(20n) only adds memory.
+* d_min (Fig. 15): no effect on time here; memory grows with it (1.13x to
+  1.30x and 1.06x to 1.15x from d_min 2 to 8).
+* Epoch length (001 §4.1.1): shorter epochs classify on fewer tuples, so
+  more keys flicker into the hot set: 1.42x FG memory at 250 tuples against
+  1.13x at 1000 and 1.07x at 5000 (skew 1.0), with no effect on time at 64
+  workers.
+* Fig. 16: choosing by inferred waiting time is 1.44x (skew 1.0) and 1.50x
   (skew 1.4) faster than choosing by sent count when half the workers are
-  twice as fast, reaching the ideal at skew 1.4 (paper: up to 2.61x). At
-  skew 1.0 it cannot: cold keys go to their ring owner whatever its speed.
-* Fig. 17: after a worker joins or leaves, fields grouping on `hash mod n`
-  holds 1.98x (skew 1.0) and 1.61x (skew 1.4) the replicas of a run without
-  change, FISH on its ring 1.01–1.02x (paper: about 2x without consistent
-  hashing, a small increase with it).
+  twice as fast (paper: up to 2.61x), within 1.04x and 1.00x of the ideal.
+  What stays is the cold keys' share, which goes to its ring owner
+  whatever its speed.
+* Fig. 17: FISH without consistent hashing (`candidate_selection="modulo"`)
+  holds 1.90–1.91x (skew 1.0) and 1.59x (skew 1.4) the replicas of a run
+  without a worker change, FISH on its ring 1.01x: the paper's "about 2x
+  at low skew, less at high skew" without CH and a small increase with it.
+* Routing cost: 1.4–3.8 µs of CPU per tuple, of which the epoch top-K
+  counting (`EpochTopK` on `SpaceSaving`) is a fifth to two thirds. On the
+  previous implementation, measured the same way at θ = 1/(5n) on both,
+  128 workers took 3.4 µs per tuple over 10,000 keys and 3.7 µs over
+  1,000,000 keys; now 2.1 and 2.6 µs. Cold keys are routed for a whole
+  chunk at once through a direct-mapped cache of ring positions, candidate
+  walks are cached per key, unchanged hot keys keep their tuple of
+  workers, and a key with 48 or more candidates is placed in bulk.
 """
 
 
@@ -225,6 +256,7 @@ def main_figures(
             "paper 001 (§6.2)",
         ],
         rows,
+        digits=TIME_DIGITS,
     )
     return table, points
 
@@ -243,7 +275,7 @@ def verdicts(points: list[Point]) -> list[str]:
             part = f"{rival} in {ahead}/{len(pairs)} points"
             if ahead < len(pairs):
                 behind = max(own / other - 1 for own, other in pairs if own > other)
-                part += f" (elsewhere behind by at most {behind:.2%})"
+                part += f" (elsewhere behind by at most {behind:.3%})"
             parts.append(part)
         lines.append(
             f"* `{fish}`: worst execution time {worst_time:.3f}x SG "
@@ -349,6 +381,7 @@ def ablations(trace: Trace, n: int, lifetime_baselines: bool) -> str:
     return markdown_table(
         ["variant", "workers", "exec time / SG", "memory / FG", "imbalance", "paper 001"],
         rows,
+        digits=TIME_DIGITS,
     )
 
 
@@ -445,6 +478,41 @@ def worker_change(trace: Trace, n: int) -> str:
     )
 
 
+def cold_load(traces: dict[float, Trace], workers: list[int], scales: list[float]) -> str:
+    """Why θ matters: the load FISH's cold keys alone put on the busiest worker.
+
+    For each segment of the stream (before and after the hot set moves) a key
+    is cold when its true share of the segment is below ``θ = scale / n``;
+    cold keys go to their ring owner whatever the load (001 §5), so only hot
+    tuples can even the workers out. If one worker's cold share already
+    exceeds ``1/n`` (a value above 1 here), no routing of hot tuples can
+    bring it back to shuffle grouping's balance.
+    """
+    rows: list[list[Cell]] = []
+    for exponent, trace in traces.items():
+        keys = trace.fields[0]
+        shift = round(0.8 * len(trace))
+        for n in workers:
+            ring = ConsistentHashRing.of_size(n)
+            row: list[Cell] = [exponent, n]
+            for scale in scales:
+                worst = 0.0
+                for segment in (keys[:shift], keys[shift:]):
+                    distinct, counts = np.unique(segment, return_counts=True)
+                    share = counts / segment.size
+                    cold = share < scale / n
+                    load = np.bincount(
+                        ring.owners(distinct[cold]), weights=share[cold], minlength=n
+                    )
+                    worst = max(worst, float(load.max()) * n)
+                row.append(worst)
+            rows.append(row)
+    return markdown_table(
+        ["skew", "workers", *(f"θ = {scale:g}/n" for scale in scales)],
+        rows,
+    )
+
+
 def routing_cost(cases: dict[str, Trace], workers: list[int]) -> str:
     """FISH's routing cost per tuple, on one core, outside the simulator.
 
@@ -531,6 +599,7 @@ def main() -> None:
     hetero_tables = {z: heterogeneous(traces[z], ablation_workers) for z in skews}
     log("worker change")
     change_tables = {z: worker_change(traces[z], ablation_workers) for z in skews}
+    cold_table = cold_load(traces, workers, [0.2, 0.1, 0.05])
     log("routing cost")
     cost_cases = {f"Zipf {z}, {args.keys:,} keys": traces[z] for z in skews}
     many_keys = 100 * args.keys
@@ -577,6 +646,15 @@ def main() -> None:
         *verdicts(points),
         "",
         main_table,
+        "",
+        "## Why the threshold matters: cold load on the busiest worker",
+        "",
+        "Share of one worker's fair load (1/n of the stream) that the busiest worker gets "
+        "from cold keys alone, worst of the two segments (before and after the hot set "
+        "moves), with keys classified on their true share of the segment. Above 1, that "
+        "worker is overloaded whatever FISH does with the hot keys.",
+        "",
+        cold_table,
     ]
     for z in skews:
         sections += [

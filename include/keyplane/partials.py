@@ -1,0 +1,57 @@
+"""Merge the partial counts of split keys into exact per-key counts.
+
+A hot key is split over d routed keys on d instances (FISH, paper 001 §4.1.2),
+and each routed key keeps a *partial* running count of the tuples routed to
+it; a key in the routing table (paper 000 §3.3) or on the hash fallback has a
+single routed key, whose partial is its whole count. A job therefore reports
+``stage, key, routed_key, count`` rows, and the merge step is what turns them
+back into one exact count per key:
+
+    count(stage, key) = Σ over the key's routed keys of that routed key's latest count.
+
+"Latest" means: the row from the newest batch that reported the routed key,
+and within one batch the largest count (a running count only grows inside a
+batch, and stage A's partials reach the sink once per downstream group that
+saw them). Taking the newest batch rather than the maximum over all batches
+is deliberate: once state migration (paper 000 §3.4) moves a key to a new
+routed key, the old routed key's final report is what must count, not its
+historical maximum.
+
+Pure pandas, no Spark: the same function merges a sink's files, a results
+topic, or a test's hand-made rows.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+GROUP_COLUMNS = ["stage", "key", "routed_key"]
+BATCH_COLUMN = "batch"
+
+
+def latest_partials(updates: pd.DataFrame) -> pd.DataFrame:
+    """One row per ``(stage, key, routed_key)``: its latest reported partial count.
+
+    ``updates`` has columns ``stage, key, count`` and optionally ``routed_key``
+    (absent: every key is its own routed key, the unrouted job's output),
+    ``batch`` (absent: all rows come from one batch) and any other columns,
+    such as ``instance``, which are kept from the chosen row.
+    """
+    frame = updates.copy()
+    if "routed_key" not in frame.columns:
+        frame["routed_key"] = frame["key"]
+    if BATCH_COLUMN not in frame.columns:
+        frame[BATCH_COLUMN] = 0
+    ordered = frame.sort_values([BATCH_COLUMN, "count"], kind="mergesort")
+    latest = ordered.drop_duplicates(GROUP_COLUMNS, keep="last")
+    return latest.sort_values(GROUP_COLUMNS, kind="mergesort").reset_index(drop=True)
+
+
+def merge_partials(updates: pd.DataFrame) -> pd.DataFrame:
+    """Exact ``stage, key, count``: the sum of each key's latest partial counts."""
+    latest = latest_partials(updates)
+    merged: pd.DataFrame = latest.groupby(["stage", "key"], as_index=False, sort=True).agg(
+        count=("count", "sum")
+    )
+    merged["count"] = merged["count"].astype("int64")
+    return merged
