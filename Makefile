@@ -5,7 +5,8 @@ bootstrap:
 	@scripts/bootstrap
 
 demo: bootstrap
-	.venv/bin/keyplane demo geo-tags --n-events 200000 --rate 25000
+	.venv/bin/keyplane demo geo-tags --n-events 200000 --n-tags 2000 --rate 25000 \
+		--max-offsets-per-trigger 50000
 
 lint: bootstrap
 	.venv/bin/ruff check .

@@ -109,20 +109,22 @@ FINDINGS = """## Findings (full run, default seed)
   so that worker stayed 1.29x overloaded until the hot set moved. Neither
   the ring (that worker's arc is 1/n) nor the d rule (the hottest key may
   use every worker) is the cause. Under θ = 1/(10n) the busiest worker's
-  cold load stays below its fair share at every point (at most 0.93x).
-* Execution time (Fig. 10): with θ = 1/(10n) FISH takes 1.0005–1.0013x
+  cold load is at most its fair share (1.002x at 32 workers after the
+  shift, the tightest point; 0.86x at 128 workers); under 1/(20n) it would
+  stay below 0.85x everywhere, for 1.65x FG memory at 128 workers.
+* Execution time (Fig. 10): with θ = 1/(10n) FISH takes 1.0005–1.0012x
   shuffle's time at 16–128 workers and both skews (target ≤ 1.1x: met;
-  with `--seed 2` and `--seed 3` the worst points are 1.0014x and 1.0018x).
-  It is as fast as or faster than D-Choices and W-Choices at 7 of 8 points;
-  at 16 workers, skew 1.0, every load-aware policy is within 0.05% of
-  shuffle and FISH trails W-Choices by 0.01%, the cost of its first epoch,
-  before any key is known hot. PKG is the worst load-aware policy (up to
-  16.9x), as in the paper. The paper's large gaps to D-C and W-C (up to
-  13.6x) are not reproduced: keyplane's D-C and W-C re-derive their head
-  every 1 000 tuples and choose by global sent counts, which recovers
-  quickly from this stream's single shift of the hot set. Scaling FISH's
-  waiting-time interval to the run (`fish-scaled`) changes nothing
-  measurable.
+  with `--seed 2` and `--seed 3` the worst points are 1.0015x and
+  1.0018x). It is as fast as or faster than PKG, D-Choices and W-Choices
+  at 7 of 8 points; at 16 workers, skew 1.0, all four are within 0.05% of
+  shuffle and FISH trails W-Choices by 0.015% (PKG and D-Choices by
+  0.001%), the cost of its first epoch, before any key is known hot. PKG
+  is the worst load-aware policy (up to 16.9x), as in the paper. The
+  paper's large gaps to D-C and W-C (up to 13.6x) are not reproduced:
+  keyplane's D-C and W-C re-derive their head every 1 000 tuples and
+  choose by global sent counts, which recovers quickly from this stream's
+  single shift of the hot set. Scaling FISH's waiting-time interval to the
+  run (`fish-scaled`) changes nothing measurable.
 * Memory (Fig. 11): FISH keeps 1.01–1.37x the replicas of fields grouping
   (paper 1.11–2.61x; target ≤ 3x: met), below D-Choices (1.4–2.0x) and
   W-Choices (1.5–3.1x) and far below shuffle grouping (5–34x here, paper
@@ -140,8 +142,8 @@ FINDINGS = """## Findings (full run, default seed)
   1.30x and 1.06x to 1.15x from d_min 2 to 8).
 * Epoch length (001 §4.1.1): shorter epochs classify on fewer tuples, so
   more keys flicker into the hot set: 1.42x FG memory at 250 tuples against
-  1.13x at 1000 and 1.07x at 5000 (skew 1.0), with no effect on time at 64
-  workers.
+  1.13x at 1000 and 1.07x at 5000 (skew 1.0); time stays within 1.005x
+  SG at 64 workers, longest epochs slowest.
 * Fig. 16: choosing by inferred waiting time is 1.44x (skew 1.0) and 1.50x
   (skew 1.4) faster than choosing by sent count when half the workers are
   twice as fast (paper: up to 2.61x), within 1.04x and 1.00x of the ideal.
@@ -151,8 +153,9 @@ FINDINGS = """## Findings (full run, default seed)
   holds 1.90–1.91x (skew 1.0) and 1.59x (skew 1.4) the replicas of a run
   without a worker change, FISH on its ring 1.01x: the paper's "about 2x
   at low skew, less at high skew" without CH and a small increase with it.
-* Routing cost: 1.4–3.8 µs of CPU per tuple, of which the epoch top-K
-  counting (`EpochTopK` on `SpaceSaving`) is a fifth to two thirds. On the
+* Routing cost: 1.2–4.5 µs of CPU per tuple (on a shared machine: expect
+  ±30% between runs), of which the epoch top-K counting (`EpochTopK` on
+  `SpaceSaving`) is 14–54%, the most with 1,000,000 keys. On the
   previous implementation, measured the same way at θ = 1/(5n) on both,
   128 workers took 3.4 µs per tuple over 10,000 keys and 3.7 µs over
   1,000,000 keys; now 2.1 and 2.6 µs. Cold keys are routed for a whole

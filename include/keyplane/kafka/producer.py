@@ -64,5 +64,5 @@ def produce_workload(
                     time.sleep(ahead)
         producer.flush()
     finally:
-        producer.close()
+        producer.close(timeout=10)
     return sent
