@@ -111,6 +111,8 @@ def run_demo(
                     )
                 except BaseException as exc:  # surfaced in the main thread below
                     producer_error.append(exc)
+                finally:
+                    bar.close()
 
             thread = threading.Thread(target=produce, daemon=True)
             thread.start()
