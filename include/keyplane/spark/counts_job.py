@@ -10,6 +10,13 @@ each micro-batch's updated counts
 
 A restarted job resumes from its checkpoint: source offsets and both stages'
 state come back together, so every event is counted exactly once.
+
+With a routing configuration (``routing_store``, optionally
+``routing_version``; or a :class:`~keyplane.config.RoutingConfig` passed to
+:func:`start_counts_query`), both stages group by routed keys (paper 000
+§3.3, paper 001 §4.1.2) and each batch file holds partial counts
+``stage, key, routed_key, instance, count``; :func:`read_output` merges them
+(:mod:`keyplane.partials`), so its answer keeps the same shape either way.
 """
 
 from __future__ import annotations
@@ -25,14 +32,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
-from pyspark.sql import DataFrame
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
+from keyplane import config as config_store
+from keyplane.config import RoutingConfig
+from keyplane.partials import merge_partials
 from keyplane.settings import Settings
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
-from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
+from keyplane.spark.routing import routed_stages
+from keyplane.spark.running_counts import (
+    latest_counts,
+    latest_partials,
+    parse_events,
+    routed_running_counts,
+    running_counts,
+)
 from keyplane.spark.session import build_session
 
 
@@ -62,6 +80,22 @@ class CountsJobSettings(BaseModel):
         description="'two-stage': the reference A → B running counts; "
         "'count-by-first-key': Spark's native streaming count by field 1 (a baseline).",
     )
+    routing_store: Path | None = Field(
+        default=None,
+        description="Directory of stored routing configurations (keyplane.config.save); "
+        "when set, both stages group by routed keys.",
+    )
+    routing_version: int | None = Field(
+        default=None, ge=1, description="Configuration version to use; default the latest."
+    )
+
+    @model_validator(mode="after")
+    def _check_routing(self) -> CountsJobSettings:
+        if self.routing_version is not None and self.routing_store is None:
+            raise ValueError("routing_version needs routing_store")
+        if self.routing_store is not None and self.pipeline != "two-stage":
+            raise ValueError("routing applies to the 'two-stage' pipeline only")
+        return self
 
 
 @dataclass(frozen=True)
@@ -103,23 +137,52 @@ def progress_of(p: dict[str, Any]) -> BatchProgress:
     )
 
 
-def read_output(output: Path) -> pd.DataFrame:
-    """Latest count per (stage, key) over every batch file written so far."""
+def read_partials(output: Path) -> pd.DataFrame:
+    """Every row of every batch file written so far, with its ``batch`` id.
+
+    Unrouted batches have ``stage, key, count``; routed ones also
+    ``routed_key`` and ``instance``.
+    """
     files = sorted(output.glob("batch-*.parquet"))
     if not files:
+        return pd.DataFrame({"stage": [], "key": [], "count": [], "batch": []})
+    frames = [
+        pd.read_parquet(f).assign(batch=int(f.name.removeprefix("batch-").split(".")[0]))
+        for f in files
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def read_output(output: Path) -> pd.DataFrame:
+    """Latest count per (stage, key) over every batch file written so far.
+
+    Partial counts of split keys are merged: a key's count is the sum of its
+    routed keys' latest partials (:func:`keyplane.partials.merge_partials`).
+    """
+    partials = read_partials(output)
+    if partials.empty:
         return pd.DataFrame({"stage": [], "key": [], "count": []})
-    frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    latest: pd.DataFrame = frame.groupby(["stage", "key"], as_index=False).agg(
-        count=("count", "max")
-    )
-    return latest
+    return merge_partials(partials)[["stage", "key", "count"]]
+
+
+def load_routing(settings: CountsJobSettings) -> RoutingConfig | None:
+    """The routing configuration named by ``settings``, verified, or ``None``."""
+    if settings.routing_store is None:
+        return None
+    version = settings.routing_version or config_store.latest_version(settings.routing_store)
+    if version is None:
+        raise config_store.UnknownVersionError(
+            f"no routing configuration is stored in {settings.routing_store}"
+        )
+    return config_store.load(settings.routing_store, version)
 
 
 def _batch_writer(settings: CountsJobSettings) -> Callable[[DataFrame, int], None]:
     settings.output.mkdir(parents=True, exist_ok=True)
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        updates = latest_counts(batch).cache()
+        routed = "routed_key" in batch.columns
+        updates = (latest_partials(batch) if routed else latest_counts(batch)).cache()
         pdf = updates.toPandas()
         tmp = settings.output / f".batch-{batch_id:08d}.parquet.tmp"
         pdf.to_parquet(tmp, index=False)
@@ -131,13 +194,19 @@ def _batch_writer(settings: CountsJobSettings) -> Callable[[DataFrame, int], Non
     return write
 
 
-def run_counts_job(
-    settings: CountsJobSettings, on_progress: Callable[[BatchProgress], None] | None = None
-) -> list[BatchProgress]:
-    """Run until a stop condition holds (or forever when none is set)."""
-    spark = build_session(
-        "keyplane-running-counts", settings.master, shuffle_partitions=settings.shuffle_partitions
-    )
+def start_counts_query(
+    spark: SparkSession, settings: CountsJobSettings, routing: RoutingConfig | None = None
+) -> StreamingQuery:
+    """Start the counting query on ``spark``; the caller waits for and stops it.
+
+    ``routing`` (default: the one ``settings`` names) makes both stages group
+    by routed keys; each operator's parallelism must equal the session's
+    ``spark.sql.shuffle.partitions``.
+    """
+    if routing is None:
+        routing = load_routing(settings)
+    if routing is not None and settings.pipeline != "two-stage":
+        raise ValueError("routing applies to the 'two-stage' pipeline only")
     raw = read_kafka(
         spark,
         settings.bootstrap_servers,
@@ -146,7 +215,9 @@ def run_counts_job(
         implementation=settings.source,
     )
     events = parse_events(raw)
-    if settings.pipeline == "two-stage":
+    if routing is not None:
+        updates, mode = routed_running_counts(events, routed_stages(spark, routing)), "append"
+    elif settings.pipeline == "two-stage":
         updates, mode = running_counts(events), "append"
     else:
         updates = (
@@ -155,7 +226,7 @@ def run_counts_job(
             .select(F.lit("A").alias("stage"), F.col("a").alias("key"), "count")
         )
         mode = "update"
-    query = (
+    return (
         updates.writeStream.outputMode(mode)
         .foreachBatch(_batch_writer(settings))
         .option("checkpointLocation", str(settings.checkpoint))
@@ -163,6 +234,22 @@ def run_counts_job(
         .queryName("keyplane_running_counts")
         .start()
     )
+
+
+def run_counts_job(
+    settings: CountsJobSettings,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    routing: RoutingConfig | None = None,
+) -> list[BatchProgress]:
+    """Run until a stop condition holds (or forever when none is set)."""
+    spark = build_session(
+        "keyplane-running-counts", settings.master, shuffle_partitions=settings.shuffle_partitions
+    )
+    try:
+        query = start_counts_query(spark, settings, routing)
+    except BaseException:
+        spark.stop()
+        raise
     seen: set[int] = set()
     history: list[BatchProgress] = []
     idle_since = time.monotonic()
@@ -231,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Kafka source implementation (default: KEYPLANE_KAFKA_SOURCE or python)",
     )
     parser.add_argument("--pipeline", choices=["two-stage", "count-by-first-key"])
+    parser.add_argument(
+        "--routing-store",
+        type=Path,
+        help="directory of stored routing configurations; group both stages by routed keys",
+    )
+    parser.add_argument("--routing-version", type=int, help="default: the latest stored version")
     args = parser.parse_args(argv)
     settings = CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
     run_counts_job(settings, on_progress=_print_progress)

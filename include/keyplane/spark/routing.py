@@ -93,9 +93,7 @@ def mapping_rows(routing: OperatorRouting) -> pd.DataFrame:
     return pd.DataFrame({"key": keys, "routes": [table.route(key) for key in keys]})
 
 
-def route_mapping(
-    spark: SparkSession, routing: OperatorRouting, version: int
-) -> RouteMapping:
+def route_mapping(spark: SparkSession, routing: OperatorRouting, version: int) -> RouteMapping:
     """Build one operator's mapping DataFrame on the driver."""
     rows = mapping_rows(routing)
     frame = spark.createDataFrame(rows, MAPPING_SCHEMA) if len(rows) else _empty(spark)
@@ -115,6 +113,11 @@ def routed_stages(
     session's ``spark.sql.shuffle.partitions``), since a routed key is salted
     for exactly that many partitions. An operator missing from ``config``
     takes the hash fallback for every key.
+
+    The routed keys are the grouping keys of the checkpointed state, so a
+    checkpoint keeps the grouping it was started with: turning routing on or
+    off needs a fresh checkpoint, and a new version that changes a key's
+    routed key needs the state migration of 000 §3.4 (not done here).
     """
     partitions = state_partitions
     if partitions is None:
@@ -148,8 +151,9 @@ def fallback_routed_key(key: Column, n_instances: int) -> Column:
     salts = F.sequence(F.lit(0), F.lit(TRIES_PER_PARTITION * n_instances - 1))
     hits = F.filter(
         salts,
-        lambda salt: F.pmod(F.hash(F.concat(key, F.lit(SEPARATOR), salt.cast("string"))), n)
-        == natural,
+        lambda salt: (
+            F.pmod(F.hash(F.concat(key, F.lit(SEPARATOR), salt.cast("string"))), n) == natural
+        ),
     )
     salt = F.coalesce(
         F.get(hits, 0),

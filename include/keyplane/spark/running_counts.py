@@ -47,9 +47,7 @@ from keyplane.spark.routing import RoutedStages, with_routed_key
 
 STAGE_A_OUTPUT = "a STRING, b STRING, n LONG, count_a LONG, ts TIMESTAMP"
 COUNTS_SCHEMA = "stage STRING, key STRING, count LONG"
-ROUTED_STAGE_A_OUTPUT = (
-    "a STRING, ra STRING, ia INT, b STRING, n LONG, count_a LONG, ts TIMESTAMP"
-)
+ROUTED_STAGE_A_OUTPUT = "a STRING, ra STRING, ia INT, b STRING, n LONG, count_a LONG, ts TIMESTAMP"
 ROUTED_COUNTS_SCHEMA = "stage STRING, key STRING, routed_key STRING, instance INT, count LONG"
 
 

@@ -1,0 +1,224 @@
+"""Routed stages: a static routing config places keys, splits a hot key, stays exact.
+
+The streaming test runs the real two-stage job on the real broker with a
+configuration that moves some keys of each stage to chosen instances and
+splits one hot key per stage over three instances (paper 000 §3.3, paper 001
+§4.1.2). Placement is checked from what the operators themselves report
+(their task's partition id), and the merged counts against the generator's
+ground truth. The partial-merge test is pure and needs neither.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+
+from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.kafka.producer import produce_workload
+from keyplane.partials import latest_partials, merge_partials
+from keyplane.routedkeys import spark_partition
+from keyplane.spark.counts_job import (
+    CountsJobSettings,
+    read_output,
+    read_partials,
+    start_counts_query,
+)
+from keyplane.spark.routing import route_mapping, routed_key_table, with_routed_key
+from keyplane.verification import compare_counts, expected_counts
+from keyplane.workloads import ZipfEvolvingWorkload
+
+P = 4
+"""Instances per operator: the ``spark`` fixture's shuffle partitions."""
+
+
+def test_merge_partials_sums_each_routed_keys_latest_partial_pure() -> None:
+    rows = pd.DataFrame(
+        [
+            # hot key "h" split over three routed keys; partials grow across batches
+            ("A", "h", "h#0", 0, 5, 1),
+            ("A", "h", "h#0", 0, 9, 2),
+            ("A", "h", "h#3", 1, 4, 1),
+            ("A", "h", "h#3", 1, 7, 1),  # reported again in the same batch: the larger wins
+            ("A", "h", "h#8", 3, 2, 2),
+            # a tabled key: a single routed key, its partial is its count
+            ("A", "t", "t#5", 2, 3, 1),
+            # an unrouted key is its own routed key
+            ("B", "u", "u", 1, 6, 1),
+            ("B", "u", "u", 1, 8, 2),
+            # the newest batch's report wins even when smaller (state moved away)
+            ("B", "m", "m#1", 0, 10, 1),
+            ("B", "m", "m#1", 0, 0, 2),
+            ("B", "m", "m#4", 2, 10, 2),
+        ],
+        columns=["stage", "key", "routed_key", "instance", "count", "batch"],
+    )
+    merged = merge_partials(rows)
+    assert merged.to_dict("records") == [
+        {"stage": "A", "key": "h", "count": 9 + 7 + 2},
+        {"stage": "A", "key": "t", "count": 3},
+        {"stage": "B", "key": "m", "count": 10},
+        {"stage": "B", "key": "u", "count": 8},
+    ]
+    latest = latest_partials(rows)
+    assert latest.loc[latest["routed_key"] == "h#3", ["instance", "count"]].values.tolist() == [
+        [1, 7]
+    ]
+    # Unrouted output (no routed_key, no batch column) merges to itself.
+    plain = pd.DataFrame({"stage": ["A", "A", "B"], "key": ["x", "x", "y"], "count": [2, 3, 1]})
+    assert merge_partials(plain).to_dict("records") == [
+        {"stage": "A", "key": "x", "count": 3},
+        {"stage": "B", "key": "y", "count": 1},
+    ]
+
+
+@pytest.mark.integration
+def test_with_routed_key_agrees_with_routed_key_table(spark) -> None:
+    """The native expression picks the table's routed keys, including the salted fallback."""
+    separator_keys = [f"k{i}#{i % 7}" for i in range(60)] + ["#", "a#", "a#b#07", "é#z", "##"]
+    routing = OperatorRouting(
+        parallelism=P,
+        table={"t1": 0, "t2": 3, "x#1": 2},
+        hot_keys={"hot": (0, 1, 3)},
+    )
+    table = routed_key_table(routing)
+    keys = ["t1", "t2", "x#1", "hot", "plain", "42", *separator_keys]
+    rows = spark.createDataFrame(
+        [(seq, key) for seq in range(30) for key in keys], "seq LONG, a STRING"
+    )
+    routed = with_routed_key(rows, "a", route_mapping(spark, routing, version=1), "ra")
+    observed = routed.withColumn("partition", F.pmod(F.hash("ra"), F.lit(P))).toPandas()
+
+    for key, grouping, partition in observed[["a", "ra", "partition"]].itertuples(index=False):
+        assert grouping in table.route(key), (key, grouping)
+        assert partition == table.instance_of(grouping), (key, grouping, partition)
+    by_key = observed.groupby("a")["ra"].agg(set)
+    assert by_key["hot"] == set(table.route("hot"))
+    for key in keys:
+        if key != "hot":
+            assert by_key[key] == set(table.route(key)), key
+    fallback_salts = {split for key in separator_keys for split in table.route(key)}
+    assert any(not salted.endswith("#0") for salted in fallback_salts), "exercise salt search"
+    for key in separator_keys:
+        assert {spark_partition(r, P) for r in by_key[key]} == {spark_partition(key, P)}
+    # The split is a function of the row: evaluating again routes every row the same way.
+    again = routed.toPandas()
+    assert again.sort_values(["seq", "a"])["ra"].tolist() == (
+        observed.sort_values(["seq", "a"])["ra"].tolist()
+    )
+
+
+def _run_to_end(spark, settings: CountsJobSettings) -> None:
+    query = start_counts_query(spark, settings)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def _settings(
+    broker: str, topic: str, tmp_path: Path, routing_store: Path | None = None
+) -> CountsJobSettings:
+    return CountsJobSettings(
+        bootstrap_servers=broker,
+        events_topic=topic,
+        checkpoint=tmp_path / "checkpoint",
+        output=tmp_path / "output",
+        shuffle_partitions=P,
+        max_offsets_per_trigger=1_000,
+        trigger_interval="0 seconds",
+        routing_store=routing_store,
+    )
+
+
+def _natural_elsewhere(keys: list[str], count: int) -> dict[str, int]:
+    """Table entries that move ``count`` keys off their natural partition."""
+    return {key: (spark_partition(key, P) + 1) % P for key in keys[:count]}
+
+
+@pytest.mark.integration
+def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
+    spark, broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=4_000, seed=5)
+    assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
+    truth = expected_counts(spec)
+    by_count = truth.sort_values("count", ascending=False, kind="mergesort")
+    a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
+    b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
+    hot_a, hot_b = a_keys[0], b_keys[0]
+    config = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={
+            "A": OperatorRouting(
+                parallelism=P, table=_natural_elsewhere(a_keys[1:], 8), hot_keys={hot_a: (0, 1, 3)}
+            ),
+            "B": OperatorRouting(
+                parallelism=P, table=_natural_elsewhere(b_keys[1:], 4), hot_keys={hot_b: (1, 2, 3)}
+            ),
+        },
+    )
+    save(config, tmp_path / "routing")
+    settings = _settings(broker, topic_name, tmp_path, routing_store=tmp_path / "routing")
+    _run_to_end(spark, settings)
+
+    partials = read_partials(settings.output)
+    assert partials["batch"].nunique() >= 4, "several batches: partials merge across batches"
+    for stage, key in (("A", hot_a), ("B", hot_b)):
+        assert (
+            partials.loc[(partials["stage"] == stage) & (partials["key"] == key), "batch"].nunique()
+            >= 2
+        )
+    # Each routed key's state lives on exactly one instance, the one its hash selects.
+    tables = {stage: routed_key_table(config.operators[stage]) for stage in ("A", "B")}
+    placements = partials.groupby(["stage", "routed_key"], as_index=False)["instance"].agg(set)
+    for stage, routed, instances in placements.itertuples(index=False):
+        assert instances == {tables[stage].instance_of(routed)}, (stage, routed, instances)
+
+    for stage in ("A", "B"):
+        routing = config.operators[stage]
+        table = routed_key_table(routing)
+        rows = partials[partials["stage"] == stage]
+        observed = rows.groupby("key")["instance"].agg(set)
+        routed_keys = rows.groupby("key")["routed_key"].agg(set)
+        # (a) every tabled key is observed on its configured instance only
+        for key, instance in routing.table.items():
+            assert observed[key] == {instance}, (stage, key, observed[key], instance)
+            assert spark_partition(key, P) != instance, "the table really moves the key"
+        # (b) the hot key's partials are observed on exactly its three instances
+        for key, instances in routing.hot_keys.items():
+            assert observed[key] == set(instances), (stage, key, observed[key])
+            assert routed_keys[key] == set(table.route(key))
+        # (c) every other key keeps its natural hash partition, grouped by itself
+        special = set(routing.table) | set(routing.hot_keys)
+        plain = [key for key in observed.index if key not in special]
+        assert len(plain) >= 5
+        for key in plain:
+            assert observed[key] == {spark_partition(key, P)}, (stage, key)
+            assert routed_keys[key] == {key}
+
+    # (d) merging the partials gives every key's exact count
+    report = compare_counts(truth, read_output(settings.output))
+    assert report.expected_events == spec.n_events
+    assert report.exact, report
+
+
+@pytest.mark.integration
+def test_without_routing_the_job_keeps_its_plain_output(
+    spark, broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    """No configuration: plain keys, the same ``stage, key, count`` files as before."""
+    spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=2_000, seed=6)
+    assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
+    settings = _settings(broker, topic_name, tmp_path)
+    _run_to_end(spark, settings)
+
+    batch_files = sorted(settings.output.glob("batch-*.parquet"))
+    assert batch_files
+    assert all(list(pd.read_parquet(f).columns) == ["stage", "key", "count"] for f in batch_files)
+    report = compare_counts(expected_counts(spec), read_output(settings.output))
+    assert report.expected_events == spec.n_events
+    assert report.exact, report
