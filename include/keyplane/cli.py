@@ -10,11 +10,14 @@ import argparse
 import sys
 import typing
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from tqdm import tqdm
 
+from keyplane import config as config_store
+from keyplane.config_report import render_config, render_diff
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, EmbeddedBroker
 from keyplane.kafka.producer import produce_workload
@@ -128,6 +131,46 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if result.report.exact else 1
 
 
+def _config_store(settings: Settings, args: argparse.Namespace) -> tuple[Path, list[int]]:
+    """The store to read and its versions, refusing an empty store up front: "no
+    version 3" would send the user looking for a version when none was ever published."""
+    store: Path = args.store or settings.config_store
+    versions = config_store.stored_versions(store)
+    if not versions:
+        raise CliError(f"no configuration stored in {store}; publish one first")
+    return store, versions
+
+
+def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
+    store, versions = _config_store(settings, args)
+    if args.action == "show":
+        version = args.version or versions[-1]
+        shown = config_store.load(store, version)
+        print(render_config(shown, config_store.checksum(store, version)))
+        return 0
+    old = config_store.load(store, args.a)
+    new = config_store.load(store, args.b)
+    if set(old.operators) != set(new.operators):
+        raise CliError(
+            f"versions {args.a} and {args.b} route different operators "
+            f"({', '.join(old.operators)} vs {', '.join(new.operators)}); "
+            "diff two versions of the same pipeline"
+        )
+    print(render_diff(old, new))
+    return 0
+
+
+def _config_error_line(error: config_store.ConfigStoreError) -> str:
+    """The store's message plus what to do about it, on one line."""
+    if isinstance(error, config_store.UnknownVersionError):
+        fix = "pass one of the stored versions"
+    elif isinstance(error, config_store.ChecksumMismatchError):
+        fix = "restore the file from a backup or publish a new version"
+    else:
+        fix = "check the store directory or publish a new version"
+    return f"keyplane: {error}; {fix}".replace("\n", " ")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keyplane",
@@ -179,7 +222,36 @@ def build_parser() -> argparse.ArgumentParser:
                     help="events per micro-batch at most (default: 20000)",
                 )
         cmd.set_defaults(func=func)
+
+    configs = sub.add_parser("config", help="show a stored routing configuration or diff two")
+    actions = configs.add_subparsers(dest="action", required=True, metavar="ACTION")
+    store_help = "configuration store (default: KEYPLANE_HOME/configs)"
+    show = actions.add_parser(
+        "show", help="a version's lineage, checksum, tables and hot keys per operator"
+    )
+    show.add_argument(
+        "version", nargs="?", type=_version, help="version to show (default: the latest)"
+    )
+    show.add_argument("--store", type=Path, help=store_help)
+    diff = actions.add_parser(
+        "diff", help="the keys, hot keys and state transfers that going from A to B moves"
+    )
+    diff.add_argument("a", metavar="A", type=_version, help="the version replaced")
+    diff.add_argument("b", metavar="B", type=_version, help="the version replacing it")
+    diff.add_argument("--store", type=Path, help=store_help)
+    configs.set_defaults(func=cmd_config)
     return parser
+
+
+def _version(text: str) -> int:
+    """A version number as stored: an integer from 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version (an integer from 1)")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keyplane: invalid {where}: {first['msg']}", file=sys.stderr)
     except (BrokerError, TopicError, CliError) as exc:
         print(f"keyplane: {exc}", file=sys.stderr)
+    except config_store.ConfigStoreError as exc:
+        print(_config_error_line(exc), file=sys.stderr)
     except KeyboardInterrupt:
         print("keyplane: interrupted", file=sys.stderr)
         return 130

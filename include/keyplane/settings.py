@@ -37,6 +37,12 @@ class Settings(BaseSettings):
     )
     spark_master: str = "local[2]"
 
+    @property
+    def config_store(self) -> Path:
+        """The versioned configuration store: derived from ``home`` so that one
+        variable moves all of keyplane's state together."""
+        return self.home / "configs"
+
     def resolved_bootstrap_servers(self) -> str:
         """The configured servers, else the embedded broker's loopback address."""
         return self.bootstrap_servers or f"127.0.0.1:{self.broker_port}"
