@@ -15,12 +15,12 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import produce_workload
+from keyplane.spark.counts_job import PROGRESS_PREFIX, CountsJobSettings, job_command
 from keyplane.testing import free_port
 from keyplane.workloads import GeoTagsWorkload
 
@@ -30,18 +30,22 @@ PIPELINES = ("count-by-first-key", "two-stage")
 def run_job(
     bootstrap: str, topic: str, tmp: Path, pipeline: str, batch: int, total: int
 ) -> list[dict]:  # type: ignore[type-arg]
-    cmd = [
-        sys.executable, "-m", "keyplane.spark.counts_job",
-        "--bootstrap-servers", bootstrap, "--events-topic", topic,
-        "--checkpoint", str(tmp / f"ck-{pipeline}"), "--output", str(tmp / f"out-{pipeline}"),
-        "--max-offsets-per-trigger", str(batch), "--stop-at-offset-total", str(total),
-        "--pipeline", pipeline,
-    ]  # fmt: skip
+    cmd = job_command(
+        CountsJobSettings(
+            bootstrap_servers=bootstrap,
+            events_topic=topic,
+            checkpoint=tmp / f"ck-{pipeline}",
+            output=tmp / f"out-{pipeline}",
+            max_offsets_per_trigger=batch,
+            stop_at_offset_total=total,
+            pipeline=pipeline,
+        )
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return [
-        json.loads(line[len("progress ") :])
+        json.loads(line[len(PROGRESS_PREFIX) :])
         for line in out.splitlines()
-        if line.startswith("progress ")
+        if line.startswith(PROGRESS_PREFIX)
     ]
 
 

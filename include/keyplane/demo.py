@@ -28,7 +28,13 @@ from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import produce_workload
 from keyplane.settings import Settings
-from keyplane.spark.counts_job import PROGRESS_PREFIX, BatchProgress, read_output
+from keyplane.spark.counts_job import (
+    PROGRESS_PREFIX,
+    BatchProgress,
+    CountsJobSettings,
+    job_command,
+    read_output,
+)
 from keyplane.verification import CountReport, compare_counts, expected_counts
 from keyplane.workloads import WorkloadSpec
 
@@ -41,28 +47,6 @@ class DemoResult:
     batches: list[BatchProgress]
     report: CountReport
     wall_s: float
-
-
-def _job_command(
-    bootstrap: str, topic: str, run_dir: Path, max_offsets: int, total: int
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "keyplane.spark.counts_job",
-        "--bootstrap-servers",
-        bootstrap,
-        "--events-topic",
-        topic,
-        "--checkpoint",
-        str(run_dir / "checkpoint"),
-        "--output",
-        str(run_dir / "output"),
-        "--max-offsets-per-trigger",
-        str(max_offsets),
-        "--stop-at-offset-total",
-        str(total),
-    ]
 
 
 def run_demo(
@@ -91,7 +75,16 @@ def run_demo(
         echo(f"workload {spec.kind}: {spec.n_events:,} events, seed {spec.seed}")
         log_path = run_dir / "job.log"
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        cmd = _job_command(bootstrap, topic, run_dir, max_offsets_per_trigger, spec.n_events)
+        cmd = job_command(
+            CountsJobSettings(
+                bootstrap_servers=bootstrap,
+                events_topic=topic,
+                checkpoint=run_dir / "checkpoint",
+                output=run_dir / "output",
+                max_offsets_per_trigger=max_offsets_per_trigger,
+                stop_at_offset_total=spec.n_events,
+            )
+        )
         with log_path.open("w") as log:
             job = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, bufsize=1

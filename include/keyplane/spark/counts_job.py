@@ -236,6 +236,19 @@ def start_counts_query(
     )
 
 
+def job_command(settings: CountsJobSettings) -> list[str]:
+    """The command line that runs this job with ``settings`` in a new process.
+
+    Only the fields set explicitly become flags, so the child's defaults (for
+    example ``KEYPLANE_KAFKA_SOURCE``) apply to the rest; :func:`main` parses
+    the flags back into the same settings.
+    """
+    cmd = [sys.executable, "-m", "keyplane.spark.counts_job"]
+    for name, value in settings.model_dump(exclude_unset=True).items():
+        cmd += ["--" + name.replace("_", "-"), str(value)]
+    return cmd
+
+
 def run_counts_job(
     settings: CountsJobSettings,
     on_progress: Callable[[BatchProgress], None] | None = None,
@@ -296,7 +309,8 @@ def _print_progress(p: BatchProgress) -> None:
     sys.stdout.flush()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
+    """The job's settings from its command line (the inverse of :func:`job_command`)."""
     parser = argparse.ArgumentParser(
         prog="running_counts", description="Run keyplane's reference two-stage counting job."
     )
@@ -325,8 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--routing-version", type=int, help="default: the latest stored version")
     args = parser.parse_args(argv)
-    settings = CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
-    run_counts_job(settings, on_progress=_print_progress)
+    return CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_counts_job(parse_settings(argv), on_progress=_print_progress)
     return 0
 
 

@@ -116,8 +116,10 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         marks = self._marks()
-        earliest = self._earliest()
-        # Partitions unknown to ``start`` (new topic partitions) begin at their earliest offset.
+        # Partitions unknown to ``start`` (new topic partitions) begin at their
+        # earliest offset; asked of the broker only when there are any.
+        known = all(p in start.get(t, {}) for t, parts in marks.items() for p in parts)
+        earliest = {} if known else self._earliest()
         base = {t: {**earliest.get(t, {}), **start.get(t, {})} for t in marks}
         if isinstance(limit, ReadMaxRows):
             return cap_offsets(base, marks, limit.max_rows)

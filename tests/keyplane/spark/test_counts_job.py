@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from keyplane.spark.counts_job import progress_of
+from keyplane.spark.counts_job import CountsJobSettings, job_command, parse_settings, progress_of
 
 
 def _progress(end: object, latest: object) -> dict[str, object]:
@@ -29,3 +30,23 @@ def test_null_latest_offset_after_restart_counts_as_no_lag() -> None:
     assert (p.committed, p.lag) == (5, 0)
     p = progress_of(_progress(json.dumps({"t": {"0": 5}}), "null"))
     assert (p.committed, p.lag) == (5, 0)
+
+
+def test_job_command_round_trips_through_the_job_parser() -> None:
+    settings = CountsJobSettings(
+        bootstrap_servers="127.0.0.1:1",
+        events_topic="ev",
+        checkpoint=Path("/ck"),
+        output=Path("/out"),
+        pipeline="count-by-first-key",
+        max_offsets_per_trigger=100,
+        trigger_interval="0 seconds",
+        stop_at_offset_total=5,
+    )
+    cmd = job_command(settings)
+    assert cmd[1:3] == ["-m", "keyplane.spark.counts_job"]
+    # ``source`` is left to the child's environment (KEYPLANE_KAFKA_SOURCE).
+    assert parse_settings(cmd[3:]).model_dump(exclude={"source"}) == settings.model_dump(
+        exclude={"source"}
+    )
+    assert "--master" not in cmd  # unset fields keep the child's defaults

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from keyplane.kafka.producer import produce_workload
-from keyplane.spark.counts_job import read_output
+from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -28,27 +27,18 @@ N_EVENTS = 1_000_000
 
 
 def _job(broker: str, topic: str, tmp: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "keyplane.spark.counts_job",
-        "--bootstrap-servers",
-        broker,
-        "--events-topic",
-        topic,
-        "--checkpoint",
-        str(tmp / "checkpoint"),
-        "--output",
-        str(tmp / "output"),
-        "--pipeline",
-        "count-by-first-key",
-        "--max-offsets-per-trigger",
-        "100000",
-        "--trigger-interval",
-        "0 seconds",
-        "--stop-at-offset-total",
-        str(N_EVENTS),
-    ]
+    cmd = job_command(
+        CountsJobSettings(
+            bootstrap_servers=broker,
+            events_topic=topic,
+            checkpoint=tmp / "checkpoint",
+            output=tmp / "output",
+            pipeline="count-by-first-key",
+            max_offsets_per_trigger=100_000,
+            trigger_interval="0 seconds",
+            stop_at_offset_total=N_EVENTS,
+        )
+    )
     with log.open("ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
