@@ -17,6 +17,8 @@ from keyplane.testing import free_port
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Control messages are signed (keyplane.signing); tests sign with a throwaway key.
+os.environ.setdefault("KEYPLANE_CONTROL_KEY", "keyplane-tests-only")
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,17 @@ class Settings(BaseSettings):
     broker_port: int = Field(default=19092, ge=1, le=65535)
     events_topic: str = "keyplane.events"
     results_topic: str = "keyplane.results"
+    control_topic: str = Field(
+        default="keyplane.control",
+        description="Protocol messages between the controller and the job (one partition).",
+    )
+    migration_topic: str = Field(
+        default="keyplane.migration",
+        description="State in transit between a moved key's old and new instances.",
+    )
+    metrics_topic: str = Field(
+        default="keyplane.metrics", description="One record per micro-batch of the routed job."
+    )
     kafka_source: Literal["python", "jvm"] = Field(
         default="python",
         description="'python': keyplane's Python Data Source; 'jvm': Spark's own Kafka "

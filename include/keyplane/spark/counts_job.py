@@ -11,12 +11,17 @@ each micro-batch's updated counts
 A restarted job resumes from its checkpoint: source offsets and both stages'
 state come back together, so every event is counted exactly once.
 
-With a routing configuration (``routing_store``, optionally
-``routing_version``; or a :class:`~keyplane.config.RoutingConfig` passed to
-:func:`start_counts_query`), both stages group by routed keys (paper 000
-§3.3, paper 001 §4.1.2) and each batch file holds partial counts
+With a configuration store (``routing_store``), the job is the *routed*
+job: both stages group by routed keys (paper 000 §3.3, paper 001 §4.1.2),
+starting on ``routing_version`` (default: the newest stored; an empty store
+gets an all-hash-fallback v1), and it takes new versions live from the
+control topic, moving state through the migration topic
+(:mod:`keyplane.spark.routed_source`, :mod:`keyplane.spark.routed_counts`,
+:mod:`keyplane.spark.routed_sink`). Each batch file then holds partial counts
 ``stage, key, routed_key, instance, count``; :func:`read_output` merges them
 (:mod:`keyplane.partials`), so its answer keeps the same shape either way.
+Every routed batch also publishes a :class:`~keyplane.batchmetrics.BatchMetrics`
+record to the metrics topic.
 """
 
 from __future__ import annotations
@@ -35,22 +40,20 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from keyplane import config as config_store
-from keyplane.config import RoutingConfig
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.kafka.admin import ensure_topic
 from keyplane.partials import merge_partials
 from keyplane.settings import Settings
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
-from keyplane.spark.routing import routed_stages
-from keyplane.spark.running_counts import (
-    latest_counts,
-    latest_partials,
-    parse_events,
-    routed_running_counts,
-    running_counts,
-)
+from keyplane.spark.routed_counts import routed_running_counts
+from keyplane.spark.routed_sink import RoutedBatchWriter
+from keyplane.spark.routed_source import OPERATORS, read_routed_events
+from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
 
 
@@ -86,8 +89,14 @@ class CountsJobSettings(BaseModel):
         "when set, both stages group by routed keys.",
     )
     routing_version: int | None = Field(
-        default=None, ge=1, description="Configuration version to use; default the latest."
+        default=None,
+        ge=1,
+        description="Configuration version a new checkpoint starts on; default the latest.",
     )
+    control_topic: str = "keyplane.control"
+    migration_topic: str = "keyplane.migration"
+    metrics_topic: str = "keyplane.metrics"
+    dead_letter_topic: str = "keyplane.dead-letter"
 
     @model_validator(mode="after")
     def _check_routing(self) -> CountsJobSettings:
@@ -95,6 +104,10 @@ class CountsJobSettings(BaseModel):
             raise ValueError("routing_version needs routing_store")
         if self.routing_store is not None and self.pipeline != "two-stage":
             raise ValueError("routing applies to the 'two-stage' pipeline only")
+        if self.routing_store is not None and self.source != "python":
+            raise ValueError(
+                "the routed job plans each batch in keyplane's own source; use source='python'"
+            )
         return self
 
 
@@ -120,6 +133,8 @@ def _offset_total(offsets: Any) -> int:
         offsets = json.loads(offsets)
     if not isinstance(offsets, dict):
         return 0
+    if isinstance(offsets.get("events"), dict):
+        offsets = offsets["events"]  # the routed source's offset
     return sum(int(o) for parts in offsets.values() for o in parts.values())
 
 
@@ -165,24 +180,34 @@ def read_output(output: Path) -> pd.DataFrame:
     return merge_partials(partials)[["stage", "key", "count"]]
 
 
-def load_routing(settings: CountsJobSettings) -> RoutingConfig | None:
-    """The routing configuration named by ``settings``, verified, or ``None``."""
-    if settings.routing_store is None:
-        return None
-    version = settings.routing_version or config_store.latest_version(settings.routing_store)
-    if version is None:
-        raise config_store.UnknownVersionError(
-            f"no routing configuration is stored in {settings.routing_store}"
-        )
-    return config_store.load(settings.routing_store, version)
+def initial_version(settings: CountsJobSettings) -> int:
+    """The version a new checkpoint of the routed job starts on.
+
+    The newest stored version unless ``routing_version`` names one; an empty
+    store first gets an initial, all-hash-fallback v1 for both operators, so
+    that the job can start before any statistics exist.
+    """
+    assert settings.routing_store is not None
+    if settings.routing_version is not None:
+        config_store.checksum(settings.routing_store, settings.routing_version)
+        return settings.routing_version
+    latest = config_store.latest_version(settings.routing_store)
+    if latest is not None:
+        return latest
+    n = settings.shuffle_partitions
+    initial = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={name: OperatorRouting(parallelism=n) for name in OPERATORS},
+    )
+    return config_store.save(initial, settings.routing_store).version
 
 
 def _batch_writer(settings: CountsJobSettings) -> Callable[[DataFrame, int], None]:
     settings.output.mkdir(parents=True, exist_ok=True)
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        routed = "routed_key" in batch.columns
-        updates = (latest_partials(batch) if routed else latest_counts(batch)).cache()
+        updates = latest_counts(batch).cache()
         pdf = updates.toPandas()
         tmp = settings.output / f".batch-{batch_id:08d}.parquet.tmp"
         pdf.to_parquet(tmp, index=False)
@@ -194,19 +219,14 @@ def _batch_writer(settings: CountsJobSettings) -> Callable[[DataFrame, int], Non
     return write
 
 
-def start_counts_query(
-    spark: SparkSession, settings: CountsJobSettings, routing: RoutingConfig | None = None
-) -> StreamingQuery:
+def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> StreamingQuery:
     """Start the counting query on ``spark``; the caller waits for and stops it.
 
-    ``routing`` (default: the one ``settings`` names) makes both stages group
-    by routed keys; each operator's parallelism must equal the session's
-    ``spark.sql.shuffle.partitions``.
+    With ``settings.routing_store`` this is the routed job, whose operators
+    have as many instances as the session's ``spark.sql.shuffle.partitions``.
     """
-    if routing is None:
-        routing = load_routing(settings)
-    if routing is not None and settings.pipeline != "two-stage":
-        raise ValueError("routing applies to the 'two-stage' pipeline only")
+    if settings.routing_store is not None:
+        return _start_routed_query(spark, settings)
     raw = read_kafka(
         spark,
         settings.bootstrap_servers,
@@ -215,9 +235,7 @@ def start_counts_query(
         implementation=settings.source,
     )
     events = parse_events(raw)
-    if routing is not None:
-        updates, mode = routed_running_counts(events, routed_stages(spark, routing)), "append"
-    elif settings.pipeline == "two-stage":
+    if settings.pipeline == "two-stage":
         updates, mode = running_counts(events), "append"
     else:
         updates = (
@@ -226,13 +244,82 @@ def start_counts_query(
             .select(F.lit("A").alias("stage"), F.col("a").alias("key"), "count")
         )
         mode = "update"
+    return _start(
+        updates.writeStream.outputMode(mode).foreachBatch(_batch_writer(settings)), settings
+    )
+
+
+def _start(writer: DataStreamWriter, settings: CountsJobSettings) -> StreamingQuery:
     return (
-        updates.writeStream.outputMode(mode)
-        .foreachBatch(_batch_writer(settings))
-        .option("checkpointLocation", str(settings.checkpoint))
+        writer.option("checkpointLocation", str(settings.checkpoint))
         .trigger(processingTime=settings.trigger_interval)
         .queryName("keyplane_running_counts")
         .start()
+    )
+
+
+def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> StreamingQuery:
+    assert settings.routing_store is not None
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
+    bootstrap = settings.bootstrap_servers
+    ensure_topic(bootstrap, settings.control_topic, 1)
+    for topic in (settings.migration_topic, settings.metrics_topic, settings.dead_letter_topic):
+        ensure_topic(bootstrap, topic, 1)
+    store = settings.routing_store.resolve()
+    inputs = read_routed_events(
+        spark,
+        bootstrap,
+        events_topic=settings.events_topic,
+        control_topic=settings.control_topic,
+        migration_topic=settings.migration_topic,
+        store=store,
+        state_partitions=partitions,
+        initial_version=initial_version(settings),
+        max_offsets_per_trigger=settings.max_offsets_per_trigger,
+    ).withWatermark("ts", "1 minute")
+    writer = RoutedBatchWriter(
+        output=settings.output,
+        bootstrap_servers=bootstrap,
+        migration_topic=settings.migration_topic,
+        dead_letter_topic=settings.dead_letter_topic,
+        parallelism=partitions,
+        results_topic=settings.results_topic,
+    )
+    updates = routed_running_counts(inputs, str(store), partitions)
+    query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
+    _WRITERS[query.id] = writer
+    return query
+
+
+_WRITERS: dict[Any, RoutedBatchWriter] = {}
+"""The routed sink of each running query, so the driver loop can publish its metrics."""
+
+
+def batch_metrics(query: StreamingQuery, raw_progress: dict[str, Any]) -> BatchMetrics | None:
+    """The metrics record of the batch ``raw_progress`` reports, if the query is routed.
+
+    Adds the progress figures (rows, rate, duration, lag) and the routing the
+    batch was planned with (from the source's end offset) to what the sink
+    measured.
+    """
+    writer = _WRITERS.get(query.id)
+    if writer is None:
+        return None
+    progress = progress_of(raw_progress)
+    measured = writer.metrics.pop(progress.batch_id, None)
+    if measured is None:
+        return None
+    end = raw_progress["sources"][0].get("endOffset") if raw_progress.get("sources") else None
+    offset = json.loads(end) if isinstance(end, str) else (end or {})
+    return measured.model_copy(
+        update={
+            "plan": offset.get("plan"),
+            "versions": offset.get("routing", {}),
+            "rows": progress.rows,
+            "rows_per_s": progress.rows_per_s,
+            "duration_ms": progress.duration_ms,
+            "input_lag": progress.lag,
+        }
     )
 
 
@@ -250,19 +337,21 @@ def job_command(settings: CountsJobSettings) -> list[str]:
 
 
 def run_counts_job(
-    settings: CountsJobSettings,
-    on_progress: Callable[[BatchProgress], None] | None = None,
-    routing: RoutingConfig | None = None,
+    settings: CountsJobSettings, on_progress: Callable[[BatchProgress], None] | None = None
 ) -> list[BatchProgress]:
-    """Run until a stop condition holds (or forever when none is set)."""
+    """Run until a stop condition holds (or forever when none is set).
+
+    A routed job also publishes each batch's metrics to the metrics topic.
+    """
     spark = build_session(
         "keyplane-running-counts", settings.master, shuffle_partitions=settings.shuffle_partitions
     )
     try:
-        query = start_counts_query(spark, settings, routing)
+        query = start_counts_query(spark, settings)
     except BaseException:
         spark.stop()
         raise
+    publisher = MetricsPublisher(settings.bootstrap_servers, settings.metrics_topic)
     seen: set[int] = set()
     history: list[BatchProgress] = []
     idle_since = time.monotonic()
@@ -271,6 +360,8 @@ def run_counts_job(
             time.sleep(0.5)
             for raw_progress in query.recentProgress:
                 progress = progress_of(raw_progress)
+                if progress.batch_id not in seen:
+                    publisher.publish(batch_metrics(query, raw_progress))
                 if progress.batch_id in seen or (progress.rows == 0 and progress.lag == 0):
                     if progress.batch_id not in seen:
                         seen.add(progress.batch_id)
@@ -297,8 +388,37 @@ def run_counts_job(
             raise RuntimeError(f"streaming query failed: {query.exception()}")
     finally:
         query.stop()
+        publisher.close()
+        _WRITERS.pop(query.id, None)
         spark.stop()
     return history
+
+
+class MetricsPublisher:
+    """Sends :class:`BatchMetrics` records to the metrics topic, one producer for the run."""
+
+    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self._producer: Any = None
+
+    def publish(self, metrics: BatchMetrics | None) -> None:
+        if metrics is None:
+            return
+        if self._producer is None:
+            from keyplane.kafka.producer import make_producer
+
+            self._producer = make_producer(self.bootstrap_servers)
+        self._producer.send(
+            self.topic,
+            key=str(metrics.batch_id).encode(),
+            value=metrics.model_dump_json().encode(),
+        )
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush()
+            self._producer.close(timeout=10)
 
 
 PROGRESS_PREFIX = "progress "
@@ -337,7 +457,11 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         type=Path,
         help="directory of stored routing configurations; group both stages by routed keys",
     )
-    parser.add_argument("--routing-version", type=int, help="default: the latest stored version")
+    parser.add_argument(
+        "--routing-version", type=int, help="version a new checkpoint starts on (default: latest)"
+    )
+    for topic in ("control", "migration", "metrics", "dead-letter"):
+        parser.add_argument(f"--{topic}-topic", help=f"the routed job's {topic} topic")
     args = parser.parse_args(argv)
     return CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
 

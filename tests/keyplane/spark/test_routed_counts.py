@@ -26,7 +26,7 @@ from keyplane.spark.counts_job import (
     read_partials,
     start_counts_query,
 )
-from keyplane.spark.routing import route_mapping, routed_key_table, with_routed_key
+from keyplane.handoff import routed_key_table
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -74,42 +74,6 @@ def test_merge_partials_sums_each_routed_keys_latest_partial_pure() -> None:
     ]
 
 
-@pytest.mark.integration
-def test_with_routed_key_agrees_with_routed_key_table(spark) -> None:
-    """The native expression picks the table's routed keys, including the salted fallback."""
-    separator_keys = [f"k{i}#{i % 7}" for i in range(60)] + ["#", "a#", "a#b#07", "é#z", "##"]
-    routing = OperatorRouting(
-        parallelism=P,
-        table={"t1": 0, "t2": 3, "x#1": 2},
-        hot_keys={"hot": (0, 1, 3)},
-    )
-    table = routed_key_table(routing)
-    keys = ["t1", "t2", "x#1", "hot", "plain", "42", *separator_keys]
-    rows = spark.createDataFrame(
-        [(seq, key) for seq in range(30) for key in keys], "seq LONG, a STRING"
-    )
-    routed = with_routed_key(rows, "a", route_mapping(spark, routing, version=1), "ra")
-    observed = routed.withColumn("partition", F.pmod(F.hash("ra"), F.lit(P))).toPandas()
-
-    for key, grouping, partition in observed[["a", "ra", "partition"]].itertuples(index=False):
-        assert grouping in table.route(key), (key, grouping)
-        assert partition == table.instance_of(grouping), (key, grouping, partition)
-    by_key = observed.groupby("a")["ra"].agg(set)
-    assert by_key["hot"] == set(table.route("hot"))
-    for key in keys:
-        if key != "hot":
-            assert by_key[key] == set(table.route(key)), key
-    fallback_salts = {split for key in separator_keys for split in table.route(key)}
-    assert any(not salted.endswith("#0") for salted in fallback_salts), "exercise salt search"
-    for key in separator_keys:
-        assert {spark_partition(r, P) for r in by_key[key]} == {spark_partition(key, P)}
-    # The split is a function of the row: evaluating again routes every row the same way.
-    again = routed.toPandas()
-    assert again.sort_values(["seq", "a"])["ra"].tolist() == (
-        observed.sort_values(["seq", "a"])["ra"].tolist()
-    )
-
-
 def _run_to_end(spark, settings: CountsJobSettings) -> None:
     query = start_counts_query(spark, settings)
     try:
@@ -130,6 +94,10 @@ def _settings(
         max_offsets_per_trigger=1_000,
         trigger_interval="0 seconds",
         routing_store=routing_store,
+        control_topic=f"{topic}.control",
+        migration_topic=f"{topic}.migration",
+        metrics_topic=f"{topic}.metrics",
+        dead_letter_topic=f"{topic}.dead-letter",
     )
 
 

@@ -1,0 +1,164 @@
+"""State hand-off between routed keys: what moves where when a version changes.
+
+Paper 000 §3.4 moves the state of every key whose location changes from its
+old instance to its new one. On Spark a location is a *routed key*
+(:mod:`keyplane.routedkeys`): the grouping value whose hash lands on the
+instance, and the state store keeps one state per grouping value. So a hand-off
+is a list of :class:`StateMove` — "the state of routed key ``source`` goes to
+routed key ``target``" — computed here from two stored configurations.
+
+Which instance sends to which comes from :func:`keyplane.migration.plan_migration`
+(an instance of the old location that is also in the new one keeps its state;
+every other one sends round robin over the new location); this module only
+names those instances by their routed keys. A split (1 → d) moves the whole
+state to one of the d routed keys and the others start empty; a merge (d → 1)
+sends every partial to the single new routed key, which adds them up (paper 001
+§4.1.2: the partial states of a hot key combine).
+
+The hand-off itself runs in the job (:mod:`keyplane.spark.routed_counts`):
+in the *switch* batch the old group processes its last tuples, then emits its
+state and clears it; the state travels through the migration topic; in the
+next batch the new group installs it before it processes any tuple. Installs
+are idempotent: every move carries the plan id of its switch batch (its
+``marker``), and a group that has installed a marker ignores that marker again.
+
+Everything here is pure Python: no Spark, no Kafka.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from keyplane import config as config_store
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.migration import location, plan_migration
+from keyplane.routedkeys import RoutedKeyTable, spark_partition
+
+
+@dataclass(frozen=True)
+class StateMove:
+    """The state of ``key`` held under routed key ``source`` goes to routed key ``target``."""
+
+    operator: str
+    key: str
+    source: str
+    target: str
+
+
+def routed_key_table(routing: OperatorRouting) -> RoutedKeyTable:
+    """The salted grouping values of one operator's table and hot keys."""
+    return RoutedKeyTable(
+        n_instances=routing.parallelism,
+        routing=routing.table,
+        hot_keys={key: list(instances) for key, instances in routing.hot_keys.items()},
+    )
+
+
+def operator_routing(config: RoutingConfig, operator: str, parallelism: int) -> OperatorRouting:
+    """``operator``'s routing in ``config``; an operator it leaves out takes the hash fallback."""
+    return config.operators.get(operator, OperatorRouting(parallelism=parallelism))
+
+
+def pick_route(routes: Sequence[str], token: str) -> str:
+    """One of a key's routed keys, chosen by a stable hash of ``token``.
+
+    A hot key's tuples spread over its d routed keys (001 §4.1.2). FISH picks
+    the least loaded worker, but that choice depends on timing, and a
+    micro-batch replayed after a crash must route every tuple as it did the
+    first time, or a tuple could be counted by two partials. A hash of fields
+    fixed for the tuple (its ``seq``; for stage B the upstream routed key and
+    the key) is deterministic and still spreads evenly. ``zlib.crc32`` rather
+    than ``hash()``, which is salted per process.
+    """
+    if len(routes) == 1:
+        return routes[0]
+    return routes[zlib.crc32(token.encode()) % len(routes)]
+
+
+def state_moves(
+    old: RoutingConfig,
+    new: RoutingConfig,
+    operator: str,
+    parallelism: int,
+    *,
+    old_table: RoutedKeyTable | None = None,
+    new_table: RoutedKeyTable | None = None,
+) -> tuple[StateMove, ...]:
+    """The routed-key hand-offs that take ``operator`` from ``old`` to ``new`` (000 §3.4).
+
+    ``parallelism`` is the query's number of state partitions; both versions
+    must route the operator over exactly that many instances, because Spark
+    fixes the state partitions for the life of a checkpoint.
+    """
+    before = operator_routing(old, operator, parallelism)
+    after = operator_routing(new, operator, parallelism)
+    for version, routing in ((old.version, before), (new.version, after)):
+        if routing.parallelism != parallelism:
+            raise ValueError(
+                f"v{version} routes {operator} over {routing.parallelism} instances, but the "
+                f"query has {parallelism} state partitions"
+            )
+    migration = plan_migration(
+        old.model_copy(update={"operators": {operator: before}}),
+        new.model_copy(update={"operators": {operator: after}}),
+        spark_partition,
+    ).operator(operator)
+    old_table = old_table or routed_key_table(before)
+    new_table = new_table or routed_key_table(after)
+    moves = []
+    for transfer in migration.transfers:
+        old_place = location(before, transfer.key, spark_partition)
+        new_place = location(after, transfer.key, spark_partition)
+        source = old_table.route(transfer.key)[old_place.index(transfer.source)]
+        target = new_table.route(transfer.key)[new_place.index(transfer.target)]
+        moves.append(StateMove(operator, transfer.key, source, target))
+    return tuple(moves)
+
+
+class VersionedTables:
+    """Routed-key tables of stored versions, loaded once per process.
+
+    The job's Python workers route tuples by the version their micro-batch
+    was planned with; they read that version from the configuration store
+    (verifying its checksum, :func:`keyplane.config.load`) the first time
+    they need it and keep the tables for the next batches.
+    """
+
+    def __init__(self, store: Path | str, parallelism: int) -> None:
+        self.store = Path(store)
+        self.parallelism = parallelism
+        self._configs: dict[int, RoutingConfig] = {}
+        self._tables: dict[tuple[int, str], RoutedKeyTable] = {}
+
+    def config(self, version: int) -> RoutingConfig:
+        found = self._configs.get(version)
+        if found is None:
+            found = config_store.load(self.store, version)
+            self._configs[version] = found
+        return found
+
+    def table(self, version: int, operator: str) -> RoutedKeyTable:
+        found = self._tables.get((version, operator))
+        if found is None:
+            routing = operator_routing(self.config(version), operator, self.parallelism)
+            if routing.parallelism != self.parallelism:
+                raise ValueError(
+                    f"v{version} routes {operator} over {routing.parallelism} instances, but "
+                    f"the query has {self.parallelism} state partitions"
+                )
+            found = routed_key_table(routing)
+            self._tables[(version, operator)] = found
+        return found
+
+    def moves(self, operator: str, from_version: int, to_version: int) -> tuple[StateMove, ...]:
+        return state_moves(
+            self.config(from_version),
+            self.config(to_version),
+            operator,
+            self.parallelism,
+            old_table=self.table(from_version, operator),
+            new_table=self.table(to_version, operator),
+        )

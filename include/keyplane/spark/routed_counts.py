@@ -1,0 +1,359 @@
+"""The reference job with live routing: both stages grouped by routed keys, state moved live.
+
+Same application as :mod:`keyplane.spark.running_counts` (paper 000 §4.1:
+stage A counts per field-1 key, stage B per field-2 key), but each stage
+groups by the *routed key* the running configuration gives the key
+(:mod:`keyplane.routedkeys`), so a routing table places keys on chosen
+instances (000 §3.3) and a hot key is split over several, each holding a
+partial count (001 §4.1.2). The input comes from
+:mod:`keyplane.spark.routed_source`, which plans every batch's routing and
+state moves on the driver.
+
+Every group handles its rows in the order of 000 §3.4, whatever order Spark
+delivers them in:
+
+1. ``install`` rows: add the moved-in state, once per (marker, source);
+   report each source routed key's partial as 0 from now on (a *tombstone*),
+   so the merge never counts a moved state twice;
+2. ``event`` rows: count them;
+3. an ``evict`` row: emit the state (``moved``) and clear it. The sink writes
+   moved states to the migration topic; the next batch installs them.
+
+Stage A routes each of its output rows to stage B itself, with the version
+the source planned for B (``vb``), because it is the last Python code on the
+way to B's grouping. Both stages report where they ran, read inside the
+operator from ``TaskContext``, so placement is observed, not assumed.
+
+Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
+
+* ``count`` — a routed key's partial count (``stage, key, routed_key,
+  instance, count``); a tombstone has ``count`` 0 and no instance;
+* ``moved`` — a state leaving ``routed_key`` for ``target`` (``marker``: the
+  switch batch's plan id);
+* ``hop`` — ``n`` tuples went from stage-A instance ``upstream`` (on
+  ``upstream_executor``) to stage-B instance ``instance`` (on ``executor``):
+  the traffic matrix, from which loads and locality follow;
+* ``pair`` — the heaviest (a, b) pairs a stage-B group saw (``detail`` = a);
+* ``invalid`` — a record that was not a valid event (``detail``: why).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from typing import Any
+
+import pandas as pd
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, Row
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
+
+from keyplane.handoff import pick_route
+from keyplane.spark.routed_source import CONTROL_PREFIX, control_group, tables_for
+
+ROUTED_STAGE_A_OUTPUT = (
+    "kind STRING, stage STRING, a STRING, ra STRING, ia INT, ea STRING, b STRING, rb STRING, "
+    "n LONG, count LONG, ts TIMESTAMP, source_rk STRING, target_rk STRING, marker LONG, "
+    "detail STRING"
+)
+ROUTED_OUTPUT_SCHEMA = (
+    "kind STRING, stage STRING, key STRING, routed_key STRING, instance INT, count LONG, "
+    "target STRING, marker LONG, upstream INT, n LONG, executor STRING, "
+    "upstream_executor STRING, detail STRING"
+)
+STATE_SCHEMA = "count LONG, marker LONG"
+TOP_PAIRS_PER_GROUP = 3
+
+
+def _task_partition() -> int:
+    """The partition (operator instance) the calling task processes."""
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("no TaskContext: stateful functions run inside Spark tasks")
+    return context.partitionId()
+
+
+def executor_id() -> str:
+    """This Python worker's executor, as ``host:daemon-pid``.
+
+    PySpark exposes no executor id to Python; every executor forks its Python
+    workers from one daemon, so the daemon's pid tells executors apart on one
+    host (``local-cluster``), and the host name across hosts.
+    """
+    return f"{socket.gethostname()}:{os.getppid()}"
+
+
+def take_installs(
+    installs: Iterable[tuple[str, int, int]], installed_marker: int
+) -> tuple[int, int, list[str]]:
+    """Apply moved-in states idempotently (000 §3.4).
+
+    ``installs`` are ``(source routed key, count, marker)``. A marker at or
+    below ``installed_marker`` was installed already (a replayed migration
+    record); within one marker each source counts once. Returns the count to
+    add, the new marker, and the sources now merged in (to tombstone).
+    """
+    added = 0
+    marker = installed_marker
+    sources: dict[str, int] = {}
+    for source, count, move_marker in installs:
+        if move_marker <= installed_marker or source in sources:
+            continue
+        sources[source] = count
+        added += count
+        marker = max(marker, move_marker)
+    return added, marker, sorted(sources)
+
+
+class RoutedCountByFirstKey(StatefulProcessor):
+    """Stage A: a partial count per routed key of field 1, with live hand-off.
+
+    ``store`` and ``parallelism`` locate the routing tables stage A needs to
+    route its output to stage B.
+    """
+
+    def __init__(self, store: str, parallelism: int) -> None:
+        self.store = store
+        self.parallelism = parallelism
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = handle.getValueState("state", STATE_SCHEMA)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
+        group: str = key[0]
+        if group.startswith(CONTROL_PREFIX):
+            yield from _forward_through_a(rows)
+            return
+        installs: list[Row] = []
+        events: list[Row] = []
+        evicts: list[Row] = []
+        for row in rows:
+            {"install": installs, "event": events, "evict": evicts}[row.kind].append(row)
+        stored = self.state.get() if self.state.exists() else None
+        count, marker = (int(stored[0]), int(stored[1])) if stored else (0, -1)
+        added, marker, sources = take_installs(
+            ((r.source_rk, int(r["count"]), r.marker) for r in installs), marker
+        )
+        count += added
+        key_a = (installs or events or evicts)[0].a
+        instance, executor = _task_partition(), executor_id()
+        for source in sources:
+            yield _a_report("report", key_a, source, count=0)
+        if installs and not events:
+            yield _a_report("report", key_a, group, count=count, instance=instance)
+        if events:
+            weights: dict[tuple[str, int], int] = {}
+            latest = None
+            for row in events:
+                weights[(row.b, row.vb)] = weights.get((row.b, row.vb), 0) + 1
+                latest = row.ts if latest is None or row.ts > latest else latest
+            count += len(events)
+            tables = tables_for(self.store, self.parallelism)
+            for (b, vb), n in weights.items():
+                rb = pick_route(tables.table(vb, "B").route(b), f"{group}\x00{b}")
+                yield Row(
+                    kind="event", stage="A", a=key_a, ra=group, ia=instance, ea=executor,
+                    b=b, rb=rb, n=n, count=count, ts=latest, source_rk=None, target_rk=None,
+                    marker=None, detail=None,
+                )  # fmt: skip
+        if evicts:
+            if count > 0:
+                yield _a_report(
+                    "moved", key_a, group, count=count,
+                    target=evicts[0].target_rk, marker=evicts[0].marker,
+                )  # fmt: skip
+            self.state.clear()
+        elif installs or events:
+            self.state.update((count, marker))
+
+    def close(self) -> None:
+        pass
+
+
+def _a_report(
+    kind: str,
+    key: str,
+    routed: str,
+    *,
+    count: int,
+    instance: int | None = None,
+    target: str | None = None,
+    marker: int | None = None,
+) -> Row:
+    """A stage-A ``report`` (a partial; 0 for a tombstone) or ``moved`` row for the sink.
+
+    It reaches the sink through stage B under a reserved grouping value.
+    """
+    return Row(
+        kind=kind, stage="A", a=key, ra=routed, ia=instance, ea=None, b=None,
+        rb=control_group("A", routed), n=None, count=count, ts=None, source_rk=None,
+        target_rk=target, marker=marker, detail=None,
+    )  # fmt: skip
+
+
+def _forward_through_a(rows: Iterable[Any]) -> Iterator[Row]:
+    """Rows for stage B and invalid records pass stage A unchanged (module docstring)."""
+    for row in rows:
+        rb = row.rb if row.rb is not None else row.ra
+        yield Row(
+            kind=row.kind, stage=row.stage, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b,
+            rb=rb, n=None, count=row["count"], ts=None, source_rk=row.source_rk,
+            target_rk=row.target_rk, marker=row.marker, detail=row.detail,
+        )  # fmt: skip
+
+
+_OUTPUT_COLUMNS = [field.split() for field in ROUTED_OUTPUT_SCHEMA.split(", ")]
+
+
+def _output(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows as a frame of :data:`ROUTED_OUTPUT_SCHEMA`.
+
+    String columns are built as ``object`` so that an all-null column stays
+    null; pandas would make it float NaN, which Arrow cannot cast to string.
+    """
+    return pd.DataFrame(
+        {
+            name: pd.Series(
+                [row.get(name) for row in rows], dtype=object if kind == "STRING" else None
+            )
+            for name, kind in _OUTPUT_COLUMNS
+        }
+    )
+
+
+def routed_count_by_second_key(
+    key: tuple[str], batches: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
+    """Stage B: a partial count per routed key of field 2, with live hand-off.
+
+    Also turns stage A's reports into output rows: the largest stage-A
+    partial per routed key seen in this group (stage A's counts only grow
+    within a batch), the traffic from each stage-A instance, and the group's
+    heaviest pairs.
+    """
+    group = key[0]
+    pdf = pd.concat(list(batches), ignore_index=True)
+    if group.startswith(CONTROL_PREFIX):
+        yield _output([_passed_through(row) for row in pdf.to_dict("records")])
+        return
+    kinds = pdf["kind"]
+    installs, events, evicts = (pdf[kinds == k] for k in ("install", "event", "evict"))
+    count, marker = (int(state.get[0]), int(state.get[1])) if state.exists else (0, -1)
+    added, marker, sources = take_installs(
+        zip(
+            installs["source_rk"].tolist(),
+            installs["count"].tolist(),
+            installs["marker"].tolist(),
+            strict=True,
+        ),
+        marker,
+    )
+    count += added
+    key_b = str(pdf["b"].iloc[0])
+    out: list[dict[str, Any]] = [
+        {"kind": "count", "stage": "B", "key": key_b, "routed_key": s, "count": 0} for s in sources
+    ]
+    instance, executor = _task_partition(), executor_id()
+    if len(events):
+        count += int(events["n"].sum())
+        out += _stage_a_partials(events)
+        out += _hops(events, instance, executor)
+        out += _top_pairs(events, key_b, instance)
+    if len(evicts):
+        if count > 0:
+            out.append(
+                {
+                    "kind": "moved", "stage": "B", "key": key_b, "routed_key": group,
+                    "count": count, "target": evicts["target_rk"].iloc[0],
+                    "marker": int(evicts["marker"].iloc[0]),
+                }
+            )  # fmt: skip
+        out.append(
+            {
+                "kind": "count", "stage": "B", "key": key_b, "routed_key": group,
+                "instance": instance, "count": count,
+            }
+        )  # fmt: skip
+        state.remove()
+    elif len(installs) or len(events):
+        out.append(
+            {
+                "kind": "count", "stage": "B", "key": key_b, "routed_key": group,
+                "instance": instance, "count": count,
+            }
+        )  # fmt: skip
+        state.update((count, marker))
+    yield _output(out)
+
+
+def _stage_a_partials(events: pd.DataFrame) -> list[dict[str, Any]]:
+    latest = events.sort_values("count").drop_duplicates("ra", keep="last")
+    return [
+        {
+            "kind": "count", "stage": "A", "key": a, "routed_key": ra, "instance": int(ia),
+            "count": int(c),
+        }
+        for a, ra, ia, c in zip(
+            latest["a"].tolist(), latest["ra"].tolist(), latest["ia"].tolist(),
+            latest["count"].tolist(), strict=True,
+        )
+    ]  # fmt: skip
+
+
+def _hops(events: pd.DataFrame, instance: int, executor: str) -> list[dict[str, Any]]:
+    traffic = events.groupby(["ia", "ea"], as_index=False)["n"].sum()
+    return [
+        {
+            "kind": "hop", "instance": instance, "executor": executor, "upstream": int(ia),
+            "upstream_executor": ea, "n": int(n),
+        }
+        for ia, ea, n in zip(
+            traffic["ia"].tolist(), traffic["ea"].tolist(), traffic["n"].tolist(), strict=True
+        )
+    ]  # fmt: skip
+
+
+def _top_pairs(events: pd.DataFrame, key_b: str, instance: int) -> list[dict[str, Any]]:
+    weights = events.groupby("a", as_index=False).agg(n=("n", "sum"))
+    pairs = weights.nlargest(TOP_PAIRS_PER_GROUP, "n")
+    return [
+        {"kind": "pair", "key": key_b, "detail": a, "instance": instance, "n": int(n)}
+        for a, n in zip(pairs["a"].tolist(), pairs["n"].tolist(), strict=True)
+    ]
+
+
+def _passed_through(row: Mapping[Hashable, Any]) -> dict[str, Any]:
+    """A stage-A report or an invalid record, as an output row."""
+    if row["kind"] == "invalid":
+        return {"kind": "invalid", "detail": row["detail"]}
+    common = {"stage": "A", "key": row["a"], "routed_key": row["ra"], "count": int(row["count"])}
+    if row["kind"] == "report":
+        instance = row["ia"]
+        return {"kind": "count", **common, "instance": None if pd.isna(instance) else int(instance)}
+    return {
+        "kind": "moved", **common, "target": row["target_rk"], "marker": int(row["marker"])
+    }  # fmt: skip
+
+
+def routed_running_counts(inputs: DataFrame, store: str, parallelism: int) -> DataFrame:
+    """Routed-source rows → both stages' outputs (:data:`ROUTED_OUTPUT_SCHEMA`).
+
+    ``inputs`` must carry a watermark on ``ts`` (stage A runs in event-time
+    mode so that a second stateful operator may follow it).
+    """
+    stage_a = inputs.groupBy("ra").transformWithState(
+        RoutedCountByFirstKey(store, parallelism),
+        ROUTED_STAGE_A_OUTPUT,
+        "Append",
+        "EventTime",
+        eventTimeColumnName="ts",
+    )
+    return stage_a.groupBy("rb").applyInPandasWithState(
+        routed_count_by_second_key,
+        ROUTED_OUTPUT_SCHEMA,
+        STATE_SCHEMA,
+        "append",
+        GroupStateTimeout.NoTimeout,
+    )

@@ -1,0 +1,133 @@
+"""Where each micro-batch of the routed job goes: counts, moved state, dead letters, metrics.
+
+One ``foreachBatch`` call collects the batch once (a second action would
+re-run the stateful plan) and splits it by ``kind``
+(:data:`keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`):
+
+* ``count`` rows: the latest partial per routed key and instance, to
+  ``<output>/batch-<id>.parquet`` (atomic rename, so a replay rewrites the same
+  file) and optionally the results topic;
+* ``moved`` rows: to the migration topic, flushed before the batch commits,
+  so the next batch's plan finds them (paper 000 §3.4's state transfer);
+* ``invalid`` rows: to the dead-letter topic with their reason;
+* ``hop`` and ``pair`` rows: the batch's :class:`~keyplane.batchmetrics.BatchMetrics`,
+  kept for the driver loop, which adds the progress figures and publishes them.
+
+A replayed batch sends its moved states again; installs are idempotent per
+(marker, source), so a duplicate changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame
+
+from keyplane.batchmetrics import BatchMetrics, traffic_metrics
+
+COUNT_COLUMNS = ["stage", "key", "routed_key", "instance", "count"]
+
+
+def latest_partials_of_batch(output: pd.DataFrame) -> pd.DataFrame:
+    """The largest partial per (stage, key, routed key, instance) in one batch.
+
+    A tombstone (the 0 a routed key reports once its state moved) has no
+    instance and is kept as such.
+    """
+    counts = output.loc[output["kind"] == "count", COUNT_COLUMNS]
+    latest = counts.groupby(["stage", "key", "routed_key", "instance"], dropna=False, sort=True)[
+        "count"
+    ].max()
+    frame = latest.reset_index()
+    frame["instance"] = frame["instance"].astype("Int32")
+    frame["count"] = frame["count"].astype("int64")
+    return frame
+
+
+def _send(bootstrap_servers: str, topic: str, records: Iterable[tuple[str, Any]]) -> int:
+    from keyplane.kafka.producer import make_producer
+
+    producer = make_producer(bootstrap_servers)
+    sent = 0
+    try:
+        for key, value in records:
+            producer.send(
+                topic,
+                key=key.encode(),
+                value=json.dumps(value, default=str, separators=(",", ":")).encode(),
+            )
+            sent += 1
+        producer.flush()
+    finally:
+        producer.close(timeout=10)
+    return sent
+
+
+class RoutedBatchWriter:
+    """The routed job's ``foreachBatch`` function (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        output: Path,
+        bootstrap_servers: str,
+        migration_topic: str,
+        dead_letter_topic: str,
+        parallelism: int,
+        results_topic: str | None = None,
+    ) -> None:
+        self.output = output
+        self.bootstrap_servers = bootstrap_servers
+        self.migration_topic = migration_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.results_topic = results_topic
+        self.parallelism = parallelism
+        self.metrics: dict[int, BatchMetrics] = {}
+        output.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        output = batch.toPandas()
+        partials = latest_partials_of_batch(output)
+        tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
+        partials.to_parquet(tmp, index=False)
+        moved = output[output["kind"] == "moved"]
+        if len(moved):
+            _send(
+                self.bootstrap_servers,
+                self.migration_topic,
+                (
+                    (
+                        str(row["target"]),
+                        {
+                            "operator": row["stage"],
+                            "key": row["key"],
+                            "source": row["routed_key"],
+                            "target": row["target"],
+                            "count": int(row["count"]),
+                            "marker": int(row["marker"]),
+                        },
+                    )
+                    for row in moved.to_dict("records")
+                ),
+            )
+        invalid = output[output["kind"] == "invalid"]
+        if len(invalid):
+            _send(
+                self.bootstrap_servers,
+                self.dead_letter_topic,
+                ((str(batch_id), json.loads(detail)) for detail in invalid["detail"].tolist()),
+            )
+        if self.results_topic and len(partials):
+            _send(
+                self.bootstrap_servers,
+                self.results_topic,
+                ((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
+            )
+        tmp.rename(self.output / f"batch-{batch_id:08d}.parquet")
+        self.metrics[batch_id] = traffic_metrics(
+            batch_id, output, {"A": self.parallelism, "B": self.parallelism}
+        )

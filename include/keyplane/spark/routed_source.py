@@ -1,0 +1,506 @@
+"""The routed job's source: events, routed by the version the driver planned, plus state moves.
+
+Why the source plans the batch. Structured Streaming fixes a query's plan when
+it starts; the only code that runs on the driver at *every* micro-batch
+boundary, before the batch is written to the checkpoint's offset log, is the
+sources' ``latestOffset``. So this source is where keyplane's driver side of
+the reconfiguration protocol lives (paper 000 §3.4): at each boundary it
+
+1. reads the new control messages (:class:`~keyplane.kafka.control.ControlChannel`)
+   and feeds them to the job's :class:`~keyplane.protocol.JobProtocol`;
+2. fixes the batch's routing with :meth:`JobProtocol.begin_batch`;
+3. publishes the protocol's replies (ACK, MIGRATED);
+4. returns an *offset* that holds everything the batch needs: the events
+   range, the control and migration topic positions, the protocol checkpoint,
+   the routing version of each operator and the hand-offs that switch in it.
+
+Spark writes that offset to its write-ahead log before running the batch, so
+a batch replayed after a crash gets the same offset back, and with it the same
+routing, the same evictions and the same installs: counts stay exact across
+driver restarts with no checkpoint of keyplane's own.
+
+What the batch reads (one input partition each), as rows of
+:data:`ROUTED_INPUT_SCHEMA` distinguished by ``kind``:
+
+* ``event`` — one per event, its stage-A routed key ``ra`` computed here from
+  the planned version (so no Python UDF and no join on the data path), and
+  ``vb``, the version stage A must use to route the tuple to stage B;
+* ``evict`` — for every state move of an operator switching in this batch:
+  "after your last tuples, hand your state to ``target_rk``";
+* ``install`` — the moved states that the previous batch wrote to the
+  migration topic: "add this state before your first tuple".
+* ``invalid`` — a record that is not a valid event, with the reason, so the
+  sink can dead-letter it and nothing is silently dropped.
+
+The switch batch routes its tuples with the *old* version, so the old group
+sees every tuple up to the switch before it hands over, and the new group
+gets its state in the same batch as its first tuples. No tuple ever reaches a
+group before its state, which is what the buffer of 000 §3.4 guarantees.
+
+Rows addressed to stage B travel through stage A under a reserved grouping
+value (``CONTROL_PREFIX``) that no key can take (:mod:`keyplane.routedkeys`
+never produces a leading NUL), and stage A forwards them. Control rows carry a
+null event time: the watermark ignores them and never treats them as late.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from keyplane import config as config_store
+from keyplane.handoff import VersionedTables, pick_route
+from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
+from keyplane.protocol import JobProtocol, Reaction
+from keyplane.spark.kafka_source import KafkaInputPartition, KafkaSourceOptionError, read_partition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from keyplane.kafka.control import ControlChannel
+
+SOURCE_NAME = "keyplane-routed-events"
+OPERATORS = ("A", "B")
+CONTROL_PREFIX = "\x00"
+"""Starts every grouping value that is not a key's routed key."""
+
+ROUTED_INPUT_SCHEMA = (
+    "kind STRING, stage STRING, seq LONG, a STRING, b STRING, ts TIMESTAMP, ra STRING, "
+    "rb STRING, vb INT, source_rk STRING, target_rk STRING, count LONG, marker LONG, "
+    "detail STRING"
+)
+MAX_EVENT_BYTES = 64 * 1024
+"""Records larger than this are dead-lettered as ``oversized`` (events pad to 20 kB at most)."""
+
+_ARROW_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("stage", pa.string()),
+        ("seq", pa.int64()),
+        ("a", pa.string()),
+        ("b", pa.string()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("ra", pa.string()),
+        ("rb", pa.string()),
+        ("vb", pa.int32()),
+        ("source_rk", pa.string()),
+        ("target_rk", pa.string()),
+        ("count", pa.int64()),
+        ("marker", pa.int64()),
+        ("detail", pa.string()),
+    ]
+)
+
+log = logging.getLogger(__name__)
+
+
+def control_group(stage: str, routed_key: str) -> str:
+    """The stage-A grouping value under which a row for ``stage`` travels through A."""
+    return f"{CONTROL_PREFIX}{stage}{routed_key}"
+
+
+@dataclass(frozen=True)
+class Switch:
+    """An operator whose state moves in this batch: from ``from_version``'s routed keys
+    to ``to_version``'s. The batch is ``marker``, the plan id every move carries."""
+
+    operator: str
+    from_version: int
+    to_version: int
+
+
+@dataclass(frozen=True)
+class RoutedEventsPartition(InputPartition):
+    """Events ``start <= offset < end`` of one partition, routed on the planned versions."""
+
+    events: KafkaInputPartition
+    store: str
+    parallelism: int
+    version_a: int
+    version_b: int
+
+
+@dataclass(frozen=True)
+class EvictPartition(InputPartition):
+    """The evict rows of every state move of one switching operator."""
+
+    store: str
+    parallelism: int
+    switch: Switch
+    marker: int
+
+
+@dataclass(frozen=True)
+class MigrationPartition(InputPartition):
+    """Moved states written by the previous batch: become install rows."""
+
+    records: KafkaInputPartition
+
+
+_TABLES: dict[tuple[str, int], VersionedTables] = {}
+
+
+def tables_for(store: str, parallelism: int) -> VersionedTables:
+    """The process's cached routed-key tables of ``store`` (one per Python worker)."""
+    found = _TABLES.get((store, parallelism))
+    if found is None:
+        found = VersionedTables(store, parallelism)
+        _TABLES[(store, parallelism)] = found
+    return found
+
+
+class _Columns:
+    """Column lists for one Arrow batch of :data:`ROUTED_INPUT_SCHEMA`."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[Any]] = {name: [] for name in _ARROW_SCHEMA.names}
+
+    def add(self, **row: Any) -> None:
+        for name, column in self.values.items():
+            column.append(row.get(name))
+
+    def __len__(self) -> int:
+        return len(self.values["kind"])
+
+    def batch(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict(self.values, schema=_ARROW_SCHEMA)
+
+
+def parse_event(value: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
+    """An event's fields, or ``None`` and why the record is not a valid event."""
+    if value is None:
+        return None, "empty record"
+    if len(value) > MAX_EVENT_BYTES:
+        return None, f"oversized: {len(value)} bytes > {MAX_EVENT_BYTES}"
+    try:
+        event = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"not JSON: {error}"
+    if not isinstance(event, dict):
+        return None, "schema: not a JSON object"
+    for field, kind in (("seq", int), ("a", str), ("b", str), ("ts", int)):
+        if not isinstance(event.get(field), kind) or isinstance(event.get(field), bool):
+            return None, f"schema: field {field!r} missing or not {kind.__name__}"
+    return event, None
+
+
+def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
+    """Parse, validate and route one partition's events (001 §4.1.2, 000 §3.3)."""
+    tables = tables_for(p.store, p.parallelism)
+    table_a = tables.table(p.version_a, "A")
+    source = f"{p.events.topic}[{p.events.partition}]"
+    for records in read_partition(p.events):
+        out = _Columns()
+        values = records.column("value").to_pylist()
+        offsets = records.column("offset").to_pylist()
+        for value, offset in zip(values, offsets, strict=True):
+            event, problem = parse_event(value)
+            if event is None:
+                detail = json.dumps(
+                    {
+                        "source": source,
+                        "offset": offset,
+                        "reason": problem,
+                        "value": (value or b"")[:1024].decode("utf-8", "replace"),
+                    }
+                )
+                out.add(kind="invalid", ra=control_group("I", source), detail=detail)
+                continue
+            seq, a = event["seq"], event["a"]
+            out.add(
+                kind="event",
+                seq=seq,
+                a=a,
+                b=event["b"],
+                ts=datetime.fromtimestamp(event["ts"] / 1000, UTC),
+                ra=pick_route(table_a.route(a), str(seq)),
+                vb=p.version_b,
+            )
+        yield out.batch()
+
+
+def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
+    """One evict row per state move of the switching operator (000 §3.4)."""
+    s = p.switch
+    moves = tables_for(p.store, p.parallelism).moves(s.operator, s.from_version, s.to_version)
+    out = _Columns()
+    for move in moves:
+        common = {
+            "kind": "evict",
+            "stage": s.operator,
+            "target_rk": move.target,
+            "marker": p.marker,
+        }
+        if s.operator == "A":
+            out.add(a=move.key, ra=move.source, **common)
+        else:
+            out.add(b=move.key, rb=move.source, ra=control_group("B", move.source), **common)
+    yield out.batch()
+
+
+def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
+    """Install rows for the states the previous batch handed over."""
+    for records in read_partition(p.records):
+        out = _Columns()
+        for value in records.column("value").to_pylist():
+            move = json.loads(value)
+            common = {
+                "kind": "install",
+                "stage": move["operator"],
+                "source_rk": move["source"],
+                "count": int(move["count"]),
+                "marker": int(move["marker"]),
+            }
+            if move["operator"] == "A":
+                out.add(a=move["key"], ra=move["target"], **common)
+            else:
+                out.add(
+                    b=move["key"],
+                    rb=move["target"],
+                    ra=control_group("B", move["target"]),
+                    **common,
+                )
+        yield out.batch()
+
+
+def _required(options: Mapping[str, str], name: str) -> str:
+    value = options.get(name.lower())
+    if not value:
+        raise KafkaSourceOptionError(f"the keyplane routed source needs option {name!r}")
+    return value
+
+
+class RoutedEventsReader(DataSourceStreamReader):
+    """Plans each micro-batch of the routed job on the driver; reads it on executors."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        options = {k.lower(): v for k, v in options.items()}
+        self.bootstrap_servers = _required(options, "kafka.bootstrap.servers")
+        self.events_topic = _required(options, "subscribe")
+        self.control_topic = _required(options, "control.topic")
+        self.migration_topic = _required(options, "migration.topic")
+        self.store = _required(options, "routing.store")
+        self.parallelism = int(_required(options, "state.partitions"))
+        self.initial_version = int(_required(options, "initial.version"))
+        max_rows = options.get("maxoffsetspertrigger")
+        self.max_rows = int(max_rows) if max_rows else None
+        self._channel: ControlChannel | None = None
+
+    # -- driver side ---------------------------------------------------------
+
+    def channel(self) -> ControlChannel:
+        from keyplane.kafka.control import ControlChannel
+
+        if self._channel is None:
+            self._channel = ControlChannel(self.bootstrap_servers, self.control_topic)
+        return self._channel
+
+    def _marks(self, topic: str) -> dict[str, int]:
+        from keyplane.kafka.admin import high_watermarks
+
+        return {str(p): off for p, off in high_watermarks(self.bootstrap_servers, topic).items()}
+
+    def _earliest(self, topic: str) -> dict[str, int]:
+        from keyplane.kafka.admin import earliest_offsets
+
+        return {str(p): off for p, off in earliest_offsets(self.bootstrap_servers, topic).items()}
+
+    def lookup_checksum(self, version: int) -> str | None:
+        """The stored checksum of ``version`` if this job can route on it, else None."""
+        try:
+            found = config_store.checksum(self.store, version)
+            tables = tables_for(self.store, self.parallelism)
+            for operator in OPERATORS:
+                tables.table(version, operator)
+        except (config_store.ConfigStoreError, ValueError) as error:
+            log.warning("keyplane: cannot use configuration v%s: %s", version, error)
+            return None
+        return found
+
+    def initialOffset(self) -> dict[str, Any]:
+        checksum = self.lookup_checksum(self.initial_version)
+        if checksum is None:
+            raise config_store.UnknownVersionError(
+                f"the job starts on v{self.initial_version}, which {self.store} does not hold "
+                "in a form this job can route (see the log)"
+            )
+        protocol = JobProtocol(
+            OPERATORS, self.initial_version, checksum, lookup_checksum=self.lookup_checksum
+        )
+        return {
+            "plan": -1,
+            "events": {self.events_topic: self._earliest(self.events_topic)},
+            # Control messages sent before the job started still apply; moved
+            # states in the migration topic belong to an older checkpoint.
+            "control": 0,
+            "migration": self._marks(self.migration_topic),
+            "protocol": protocol.to_dict(),
+            "routing": dict.fromkeys(OPERATORS, self.initial_version),
+            "switch": [],
+        }
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadAllAvailable() if self.max_rows is None else ReadMaxRows(self.max_rows)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        plan = int(start["plan"]) + 1
+        protocol = JobProtocol.from_dict(start["protocol"], lookup_checksum=self.lookup_checksum)
+        replies = []
+        for handoff in protocol.migrating():
+            # The batch after a switch installs the moved state; once it is
+            # committed (it is: Spark plans a batch only after the last one
+            # committed), the operator has migrated.
+            if handoff.switch_batch is not None and handoff.switch_batch + 1 == plan - 1:
+                replies += protocol.state_installed(handoff.operator, plan - 1)
+        control = self.channel().read(int(start["control"]))
+        for offset, invalid in control.rejected:
+            log.warning("keyplane: control record %s rejected: %s", offset, invalid)
+        for _, message in control.messages:
+            reaction: Reaction = protocol.react(message, plan)
+            if reaction.outcome == "ignored":
+                log.warning("keyplane: %s ignored: %s", message.describe(), reaction.detail)
+            replies += reaction.replies
+        events = self._events_end(start["events"], limit)
+        migration = {**start["migration"], **self._marks(self.migration_topic)}
+        work = (
+            total_rows(start["events"], events) > 0
+            or control.end != int(start["control"])
+            or migration != start["migration"]
+            or bool(protocol.migrating())
+            or bool(replies)
+        )
+        if not work:
+            return start
+        routing = protocol.begin_batch(plan)
+        switches = [
+            Switch(h.operator, h.from_version, h.to_version)
+            for h in protocol.migrating()
+            if h.switch_batch == plan
+        ]
+        effective = dict(routing)
+        for switch in switches:
+            effective[switch.operator] = switch.from_version
+        if replies:
+            self.channel().send(replies)
+        return {
+            "plan": plan,
+            "events": events,
+            "control": control.end,
+            "migration": migration,
+            "protocol": protocol.to_dict(),
+            "routing": effective,
+            "switch": [vars(s) for s in switches],
+        }
+
+    def _events_end(self, start: PartitionOffsets, limit: ReadLimit) -> PartitionOffsets:
+        marks = {self.events_topic: self._marks(self.events_topic)}
+        known = all(p in start.get(t, {}) for t, parts in marks.items() for p in parts)
+        earliest = {} if known else {self.events_topic: self._earliest(self.events_topic)}
+        base = {t: {**earliest.get(t, {}), **start.get(t, {})} for t in marks}
+        if isinstance(limit, ReadMaxRows):
+            return cap_offsets(base, marks, limit.max_rows)
+        return marks
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return {"events": {self.events_topic: self._marks(self.events_topic)}}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        out: list[InputPartition] = []
+        routing = end["routing"]
+        for part, stop in sorted(end["events"][self.events_topic].items(), key=_by_partition):
+            begin = int(start["events"].get(self.events_topic, {}).get(part, 0))
+            if stop > begin:
+                kafka = KafkaInputPartition(
+                    self.bootstrap_servers, self.events_topic, int(part), begin, int(stop)
+                )
+                out.append(
+                    RoutedEventsPartition(
+                        kafka, self.store, self.parallelism, routing["A"], routing["B"]
+                    )
+                )
+        for switch in end["switch"]:
+            out.append(EvictPartition(self.store, self.parallelism, Switch(**switch), end["plan"]))
+        for part, stop in sorted(end["migration"].items(), key=_by_partition):
+            begin = int(start["migration"].get(part, 0))
+            if stop > begin:
+                kafka = KafkaInputPartition(
+                    self.bootstrap_servers, self.migration_topic, int(part), begin, int(stop)
+                )
+                out.append(MigrationPartition(kafka))
+        return out
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
+
+    def stop(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+
+    # -- executor side -------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, RoutedEventsPartition):
+            yield from read_events(partition)
+        elif isinstance(partition, EvictPartition):
+            yield from read_evictions(partition)
+        elif isinstance(partition, MigrationPartition):
+            yield from read_installs(partition)
+        else:
+            raise TypeError(f"not a routed-source partition: {partition!r}")
+
+
+def _by_partition(item: tuple[str, int]) -> int:
+    return int(item[0])
+
+
+class RoutedEventsSource(DataSource):
+    """``spark.readStream.format("keyplane-routed-events")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return ROUTED_INPUT_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return RoutedEventsReader(dict(self.options))
+
+
+def read_routed_events(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    *,
+    events_topic: str,
+    control_topic: str,
+    migration_topic: str,
+    store: Path,
+    state_partitions: int,
+    initial_version: int,
+    max_offsets_per_trigger: int | None = None,
+) -> DataFrame:
+    """A streaming DataFrame of :data:`ROUTED_INPUT_SCHEMA` rows for the routed job."""
+    spark.dataSource.register(RoutedEventsSource)
+    reader = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("subscribe", events_topic)
+        .option("control.topic", control_topic)
+        .option("migration.topic", migration_topic)
+        .option("routing.store", str(store.resolve()))
+        .option("state.partitions", str(state_partitions))
+        .option("initial.version", str(initial_version))
+    )
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load()
