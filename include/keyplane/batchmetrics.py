@@ -19,6 +19,7 @@ Pure pandas: the sink computes it in the driver, tests feed it by hand.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
@@ -104,9 +105,9 @@ def traffic_metrics(
         local += n if up_ex == ex else 0
     pairs = output[output["kind"] == "pair"]
     top: dict[int, list[PairCount]] = {}
-    for instance, group in pairs.groupby("instance"):
+    for instance, group in pairs.groupby(pairs["instance"].astype("int64")):
         heaviest = group.nlargest(TOP_PAIRS_PER_INSTANCE, "n")
-        top[int(str(instance))] = [
+        top[cast(int, instance)] = [
             PairCount(a=str(a), b=str(b), n=int(n))
             for a, b, n in zip(
                 heaviest["detail"].tolist(),

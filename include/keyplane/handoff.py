@@ -7,13 +7,17 @@ instance, and the state store keeps one state per grouping value. So a hand-off
 is a list of :class:`StateMove` — "the state of routed key ``source`` goes to
 routed key ``target``" — computed here from two stored configurations.
 
-Which instance sends to which comes from :func:`keyplane.migration.plan_migration`
-(an instance of the old location that is also in the new one keeps its state;
-every other one sends round robin over the new location); this module only
-names those instances by their routed keys. A split (1 → d) moves the whole
-state to one of the d routed keys and the others start empty; a merge (d → 1)
-sends every partial to the single new routed key, which adds them up (paper 001
-§4.1.2: the partial states of a hot key combine).
+The rule is :func:`keyplane.migration.plan_migration`'s, applied to routed
+keys rather than instances: a routed key that stays keeps its state; a
+leaving one sends it to the new routed key on its own instance if there is
+one (no network transfer), else round robin over the new routed keys. Routed
+keys matter because a key can keep its instance and still change routed key:
+a key that becomes hot keeps its natural instance among its d, but under a
+salted routed key, so its state must move within the instance. A split
+(1 → d) moves the whole state to one of the d routed keys and the others start
+empty; a merge (d → 1) sends every partial to the single new routed key,
+which adds them up (paper 001 §4.1.2: the partial states of a hot key
+combine).
 
 The hand-off itself runs in the job (:mod:`keyplane.spark.routed_counts`):
 in the *switch* batch the old group processes its last tuples, then emits its
@@ -34,8 +38,7 @@ from pathlib import Path
 
 from keyplane import config as config_store
 from keyplane.config import OperatorRouting, RoutingConfig
-from keyplane.migration import location, plan_migration
-from keyplane.routedkeys import RoutedKeyTable, spark_partition
+from keyplane.routedkeys import RoutedKeyTable
 
 
 @dataclass(frozen=True)
@@ -101,20 +104,21 @@ def state_moves(
                 f"v{version} routes {operator} over {routing.parallelism} instances, but the "
                 f"query has {parallelism} state partitions"
             )
-    migration = plan_migration(
-        old.model_copy(update={"operators": {operator: before}}),
-        new.model_copy(update={"operators": {operator: after}}),
-        spark_partition,
-    ).operator(operator)
     old_table = old_table or routed_key_table(before)
     new_table = new_table or routed_key_table(after)
     moves = []
-    for transfer in migration.transfers:
-        old_place = location(before, transfer.key, spark_partition)
-        new_place = location(after, transfer.key, spark_partition)
-        source = old_table.route(transfer.key)[old_place.index(transfer.source)]
-        target = new_table.route(transfer.key)[new_place.index(transfer.target)]
-        moves.append(StateMove(operator, transfer.key, source, target))
+    keys = set(before.table) | set(before.hot_keys) | set(after.table) | set(after.hot_keys)
+    for key in sorted(keys):
+        old_routes, new_routes = old_table.route(key), new_table.route(key)
+        if set(old_routes) == set(new_routes):
+            continue
+        on_instance = {new_table.instance_of(routed): routed for routed in new_routes}
+        leaving = [routed for routed in old_routes if routed not in new_routes]
+        for index, source in enumerate(leaving):
+            target = on_instance.get(
+                old_table.instance_of(source), new_routes[index % len(new_routes)]
+            )
+            moves.append(StateMove(operator, key, source, target))
     return tuple(moves)
 
 

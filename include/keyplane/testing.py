@@ -7,6 +7,16 @@ the same kind of integration tests against their own routed stages.
 from __future__ import annotations
 
 import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from keyplane import config as config_store
+from keyplane.kafka.control import ControlChannel
+from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
 
 
 def free_port() -> int:
@@ -14,3 +24,110 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def store_checksums(store: Path) -> ChecksumLookup:
+    """The job's view of a configuration store: a version's checksum, or None if not stored."""
+
+    def lookup(version: int) -> str | None:
+        try:
+            return config_store.checksum(store, version)
+        except config_store.UnknownVersionError:
+            return None
+
+    return lookup
+
+
+class ProtocolOnlyJob:
+    """A stand-in for a routed job's Spark driver: the job protocol alone, on a real topic.
+
+    It runs the real :class:`~keyplane.protocol.JobProtocol` of paper 000 §3.4
+    over a real :class:`~keyplane.kafka.control.ControlChannel` and nothing
+    else: no Spark, and no state moving through the migration topic. It lets
+    the controller, a DAG or a CLI be tested end to end over Kafka while the
+    Spark side is tested on its own.
+
+    A thread plays a micro-batch boundary every ``batch_interval_s``: it reads
+    the control topic from where it stopped, hands each message to the
+    protocol, plans the next batch, and reports a moving operator's state as
+    installed one batch after its switch batch (where the real job installs
+    the state it shipped). Replies go back on the topic, as the driver's do.
+    Use it as a context manager; an error in the thread fails the ``with``.
+    """
+
+    def __init__(
+        self,
+        channel: ControlChannel,
+        store: Path,
+        operators: Sequence[str],
+        active_version: int,
+        *,
+        batch_interval_s: float = 0.05,
+    ) -> None:
+        self._channel = channel
+        self._protocol = JobProtocol(
+            operators,
+            active_version,
+            config_store.checksum(store, active_version),
+            lookup_checksum=store_checksums(store),
+        )
+        self._interval = batch_interval_s
+        self._offset = 0
+        self._batch = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="protocol-only-job", daemon=True)
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._channel.close()
+        if self._error is not None and exc is None:
+            raise AssertionError("the protocol-only job failed") from self._error
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._boundary()
+                self._stop.wait(self._interval)
+        except BaseException as exc:
+            self._error = exc
+
+    def _boundary(self) -> None:
+        read = self._channel.read(self._offset)
+        replies: list[ControlMessage] = []
+        with self._lock:
+            protocol, batch = self._protocol, self._batch
+            for _, message in read.messages:
+                replies += protocol.on_message(message, batch)
+            protocol.begin_batch(batch)
+            for handoff in protocol.migrating():
+                if handoff.switch_batch is not None and handoff.switch_batch < batch:
+                    replies += protocol.state_installed(handoff.operator, batch)
+            self._offset, self._batch = read.end, batch + 1
+        self._channel.send(replies)
+
+    @property
+    def state(self) -> JobState:
+        """The protocol's state at the last boundary (a frozen snapshot)."""
+        with self._lock:
+            return self._protocol.state
+
+    def wait_until(self, condition: Callable[[JobState], bool], timeout_s: float = 20.0) -> bool:
+        """Whether ``condition`` held for the job's state within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not condition(self.state):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True

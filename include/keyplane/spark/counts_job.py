@@ -29,12 +29,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -43,15 +44,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from keyplane import config as config_store
-from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.kafka.admin import ensure_topic
 from keyplane.partials import merge_partials
 from keyplane.settings import Settings
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
+from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress, progress_of
 from keyplane.spark.routed_counts import routed_running_counts
-from keyplane.spark.routed_sink import RoutedBatchWriter
+from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter
 from keyplane.spark.routed_source import OPERATORS, read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
@@ -109,47 +110,6 @@ class CountsJobSettings(BaseModel):
                 "the routed job plans each batch in keyplane's own source; use source='python'"
             )
         return self
-
-
-@dataclass(frozen=True)
-class BatchProgress:
-    """One micro-batch, as shown to the operator."""
-
-    batch_id: int
-    rows: int
-    rows_per_s: float
-    duration_ms: int
-    lag: int
-    committed: int
-
-
-def _offset_total(offsets: Any) -> int:
-    """Sum of a progress report's per-partition offsets.
-
-    Spark reports offsets as a JSON string, and reports ``null`` for the
-    latest offset of the first batch after a restart.
-    """
-    if isinstance(offsets, str):
-        offsets = json.loads(offsets)
-    if not isinstance(offsets, dict):
-        return 0
-    if isinstance(offsets.get("events"), dict):
-        offsets = offsets["events"]  # the routed source's offset
-    return sum(int(o) for parts in offsets.values() for o in parts.values())
-
-
-def progress_of(p: dict[str, Any]) -> BatchProgress:
-    source = p["sources"][0] if p.get("sources") else {}
-    end = _offset_total(source.get("endOffset"))
-    latest = _offset_total(source.get("latestOffset")) or end
-    return BatchProgress(
-        batch_id=int(p["batchId"]),
-        rows=int(p.get("numInputRows", 0)),
-        rows_per_s=float(p.get("processedRowsPerSecond") or 0.0),
-        duration_ms=int(p.get("durationMs", {}).get("triggerExecution", 0)),
-        lag=max(0, latest - end),
-        committed=end,
-    )
 
 
 def read_partials(output: Path) -> pd.DataFrame:
@@ -287,40 +247,8 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     )
     updates = routed_running_counts(inputs, str(store), partitions)
     query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
-    _WRITERS[query.id] = writer
+    MetricsListener.attach(spark, query, writer, settings.metrics_topic)
     return query
-
-
-_WRITERS: dict[Any, RoutedBatchWriter] = {}
-"""The routed sink of each running query, so the driver loop can publish its metrics."""
-
-
-def batch_metrics(query: StreamingQuery, raw_progress: dict[str, Any]) -> BatchMetrics | None:
-    """The metrics record of the batch ``raw_progress`` reports, if the query is routed.
-
-    Adds the progress figures (rows, rate, duration, lag) and the routing the
-    batch was planned with (from the source's end offset) to what the sink
-    measured.
-    """
-    writer = _WRITERS.get(query.id)
-    if writer is None:
-        return None
-    progress = progress_of(raw_progress)
-    measured = writer.metrics.pop(progress.batch_id, None)
-    if measured is None:
-        return None
-    end = raw_progress["sources"][0].get("endOffset") if raw_progress.get("sources") else None
-    offset = json.loads(end) if isinstance(end, str) else (end or {})
-    return measured.model_copy(
-        update={
-            "plan": offset.get("plan"),
-            "versions": offset.get("routing", {}),
-            "rows": progress.rows,
-            "rows_per_s": progress.rows_per_s,
-            "duration_ms": progress.duration_ms,
-            "input_lag": progress.lag,
-        }
-    )
 
 
 def job_command(settings: CountsJobSettings) -> list[str]:
@@ -337,9 +265,11 @@ def job_command(settings: CountsJobSettings) -> list[str]:
 
 
 def run_counts_job(
-    settings: CountsJobSettings, on_progress: Callable[[BatchProgress], None] | None = None
+    settings: CountsJobSettings,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[BatchProgress]:
-    """Run until a stop condition holds (or forever when none is set).
+    """Run until a stop condition holds or ``should_stop()`` (else forever).
 
     A routed job also publishes each batch's metrics to the metrics topic.
     """
@@ -351,17 +281,14 @@ def run_counts_job(
     except BaseException:
         spark.stop()
         raise
-    publisher = MetricsPublisher(settings.bootstrap_servers, settings.metrics_topic)
     seen: set[int] = set()
     history: list[BatchProgress] = []
     idle_since = time.monotonic()
     try:
-        while query.isActive:
+        while query.isActive and not (should_stop is not None and should_stop()):
             time.sleep(0.5)
             for raw_progress in query.recentProgress:
                 progress = progress_of(raw_progress)
-                if progress.batch_id not in seen:
-                    publisher.publish(batch_metrics(query, raw_progress))
                 if progress.batch_id in seen or (progress.rows == 0 and progress.lag == 0):
                     if progress.batch_id not in seen:
                         seen.add(progress.batch_id)
@@ -388,40 +315,8 @@ def run_counts_job(
             raise RuntimeError(f"streaming query failed: {query.exception()}")
     finally:
         query.stop()
-        publisher.close()
-        _WRITERS.pop(query.id, None)
         spark.stop()
     return history
-
-
-class MetricsPublisher:
-    """Sends :class:`BatchMetrics` records to the metrics topic, one producer for the run."""
-
-    def __init__(self, bootstrap_servers: str, topic: str) -> None:
-        self.bootstrap_servers = bootstrap_servers
-        self.topic = topic
-        self._producer: Any = None
-
-    def publish(self, metrics: BatchMetrics | None) -> None:
-        if metrics is None:
-            return
-        if self._producer is None:
-            from keyplane.kafka.producer import make_producer
-
-            self._producer = make_producer(self.bootstrap_servers)
-        self._producer.send(
-            self.topic,
-            key=str(metrics.batch_id).encode(),
-            value=metrics.model_dump_json().encode(),
-        )
-
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush()
-            self._producer.close(timeout=10)
-
-
-PROGRESS_PREFIX = "progress "
 
 
 def _print_progress(p: BatchProgress) -> None:
@@ -467,7 +362,14 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run_counts_job(parse_settings(argv), on_progress=_print_progress)
+    """Run the job; SIGTERM stops the query between batches and exits 0.
+
+    Stopping is safe at any moment (the checkpoint makes a restart exact),
+    but a clean stop does not leave a half-run batch to replay.
+    """
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    run_counts_job(parse_settings(argv), on_progress=_print_progress, should_stop=stop.is_set)
     return 0
 
 

@@ -101,9 +101,9 @@ def take_installs(
     for source, count, move_marker in installs:
         if move_marker <= installed_marker or source in sources:
             continue
-        sources[source] = count
-        added += count
-        marker = max(marker, move_marker)
+        sources[source] = int(count)
+        added += int(count)
+        marker = max(marker, int(move_marker))
     return added, marker, sorted(sources)
 
 
@@ -244,8 +244,8 @@ def routed_count_by_second_key(
     added, marker, sources = take_installs(
         zip(
             installs["source_rk"].tolist(),
-            installs["count"].tolist(),
-            installs["marker"].tolist(),
+            installs["count"].astype("int64").tolist(),
+            installs["marker"].astype("int64").tolist(),
             strict=True,
         ),
         marker,

@@ -11,7 +11,8 @@ re-run the stateful plan) and splits it by ``kind``
   so the next batch's plan finds them (paper 000 §3.4's state transfer);
 * ``invalid`` rows: to the dead-letter topic with their reason;
 * ``hop`` and ``pair`` rows: the batch's :class:`~keyplane.batchmetrics.BatchMetrics`,
-  kept for the driver loop, which adds the progress figures and publishes them.
+  which :class:`MetricsListener` completes with the progress figures and
+  publishes to the metrics topic.
 
 A replayed batch sends its moved states again; installs are idempotent per
 (marker, source), so a duplicate changes nothing.
@@ -25,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from keyplane.batchmetrics import BatchMetrics, traffic_metrics
+from keyplane.spark.progress import progress_of
 
 COUNT_COLUMNS = ["stage", "key", "routed_key", "instance", "count"]
 
@@ -131,3 +134,78 @@ class RoutedBatchWriter:
         self.metrics[batch_id] = traffic_metrics(
             batch_id, output, {"A": self.parallelism, "B": self.parallelism}
         )
+
+
+class MetricsListener(StreamingQueryListener):
+    """Publishes one :class:`BatchMetrics` record per batch of one routed query.
+
+    A query listener, rather than the loop that runs the job, because it
+    hears every batch of the query however the query was started, and it
+    runs on the driver after the batch's progress is known: the record joins
+    what the sink measured with the progress figures (rows, rate, duration,
+    lag) and the routing the batch was planned with (from the source's end
+    offset, :mod:`keyplane.spark.routed_source`).
+    """
+
+    def __init__(self, writer: RoutedBatchWriter, topic: str) -> None:
+        self.writer = writer
+        self.topic = topic
+        self.query_id: str | None = None
+        self._producer: Any = None
+
+    @classmethod
+    def attach(
+        cls, spark: SparkSession, query: StreamingQuery, writer: RoutedBatchWriter, topic: str
+    ) -> MetricsListener:
+        listener = cls(writer, topic)
+        listener.query_id = str(query.id)
+        spark.streams.addListener(listener)
+        return listener
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        if str(event.progress.id) != self.query_id:
+            return
+        record = self.record(json.loads(event.progress.json))
+        if record is None:
+            return
+        if self._producer is None:
+            from keyplane.kafka.producer import make_producer
+
+            self._producer = make_producer(self.writer.bootstrap_servers)
+        self._producer.send(
+            self.topic, key=str(record.batch_id).encode(), value=record.model_dump_json().encode()
+        )
+        self._producer.flush()
+
+    def record(self, raw_progress: dict[str, Any]) -> BatchMetrics | None:
+        """The metrics record of the batch ``raw_progress`` reports (None if it wrote nothing)."""
+        progress = progress_of(raw_progress)
+        measured = self.writer.metrics.pop(progress.batch_id, None)
+        if measured is None:
+            return None
+        sources = raw_progress.get("sources") or [{}]
+        end = sources[0].get("endOffset")
+        offset = json.loads(end) if isinstance(end, str) else (end or {})
+        return measured.model_copy(
+            update={
+                "plan": offset.get("plan"),
+                "versions": offset.get("routing", {}),
+                "rows": progress.rows,
+                "rows_per_s": progress.rows_per_s,
+                "duration_ms": progress.duration_ms,
+                "input_lag": progress.lag,
+            }
+        )
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if str(event.id) != self.query_id:
+            return
+        if self._producer is not None:
+            self._producer.close(timeout=10)
+            self._producer = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from keyplane.spark.counts_job import CountsJobSettings, job_command, parse_settings, progress_of
+from keyplane.spark.counts_job import CountsJobSettings, job_command, parse_settings
+from keyplane.spark.progress import progress_of
 
 
 def _progress(end: object, latest: object) -> dict[str, object]:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from pyspark.sql import functions as F
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.handoff import routed_key_table
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials, merge_partials
 from keyplane.routedkeys import spark_partition
@@ -26,7 +26,7 @@ from keyplane.spark.counts_job import (
     read_partials,
     start_counts_query,
 )
-from keyplane.handoff import routed_key_table
+from keyplane.spark.routed_counts import take_installs
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -190,3 +190,13 @@ def test_without_routing_the_job_keeps_its_plain_output(
     report = compare_counts(expected_counts(spec), read_output(settings.output))
     assert report.expected_events == spec.n_events
     assert report.exact, report
+
+
+def test_take_installs_is_idempotent_per_marker_and_source_pure() -> None:
+    # Two partials of one split key arrive, one of them twice (a replayed batch).
+    installs = [("h#1", 5, 7), ("h#4", 3, 7), ("h#1", 5, 7)]
+    assert take_installs(installs, installed_marker=-1) == (8, 7, ["h#1", "h#4"])
+    # Already installed at marker 7: a later replay of the same records adds nothing.
+    assert take_installs(installs, installed_marker=7) == (0, 7, [])
+    # A newer hand-off (marker 9) applies on top.
+    assert take_installs([("h#2", 4, 9)], installed_marker=7) == (4, 9, ["h#2"])

@@ -1,0 +1,624 @@
+"""The controller of live reconfiguration: the protocol of paper 000 §3.4 over Kafka.
+
+Paper 000 §3.4 has a manager send every instance the new configuration, wait
+for all acknowledgements, then propagate the change operator by operator,
+upstream first, waiting for each to install its moved state. The
+:class:`Controller` is that manager: it drives a
+:class:`~keyplane.protocol.ControllerProtocol` over a
+:class:`~keyplane.kafka.control.ControlChannel` and keeps the protocol's state,
+plus the offset up to which it has read the job's replies, in a JSON file.
+
+Each step (prepare, propagate, done, abort, and each wait) is meant to be an
+Airflow task, which may be killed and retried at any point. So every step
+reloads the state file, acts, writes the file atomically (a temporary file
+renamed over it) *before* it publishes, and publishes the message the
+protocol returned. A step retried after it published finds its message in
+the file and publishes it again with the same ``message_id``: the job treats
+it as a duplicate, and the protocol state does not change. A lock file
+(``<state file>.lock``) serialises the steps of concurrent processes, so
+``keyplane config abort`` in one terminal stops a rollout waiting in another
+instead of being overwritten by it.
+
+Where the job starts. With no state file, the controller learns which
+version the job runs at its first PREPARE: ``initial_version`` if given,
+otherwise the ``parent_version`` of the configuration being prepared, the
+version it was computed to replace. Neither the oldest nor the newest stored
+version would do: a store keeps history, and the version being published is
+already the newest. (A job started without a version runs the newest stored
+one, which is that parent when versions are published in order.) The
+operators default to those of that starting configuration, upstream first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from keyplane import config as config_store
+from keyplane.kafka.control import ControlChannel
+from keyplane.protocol import (
+    ControllerProtocol,
+    ControllerState,
+    ControlMessage,
+    Reaction,
+    Reconfiguration,
+    utc_now,
+)
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT: Literal[1] = 1
+POLL_INTERVAL_S = 0.25
+JOB_HINT = "is the job running? `keyplane job status`"
+
+TickCallback = Callable[[float], None]
+"""``on_tick(seconds_waited)``, called at every poll of a wait (for progress displays)."""
+
+
+class ControllerError(RuntimeError):
+    """A step cannot run as asked: nothing in flight, another rollout in flight, bad state."""
+
+
+class RolloutTimeout(TimeoutError):
+    """A reply of the job did not arrive in time.
+
+    ``reply`` is ``"ACK"`` or ``"MIGRATED"``; ``operator`` names the operator
+    whose MIGRATED was missing. ``aborted`` says whether the rollout was
+    aborted because of it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        version: int,
+        reply: Literal["ACK", "MIGRATED"],
+        operator: str | None,
+        waited_s: float,
+        aborted: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.version = version
+        self.reply: Literal["ACK", "MIGRATED"] = reply
+        self.operator = operator
+        self.waited_s = waited_s
+        self.aborted = aborted
+
+
+class ControllerFile(BaseModel):
+    """What the state file holds: the protocol state and how far replies were read.
+
+    ``control_topic`` is kept because ``read_offset`` means nothing on
+    another topic.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal[1] = STATE_FORMAT
+    control_topic: str = Field(min_length=1)
+    read_offset: int = Field(ge=0)
+    protocol: ControllerState
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """How long one step of a rollout took, from sending its request to its reply.
+
+    ``step`` is ``"PREPARE"``, ``"PROPAGATE <operator>"`` or ``"DONE"``;
+    ``label`` adds the version and the reply awaited, for display.
+    """
+
+    step: str
+    label: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    """A rollout's progress, reported when a step starts, at each poll, and when it ends."""
+
+    step: str
+    label: str
+    index: int
+    total: int
+    elapsed_s: float
+    finished: bool
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """A finished rollout: which version replaced which, and the time of each step."""
+
+    version: int
+    previous_version: int
+    checksum: str
+    steps: tuple[StepTiming, ...]
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Seconds per step, keyed by :attr:`StepTiming.step`."""
+        return {timing.step: timing.seconds for timing in self.steps}
+
+    @property
+    def total_s(self) -> float:
+        return sum(timing.seconds for timing in self.steps)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a crash leaves the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with staging.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class Controller:
+    """Drive the controller's side of 000 §3.4 over a control channel, step by step.
+
+    ``store`` is the configuration store: PREPARE carries the checksum it
+    records, so the job acts only on the configuration that was saved.
+    ``operators`` (upstream first) and ``initial_version`` matter only while
+    no state file exists: see the module docstring. Waits poll the channel
+    every ``poll_interval_s``. The caller owns ``channel`` and closes it.
+    """
+
+    def __init__(
+        self,
+        channel: ControlChannel,
+        state_file: Path,
+        store: Path,
+        operators: Sequence[str] | None = None,
+        *,
+        initial_version: int | None = None,
+        poll_interval_s: float = POLL_INTERVAL_S,
+    ) -> None:
+        self._channel = channel
+        self.state_file = Path(state_file)
+        self._store = Path(store)
+        self._operators = None if operators is None else tuple(operators)
+        self._initial_version = initial_version
+        self._poll_interval_s = poll_interval_s
+        self._topic_ready = False
+        self.rejected = 0
+        """Records of the control topic this object found not authentic (logged as warnings)."""
+        self._load()
+
+    # --- the state file ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.state_file.with_name(self.state_file.name + ".lock")
+        with lock_path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _load(self) -> ControllerFile | None:
+        try:
+            text = self.state_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            saved = ControllerFile.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "file"
+            raise ControllerError(
+                f"{self.state_file} is not a controller state file ({where}: {first['msg']}); "
+                "restore it, or move it aside to start from the job's current version"
+            ) from None
+        if saved.control_topic != self._channel.topic:
+            raise ControllerError(
+                f"{self.state_file} records the control topic {saved.control_topic!r}, "
+                f"not {self._channel.topic!r}; use a state file per control topic"
+            )
+        if self._operators is not None and saved.protocol.operators != self._operators:
+            raise ControllerError(
+                f"{self.state_file} drives operators {', '.join(saved.protocol.operators)}, "
+                f"not {', '.join(self._operators)}"
+            )
+        return saved
+
+    def _save(self, before: ControllerFile | None, after: ControllerFile) -> None:
+        """Write ``after`` unless it equals ``before``, so a retried step leaves the file alone."""
+        if after != before:
+            _write_atomically(self.state_file, after.model_dump_json(indent=2) + "\n")
+
+    @staticmethod
+    def _protocol(saved: ControllerFile) -> ControllerProtocol:
+        return ControllerProtocol.from_dict(saved.protocol.model_dump(mode="json"))
+
+    def _required(self) -> ControllerFile:
+        saved = self._load()
+        if saved is None:
+            raise ControllerError(
+                f"no rollout in flight: the controller has no state yet ({self.state_file})"
+            )
+        return saved
+
+    @property
+    def state(self) -> ControllerState | None:
+        """The protocol state in the file, or None before the first PREPARE."""
+        saved = self._load()
+        return None if saved is None else saved.protocol
+
+    @property
+    def read_offset(self) -> int | None:
+        """The control-topic offset up to which the job's replies were read."""
+        saved = self._load()
+        return None if saved is None else saved.read_offset
+
+    @property
+    def in_flight(self) -> int | None:
+        """The version being rolled out, if any."""
+        state = self.state
+        return None if state is None or state.current is None else state.current.version
+
+    # --- starting from the store ---------------------------------------------------------
+
+    def _starting_version(self, config: config_store.RoutingConfig) -> int:
+        if self._initial_version is not None:
+            return self._initial_version
+        if config.parent_version is None:
+            raise ControllerError(
+                f"v{config.version} is an initial configuration (no parent_version): "
+                "start the job on it; only its descendants are rolled out"
+            )
+        return config.parent_version
+
+    def _initial_file(self, config: config_store.RoutingConfig) -> ControllerFile:
+        """The state before the first PREPARE: the job runs the starting version."""
+        start = self._starting_version(config)
+        operators = self._operators
+        if operators is None:
+            operators = tuple(config_store.load(self._store, start).operators)
+        protocol = ControllerProtocol(operators, start, config_store.checksum(self._store, start))
+        self._ensure_topic()
+        return ControllerFile(
+            control_topic=self._channel.topic,
+            read_offset=self._channel.end_offset(),
+            protocol=protocol.state,
+        )
+
+    def operators_for(self, version: int) -> tuple[str, ...]:
+        """The operators a rollout of ``version`` propagates, upstream first."""
+        saved = self._load()
+        if saved is not None:
+            return saved.protocol.operators
+        if self._operators is not None:
+            return self._operators
+        start = self._starting_version(config_store.load(self._store, version))
+        return tuple(config_store.load(self._store, start).operators)
+
+    # --- steps ---------------------------------------------------------------------------
+
+    def _ensure_topic(self) -> None:
+        """Create the control topic once per object: the job may not have created it yet."""
+        if not self._topic_ready:
+            self._channel.ensure()
+            self._topic_ready = True
+
+    def _publish(self, message: ControlMessage) -> None:
+        self._ensure_topic()
+        self._channel.send([message])
+
+    def prepare(self, version: int) -> ControlMessage:
+        """Send PREPARE for stored ``version``, with the checksum the store records.
+
+        The stored files are verified first, so a damaged configuration is
+        never announced. Retried, it sends the same PREPARE again.
+        """
+        config = config_store.load(self._store, version)
+        checksum = config_store.checksum(self._store, version)
+        with self._locked():
+            saved = self._load()
+            saved_or_new = self._initial_file(config) if saved is None else saved
+            current = saved_or_new.protocol.current
+            if current is not None and current.version != version:
+                raise ControllerError(
+                    f"v{current.version} is still rolling out; finish it or abort it "
+                    f"(`keyplane config abort`) before preparing v{version}"
+                )
+            protocol = self._protocol(saved_or_new)
+            message = protocol.prepare(version, checksum)
+            self._save(saved, saved_or_new.model_copy(update={"protocol": protocol.state}))
+            self._publish(message)
+        return message
+
+    def _after_replies(
+        self, step: Callable[[ControllerProtocol], ControlMessage]
+    ) -> ControlMessage:
+        """Record the replies not yet read, then take ``step``, persist and publish.
+
+        Reading first means a step run right after its wait never fails for
+        a reply that is already on the topic.
+        """
+        with self._locked():
+            saved = self._required()
+            protocol = self._protocol(saved)
+            offset = self._poll_into(protocol, saved.read_offset)[1]
+            message = step(protocol)
+            self._save(
+                saved,
+                saved.model_copy(update={"protocol": protocol.state, "read_offset": offset}),
+            )
+            self._publish(message)
+        return message
+
+    def propagate(self, operator: str) -> ControlMessage:
+        """Send PROPAGATE for ``operator``, once the job acknowledged and upstream migrated."""
+        return self._after_replies(lambda protocol: protocol.propagate(operator))
+
+    def done(self) -> ControlMessage:
+        """Send DONE once every operator migrated: the new version becomes active."""
+        return self._after_replies(lambda protocol: protocol.done())
+
+    def abort(self) -> ControlMessage:
+        """Send ABORT for the rollout in flight: the job goes back to the active version."""
+        with self._locked():
+            saved = self._required()
+            protocol = self._protocol(saved)
+            message = protocol.abort()
+            self._save(saved, saved.model_copy(update={"protocol": protocol.state}))
+            self._publish(message)
+        return message
+
+    # --- replies -------------------------------------------------------------------------
+
+    def _poll_into(self, protocol: ControllerProtocol, start: int) -> tuple[list[Reaction], int]:
+        read = self._channel.read(start)
+        for offset, invalid in read.rejected:
+            self.rejected += 1
+            log.warning(
+                "control topic %s, offset %d: record rejected (%s): %s",
+                self._channel.topic,
+                offset,
+                invalid.reason,
+                invalid.detail,
+            )
+        reactions = [
+            protocol.on_message(message) for _, message in read.messages if message.sender == "job"
+        ]
+        return reactions, read.end
+
+    def poll(self) -> list[Reaction]:
+        """Read the job's replies since the last read and record them; return what each did."""
+        with self._locked():
+            saved = self._load()
+            if saved is None:
+                return []
+            protocol = self._protocol(saved)
+            reactions, offset = self._poll_into(protocol, saved.read_offset)
+            self._save(
+                saved,
+                saved.model_copy(update={"protocol": protocol.state, "read_offset": offset}),
+            )
+        return reactions
+
+    def _rollout(self, saved: ControllerFile | None) -> Reconfiguration:
+        """The rollout a wait is about: the one in flight, or the last one if it finished."""
+        if saved is None or (saved.protocol.current is None and saved.protocol.last is None):
+            raise ControllerError("no rollout in flight; prepare a version first")
+        current, last = saved.protocol.current, saved.protocol.last
+        if current is not None:
+            return current
+        assert last is not None and last.finish is not None
+        if last.finish.type == "ABORT":
+            raise ControllerError(
+                f"v{last.version} was aborted; publish the configuration under a new version"
+            )
+        return last
+
+    def _wait(
+        self,
+        satisfied: Callable[[Reconfiguration], bool],
+        missing: Callable[[Reconfiguration, float], RolloutTimeout],
+        timeout_s: float,
+        on_tick: TickCallback | None,
+    ) -> float:
+        started = time.monotonic()
+        while True:
+            self.poll()
+            rollout = self._rollout(self._load())
+            waited = time.monotonic() - started
+            if satisfied(rollout):
+                return waited
+            if on_tick is not None:
+                on_tick(waited)
+            if waited >= timeout_s:
+                raise missing(rollout, waited)
+            time.sleep(min(self._poll_interval_s, max(0.0, timeout_s - waited)))
+
+    def _missing(
+        self,
+        rollout: Reconfiguration,
+        waited: float,
+        reply: Literal["ACK", "MIGRATED"],
+        operator: str | None,
+        request: ControlMessage,
+    ) -> RolloutTimeout:
+        since = max(waited, (utc_now() - request.sent_at).total_seconds())
+        who = "the job" if operator is None else f"operator {operator}"
+        return RolloutTimeout(
+            f"no {reply} from {who} for v{rollout.version} {since:.1f} s after "
+            f"{request.describe()} (control topic {self._channel.topic!r}); {JOB_HINT}",
+            version=rollout.version,
+            reply=reply,
+            operator=operator,
+            waited_s=waited,
+        )
+
+    def wait_ack(self, timeout_s: float, on_tick: TickCallback | None = None) -> float:
+        """Wait until the job acknowledged PREPARE; return the seconds waited.
+
+        Raises :class:`RolloutTimeout` after ``timeout_s``; the rollout stays
+        in flight, for the caller to wait again or abort.
+        """
+        return self._wait(
+            lambda rollout: rollout.ack is not None,
+            lambda rollout, waited: self._missing(rollout, waited, "ACK", None, rollout.prepare),
+            timeout_s,
+            on_tick,
+        )
+
+    def wait_migrated(
+        self, operator: str, timeout_s: float, on_tick: TickCallback | None = None
+    ) -> float:
+        """Wait until ``operator`` reported MIGRATED; return the seconds waited."""
+        rollout = self._rollout(self._load())
+        if operator not in rollout.propagated:
+            raise ControllerError(
+                f"{operator} was not propagated to v{rollout.version}; propagate it first"
+            )
+        return self._wait(
+            lambda rollout: operator in rollout.migrated,
+            lambda rollout, waited: self._missing(
+                rollout, waited, "MIGRATED", operator, rollout.propagated[operator]
+            ),
+            timeout_s,
+            on_tick,
+        )
+
+    # --- the whole exchange --------------------------------------------------------------
+
+    def _steps(self, version: int, timeout_s: float) -> list[_Step]:
+        steps = [
+            _Step(
+                "PREPARE",
+                f"PREPARE v{version} → ACK",
+                functools.partial(self.prepare, version),
+                functools.partial(self.wait_ack, timeout_s),
+            )
+        ]
+        for name in self.operators_for(version):
+            steps.append(
+                _Step(
+                    f"PROPAGATE {name}",
+                    f"PROPAGATE {name} → MIGRATED {name}",
+                    functools.partial(self.propagate, name),
+                    functools.partial(self.wait_migrated, name, timeout_s),
+                )
+            )
+        steps.append(_Step("DONE", f"DONE v{version}", self.done, None))
+        return steps
+
+    def rollout(
+        self,
+        version: int,
+        *,
+        timeout_s: float,
+        on_step: Callable[[RolloutProgress], None] | None = None,
+    ) -> RolloutResult:
+        """PREPARE → ACK → PROPAGATE each operator → its MIGRATED → DONE (000 §3.4).
+
+        ``timeout_s`` bounds the wait for each reply. When one is missing,
+        the rollout is aborted (the job returns to the active version) and
+        :class:`RolloutTimeout` says which reply was missing. Called again
+        after an interruption, it resumes where the state file stands; after
+        success it changes nothing. ``on_step`` hears when each step starts,
+        at each poll while it waits, and when it ends.
+        """
+        steps = self._steps(version, timeout_s)
+        timings: list[StepTiming] = []
+        for index, step in enumerate(steps):
+            progress = _StepProgress(step, index, len(steps), on_step)
+            progress.report(finished=False)
+            step.act()
+            if step.wait is not None:
+                try:
+                    step.wait(progress.tick)
+                except RolloutTimeout as timeout:
+                    raise self._aborted(timeout) from timeout
+            timings.append(StepTiming(step.step, step.label, progress.elapsed()))
+            progress.report(finished=True)
+        last = self._required().protocol.last
+        assert last is not None and last.version == version
+        return RolloutResult(version, last.base, last.checksum, tuple(timings))
+
+    def _aborted(self, timeout: RolloutTimeout) -> RolloutTimeout:
+        """Abort after a missing reply, and say so in the error."""
+        try:
+            self.abort()
+        except Exception as exc:
+            outcome = (
+                f"ABORT v{timeout.version} could not be sent ({exc}); run `keyplane config abort`"
+            )
+            aborted = False
+        else:
+            outcome = f"rollout of v{timeout.version} aborted"
+            aborted = True
+        return RolloutTimeout(
+            f"{outcome}: {timeout}",
+            version=timeout.version,
+            reply=timeout.reply,
+            operator=timeout.operator,
+            waited_s=timeout.waited_s,
+            aborted=aborted,
+        )
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One step of a rollout: the request to send and the wait for its reply."""
+
+    step: str
+    label: str
+    act: Callable[[], ControlMessage]
+    wait: Callable[[TickCallback], float] | None
+
+
+class _StepProgress:
+    """Reports one step's progress to a rollout's ``on_step`` callback."""
+
+    def __init__(
+        self,
+        step: _Step,
+        index: int,
+        total: int,
+        on_step: Callable[[RolloutProgress], None] | None,
+    ) -> None:
+        self._step = step
+        self._index = index
+        self._total = total
+        self._on_step = on_step
+        self._started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def report(self, *, finished: bool) -> None:
+        if self._on_step is not None:
+            step = self._step
+            self._on_step(
+                RolloutProgress(
+                    step.step, step.label, self._index, self._total, self.elapsed(), finished
+                )
+            )
+
+    def tick(self, _waited: float) -> None:
+        self.report(finished=False)

@@ -1,0 +1,137 @@
+"""The control topic (keyplane.kafka.control) against the real embedded broker.
+
+The job's driver reads exact offset ranges of this topic at every batch
+boundary (paper 000 §3.4), so these tests check that a read returns exactly
+the records of its range, in order and authenticated, and that a forged
+record is reported without stopping the genuine ones after it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kafka import KafkaProducer
+
+from keyplane.kafka.admin import TopicError, ensure_topic
+from keyplane.kafka.control import ControlChannel
+from keyplane.protocol import ControlMessage, encode
+from keyplane.signing import KEY_ENV_VAR, MissingKeyError
+
+KEY = b"control-channel-tests-0123456789abcdef"
+
+
+def command(kind: str, version: int, operator: str | None = None) -> ControlMessage:
+    return ControlMessage(
+        type=kind,  # type: ignore[arg-type]
+        config_version=version,
+        previous_version=version - 1,
+        operator=operator,
+        checksum=f"checksum-of-v{version}",
+        sender="controller",
+    )
+
+
+def unsigned(message: ControlMessage) -> ControlMessage:
+    return message.model_copy(update={"signature": None})
+
+
+def produce_raw(broker: str, topic: str, values: list[bytes]) -> None:
+    """Write records the way anyone with access to the topic could: no signing key."""
+    producer = KafkaProducer(bootstrap_servers=broker, acks="all")
+    try:
+        for value in values:
+            producer.send(topic, value=value, partition=0)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+@pytest.mark.integration
+def test_signed_messages_round_trip_in_order_and_reads_are_exact(
+    broker: str, topic_name: str
+) -> None:
+    sent = [command("PREPARE", 2), command("PROPAGATE", 2, "A"), command("PROPAGATE", 2, "B")]
+    with ControlChannel(broker, topic_name, key=KEY) as channel:
+        channel.ensure()
+        assert channel.end_offset() == 0
+        assert channel.read(0).messages == ()
+
+        channel.send(sent)
+        everything = channel.read(0)
+        middle = channel.read(1, 2)
+        channel.send([command("DONE", 2)])
+        since_last = channel.read(everything.end)
+
+    assert everything.end == 3 and everything.rejected == ()
+    assert [offset for offset, _ in everything.messages] == [0, 1, 2]
+    assert [unsigned(message) for _, message in everything.messages] == sent
+    assert all(len(message.signature or "") == 64 for _, message in everything.messages)
+    assert [(offset, message.describe()) for offset, message in middle.messages] == [
+        (1, "PROPAGATE A v2")
+    ]
+    assert middle.end == 2
+    assert [(offset, message.describe()) for offset, message in since_last.messages] == [
+        (3, "DONE v2")
+    ]
+    assert since_last.end == 4
+
+
+@pytest.mark.integration
+def test_forged_records_are_reported_not_raised_and_later_messages_still_arrive(
+    broker: str, topic_name: str
+) -> None:
+    genuine = command("PREPARE", 2)
+    with ControlChannel(broker, topic_name, key=KEY) as channel:
+        channel.ensure()
+        body = genuine.model_dump(mode="json", exclude={"signature"})
+        produce_raw(
+            broker,
+            topic_name,
+            [
+                json.dumps(body).encode(),
+                encode(command("ABORT", 2), b"a-key-the-attacker-made-up-1234567"),
+                b"{not json",
+            ],
+        )
+        channel.send([genuine])
+        read = channel.read(0)
+
+    assert [(offset, why.reason) for offset, why in read.rejected] == [
+        (0, "missing_signature"),
+        (1, "bad_signature"),
+        (2, "not_json"),
+    ]
+    assert [(offset, unsigned(message)) for offset, message in read.messages] == [(3, genuine)]
+    assert read.end == 4
+
+
+@pytest.mark.integration
+def test_a_topic_with_several_partitions_is_refused(broker: str, topic_name: str) -> None:
+    ensure_topic(broker, topic_name, 3)
+    with (
+        ControlChannel(broker, topic_name, key=KEY) as channel,
+        pytest.raises(TopicError, match=r"has 3 partitions.*exactly one"),
+    ):
+        channel.ensure()
+
+
+@pytest.mark.integration
+def test_reading_past_the_end_times_out_naming_the_topic_and_offsets(
+    broker: str, topic_name: str
+) -> None:
+    with ControlChannel(broker, topic_name, key=KEY, read_timeout_s=1.0) as channel:
+        channel.ensure()
+        channel.send([command("PREPARE", 2)])
+        with pytest.raises(TopicError) as caught:
+            channel.read(0, 3)
+    assert topic_name in str(caught.value)
+    assert "no record past offset 1 (reading offsets 0..2) after 1 s" in str(caught.value)
+
+
+def test_a_channel_without_a_key_fails_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_ENV_VAR, raising=False)
+    with pytest.raises(MissingKeyError, match=KEY_ENV_VAR):
+        ControlChannel("127.0.0.1:1", "control")
+    monkeypatch.setenv(KEY_ENV_VAR, "from-the-environment")
+    assert ControlChannel("127.0.0.1:1", "control").topic == "control"

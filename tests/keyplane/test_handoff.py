@@ -1,0 +1,100 @@
+"""State hand-offs between routed keys (paper 000 §3.4 on Spark's keyed state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.handoff import (
+    VersionedTables,
+    pick_route,
+    routed_key_table,
+    state_moves,
+)
+from keyplane.routedkeys import spark_partition
+
+P = 4
+
+
+def _config(version: int, **operators: OperatorRouting) -> RoutingConfig:
+    return RoutingConfig(
+        version=version,
+        parent_version=None if version == 1 else version - 1,
+        created_by="initial" if version == 1 else "manual",
+        operators=dict(operators),
+    )
+
+
+def _table(moves, before: OperatorRouting, after: OperatorRouting) -> dict[str, list[tuple]]:
+    old, new = routed_key_table(before), routed_key_table(after)
+    out: dict[str, list[tuple]] = {}
+    for move in moves:
+        out.setdefault(move.key, []).append(
+            (move.source, old.instance_of(move.source), move.target, new.instance_of(move.target))
+        )
+    return out
+
+
+def test_a_new_hot_key_moves_its_state_even_where_it_keeps_its_instance() -> None:
+    key = "hot"
+    natural = spark_partition(key, P)
+    instances = (natural, (natural + 1) % P, (natural + 2) % P)
+    before = OperatorRouting(parallelism=P)
+    after = OperatorRouting(parallelism=P, hot_keys={key: instances})
+    moves = state_moves(_config(1, A=before), _config(2, A=after), "A", P)
+    # The whole count leaves the plain routed key for the salted one on the same instance.
+    assert _table(moves, before, after) == {
+        key: [(key, natural, routed_key_table(after).route(key)[0], natural)]
+    }
+
+
+def test_undoing_a_split_sends_every_partial_to_the_single_new_routed_key() -> None:
+    before = OperatorRouting(parallelism=P, hot_keys={"h": (0, 1, 3)})
+    after = OperatorRouting(parallelism=P, table={"h": 1})
+    moves = state_moves(_config(1, A=before), _config(2, A=after), "A", P)
+    target = routed_key_table(after).route("h")[0]
+    sources = routed_key_table(before).route("h")
+    assert sorted(m.source for m in moves) == sorted(r for r in sources if r != target)
+    assert {m.target for m in moves} == {target}
+
+
+def test_a_tabled_key_moves_and_untouched_keys_stay() -> None:
+    key = "k"
+    elsewhere = (spark_partition(key, P) + 1) % P
+    before = OperatorRouting(parallelism=P, table={"same": 2})
+    after = OperatorRouting(parallelism=P, table={"same": 2, key: elsewhere})
+    moves = state_moves(_config(1, A=before), _config(2, A=after), "A", P)
+    assert [(m.key, m.source) for m in moves] == [(key, key)]
+    assert routed_key_table(after).instance_of(moves[0].target) == elsewhere
+
+
+def test_a_version_of_another_parallelism_is_refused() -> None:
+    with pytest.raises(ValueError, match="3 instances, but the query has 4"):
+        state_moves(
+            _config(1, A=OperatorRouting(parallelism=P)),
+            _config(2, A=OperatorRouting(parallelism=3)),
+            "A",
+            P,
+        )
+
+
+def test_pick_route_is_stable_and_spreads_pure() -> None:
+    routes = ["h#1", "h#7", "h#9"]
+    picks = [pick_route(routes, str(seq)) for seq in range(3_000)]
+    assert picks == [pick_route(routes, str(seq)) for seq in range(3_000)]
+    assert all(900 < picks.count(r) < 1_100 for r in routes)
+    assert pick_route(["only"], "x") == "only"
+
+
+def test_versioned_tables_load_verified_versions_once(tmp_path: Path) -> None:
+    save(_config(1, A=OperatorRouting(parallelism=P, table={"k": 3})), tmp_path)
+    tables = VersionedTables(tmp_path, P)
+    table = tables.table(1, "A")
+    assert table.instance_of(table.route("k")[0]) == 3
+    assert tables.table(1, "A") is table
+    # An operator the version leaves out takes the hash fallback.
+    assert tables.table(1, "B").route("k") == ["k"]
+    with pytest.raises(LookupError):
+        tables.table(9, "A")
