@@ -1,10 +1,16 @@
-"""The reference two-stage job vs Spark's native streaming count, side by side.
+"""The reference job, the routed job and plain Spark counting, side by side.
 
-Both read the same topic through keyplane's Kafka source with the same batch
-cap; one runs the two chained Python stateful stages (the reference job),
-the other Spark's native ``groupBy(a).count()``. The ratio of their
-steady-state throughput is the cost of the Python stateful stages, which the
-routed job (issue: live routing) has to keep near 1.
+All three read the same topic through keyplane's Kafka source with the same
+batch cap, each in its own process, one after the other:
+
+* ``native-counts``: the same per-key counts of both fields from one plain
+  Spark ``groupBy`` (JVM aggregation, no Python stateful stage);
+* ``two-stage``: the reference job, two chained Python stateful stages;
+* ``routed``: the routed job (live routing, hand-off rows, metrics), on an
+  initial all-hash configuration.
+
+The throughput ratios are the cost of the Python stateful stages and of
+live routing (issue goal: routed ≥ 0.9 × plain Spark).
 
     python bench/reference_job.py [--events 200000] [--tags 2000] [--out FILE]
 """
@@ -12,41 +18,31 @@ routed job (issue: live routing) has to keep near 1.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import tempfile
 from pathlib import Path
 
-from keyplane.kafka.broker import EmbeddedBroker
+from _harness import emit, private_broker, routed_topics, run_job, steady_rate
+
 from keyplane.kafka.producer import produce_workload
-from keyplane.spark.counts_job import PROGRESS_PREFIX, CountsJobSettings, job_command
-from keyplane.testing import free_port
+from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.workloads import GeoTagsWorkload
 
-PIPELINES = ("count-by-first-key", "two-stage")
+VARIANTS = ("native-counts", "two-stage", "routed")
 
 
-def run_job(
-    bootstrap: str, topic: str, tmp: Path, pipeline: str, batch: int, total: int
-) -> list[dict]:  # type: ignore[type-arg]
-    cmd = job_command(
-        CountsJobSettings(
-            bootstrap_servers=bootstrap,
-            events_topic=topic,
-            checkpoint=tmp / f"ck-{pipeline}",
-            output=tmp / f"out-{pipeline}",
-            max_offsets_per_trigger=batch,
-            stop_at_offset_total=total,
-            pipeline=pipeline,
-        )
+def settings(bootstrap: str, tmp: Path, variant: str, batch: int, total: int) -> CountsJobSettings:
+    routed = variant == "routed"
+    return CountsJobSettings(
+        bootstrap_servers=bootstrap,
+        events_topic="reference",
+        checkpoint=tmp / f"ck-{variant}",
+        output=tmp / f"out-{variant}",
+        max_offsets_per_trigger=batch,
+        stop_at_offset_total=total,
+        pipeline="two-stage" if routed else variant,
+        routing_store=tmp / "store" if routed else None,
+        **(routed_topics(variant) if routed else {}),
     )
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return [
-        json.loads(line[len(PROGRESS_PREFIX) :])
-        for line in out.splitlines()
-        if line.startswith(PROGRESS_PREFIX)
-    ]
 
 
 def main() -> None:
@@ -59,43 +55,31 @@ def main() -> None:
     args = parser.parse_args()
     events, batch = (50_000, 10_000) if args.quick else (args.events, args.batch)
 
-    with tempfile.TemporaryDirectory() as tmp_dir:
-        tmp = Path(tmp_dir)
-        broker = EmbeddedBroker(tmp, free_port())
-        bootstrap = broker.start().bootstrap_servers
-        try:
-            spec = GeoTagsWorkload(n_events=events, n_tags=args.tags, seed=3)
-            produce_workload(spec, bootstrap, "reference", partitions=8)
-            results = {p: run_job(bootstrap, "reference", tmp, p, batch, events) for p in PIPELINES}
-        finally:
-            broker.stop()
-
-    def steady(progress: list[dict]) -> float:  # type: ignore[type-arg]
-        # The first batch pays for JVM and Python worker start-up.
-        rest = progress[1:] or progress
-        return sum(p["rows"] for p in rest) / (sum(p["duration_ms"] for p in rest) / 1000)
+    with private_broker() as (bootstrap, tmp):
+        spec = GeoTagsWorkload(n_events=events, n_tags=args.tags, seed=3)
+        produce_workload(spec, bootstrap, "reference", partitions=8)
+        results = {v: run_job(settings(bootstrap, tmp, v, batch, events)) for v in VARIANTS}
 
     def median_s(progress: list[dict]) -> float:  # type: ignore[type-arg]
         return statistics.median(p["duration_ms"] for p in progress) / 1000
 
-    rates = {p: steady(results[p]) for p in PIPELINES}
+    rates = {v: steady_rate(results[v]) for v in VARIANTS}
+    native = rates["native-counts"]
     lines = [
         f"events: {events:,} geo-tags ({args.tags:,} tags), {batch:,} per micro-batch, local[2]",
         "",
-        "| pipeline | batches | median batch s | steady rows/s |",
-        "|---|---:|---:|---:|",
+        "| pipeline | batches | median batch s | steady rows/s | vs plain Spark |",
+        "|---|---:|---:|---:|---:|",
         *[
-            f"| {p} | {len(results[p])} | {median_s(results[p]):.1f} | {rates[p]:,.0f} |"
-            for p in PIPELINES
+            f"| {v} | {len(results[v])} | {median_s(results[v]):.1f} | {rates[v]:,.0f} "
+            f"| {rates[v] / native:.2f} |"
+            for v in VARIANTS
         ],
         "",
-        "two-stage / native count throughput ratio: "
-        f"**{rates['two-stage'] / rates['count-by-first-key']:.2f}**",
+        f"routed / two-stage: **{rates['routed'] / rates['two-stage']:.2f}**, "
+        f"routed / plain Spark: **{rates['routed'] / native:.2f}**",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

@@ -79,10 +79,12 @@ class CountsJobSettings(BaseModel):
         default=None, gt=0, description="Stop after this long with no new input and no lag."
     )
     source: Literal["python", "jvm"] = "python"
-    pipeline: Literal["two-stage", "count-by-first-key"] = Field(
+    pipeline: Literal["two-stage", "count-by-first-key", "native-counts"] = Field(
         default="two-stage",
         description="'two-stage': the reference A → B running counts; "
-        "'count-by-first-key': Spark's native streaming count by field 1 (a baseline).",
+        "'count-by-first-key': Spark's native streaming count by field 1; "
+        "'native-counts': the same counts as the two-stage job from one plain Spark "
+        "groupBy (baselines for benchmarks).",
     )
     routing_store: Path | None = Field(
         default=None,
@@ -197,6 +199,17 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
     events = parse_events(raw)
     if settings.pipeline == "two-stage":
         updates, mode = running_counts(events), "append"
+    elif settings.pipeline == "native-counts":
+        # One scan: each event becomes its stage-A and its stage-B key.
+        both = events.select(
+            F.explode(
+                F.array(
+                    F.struct(F.lit("A").alias("stage"), F.col("a").alias("key")),
+                    F.struct(F.lit("B").alias("stage"), F.col("b").alias("key")),
+                )
+            ).alias("k")
+        ).select("k.stage", "k.key")
+        updates, mode = both.groupBy("stage", "key").count(), "update"
     else:
         updates = (
             events.groupBy("a")
@@ -259,7 +272,7 @@ def job_command(settings: CountsJobSettings) -> list[str]:
     the flags back into the same settings.
     """
     cmd = [sys.executable, "-m", "keyplane.spark.counts_job"]
-    for name, value in settings.model_dump(exclude_unset=True).items():
+    for name, value in settings.model_dump(exclude_unset=True, exclude_none=True).items():
         cmd += ["--" + name.replace("_", "-"), str(value)]
     return cmd
 
@@ -346,7 +359,9 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         default=Settings().kafka_source,
         help="Kafka source implementation (default: KEYPLANE_KAFKA_SOURCE or python)",
     )
-    parser.add_argument("--pipeline", choices=["two-stage", "count-by-first-key"])
+    parser.add_argument(
+        "--pipeline", choices=["two-stage", "count-by-first-key", "native-counts"]
+    )
     parser.add_argument(
         "--routing-store",
         type=Path,

@@ -39,6 +39,7 @@ Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
 
 from __future__ import annotations
 
+import heapq
 import os
 import socket
 from collections.abc import Hashable, Iterable, Iterator, Mapping
@@ -232,96 +233,80 @@ def routed_count_by_second_key(
     partial per routed key seen in this group (stage A's counts only grow
     within a batch), the traffic from each stage-A instance, and the group's
     heaviest pairs.
+
+    Called once per routed key per micro-batch, so its fixed cost bounds the
+    job's throughput when batches touch many keys: one pass over plain
+    Python lists, no per-group pandas operations but the final frame.
     """
     group = key[0]
-    pdf = pd.concat(list(batches), ignore_index=True)
+    frames = list(batches)
+    pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     if group.startswith(CONTROL_PREFIX):
         yield _output([_passed_through(row) for row in pdf.to_dict("records")])
         return
-    kinds = pdf["kind"]
-    installs, events, evicts = (pdf[kinds == k] for k in ("install", "event", "evict"))
     count, marker = (int(state.get[0]), int(state.get[1])) if state.exists else (0, -1)
-    added, marker, sources = take_installs(
-        zip(
-            installs["source_rk"].tolist(),
-            installs["count"].astype("int64").tolist(),
-            installs["marker"].astype("int64").tolist(),
-            strict=True,
-        ),
-        marker,
-    )
-    count += added
+    installs: list[tuple[str, int, int]] = []
+    evict: tuple[str, int] | None = None
+    tuples = 0
+    a_partials: dict[str, tuple[str, int, int]] = {}
+    hops: dict[tuple[int, str], int] = {}
+    pairs: dict[str, int] = {}
+    columns = ("kind", "a", "ra", "ia", "ea", "n", "count", "source_rk", "target_rk", "marker")
+    for kind, a, ra, ia, ea, n, c, source, target, move in zip(
+        *(pdf[name].tolist() for name in columns), strict=True
+    ):
+        if kind == "event":
+            n, ia = int(n), int(ia)
+            tuples += n
+            seen = a_partials.get(ra)
+            if seen is None or c > seen[2]:
+                a_partials[ra] = (a, ia, int(c))
+            hops[(ia, ea)] = hops.get((ia, ea), 0) + n
+            pairs[a] = pairs.get(a, 0) + n
+        elif kind == "install":
+            installs.append((source, int(c), int(move)))
+        elif kind == "evict":
+            evict = (target, int(move))
+    added, marker, sources = take_installs(installs, marker)
+    count += added + tuples
     key_b = str(pdf["b"].iloc[0])
+    instance, executor = _task_partition(), executor_id()
     out: list[dict[str, Any]] = [
         {"kind": "count", "stage": "B", "key": key_b, "routed_key": s, "count": 0} for s in sources
     ]
-    instance, executor = _task_partition(), executor_id()
-    if len(events):
-        count += int(events["n"].sum())
-        out += _stage_a_partials(events)
-        out += _hops(events, instance, executor)
-        out += _top_pairs(events, key_b, instance)
-    if len(evicts):
+    out += [
+        {"kind": "count", "stage": "A", "key": a, "routed_key": ra, "instance": ia, "count": c}
+        for ra, (a, ia, c) in a_partials.items()
+    ]
+    out += [
+        {
+            "kind": "hop", "instance": instance, "executor": executor, "upstream": ia,
+            "upstream_executor": ea, "n": n,
+        }
+        for (ia, ea), n in hops.items()
+    ]  # fmt: skip
+    out += [
+        {"kind": "pair", "key": key_b, "detail": a, "instance": instance, "n": n}
+        for a, n in heapq.nlargest(TOP_PAIRS_PER_GROUP, pairs.items(), key=lambda item: item[1])
+    ]
+    out.append(
+        {
+            "kind": "count", "stage": "B", "key": key_b, "routed_key": group,
+            "instance": instance, "count": count,
+        }
+    )  # fmt: skip
+    if evict is not None:
         if count > 0:
             out.append(
                 {
                     "kind": "moved", "stage": "B", "key": key_b, "routed_key": group,
-                    "count": count, "target": evicts["target_rk"].iloc[0],
-                    "marker": int(evicts["marker"].iloc[0]),
+                    "count": count, "target": evict[0], "marker": evict[1],
                 }
             )  # fmt: skip
-        out.append(
-            {
-                "kind": "count", "stage": "B", "key": key_b, "routed_key": group,
-                "instance": instance, "count": count,
-            }
-        )  # fmt: skip
         state.remove()
-    elif len(installs) or len(events):
-        out.append(
-            {
-                "kind": "count", "stage": "B", "key": key_b, "routed_key": group,
-                "instance": instance, "count": count,
-            }
-        )  # fmt: skip
+    else:
         state.update((count, marker))
     yield _output(out)
-
-
-def _stage_a_partials(events: pd.DataFrame) -> list[dict[str, Any]]:
-    latest = events.sort_values("count").drop_duplicates("ra", keep="last")
-    return [
-        {
-            "kind": "count", "stage": "A", "key": a, "routed_key": ra, "instance": int(ia),
-            "count": int(c),
-        }
-        for a, ra, ia, c in zip(
-            latest["a"].tolist(), latest["ra"].tolist(), latest["ia"].tolist(),
-            latest["count"].tolist(), strict=True,
-        )
-    ]  # fmt: skip
-
-
-def _hops(events: pd.DataFrame, instance: int, executor: str) -> list[dict[str, Any]]:
-    traffic = events.groupby(["ia", "ea"], as_index=False)["n"].sum()
-    return [
-        {
-            "kind": "hop", "instance": instance, "executor": executor, "upstream": int(ia),
-            "upstream_executor": ea, "n": int(n),
-        }
-        for ia, ea, n in zip(
-            traffic["ia"].tolist(), traffic["ea"].tolist(), traffic["n"].tolist(), strict=True
-        )
-    ]  # fmt: skip
-
-
-def _top_pairs(events: pd.DataFrame, key_b: str, instance: int) -> list[dict[str, Any]]:
-    weights = events.groupby("a", as_index=False).agg(n=("n", "sum"))
-    pairs = weights.nlargest(TOP_PAIRS_PER_GROUP, "n")
-    return [
-        {"kind": "pair", "key": key_b, "detail": a, "instance": instance, "n": int(n)}
-        for a, n in zip(pairs["a"].tolist(), pairs["n"].tolist(), strict=True)
-    ]
 
 
 def _passed_through(row: Mapping[Hashable, Any]) -> dict[str, Any]:
