@@ -40,9 +40,9 @@ Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
 from __future__ import annotations
 
 import heapq
-import os
 import socket
 from collections.abc import Hashable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -77,13 +77,17 @@ def _task_partition() -> int:
 
 
 def executor_id() -> str:
-    """This Python worker's executor, as ``host:daemon-pid``.
+    """This Python worker's executor, as ``host:executor``.
 
-    PySpark exposes no executor id to Python; every executor forks its Python
-    workers from one daemon, so the daemon's pid tells executors apart on one
-    host (``local-cluster``), and the host name across hosts.
+    PySpark tells Python no executor id, but every executor starts its Python
+    workers in its own working directory (``work/<app>/<executor id>`` under
+    a standalone or local-cluster master, the container's directory on YARN,
+    its own host on Kubernetes), so host and directory name the executor; in
+    local mode every task shares the driver's, which is right: one executor.
+    The worker's parent pid would not do: each kind of Python worker (pandas
+    UDF, ``transformWithState``) has a daemon of its own.
     """
-    return f"{socket.gethostname()}:{os.getppid()}"
+    return f"{socket.gethostname()}:{Path.cwd().name}"
 
 
 def take_installs(
