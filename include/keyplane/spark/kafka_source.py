@@ -10,6 +10,13 @@ Where the JVM connector is on the classpath, :func:`read_kafka` can select it
 
 Options: ``kafka.bootstrap.servers``, ``subscribe`` (comma-separated topics),
 ``startingOffsets`` (earliest | latest | JSON), ``maxOffsetsPerTrigger``.
+
+The same source also reads in batch mode (``spark.read.format("keyplane-kafka")``),
+for jobs that look back over a window of a topic, such as the statistics job
+of the reconfiguration DAG: ``startingOffsets`` and ``endingOffsets`` (earliest
+| latest | JSON ``{"topic": {"0": offset}}``) bound the records read, the end
+exclusive, as in Spark's own Kafka connector. Exact bounds make a rerun read
+the very same records.
 """
 
 from __future__ import annotations
@@ -19,7 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
@@ -209,8 +221,59 @@ def _to_batch(cols: dict[str, list[Any]], p: KafkaInputPartition) -> pa.RecordBa
     )
 
 
+class KafkaBatchReader(DataSourceReader):
+    """Reads a fixed offset range of every partition, one task per partition.
+
+    The range is resolved once, when Spark builds the reader on the driver:
+    ``startingOffsets`` defaults to the earliest offsets, ``endingOffsets`` to
+    the high watermarks at that moment. A partition missing from a JSON bound
+    takes the default bound.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        options = {k.lower(): v for k, v in options.items()}
+        self.bootstrap_servers = _required(options, "kafka.bootstrap.servers")
+        self.topics = [t.strip() for t in _required(options, "subscribe").split(",") if t.strip()]
+        starting = parse_starting_offsets(options.get("startingoffsets", "earliest"))
+        ending = parse_starting_offsets(options.get("endingoffsets", "latest"))
+        if ending == "earliest":
+            raise KafkaSourceOptionError("endingOffsets must be 'latest' or JSON, not 'earliest'")
+        self.start = self._resolve(starting)
+        self.end = self._resolve(ending)
+
+    def _resolve(self, bound: str | PartitionOffsets) -> PartitionOffsets:
+        from keyplane.kafka.admin import earliest_offsets, high_watermarks
+
+        query = high_watermarks if bound == "latest" else earliest_offsets
+        resolved: PartitionOffsets = {}
+        for topic in self.topics:
+            defaults = {str(p): off for p, off in query(self.bootstrap_servers, topic).items()}
+            explicit = bound.get(topic, {}) if isinstance(bound, dict) else {}
+            resolved[topic] = {**defaults, **explicit}
+        return resolved
+
+    def partitions(self) -> list[InputPartition]:
+        out: list[InputPartition] = []
+        for topic in self.topics:
+            for part, end_off in sorted(self.end[topic].items(), key=lambda kv: int(kv[0])):
+                begin = self.start[topic].get(part, 0)
+                if end_off > begin:
+                    out.append(
+                        KafkaInputPartition(
+                            self.bootstrap_servers, topic, int(part), int(begin), int(end_off)
+                        )
+                    )
+        # Spark needs at least one partition; an empty range reads no record.
+        return out or [KafkaInputPartition(self.bootstrap_servers, self.topics[0], 0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaInputPartition)
+        if partition.end > partition.start:
+            yield from read_partition(partition)
+
+
 class KafkaDataSource(DataSource):
-    """``spark.readStream.format("keyplane-kafka")``."""
+    """``spark.readStream.format("keyplane-kafka")``, and ``spark.read`` for offset ranges."""
 
     @classmethod
     def name(cls) -> str:
@@ -221,6 +284,9 @@ class KafkaDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(dict(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(dict(self.options))
 
 
 def read_kafka(

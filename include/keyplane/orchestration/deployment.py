@@ -1,0 +1,95 @@
+"""Where the reconfiguration DAG finds the job's topics and keyplane's state.
+
+Everything comes from the environment, as for the rest of keyplane
+(:class:`keyplane.settings.Settings`, prefix ``KEYPLANE_``), so the same DAG
+runs against the embedded broker in a test and against Apache Kafka in
+production. Airflow connections take precedence where they exist:
+``keyplane_kafka`` (``AIRFLOW_CONN_KEYPLANE_KAFKA``, the Kafka provider's
+``{"conn_type": "kafka", "extra": {"bootstrap.servers": "host:port"}}``)
+gives the bootstrap servers; ``spark_default`` is read by
+``SparkSubmitOperator`` itself.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from keyplane.settings import Settings
+
+KAFKA_CONN_ID = "keyplane_kafka"
+SPARK_CONN_ID = "spark_default"
+OPERATORS: tuple[str, ...] = ("A", "B")
+"""The routed job's stateful operators, upstream first (000 §3.4 migrates in this order)."""
+
+
+class Deployment(BaseModel):
+    """The running job's topics and the state folders the DAG's steps share."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    home: Path
+    bootstrap_servers: str = Field(min_length=1)
+    events_topic: str
+    metrics_topic: str
+    control_topic: str
+    routing_store: Path
+    snapshots: Path
+    controller_state: Path
+    gx_root: Path
+    operators: tuple[str, ...] = OPERATORS
+
+    @classmethod
+    def from_environment(cls, bootstrap_servers: str | None = None) -> Deployment:
+        """The deployment the ``KEYPLANE_*`` variables describe.
+
+        ``KEYPLANE_ROUTING_STORE`` and ``KEYPLANE_STATISTICS_DIR`` override the
+        store and the snapshot folder (default ``$KEYPLANE_HOME/configs`` and
+        ``$KEYPLANE_HOME/statistics``); the controller's state file is
+        ``$KEYPLANE_HOME/controller.json``, the one ``keyplane config
+        publish`` uses, so the CLI and the DAG see the same rollout.
+        """
+        settings = Settings()
+        home = settings.home.resolve()
+        store = os.environ.get("KEYPLANE_ROUTING_STORE")
+        snapshots = os.environ.get("KEYPLANE_STATISTICS_DIR")
+        return cls(
+            home=home,
+            bootstrap_servers=bootstrap_servers or settings.resolved_bootstrap_servers(),
+            events_topic=settings.events_topic,
+            metrics_topic=settings.metrics_topic,
+            control_topic=settings.control_topic,
+            routing_store=Path(store).resolve() if store else home / "configs",
+            snapshots=Path(snapshots).resolve() if snapshots else home / "statistics",
+            controller_state=home / "controller.json",
+            gx_root=home / "gx",
+        )
+
+
+def kafka_bootstrap_from_connection(conn_id: str = KAFKA_CONN_ID) -> str | None:
+    """Bootstrap servers of the Airflow connection ``conn_id``, or None if it is not defined.
+
+    Reads the Kafka provider's ``bootstrap.servers`` extra, else ``host:port``.
+    Only called inside tasks: a connection lookup at parse time would hit the
+    metadata database on every parse.
+    """
+    from airflow.sdk import BaseHook
+
+    try:
+        connection = BaseHook.get_connection(conn_id)
+    except Exception:
+        return None
+    extra = connection.extra_dejson or {}
+    servers = extra.get("bootstrap.servers")
+    if servers:
+        return str(servers)
+    if connection.host:
+        return f"{connection.host}:{connection.port}" if connection.port else connection.host
+    return None
+
+
+def deployment() -> Deployment:
+    """The deployment a task runs against: the Kafka connection, else the environment."""
+    return Deployment.from_environment(kafka_bootstrap_from_connection())

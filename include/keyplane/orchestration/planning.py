@@ -1,0 +1,537 @@
+"""Plans, predictions, backtests and the publish decision, from a statistics snapshot (pure).
+
+Nothing here touches Kafka, Spark, Airflow or the disk: the steps of
+:mod:`keyplane.orchestration.tasks` load and store, these functions decide.
+
+Keys are strings at this boundary (the configuration's and the job's) and
+integer ids inside the algorithms: :class:`KeyCodec` maps one to the other,
+per stage.
+
+How predictions are made. Every figure (locality, per-instance load) is
+computed by routing the snapshot's keys exactly as the job routes them
+(:func:`keyplane.statistics.instance_shares`: table entry, hot key spread
+over its d instances, else Spark's hash), so the new and the current
+configuration are scored by the same ruler. :func:`keyplane.locality.build_plan`
+is given no table budget by default, so every key it sees is tabled and its
+own hash model (``baselines.hash_worker``, not Spark's Murmur3) never decides
+where a key of the snapshot goes.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
+from keyplane.statistics import STAGE_COLUMN, instance_shares
+
+Column = Literal["train", "holdout", "count"]
+HistoryWindow = Literal["decay", "reset"]
+
+
+@dataclass(frozen=True)
+class KeyCodec:
+    """String keys of one stage ↔ the dense integer ids the algorithms take."""
+
+    keys: tuple[str, ...]
+
+    @classmethod
+    def of(cls, keys: Iterable[str]) -> KeyCodec:
+        return cls(tuple(sorted(set(keys))))
+
+    def encode(self, keys: Iterable[str]) -> np.ndarray:
+        index = {key: i for i, key in enumerate(self.keys)}
+        return np.fromiter((index[k] for k in keys), dtype=np.int64)
+
+    def decode(self, key_id: int) -> str:
+        return self.keys[key_id]
+
+
+def stable_key_id(key: str) -> int:
+    """An integer for a key that does not change between runs, for FISH's ring (001 §5).
+
+    Consistent hashing keeps a hot key's candidates from run to run only if
+    the key maps to the same ring position every time; dense codec ids change
+    with the key set. Decimal keys (the generators') are their own id.
+    """
+    if key.isdigit() and len(key) < 18:
+        return int(key)
+    return zlib.crc32(key.encode())
+
+
+def stage_loads(frequencies: pd.DataFrame, stage: str, column: Column) -> dict[str, float]:
+    """Each key's weight in ``column`` for one stage (keys with no weight left out)."""
+    rows = frequencies[(frequencies["stage"] == stage) & (frequencies[column] > 0)]
+    return {str(k): float(w) for k, w in zip(rows["key"], rows[column], strict=True)}
+
+
+def pair_weights(pairs: pd.DataFrame, window: HistoryWindow) -> pd.Series:
+    """What a plan is trained on: decayed history plus the window (``decay``), or the
+    window's older part alone (``reset``, paper 000 §3.2)."""
+    if window == "reset":
+        train_raw = pairs["count"] - pairs["holdout"]
+        return train_raw.clip(lower=0).astype(np.float64)
+    return pairs["train"].astype(np.float64)
+
+
+def frequency_weights(frequencies: pd.DataFrame, window: HistoryWindow) -> pd.Series:
+    if window == "reset":
+        return (frequencies["count"] - frequencies["holdout"]).clip(lower=0).astype(np.float64)
+    return frequencies["train"].astype(np.float64)
+
+
+@dataclass(frozen=True)
+class PlanParams:
+    """The knobs of one re-plan, from the DAG's Params.
+
+    ``alpha`` is 000 §3.1's imbalance bound; ``operators`` the operators to
+    re-plan (the others keep their current routing); ``parallelism`` the
+    instance count (None: the current one); ``window`` the history policy;
+    ``max_table_entries`` the routing table budget per operator (None: every
+    key of the statistics); ``d_min`` FISH's fewest instances per hot key.
+    """
+
+    alpha: float = 1.03
+    operators: tuple[str, ...] = ("A", "B")
+    parallelism: int | None = None
+    window: HistoryWindow = "decay"
+    max_table_entries: int | None = None
+    d_min: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha) and self.alpha >= 1.0):
+            raise ValueError(f"alpha must be ≥ 1, got {self.alpha}")
+        unknown = set(self.operators) - set(STAGE_COLUMN)
+        if not self.operators or unknown:
+            raise ValueError(f"operators must be a non-empty subset of A, B; got {self.operators}")
+
+
+@dataclass(frozen=True)
+class OperatorForecast:
+    """What a configuration is predicted to do for one operator on some statistics."""
+
+    imbalance: float
+    locality: float
+    key_loads: Mapping[str, float] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A new configuration and its predictions on the training statistics."""
+
+    config: RoutingConfig
+    predicted_locality: float
+    predicted_imbalance: dict[str, float]
+    current_locality: float
+    key_loads: dict[str, dict[str, float]]
+    hot_keys: dict[str, int]
+
+
+def locality(config: RoutingConfig, pairs: pd.DataFrame, weights: pd.Series) -> float:
+    """Share of pair weight whose A and B instances coincide (000 §3.2).
+
+    With hot keys the two sides are spread independently, so a pair is local
+    with probability ``Σ_i share_a[i] · share_b[i]``.
+    """
+    total = float(weights.sum())
+    if total <= 0:
+        return 0.0
+    share_a = instance_shares(config.operators["A"], pairs["a"].astype(str).tolist())
+    share_b = instance_shares(config.operators["B"], pairs["b"].astype(str).tolist())
+    local = (share_a * share_b).sum(axis=1)
+    return float((local * weights.to_numpy(np.float64)).sum() / total)
+
+
+def instance_loads(routing: OperatorRouting, key_loads: Mapping[str, float]) -> np.ndarray:
+    """Each instance's load when ``key_loads`` is routed by ``routing``."""
+    keys = list(key_loads)
+    if not keys:
+        return np.zeros(routing.parallelism)
+    weights = np.fromiter(key_loads.values(), dtype=np.float64, count=len(keys))
+    return np.asarray(weights @ instance_shares(routing, keys), dtype=np.float64)
+
+
+def imbalance(loads: np.ndarray) -> float:
+    """max / mean instance load (000 §3.1); 1 when there is no load."""
+    total = float(loads.sum())
+    return 1.0 if total <= 0 else float(loads.max()) / (total / loads.size)
+
+
+def _hot_keys(
+    heavy: Iterable[int],
+    codec: KeyCodec,
+    weights: Mapping[str, float],
+    n: int,
+    d_min: int,
+    previous: Mapping[str, tuple[int, ...]],
+) -> dict[str, tuple[int, ...]]:
+    """Instances for the keys too heavy for α (001 §4.1.2 and §5).
+
+    ``d = clamp(ceil(n·f/f_max), d_min, n)`` (:func:`keyplane.hotkeys.hot_key_worker_count`),
+    candidates clockwise on FISH's consistent-hash ring, and a key keeps its
+    previous instances while they are at least d (001: d never shrinks while
+    a key stays hot, so no partial state is stranded).
+    """
+    from keyplane.hotkeys import hot_key_worker_count
+    from keyplane.ring import make_placement
+
+    keys = [codec.decode(k) for k in heavy]
+    if not keys or n < 2:
+        return {}
+    placement = make_placement("ring", n)
+    f_max = max(weights[k] for k in keys)
+    chosen: dict[str, tuple[int, ...]] = {}
+    for key in keys:
+        d = hot_key_worker_count(weights[key], f_max, n, max(2, d_min))
+        before = previous.get(key)
+        if before is not None and len(before) >= d:
+            chosen[key] = tuple(before)
+        else:
+            chosen[key] = tuple(int(i) for i in placement.candidates(stable_key_id(key), d))
+    return chosen
+
+
+def plan_configuration(
+    pairs: pd.DataFrame,
+    frequencies: pd.DataFrame,
+    current: RoutingConfig,
+    params: PlanParams,
+    *,
+    version: int,
+    created_by: CreatedBy = "schedule",
+) -> Plan:
+    """A new configuration from a snapshot: METIS tables (000 §3.3) and FISH hot keys (001 §4).
+
+    The pair graph is partitioned under α by :func:`keyplane.locality.build_plan`;
+    the keys it finds too heavy for α become hot keys (:func:`_hot_keys`). If
+    spreading a hot key over only d instances pushes an instance over α, that
+    operator's hot keys are widened to every instance: a load spread evenly
+    over all instances can only lower max/mean, which is the planner's own
+    balance argument. Operators not in ``params.operators`` keep their
+    current routing.
+    """
+    from keyplane.locality import KeyWeights, PairStatistics, build_plan
+
+    parallelism = {name: routing.parallelism for name, routing in current.operators.items()}
+    n = params.parallelism or parallelism["A"]
+    if any(p != n for p in parallelism.values()):
+        raise ValueError(
+            f"the running query has {sorted(set(parallelism.values()))} instances per operator; "
+            f"a live re-plan keeps them (Spark fixes state partitions per checkpoint), "
+            f"so parallelism {n} cannot be rolled out without a new checkpoint"
+        )
+    pair_w = pair_weights(pairs, params.window)
+    freq_w = frequencies.assign(weight=frequency_weights(frequencies, params.window))
+    codecs = {
+        stage: KeyCodec.of(
+            [*pairs[column].astype(str), *freq_w.loc[freq_w["stage"] == stage, "key"].astype(str)]
+        )
+        for stage, column in STAGE_COLUMN.items()
+    }
+    key_loads = {
+        stage: {
+            str(k): float(w)
+            for k, w in zip(
+                freq_w.loc[freq_w["stage"] == stage, "key"],
+                freq_w.loc[freq_w["stage"] == stage, "weight"],
+                strict=True,
+            )
+            if w > 0
+        }
+        for stage in STAGE_COLUMN
+    }
+
+    def stage_weights(stage: str) -> KeyWeights:
+        loads = key_loads[stage]
+        return KeyWeights(codecs[stage].encode(loads), np.fromiter(loads.values(), np.float64))
+
+    keep = pair_w.to_numpy() > 0
+    statistics = PairStatistics(
+        codecs["A"].encode(pairs.loc[keep, "a"].astype(str)),
+        codecs["B"].encode(pairs.loc[keep, "b"].astype(str)),
+        pair_w.to_numpy()[keep],
+        freq_a=stage_weights("A"),
+        freq_b=stage_weights("B"),
+    )
+    plan = build_plan(
+        statistics,
+        n,
+        alpha=params.alpha,
+        max_table_entries=params.max_table_entries,
+        seed=params.seed,
+    )
+    tables = {"A": plan.table_a, "B": plan.table_b}
+    heavy = {"A": plan.heavy_keys_a, "B": plan.heavy_keys_b}
+    planned_imbalance = {"A": plan.predicted_imbalance_a, "B": plan.predicted_imbalance_b}
+    operators: dict[str, OperatorRouting] = {}
+    for name, routing in current.operators.items():
+        if name not in params.operators:
+            operators[name] = routing
+            continue
+        codec = codecs[name]
+        table = {codec.decode(k): int(i) for k, i in tables[name].items()}
+        hot = _hot_keys(heavy[name], codec, key_loads[name], n, params.d_min, routing.hot_keys)
+        candidate = OperatorRouting(
+            parallelism=n, table=table, hot_keys=hot, placement=routing.placement
+        )
+        if imbalance(instance_loads(candidate, key_loads[name])) > params.alpha and hot:
+            everywhere = tuple(range(n))
+            candidate = candidate.model_copy(update={"hot_keys": dict.fromkeys(hot, everywhere)})
+        operators[name] = candidate
+    config = RoutingConfig(
+        version=version,
+        parent_version=current.version,
+        created_by=created_by,
+        operators=operators,
+    )
+    predicted_imbalance = {
+        name: (
+            planned_imbalance[name]
+            if name in params.operators
+            else imbalance(instance_loads(config.operators[name], key_loads[name]))
+        )
+        for name in config.operators
+    }
+    return Plan(
+        config=config,
+        predicted_locality=locality(config, pairs, pair_w),
+        predicted_imbalance=predicted_imbalance,
+        current_locality=locality(current, pairs, pair_w),
+        key_loads=key_loads,
+        hot_keys={name: len(config.operators[name].hot_keys) for name in config.operators},
+    )
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A configuration scored on some statistics: locality, imbalance per operator."""
+
+    locality: float
+    imbalance: dict[str, float]
+
+    @property
+    def worst_imbalance(self) -> float:
+        return max(self.imbalance.values(), default=1.0)
+
+
+def forecast(
+    config: RoutingConfig, pairs: pd.DataFrame, frequencies: pd.DataFrame, column: Column
+) -> Forecast:
+    """Locality and per-operator imbalance of ``config`` on one column of a snapshot."""
+    loads = {stage: stage_loads(frequencies, stage, column) for stage in STAGE_COLUMN}
+    return Forecast(
+        locality=locality(config, pairs, pairs[column].astype(np.float64)),
+        imbalance={
+            name: imbalance(instance_loads(routing, loads.get(name, {})))
+            for name, routing in config.operators.items()
+        },
+    )
+
+
+def moved_share(
+    old: RoutingConfig, new: RoutingConfig, frequencies: pd.DataFrame, column: Column
+) -> float:
+    """Share of the operators' state that a rollout from ``old`` to ``new`` migrates.
+
+    Paper 000 §3.4 moves the state of every key whose instance changes; a
+    key's state is taken as proportional to its tuples, so the share is the
+    key weight whose instance shares change, ``½ Σ |share_new − share_old|``
+    per key, over the total weight of both operators.
+    """
+    moved = total = 0.0
+    for name, routing in new.operators.items():
+        loads = stage_loads(frequencies, name, column)
+        if not loads or name not in old.operators:
+            continue
+        keys = list(loads)
+        weights = np.fromiter(loads.values(), dtype=np.float64, count=len(keys))
+        before = instance_shares(old.operators[name], keys)
+        after = instance_shares(routing, keys)
+        changed = 0.5 * np.abs(after - before).sum(axis=1)
+        moved += float((weights * changed).sum())
+        total += float(weights.sum())
+    return moved / total if total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Backtest:
+    """The new and the current configuration scored on the snapshot's hold-out."""
+
+    new: Forecast
+    current: Forecast
+    moved_share: float
+    holdout_tuples: float
+
+
+def backtest(
+    new: RoutingConfig, current: RoutingConfig, pairs: pd.DataFrame, frequencies: pd.DataFrame
+) -> Backtest:
+    """Score both configurations on the newest part of the window, unseen by the plan
+    (paper 000 §4.3 scores a table trained on one window on the next)."""
+    return Backtest(
+        new=forecast(new, pairs, frequencies, "holdout"),
+        current=forecast(current, pairs, frequencies, "holdout"),
+        moved_share=moved_share(current, new, frequencies, "train"),
+        holdout_tuples=float(pairs["holdout"].sum()),
+    )
+
+
+@dataclass(frozen=True)
+class DecisionRule:
+    """When a new configuration is worth its migration (a DAG Param each).
+
+    The expected gain on the hold-out is the locality gained plus the
+    worst-operator imbalance removed, ``(L_new − L_cur) + (I_cur − I_new)``,
+    both in shares of the stream: one point of locality keeps 1 % of the
+    A → B tuples on their server, and one point of imbalance is 1 % of the
+    mean load taken off the bottleneck instance. The cost is the share of
+    state the rollout migrates times ``migration_cost``, the gain a full
+    migration must buy to repay its pause (000 §3.4 buffers tuples while
+    state moves). Publish when ``gain − cost ≥ min_gain``, or when forced.
+    """
+
+    min_gain: float = 0.01
+    migration_cost: float = 0.05
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    publish: bool
+    gain: float
+    cost: float
+    reason: str
+
+
+def decide(result: Backtest, rule: DecisionRule) -> Decision:
+    """Apply :class:`DecisionRule` to a backtest."""
+    locality_gain = result.new.locality - result.current.locality
+    balance_gain = result.current.worst_imbalance - result.new.worst_imbalance
+    gain = locality_gain + balance_gain
+    cost = rule.migration_cost * result.moved_share
+    figures = (
+        f"locality {result.current.locality:.3f} → {result.new.locality:.3f}, "
+        f"worst imbalance {result.current.worst_imbalance:.3f} → "
+        f"{result.new.worst_imbalance:.3f}, {result.moved_share:.1%} of state moves: "
+        f"gain {gain:+.4f} vs cost {cost:.4f} (min_gain {rule.min_gain})"
+    )
+    if rule.force:
+        return Decision(True, gain, cost, f"forced; {figures}")
+    if result.holdout_tuples <= 0:
+        return Decision(False, gain, cost, "no hold-out tuples to judge the new configuration")
+    if gain - cost >= rule.min_gain:
+        return Decision(True, gain, cost, f"publish: {figures}")
+    return Decision(False, gain, cost, f"skip: {figures}")
+
+
+def rollback_config(previous: RoutingConfig, active: RoutingConfig, version: int) -> RoutingConfig:
+    """A new version with ``previous``'s routing, replacing ``active``.
+
+    Versions only grow (000 §3.4 as keyplane runs it: a finished version is
+    never prepared again), so a rollback is published as a new version.
+    """
+    return RoutingConfig(
+        version=version,
+        parent_version=active.version,
+        created_by="rollback",
+        operators=dict(previous.operators),
+    )
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a run of batches measured (from :class:`~keyplane.batchmetrics.BatchMetrics`).
+
+    ``locality`` is the share of A → B tuples that stayed on one executor
+    (000 §2), ``imbalance`` the worst operator's max/mean of the loads summed
+    over the batches (000 §3.1), ``lag`` the mean input lag in records.
+    """
+
+    batches: int
+    rows: int
+    locality: float | None
+    imbalance: float | None
+    lag: float | None
+
+
+def measure(records: Iterable[BatchMetrics]) -> Measured:
+    batches = list(records)
+    if not batches:
+        return Measured(0, 0, None, None, None)
+    hops = sum(r.hops for r in batches)
+    local = sum(r.local_hops for r in batches)
+    loads: dict[str, dict[int, int]] = {}
+    for record in batches:
+        for operator, per_instance in record.load.items():
+            summed = loads.setdefault(operator, {})
+            for instance, tuples in per_instance.items():
+                summed[int(instance)] = summed.get(int(instance), 0) + int(tuples)
+    worst = [
+        imbalance(np.fromiter(summed.values(), dtype=np.float64))
+        for summed in loads.values()
+        if summed
+    ]
+    return Measured(
+        batches=len(batches),
+        rows=sum(r.rows for r in batches),
+        locality=local / hops if hops else None,
+        imbalance=max(worst) if worst else None,
+        lag=float(np.mean([r.input_lag for r in batches])),
+    )
+
+
+@dataclass(frozen=True)
+class VerifyTolerances:
+    """How much worse the new version may measure before it is rolled back.
+
+    ``locality``: points of locality it may lose (default 0.05; the executor
+    a task lands on varies from batch to batch). ``imbalance``: relative
+    growth of the worst max/mean allowed (default 0.25), and never a
+    regression while within ``alpha``. ``lag_factor`` and ``lag_slack``: the
+    mean lag may grow to ``lag_factor × before + lag_slack`` records (default
+    2× + 5 000: a migration pauses the moved keys for a batch, 000 §3.4, so
+    some lag right after DONE is expected).
+    """
+
+    locality: float = 0.05
+    imbalance: float = 0.25
+    alpha: float = 1.03
+    lag_factor: float = 2.0
+    lag_slack: float = 5_000.0
+
+
+def verdict(before: Measured, after: Measured, tolerances: VerifyTolerances) -> str | None:
+    """Why ``after`` regressed against ``before``, or None when it did not.
+
+    A figure missing on either side (no batches before, no A → B hops) is
+    not judged.
+    """
+    reasons = []
+    if (
+        before.locality is not None
+        and after.locality is not None
+        and after.locality < before.locality - tolerances.locality
+    ):
+        reasons.append(f"locality fell from {before.locality:.3f} to {after.locality:.3f}")
+    if (
+        before.imbalance is not None
+        and after.imbalance is not None
+        and after.imbalance > tolerances.alpha
+        and after.imbalance > before.imbalance * (1 + tolerances.imbalance)
+    ):
+        reasons.append(f"imbalance rose from {before.imbalance:.3f} to {after.imbalance:.3f}")
+    if (
+        before.lag is not None
+        and after.lag is not None
+        and after.lag > tolerances.lag_factor * before.lag + tolerances.lag_slack
+    ):
+        reasons.append(f"lag rose from {before.lag:.0f} to {after.lag:.0f} records")
+    return "; ".join(reasons) or None

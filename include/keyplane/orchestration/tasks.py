@@ -1,0 +1,619 @@
+"""The steps of the reconfiguration DAG, one plain function each (paper 000 §3.4).
+
+Every step takes the :class:`~keyplane.orchestration.deployment.Deployment`
+and the DAG run's id, reads what earlier steps left in the run's snapshot
+folder, and returns a small JSON-able dict (the task's XCom). Idempotence,
+since Airflow retries tasks and a run may be cleared and rerun:
+
+* files are written once (``_write_once``): a retried step finds its record
+  and returns it, so the configuration version, the validation verdict and
+  the decision of a run never change once taken;
+* configurations are saved with :func:`keyplane.config.save`, a no-op for an
+  identical version;
+* protocol steps go through :class:`keyplane.controller.Controller`, whose
+  retried steps re-send the same message (same id), which the job ignores.
+
+Gates. :func:`publish` refuses a version without a passed validation record
+and a decision to publish, so a configuration Great Expectations rejected
+cannot reach the job even if a task were skipped or marked success by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from keyplane import config as config_store
+from keyplane import statistics as stats
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import RoutingConfig
+from keyplane.orchestration import planning
+from keyplane.orchestration.deployment import Deployment
+
+log = logging.getLogger(__name__)
+
+PROPOSAL = "proposal.json"
+BACKTEST = "backtest.json"
+DECISION = "decision.json"
+ROLLOUT = "rollout.json"
+VERIFICATION = "verification.json"
+ROLLBACK = "rollback.json"
+
+WaitKind = Literal["ack", "migrated", "metrics"]
+
+
+class StepError(RuntimeError):
+    """A step cannot run: an earlier step's record is missing or says no."""
+
+
+def _write_once(path: Path, record: Mapping[str, Any]) -> dict[str, Any]:
+    """Write ``record`` as JSON unless ``path`` exists; return what the file holds."""
+    if path.is_file():
+        return dict(json.loads(path.read_text()))
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    staging.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    try:
+        os.link(staging, path)
+    except FileExistsError:
+        pass
+    finally:
+        staging.unlink(missing_ok=True)
+    return dict(json.loads(path.read_text()))
+
+
+def _read(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise StepError(f"{what} is missing ({path}); run the step that writes it first")
+    return dict(json.loads(path.read_text()))
+
+
+def _snapshot(deployment: Deployment, run_id: str) -> stats.Snapshot:
+    return stats.read_snapshot(deployment.snapshots, run_id)
+
+
+def _folder(deployment: Deployment, run_id: str) -> Path:
+    folder = stats.snapshot_folder(deployment.snapshots, run_id)
+    if not (folder / stats.MANIFEST_NAME).is_file():
+        raise StepError(f"no statistics snapshot for run {run_id!r} in {folder}")
+    return folder
+
+
+# --- 1. statistics ---------------------------------------------------------------------
+
+
+def statistics_job_args(
+    deployment: Deployment,
+    run_id: str,
+    *,
+    decay: float,
+    holdout_fraction: float,
+) -> list[str]:
+    """The arguments of ``spark_jobs/statistics.py`` for this run (``SparkSubmitOperator``)."""
+    return [
+        "--bootstrap-servers",
+        deployment.bootstrap_servers,
+        "--events-topic",
+        deployment.events_topic,
+        "--metrics-topic",
+        deployment.metrics_topic,
+        "--snapshots",
+        str(deployment.snapshots),
+        "--run-id",
+        run_id,
+        "--routing-store",
+        str(deployment.routing_store),
+        "--decay",
+        str(decay),
+        "--holdout-fraction",
+        str(holdout_fraction),
+    ]
+
+
+def validate_statistics(
+    deployment: Deployment, run_id: str, *, min_total_count: int = 10_000
+) -> dict[str, Any]:
+    """Run the ``keyplane_statistics`` suite on the run's snapshot; raise if it fails.
+
+    Plans are only as good as their statistics (000 §3.2): too few tuples and
+    per-instance loads are noise, a window that does not cover what it
+    claims would plan on the wrong data.
+    """
+    from keyplane.quality import QualitySettings, quality_context
+    from keyplane.quality import validate_statistics as run_suite
+
+    snapshot = _snapshot(deployment, run_id)
+    result = run_suite(
+        snapshot.quality_frame(),
+        snapshot.manifest.window,
+        context=quality_context(deployment.gx_root),
+        settings=QualitySettings(min_total_count=min_total_count),
+        run_name=f"statistics-{stats.safe_run_id(run_id)}",
+    )
+    log.info("statistics validation:\n%s", result.summary)
+    result.raise_if_failed()
+    return {
+        "n_events": snapshot.manifest.n_events,
+        "window": list(snapshot.manifest.window),
+        "summary": result.summary,
+    }
+
+
+# --- 2. configuration ------------------------------------------------------------------
+
+
+def active_version(deployment: Deployment, manifest: stats.SnapshotManifest | None) -> int:
+    """The version the job runs now.
+
+    The controller's state is authoritative once a rollout happened (its
+    ``active_version`` moves at DONE). Before that, the job's own metrics say
+    which version it routed its last batch with; failing both, the newest
+    stored version, which is what a routed job starts on.
+    """
+    from keyplane.controller import ControllerFile
+
+    if deployment.controller_state.is_file():
+        saved = ControllerFile.model_validate_json(deployment.controller_state.read_text())
+        return saved.protocol.active_version
+    if manifest is not None and manifest.job_version is not None:
+        return manifest.job_version
+    latest = config_store.latest_version(deployment.routing_store)
+    if latest is None:
+        raise StepError(
+            f"no configuration in {deployment.routing_store}: start the routed job first "
+            "(it stores an all-hash v1)"
+        )
+    return latest
+
+
+class Proposal(BaseModel):
+    """What :func:`compute_configuration` decided for a run; the later steps read it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int
+    parent_version: int
+    checksum: str
+    alpha: float
+    window: planning.HistoryWindow
+    table_budget: int | None
+    predicted_locality: float
+    current_locality: float
+    predicted_imbalance: dict[str, float]
+    hot_keys: dict[str, int]
+    table_sizes: dict[str, int]
+
+
+def compute_configuration(
+    deployment: Deployment, run_id: str, params: planning.PlanParams
+) -> dict[str, Any]:
+    """Plan a new version from the snapshot and store it, child of the active version.
+
+    METIS routing tables (000 §3.3, :func:`keyplane.locality.build_plan`) and
+    FISH hot keys (001 §4.1.2). Retried, it returns the version it stored the
+    first time instead of storing another.
+    """
+    folder = _folder(deployment, run_id)
+    existing = folder / PROPOSAL
+    if existing.is_file():
+        proposal = Proposal.model_validate_json(existing.read_text())
+        config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
+        return proposal.model_dump(mode="json")
+    snapshot = _snapshot(deployment, run_id)
+    parent = active_version(deployment, snapshot.manifest)
+    current = config_store.load(deployment.routing_store, parent)
+    latest = config_store.latest_version(deployment.routing_store) or parent
+    plan = planning.plan_configuration(
+        snapshot.pairs, snapshot.frequencies, current, params, version=latest + 1
+    )
+    saved = config_store.save(plan.config, deployment.routing_store)
+    proposal = Proposal(
+        version=saved.version,
+        parent_version=parent,
+        checksum=saved.checksum,
+        alpha=params.alpha,
+        window=params.window,
+        table_budget=params.max_table_entries,
+        predicted_locality=plan.predicted_locality,
+        current_locality=plan.current_locality,
+        predicted_imbalance=plan.predicted_imbalance,
+        hot_keys=plan.hot_keys,
+        table_sizes={name: len(r.table) for name, r in plan.config.operators.items()},
+    )
+    return _write_once(existing, proposal.model_dump(mode="json"))
+
+
+def _proposal(deployment: Deployment, run_id: str) -> tuple[Proposal, RoutingConfig]:
+    record = _read(_folder(deployment, run_id) / PROPOSAL, "the proposal")
+    proposal = Proposal.model_validate(record)
+    config = config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
+    return proposal, config
+
+
+def _validation_path(deployment: Deployment, version: int) -> Path:
+    return deployment.routing_store / f"validation-v{version:06d}.json"
+
+
+def validate_configuration(
+    deployment: Deployment,
+    run_id: str,
+    *,
+    version: int | None = None,
+    locality_tolerance: float = 0.02,
+) -> dict[str, Any]:
+    """Run the configuration suites on a stored version; raise with the summary if it fails.
+
+    The verdict is recorded next to the store (``validation-v<version>.json``),
+    which :func:`publish` requires. The snapshot's training weights are the
+    key loads the suites route through the configuration
+    (:func:`keyplane.quality.predicted_instance_loads`), so a configuration
+    that overloads an instance fails whatever its plan claimed. ``version``
+    defaults to the run's proposal.
+    """
+    from keyplane.quality import (
+        OperatorPrediction,
+        QualitySettings,
+        quality_context,
+    )
+    from keyplane.quality import validate_configuration as run_suites
+
+    proposal, proposed = _proposal(deployment, run_id)
+    if version is not None and version != proposal.version:
+        config = config_store.load(deployment.routing_store, version)
+    else:
+        config = proposed
+    snapshot = _snapshot(deployment, run_id)
+    window = proposal.window
+    pair_w = planning.pair_weights(snapshot.pairs, window)
+    column: planning.Column = "train" if window == "decay" else "count"
+    current = config_store.load(deployment.routing_store, proposal.parent_version)
+    locality_new = planning.locality(config, snapshot.pairs, pair_w)
+    locality_current = planning.locality(current, snapshot.pairs, pair_w)
+    predictions = {}
+    for name, routing in config.operators.items():
+        key_loads = planning.stage_loads(snapshot.frequencies, name, column)
+        planned = proposal.predicted_imbalance.get(name)
+        if config.version != proposal.version or planned is None:
+            planned = planning.imbalance(planning.instance_loads(routing, key_loads))
+        predictions[name] = OperatorPrediction(
+            predicted_imbalance=planned,
+            predicted_locality=locality_new,
+            current_locality=locality_current,
+            alpha=proposal.alpha,
+            table_budget=proposal.table_budget,
+            key_loads=key_loads,
+        )
+    result = run_suites(
+        config,
+        predictions,
+        context=quality_context(deployment.gx_root),
+        settings=QualitySettings(locality_tolerance=locality_tolerance),
+        run_name=f"configuration-v{config.version}",
+    )
+    log.info("configuration validation of v%d:\n%s", config.version, result.summary)
+    record = _write_once(
+        _validation_path(deployment, config.version),
+        {
+            "version": config.version,
+            "checksum": config_store.checksum(deployment.routing_store, config.version),
+            "success": result.success,
+            "summary": result.summary,
+            "data_docs": str(result.data_docs_path),
+        },
+    )
+    if not record["success"]:
+        raise StepError(
+            f"v{config.version} failed validation and will not be published:\n{record['summary']}"
+        )
+    return record
+
+
+# --- 3. backtest and decision ------------------------------------------------------------
+
+
+def backtest(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """Score the proposal and the active version on the snapshot's hold-out."""
+    folder = _folder(deployment, run_id)
+    proposal, config = _proposal(deployment, run_id)
+    current = config_store.load(deployment.routing_store, proposal.parent_version)
+    snapshot = _snapshot(deployment, run_id)
+    result = planning.backtest(config, current, snapshot.pairs, snapshot.frequencies)
+    return _write_once(folder / BACKTEST, {"version": proposal.version, **asdict(result)})
+
+
+def _backtest_of(record: Mapping[str, Any]) -> planning.Backtest:
+    return planning.Backtest(
+        new=planning.Forecast(**record["new"]),
+        current=planning.Forecast(**record["current"]),
+        moved_share=float(record["moved_share"]),
+        holdout_tuples=float(record["holdout_tuples"]),
+    )
+
+
+def decide(
+    deployment: Deployment, run_id: str, rule: planning.DecisionRule, *, dry_run: bool
+) -> dict[str, Any]:
+    """Whether to publish the proposal (:class:`~keyplane.orchestration.planning.DecisionRule`).
+
+    A dry run never publishes. The first decision of a run stands.
+    """
+    folder = _folder(deployment, run_id)
+    result = _backtest_of(_read(folder / BACKTEST, "the backtest"))
+    decision = planning.decide(result, rule)
+    publish_it = decision.publish and not dry_run
+    reason = f"dry run: {decision.reason}" if dry_run else decision.reason
+    record = _write_once(
+        folder / DECISION,
+        {
+            "version": _read(folder / PROPOSAL, "the proposal")["version"],
+            "publish": publish_it,
+            "gain": decision.gain,
+            "cost": decision.cost,
+            "reason": reason,
+        },
+    )
+    log.info("decision: %s", record["reason"])
+    return record
+
+
+# --- 4. the rollout ---------------------------------------------------------------------
+
+
+@contextmanager
+def controller(deployment: Deployment) -> Iterator[Any]:
+    """A :class:`keyplane.controller.Controller` on the deployment's control topic."""
+    from keyplane.controller import Controller
+    from keyplane.kafka.control import ControlChannel
+
+    with ControlChannel(deployment.bootstrap_servers, deployment.control_topic) as channel:
+        yield Controller(channel, deployment.controller_state, deployment.routing_store)
+
+
+def _require_validated(deployment: Deployment, version: int) -> None:
+    path = _validation_path(deployment, version)
+    record = _read(path, f"the validation record of v{version}")
+    if not record.get("success"):
+        raise StepError(f"v{version} failed validation; it is never published")
+    if record["checksum"] != config_store.checksum(deployment.routing_store, version):
+        raise StepError(f"v{version} changed since it was validated")
+
+
+def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """PREPARE the run's proposal (000 §3.4) once it was validated and chosen."""
+    folder = _folder(deployment, run_id)
+    decision = _read(folder / DECISION, "the decision")
+    if not decision["publish"]:
+        raise StepError(f"the decision was not to publish: {decision['reason']}")
+    version = int(decision["version"])
+    _require_validated(deployment, version)
+    with controller(deployment) as control:
+        message = control.prepare(version)
+    return {"version": version, "message_id": str(message.message_id)}
+
+
+def propagate(deployment: Deployment, operator: str) -> dict[str, Any]:
+    """PROPAGATE the version in flight to ``operator`` (after the ACK, upstream first)."""
+    with controller(deployment) as control:
+        message = control.propagate(operator)
+    return {"version": message.config_version, "operator": operator}
+
+
+def metrics_end(deployment: Deployment) -> dict[int, int]:
+    """The metrics topic's end offsets: where records of later batches start."""
+    from keyplane.kafka.admin import ensure_topic, high_watermarks
+
+    ensure_topic(deployment.bootstrap_servers, deployment.metrics_topic, 1)
+    return high_watermarks(deployment.bootstrap_servers, deployment.metrics_topic)
+
+
+def done(deployment: Deployment, run_id: str, record_name: str = ROLLOUT) -> dict[str, Any]:
+    """Send DONE: the new version becomes active. Records where its metrics begin."""
+    folder = _folder(deployment, run_id)
+    with controller(deployment) as control:
+        message = control.done()
+    return _write_once(
+        folder / record_name,
+        {
+            "version": message.config_version,
+            "metrics_start": {str(p): o for p, o in metrics_end(deployment).items()},
+        },
+    )
+
+
+def reply_arrived(
+    deployment: Deployment, kind: Literal["ack", "migrated"], operator: str | None = None
+) -> bool:
+    """Whether the job's ACK (or ``operator``'s MIGRATED) for the rollout is in.
+
+    One poll of the control topic through the controller, which records the
+    replies in its state file: the check a deferrable trigger repeats.
+    """
+    from keyplane.controller import ControllerError
+
+    with controller(deployment) as control:
+        control.poll()
+        state = control.state
+        if state is None:
+            raise ControllerError("no rollout in flight; prepare a version first")
+        rollout = state.current or state.last
+        if rollout is None:
+            raise ControllerError("no rollout in flight; prepare a version first")
+        if rollout.finish is not None and rollout.finish.type == "ABORT":
+            raise ControllerError(f"v{rollout.version} was aborted")
+        if kind == "ack":
+            return rollout.ack is not None
+        assert operator is not None
+        return operator in rollout.migrated
+
+
+def abort(deployment: Deployment) -> None:
+    """ABORT the rollout in flight: the job returns to its active version."""
+    with controller(deployment) as control:
+        if control.in_flight is not None:
+            control.abort()
+
+
+# --- 5. verification and rollback ---------------------------------------------------------
+
+
+def read_metrics(
+    deployment: Deployment, start: Mapping[int, int], end: Mapping[int, int] | None = None
+) -> list[BatchMetrics]:
+    """The metrics records in ``[start, end)`` (end: now), oldest first."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from keyplane.kafka.admin import high_watermarks
+
+    stop = (
+        dict(end)
+        if end is not None
+        else high_watermarks(deployment.bootstrap_servers, deployment.metrics_topic, list(start))
+    )
+    records: list[BatchMetrics] = []
+    consumer = KafkaConsumer(
+        bootstrap_servers=deployment.bootstrap_servers, enable_auto_commit=False
+    )
+    try:
+        for partition, first in start.items():
+            last = stop.get(partition, first)
+            if last <= first:
+                continue
+            tp = TopicPartition(deployment.metrics_topic, partition)
+            consumer.assign([tp])
+            consumer.seek(tp, first)
+            position, idle = first, 0
+            while position < last and idle < 50:
+                fetched = consumer.poll(timeout_ms=200).get(tp, [])
+                idle = 0 if fetched else idle + 1
+                for record in fetched:
+                    if record.offset >= last:
+                        break
+                    position = record.offset + 1
+                    try:
+                        records.append(BatchMetrics.model_validate_json(record.value or b""))
+                    except ValueError:
+                        continue
+    finally:
+        consumer.close()
+    return records
+
+
+def _on_version(records: list[BatchMetrics], version: int) -> list[BatchMetrics]:
+    """Batches that routed events (A → B hops) with every operator on ``version``."""
+    return [
+        r for r in records if r.hops > 0 and r.versions and set(r.versions.values()) == {version}
+    ]
+
+
+def _rollout_record(deployment: Deployment, run_id: str, name: str) -> dict[str, Any]:
+    return _read(_folder(deployment, run_id) / name, "the rollout record")
+
+
+def new_version_batches(deployment: Deployment, run_id: str, record_name: str = ROLLOUT) -> int:
+    """How many batches with rows ran on the new version since DONE."""
+    rollout = _rollout_record(deployment, run_id, record_name)
+    start = {int(p): int(o) for p, o in rollout["metrics_start"].items()}
+    return len(_on_version(read_metrics(deployment, start), int(rollout["version"])))
+
+
+def verify(
+    deployment: Deployment,
+    run_id: str,
+    tolerances: planning.VerifyTolerances,
+    *,
+    batches: int,
+) -> dict[str, Any]:
+    """Measured locality, imbalance and lag on the new version vs the window before.
+
+    Before: the snapshot window's batches on the parent version. After: the
+    first ``batches`` batches with rows on the new version since DONE.
+    """
+    folder = _folder(deployment, run_id)
+    existing = folder / VERIFICATION
+    if existing.is_file():
+        return _read(existing, "the verification")
+    rollout = _rollout_record(deployment, run_id, ROLLOUT)
+    proposal = _read(folder / PROPOSAL, "the proposal")
+    manifest = _snapshot(deployment, run_id).manifest
+    before_records = _on_version(
+        read_metrics(deployment, manifest.metrics.start, manifest.metrics.end),
+        int(proposal["parent_version"]),
+    )
+    start = {int(p): int(o) for p, o in rollout["metrics_start"].items()}
+    after_records = _on_version(read_metrics(deployment, start), int(rollout["version"]))[:batches]
+    if len(after_records) < batches:
+        raise StepError(
+            f"only {len(after_records)} of {batches} batches ran on v{rollout['version']} yet"
+        )
+    before = planning.measure(before_records)
+    after = planning.measure(after_records)
+    verdict = planning.verdict(before, after, tolerances)
+    return _write_once(
+        existing,
+        {
+            "version": int(rollout["version"]),
+            "before": asdict(before),
+            "after": asdict(after),
+            "regressed": verdict is not None,
+            "reason": verdict or "no regression",
+        },
+    )
+
+
+def verification(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """The run's verification record (after :func:`verify`)."""
+    return _read(_folder(deployment, run_id) / VERIFICATION, "the verification")
+
+
+def prepare_rollback(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """Store the parent's routing as a new version and PREPARE it.
+
+    Versions only grow (:func:`keyplane.orchestration.planning.rollback_config`).
+    The rollback configuration is the one that ran before, so it passed
+    validation when it was published; it is recorded as validated with that
+    reason rather than re-validated against statistics it was not planned on.
+    """
+    folder = _folder(deployment, run_id)
+    verification = _read(folder / VERIFICATION, "the verification")
+    proposal = _read(folder / PROPOSAL, "the proposal")
+    path = folder / ROLLBACK
+    if path.is_file():
+        version = int(_read(path, "the rollback")["version"])
+    else:
+        active = config_store.load(deployment.routing_store, int(verification["version"]))
+        previous = config_store.load(deployment.routing_store, int(proposal["parent_version"]))
+        latest = config_store.latest_version(deployment.routing_store) or active.version
+        config = planning.rollback_config(previous, active, latest + 1)
+        saved = config_store.save(config, deployment.routing_store)
+        version = int(
+            _write_once(
+                path,
+                {
+                    "version": saved.version,
+                    "restores": previous.version,
+                    "replaces": active.version,
+                    "reason": verification["reason"],
+                },
+            )["version"]
+        )
+        _write_once(
+            _validation_path(deployment, version),
+            {
+                "version": version,
+                "checksum": saved.checksum,
+                "success": True,
+                "summary": f"rollback to the routing of v{previous.version}",
+            },
+        )
+    _require_validated(deployment, version)
+    with controller(deployment) as control:
+        control.prepare(version)
+    return _read(path, "the rollback")

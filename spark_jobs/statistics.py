@@ -1,0 +1,159 @@
+"""The statistics job: one window of the events and metrics topics into a snapshot folder.
+
+    spark-submit spark_jobs/statistics.py --bootstrap-servers HOST:PORT \\
+        --events-topic T --metrics-topic M --snapshots DIR --run-id ID \\
+        [--routing-store DIR] [--decay 0.5] [--holdout-fraction 0.2]
+
+Submitted by the ``collect_statistics`` task of the ``keyplane_reconfigure``
+DAG (``SparkSubmitOperator``). Spark stays at the edge: it reads the window
+in batch mode through keyplane's Kafka source (exact ``startingOffsets`` /
+``endingOffsets``, so a rerun reads the same records) and groups the events
+by key pair and side of the hold-out line; :mod:`keyplane.statistics` does
+the rest in pandas. The window starts where the previous snapshot ended
+(first run: the earliest offsets), so a run with a snapshot already written
+exits at once: retries and repeated runs change nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from keyplane import config as config_store
+from keyplane import statistics as stats
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.events import EVENT_DDL
+from keyplane.kafka.admin import earliest_offsets, ensure_topic, high_watermarks
+from keyplane.settings import Settings
+from keyplane.spark.kafka_source import SOURCE_NAME, KafkaDataSource
+from keyplane.spark.session import build_session
+
+
+def _window(bootstrap: str, topic: str, previous: stats.TopicWindow | None) -> stats.TopicWindow:
+    ensure_topic(bootstrap, topic, 1)
+    return stats.next_window(
+        topic, previous, earliest_offsets(bootstrap, topic), high_watermarks(bootstrap, topic)
+    )
+
+
+def _read(spark: SparkSession, bootstrap: str, window: stats.TopicWindow) -> DataFrame:
+    return (
+        spark.read.format(SOURCE_NAME)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", window.topic)
+        .option("startingOffsets", window.spark_offsets("start"))
+        .option("endingOffsets", window.spark_offsets("end"))
+        .load()
+    )
+
+
+def grouped_pairs(
+    spark: SparkSession, bootstrap: str, window: stats.TopicWindow, holdout_fraction: float
+) -> DataFrame:
+    """Rows ``a, b, holdout, n``: the window's events per key pair and side of the hold-out."""
+    events = (
+        _read(spark, bootstrap, window)
+        .select(
+            "partition", "offset", F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e")
+        )
+        .select("partition", "offset", "e.a", "e.b")
+        .where(F.col("a").isNotNull() & F.col("b").isNotNull())
+    )
+    holdout = F.lit(False)
+    for partition, first in stats.holdout_starts(window, holdout_fraction).items():
+        holdout = holdout | ((F.col("partition") == partition) & (F.col("offset") >= first))
+    return events.groupBy("a", "b", holdout.alias("holdout")).agg(F.count("*").alias("n"))
+
+
+def metrics_records(
+    spark: SparkSession, bootstrap: str, window: stats.TopicWindow
+) -> list[BatchMetrics]:
+    """The window's metrics records, oldest first; records that do not parse are skipped."""
+    if window.records == 0:
+        return []
+    rows = (
+        _read(spark, bootstrap, window)
+        .select("partition", "offset", F.col("value").cast("string").alias("value"))
+        .orderBy("partition", "offset")
+        .collect()
+    )
+    records = []
+    for row in rows:
+        try:
+            records.append(BatchMetrics.model_validate_json(row["value"] or ""))
+        except ValidationError:
+            continue
+    return records
+
+
+def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
+    """Write the snapshot of run ``args.run_id`` (or find it written) and return its folder."""
+    folder = stats.snapshot_folder(args.snapshots, args.run_id)
+    if (folder / stats.MANIFEST_NAME).is_file():
+        return folder
+    settings = stats.StatisticsSettings(
+        decay=args.decay, holdout_fraction=args.holdout_fraction, max_entries=args.max_entries
+    )
+    last = stats.latest_snapshot(args.snapshots, before=args.run_id)
+    previous = None if last is None else stats.read_snapshot(args.snapshots, last.run_id)
+    bootstrap = args.bootstrap_servers
+    events = _window(bootstrap, args.events_topic, None if last is None else last.events)
+    metrics_window = _window(bootstrap, args.metrics_topic, None if last is None else last.metrics)
+    spark.dataSource.register(KafkaDataSource)
+    grouped = grouped_pairs(spark, bootstrap, events, settings.holdout_fraction).toPandas()
+    records = metrics_records(spark, bootstrap, metrics_window)
+    version = stats.job_version(records)
+    config = None
+    if args.routing_store is not None:
+        stored = config_store.stored_versions(args.routing_store)
+        chosen = version if version in stored else (stored[0] if stored else None)
+        config = None if chosen is None else config_store.load(args.routing_store, chosen)
+    manifest, frames = stats.build_snapshot(
+        run_id=args.run_id,
+        grouped=grouped,
+        metrics=records,
+        events=events,
+        metrics_window=metrics_window,
+        previous=previous,
+        config=config,
+        settings=settings,
+    )
+    return stats.write_snapshot(args.snapshots, manifest, **frames)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="statistics", description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--events-topic", required=True)
+    parser.add_argument("--metrics-topic", required=True)
+    parser.add_argument("--snapshots", type=Path, required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--routing-store", type=Path)
+    parser.add_argument("--decay", type=float, default=0.5)
+    parser.add_argument("--holdout-fraction", type=float, default=0.2)
+    parser.add_argument("--max-entries", type=int, default=200_000)
+    parser.add_argument(
+        "--master", default=None, help="default KEYPLANE_SPARK_MASTER (spark-submit: the same)"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    master = args.master or Settings().spark_master
+    spark = build_session("keyplane-statistics", master, shuffle_partitions=4)
+    try:
+        folder = collect(spark, args)
+    finally:
+        spark.stop()
+    sys.stdout.write(f"statistics snapshot: {folder}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

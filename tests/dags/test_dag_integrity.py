@@ -1,0 +1,150 @@
+"""The DAG folder parses cleanly, cheaply, and the reconfiguration DAG is set up as intended.
+
+Parsing happens in a subprocess with a throwaway ``AIRFLOW_HOME``: Airflow
+parses DAG files under a timeout and over and over, so the file must import
+no Spark, Great Expectations or METIS and do no work at parse time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+HEAVY = ("pyspark", "great_expectations", "pymetis", "pandas", "pyarrow", "kafka")
+
+_PROBE = """
+import json, sys, time
+started = time.monotonic()
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+print(json.dumps({
+    "errors": {str(k): str(v) for k, v in bag.import_errors.items()},
+    "dags": sorted(bag.dags),
+    "heavy": [m for m in sys.argv[2].split(",") if m in sys.modules],
+    "seconds": time.monotonic() - started,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("airflow")
+    return {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
+
+
+@pytest.fixture(scope="module")
+def parsed(airflow_env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(DAGS), ",".join(HEAVY)],
+        env=airflow_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def dag(airflow_env: dict[str, str]) -> Iterator[Any]:
+    previous = dict(os.environ)
+    os.environ.update(airflow_env)
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+
+        yield DagBag(dag_folder=str(DAGS)).dags["keyplane_reconfigure"]
+    finally:
+        os.environ.clear()
+        os.environ.update(previous)
+
+
+def test_dag_folder_imports_without_errors(parsed: dict[str, Any]) -> None:
+    assert parsed["errors"] == {}
+    assert "keyplane_reconfigure" in parsed["dags"]
+
+
+def test_parsing_imports_nothing_heavy(parsed: dict[str, Any]) -> None:
+    assert parsed["heavy"] == []
+
+
+def test_schedule_runs_and_retries(dag: Any) -> None:
+    assert dag.max_active_runs == 1
+    assert dag.catchup is False
+    assert {"keyplane", "reconfiguration"} <= set(dag.tags)
+    assert dag.timetable.delta == timedelta(minutes=10)
+    for task in dag.tasks:
+        assert task.retries >= 1, task.task_id
+
+
+def test_rollout_steps_run_upstream_first_and_waits_are_deferrable(dag: Any) -> None:
+    from keyplane.orchestration.triggers import AwaitRolloutOperator
+
+    order = [
+        "validate_configuration",
+        "backtest",
+        "decide",
+        "publish",
+        "await_ack",
+        "migrate_A",
+        "await_migrated_A",
+        "migrate_B",
+        "await_migrated_B",
+        "done",
+        "await_new_version_batches",
+        "verify",
+    ]
+    for upstream, downstream in itertools.pairwise(order):
+        assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
+    waits = [
+        t for t in dag.tasks if t.task_id.split(".")[-1].startswith(("await", "rollback_await"))
+    ]
+    assert len(waits) == 7
+    assert all(isinstance(t, AwaitRolloutOperator) for t in waits)
+    assert dag.get_task("collect_statistics").task_type == "SparkSubmitOperator"
+    outlets = {a.name for t in dag.tasks for a in t.outlets}
+    assert outlets == {"keyplane_statistics_snapshot", "keyplane_routing_configuration"}
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"alpha": 0.9},
+        {"alpha": "high"},
+        {"window": "forever"},
+        {"operators": []},
+        {"operators": ["A", "C"]},
+        {"operators": ["A", "A"]},
+        {"parallelism": 0},
+        {"dry_run": "yes"},
+        {"verify_batches": 0},
+    ],
+)
+def test_params_schema_rejects_bad_values(dag: Any, override: dict[str, Any]) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    ((name, value),) = override.items()
+    with pytest.raises(ParamValidationError):
+        dag.params.get_param(name).resolve(value)
+
+
+def test_params_defaults_validate(dag: Any) -> None:
+    resolved = dag.params.validate()
+    assert resolved["alpha"] == 1.03 and resolved["dry_run"] is False
+    assert dag.params.get_param("parallelism").resolve(4) == 4
+    assert dag.params.get_param("operators").resolve(["B"]) == ["B"]

@@ -1,0 +1,155 @@
+"""Unit tests of the pure planning, backtest and decision logic of the reconfiguration DAG."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from keyplane import statistics as stats
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.orchestration import planning
+
+P = 4
+
+
+def _hash_config(version: int = 1) -> RoutingConfig:
+    return RoutingConfig(
+        version=version,
+        created_by="initial",
+        operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
+    )
+
+
+def _snapshot(seed: int = 0, hot: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Forty A keys, each sending 90 % of its tuples to its own B key (paper 000 §4.2)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for a in range(40):
+        n = 400 if hot and a == 0 else int(rng.integers(20, 40))
+        partner = f"b{a}"
+        rows.append((str(a), partner, False, int(n * 0.9 * 0.8)))
+        rows.append((str(a), partner, True, int(n * 0.9 * 0.2)))
+        rows.append((str(a), f"b{(a + 7) % 40}", False, max(1, int(n * 0.1))))
+    window = stats.window_pairs(pd.DataFrame(rows, columns=["a", "b", "holdout", "n"]))
+    settings = stats.StatisticsSettings()
+    pairs = stats.fold_pairs(None, window, settings)
+    frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
+    return pairs, frequencies
+
+
+def test_plan_colocates_correlated_keys_within_alpha() -> None:
+    pairs, frequencies = _snapshot()
+    plan = planning.plan_configuration(
+        pairs, frequencies, _hash_config(), planning.PlanParams(alpha=1.1), version=2
+    )
+    assert plan.config.version == 2 and plan.config.parent_version == 1
+    assert all(isinstance(k, str) for r in plan.config.operators.values() for k in r.table)
+    assert plan.predicted_locality > 0.8 > plan.current_locality
+    for name, routing in plan.config.operators.items():
+        loads = planning.instance_loads(routing, plan.key_loads[name])
+        assert planning.imbalance(loads) <= 1.1 + 1e-9
+
+
+def test_a_heavy_key_becomes_a_hot_key_and_balance_holds() -> None:
+    pairs, frequencies = _snapshot(hot=True)
+    plan = planning.plan_configuration(
+        pairs, frequencies, _hash_config(), planning.PlanParams(alpha=1.05), version=2
+    )
+    routing = plan.config.operators["A"]
+    assert "0" in routing.hot_keys and "0" not in routing.table
+    assert len(routing.hot_keys["0"]) >= 2
+    assert planning.imbalance(planning.instance_loads(routing, plan.key_loads["A"])) <= 1.05 + 1e-9
+
+
+def test_operators_not_replanned_keep_their_routing() -> None:
+    pairs, frequencies = _snapshot()
+    current = _hash_config()
+    plan = planning.plan_configuration(
+        pairs, frequencies, current, planning.PlanParams(operators=("A",)), version=2
+    )
+    assert plan.config.operators["B"] == current.operators["B"]
+    assert plan.config.operators["A"].table
+
+
+def test_a_new_parallelism_is_refused_with_the_reason() -> None:
+    pairs, frequencies = _snapshot()
+    with pytest.raises(ValueError, match="state partitions"):
+        planning.plan_configuration(
+            pairs, frequencies, _hash_config(), planning.PlanParams(parallelism=8), version=2
+        )
+
+
+def test_backtest_scores_both_on_the_holdout_and_counts_moved_state() -> None:
+    pairs, frequencies = _snapshot()
+    current = _hash_config()
+    plan = planning.plan_configuration(
+        pairs, frequencies, current, planning.PlanParams(), version=2
+    )
+    result = planning.backtest(plan.config, current, pairs, frequencies)
+    assert result.holdout_tuples == pytest.approx(float(pairs["holdout"].sum()))
+    assert result.new.locality > result.current.locality
+    assert 0.0 < result.moved_share <= 1.0
+    same = planning.backtest(current, current, pairs, frequencies)
+    assert same.moved_share == 0.0
+
+
+def _backtest(
+    new_loc: float, cur_loc: float, moved: float, new_imb: float = 1.0
+) -> planning.Backtest:
+    return planning.Backtest(
+        new=planning.Forecast(new_loc, {"A": new_imb}),
+        current=planning.Forecast(cur_loc, {"A": 1.0}),
+        moved_share=moved,
+        holdout_tuples=100.0,
+    )
+
+
+def test_decision_publishes_only_when_the_gain_repays_the_migration() -> None:
+    rule = planning.DecisionRule(min_gain=0.01, migration_cost=0.05)
+    assert planning.decide(_backtest(0.60, 0.25, 0.5), rule).publish
+    small = planning.decide(_backtest(0.26, 0.25, 0.5), rule)
+    assert not small.publish and small.reason.startswith("skip")
+    assert planning.decide(_backtest(0.26, 0.25, 0.5), planning.DecisionRule(force=True)).publish
+    worse_balance = planning.decide(_backtest(0.30, 0.25, 0.1, new_imb=1.2), rule)
+    assert not worse_balance.publish
+
+
+def test_no_holdout_means_no_publish_unless_forced() -> None:
+    empty = planning.Backtest(
+        new=planning.Forecast(1.0, {}),
+        current=planning.Forecast(0.0, {}),
+        moved_share=0.0,
+        holdout_tuples=0.0,
+    )
+    assert not planning.decide(empty, planning.DecisionRule()).publish
+
+
+def test_measure_and_verdict() -> None:
+    def batch(i: int, local: int, load: dict[int, int], lag: int) -> BatchMetrics:
+        return BatchMetrics(
+            batch_id=i, rows=10, hops=10, local_hops=local, load={"A": load}, input_lag=lag
+        )
+
+    before = planning.measure([batch(1, 5, {0: 5, 1: 5}, 100), batch(2, 5, {0: 5, 1: 5}, 100)])
+    assert before.locality == 0.5 and before.imbalance == 1.0 and before.lag == 100
+    good = planning.measure([batch(3, 9, {0: 5, 1: 5}, 50)])
+    assert planning.verdict(before, good, planning.VerifyTolerances()) is None
+    bad = planning.measure([batch(4, 1, {0: 10, 1: 0}, 90_000)])
+    reason = planning.verdict(before, bad, planning.VerifyTolerances())
+    assert reason is not None and "locality" in reason and "imbalance" in reason and "lag" in reason
+    assert planning.verdict(planning.measure([]), bad, planning.VerifyTolerances()) is None
+
+
+def test_rollback_is_a_new_version_with_the_old_contents() -> None:
+    old = _hash_config()
+    active = RoutingConfig(
+        version=2,
+        parent_version=1,
+        created_by="schedule",
+        operators={"A": OperatorRouting(parallelism=P, table={"1": 3}), "B": old.operators["B"]},
+    )
+    back = planning.rollback_config(old, active, 3)
+    assert (back.version, back.parent_version, back.created_by) == (3, 2, "rollback")
+    assert back.operators == old.operators

@@ -1,0 +1,118 @@
+"""The DAG's steps on a real snapshot folder, configuration store and GX context (no broker).
+
+Statistics → validated → planned → validated → backtested → decided, twice
+(every step is idempotent), and a deliberately bad configuration (one
+instance carrying three times the average load) is rejected by Great
+Expectations and refused by ``publish`` before any control message is sent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from keyplane import config as config_store
+from keyplane import statistics as stats
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.orchestration import planning, tasks
+from keyplane.orchestration.deployment import Deployment
+
+pytestmark = pytest.mark.integration
+
+P = 4
+RUN = "manual__2026-11-03T12:00:00+00:00"
+
+
+def _deployment(tmp_path: Path) -> Deployment:
+    return Deployment(
+        home=tmp_path,
+        bootstrap_servers="127.0.0.1:1",
+        events_topic="events",
+        metrics_topic="metrics",
+        control_topic="control",
+        routing_store=tmp_path / "configs",
+        snapshots=tmp_path / "statistics",
+        controller_state=tmp_path / "controller.json",
+        gx_root=tmp_path / "gx",
+    )
+
+
+def _write_snapshot(deployment: Deployment) -> None:
+    rng = np.random.default_rng(3)
+    rows = []
+    for a in range(60):
+        n = int(rng.integers(200, 400))
+        rows += [
+            (str(a), str(1000 + a % 30), False, int(n * 0.8)),
+            (str(a), str(1000 + a % 30), True, int(n * 0.2)),
+        ]
+    grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
+    total = int(grouped["n"].sum())
+    manifest, frames = stats.build_snapshot(
+        run_id=RUN,
+        grouped=grouped,
+        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
+        events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
+        metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
+        previous=None,
+        config=None,
+        settings=stats.StatisticsSettings(),
+    )
+    stats.write_snapshot(deployment.snapshots, manifest, **frames)
+
+
+def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
+    tmp_path: Path,
+) -> None:
+    deployment = _deployment(tmp_path)
+    config_store.save(
+        RoutingConfig(
+            version=1,
+            created_by="initial",
+            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
+        ),
+        deployment.routing_store,
+    )
+    _write_snapshot(deployment)
+
+    checked = tasks.validate_statistics(deployment, RUN, min_total_count=1_000)
+    assert "all" in checked["summary"]
+    params = planning.PlanParams(alpha=1.1)
+    proposal = tasks.compute_configuration(deployment, RUN, params)
+    assert proposal["version"] == 2 and proposal["parent_version"] == 1
+    assert tasks.compute_configuration(deployment, RUN, params) == proposal
+    assert config_store.stored_versions(deployment.routing_store) == [1, 2]
+    assert tasks.validate_configuration(deployment, RUN)["success"]
+    result = tasks.backtest(deployment, RUN)
+    assert result["new"]["locality"] > result["current"]["locality"]
+    decision = tasks.decide(deployment, RUN, planning.DecisionRule(), dry_run=False)
+    assert decision["publish"], decision
+    assert tasks.decide(deployment, RUN, planning.DecisionRule(min_gain=1.0), dry_run=True) == (
+        decision
+    )
+
+    # One instance given 3x the average load: every stage-A key on instance 0.
+    snapshot = stats.read_snapshot(deployment.snapshots, RUN)
+    a_keys = snapshot.frequencies.loc[snapshot.frequencies["stage"] == "A", "key"].tolist()
+    skewed = {k: 0 for k in a_keys[: len(a_keys) * 3 // 4]}
+    skewed |= {k: 1 + i % 3 for i, k in enumerate(a_keys[len(a_keys) * 3 // 4 :])}
+    bad = RoutingConfig(
+        version=3,
+        parent_version=1,
+        created_by="manual",
+        operators={
+            "A": OperatorRouting(parallelism=P, table=skewed),
+            "B": OperatorRouting(parallelism=P),
+        },
+    )
+    config_store.save(bad, deployment.routing_store)
+    with pytest.raises(tasks.StepError, match="failed validation") as rejected:
+        tasks.validate_configuration(deployment, RUN, version=3)
+    assert "max/mean within α" in str(rejected.value)
+    with pytest.raises(tasks.StepError, match="never published"):
+        tasks._require_validated(deployment, 3)
+    assert not deployment.controller_state.exists()

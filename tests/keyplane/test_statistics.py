@@ -1,0 +1,157 @@
+"""Unit tests of the pure statistics of a snapshot (papers 000 §3.2, 001 §4.1.1, 004 §4)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from keyplane import statistics as stats
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.routedkeys import spark_partition
+
+SETTINGS = stats.StatisticsSettings(decay=0.5, min_weight=0.5, holdout_fraction=0.2)
+
+
+def _events(pairs: list[tuple[str, str, bool, int]]) -> pd.DataFrame:
+    return pd.DataFrame(pairs, columns=["a", "b", "holdout", "n"])
+
+
+def test_next_window_starts_where_the_previous_ended_and_new_partitions_at_earliest() -> None:
+    first = stats.next_window("t", None, {0: 0, 1: 5}, {0: 10, 1: 20})
+    assert (first.start, first.end, first.records) == ({0: 0, 1: 5}, {0: 10, 1: 20}, 25)
+    second = stats.next_window("t", first, {0: 0, 1: 5, 2: 0}, {0: 12, 1: 20, 2: 3})
+    assert second.start == {0: 10, 1: 20, 2: 0}
+    assert second.records == 5
+    assert second.spark_offsets("end") == '{"t": {"0": 12, "1": 20, "2": 3}}'
+
+
+def test_holdout_is_the_newest_fraction_of_each_partition() -> None:
+    window = stats.TopicWindow(topic="t", start={0: 0, 1: 100}, end={0: 10, 1: 150})
+    starts = stats.holdout_starts(window, 0.2)
+    assert starts == {0: 8, 1: 140}
+    flags = stats.is_holdout([0, 0, 1, 1], [7, 8, 139, 149], starts)
+    assert flags.tolist() == [False, True, False, True]
+
+
+def test_window_pairs_splits_train_and_holdout() -> None:
+    frame = stats.window_pairs(
+        _events([("1", "x", False, 3), ("1", "x", True, 1), ("2", "y", True, 2)])
+    )
+    rows = {(r.a, r.b): (r.train, r.holdout) for r in frame.itertuples()}
+    assert rows == {("1", "x"): (3.0, 1.0), ("2", "y"): (0.0, 2.0)}
+
+
+def test_fold_decays_history_fish_style_and_forgets_light_entries() -> None:
+    first = stats.fold_pairs(
+        None, stats.window_pairs(_events([("1", "x", False, 8), ("2", "y", False, 1)])), SETTINGS
+    )
+    second = stats.fold_pairs(
+        first, stats.window_pairs(_events([("1", "x", False, 2), ("3", "z", True, 4)])), SETTINGS
+    )
+    rows = {(r.a, r.b): (r.count, r.train, r.holdout) for r in second.itertuples()}
+    # 0.5 × 8 + 2 for the old pair; (2, y) decays to 0.5 and is kept (≥ min_weight);
+    assert rows[("1", "x")] == (2, 6.0, 0.0)
+    assert rows[("2", "y")] == (0, 0.5, 0.0)
+    assert rows[("3", "z")] == (4, 0.0, 4.0)
+    third = stats.fold_pairs(second, stats.window_pairs(_events([])), SETTINGS)
+    assert ("2", "y") not in {(r.a, r.b) for r in third.itertuples()}
+
+
+def test_decay_zero_is_paper_000_reset() -> None:
+    reset = stats.StatisticsSettings(decay=0.0)
+    first = stats.fold_pairs(None, stats.window_pairs(_events([("1", "x", False, 8)])), reset)
+    second = stats.fold_pairs(first, stats.window_pairs(_events([("2", "y", False, 1)])), reset)
+    assert list(zip(second["a"], second["b"], strict=True)) == [("2", "y")]
+
+
+def test_frequencies_count_every_event_once_per_stage() -> None:
+    window = stats.window_pairs(
+        _events([("1", "x", False, 3), ("1", "y", True, 1), ("2", "y", False, 2)])
+    )
+    freq = stats.fold_frequencies(None, window, SETTINGS, epoch=4, window_bounds=(10, 16))
+    assert list(freq.columns) == list(stats.FREQUENCY_COLUMNS)
+    counts = {(r.stage, r.key): r.count for r in freq.itertuples()}
+    assert counts == {("A", "1"): 4, ("A", "2"): 2, ("B", "x"): 3, ("B", "y"): 3}
+    assert set(freq["epoch"]) == {4} and set(freq["window_end"]) == {16}
+
+
+def test_max_entries_keeps_the_heaviest() -> None:
+    bounded = stats.StatisticsSettings(max_entries=2)
+    window = stats.window_pairs(
+        _events([("1", "x", False, 5), ("2", "x", False, 1), ("3", "x", False, 3)])
+    )
+    folded = stats.fold_pairs(None, window, bounded)
+    assert sorted(folded["a"]) == ["1", "3"]
+
+
+def test_instance_loads_sum_over_batches() -> None:
+    records = [
+        BatchMetrics(batch_id=1, load={"A": {0: 3, 1: 1}, "B": {0: 4}}),
+        BatchMetrics(batch_id=2, load={"A": {0: 2, 1: 0}}),
+    ]
+    loads = stats.instance_loads(records)
+    rows = {(r.operator, r.instance): (r.tuples, r.batches) for r in loads.itertuples()}
+    assert rows == {("A", 0): (5, 2), ("A", 1): (1, 2), ("B", 0): (4, 1)}
+
+
+def test_job_version_is_the_newest_uniform_record() -> None:
+    records = [
+        BatchMetrics(batch_id=1, versions={"A": 1, "B": 1}),
+        BatchMetrics(batch_id=2, versions={"A": 2, "B": 1}),
+    ]
+    assert stats.job_version(records) == 1
+    assert stats.job_version([]) is None
+
+
+def test_traffic_matrix_routes_table_hot_and_hash_fallback() -> None:
+    p = 4
+    config = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={
+            "A": OperatorRouting(parallelism=p, table={"1": 2}, hot_keys={"2": (0, 1)}),
+            "B": OperatorRouting(parallelism=p, table={"x": 3}),
+        },
+    )
+    pairs = pd.DataFrame({"a": ["1", "2", "9"], "b": ["x", "x", "x"], "count": [4.0, 2.0, 1.0]})
+    traffic = stats.traffic_matrix(pairs, config)
+    cells = {(r.a_instance, r.b_instance): r.tuples for r in traffic.itertuples()}
+    hashed = spark_partition("9", p)
+    expected = {(2, 3): 4.0, (0, 3): 1.0, (1, 3): 1.0}
+    expected[(hashed, 3)] = expected.get((hashed, 3), 0.0) + 1.0
+    assert cells == pytest.approx(expected)
+    assert traffic["tuples"].sum() == pytest.approx(7.0)
+
+
+def test_snapshot_round_trip_is_write_once(tmp_path: Path) -> None:
+    events = stats.TopicWindow(topic="e", start={0: 0}, end={0: 6})
+    metrics = stats.TopicWindow(topic="m", start={0: 0}, end={0: 1})
+    grouped = _events([("1", "x", False, 5), ("1", "x", True, 1)])
+    manifest, frames = stats.build_snapshot(
+        run_id="manual__2026-11-03T12:00:00+00:00",
+        grouped=grouped,
+        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1}, load={"A": {0: 6}})],
+        events=events,
+        metrics_window=metrics,
+        previous=None,
+        config=None,
+        settings=SETTINGS,
+        created_at=datetime(2026, 11, 3, tzinfo=UTC),
+    )
+    assert manifest.n_events == 6 and manifest.job_version == 1 and manifest.window == (0, 6)
+    folder = stats.write_snapshot(tmp_path, manifest, **frames)
+    assert folder.name == "manual__2026-11-03T12_00_00_00_00"
+    loaded = stats.read_snapshot(tmp_path, manifest.run_id)
+    assert loaded.manifest == manifest
+    assert int(loaded.quality_frame()["count"].sum()) == 12
+    other = manifest.model_copy(update={"n_events": 99})
+    stats.write_snapshot(tmp_path, other, **frames)
+    assert stats.read_snapshot(tmp_path, manifest.run_id).manifest.n_events == 6
+    assert stats.latest_snapshot(tmp_path) == manifest
+    assert stats.latest_snapshot(tmp_path, before=manifest.run_id) is None
+    assert np.isclose(loaded.pairs["train"].sum(), 5.0)
