@@ -10,18 +10,32 @@ import argparse
 import sys
 import typing
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 from tqdm import tqdm
 
 from keyplane import config as config_store
+from keyplane.config import RoutingConfig
 from keyplane.config_report import render_config, render_diff
+from keyplane.controller import Controller, ControllerError, RolloutProgress, RolloutTimeout
+from keyplane.jobprocess import (
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    JobError,
+    JobProcess,
+    JobStatus,
+)
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
-from keyplane.kafka.broker import BrokerError, EmbeddedBroker
+from keyplane.kafka.broker import BrokerError, EmbeddedBroker, answers_kafka
+from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
+from keyplane.protocol import ProtocolError
 from keyplane.settings import Settings
+from keyplane.signing import MissingKeyError
 from keyplane.workloads import GeoTagsWorkload, PairsWorkload, ZipfEvolvingWorkload
 
 WORKLOADS: dict[str, type[BaseModel]] = {
@@ -142,6 +156,10 @@ def _config_store(settings: Settings, args: argparse.Namespace) -> tuple[Path, l
 
 
 def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
+    if args.action == "publish":
+        return cmd_config_publish(settings, args)
+    if args.action == "abort":
+        return cmd_config_abort(settings, args)
     store, versions = _config_store(settings, args)
     if args.action == "show":
         version = args.version or versions[-1]
@@ -158,6 +176,342 @@ def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
         )
     print(render_diff(old, new))
     return 0
+
+
+def _read_config_file(path: Path) -> RoutingConfig:
+    """The configuration in ``path``, or a one-line error naming the file and the field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CliError(f"cannot read {path}: {reason}") from None
+    try:
+        return RoutingConfig.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        problem = f"{where}: {first['msg']}" if where else first["msg"]
+        raise CliError(f"{path} is not a valid routing configuration: {problem}") from None
+
+
+def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
+    """Store ``config``; the same contents again are fine, different ones under its version not."""
+    already = config_store.version_path(store, config.version).exists()
+    try:
+        saved = config_store.save(config, store)
+    except config_store.VersionConflictError:
+        latest = config_store.latest_version(store)
+        raise CliError(
+            f"version {config.version} is already stored in {store} with different contents; "
+            f"give {path} a new version (the latest stored is {latest})"
+        ) from None
+    state = "already stored" if already else "stored"
+    print(f"v{config.version} {state} in {store} (checksum {saved.checksum[:12]})")
+
+
+def _controller(settings: Settings, channel: ControlChannel, store: Path) -> Controller:
+    return Controller(channel, settings.home / "controller.json", store)
+
+
+def _control_channel(settings: Settings) -> ControlChannel:
+    return ControlChannel(settings.resolved_bootstrap_servers(), settings.control_topic)
+
+
+class _StepDisplay:
+    """One progress line for the step in flight, and one printed line per finished step."""
+
+    def __init__(self) -> None:
+        self._bar: tqdm[Any] | None = None
+
+    def __call__(self, progress: RolloutProgress) -> None:
+        if self._bar is None:
+            self._bar = tqdm(
+                total=progress.total,
+                unit="step",
+                leave=False,
+                disable=None,
+                bar_format="{desc} [{n_fmt}/{total_fmt} steps, {elapsed}]",
+            )
+        self._bar.set_description_str(progress.label, refresh=False)
+        if progress.finished:
+            self._bar.update(1)
+            tqdm.write(f"{progress.label:<28} {progress.elapsed_s:7.2f} s")
+        else:
+            self._bar.refresh()
+
+    def __enter__(self) -> _StepDisplay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
+    """Store FILE, then roll it out to the running job (paper 000 §3.4).
+
+    Both halves can be repeated: storing the same contents again is a no-op,
+    and the rollout resumes from the controller's state file, so after an
+    interruption (or ``--no-wait``) the same command finishes the job.
+    """
+    config = _read_config_file(args.file)
+    store: Path = args.store or settings.config_store
+    _save_published(config, store, args.file)
+    if config.parent_version is None:
+        print(f"v{config.version} is an initial configuration: start the job on it")
+        return 0
+    with _control_channel(settings) as channel:
+        controller = _controller(settings, channel, store)
+        if args.no_wait:
+            message = controller.prepare(config.version)
+            print(
+                f"sent {message.describe()}; run this command again without --no-wait "
+                "to follow the rollout"
+            )
+            return 0
+        try:
+            with _StepDisplay() as display:
+                result = controller.rollout(config.version, timeout_s=args.timeout, on_step=display)
+        except RolloutTimeout as exc:
+            print(f"keyplane: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            if controller.in_flight != config.version:
+                raise
+            print(
+                f"keyplane: interrupted; v{config.version} is still rolling out: run this "
+                "command again to resume, or `keyplane config abort`",
+                file=sys.stderr,
+            )
+            return 130
+    print(f"v{result.version} is active (from v{result.previous_version}, {result.total_s:.2f} s)")
+    return 0
+
+
+def cmd_config_abort(settings: Settings, args: argparse.Namespace) -> int:
+    """Abort the rollout in flight: the job goes back to its active version (000 §3.4)."""
+    store: Path = args.store or settings.config_store
+    with _control_channel(settings) as channel:
+        controller = _controller(settings, channel, store)
+        state = controller.state
+        if state is None or state.current is None:
+            last = None if state is None else state.last
+            if last is None or last.finish is None:
+                detail = f"the controller has no rollout on record in {controller.state_file}"
+            elif last.finish.type == "ABORT":
+                detail = f"the last one, v{last.version}, was already aborted"
+            else:
+                detail = (
+                    f"v{last.version} is active; to roll back, publish a new version "
+                    "with the old contents"
+                )
+            raise CliError(f"no rollout in flight: {detail}")
+        message = controller.abort()
+    print(f"sent {message.describe()}: the job goes back to v{state.active_version}")
+    return 0
+
+
+def _line(label: str, value: str) -> str:
+    return f"{label:<12} {value}"
+
+
+def _duration(seconds: float) -> str:
+    """A short human duration: "42 s", "3 min 05 s", "2 h 07 min", "3 d 4 h"."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s:02d} s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m:02d} min"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h"
+
+
+def _since(moment: datetime) -> float:
+    return (datetime.now(UTC) - moment).total_seconds()
+
+
+def _job_line(status: JobStatus) -> str:
+    if status.running is not None:
+        record = status.running
+        return f"running (pid {record.pid}, up {_duration(_since(record.started_at))})"
+    if status.stale is not None:
+        return (
+            f"not running: its process (pid {status.stale.pid}) had died; "
+            "removed the stale pid file"
+        )
+    return "not running"
+
+
+def _rollout_line(status: JobStatus) -> str:
+    rollout = status.rollout
+    if status.rollout_problem is not None:
+        return f"unknown: {status.rollout_problem}"
+    if rollout is None:
+        return "none on record"
+    if rollout.in_flight is not None:
+        text = f"v{rollout.in_flight} in flight from v{rollout.active_version}, {rollout.step}"
+    else:
+        text = f"idle at v{rollout.active_version}"
+    if rollout.last_version is not None:
+        outcome = "done" if rollout.last_outcome == "DONE" else "aborted"
+        text += f"; last: v{rollout.last_version} {outcome}"
+    return text
+
+
+def _versions(versions: dict[str, int]) -> str:
+    return ", ".join(f"{op} v{version}" for op, version in sorted(versions.items())) or "unknown"
+
+
+def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:
+    """``keyplane job status``: the process, what its batches did, and the rollout."""
+    lines = [_line("job", _job_line(status))]
+    snapshot = status.metrics
+    if status.metrics_problem is not None:
+        lines.append(_line("metrics", f"unavailable: {status.metrics_problem}"))
+    elif snapshot is None:
+        lines.append(_line("metrics", f"no record on {metrics_topic} yet"))
+    else:
+        latest, busy = snapshot.latest, snapshot.last_busy
+        lines += [
+            _line("versions", _versions(latest.versions)),
+            _line("last batch", f"{latest.batch_id} ({_duration(_since(snapshot.latest_at))} ago)"),
+            _line("input lag", f"{latest.input_lag:,} events at that batch"),
+        ]
+        if busy is None:
+            lines.append(_line("rows/s", "no batch with events among the last records"))
+        else:
+            lines.append(
+                _line(
+                    "rows/s",
+                    f"{busy.rows_per_s:,.0f} (batch {busy.batch_id}: {busy.rows:,} rows "
+                    f"in {busy.duration_ms / 1000:.1f} s)",
+                )
+            )
+            locality = busy.locality
+            lines.append(
+                _line(
+                    "locality",
+                    "no A→B tuples"
+                    if locality is None
+                    else f"{locality:.1%} ({busy.local_hops:,} of {busy.hops:,} A→B tuples "
+                    "stayed on their executor)",
+                )
+            )
+            imbalances = [
+                f"{op} {value:.2f}"
+                for op in sorted(busy.load)
+                if (value := busy.imbalance(op)) is not None
+            ]
+            lines.append(
+                _line("imbalance", ", ".join(imbalances) + " (max/mean instance load)")
+                if imbalances
+                else _line("imbalance", "no load measured")
+            )
+    if status.events_waiting is not None:
+        lines.append(_line("unread", f"{status.events_waiting:,} events past the checkpoint"))
+    progress = status.last_progress
+    if progress is not None:
+        lines.append(
+            _line("committed", f"{progress.committed:,} events (batch {progress.batch_id})")
+        )
+    lines.append(_line("rollout", _rollout_line(status)))
+    lines.append(_line("log", str(status.log)))
+    return lines
+
+
+def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
+    return JobProcess(
+        settings,
+        shuffle_partitions=getattr(args, "shuffle_partitions", 4),
+        max_offsets_per_trigger=getattr(args, "max_offsets_per_trigger", None),
+        master=getattr(args, "master", None),
+    )
+
+
+def cmd_job(settings: Settings, args: argparse.Namespace) -> int:
+    job = _job_process(settings, args)
+    if args.action == "start":
+        started = job.start(timeout_s=args.timeout)
+        record = started.record
+        if started.already_running:
+            print(
+                f"job already running (pid {record.pid}, up "
+                f"{_duration(_since(record.started_at))}); nothing to do"
+            )
+            return 0
+        if started.stale is not None:
+            print(f"removed the stale pid file of pid {started.stale.pid} (its process had died)")
+        first = started.first_progress
+        if first is not None:
+            batch = f"batch {first.batch_id} read {first.rows:,} events"
+        elif started.events_waiting == 0:
+            batch = "no events to read yet"
+        else:
+            batch = "its first batch read no events"
+        print(
+            f"job started (pid {record.pid}) in {started.ready_after_s:.0f} s: {batch}; "
+            f"log {job.log}"
+        )
+        return 0
+    if args.action == "stop":
+        stopped = job.stop(timeout_s=args.timeout)
+        if stopped.outcome == "not running":
+            print("no job was running")
+        elif stopped.outcome == "stale":
+            assert stopped.record is not None
+            print(
+                f"no job was running; removed the stale pid file of pid {stopped.record.pid} "
+                "(its process had died)"
+            )
+        elif stopped.outcome == "stopped":
+            assert stopped.record is not None
+            print(f"job stopped (pid {stopped.record.pid}, {stopped.seconds:.1f} s)")
+        else:
+            assert stopped.record is not None
+            print(
+                f"job killed (pid {stopped.record.pid}): it did not stop within "
+                f"{args.timeout:.0f} s of SIGTERM; its checkpoint makes the restart exact"
+            )
+        return 0
+    status = job.status()
+    for line in render_job_status(status, settings.metrics_topic):
+        print(line)
+    return 0 if status.running is not None else 1
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    """One screen for the whole stack: is everything up, what runs, how far behind."""
+    bootstrap = settings.resolved_bootstrap_servers()
+    up = answers_kafka(bootstrap, timeout_s=2.0)
+    if up:
+        embedded = EmbeddedBroker(settings.home, settings.broker_port).status()
+        detail = "" if embedded is None else f" (embedded, pid {embedded.pid})"
+        lines = [_line("broker", f"up at {bootstrap}{detail}")]
+    else:
+        lines = [_line("broker", f"down at {bootstrap}: start it with `keyplane broker start`")]
+    status = JobProcess(settings).status(read_metrics=up)
+    lines.append(_line("job", _job_line(status)))
+    snapshot = status.metrics
+    if snapshot is not None:
+        latest = snapshot.latest
+        ago = _duration(_since(snapshot.latest_at))
+        lag = latest.input_lag if status.events_waiting is None else status.events_waiting
+        lines += [
+            _line("version", _versions(latest.versions)),
+            _line("lag", f"{lag:,} events (last batch {latest.batch_id}, {ago} ago)"),
+        ]
+    elif status.metrics_problem is not None:
+        lines.append(_line("version", f"unknown: {status.metrics_problem}"))
+    elif up:
+        lines.append(_line("version", f"unknown: no record on {settings.metrics_topic} yet"))
+    lines.append(_line("rollout", _rollout_line(status)))
+    for line in lines:
+        print(line)
+    return 0 if up and status.running is not None else 1
 
 
 def _config_error_line(error: config_store.ConfigStoreError) -> str:
@@ -223,7 +577,63 @@ def build_parser() -> argparse.ArgumentParser:
                 )
         cmd.set_defaults(func=func)
 
-    configs = sub.add_parser("config", help="show a stored routing configuration or diff two")
+    job = sub.add_parser(
+        "job", help="start, stop or inspect the routed streaming job, a background process"
+    )
+    job_actions = job.add_subparsers(dest="action", required=True, metavar="ACTION")
+    job_start = job_actions.add_parser(
+        "start",
+        help="launch the routed job in the background (pid file and log in "
+        "KEYPLANE_HOME/job) and wait until it is up; nothing to do if it runs",
+    )
+    job_start.add_argument(
+        "--shuffle-partitions",
+        type=_count,
+        default=4,
+        help="instances of each stateful operator; a restart keeps the checkpoint's (default: 4)",
+    )
+    job_start.add_argument(
+        "--max-offsets-per-trigger",
+        type=_count,
+        help="events per micro-batch at most (default: every event available)",
+    )
+    job_start.add_argument(
+        "--master", help="Spark master URL (default: KEYPLANE_SPARK_MASTER or local[2])"
+    )
+    job_start.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=START_TIMEOUT_S,
+        help="seconds to wait for the job to be up (its first micro-batch, or its query "
+        "running when there are no events to read) before stopping it "
+        f"(default: {START_TIMEOUT_S:.0f})",
+    )
+    job_stop = job_actions.add_parser(
+        "stop", help="stop the job cleanly between micro-batches (SIGTERM, then SIGKILL)"
+    )
+    job_stop.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=STOP_TIMEOUT_S,
+        help=f"seconds to wait for a clean stop before SIGKILL (default: {STOP_TIMEOUT_S:.0f})",
+    )
+    job_actions.add_parser(
+        "status",
+        help="running or not; routing versions, last batch, rows/s, lag, locality, "
+        "imbalance from the metrics topic; the controller's rollout (exit 1: not running)",
+    )
+    job.set_defaults(func=cmd_job)
+
+    overview = sub.add_parser(
+        "status",
+        help="one screen: broker up, job running, active routing versions, lag, last rollout "
+        "(exit 1 unless broker and job both run)",
+    )
+    overview.set_defaults(func=cmd_status)
+
+    configs = sub.add_parser(
+        "config", help="show or diff stored routing configurations; publish one live or abort it"
+    )
     actions = configs.add_subparsers(dest="action", required=True, metavar="ACTION")
     store_help = "configuration store (default: KEYPLANE_HOME/configs)"
     show = actions.add_parser(
@@ -239,6 +649,32 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("a", metavar="A", type=_version, help="the version replaced")
     diff.add_argument("b", metavar="B", type=_version, help="the version replacing it")
     diff.add_argument("--store", type=Path, help=store_help)
+    publish = actions.add_parser(
+        "publish",
+        help="store a configuration file and roll it out to the running job, operator by operator",
+    )
+    publish.add_argument(
+        "file",
+        metavar="FILE",
+        type=Path,
+        help="a routing configuration as JSON; it carries its version and parent_version",
+    )
+    publish.add_argument("--store", type=Path, help=store_help)
+    publish.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=120.0,
+        help="seconds to wait for each reply of the job before aborting (default: 120)",
+    )
+    publish.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="store and send PREPARE only; the same command without it finishes the rollout",
+    )
+    abort = actions.add_parser(
+        "abort", help="abort the rollout in flight: the job goes back to its active version"
+    )
+    abort.add_argument("--store", type=Path, help=store_help)
     configs.set_defaults(func=cmd_config)
     return parser
 
@@ -254,6 +690,28 @@ def _version(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    """A positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A positive duration in seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -264,10 +722,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "input"
         print(f"keyplane: invalid {where}: {first['msg']}", file=sys.stderr)
-    except (BrokerError, TopicError, CliError) as exc:
+    except (
+        BrokerError,
+        TopicError,
+        CliError,
+        ControllerError,
+        JobError,
+        ProtocolError,
+        MissingKeyError,
+    ) as exc:
         print(f"keyplane: {exc}", file=sys.stderr)
     except config_store.ConfigStoreError as exc:
         print(_config_error_line(exc), file=sys.stderr)
+    except KafkaError as exc:
+        print(
+            f"keyplane: Kafka did not answer ({type(exc).__name__}: {exc}); "
+            "is the broker running? `keyplane broker status`",
+            file=sys.stderr,
+        )
     except KeyboardInterrupt:
         print("keyplane: interrupted", file=sys.stderr)
         return 130

