@@ -359,9 +359,7 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         default=Settings().kafka_source,
         help="Kafka source implementation (default: KEYPLANE_KAFKA_SOURCE or python)",
     )
-    parser.add_argument(
-        "--pipeline", choices=["two-stage", "count-by-first-key", "native-counts"]
-    )
+    parser.add_argument("--pipeline", choices=["two-stage", "count-by-first-key", "native-counts"])
     parser.add_argument(
         "--routing-store",
         type=Path,
