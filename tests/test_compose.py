@@ -900,7 +900,7 @@ def test_job_cli_accepts_the_compose_arguments(
 
     captured: list[counts_job.CountsJobSettings] = []
 
-    def record(settings: counts_job.CountsJobSettings, on_progress: object = None) -> list[Any]:
+    def record(settings: counts_job.CountsJobSettings, **_callbacks: object) -> list[Any]:
         captured.append(settings)
         return []
 
