@@ -367,7 +367,7 @@ class RoutedEventsReader(DataSourceStreamReader):
             log.warning("keyplane: control record %s rejected: %s", offset, invalid)
         for _, message in control.messages:
             reaction: Reaction = protocol.react(message, plan)
-            if reaction.outcome == "ignored":
+            if reaction.outcome == "ignored" and reaction.reason != "own_message":
                 log.warning("keyplane: %s ignored: %s", message.describe(), reaction.detail)
             replies += reaction.replies
         events = self._events_end(start["events"], limit)
