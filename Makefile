@@ -14,4 +14,5 @@ lint: bootstrap
 	.venv/bin/mypy include
 
 test: lint
+	@scripts/install-browser
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=15

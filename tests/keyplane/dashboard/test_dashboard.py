@@ -1,0 +1,275 @@
+"""The dashboard's data loading and rendering on hand-made records (pure: no Airflow, no Kafka).
+
+One test reads a stopped broker: it checks that the page degrades instead of
+hanging, against a real closed port.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from keyplane import config as config_store
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.dashboard import metrics as dm
+from keyplane.dashboard.page import render_page
+from keyplane.dashboard.plots import PLOTS, render_png
+from keyplane.dashboard.service import DashboardService
+from keyplane.dashboard.timeline import (
+    DashboardPaths,
+    RunRecords,
+    backtest_gain,
+    build_rows,
+    hot_key_rows,
+    load_dashboard,
+    moved_key_rows,
+)
+from keyplane.protocol import ControllerState, ControlMessage, Reconfiguration
+from keyplane.testing import free_port
+
+T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
+
+
+def _config(version: int, parent: int | None, by: str, hot: bool = False) -> RoutingConfig:
+    return RoutingConfig(
+        version=version,
+        parent_version=parent,
+        created_at=T0 + timedelta(minutes=version),
+        created_by=by,  # type: ignore[arg-type]
+        operators={
+            "A": OperatorRouting(
+                parallelism=3,
+                table={"eu": version % 3, "us": (version + 1) % 3},
+                hot_keys={"<hot>": (0, 1, 2)} if hot else {},
+            ),
+            "B": OperatorRouting(parallelism=3, table={"#spark": version % 3}),
+        },
+    )
+
+
+def _message(kind: str, version: int, at: float, **extra: object) -> ControlMessage:
+    job = kind in ("ACK", "MIGRATED")
+    return ControlMessage.model_validate(
+        {
+            "type": kind,
+            "config_version": version,
+            "checksum": "c",
+            "sender": "job" if job else "controller",
+            "sent_at": T0 + timedelta(seconds=at),
+            **({"batch_id": 1} if job else {}),
+            **extra,
+        }
+    )
+
+
+def _controller(version: int, base: int) -> ControllerState:
+    rollout = Reconfiguration(
+        version=version,
+        checksum="c",
+        base=base,
+        prepare=_message("PREPARE", version, 0, previous_version=base),
+        ack=_message("ACK", version, 1),
+        propagated={"A": _message("PROPAGATE", version, 1.5, operator="A")},
+        migrated={"A": _message("MIGRATED", version, 3.5, operator="A")},
+        finish=_message("DONE", version, 4.25),
+    )
+    return ControllerState(
+        operators=("A", "B"), active_version=version, active_checksum="c", last=rollout
+    )
+
+
+def _batch(batch_id: int, versions: dict[str, int], local: int = 50) -> BatchMetrics:
+    return BatchMetrics(
+        batch_id=batch_id,
+        versions=versions,
+        rows=100,
+        rows_per_s=1000.0,
+        duration_ms=500,
+        input_lag=10 * batch_id,
+        load={"A": {0: 60, 1: 40}, "B": {0: 50, 1: 50}},
+        hops=100,
+        local_hops=local,
+    )
+
+
+RUNS = [
+    RunRecords(
+        run_id="run-1",
+        proposal={"version": 2, "parent_version": 1},
+        backtest={
+            "version": 2,
+            "new": {"locality": 0.8, "imbalance": {"A": 1.1}},
+            "current": {"locality": 0.5, "imbalance": {"A": 1.4}},
+        },
+        decision={"version": 2, "publish": True, "gain": 0.6, "cost": 0.03, "reason": "ok"},
+        rollout={"version": 2},
+        verification={"version": 2, "regressed": True, "reason": "lag regressed"},
+        rollback={"version": 3, "restores": 1, "replaces": 2, "reason": "lag regressed"},
+    ),
+    RunRecords("run-2", {"version": 4}, None, None, None, None, None),
+]
+
+
+def test_pure_timeline_rows_from_hand_made_records() -> None:
+    configs: dict[int, RoutingConfig | str] = {
+        1: _config(1, None, "initial"),
+        2: _config(2, 1, "schedule"),
+        3: _config(3, 2, "rollback"),
+        4: _config(4, 3, "manual"),
+        5: "unreadable: checksum mismatch",
+    }
+    validations = {
+        2: {"success": True, "summary": "all passed"},
+        3: {"success": True, "summary": "rollback to the routing of v1"},
+        4: {"success": False, "summary": "max/mean within α failed"},
+    }
+    rows = build_rows(configs, validations, RUNS, _controller(3, 2), [])
+    by = {r.version: r for r in rows}
+    assert [r.version for r in rows] == [5, 4, 3, 2, 1]
+    assert by[3].status == "active" and by[3].created_by == "rollback"
+    assert by[3].rollback == "restores v1: lag regressed"
+    assert by[3].migration is not None and by[3].migration.seconds == pytest.approx(4.25)
+    assert by[3].migration.detail == "4.2 s (A 2.0 s)"
+    assert by[2].status == "rolled back" and by[2].rollback == "rolled back by v3: lag regressed"
+    assert by[2].gain == pytest.approx(0.6) and by[2].cost == pytest.approx(0.03)
+    assert by[2].validation == "passed" and by[2].run_id == "run-1"
+    assert by[4].status == "refused" and by[4].validation == "failed"
+    assert by[1].status == "superseded" and by[1].validation == "not validated"
+    assert by[5].problem == "unreadable: checksum mismatch" and by[5].created_at is None
+
+
+def test_pure_backtest_gain_follows_the_decision_rule() -> None:
+    record = RUNS[0].backtest
+    assert record is not None
+    assert backtest_gain(record) == pytest.approx((0.8 - 0.5) + (1.4 - 1.1))
+    assert backtest_gain({"new": {}}) is None
+
+
+def test_pure_migration_from_metrics_when_the_controller_has_no_record() -> None:
+    configs: dict[int, RoutingConfig | str] = {
+        1: _config(1, None, "initial"),
+        2: _config(2, 1, "schedule"),
+    }
+    records = [
+        _batch(0, {"A": 1, "B": 1}),
+        _batch(1, {"A": 2, "B": 1}),
+        _batch(2, {"A": 2, "B": 1}),
+        _batch(3, {"A": 2, "B": 2}),
+    ]
+    rows = build_rows(configs, {}, [], None, records)
+    newest = rows[0]
+    assert newest.status == "active"
+    assert newest.migration is not None and newest.migration.source == "metrics"
+    assert newest.migration.seconds == pytest.approx(1.5)
+    assert newest.migration.detail == "≈1.5 s over 3 batches (1–3)"
+
+
+def test_pure_switch_windows_and_summaries() -> None:
+    records = [
+        _batch(0, {"A": 1, "B": 1}, 20),
+        _batch(1, {"A": 2, "B": 1}),
+        _batch(2, {"A": 2, "B": 2}, 90),
+    ]
+    window = dm.switch_windows(records)[2]
+    assert (window.first_batch, window.last_batch, window.batches) == (1, 2, 2)
+    summaries = {s.version: s for s in dm.summaries(records)}
+    assert summaries[1].locality == pytest.approx(0.2)
+    assert summaries[2].locality == pytest.approx(0.9)
+    assert summaries[2].imbalance == pytest.approx(1.2)
+    points = dm.points(records)
+    assert [p.version for p in points] == [1, None, 2]
+
+
+def test_pure_hot_and_moved_keys_are_ranked_by_weight() -> None:
+    old, new = _config(1, None, "initial"), _config(2, 1, "schedule", hot=True)
+    weights = {"A": {"eu": 10.0, "us": 500.0, "<hot>": 900.0}}
+    hot = hot_key_rows(new, weights)
+    assert [(h.key, h.split, h.weight) for h in hot] == [("<hot>", 3, 900.0)]
+    moved = moved_key_rows(old, new, weights)
+    assert [m.key for m in moved if m.operator == "A"][:2] == ["<hot>", "us"]
+    assert {m.kind for m in moved if m.key == "<hot>"} == {"split"}
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+@pytest.mark.parametrize("name", list(PLOTS))
+def test_pure_plots_render_pngs_with_and_without_points(name: str) -> None:
+    records = [_batch(i, {"A": 1 + (i >= 3), "B": 1 + (i >= 4)}) for i in range(6)]
+    full = render_png(name, dm.points(records))  # type: ignore[arg-type]
+    empty = render_png(name, [])  # type: ignore[arg-type]
+    assert _png_size(full) == (640, 320) and _png_size(empty) == (640, 320)
+    assert len(full) > 5_000
+
+
+def test_pure_page_escapes_keys_and_says_when_metrics_are_unavailable(tmp_path: Path) -> None:
+    store = tmp_path / "configs"
+    config_store.save(_config(1, None, "initial"), store)
+    config_store.save(_config(2, 1, "schedule", hot=True), store)
+    paths = DashboardPaths(store, tmp_path / "statistics", tmp_path / "controller.json", tmp_path)
+    dashboard = load_dashboard(paths, [])
+    down = dm.MetricsRead((), "Kafka at 127.0.0.1:1 did not answer")
+    html = render_page(dashboard, down, [], generated_at=T0, metrics_topic="m", has_data_docs=False)
+    assert html.count('class="version-row') == 2
+    assert "&lt;hot&gt;" in html and "<hot>" not in html
+    assert "metrics unavailable: Kafka at 127.0.0.1:1 did not answer" in html
+    assert "<img" not in html
+    up = dm.MetricsRead((_batch(0, {"A": 2, "B": 2}),))
+    html = render_page(
+        dashboard,
+        up,
+        dm.summaries(up.records),
+        generated_at=T0,
+        metrics_topic="m",
+        has_data_docs=True,
+    )
+    assert html.count('class="plot"') == len(PLOTS) and "data-docs/index.html" in html
+
+
+def test_pure_load_dashboard_reads_the_files_the_dag_writes(tmp_path: Path) -> None:
+    store = tmp_path / "configs"
+    config_store.save(_config(1, None, "initial"), store)
+    config_store.save(_config(2, 1, "schedule", hot=True), store)
+    (store / "validation-v000002.json").write_text(json.dumps({"version": 2, "success": True}))
+    run = tmp_path / "statistics" / "run-1"
+    run.mkdir(parents=True)
+    (run / "proposal.json").write_text(json.dumps({"version": 2, "parent_version": 1}))
+    (run / "decision.json").write_text(json.dumps({"version": 2, "publish": True, "gain": 0.1}))
+    (run / "backtest.json").write_text("{not json")
+    site = tmp_path / "gx" / "gx" / "uncommitted" / "data_docs" / "local_site"
+    page = (
+        site / "validations" / "keyplane_configuration_keys" / "configuration-v2" / "t" / "b.html"
+    )
+    page.parent.mkdir(parents=True)
+    page.write_text("<html></html>")
+    paths = DashboardPaths(
+        store, tmp_path / "statistics", tmp_path / "controller.json", tmp_path / "gx"
+    )
+    dashboard = load_dashboard(paths, [_batch(0, {"A": 2, "B": 2})])
+    newest = dashboard.rows[0]
+    assert dashboard.active_version == 2 and newest.status == "active"
+    assert newest.gain == pytest.approx(0.1) and newest.validation == "passed"
+    assert [d.label for d in newest.data_docs] == ["keyplane_configuration_keys"]
+    assert [h.key for h in dashboard.hot_keys] == ["<hot>"]
+    assert (dashboard.moved_from, dashboard.moved_to) == (1, 2)
+    service = DashboardService(paths, dm.CachedMetrics("127.0.0.1:1", "m"))
+    assert service.data_doc(newest.data_docs[0].path) == page.resolve()
+    assert service.data_doc("../../../../configs/validation-v000002.json") is None
+    assert service.plot("nope") is None
+
+
+def test_reading_metrics_from_a_stopped_broker_degrades_quickly() -> None:
+    started = time.monotonic()
+    read = dm.read_metrics(f"127.0.0.1:{free_port()}", "keyplane.metrics", timeout_s=2.0)
+    assert not read.available and read.records == ()
+    assert "did not answer" in (read.problem or "")
+    assert time.monotonic() - started < 5

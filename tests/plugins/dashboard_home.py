@@ -1,0 +1,179 @@
+"""A KEYPLANE_HOME filled by the real components, cheaply, for the dashboard's tests.
+
+No Spark job runs: the orchestration end-to-end test covers that. Instead the
+records the dashboard reads are produced by the code that produces them in
+production:
+
+* a statistics snapshot built by :func:`keyplane.statistics.build_snapshot`
+  from a small skewed window (one stage-A key carries about 40 % of the tuples,
+  more than α × an instance's share, so the plan splits it);
+* the DAG's own steps (:mod:`keyplane.orchestration.tasks`): validate the
+  statistics and the configuration with Great Expectations (real Data Docs),
+  plan v2 from v1 with METIS and FISH (stored by ``keyplane.config.save``),
+  backtest and decide;
+* a real rollout of v2 by :class:`keyplane.controller.Controller` over the
+  embedded broker's control topic, answered by
+  :class:`keyplane.testing.ProtocolOnlyJob` (the job's real protocol without
+  Spark), which leaves the controller's state file with its timings;
+* BatchMetrics records on the metrics topic, written with keyplane's
+  producer: batches on v1, two mid-migration batches, batches on v2.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from keyplane import config as config_store
+from keyplane import statistics as stats
+from keyplane.batchmetrics import BatchMetrics, PairCount
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.orchestration import planning, tasks
+from keyplane.orchestration.deployment import Deployment
+
+P = 4
+RUN = "scheduled__2026-11-03T12:00:00+00:00"
+CONTROL_KEY = "dashboard-tests-key-0123456789abcdef"
+HOT_KEY = "7"
+
+
+@dataclass(frozen=True)
+class PreparedHome:
+    """The filled home and what a test needs to point the dashboard at it."""
+
+    deployment: Deployment
+    metrics_topic: str
+    bootstrap_servers: str
+    batches: int
+
+    def environment(self) -> dict[str, str]:
+        """The ``KEYPLANE_*`` variables under which the dashboard reads this home."""
+        return {
+            "KEYPLANE_HOME": str(self.deployment.home),
+            "KEYPLANE_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "KEYPLANE_METRICS_TOPIC": self.metrics_topic,
+            "KEYPLANE_CONTROL_TOPIC": self.deployment.control_topic,
+            "KEYPLANE_CONTROL_KEY": CONTROL_KEY,
+        }
+
+
+def _snapshot(deployment: Deployment) -> None:
+    rng = np.random.default_rng(5)
+    rows = []
+    for a in range(48):
+        n = int(rng.integers(200, 400)) * (30 if str(a) == HOT_KEY else 1)
+        b = str(1000 + a % 24)
+        rows += [(str(a), b, False, int(n * 0.8)), (str(a), b, True, int(n * 0.2))]
+    grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
+    total = int(grouped["n"].sum())
+    manifest, frames = stats.build_snapshot(
+        run_id=RUN,
+        grouped=grouped,
+        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
+        events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
+        metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
+        previous=None,
+        config=None,
+        settings=stats.StatisticsSettings(),
+    )
+    stats.write_snapshot(deployment.snapshots, manifest, **frames)
+
+
+def _batch(batch_id: int, versions: dict[str, int], locality: float, skew: float) -> BatchMetrics:
+    """One batch of 4 000 A→B tuples; ``skew`` is the share instance 0 carries on top of even."""
+    base = 1000
+    load = {op: {i: base for i in range(P)} for op in ("A", "B")}
+    load["A"][0] = int(base * (1 + skew))
+    hops = sum(load["A"].values())
+    return BatchMetrics(
+        batch_id=batch_id,
+        versions=versions,
+        rows=hops,
+        rows_per_s=hops / 0.8 * (1 + 0.1 * (batch_id % 3)),
+        duration_ms=800,
+        input_lag=max(0, 3000 - 150 * batch_id),
+        load=load,
+        executors={op: {i: f"exec-{i % 2}" for i in range(P)} for op in ("A", "B")},
+        hops=hops,
+        local_hops=int(hops * locality),
+        top_pairs={0: [PairCount(a=HOT_KEY, b="1007", n=400)]},
+    )
+
+
+def metrics_records() -> list[BatchMetrics]:
+    """Batches 0–7 on v1, 8–9 mid-migration (A on v2, B on v1), 10–19 on v2."""
+    records = [_batch(i, {"A": 1, "B": 1}, 0.3 + 0.01 * i, 0.9) for i in range(8)]
+    records += [_batch(i, {"A": 2, "B": 1}, 0.4, 0.6) for i in (8, 9)]
+    records += [_batch(i, {"A": 2, "B": 2}, 0.75 + 0.005 * i, 0.05) for i in range(10, 20)]
+    return records
+
+
+def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
+    from keyplane.controller import Controller
+    from keyplane.kafka.admin import ensure_topic
+    from keyplane.kafka.control import ControlChannel
+    from keyplane.kafka.producer import make_producer
+    from keyplane.testing import ProtocolOnlyJob
+
+    suffix = home.name.replace("_", "-")
+    deployment = Deployment(
+        home=home,
+        bootstrap_servers=bootstrap_servers,
+        events_topic=f"dash-events-{suffix}",
+        metrics_topic=f"dash-metrics-{suffix}",
+        control_topic=f"dash-control-{suffix}",
+        routing_store=home / "configs",
+        snapshots=home / "statistics",
+        controller_state=home / "controller.json",
+        gx_root=home / "gx",
+    )
+    config_store.save(
+        RoutingConfig(
+            version=1,
+            created_by="initial",
+            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
+        ),
+        deployment.routing_store,
+    )
+    _snapshot(deployment)
+    tasks.validate_statistics(deployment, RUN, min_total_count=1_000)
+    proposal = tasks.compute_configuration(deployment, RUN, planning.PlanParams(alpha=1.1))
+    assert proposal["version"] == 2, proposal
+    assert tasks.validate_configuration(deployment, RUN)["success"]
+    tasks.backtest(deployment, RUN)
+    decision = tasks.decide(deployment, RUN, planning.DecisionRule(force=True), dry_run=False)
+    assert decision["publish"], decision
+
+    previous_key = os.environ.get("KEYPLANE_CONTROL_KEY")
+    os.environ["KEYPLANE_CONTROL_KEY"] = CONTROL_KEY
+    try:
+        job_channel = ControlChannel(bootstrap_servers, deployment.control_topic, key=CONTROL_KEY)
+        job_channel.ensure()
+        with (
+            ProtocolOnlyJob(job_channel, deployment.routing_store, ("A", "B"), 1),
+            ControlChannel(bootstrap_servers, deployment.control_topic, key=CONTROL_KEY) as ours,
+        ):
+            Controller(ours, deployment.controller_state, deployment.routing_store).rollout(
+                2, timeout_s=30
+            )
+        job_channel.close()
+    finally:
+        if previous_key is None:
+            os.environ.pop("KEYPLANE_CONTROL_KEY", None)
+        else:
+            os.environ["KEYPLANE_CONTROL_KEY"] = previous_key
+
+    records = metrics_records()
+    ensure_topic(bootstrap_servers, deployment.metrics_topic, 1)
+    producer = make_producer(bootstrap_servers)
+    try:
+        for record in records:
+            producer.send(deployment.metrics_topic, value=record.model_dump_json().encode())
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+    return PreparedHome(deployment, deployment.metrics_topic, bootstrap_servers, len(records))

@@ -1,0 +1,322 @@
+"""The dashboard in a real Airflow, seen by a real browser.
+
+``airflow standalone`` runs with the repository's ``plugins/`` folder, SQLite
+and the simple auth manager with authentication on. The test logs in as the
+generated admin (password from the standalone password file, token from
+``POST /auth/token``), then drives headless Chromium over the DevTools
+protocol: the token goes into the UI's session cookie, as the login page
+would set it, and the browser opens the dashboard both on its own and inside
+the Airflow UI (the external view's iframe). It fails when the version
+timeline is missing a version or any plot does not load as a real image.
+Screenshots are kept under ``artifacts/dashboard/`` (the path is printed).
+
+Skipped when Chromium is not installed (Debian: ``apt-get install chromium``;
+``make test`` installs it), except in CI, where ``KEYPLANE_REQUIRE_BROWSER``
+turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from dashboard_home import PreparedHome
+
+from keyplane.testing import free_port
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts" / "dashboard"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+STARTUP_TIMEOUT_S = 90
+PLOTS = ("locality", "imbalance", "throughput", "lag")
+MIN_PLOT_BYTES = 5_000
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+@dataclass(frozen=True)
+class Airflow:
+    base: str
+    home: Path
+
+
+@pytest.fixture(scope="module")
+def airflow(
+    prepared_home: PreparedHome, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Airflow]:
+    """``airflow standalone`` with the keyplane plugin, its API server on a free port."""
+    home = tmp_path_factory.mktemp("airflow_home")
+    dags = home / "dags"
+    dags.mkdir()
+    port = free_port()
+    venv_bin = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        **prepared_home.environment(),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    log_path = home / "standalone.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [str(venv_bin / "airflow"), "standalone"],
+            env=env,
+            cwd=home,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"airflow standalone exited:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                tail = log_path.read_text()[-3000:]
+                pytest.fail(f"airflow did not answer in {STARTUP_TIMEOUT_S} s:\n{tail}")
+            time.sleep(1)
+        yield Airflow(base, home)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _admin_token(base: str, airflow_home: Path) -> str:
+    passwords = json.loads(
+        (airflow_home / "simple_auth_manager_passwords.json.generated").read_text()
+    )
+    response = httpx.post(
+        f"{base}/auth/token",
+        json={"username": "admin", "password": passwords["admin"]},
+        timeout=10,
+    )
+    assert response.status_code in (200, 201), response.text
+    return str(response.json()["access_token"])
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over one page's websocket."""
+
+    def __init__(self, url: str) -> None:
+        from websockets.sync.client import connect
+
+        self._socket = connect(url, max_size=64 * 1024 * 1024, open_timeout=10)
+        self._ids = itertools.count(1)
+
+    def call(self, method: str, timeout_s: float = 30, **params: Any) -> dict[str, Any]:
+        call_id = next(self._ids)
+        self._socket.send(json.dumps({"id": call_id, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            message = json.loads(self._socket.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message.get("id") == call_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return dict(message.get("result", {}))
+
+    def evaluate(self, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result["result"].get("value")
+
+    def open(self, url: str, ready: str, timeout_s: float = 30) -> None:
+        """Navigate and wait until the JavaScript expression ``ready`` is true."""
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout_s
+        while not self.evaluate(ready):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url}: {ready} never became true")
+            time.sleep(0.25)
+
+    def screenshot(self, path: Path, full_page: bool = True) -> int:
+        result = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=full_page)
+        data = base64.b64decode(result["data"])
+        path.write_bytes(data)
+        return len(data)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[DevTools]:
+    if CHROMIUM is None:
+        message = "Chromium is not installed (Debian: apt-get install chromium)"
+        if os.environ.get("KEYPLANE_REQUIRE_BROWSER"):
+            pytest.fail(message + "; CI requires it (scripts/install-browser)")
+        pytest.skip(message)
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1400,1000",
+            f"--user-data-dir={tmp_path / 'chromium'}",
+            f"--remote-debugging-port={port}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        pages: list[dict[str, Any]] = []
+        while not pages:
+            try:
+                listed = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=2).json()
+                pages = [p for p in listed if p.get("type") == "page"]
+            except (OSError, httpx.HTTPError, ValueError):
+                pass
+            if not pages:
+                if time.monotonic() > deadline:
+                    pytest.fail("Chromium's DevTools endpoint did not come up")
+                time.sleep(0.3)
+        tools = DevTools(pages[0]["webSocketDebuggerUrl"])
+        tools.call("Page.enable")
+        tools.call("Network.enable")
+        yield tools
+        tools.close()
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+IMAGES = """Array.from(document.images).map(i => ({
+  src: i.getAttribute('src'), complete: i.complete, w: i.naturalWidth, h: i.naturalHeight}))"""
+
+
+def test_dashboard_shows_timeline_and_plots_in_airflow(
+    airflow: Airflow, prepared_home: PreparedHome, browser: DevTools
+) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    base = airflow.base
+
+    # Authentication is on: no token, no page.
+    anonymous = httpx.get(f"{base}/keyplane/", timeout=10)
+    assert anonymous.status_code in (401, 403), anonymous.status_code
+
+    token = _admin_token(base, airflow.home)
+    headers = {"Authorization": f"Bearer {token}"}
+    page = httpx.get(f"{base}/keyplane/", headers=headers, timeout=30)
+    assert page.status_code == 200, page.text[:500]
+    html = page.text
+    for version in (1, 2):
+        assert 'class="version-row' in html and f'data-version="{version}"' in html
+    assert "metrics unavailable" not in html
+    for name in PLOTS:
+        png = httpx.get(f"{base}/keyplane/plots/{name}.png", headers=headers, timeout=30)
+        assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+        assert len(png.content) > MIN_PLOT_BYTES, (name, len(png.content))
+        width, height = _png_size(png.content)
+        assert width >= 400 and height >= 200, (name, width, height)
+
+    # The browser: the UI's session cookie, then the page alone and inside the UI.
+    browser.call("Network.setCookie", name="_token", value=token, url=base, path="/")
+    browser.open(
+        f"{base}/keyplane/",
+        "document.readyState === 'complete' && document.images.length > 0 && "
+        "Array.from(document.images).every(i => i.complete)",
+    )
+    rows = browser.evaluate(
+        "Array.from(document.querySelectorAll('#timeline tr.version-row'))"
+        ".map(r => r.dataset.version)"
+    )
+    assert rows == ["2", "1"], rows
+    images = browser.evaluate(IMAGES)
+    assert sorted(i["src"] for i in images) == sorted(f"plots/{n}.png" for n in PLOTS), images
+    for image in images:
+        assert image["complete"] and image["w"] >= 400 and image["h"] >= 200, image
+    assert browser.evaluate("document.querySelectorAll('#hot-keys tr.hot-key').length") >= 1
+    assert browser.evaluate("document.querySelectorAll('#moved-keys tr.moved-key').length") >= 1
+    docs = browser.evaluate("Array.from(document.querySelectorAll('a.data-docs')).map(a => a.href)")
+    assert docs, "no Data Docs link"
+    doc_page = httpx.get(docs[0], headers=headers, timeout=10)
+    assert doc_page.status_code == 200 and "<html" in doc_page.text.lower()
+    alone = ARTIFACTS / "dashboard.png"
+    size = browser.screenshot(alone)
+    assert size > 50_000
+
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        width=1400,
+        height=1000,
+        deviceScaleFactor=1,
+        mobile=False,
+    )
+    browser.open(
+        f"{base}/plugin/keyplane",
+        "(() => { const f = document.querySelector('iframe');"
+        " const d = f && f.contentDocument;"
+        " return !!(d && d.readyState === 'complete' && d.querySelector('#timeline')"
+        " && Array.from(d.images).every(i => i.complete && i.naturalWidth > 0)); })()",
+        timeout_s=45,
+    )
+    in_ui = ARTIFACTS / "dashboard-in-airflow.png"
+    browser.screenshot(in_ui, full_page=False)
+    print(f"\nscreenshots: {alone} {in_ui}")
+
+    # The navigation entry: the UI lists it under Browse, from the plugins endpoint.
+    plugins = httpx.get(f"{base}/api/v2/plugins", headers=headers, timeout=10).json()
+    views = [v for p in plugins["plugins"] if p["name"] == "keyplane" for v in p["external_views"]]
+    assert [v["url_route"] for v in views] == ["keyplane"], plugins
+    browser.evaluate(
+        "Array.from(document.querySelectorAll('button'))"
+        ".find(b => b.textContent.trim() === 'Browse').click()"
+    )
+    deadline = time.monotonic() + 10
+    while not browser.evaluate(
+        "Array.from(document.querySelectorAll('[role=menuitem], a'))"
+        ".some(e => e.textContent.trim() === 'keyplane')"
+    ):
+        assert time.monotonic() < deadline, "the Browse menu has no keyplane entry"
+        time.sleep(0.25)
