@@ -7,15 +7,16 @@ executor JVMs, and Spark's REST API reports, per stage, the shuffle bytes
 each task fetched from its own executor (local) and from the others (remote).
 
 Both variants run the routed job in one session, one after the other, on the
-same ``pairs`` stream (locality L = 0.8: 80 % of tuples have b = a; 8 kB
-padding). Each starts on hash routing; after a warm-up the job's metrics say
-which executor holds each instance. The locality variant then computes a
-routing table with METIS over the warm-up window's key pairs, with one part
-per executor (:func:`keyplane.locality.build_plan`), maps each part to the
-instances on that executor, and publishes it live; the hash variant keeps
-hash routing. The rest of the stream is measured: remote and local shuffle
-bytes of the stage that reads stage A's output (the last stage of each
-micro-batch job), and throughput.
+same ``pairs`` streams (locality L = 0.8: 80 % of tuples have b = a; 8 kB
+padding), each on a topic of its own. Each starts on hash routing with a
+warm-up stream; the job's metrics then say which executor holds each
+instance. The locality variant computes a routing table with METIS over the
+warm-up's key pairs, one part per executor (:func:`keyplane.locality.build_plan`),
+maps each part to the instances on that executor, and publishes it live; the
+hash variant keeps hash routing. Only then is the measured stream produced,
+so both variants measure the same events: remote and local shuffle bytes of
+the stage that reads stage A's output (the last stage of each micro-batch
+job), the share of A→B tuples that stayed on one executor, and throughput.
 
     python bench/locality_shuffle.py [--events 24000] [--out FILE]
 """
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from _harness import emit, read_topic, routed_topics
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
@@ -101,10 +103,8 @@ def executor_table(
     return table
 
 
-def locality_config(
-    spec: PairsWorkload, warmup: int, metrics: list[dict[str, Any]]
-) -> RoutingConfig:
-    batch = next(iter(spec.batches(chunk_size=warmup)))
+def locality_config(warm: PairsWorkload, metrics: list[dict[str, Any]]) -> RoutingConfig:
+    batch = next(iter(warm.batches(chunk_size=warm.n_events)))
     pairs = PairStatistics(batch.a, batch.b, np.ones(batch.a.size))
     plan = build_plan(pairs, EXECUTORS, alpha=1.1)
     executors = sorted({e for op in ("A", "B") for e in placement(metrics, op).values()})
@@ -125,8 +125,11 @@ def locality_config(
 
 
 def run_variant(
-    spark: Any, bootstrap: str, tmp: Path, variant: str, spec: PairsWorkload, warmup: int
+    spark: Any, bootstrap: str, tmp: Path, variant: str, warm: PairsWorkload, main: PairsWorkload
 ) -> dict[str, float]:
+    """Warm up on ``warm``, switch (locality only), then measure on ``main``."""
+    topic = f"pairs-{variant}"
+    produce_workload(warm, bootstrap, topic, partitions=EXECUTORS * 2)
     store = tmp / f"store-{variant}"
     save(
         RoutingConfig(
@@ -139,46 +142,47 @@ def run_variant(
     topics = routed_topics(variant)
     settings = CountsJobSettings(
         bootstrap_servers=bootstrap,
-        events_topic="pairs",
+        events_topic=topic,
         checkpoint=tmp / f"ck-{variant}",
         output=tmp / f"out-{variant}",
         shuffle_partitions=P,
-        max_offsets_per_trigger=warmup // 3,
+        max_offsets_per_trigger=warm.n_events // 3,
         trigger_interval="0 seconds",
         routing_store=store,
         **topics,
     )
     query = start_counts_query(spark, settings)
     try:
-        while sum(p["numInputRows"] for p in query.recentProgress) < warmup:
+        while sum(p["numInputRows"] for p in query.recentProgress) < warm.n_events:
             if query.exception() is not None:
                 raise RuntimeError(str(query.exception()))
             time.sleep(0.2)
         if variant == "locality":
-            config = locality_config(spec, warmup, read_topic(bootstrap, topics["metrics_topic"]))
+            config = locality_config(warm, read_topic(bootstrap, topics["metrics_topic"]))
             save(config, store)
             with ControlChannel(bootstrap, topics["control_topic"]) as channel:
                 Controller(channel, tmp / f"controller-{variant}.json", store).rollout(
                     2, timeout_s=300
                 )
+        query.processAllAvailable()
         cutoff = last_job(spark)
-        rows_before = sum(p["numInputRows"] for p in query.recentProgress)
+        measured_from = max((p["batchId"] for p in query.recentProgress), default=-1)
+        produce_workload(main, bootstrap, topic, partitions=EXECUTORS * 2)
         started = time.monotonic()
         query.processAllAvailable()
         metrics = read_topic(bootstrap, topics["metrics_topic"])
     finally:
         query.stop()
     remote, local = a_to_b_bytes(spark, cutoff)
-    version = 2 if variant == "locality" else 1
-    measured = [m for m in metrics if m["versions"] == {"A": version, "B": version}]
-    if variant == "hash":
-        measured = measured[-(len(measured) * 3) // 4 :]
+    measured = [m for m in metrics if m["batch_id"] > measured_from]
     hops = sum(m["hops"] for m in measured)
     local_hops = sum(m["local_hops"] for m in measured)
     rows = sum(m["rows"] for m in measured)
     seconds = sum(m["duration_ms"] for m in measured) / 1000
-    window = spec.n_events - rows_before
-    exact = compare_counts(expected_counts(spec), read_output(settings.output)).exact
+    window = main.n_events
+    truth = pd.concat([expected_counts(warm), expected_counts(main)])
+    truth = truth.groupby(["stage", "key"], as_index=False)["count"].sum()
+    exact = compare_counts(truth, read_output(settings.output)).exact
     return {
         "remote": remote,
         "local": local,
@@ -198,15 +202,19 @@ def main() -> None:
     parser.add_argument("--pad", type=int, default=8_000)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    spec = PairsWorkload(
-        n_events=args.events,
-        n_keys=args.keys,
-        locality=0.8,
-        pad_min=args.pad,
-        pad_max=args.pad,
-        seed=8,
-    )
+
+    def pairs(n_events: int, seed: int) -> PairsWorkload:
+        return PairsWorkload(
+            n_events=n_events,
+            n_keys=args.keys,
+            locality=0.8,
+            pad_min=args.pad,
+            pad_max=args.pad,
+            seed=seed,
+        )
+
     warmup = args.events // 4
+    warm, main_spec = pairs(warmup, 8), pairs(args.events - warmup, 9)
     results = {}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -219,9 +227,8 @@ def main() -> None:
             extra={"spark.ui.port": str(free_port())},
         )
         try:
-            produce_workload(spec, bootstrap, "pairs", partitions=EXECUTORS * 2)
             for variant in VARIANTS:
-                results[variant] = run_variant(spark, bootstrap, tmp, variant, spec, warmup)
+                results[variant] = run_variant(spark, bootstrap, tmp, variant, warm, main_spec)
         finally:
             spark.stop()
             broker.stop()
@@ -229,7 +236,8 @@ def main() -> None:
     lines = [
         f"events: {args.events:,} pairs (L = 0.8, {args.keys} keys, {args.pad:,} B padding); "
         f"local-cluster[{EXECUTORS},1,1024], {P} instances per stage; "
-        f"measured after a {warmup:,}-event warm-up (and, for locality, the live switch)",
+        f"measured on the {main_spec.n_events:,} events produced after a {warmup:,}-event "
+        "warm-up (and, for locality, after the live switch)",
         "",
         "| routing | A→B remote bytes | A→B local bytes | remote bytes per 1k events "
         "| remote share | A→B tuples on one executor | rows/s | exact |",
