@@ -175,7 +175,27 @@ def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
             "diff two versions of the same pipeline"
         )
     print(render_diff(old, new))
+    print(_expected_gain(old, new, args.statistics or settings.home / "statistics"))
     return 0
+
+
+def _expected_gain(old: RoutingConfig, new: RoutingConfig, snapshots: Path) -> str:
+    """Both versions scored on the newest statistics snapshot's hold-out, as the DAG's
+    backtest scores them (paper 000 §4.3: a table is judged on the next window)."""
+    from keyplane import statistics
+    from keyplane.orchestration.planning import backtest
+
+    manifest = statistics.latest_snapshot(snapshots)
+    if manifest is None:
+        return f"expected gain: no statistics snapshot in {snapshots} (the DAG writes them)"
+    snapshot = statistics.read_snapshot(snapshots, manifest.run_id)
+    result = backtest(new, old, snapshot.pairs, snapshot.frequencies)
+    return (
+        f"expected on statistics {manifest.run_id} (hold-out of "
+        f"{result.holdout_tuples:,.0f} tuples): locality {result.current.locality:.1%} → "
+        f"{result.new.locality:.1%}, worst imbalance {result.current.worst_imbalance:.2f} → "
+        f"{result.new.worst_imbalance:.2f}; the rollout moves {result.moved_share:.1%} of the state"
+    )
 
 
 def _read_config_file(path: Path) -> RoutingConfig:
@@ -649,6 +669,12 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("a", metavar="A", type=_version, help="the version replaced")
     diff.add_argument("b", metavar="B", type=_version, help="the version replacing it")
     diff.add_argument("--store", type=Path, help=store_help)
+    diff.add_argument(
+        "--statistics",
+        type=Path,
+        help="statistics snapshots to score both versions on, for the expected gain "
+        "(default: KEYPLANE_HOME/statistics)",
+    )
     publish = actions.add_parser(
         "publish",
         help="store a configuration file and roll it out to the running job, operator by operator",

@@ -372,3 +372,55 @@ def test_status_with_the_broker_up_and_no_job(tmp_path: Path, broker: str, topic
         f"version      unknown: no record on {topic_name} yet",
         "rollout      none on record",
     ]
+
+
+def test_config_diff_scores_both_versions_on_the_latest_statistics(tmp_path: Path) -> None:
+    """The diff ends with the expected gain the DAG's backtest would compute."""
+    import pandas as pd
+
+    from keyplane import statistics as stats
+    from keyplane.batchmetrics import BatchMetrics
+    from keyplane.config import OperatorRouting, RoutingConfig
+    from keyplane.routedkeys import spark_partition
+
+    n = 4
+    # Pairs with b == a: a table putting each b with its a gives full locality.
+    keys = [str(k) for k in range(40)]
+    rows = [(k, k, holdout, 30 if holdout else 90) for k in keys for holdout in (False, True)]
+    grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
+    manifest, frames = stats.build_snapshot(
+        run_id="manual__diff",
+        grouped=grouped,
+        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
+        events=stats.TopicWindow(topic="e", start={0: 0}, end={0: 4800}),
+        metrics_window=stats.TopicWindow(topic="m", start={0: 0}, end={0: 1}),
+        previous=None,
+        config=None,
+        settings=stats.StatisticsSettings(),
+    )
+    stats.write_snapshot(tmp_path / "statistics", manifest, **frames)
+    store = tmp_path / "configs"
+    hashed = {"A": OperatorRouting(parallelism=n), "B": OperatorRouting(parallelism=n)}
+    config_store.save(RoutingConfig(version=1, created_by="initial", operators=hashed), store)
+    together = {k: spark_partition(k, n) for k in keys}
+    # v2 sends every b to its a's instance shifted by one: locality drops to 0.
+    apart = {k: (i + 1) % n for k, i in together.items()}
+    config_store.save(
+        RoutingConfig(
+            version=2,
+            parent_version=1,
+            created_by="manual",
+            operators={
+                "A": OperatorRouting(parallelism=n, table=together),
+                "B": OperatorRouting(parallelism=n, table=apart),
+            },
+        ),
+        store,
+    )
+    done = _keyplane(tmp_path, "config", "diff", "1", "2")
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("expected on statistics manual__diff (hold-out of 1,200 tuples)")
+    assert "locality 100.0% → 0.0%" in last
+    empty = _keyplane(tmp_path, "config", "diff", "1", "2", "--statistics", str(tmp_path / "none"))
+    assert "expected gain: no statistics snapshot in" in empty.stdout
