@@ -7,8 +7,10 @@ must report the break: every check is shown able to fail.
 
 Where a real library can judge a value, it does: Airflow's Spark and Kafka
 hooks resolve the connections, the job's own CLI parses the spark-submit
-arguments, and the simple auth manager reads the password file that the init
-service writes.
+arguments into routed settings, keyplane's Deployment reads the Airflow
+containers' environment, and the simple auth manager reads the password file
+that the init service writes. Connection ids and the control key's variable
+come from keyplane itself, not from copies here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from keyplane.orchestration.deployment import KAFKA_CONN_ID, SPARK_CONN_ID
+from keyplane.settings import Settings
+from keyplane.signing import KEY_ENV_VAR as CONTROL_KEY_VAR
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -38,6 +44,12 @@ DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 
 KEYPLANE_DOCKERFILE = "deploy/Dockerfile"
 IMAGE_PROJECT_DIR = "/opt/keyplane"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+# The environment variables that define the DAG's connections (Airflow's
+# AIRFLOW_CONN_<CONN_ID upper> convention).
+KAFKA_CONN_VAR = f"AIRFLOW_CONN_{KAFKA_CONN_ID.upper()}"
+SPARK_CONN_VAR = f"AIRFLOW_CONN_{SPARK_CONN_ID.upper()}"
 
 # Stands in for .env. User and database differ from the file's defaults, so
 # a value that does not come from the variable shows up as a mismatch.
@@ -50,6 +62,7 @@ SAMPLE_ENV = {
     "AIRFLOW_FERNET_KEY": "fernet-key-value",
     "AIRFLOW_API_SECRET_KEY": "api-secret-value",
     "AIRFLOW_JWT_SECRET": "jwt-secret-value",
+    CONTROL_KEY_VAR: "control-key-value",
 }
 
 Compose = dict[str, Any]
@@ -301,9 +314,9 @@ def check_bootstrap_servers(compose: Compose) -> list[str]:
                 f" but Kafka advertises {expected}"
             )
         if is_airflow(svc):
-            raw = env.get("AIRFLOW_CONN_KAFKA_DEFAULT")
+            raw = env.get(KAFKA_CONN_VAR)
             if raw is None:
-                problems.append(f"{name}: AIRFLOW_CONN_KAFKA_DEFAULT is not set")
+                problems.append(f"{name}: {KAFKA_CONN_VAR} is not set")
             else:
                 conn = json.loads(raw)
                 servers = (conn.get("extra") or {}).get("bootstrap.servers")
@@ -367,10 +380,8 @@ def check_spark_cluster(compose: Compose) -> list[str]:
         env = env_of(svc)
         if is_keyplane(svc) and env.get("KEYPLANE_SPARK_MASTER") != url:
             problems.append(f"{name}: KEYPLANE_SPARK_MASTER={env.get('KEYPLANE_SPARK_MASTER')}")
-        if is_airflow(svc) and env.get("AIRFLOW_CONN_SPARK_DEFAULT") != url:
-            problems.append(
-                f"{name}: AIRFLOW_CONN_SPARK_DEFAULT={env.get('AIRFLOW_CONN_SPARK_DEFAULT')}"
-            )
+        if is_airflow(svc) and env.get(SPARK_CONN_VAR) != url:
+            problems.append(f"{name}: {SPARK_CONN_VAR}={env.get(SPARK_CONN_VAR)}")
     job = job_service(compose)
     if job is None:
         return [*problems, "no service runs spark-submit"]
@@ -392,12 +403,13 @@ def check_streaming_job(compose: Compose, spark_version: str, scala: str) -> lis
     name, svc = job
     submit, app, app_args = split_submit(command_of(svc))
     problems = []
+    # The routed job reads Kafka through keyplane's Python source and needs
+    # no connector; a connector that is added anyway must match the locked Spark.
     connector = f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{spark_version}"
-    packages = ",".join(option_values(submit, "--packages")).split(",")
-    if connector not in packages:
-        problems.append(f"{name}: --packages {packages} lacks {connector}")
-    if option_values(app_args, "--source") != ["jvm"]:
-        problems.append(f"{name}: the job does not read Kafka through the JVM connector")
+    packages = [p for p in ",".join(option_values(submit, "--packages")).split(",") if p]
+    for package in packages:
+        if "spark-sql-kafka" in package and package != connector:
+            problems.append(f"{name}: --packages {package} is not the locked Spark's {connector}")
     if not option_values(app_args, "--bootstrap-servers"):
         problems.append(f"{name}: the job has no --bootstrap-servers")
     if (
@@ -553,6 +565,215 @@ def check_airflow_auth(compose: Compose) -> list[str]:
     if not inits:
         problems.append("no init service writes the admin password from the environment")
     return problems
+
+
+# --- the routed job and its control plane ---------------------------------------
+
+
+def controller_services(compose: Compose) -> dict[str, dict[str, Any]]:
+    """Services that act on the job's routing: every Airflow service and the keyplane CLI."""
+    found = dict(airflow_services(compose))
+    for name, svc in services(compose).items():
+        if is_keyplane(svc) and command_of(svc)[:1] == ["keyplane"]:
+            found[name] = svc
+    return found
+
+
+def job_settings(compose: Compose) -> tuple[str, Any, list[str]]:
+    """The job service, its arguments parsed by the job's own ``parse_settings``, and errors."""
+    from pydantic import ValidationError
+
+    from keyplane.spark.counts_job import parse_settings
+
+    job = job_service(compose)
+    if job is None:
+        return "", None, ["no service runs spark-submit"]
+    name, svc = job
+    _, _, app_args = split_submit(command_of(svc))
+    try:
+        return name, parse_settings(app_args), []
+    except SystemExit:
+        return name, None, [f"{name}: the job's command line does not parse: {app_args}"]
+    except ValidationError as exc:
+        messages = "; ".join(str(error["msg"]) for error in exc.errors())
+        return name, None, [f"{name}: the job's settings are invalid: {messages}"]
+
+
+def setting_in(env: Mapping[str, str], field: str) -> str:
+    """A :class:`keyplane.settings.Settings` field as a container with ``env`` reads it."""
+    value = env.get(f"KEYPLANE_{field.upper()}")
+    if value is not None:
+        return value
+    return str(Settings.model_fields[field].default)
+
+
+def routing_store_in(name: str, compose: Compose, env: Mapping[str, str]) -> Path:
+    """The store a controller service uses: ``Deployment`` for Airflow, ``Settings`` for the CLI."""
+    home = Path(setting_in(env, "home"))
+    if name in airflow_services(compose) and env.get("KEYPLANE_ROUTING_STORE"):
+        return Path(env["KEYPLANE_ROUTING_STORE"])
+    return home / "configs"
+
+
+def check_routed_job(compose: Compose) -> list[str]:
+    """The routed job on the Python source, with the topics and store its controllers use."""
+    name, settings, problems = job_settings(compose)
+    if settings is None:
+        return problems
+    _, _, app_args = split_submit(command_of(services(compose)[name]))
+    if settings.routing_store is None:
+        problems.append(f"{name}: the job has no --routing-store, so it is not the routed job")
+    if option_values(app_args, "--source") != ["python"]:
+        problems.append(
+            f"{name}: --source {option_values(app_args, '--source')}: live routing needs "
+            "keyplane's Python Kafka source"
+        )
+    for other, svc in controller_services(compose).items():
+        env = env_of(svc)
+        for field in ("events_topic", "control_topic", "metrics_topic"):
+            theirs, ours = setting_in(env, field), getattr(settings, field)
+            if theirs != ours:
+                problems.append(f"{other}: {field} is {theirs!r}, the job's is {ours!r}")
+        store = routing_store_in(other, compose, env)
+        if settings.routing_store is not None and store != settings.routing_store:
+            problems.append(
+                f"{other}: uses the configuration store {store}, the job {settings.routing_store}"
+            )
+    if not controller_services(compose):
+        problems.append("no Airflow or CLI service controls the job")
+    return problems
+
+
+def check_shared_config_store(compose: Compose) -> list[str]:
+    """The store and the controller state are one named volume, mounted alike everywhere.
+
+    The driver and the executors read routing tables by version, Airflow's
+    tasks write new versions and the controller state, the dashboard and the
+    CLI read both.
+    """
+    name, settings, problems = job_settings(compose)
+    if settings is None or settings.routing_store is None:
+        return [*problems, f"{name or 'the job'}: no configuration store to share"]
+    store = str(settings.routing_store)
+    mount = mount_holding(services(compose)[name], store)
+    if mount is None or not is_named_volume(mount[0]):
+        return [f"{name}: the configuration store {store} is not on a named volume"]
+    sharers = services_running(compose, WORKER_CLASS) + list(controller_services(compose))
+    if not services_running(compose, WORKER_CLASS):
+        problems.append("no Spark worker service")
+    for other in sharers:
+        svc = services(compose)[other]
+        if mount not in mounts(svc):
+            problems.append(
+                f"{other}: does not mount volume {mount[0]} at {mount[1]} like {name}, "
+                f"where the configuration store {store} is"
+            )
+    for other, svc in controller_services(compose).items():
+        state = Path(setting_in(env_of(svc), "home")) / "controller.json"
+        if mount_holding(svc, str(state)) != mount:
+            problems.append(f"{other}: the controller state {state} is not on volume {mount[0]}")
+    return problems
+
+
+REQUIRED_REFERENCE = re.compile(r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*):\?[^}]*\}$")
+
+
+def check_control_key(raw: Compose) -> list[str]:
+    """Run on the raw file: the job's driver and the controllers read the one key from .env."""
+    problems = []
+    job = job_service(raw)
+    holders = ([job[0]] if job else []) + list(controller_services(raw))
+    if job is None:
+        problems.append("no service runs spark-submit")
+    sources = {}
+    for name in holders:
+        value = env_of(services(raw)[name]).get(CONTROL_KEY_VAR)
+        if value is None:
+            problems.append(f"{name}: no {CONTROL_KEY_VAR}, so it cannot sign or verify")
+        elif (match := REQUIRED_REFERENCE.match(value)) is None:
+            problems.append(f"{name}: {CONTROL_KEY_VAR} is not a required variable from .env")
+        else:
+            sources[name] = match["name"]
+    if len(set(sources.values())) > 1:
+        problems.append(f"{CONTROL_KEY_VAR} comes from different .env variables: {sources}")
+    for worker in services_running(raw, WORKER_CLASS):
+        if CONTROL_KEY_VAR in env_of(services(raw)[worker]):
+            problems.append(f"{worker}: holds {CONTROL_KEY_VAR}, but executors never sign")
+    return problems
+
+
+def check_airflow_connections(compose: Compose) -> list[str]:
+    """Airflow defines exactly the connections keyplane's DAG asks for."""
+    wanted = {KAFKA_CONN_VAR: KAFKA_CONN_ID, SPARK_CONN_VAR: SPARK_CONN_ID}
+    problems = []
+    for name, svc in airflow_services(compose).items():
+        env = env_of(svc)
+        for var, conn_id in wanted.items():
+            if var not in env:
+                problems.append(f"{name}: {var} is not set (connection {conn_id!r})")
+        for var in env:
+            if var.startswith("AIRFLOW_CONN_") and var not in wanted:
+                problems.append(
+                    f"{name}: {var} is not a connection keyplane uses ({sorted(wanted.values())})"
+                )
+    return problems
+
+
+def check_dashboard(compose: Compose) -> list[str]:
+    """The api-server (the plugin) reads the Data Docs where the tasks write them."""
+    airflow = airflow_services(compose)
+    api = [(n, s) for n, s in airflow.items() if command_of(s)[:1] == ["api-server"]]
+    if not api:
+        return ["no Airflow api-server serves the dashboard"]
+    name, svc = api[0]
+    # Deployment.gx_root and keyplane.quality.default_gx_root: $KEYPLANE_HOME/gx;
+    # the site is keyplane.dashboard.timeline.DashboardPaths.data_docs.
+    gx_root = Path(setting_in(env_of(svc), "home")) / "gx"
+    docs = str(gx_root / "gx" / "uncommitted" / "data_docs" / "local_site")
+    mount = mount_holding(svc, docs)
+    if mount is None or not is_named_volume(mount[0]):
+        return [f"{name}: the Data Docs {docs} are not on a named volume"]
+    problems = []
+    for other, other_svc in airflow.items():
+        theirs = Path(setting_in(env_of(other_svc), "home")) / "gx"
+        if theirs != gx_root:
+            problems.append(f"{other}: the GX project is {theirs}, the api-server reads {gx_root}")
+        elif mount_holding(other_svc, docs) != mount:
+            problems.append(
+                f"{other}: writes the Data Docs {docs} outside volume {mount[0]} at {mount[1]}, "
+                f"which {name} serves"
+            )
+    return problems
+
+
+def check_spark_cores(compose: Compose) -> list[str]:
+    """The streaming job leaves cores for the DAG's statistics job on the cluster."""
+    total = 0
+    for worker in services_running(compose, WORKER_CLASS):
+        svc = services(compose)[worker]
+        replicas = int((svc.get("deploy") or {}).get("replicas", 1))
+        cores = option_values(command_of(svc), "--cores")
+        total += replicas * int(cores[0]) if cores else 0
+    job = job_service(compose)
+    if job is None:
+        return ["no service runs spark-submit"]
+    name, svc = job
+    submit, _, _ = split_submit(command_of(svc))
+    confs = dict(c.split("=", 1) for c in option_values(submit, "--conf"))
+    if "spark.cores.max" not in confs:
+        return [f"{name}: no spark.cores.max, so the job takes every core of the cluster"]
+    job_cores = int(confs["spark.cores.max"])
+    batch_cores = total
+    for master in services_running(compose, "org.apache.spark.deploy.master.Master"):
+        opts = env_of(services(compose)[master]).get("SPARK_MASTER_OPTS", "")
+        if found := re.search(r"-Dspark\.deploy\.defaultCores=(\d+)", opts):
+            batch_cores = int(found.group(1))
+    if job_cores + batch_cores > total:
+        return [
+            f"the job's {job_cores} cores and {batch_cores} for other applications exceed "
+            f"the workers' {total} cores: the statistics job can wait forever"
+        ]
+    return []
 
 
 # --- secrets, dependencies, volumes, keys ------------------------------------
@@ -748,6 +969,11 @@ ALL_CHECKS: dict[str, Check] = {
     "known_keys": check_known_keys,
     "images_pinned": check_images_pinned,
     "keyplane_containers": check_keyplane_containers,
+    "routed_job": check_routed_job,
+    "shared_config_store": check_shared_config_store,
+    "airflow_connections": check_airflow_connections,
+    "dashboard": check_dashboard,
+    "spark_cores": check_spark_cores,
 }
 
 
@@ -827,6 +1053,23 @@ def replace_token(compose: Compose, name: str, old: str, new: str, nth: int = 0)
     command[index] = new
 
 
+def remove_option(compose: Compose, name: str, flag: str, value: str | None = None) -> None:
+    """Drop ``flag`` and its value (the one equal to ``value``, if given) from a command."""
+    command = svc(compose, name)["command"]
+    index = next(
+        i
+        for i, token in enumerate(command)
+        if token == flag and (value is None or command[i + 1] == value)
+    )
+    del command[index : index + 2]
+
+
+def insert_tokens(compose: Compose, name: str, before: str, tokens: list[str]) -> None:
+    command = svc(compose, name)["command"]
+    index = command.index(before)
+    command[index:index] = tokens
+
+
 # --- the real file passes every check -----------------------------------------
 
 
@@ -837,6 +1080,10 @@ def test_compose_file_passes(check: str, resolved: Compose) -> None:
 
 def test_compose_file_has_no_literal_secrets(raw: Compose) -> None:
     assert check_no_literal_secrets(unshared(raw)) == []
+
+
+def test_control_key_comes_from_env(raw: Compose) -> None:
+    assert check_control_key(unshared(raw)) == []
 
 
 def test_streaming_job_matches_the_locked_spark(resolved: Compose) -> None:
@@ -857,7 +1104,12 @@ def test_dockerfile_pins_the_locked_airflow_and_python() -> None:
 
 
 def test_compose_refuses_to_start_without_each_secret(raw: Compose) -> None:
-    for secret in ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_JWT_SECRET"):
+    for secret in (
+        "POSTGRES_PASSWORD",
+        "AIRFLOW_ADMIN_PASSWORD",
+        "AIRFLOW_JWT_SECRET",
+        CONTROL_KEY_VAR,
+    ):
         env = {k: v for k, v in SAMPLE_ENV.items() if k != secret}
         with pytest.raises(MissingVariableError, match=secret):
             resolve(raw, env)
@@ -881,16 +1133,20 @@ def test_airflow_resolves_the_compose_connections(
     if "airflow" not in sys.modules:
         monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     env = env_of(svc(resolved, "airflow-scheduler"))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", env["AIRFLOW_CONN_SPARK_DEFAULT"])
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", env["AIRFLOW_CONN_KAFKA_DEFAULT"])
+    monkeypatch.setenv(SPARK_CONN_VAR, env[SPARK_CONN_VAR])
+    monkeypatch.setenv(KAFKA_CONN_VAR, env[KAFKA_CONN_VAR])
     from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    hook = SparkSubmitHook(conn_id="spark_default")
+    from keyplane.orchestration.deployment import kafka_bootstrap_from_connection
+
+    hook = SparkSubmitHook(conn_id=SPARK_CONN_ID)
     assert hook._connection["master"] == spark_master_url(resolved) == "spark://spark-master:7077"
-    kafka = KafkaBaseHook.get_connection("kafka_default")
+    kafka = KafkaBaseHook.get_connection(KAFKA_CONN_ID)
     assert kafka.conn_type == "kafka"
     assert kafka.extra_dejson["bootstrap.servers"] == advertised_plaintext(resolved)
+    # What the DAG's tasks call to find Kafka.
+    assert kafka_bootstrap_from_connection() == advertised_plaintext(resolved) == "kafka:9092"
 
 
 def test_job_cli_accepts_the_compose_arguments(
@@ -910,10 +1166,51 @@ def test_job_cli_accepts_the_compose_arguments(
     _, _, app_args = split_submit(command_of(job[1]))
     assert counts_job.main(app_args) == 0
     (settings,) = captured
-    assert settings.source == "jvm"
+    assert settings.source == "python"
+    assert settings.routing_store == Path("/var/lib/keyplane/home/configs")
     assert settings.master == "spark://spark-master:7077"
     assert settings.bootstrap_servers == "kafka:9092"
     assert settings.checkpoint == Path("/var/lib/keyplane/checkpoints/running-counts")
+    assert settings.shuffle_partitions == 4
+    assert (settings.control_topic, settings.migration_topic) == (
+        "keyplane.control",
+        "keyplane.migration",
+    )
+    assert (settings.metrics_topic, settings.dead_letter_topic) == (
+        "keyplane.metrics",
+        "keyplane.dead-letter",
+    )
+
+
+@pytest.mark.parametrize("service", ["airflow-scheduler", "airflow-triggerer", "airflow-apiserver"])
+def test_deployment_reads_what_the_job_uses(
+    resolved: Compose, monkeypatch: pytest.MonkeyPatch, service: str
+) -> None:
+    """keyplane's own Deployment, in an Airflow container's environment, finds the job's store."""
+    from keyplane.dashboard.timeline import DashboardPaths
+    from keyplane.orchestration.deployment import Deployment
+    from keyplane.quality import default_gx_root
+
+    for key in list(os.environ):
+        if key.startswith("KEYPLANE_"):
+            monkeypatch.delenv(key)
+    airflow = svc(resolved, service)
+    for key, value in env_of(airflow).items():
+        if key.startswith("KEYPLANE_"):
+            monkeypatch.setenv(key, value)
+    name, settings, problems = job_settings(resolved)
+    assert problems == []
+    deployment = Deployment.from_environment()
+    assert deployment.routing_store == settings.routing_store
+    assert deployment.bootstrap_servers == settings.bootstrap_servers
+    assert deployment.events_topic == settings.events_topic
+    assert deployment.control_topic == settings.control_topic
+    assert deployment.metrics_topic == settings.metrics_topic
+    store_mount = mount_holding(svc(resolved, name), str(settings.routing_store))
+    assert mount_holding(airflow, str(deployment.controller_state)) == store_mount
+    assert default_gx_root() == deployment.gx_root
+    docs = DashboardPaths.from_environment().data_docs
+    assert mount_holding(airflow, str(docs)) == ("gx-data-docs", str(deployment.gx_root))
 
 
 def run_password_script(env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -1030,7 +1327,7 @@ def test_kafka_kraft_check_rejects_broken_config(
             lambda c: set_env(
                 c,
                 "airflow-scheduler",
-                "AIRFLOW_CONN_KAFKA_DEFAULT",
+                KAFKA_CONN_VAR,
                 json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": "kafka:29092"}}),
             ),
             "airflow-scheduler: Airflow's Kafka connection points at kafka:29092",
@@ -1072,10 +1369,8 @@ def test_bootstrap_check_rejects_broken_addresses(
             "spark-submit --master ['yarn']",
         ),
         (
-            lambda c: set_env(
-                c, "airflow-triggerer", "AIRFLOW_CONN_SPARK_DEFAULT", "spark://master:7077"
-            ),
-            "airflow-triggerer: AIRFLOW_CONN_SPARK_DEFAULT=spark://master:7077",
+            lambda c: set_env(c, "airflow-triggerer", SPARK_CONN_VAR, "spark://master:7077"),
+            f"airflow-triggerer: {SPARK_CONN_VAR}=spark://master:7077",
         ),
         (
             lambda c: replace_token(c, "spark-master", "spark-master", "0.0.0.0"),
@@ -1094,15 +1389,14 @@ def test_spark_cluster_check_rejects_broken_master_urls(
     ("mutate", "message"),
     [
         (
-            lambda c: replace_token(
+            lambda c: insert_tokens(
                 c,
                 "keyplane-job",
-                "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0",
-                "org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.1",
+                "--conf",
+                ["--packages", "org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.1"],
             ),
-            "lacks org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0",
+            "is not the locked Spark's org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0",
         ),
-        (lambda c: replace_token(c, "keyplane-job", "jvm", "python"), "JVM connector"),
         (
             lambda c: replace_token(
                 c,
@@ -1125,7 +1419,7 @@ def test_spark_cluster_check_rejects_broken_master_urls(
             "is not Spark 4.3.0",
         ),
     ],
-    ids=["connector-version", "python-source", "missing-script", "driver-host", "master-image"],
+    ids=["connector-version", "missing-script", "driver-host", "master-image"],
 )
 def test_streaming_job_check_rejects_broken_job(
     resolved: Compose, mutate: Callable[[Compose], None], message: str
@@ -1321,10 +1615,10 @@ def test_airflow_auth_check_rejects_broken_auth(
             lambda c: set_env(
                 c,
                 "airflow-scheduler",
-                "AIRFLOW_CONN_KAFKA_DEFAULT",
+                KAFKA_CONN_VAR,
                 json.dumps({"conn_type": "kafka", "extra": {"sasl.password": "p"}}),
             ),
-            "airflow-scheduler: AIRFLOW_CONN_KAFKA_DEFAULT holds a literal sasl.password",
+            f"airflow-scheduler: {KAFKA_CONN_VAR} holds a literal sasl.password",
         ),
     ],
     ids=["literal-jwt", "default-password", "url-password", "connection-password"],
@@ -1339,7 +1633,7 @@ def test_secrets_check_accepts_secrets_passed_as_required_variables(raw: Compose
     compose = unshared(raw)
     sasl = {"sasl.username": "keyplane", "sasl.password": "${KAFKA_SASL_PASSWORD:?set it}"}
     conn = {"conn_type": "kafka", "extra": {"bootstrap.servers": "kafka:9092", **sasl}}
-    set_env(compose, "airflow-scheduler", "AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(conn))
+    set_env(compose, "airflow-scheduler", KAFKA_CONN_VAR, json.dumps(conn))
     assert check_no_literal_secrets(compose) == []
 
 
@@ -1465,3 +1759,235 @@ def test_interpolation_follows_compose_rules() -> None:
     with pytest.raises(MissingVariableError):
         interpolate("${EMPTY:?needed}", env)
     assert interpolate("${EMPTY?needed}", env) == ""
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda c: remove_option(c, "keyplane-job", "--routing-store"),
+            "keyplane-job: the job has no --routing-store, so it is not the routed job",
+        ),
+        (
+            lambda c: replace_token(c, "keyplane-job", "python", "jvm"),
+            "the routed job plans each batch in keyplane's own source",
+        ),
+        (
+            lambda c: remove_option(c, "keyplane-job", "--source"),
+            "keyplane-job: --source []: live routing needs keyplane's Python Kafka source",
+        ),
+        (
+            lambda c: replace_token(c, "keyplane-job", "keyplane.control", "keyplane.ctl"),
+            "airflow-triggerer: control_topic is 'keyplane.control', the job's is 'keyplane.ctl'",
+        ),
+        (
+            lambda c: set_env(c, "airflow-apiserver", "KEYPLANE_METRICS_TOPIC", "metrics"),
+            "airflow-apiserver: metrics_topic is 'metrics', the job's is 'keyplane.metrics'",
+        ),
+        (
+            lambda c: set_env(c, "airflow-scheduler", "KEYPLANE_ROUTING_STORE", "/tmp/configs"),
+            "airflow-scheduler: uses the configuration store /tmp/configs",
+        ),
+        (
+            lambda c: set_env(c, "keyplane-cli", "KEYPLANE_HOME", "/var/lib/keyplane/other"),
+            "keyplane-cli: uses the configuration store /var/lib/keyplane/other/configs",
+        ),
+        (
+            lambda c: replace_token(c, "keyplane-job", "--shuffle-partitions", "--parallelism"),
+            "keyplane-job: the job's command line does not parse",
+        ),
+    ],
+    ids=[
+        "unrouted",
+        "jvm-source",
+        "default-source",
+        "control-topic",
+        "dashboard-metrics-topic",
+        "airflow-store",
+        "cli-home",
+        "bad-flag",
+    ],
+)
+def test_routed_job_check_rejects_broken_jobs(
+    resolved: Compose, mutate: Callable[[Compose], None], message: str
+) -> None:
+    assert message in problems_after(check_routed_job, resolved, mutate)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda c: svc(c, "spark-worker")["volumes"].remove(
+                "keyplane-home:/var/lib/keyplane/home"
+            ),
+            "spark-worker: does not mount volume keyplane-home at /var/lib/keyplane/home like "
+            "keyplane-job",
+        ),
+        (
+            lambda c: svc(c, "airflow-scheduler").update(
+                volumes=["keyplane-home:/opt/keyplane-home", "gx-data-docs:/opt/gx"]
+            ),
+            "airflow-scheduler: does not mount volume keyplane-home at /var/lib/keyplane/home",
+        ),
+        (
+            lambda c: svc(c, "airflow-triggerer")["volumes"].append(
+                "controller-state:/var/lib/keyplane/home/controller.json"
+            ),
+            "airflow-triggerer: the controller state /var/lib/keyplane/home/controller.json is "
+            "not on volume keyplane-home",
+        ),
+        (
+            lambda c: svc(c, "keyplane-job").update(
+                volumes=[
+                    "./home:/var/lib/keyplane/home",
+                    "keyplane-checkpoints:/var/lib/keyplane/checkpoints",
+                ]
+            ),
+            "keyplane-job: the configuration store /var/lib/keyplane/home/configs is not on a "
+            "named volume",
+        ),
+        (
+            lambda c: remove_option(c, "keyplane-job", "--routing-store"),
+            "no configuration store to share",
+        ),
+    ],
+    ids=["worker", "airflow-path", "controller-state", "job-bind-mount", "unrouted"],
+)
+def test_shared_store_check_rejects_broken_mounts(
+    resolved: Compose, mutate: Callable[[Compose], None], message: str
+) -> None:
+    assert message in problems_after(check_shared_config_store, resolved, mutate)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda c: set_env(c, "keyplane-job", CONTROL_KEY_VAR, "0123456789abcdef"),
+            f"keyplane-job: {CONTROL_KEY_VAR} is not a required variable from .env",
+        ),
+        (
+            lambda c: set_env(c, "keyplane-job", CONTROL_KEY_VAR, "${JOB_KEY:-dev}"),
+            f"keyplane-job: {CONTROL_KEY_VAR} is not a required variable from .env",
+        ),
+        (
+            lambda c: svc(c, "airflow-triggerer")["environment"].pop(CONTROL_KEY_VAR),
+            f"airflow-triggerer: no {CONTROL_KEY_VAR}, so it cannot sign or verify",
+        ),
+        (
+            lambda c: svc(c, "keyplane-job")["environment"].pop(CONTROL_KEY_VAR),
+            f"keyplane-job: no {CONTROL_KEY_VAR}",
+        ),
+        (
+            lambda c: set_env(c, "keyplane-job", CONTROL_KEY_VAR, "${JOB_KEY:?set it}"),
+            f"{CONTROL_KEY_VAR} comes from different .env variables",
+        ),
+        (
+            lambda c: set_env(c, "spark-worker", CONTROL_KEY_VAR, "${KEYPLANE_CONTROL_KEY:?x}"),
+            f"spark-worker: holds {CONTROL_KEY_VAR}, but executors never sign",
+        ),
+    ],
+    ids=["literal", "default", "airflow-missing", "job-missing", "other-variable", "worker"],
+)
+def test_control_key_check_rejects_broken_keys(
+    raw: Compose, mutate: Callable[[Compose], None], message: str
+) -> None:
+    assert message in problems_after(check_control_key, unshared(raw), mutate)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda c: svc(c, "airflow-scheduler")["environment"].update(
+                AIRFLOW_CONN_KAFKA_DEFAULT=svc(c, "airflow-scheduler")["environment"].pop(
+                    KAFKA_CONN_VAR
+                )
+            ),
+            f"airflow-scheduler: {KAFKA_CONN_VAR} is not set (connection {KAFKA_CONN_ID!r})",
+        ),
+        (
+            lambda c: set_env(c, "airflow-apiserver", "AIRFLOW_CONN_KAFKA_DEFAULT", "kafka://k"),
+            "airflow-apiserver: AIRFLOW_CONN_KAFKA_DEFAULT is not a connection keyplane uses",
+        ),
+        (
+            lambda c: svc(c, "airflow-triggerer")["environment"].pop(SPARK_CONN_VAR),
+            f"airflow-triggerer: {SPARK_CONN_VAR} is not set (connection {SPARK_CONN_ID!r})",
+        ),
+    ],
+    ids=["renamed-kafka", "stale-connection", "spark-missing"],
+)
+def test_airflow_connections_check_rejects_other_ids(
+    resolved: Compose, mutate: Callable[[Compose], None], message: str
+) -> None:
+    assert message in problems_after(check_airflow_connections, resolved, mutate)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda c: svc(c, "airflow-apiserver").update(
+                volumes=[
+                    "keyplane-home:/var/lib/keyplane/home",
+                    "gx-data-docs:/var/lib/keyplane/gx-data-docs",
+                ]
+            ),
+            "airflow-scheduler: writes the Data Docs "
+            "/var/lib/keyplane/home/gx/gx/uncommitted/data_docs/local_site outside volume "
+            "keyplane-home at /var/lib/keyplane/home",
+        ),
+        (
+            lambda c: svc(c, "airflow-scheduler")["volumes"].remove(
+                "gx-data-docs:/var/lib/keyplane/home/gx"
+            ),
+            "airflow-scheduler: writes the Data Docs",
+        ),
+        (
+            lambda c: set_env(c, "airflow-triggerer", "KEYPLANE_HOME", "/var/lib/keyplane/h2"),
+            "airflow-triggerer: the GX project is /var/lib/keyplane/h2/gx",
+        ),
+        (
+            lambda c: svc(c, "airflow-apiserver").update(volumes=[]),
+            "airflow-apiserver: the Data Docs",
+        ),
+        (
+            lambda c: svc(c, "airflow-apiserver").update(command="webserver"),
+            "no Airflow api-server serves the dashboard",
+        ),
+    ],
+    ids=["old-path", "scheduler-unmounted", "other-home", "api-unmounted", "no-api-server"],
+)
+def test_dashboard_check_rejects_broken_data_docs(
+    resolved: Compose, mutate: Callable[[Compose], None], message: str
+) -> None:
+    assert message in problems_after(check_dashboard, resolved, mutate)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda c: replace_token(c, "keyplane-job", "spark.cores.max=2", "spark.cores.max=4"),
+            "the job's 4 cores and 2 for other applications exceed the workers' 4 cores",
+        ),
+        (
+            lambda c: svc(c, "spark-master")["environment"].pop("SPARK_MASTER_OPTS"),
+            "the job's 2 cores and 4 for other applications exceed",
+        ),
+        (
+            lambda c: remove_option(c, "keyplane-job", "--conf", "spark.cores.max=2"),
+            "keyplane-job: no spark.cores.max",
+        ),
+        (
+            lambda c: svc(c, "spark-worker")["deploy"].update(replicas=1),
+            "exceed the workers' 2 cores",
+        ),
+    ],
+    ids=["job-takes-all", "batch-uncapped", "job-uncapped", "one-worker"],
+)
+def test_spark_cores_check_rejects_starved_statistics_job(
+    resolved: Compose, mutate: Callable[[Compose], None], message: str
+) -> None:
+    assert message in problems_after(check_spark_cores, resolved, mutate)
