@@ -10,6 +10,7 @@ ground truth. The partial-merge test is pure and needs neither.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -200,3 +201,53 @@ def test_take_installs_is_idempotent_per_marker_and_source_pure() -> None:
     assert take_installs(installs, installed_marker=7) == (0, 7, [])
     # A newer hand-off (marker 9) applies on top.
     assert take_installs([("h#2", 4, 9)], installed_marker=7) == (4, 9, ["h#2"])
+
+
+@pytest.mark.integration
+def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact(
+    spark, broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    from kafka import KafkaConsumer, TopicPartition
+
+    from keyplane.kafka.admin import high_watermarks
+    from keyplane.kafka.producer import make_producer
+
+    spec = ZipfEvolvingWorkload(n_keys=200, exponent=1.1, n_categories=10, n_events=3_000, seed=7)
+    assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
+    bad = [
+        b"{not json",
+        b'{"seq": 1, "b": "x", "ts": 5}',
+        b'{"seq": "7", "a": "x", "b": "y", "ts": 5}',
+        b"x" * 70_000,
+    ]
+    producer = make_producer(broker)
+    for value in bad:
+        producer.send(topic_name, value=value, partition=1)
+    producer.flush()
+    producer.close()
+    save(
+        RoutingConfig(
+            version=1,
+            created_by="initial",
+            operators={s: OperatorRouting(parallelism=P) for s in ("A", "B")},
+        ),
+        tmp_path / "routing",
+    )
+    settings = _settings(broker, topic_name, tmp_path, routing_store=tmp_path / "routing")
+    _run_to_end(spark, settings)
+
+    report = compare_counts(expected_counts(spec), read_output(settings.output))
+    assert report.exact, report
+    dead_letters = settings.dead_letter_topic
+    assert sum(high_watermarks(broker, dead_letters).values()) == len(bad)
+    consumer = KafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+    tp = TopicPartition(dead_letters, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    records = []
+    while len(records) < len(bad):
+        records += [json.loads(r.value) for r in consumer.poll(timeout_ms=1000).get(tp, [])]
+    consumer.close()
+    reasons = sorted(r["reason"].split(":")[0] for r in records)
+    assert reasons == ["not JSON", "oversized", "schema", "schema"]
+    assert {r["source"] for r in records} == {f"{topic_name}[1]"}
