@@ -44,14 +44,6 @@ def private_broker() -> Iterator[tuple[str, Path]]:
             broker.stop()
 
 
-def routed_topics(prefix: str) -> dict[str, str]:
-    """Per-variant control/migration/metrics/dead-letter topics, so variants never mix."""
-    return {
-        f"{name}_topic": f"{prefix}.{name.replace('_', '-')}"
-        for name in ("control", "migration", "metrics", "dead_letter")
-    }
-
-
 def run_job(settings: CountsJobSettings, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run the job to its stop condition; return its ``progress`` reports."""
     done = subprocess.run(job_command(settings), capture_output=True, text=True, env=env)

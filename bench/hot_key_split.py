@@ -27,7 +27,6 @@ from _harness import (
     percentile,
     private_broker,
     read_topic,
-    routed_topics,
     run_job,
     steady_rate,
 )
@@ -35,6 +34,7 @@ from _harness import (
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.counts_job import CountsJobSettings
+from keyplane.testing import routed_job_topics
 from keyplane.verification import expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -76,7 +76,7 @@ def main() -> None:
         for variant in VARIANTS:
             store = tmp / f"store-{variant}"
             save(initial_config(variant, hot["A"], hot["B"]), store)
-            topics = routed_topics(variant)
+            topics = routed_job_topics(variant)
             progress = run_job(
                 CountsJobSettings(
                     bootstrap_servers=bootstrap,

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from _harness import emit, read_topic, routed_topics
+from _harness import emit, read_topic
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller
@@ -44,7 +44,7 @@ from keyplane.kafka.producer import produce_workload
 from keyplane.locality import PairStatistics, build_plan
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
 from keyplane.spark.session import build_session
-from keyplane.testing import free_port
+from keyplane.testing import free_port, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import PairsWorkload
 
@@ -139,7 +139,7 @@ def run_variant(
         ),
         store,
     )
-    topics = routed_topics(variant)
+    topics = routed_job_topics(variant)
     settings = CountsJobSettings(
         bootstrap_servers=bootstrap,
         events_topic=topic,

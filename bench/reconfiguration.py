@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from _harness import emit, private_broker, read_topic, routed_topics
+from _harness import emit, private_broker, read_topic
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller
@@ -31,6 +31,7 @@ from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
+from keyplane.testing import routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -76,7 +77,7 @@ def main() -> None:
         store = tmp / "store"
         save(v1, store)
         save(v2, store)
-        topics = routed_topics("reconf")
+        topics = routed_job_topics("reconf")
         settings = CountsJobSettings(
             bootstrap_servers=bootstrap,
             events_topic="reconf",

@@ -21,10 +21,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-from _harness import emit, private_broker, routed_topics, run_job, steady_rate
+from _harness import emit, private_broker, run_job, steady_rate
 
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.counts_job import CountsJobSettings
+from keyplane.testing import routed_job_topics
 from keyplane.workloads import GeoTagsWorkload
 
 VARIANTS = ("native-counts", "two-stage", "routed")
@@ -41,7 +42,7 @@ def settings(bootstrap: str, tmp: Path, variant: str, batch: int, total: int) ->
         stop_at_offset_total=total,
         pipeline="two-stage" if routed else variant,
         routing_store=tmp / "store" if routed else None,
-        **(routed_topics(variant) if routed else {}),
+        **(routed_job_topics(variant) if routed else {}),
     )
 
 

@@ -26,6 +26,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def routed_job_topics(prefix: str) -> dict[str, str]:
+    """Control, migration, metrics and dead-letter topics of one routed job's own.
+
+    Keyword arguments for :class:`~keyplane.spark.counts_job.CountsJobSettings`,
+    so that jobs sharing a broker (tests, benchmark variants) never read each
+    other's protocol messages or moved state.
+    """
+    return {
+        f"{name}_topic": f"{prefix}.{name.replace('_', '-')}"
+        for name in ("control", "migration", "metrics", "dead_letter")
+    }
+
+
 def store_checksums(store: Path) -> ChecksumLookup:
     """The job's view of a configuration store: a version's checksum, or None if not stored."""
 

@@ -36,6 +36,7 @@ from keyplane.kafka.producer import produce_workload
 from keyplane.orchestration import tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
+from keyplane.testing import routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import PairsWorkload
 
@@ -128,10 +129,7 @@ def test_scheduled_run_publishes_a_validated_configuration_and_counts_stay_exact
         trigger_interval="1 second",
         routing_store=store,
         routing_version=1,
-        control_topic=f"{topic_name}.control",
-        migration_topic=f"{topic_name}.migration",
-        metrics_topic=f"{topic_name}.metrics",
-        dead_letter_topic=f"{topic_name}.dead-letter",
+        **routed_job_topics(topic_name),
     )
     job_log = tmp_path / "job.log"
     with job_log.open("ab") as out:

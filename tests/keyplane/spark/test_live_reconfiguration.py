@@ -33,6 +33,7 @@ from keyplane.spark.counts_job import (
     read_partials,
     start_counts_query,
 )
+from keyplane.testing import routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -49,10 +50,7 @@ def _settings(broker: str, topic: str, tmp_path: Path) -> CountsJobSettings:
         max_offsets_per_trigger=2_000,
         trigger_interval="0 seconds",
         routing_store=tmp_path / "routing",
-        control_topic=f"{topic}.control",
-        migration_topic=f"{topic}.migration",
-        metrics_topic=f"{topic}.metrics",
-        dead_letter_topic=f"{topic}.dead-letter",
+        **routed_job_topics(topic),
     )
 
 

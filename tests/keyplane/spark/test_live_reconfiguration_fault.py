@@ -28,6 +28,7 @@ from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output, read_partials
+from keyplane.testing import routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -97,10 +98,7 @@ def test_driver_killed_after_propagate_before_migrated_completes_after_restart(
         trigger_interval="0 seconds",
         routing_store=store,
         routing_version=1,
-        control_topic=f"{topic_name}.control",
-        migration_topic=f"{topic_name}.migration",
-        metrics_topic=f"{topic_name}.metrics",
-        dead_letter_topic=f"{topic_name}.dead-letter",
+        **routed_job_topics(topic_name),
     )
     log = tmp_path / "job.log"
     output = settings.output

@@ -28,6 +28,7 @@ from keyplane.spark.counts_job import (
     start_counts_query,
 )
 from keyplane.spark.routed_counts import take_installs
+from keyplane.testing import routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -95,10 +96,7 @@ def _settings(
         max_offsets_per_trigger=1_000,
         trigger_interval="0 seconds",
         routing_store=routing_store,
-        control_topic=f"{topic}.control",
-        migration_topic=f"{topic}.migration",
-        metrics_topic=f"{topic}.metrics",
-        dead_letter_topic=f"{topic}.dead-letter",
+        **routed_job_topics(topic),
     )
 
 
