@@ -356,12 +356,6 @@ class RoutedEventsReader(DataSourceStreamReader):
         plan = int(start["plan"]) + 1
         protocol = JobProtocol.from_dict(start["protocol"], lookup_checksum=self.lookup_checksum)
         replies = []
-        for handoff in protocol.migrating():
-            # The batch after a switch installs the moved state; once it is
-            # committed (it is: Spark plans a batch only after the last one
-            # committed), the operator has migrated.
-            if handoff.switch_batch is not None and handoff.switch_batch + 1 == plan - 1:
-                replies += protocol.state_installed(handoff.operator, plan - 1)
         control = self.channel().read(int(start["control"]))
         for offset, invalid in control.rejected:
             log.warning("keyplane: control record %s rejected: %s", offset, invalid)
@@ -382,6 +376,13 @@ class RoutedEventsReader(DataSourceStreamReader):
         if not work:
             return start
         routing = protocol.begin_batch(plan)
+        for handoff in protocol.migrating():
+            # This batch installs the state its switch batch moved. Its plan,
+            # installs included, is in Spark's offset log before any row runs,
+            # and every later batch runs after it: from here on the operator
+            # has migrated, even if the driver dies and replays this batch.
+            if handoff.switch_batch is not None and handoff.switch_batch == plan - 1:
+                replies += protocol.state_installed(handoff.operator, plan)
         switches = [
             Switch(h.operator, h.from_version, h.to_version)
             for h in protocol.migrating()

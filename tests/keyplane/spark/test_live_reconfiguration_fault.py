@@ -95,7 +95,9 @@ def test_driver_killed_after_propagate_before_migrated_completes_after_restart(
         output=tmp_path / "output",
         shuffle_partitions=P,
         max_offsets_per_trigger=1_500,
-        trigger_interval="0 seconds",
+        # A batch at most every 2 s: the kill lands between the switch batch
+        # writing A's moved state and the next boundary, which replies MIGRATED.
+        trigger_interval="2 seconds",
         routing_store=store,
         routing_version=1,
         **routed_job_topics(topic_name),
