@@ -61,7 +61,7 @@ from pyspark.sql.types import StructType
 from keyplane import config as config_store
 from keyplane.handoff import VersionedTables, pick_route
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
-from keyplane.protocol import JobProtocol, Reaction
+from keyplane.protocol import ControlMessage, JobProtocol, Reaction
 from keyplane.spark.kafka_source import KafkaInputPartition, KafkaSourceOptionError, read_partition
 
 if TYPE_CHECKING:
@@ -355,7 +355,7 @@ class RoutedEventsReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         plan = int(start["plan"]) + 1
         protocol = JobProtocol.from_dict(start["protocol"], lookup_checksum=self.lookup_checksum)
-        replies = []
+        replies: list[ControlMessage] = []
         control = self.channel().read(int(start["control"]))
         for offset, invalid in control.rejected:
             log.warning("keyplane: control record %s rejected: %s", offset, invalid)
