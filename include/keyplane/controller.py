@@ -35,9 +35,7 @@ import contextlib
 import fcntl
 import functools
 import logging
-import os
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from keyplane import config as config_store
 from keyplane.kafka.control import ControlChannel
+from keyplane.processes import write_atomically
 from keyplane.protocol import (
     ControllerProtocol,
     ControllerState,
@@ -155,23 +154,24 @@ class RolloutResult:
         return sum(timing.seconds for timing in self.steps)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a crash leaves the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+def read_controller_file(path: Path) -> ControllerFile | None:
+    """The controller's saved state, None when no rollout was ever started (no file).
+
+    Raises :class:`ControllerError` naming the field when the file is not one.
+    """
     try:
-        with staging.open("w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(staging, path)
-    finally:
-        staging.unlink(missing_ok=True)
-    directory = os.open(path.parent, os.O_RDONLY)
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
     try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+        return ControllerFile.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "file"
+        raise ControllerError(
+            f"{path} is not a controller state file ({where}: {first['msg']}); "
+            "restore it, or move it aside to start from the job's current version"
+        ) from None
 
 
 class Controller:
@@ -219,19 +219,9 @@ class Controller:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _load(self) -> ControllerFile | None:
-        try:
-            text = self.state_file.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        saved = read_controller_file(self.state_file)
+        if saved is None:
             return None
-        try:
-            saved = ControllerFile.model_validate_json(text)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "file"
-            raise ControllerError(
-                f"{self.state_file} is not a controller state file ({where}: {first['msg']}); "
-                "restore it, or move it aside to start from the job's current version"
-            ) from None
         if saved.control_topic != self._channel.topic:
             raise ControllerError(
                 f"{self.state_file} records the control topic {saved.control_topic!r}, "
@@ -247,7 +237,7 @@ class Controller:
     def _save(self, before: ControllerFile | None, after: ControllerFile) -> None:
         """Write ``after`` unless it equals ``before``, so a retried step leaves the file alone."""
         if after != before:
-            _write_atomically(self.state_file, after.model_dump_json(indent=2) + "\n")
+            write_atomically(self.state_file, after.model_dump_json(indent=2) + "\n")
 
     @staticmethod
     def _protocol(saved: ControllerFile) -> ControllerProtocol:

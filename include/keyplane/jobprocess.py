@@ -56,7 +56,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from keyplane.batchmetrics import BatchMetrics
-from keyplane.controller import ControllerFile
+from keyplane.controller import ControllerError, read_controller_file
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of
 from keyplane.kafka.broker import answers_kafka
 from keyplane.processes import (
@@ -678,18 +678,11 @@ def read_rollout(state_file: Path) -> RolloutState | None:
     None when no rollout was ever started (no file).
     """
     try:
-        text = state_file.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        saved = read_controller_file(state_file)
+    except ControllerError as exc:
+        raise JobError(str(exc)) from None
+    if saved is None:
         return None
-    try:
-        saved = ControllerFile.model_validate_json(text)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "file"
-        raise JobError(
-            f"{state_file} is not a controller state file ({where}: {first['msg']}); "
-            "restore it, or move it aside"
-        ) from None
     state = saved.protocol
     last = state.last
     outcome: Literal["DONE", "ABORT"] | None = None

@@ -133,11 +133,23 @@ def stop_detached(pid: int, timeout_s: float, *, terminate_group: bool = True) -
 
 def write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so that a reader sees the old file or the new one,
-    never half of one: ``status`` in another shell may read a pid file while it is written."""
+    never half of one, and a crash leaves one of the two on disk.
+
+    ``status`` in another shell may read a pid file while it is written, and a
+    retried Airflow task must find the controller's state as it was last saved.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        staging.write_text(text, encoding="utf-8")
+        with staging.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(staging, path)
     finally:
         staging.unlink(missing_ok=True)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

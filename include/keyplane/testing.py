@@ -7,16 +7,20 @@ the same kind of integration tests against their own routed stages.
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from keyplane import config as config_store
 from keyplane.kafka.control import ControlChannel
 from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
+
+if TYPE_CHECKING:
+    from keyplane.spark.counts_job import CountsJobSettings
 
 
 def free_port() -> int:
@@ -37,6 +41,39 @@ def routed_job_topics(prefix: str) -> dict[str, str]:
         f"{name}_topic": f"{prefix}.{name.replace('_', '-')}"
         for name in ("control", "migration", "metrics", "dead_letter")
     }
+
+
+def start_job_process(settings: CountsJobSettings, log: Path) -> subprocess.Popen[bytes]:
+    """The job with ``settings`` as its own process (and session), output appended to ``log``.
+
+    Its own session, so a test can SIGKILL the driver with its JVM
+    (``os.killpg``) as a crash would.
+    """
+    from keyplane.spark.counts_job import job_command
+
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            job_command(settings), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def wait_while_job_runs(
+    condition: Callable[[], bool],
+    what: str,
+    job: subprocess.Popen[bytes],
+    log: Path,
+    *,
+    timeout_s: float = 180,
+    poll_s: float = 0.2,
+) -> None:
+    """Poll ``condition`` until it holds; fail with the job's log if the job exits first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if job.poll() is not None:
+            raise AssertionError(f"job exited while waiting for {what}:\n{log.read_text()[-3000:]}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll_s)
 
 
 def store_checksums(store: Path) -> ChecksumLookup:

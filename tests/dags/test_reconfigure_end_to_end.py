@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -35,8 +34,8 @@ from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.orchestration import tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
-from keyplane.testing import routed_job_topics
+from keyplane.spark.counts_job import CountsJobSettings, read_output
+from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import PairsWorkload
 
@@ -95,16 +94,6 @@ class Trickle(threading.Thread):
             self.error = exc
 
 
-def _wait(condition, what: str, job: subprocess.Popen[bytes], log: Path, timeout_s=180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert job.poll() is None, (
-            f"job exited while waiting for {what}:\n{log.read_text()[-3000:]}"
-        )
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def test_scheduled_run_publishes_a_validated_configuration_and_counts_stay_exact(
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
@@ -132,10 +121,7 @@ def test_scheduled_run_publishes_a_validated_configuration_and_counts_stay_exact
         **routed_job_topics(topic_name),
     )
     job_log = tmp_path / "job.log"
-    with job_log.open("ab") as out:
-        job = subprocess.Popen(
-            job_command(settings), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    job = start_job_process(settings, job_log)
     env = _airflow_env(tmp_path, broker, settings)
     airflow = str(VENV_BIN / "airflow")
     producer = Trickle(broker, topic_name)
@@ -146,7 +132,7 @@ def test_scheduled_run_publishes_a_validated_configuration_and_counts_stay_exact
             frame = read_output(settings.output)
             return int(frame.loc[frame["stage"] == "A", "count"].sum()) >= n
 
-        _wait(lambda: counted(4_000), "the job's first batches", job, job_log)
+        wait_while_job_runs(lambda: counted(4_000), "the job's first batches", job, job_log)
         producer.start()
         conf = {
             "min_total_count": 5_000,
@@ -224,7 +210,7 @@ def test_scheduled_run_publishes_a_validated_configuration_and_counts_stay_exact
         assert not producer.is_alive() and producer.error is None, producer.error
         total = sum(high_watermarks(broker, topic_name).values())
         assert total == before.n_events + sum(spec.n_events for spec in producer.specs)
-        _wait(lambda: counted(total), "every event", job, job_log)
+        wait_while_job_runs(lambda: counted(total), "every event", job, job_log)
     finally:
         producer.stop.set()
         if job.poll() is None:

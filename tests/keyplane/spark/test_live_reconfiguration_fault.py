@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -27,31 +25,14 @@ from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
 from keyplane.routedkeys import spark_partition
-from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output, read_partials
-from keyplane.testing import routed_job_topics
+from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
+from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
 pytestmark = pytest.mark.integration
 
 P = 4
-
-
-def _start(settings: CountsJobSettings, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            job_command(settings), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def _wait(condition, what: str, job: subprocess.Popen[bytes], log: Path, timeout_s=180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert job.poll() is None, (
-            f"job exited while waiting for {what}:\n{log.read_text()[-3000:]}"
-        )
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_driver_killed_after_propagate_before_migrated_completes_after_restart(
@@ -105,8 +86,12 @@ def test_driver_killed_after_propagate_before_migrated_completes_after_restart(
     log = tmp_path / "job.log"
     output = settings.output
 
-    first = _start(settings, log)
-    _wait(lambda: len(list(output.glob("batch-*.parquet"))) >= 2, "two batches", first, log)
+    first = start_job_process(settings, log)
+
+    def batches_written() -> bool:
+        return len(list(output.glob("batch-*.parquet"))) >= 2
+
+    wait_while_job_runs(batches_written, "two batches", first, log, poll_s=0.05)
     with ControlChannel(broker, settings.control_topic) as channel:
         controller = Controller(channel, tmp_path / "controller.json", store)
         controller.prepare(2)
@@ -116,14 +101,14 @@ def test_driver_killed_after_propagate_before_migrated_completes_after_restart(
         def moved_state_written() -> bool:
             return sum(high_watermarks(broker, settings.migration_topic).values()) > 0
 
-        _wait(moved_state_written, "stage A's moved state", first, log)
+        wait_while_job_runs(moved_state_written, "stage A's moved state", first, log, poll_s=0.05)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
         controller.poll()
         rollout = controller.state.current if controller.state else None
         assert rollout is not None and "A" not in rollout.migrated, "the kill must land first"
 
-        second = _start(settings, log)
+        second = start_job_process(settings, log)
         try:
             controller.wait_migrated("A", timeout_s=180)
             controller.propagate("B")
@@ -135,7 +120,7 @@ def test_driver_killed_after_propagate_before_migrated_completes_after_restart(
                 frame = read_output(output)
                 return int(frame.loc[frame["stage"] == "A", "count"].sum()) == done
 
-            _wait(all_counted, "every event", second, log)
+            wait_while_job_runs(all_counted, "every event", second, log, poll_s=0.05)
         finally:
             second.send_signal(signal.SIGTERM)
             assert second.wait(timeout=120) == 0, log.read_text()[-3000:]
