@@ -5,8 +5,8 @@ bootstrap:
 	@scripts/bootstrap
 
 demo: bootstrap
-	.venv/bin/keyplane demo geo-tags --n-events 200000 --n-tags 2000 --rate 25000 \
-		--max-offsets-per-trigger 50000
+	.venv/bin/keyplane demo pairs --n-events 120000 --n-keys 1000 --locality 0.9 --seed 7 \
+		--rate 25000 --max-offsets-per-trigger 10000
 
 lint: bootstrap
 	.venv/bin/ruff check .

@@ -36,6 +36,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, Asset, Param, TaskGroup, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
+from keyplane.orchestration.dagparts import rollout_chain
 from keyplane.orchestration.deployment import SPARK_CONN_ID, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
 
@@ -181,12 +182,6 @@ with DAG(
 
         return tasks.publish(deployment(), _run_id())
 
-    @task
-    def migrate(operator: str) -> dict[str, Any]:
-        from keyplane.orchestration import tasks
-
-        return tasks.propagate(deployment(), operator)
-
     @task(outlets=[CONFIGURATION_ASSET])
     def done() -> dict[str, Any]:
         from keyplane.orchestration import tasks
@@ -205,24 +200,6 @@ with DAG(
             batches=int(params["verify_batches"]),
         )
         return "rollback.prepare_rollback" if record["regressed"] else None
-
-    def rollout_chain(prefix: str) -> tuple[Any, Any]:
-        """await ACK → (PROPAGATE → await MIGRATED) per operator, upstream first."""
-        timeout = "{{ params.reply_timeout_s }}"
-        first = last = AwaitRolloutOperator(
-            task_id=f"{prefix}await_ack", kind="ack", timeout_s=timeout
-        )
-        for operator in OPERATORS:
-            step = migrate.override(task_id=f"{prefix}migrate_{operator}")(operator)
-            wait = AwaitRolloutOperator(
-                task_id=f"{prefix}await_migrated_{operator}",
-                kind="migrated",
-                operator=operator,
-                timeout_s=timeout,
-            )
-            last >> step >> wait
-            last = wait
-        return first, last
 
     published = publish()
     ack, migrated = rollout_chain("")

@@ -11,7 +11,10 @@ numbers the papers steer by:
   quantity its routing tables maximise; 004 §4 calls the same matrix the
   task-to-task traffic);
 * the heaviest key pairs per instance, a bounded sample of what the next
-  statistics run will partition.
+  statistics run will partition;
+* what the batch refused: malformed events (dead-lettered) and control
+  messages the driver would not act on, by reason, so a forged or stale
+  message is visible on a dashboard and not only in the driver's log.
 
 Pure pandas: the sink computes it in the driver, tests feed it by hand.
 """
@@ -60,6 +63,12 @@ class BatchMetrics(BaseModel):
     )
     moved_states: int = 0
     invalid_events: int = 0
+    rejected_control: dict[str, int] = Field(
+        default_factory=dict,
+        description="reason → control messages refused at this batch's boundary: "
+        "not authentic (keyplane.protocol.RejectReason) or not applicable "
+        "(keyplane.protocol.IgnoreReason)",
+    )
 
     @property
     def locality(self) -> float | None:

@@ -55,6 +55,15 @@ class OperatorRouting(BaseModel):
     over the listed instances (at least two, distinct); any other key takes
     the hash fallback. Keys are strings here: the edge maps them to and from
     the integer ids the algorithms use.
+
+    ``active_instances`` is the scaling state (paper 003; Stela adds and
+    removes instances). Spark fixes the number of state partitions for the
+    life of a checkpoint, so ``parallelism`` never changes live; scaling
+    changes which instances hold keys, as Flink's key groups do under a fixed
+    max parallelism. ``None`` means every instance is active. Otherwise the
+    table and the hot keys use active instances only, and the hash fallback
+    folds a key whose natural partition is inactive onto an active one
+    (:func:`keyplane.routedkeys.fold_instance`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -63,6 +72,24 @@ class OperatorRouting(BaseModel):
     table: dict[str, int] = Field(default_factory=dict)
     hot_keys: dict[str, tuple[int, ...]] = Field(default_factory=dict)
     placement: dict[int, str] | None = None
+    active_instances: tuple[int, ...] | None = None
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        """The instances that hold keys, ascending (every instance when not scaled)."""
+        if self.active_instances is None:
+            return tuple(range(self.parallelism))
+        return self.active_instances
+
+    @model_validator(mode="before")
+    @classmethod
+    def _all_active_is_unscaled(cls, data: Any) -> Any:
+        """Every instance active is written as ``None``: one configuration, one checksum."""
+        if isinstance(data, dict):
+            active, p = data.get("active_instances"), data.get("parallelism")
+            if active is not None and isinstance(p, int) and list(active) == list(range(p)):
+                return {**data, "active_instances": None}
+        return data
 
     @model_validator(mode="after")
     def _check_invariants(self) -> Self:
@@ -86,12 +113,34 @@ class OperatorRouting(BaseModel):
         ]
         if hot_outside:
             raise ValueError(f"hot keys use instances outside [0, {p}): {_listing(hot_outside)}")
+        if self.active_instances is not None:
+            self._check_active(self.active_instances)
         if self.placement is not None and set(self.placement) != set(range(p)):
             raise ValueError(
                 f"placement must name an executor for each instance 0..{p - 1}, "
                 f"got instances {sorted(self.placement)}"
             )
         return self
+
+    def _check_active(self, active: tuple[int, ...]) -> None:
+        p = self.parallelism
+        if not active:
+            raise ValueError("active_instances must name at least one instance")
+        if list(active) != sorted(set(active)):
+            raise ValueError(f"active_instances must be ascending and distinct, got {list(active)}")
+        if active[0] < 0 or active[-1] >= p:
+            raise ValueError(f"active_instances must lie in [0, {p}), got {list(active)}")
+        allowed = set(active)
+        idle = [f"{k!r}→{i}" for k, i in self.table.items() if i not in allowed]
+        if idle:
+            raise ValueError(f"table routes keys to inactive instances: {_listing(idle)}")
+        hot_idle = [
+            f"{k!r}→{list(inst)}"
+            for k, inst in self.hot_keys.items()
+            if any(i not in allowed for i in inst)
+        ]
+        if hot_idle:
+            raise ValueError(f"hot keys use inactive instances: {_listing(hot_idle)}")
 
 
 class RoutingConfig(BaseModel):
@@ -241,6 +290,13 @@ def _write_version(config: RoutingConfig, target: Path) -> str:
                 else {str(i): e for i, e in sorted(operator.placement.items())},
                 "table_file": table_name,
                 "hot_keys_file": hot_name,
+                # Written only when scaled, so the manifests (and checksums) of
+                # unscaled configurations are byte for byte what they were.
+                **(
+                    {}
+                    if operator.active_instances is None
+                    else {"active_instances": list(operator.active_instances)}
+                ),
             }
         )
     files = {
@@ -374,6 +430,9 @@ def load(
             table=dict(zip(table["key"], table["instance"], strict=True)),
             hot_keys={k: tuple(v) for k, v in zip(hot["key"], hot["instances"], strict=True)},
             placement=None if placement is None else {int(i): e for i, e in placement.items()},
+            active_instances=None
+            if entry.get("active_instances") is None
+            else tuple(entry["active_instances"]),
         )
     return RoutingConfig(
         version=body["version"],

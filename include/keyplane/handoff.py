@@ -57,6 +57,7 @@ def routed_key_table(routing: OperatorRouting) -> RoutedKeyTable:
         n_instances=routing.parallelism,
         routing=routing.table,
         hot_keys={key: list(instances) for key, instances in routing.hot_keys.items()},
+        active=routing.active_instances,
     )
 
 
@@ -95,6 +96,12 @@ def state_moves(
     ``parallelism`` is the query's number of state partitions; both versions
     must route the operator over exactly that many instances, because Spark
     fixes the state partitions for the life of a checkpoint.
+
+    Only keys one of the two versions names (table or hot keys) are
+    compared: the state store cannot be listed from here. A version that
+    changes the hash fallback, such as a scaled one (``active_instances``,
+    003), must therefore table every key whose route the change would move;
+    :func:`keyplane.scaling.scaled_routing` does.
     """
     before = operator_routing(old, operator, parallelism)
     after = operator_routing(new, operator, parallelism)

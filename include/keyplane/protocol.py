@@ -27,12 +27,14 @@ Kafka delivers at least once, and a driver or an Airflow task may be killed
 and retried at any point, so every step is idempotent: a duplicate changes
 nothing and earns the reply the original earned. Messages that arrive early
 are held until they apply (a PROPAGATE before its PREPARE, a PREPARE while
-another reconfiguration is still in flight); messages that can never apply
-are ignored with a reason. A version that was finished or aborted is never
-prepared again: configuration versions only grow, and a rollback publishes a
-new version with the old contents. An ABORT puts every operator back on the
-active version at once; an operator that had already routed a batch on the
-aborted version hands its state back the same way it handed it over.
+another reconfiguration is still in flight, the controller's next step read
+by a restarted driver before it has planned again the install that the step
+follows); messages that can never apply are ignored with a reason. A version
+that was finished or aborted is never prepared again: configuration versions
+only grow, and a rollback publishes a new version with the old contents. An
+ABORT puts every operator back on the active version at once; an operator
+that had already routed a batch on the aborted version hands its state back
+the same way it handed it over.
 
 Micro-batches make one thing simpler than in the paper: a batch is planned
 atomically, so the job records which version routed each operator in each
@@ -92,7 +94,8 @@ ControllerPhase = Literal["idle", "preparing", "prepared", "propagating", "migra
 Clock = Callable[[], datetime]
 ChecksumLookup = Callable[[int], str | None]
 """``lookup(version)``: the checksum the configuration store records for
-``version``, or None when it holds no such version."""
+``version``, or None when it holds no such version or none the job can use
+(damaged, not a configuration, or over other instances)."""
 
 CHECKPOINT_FORMAT: Literal[1] = 1
 
@@ -666,13 +669,25 @@ class JobProtocol:
         is in flight; a PREPARE from a newer base waits while that base may
         still become active: it is being rolled out or not yet seen.
 
+        A PROPAGATE or a DONE of the pending version waits while the
+        operators it needs migrated are all in transit (switched, their
+        install due in the next planned batch). The controller sends it only
+        after their MIGRATED, so the job has seen it before: a driver that
+        published MIGRATED and died before Spark wrote that plan to its offset
+        log plans the install batch again, and reads the controller's next
+        step at the same boundary, before the install (000 §3.4, recovery).
+
         Other messages are ignored either because they can never apply, or
-        because only the driver's progress could make them apply (a PROPAGATE
-        before its upstream migrated, a DONE before every operator did), and
-        the controller never sends those. So delivering a sequence of messages
-        twice has the same effect as delivering it once.
+        because only the controller could make them apply (a PROPAGATE
+        before its upstream was propagated, a DONE before every operator
+        was), and a correct controller never sends those. So delivering a
+        sequence of messages twice has the same effect as delivering it once.
         """
         state = self._state
+        if message.type in ("PROPAGATE", "DONE"):
+            needed = self._in_transit_needed(message)
+            if needed is not None:
+                return needed
         if message.config_version <= state.latest_version:
             return False
         if message.type == "PROPAGATE":
@@ -686,6 +701,29 @@ class JobProtocol:
         if pending is not None and base == pending.version:
             return True
         return base > state.latest_version
+
+    def _in_transit_needed(self, message: ControlMessage) -> bool | None:
+        """For a PROPAGATE or DONE of the pending version: whether the operators it
+        needs migrated that have not migrated yet are all switching, their switch
+        batch planned (so their install is the next planned batch).
+
+        None when the message is not for the pending version (or names no
+        known operator), so the other rules decide.
+        """
+        state = self._state
+        pending = state.pending
+        if pending is None or message.config_version != pending.version:
+            return None
+        if message.type == "DONE":
+            needed = state.operators
+        elif message.operator in state.phases:
+            needed = state.operators[: state.operators.index(message.operator)]
+        else:
+            return None
+        behind = [state.phases[name] for name in needed if state.phases[name].phase != "migrated"]
+        return bool(behind) and all(
+            op.phase == "switching" and op.switch_batch is not None for op in behind
+        )
 
     def _hold(self, message: ControlMessage) -> Reaction:
         def same(other: ControlMessage) -> bool:
@@ -767,7 +805,9 @@ class JobProtocol:
             return self._stale(message)
         stored = self._lookup(version)
         if stored != message.checksum:
-            held = "holds no such version" if stored is None else f"holds checksum {stored}"
+            held = (
+                "holds no such version it can use" if stored is None else f"holds checksum {stored}"
+            )
             return _ignored(
                 "unknown_checksum",
                 f"{message.describe()} has checksum {message.checksum}; the store {held}",
@@ -826,6 +866,8 @@ class JobProtocol:
             return _duplicate(f"{name} already migrated to v{pending.version}", (current.migrated,))
         position = state.operators.index(name)
         behind = [u for u in state.operators[:position] if state.phases[u].phase != "migrated"]
+        if behind and self._waits(message):
+            return self._hold(message)
         if behind:
             return _ignored(
                 "upstream_not_migrated",
@@ -847,6 +889,8 @@ class JobProtocol:
             if mismatch is not None:
                 return mismatch
             behind = [n for n in state.operators if state.phases[n].phase != "migrated"]
+            if behind and self._waits(message):
+                return self._hold(message)
             if behind:
                 return _ignored(
                     "not_migrated", f"{message.describe()} before {', '.join(behind)} migrated"

@@ -31,6 +31,13 @@ partition. Every grouping value either has no separator (a plain key) or is
 ``key + SEPARATOR + canonical decimal salt`` (a routed key), and
 ``original_key`` inverts both.
 
+Scaled fallback. When only some instances are active (paper 003's scale-in,
+see :class:`keyplane.config.OperatorRouting`), a key whose natural partition
+is inactive is salted onto ``fold_instance(natural)``: the inactive partitions
+are dealt round robin over the active ones, as Stela deals the instances of
+released machines (003 §5.3), so every key of one natural partition lands on
+the same active instance, like a Flink key group.
+
 ``P`` must be the number of state partitions of the query, which is
 ``spark.sql.shuffle.partitions`` when the checkpoint was first created; Spark
 keeps it fixed for the life of the checkpoint.
@@ -393,6 +400,23 @@ def _check_search_bounds(start: int, max_tries: int | None, n: int) -> int:
     return tries
 
 
+def fold_instance(natural: int, active: Sequence[int], n: int) -> int:
+    """The active instance that takes the keys of partition ``natural`` (003 §5.3).
+
+    An active partition keeps its own keys. The ``j``-th inactive partition
+    (ascending) goes to ``active[j % len(active)]``: round robin, so the
+    inactive partitions spread evenly over the active ones.
+    """
+    _check_target(natural, n)
+    allowed = sorted(set(active))
+    if not allowed or allowed[0] < 0 or allowed[-1] >= n:
+        raise ValueError(f"active instances must be a non-empty subset of [0, {n}), got {active}")
+    if natural in allowed:
+        return natural
+    inactive_rank = natural - sum(1 for i in allowed if i < natural)
+    return allowed[inactive_rank % len(allowed)]
+
+
 class RoutedKeyTable:
     """Grouping values for a routing table and hot keys over ``n_instances`` partitions.
 
@@ -400,6 +424,8 @@ class RoutedKeyTable:
     hot key to d ≥ 2 distinct instances that each hold partial state (paper 001
     §4.1.2; a merge step combines the partials). A key may not be in both. All
     salts are searched once, vectorised, when the table is built.
+    ``active`` restricts the hash fallback to those instances
+    (:func:`fold_instance`); ``None`` means all.
     """
 
     def __init__(
@@ -408,8 +434,15 @@ class RoutedKeyTable:
         n_instances: int,
         routing: Mapping[str, int],
         hot_keys: Mapping[str, Sequence[int]] | None = None,
+        active: Sequence[int] | None = None,
     ) -> None:
         _check_partition_count(n_instances)
+        self.active: tuple[int, ...] | None = None
+        if active is not None:
+            fold_instance(0, active, n_instances)
+            if len(set(active)) < n_instances:
+                self.active = tuple(sorted(set(active)))
+        self._folded: dict[str, str] = {}
         hot = {} if hot_keys is None else hot_keys
         both = routing.keys() & hot.keys()
         if both:
@@ -443,15 +476,37 @@ class RoutedKeyTable:
 
         A key without a table entry keeps its natural partition. It is grouped
         by itself, or, if it contains the separator, by a routed key salted to
-        that same partition (see the module docstring).
+        that same partition (see the module docstring). When its natural
+        partition is inactive, it is salted to :func:`fold_instance`'s.
         """
         routes = self._routes.get(key)
         if routes is not None:
             return list(routes)
+        if self.active is not None:
+            return [self._fold(key)]
         if SEPARATOR not in key:
             return [key]
         natural = spark_partition(key, self.n_instances)
         return [routed_key(key, find_salt(key, natural, self.n_instances))]
+
+    def fallback_instance(self, key: str) -> int:
+        """The instance the hash fallback gives ``key`` (folded when scaled in)."""
+        natural = spark_partition(key, self.n_instances)
+        if self.active is None:
+            return natural
+        return fold_instance(natural, self.active, self.n_instances)
+
+    def _fold(self, key: str) -> str:
+        found = self._folded.get(key)
+        if found is None:
+            target = self.fallback_instance(key)
+            natural = spark_partition(key, self.n_instances)
+            if target == natural and SEPARATOR not in key:
+                found = key
+            else:
+                found = routed_key(key, find_salt(key, target, self.n_instances))
+            self._folded[key] = found
+        return found
 
     def instance_of(self, grouping_key: str) -> int:
         """The instance (partition) that Spark sends ``grouping_key`` to."""

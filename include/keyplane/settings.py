@@ -28,6 +28,16 @@ class Settings(BaseSettings):
         description="Kafka bootstrap servers. Unset: the embedded broker's address.",
     )
     broker_port: int = Field(default=19092, ge=1, le=65535)
+    broker_storage: Literal["memory", "s3"] = Field(
+        default="memory",
+        description="Embedded broker's storage. 'memory': lost when the broker stops; 's3': "
+        "survives restarts, in a local S3 server under home, or at AWS_ENDPOINT when set.",
+    )
+    broker_bucket: str = Field(
+        default="keyplane-broker",
+        pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+        description="Bucket of the embedded broker's 's3' storage.",
+    )
     events_topic: str = "keyplane.events"
     results_topic: str = "keyplane.results"
     control_topic: str = Field(

@@ -6,6 +6,8 @@ the same kind of integration tests against their own routed stages.
 
 from __future__ import annotations
 
+import itertools
+import json
 import socket
 import subprocess
 import threading
@@ -13,13 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from keyplane import config as config_store
 from keyplane.kafka.control import ControlChannel
 from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
 
 if TYPE_CHECKING:
+    from keyplane.aggregates import KeyedAggregate
     from keyplane.spark.counts_job import CountsJobSettings
 
 
@@ -181,3 +184,63 @@ class ProtocolOnlyJob:
                 return False
             time.sleep(0.05)
         return True
+
+
+def check_aggregate_laws(aggregate: KeyedAggregate[Any], batches: Sequence[Sequence[str]]) -> None:
+    """Fail with the broken law if ``aggregate`` breaks the contract on these ``batches``.
+
+    Each batch is one micro-batch's values for one key. The laws are those a
+    routed stage relies on (:mod:`keyplane.aggregates`): ``zero`` is merge's
+    identity (a tombstone changes nothing), ``merge`` is commutative and
+    associative (partials meet in any order), ``add`` distributes over
+    ``merge`` (a split key's partials merge to the unsplit state, 001
+    §4.1.2), states survive ``encode``/``decode`` as text (the migration
+    topic, 000 §3.4), results are JSON-safe, and no call mutates its
+    arguments. States are compared by their ``result``. Pure: drive it with
+    a property-testing library, e.g. ``@given(lists(lists(text())))``.
+    """
+    agg = aggregate
+
+    def merge(x: Any, y: Any) -> Any:
+        rx, ry = agg.result(x), agg.result(y)
+        out = agg.merge(x, y)
+        if agg.result(x) != rx or agg.result(y) != ry:
+            raise AssertionError("merge mutated one of its argument states")
+        return out
+
+    def add(state: Any, batch: Sequence[str]) -> Any:
+        before = agg.result(state)
+        out = agg.add(state, list(batch))
+        if agg.result(state) != before:
+            raise AssertionError("add mutated its argument state")
+        return out
+
+    def same(x: Any, y: Any, law: str) -> None:
+        if agg.result(x) != agg.result(y):
+            raise AssertionError(f"{law}: {agg.result(x)!r} != {agg.result(y)!r}")
+
+    zero = agg.zero()
+    partials = [add(agg.zero(), batch) for batch in batches]
+    for state in [zero, *partials]:
+        text = agg.encode(state)
+        if not isinstance(text, str):
+            raise AssertionError(f"encode returned {type(text).__name__}, not str")
+        same(agg.decode(text), state, "decode(encode(s)) == s")
+        json.dumps(agg.result(state))
+        same(merge(zero, state), state, "merge(zero, s) == s")
+        same(merge(state, agg.decode(agg.encode(zero))), state, "merge(s, zero) == s")
+    for x, y in itertools.pairwise(partials):
+        same(merge(x, y), merge(y, x), "merge(a, b) == merge(b, a)")
+    for x, y, z in zip(partials, partials[1:], partials[2:], strict=False):
+        same(
+            merge(merge(x, y), z),
+            merge(x, merge(y, z)),
+            "merge(merge(a, b), c) == merge(a, merge(b, c))",
+        )
+    merged, running = zero, zero
+    for batch, partial in zip(batches, partials, strict=True):
+        merged = merge(merged, partial)
+        running = add(running, batch)
+    whole = add(zero, [value for batch in batches for value in batch])
+    same(merged, whole, "merging the partials == adding every value to zero")
+    same(running, whole, "adding batch after batch == adding every value at once")

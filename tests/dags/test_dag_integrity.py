@@ -74,9 +74,23 @@ def dag(airflow_env: dict[str, str]) -> Iterator[Any]:
         os.environ.update(previous)
 
 
+@pytest.fixture(scope="module")
+def scale_dag(airflow_env: dict[str, str]) -> Iterator[Any]:
+    previous = dict(os.environ)
+    os.environ.update(airflow_env)
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+
+        yield DagBag(dag_folder=str(DAGS)).dags["keyplane_scale"]
+    finally:
+        os.environ.clear()
+        os.environ.update(previous)
+
+
 def test_dag_folder_imports_without_errors(parsed: dict[str, Any]) -> None:
     assert parsed["errors"] == {}
     assert "keyplane_reconfigure" in parsed["dags"]
+    assert "keyplane_scale" in parsed["dags"]
 
 
 def test_parsing_imports_nothing_heavy(parsed: dict[str, Any]) -> None:
@@ -148,3 +162,65 @@ def test_params_defaults_validate(dag: Any) -> None:
     assert resolved["alpha"] == 1.03 and resolved["dry_run"] is False
     assert dag.params.get_param("parallelism").resolve(4) == 4
     assert dag.params.get_param("operators").resolve(["B"]) == ["B"]
+
+
+def test_scale_dag_is_scheduled_once_at_a_time_and_rolls_out_upstream_first(
+    scale_dag: Any,
+) -> None:
+    from keyplane.orchestration.triggers import AwaitRolloutOperator
+
+    assert scale_dag.max_active_runs == 1 and scale_dag.catchup is False
+    assert scale_dag.timetable.delta == timedelta(minutes=10)
+    assert {"keyplane", "scaling"} <= set(scale_dag.tags)
+    order = [
+        "decide",
+        "compute_scaled_configuration",
+        "validate_configuration",
+        "publish",
+        "await_ack",
+        "migrate_A",
+        "await_migrated_A",
+        "migrate_B",
+        "await_migrated_B",
+        "done",
+        "await_new_version_batches",
+        "verify",
+    ]
+    assert sorted(scale_dag.task_ids) == sorted(order)
+    for upstream, downstream in itertools.pairwise(order):
+        assert scale_dag.get_task(upstream).downstream_task_ids == {downstream}, upstream
+    assert scale_dag.get_task("decide").task_type == "_ShortCircuitDecoratedOperator"
+    waits = [t for t in scale_dag.tasks if t.task_id.startswith("await")]
+    assert len(waits) == 4 and all(isinstance(t, AwaitRolloutOperator) for t in waits)
+    assert all(task.retries >= 1 for task in scale_dag.tasks)
+    outlets = {a.name for t in scale_dag.tasks for a in t.outlets}
+    assert outlets == {"keyplane_routing_configuration"}
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"action": "sideways"},
+        {"operator": "C"},
+        {"instances": 0},
+        {"dry_run": "yes"},
+        {"congestion_threshold": 0.5},
+        {"window": 0},
+        {"scale_in_utilisation": 1.0},
+        {"trigger_interval_s": -1},
+    ],
+)
+def test_scale_params_schema_rejects_bad_values(scale_dag: Any, override: dict[str, Any]) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    ((name, value),) = override.items()
+    with pytest.raises(ParamValidationError):
+        scale_dag.params.get_param(name).resolve(value)
+
+
+def test_scale_params_defaults_validate(scale_dag: Any) -> None:
+    resolved = scale_dag.params.validate()
+    assert resolved["action"] == "auto" and resolved["operator"] is None
+    assert resolved["instances"] is None and resolved["dry_run"] is False
+    assert scale_dag.params.get_param("operator").resolve("B") == "B"
+    assert scale_dag.params.get_param("instances").resolve(2) == 2

@@ -9,16 +9,22 @@ topic (PREPARE → ACK → PROPAGATE A → MIGRATED A → PROPAGATE B → MIGRAT
 DONE) with deferred waits, and verifies the job's first batches on v2. Every
 count stays exact. Then a deliberately bad configuration (one instance given
 three times the average load) is rejected by Great Expectations and never
-reaches the job.
+reaches the job; the run's ``publish`` and ``migrate_A``, run again with
+``airflow tasks test``, change nothing.
+
+A second, forced run then meets a flash hot key (001 §1) that arrives right
+after its statistics were taken: every event carries one key, so the version
+it rolls out measures four times the mean load on one instance. ``verify``
+detects the regression, the ``rollback`` group republishes the previous
+routing as a new version, the run ends failed with the reason, and the job
+ends on the previous routing with every count exact.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -32,7 +38,7 @@ from keyplane.controller import ControllerFile
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
-from keyplane.orchestration import tasks
+from keyplane.orchestration import dagrun, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
@@ -42,50 +48,52 @@ from keyplane.workloads import PairsWorkload
 pytestmark = pytest.mark.integration
 
 P = 4
+BUSY_S = 900
+"""The longest wait for the job's batches: generous, since a CI machine may be busy."""
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 
 
-def _airflow_env(tmp_path: Path, broker: str, settings: CountsJobSettings) -> dict[str, str]:
-    home = tmp_path / "keyplane-home"
-    return {
-        **os.environ,
-        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-        "AIRFLOW_CONN_KEYPLANE_KAFKA": json.dumps(
-            {"conn_type": "kafka", "extra": {"bootstrap.servers": broker}}
-        ),
-        "KEYPLANE_HOME": str(home),
-        "KEYPLANE_EVENTS_TOPIC": settings.events_topic,
-        "KEYPLANE_METRICS_TOPIC": settings.metrics_topic,
-        "KEYPLANE_CONTROL_TOPIC": settings.control_topic,
-        "KEYPLANE_ROUTING_STORE": str(settings.routing_store),
-        "KEYPLANE_SPARK_MASTER": "local[1]",
-    }
+def _airflow_setup(tmp_path: Path, broker: str, settings: CountsJobSettings) -> dagrun.AirflowSetup:
+    assert settings.routing_store is not None
+    return dagrun.AirflowSetup(
+        airflow_home=tmp_path / "airflow",
+        dags_folder=REPO / "dags",
+        bootstrap_servers=broker,
+        keyplane_home=tmp_path / "keyplane-home",
+        routing_store=settings.routing_store,
+        events_topic=settings.events_topic,
+        metrics_topic=settings.metrics_topic,
+        control_topic=settings.control_topic,
+    )
+
+
+def _message_ids(broker: str, topic: str) -> list[str]:
+    with ControlChannel(broker, topic) as channel:
+        return [str(message.message_id) for _, message in channel.read(0).messages]
 
 
 class Trickle(threading.Thread):
     """Small workloads, one after the other, until stopped: events keep arriving while the
-    DAG runs, so the new version has batches to verify. ``specs`` is what was sent."""
+    DAG runs, so the new version has batches to verify. ``specs`` is what was sent.
+
+    Once ``hot`` is set, every event carries the one key ``1`` (a flash hot key)."""
 
     def __init__(self, broker: str, topic: str) -> None:
         super().__init__(daemon=True)
         self.broker, self.topic = broker, topic
         self.specs: list[PairsWorkload] = []
         self.stop = threading.Event()
+        self.hot = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             while not self.stop.is_set():
                 spec = PairsWorkload(
-                    n_keys=48, locality=0.9, n_events=400, seed=100 + len(self.specs)
+                    n_keys=1 if self.hot.is_set() else 48,
+                    locality=0.9,
+                    n_events=400,
+                    seed=100 + len(self.specs),
                 )
                 produce_workload(spec, self.broker, self.topic, partitions=2)
                 self.specs.append(spec)
@@ -94,7 +102,7 @@ class Trickle(threading.Thread):
             self.error = exc
 
 
-def test_scheduled_run_publishes_a_validated_configuration_and_counts_stay_exact(
+def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_back(
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
     before = PairsWorkload(n_keys=48, locality=0.9, n_events=8_000, seed=5)
@@ -122,39 +130,27 @@ def test_scheduled_run_publishes_a_validated_configuration_and_counts_stay_exact
     )
     job_log = tmp_path / "job.log"
     job = start_job_process(settings, job_log)
-    env = _airflow_env(tmp_path, broker, settings)
-    airflow = str(VENV_BIN / "airflow")
+    setup = _airflow_setup(tmp_path, broker, settings)
     producer = Trickle(broker, topic_name)
     try:
-        subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
+        dagrun.migrate_database(setup)
 
         def counted(n: int) -> bool:
             frame = read_output(settings.output)
             return int(frame.loc[frame["stage"] == "A", "count"].sum()) >= n
 
-        wait_while_job_runs(lambda: counted(4_000), "the job's first batches", job, job_log)
+        wait_while_job_runs(
+            lambda: counted(4_000), "the job's first batches", job, job_log, timeout_s=BUSY_S
+        )
         producer.start()
         conf = {
             "min_total_count": 5_000,
             "alpha": 1.1,
             "verify_batches": 3,
-            "reply_timeout_s": 120,
+            "reply_timeout_s": 600,
         }
-        try:
-            run = subprocess.run(
-                [airflow, "dags", "test", "keyplane_reconfigure", "-c", json.dumps(conf)],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=480,
-            )
-        except subprocess.TimeoutExpired as timeout:
-            output = (timeout.stdout or b"") + (timeout.stderr or b"")
-            text = output.decode(errors="replace") if isinstance(output, bytes) else output
-            (tmp_path / "airflow.log").write_text(text)
-            raise
-        (tmp_path / "airflow.log").write_text(run.stdout + run.stderr)
-        assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+        run = dagrun.dag_test(setup, conf, log=tmp_path / "airflow.log", timeout_s=BUSY_S * 2)
+        assert run.returncode == 0 and run.state == "success", run.output[-6000:]
 
         deployment = Deployment.from_environment(broker)
         deployment = deployment.model_copy(
@@ -205,12 +201,73 @@ def test_scheduled_run_publishes_a_validated_configuration_and_counts_stay_exact
         with pytest.raises(tasks.StepError, match="never published"):
             tasks._require_validated(deployment, 3)
 
+        # publish and migrate_A of the finished run, run again: the same messages with the
+        # same ids, which the job ignores; it stays on v2 and replies nothing new.
+        sent = _message_ids(broker, settings.control_topic)
+        mark = tasks.metrics_end(deployment)
+        for task_id in ("publish", "migrate_A"):
+            again = subprocess.run(
+                [dagrun.airflow_command(), "tasks", "test", dagrun.DAG_ID, task_id, run.run_id],
+                env=setup.environment(),
+                capture_output=True,
+                text=True,
+                timeout=BUSY_S,
+            )
+            assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+        resent = _message_ids(broker, settings.control_topic)
+        assert len(resent) == len(sent) + 2 and set(resent) == set(sent)
+
+        def batches_since(start: dict[int, int]) -> list[dict[str, int]]:
+            return [r.versions for r in tasks.read_metrics(deployment, start) if r.rows]
+
+        wait_while_job_runs(
+            lambda: len(batches_since(mark)) >= 3, "batches", job, job_log, timeout_s=BUSY_S
+        )
+        assert all(v == {"A": 2, "B": 2} for v in batches_since(mark))
+        assert _message_ids(broker, settings.control_topic) == resent
+        state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
+        assert state.protocol.active_version == 2 and state.protocol.current is None
+
+        # A forced run; a flash hot key arrives once its statistics are taken.
+        def on_task(record: dagrun.TaskRecord) -> None:
+            if record.task_id == "collect_statistics":
+                producer.hot.set()
+
+        forced = dagrun.dag_test(
+            setup,
+            {**conf, "force": True, "min_total_count": 2_000},
+            log=tmp_path / "airflow-forced.log",
+            on_task=on_task,
+            timeout_s=BUSY_S * 2,
+        )
+        assert forced.state == "failed", forced.output[-6000:]
+        assert forced.task("verify").state == "success"
+        assert forced.task("rollback.rollback_done").state == "success"
+        assert forced.task("rollback.report_rollback").state == "failed"
+        assert "and was rolled back" in forced.output
+        forced_folder = stats.snapshot_folder(deployment.snapshots, forced.run_id)
+        regressed = json.loads((forced_folder / tasks.VERIFICATION).read_text())
+        assert regressed["regressed"] and regressed["version"] == 4, regressed
+        assert "imbalance rose" in regressed["reason"]
+        assert regressed["after"]["imbalance"] >= 2.0 > 1.5 * regressed["before"]["imbalance"]
+        rollback = json.loads((forced_folder / tasks.ROLLBACK).read_text())
+        assert (rollback["version"], rollback["restores"], rollback["replaces"]) == (5, 2, 4)
+        assert config_store.load(store, 5).operators == config_store.load(store, 2).operators
+        state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
+        assert state.protocol.active_version == 5 and state.protocol.current is None
+        rolled_back = json.loads((forced_folder / "rollback_rollout.json").read_text())
+        back = {int(p): int(o) for p, o in rolled_back["metrics_start"].items()}
+        wait_while_job_runs(
+            lambda: len(batches_since(back)) >= 2, "batches on v5", job, job_log, timeout_s=BUSY_S
+        )
+        assert all(v == {"A": 5, "B": 5} for v in batches_since(back))
+
         producer.stop.set()
         producer.join(timeout=60)
         assert not producer.is_alive() and producer.error is None, producer.error
         total = sum(high_watermarks(broker, topic_name).values())
         assert total == before.n_events + sum(spec.n_events for spec in producer.specs)
-        wait_while_job_runs(lambda: counted(total), "every event", job, job_log)
+        wait_while_job_runs(lambda: counted(total), "every event", job, job_log, timeout_s=BUSY_S)
     finally:
         producer.stop.set()
         if job.poll() is None:

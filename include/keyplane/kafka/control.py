@@ -29,6 +29,7 @@ from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
 from keyplane.kafka.producer import make_producer
+from keyplane.kafka.security import client_config
 from keyplane.protocol import ControlMessage, InvalidMessage, decode, encode
 from keyplane.signing import control_key
 
@@ -184,7 +185,7 @@ class ControlChannel:
     def _consumer_for_reading(self) -> KafkaConsumer:
         if self._consumer is None:
             consumer = KafkaConsumer(
-                bootstrap_servers=self.bootstrap_servers,
+                **client_config(self.bootstrap_servers),
                 enable_auto_commit=False,
                 auto_offset_reset="none",
                 fetch_max_wait_ms=50,

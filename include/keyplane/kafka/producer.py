@@ -9,22 +9,50 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 from kafka import KafkaProducer
 
 from keyplane.events import encode_batch
 from keyplane.kafka.admin import ensure_topic
+from keyplane.kafka.security import client_config
 from keyplane.workloads import WorkloadSpec
 
 ProgressCallback = Callable[[int], object]
 
 
-def make_producer(bootstrap_servers: str, *, idempotent: bool = True) -> KafkaProducer:
-    """A producer tuned for throughput; idempotent so retries never duplicate."""
+@dataclass(frozen=True)
+class Delivery:
+    """When a producer counts a record as written (paper 002 §IV: every guarantee has a price).
+
+    ``acks="all"`` waits for every in-sync replica, ``"1"`` for the leader
+    only, so a leader lost before replicating loses the record. An idempotent
+    producer numbers its batches so that the broker drops a retried
+    duplicate; Kafka allows it with ``acks="all"`` only. keyplane's default
+    is both, the setting under which its exact counts are shown; the other
+    settings exist to measure what they cost (bench/reliability_cost.py).
+    """
+
+    acks: Literal["1", "all"] = "all"
+    idempotent: bool = True
+
+    def __post_init__(self) -> None:
+        if self.idempotent and self.acks != "all":
+            raise ValueError("an idempotent producer needs acks='all' (Kafka refuses acks=1)")
+
+
+SAFE_DELIVERY = Delivery()
+"""acks=all and idempotent: the default of every keyplane producer."""
+
+
+def make_producer(bootstrap_servers: str, delivery: Delivery = SAFE_DELIVERY) -> KafkaProducer:
+    """A producer tuned for throughput, with ``delivery``'s guarantees and the
+    process's security settings (:mod:`keyplane.kafka.security`)."""
     return KafkaProducer(
-        bootstrap_servers=bootstrap_servers,
-        acks="all",
-        enable_idempotence=idempotent,
+        **client_config(bootstrap_servers),
+        acks=delivery.acks if delivery.acks == "all" else 1,
+        enable_idempotence=delivery.idempotent,
         linger_ms=20,
         batch_size=512 * 1024,
         max_request_size=8 * 1024 * 1024,

@@ -30,7 +30,9 @@ import pandas as pd
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
-from keyplane.statistics import STAGE_COLUMN, instance_shares
+from keyplane.routedkeys import fold_instance
+from keyplane.scaling import routed_shares
+from keyplane.statistics import STAGE_COLUMN
 
 Column = Literal["train", "holdout", "count"]
 HistoryWindow = Literal["decay", "reset"]
@@ -144,19 +146,25 @@ def locality(config: RoutingConfig, pairs: pd.DataFrame, weights: pd.Series) -> 
     total = float(weights.sum())
     if total <= 0:
         return 0.0
-    share_a = instance_shares(config.operators["A"], pairs["a"].astype(str).tolist())
-    share_b = instance_shares(config.operators["B"], pairs["b"].astype(str).tolist())
+    share_a = routed_shares(config.operators["A"], pairs["a"].astype(str).tolist())
+    share_b = routed_shares(config.operators["B"], pairs["b"].astype(str).tolist())
     local = (share_a * share_b).sum(axis=1)
     return float((local * weights.to_numpy(np.float64)).sum() / total)
 
 
 def instance_loads(routing: OperatorRouting, key_loads: Mapping[str, float]) -> np.ndarray:
-    """Each instance's load when ``key_loads`` is routed by ``routing``."""
+    """Each *active* instance's load when ``key_loads`` is routed by ``routing``.
+
+    A scaled-in operator's released instances hold no keys by design (003
+    §5.3), so they are left out: max/mean compares the instances that work.
+    """
     keys = list(key_loads)
+    active = list(routing.active)
     if not keys:
-        return np.zeros(routing.parallelism)
+        return np.zeros(len(active))
     weights = np.fromiter(key_loads.values(), dtype=np.float64, count=len(keys))
-    return np.asarray(weights @ instance_shares(routing, keys), dtype=np.float64)
+    loads = np.asarray(weights @ routed_shares(routing, keys), dtype=np.float64)
+    return loads[active]
 
 
 def imbalance(loads: np.ndarray) -> float:
@@ -197,6 +205,30 @@ def _hot_keys(
         else:
             chosen[key] = tuple(int(i) for i in placement.candidates(stable_key_id(key), d))
     return chosen
+
+
+def _active_parts(
+    current: RoutingConfig, operators: Iterable[str], n: int
+) -> tuple[int, dict[str, list[int]]]:
+    """How many parts METIS cuts, and the instance each part goes to, per operator.
+
+    Scaling (003) leaves only some instances active
+    (:class:`~keyplane.config.OperatorRouting`). When the re-planned operators
+    share their active instances, METIS partitions into that many parts and
+    part ``j`` goes to the ``j``-th active instance of both, so co-located
+    pairs stay co-located (000 §3.3). When they differ, it partitions into
+    the ``n`` state partitions and each operator folds a part onto its active
+    instances as its hash fallback does (:func:`keyplane.routedkeys.fold_instance`).
+    """
+    names = [name for name in current.operators if name in operators]
+    actives = {name: current.operators[name].active for name in names}
+    if len(set(actives.values())) == 1:
+        (shared,) = set(actives.values())
+        return len(shared), {name: list(shared) for name in current.operators}
+    return n, {
+        name: [fold_instance(g, current.operators[name].active, n) for g in range(n)]
+        for name in current.operators
+    }
 
 
 def plan_configuration(
@@ -261,9 +293,10 @@ def plan_configuration(
         freq_a=stage_weights("A"),
         freq_b=stage_weights("B"),
     )
+    parts, instance_of = _active_parts(current, params.operators, n)
     plan = build_plan(
         statistics,
-        n,
+        parts,
         alpha=params.alpha,
         max_table_entries=params.max_table_entries,
         seed=params.seed,
@@ -277,13 +310,27 @@ def plan_configuration(
             operators[name] = routing
             continue
         codec = codecs[name]
-        table = {codec.decode(k): int(i) for k, i in tables[name].items()}
-        hot = _hot_keys(heavy[name], codec, key_loads[name], n, params.d_min, routing.hot_keys)
+        to_instance = instance_of[name]
+        table = {codec.decode(k): to_instance[int(i)] for k, i in tables[name].items()}
+        scaled = routing.active_instances is not None
+        hot = {
+            key: tuple(dict.fromkeys(to_instance[i] for i in parts_of_key))
+            for key, parts_of_key in _hot_keys(
+                heavy[name], codec, key_loads[name], parts, params.d_min,
+                {} if scaled else routing.hot_keys,
+            ).items()
+        }  # fmt: skip
+        for key in [k for k, inst in hot.items() if len(inst) < 2]:
+            table[key] = hot.pop(key)[0]
         candidate = OperatorRouting(
-            parallelism=n, table=table, hot_keys=hot, placement=routing.placement
+            parallelism=n,
+            table=table,
+            hot_keys=hot,
+            placement=routing.placement,
+            active_instances=routing.active_instances,
         )
         if imbalance(instance_loads(candidate, key_loads[name])) > params.alpha and hot:
-            everywhere = tuple(range(n))
+            everywhere = routing.active
             candidate = candidate.model_copy(update={"hot_keys": dict.fromkeys(hot, everywhere)})
         operators[name] = candidate
     config = RoutingConfig(
@@ -295,7 +342,7 @@ def plan_configuration(
     predicted_imbalance = {
         name: (
             planned_imbalance[name]
-            if name in params.operators
+            if name in params.operators and len(set(instance_of[name])) == parts
             else imbalance(instance_loads(config.operators[name], key_loads[name]))
         )
         for name in config.operators
@@ -353,8 +400,8 @@ def moved_share(
             continue
         keys = list(loads)
         weights = np.fromiter(loads.values(), dtype=np.float64, count=len(keys))
-        before = instance_shares(old.operators[name], keys)
-        after = instance_shares(routing, keys)
+        before = routed_shares(old.operators[name], keys)
+        after = routed_shares(routing, keys)
         changed = 0.5 * np.abs(after - before).sum(axis=1)
         moved += float((weights * changed).sum())
         total += float(weights.sum())

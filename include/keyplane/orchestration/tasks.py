@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,6 +38,9 @@ from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
 from keyplane.orchestration import planning
 from keyplane.orchestration.deployment import Deployment
+
+if TYPE_CHECKING:
+    from keyplane.protocol import ControllerState
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,11 @@ def _read(path: Path, what: str) -> dict[str, Any]:
 
 def _snapshot(deployment: Deployment, run_id: str) -> stats.Snapshot:
     return stats.read_snapshot(deployment.snapshots, run_id)
+
+
+def scale_folder(deployment: Deployment, run_id: str) -> Path:
+    """The records of a ``keyplane_scale`` run, which takes no statistics snapshot."""
+    return deployment.home / "scale" / stats.safe_run_id(run_id)
 
 
 def _folder(deployment: Deployment, run_id: str) -> Path:
@@ -299,21 +307,34 @@ def validate_configuration(
         run_name=f"configuration-v{config.version}",
     )
     log.info("configuration validation of v%d:\n%s", config.version, result.summary)
-    record = _write_once(
-        _validation_path(deployment, config.version),
-        {
-            "version": config.version,
-            "checksum": config_store.checksum(deployment.routing_store, config.version),
-            "success": result.success,
-            "summary": result.summary,
-            "data_docs": str(result.data_docs_path),
-        },
+    record = record_validation(
+        deployment, config.version, result.success, result.summary, result.data_docs_path
     )
     if not record["success"]:
         raise StepError(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
     return record
+
+
+def record_validation(
+    deployment: Deployment,
+    version: int,
+    success: bool,
+    summary: str,
+    data_docs: Path | None = None,
+) -> dict[str, Any]:
+    """Record a version's verdict next to the store, once; :func:`publish` requires it."""
+    return _write_once(
+        _validation_path(deployment, version),
+        {
+            "version": version,
+            "checksum": config_store.checksum(deployment.routing_store, version),
+            "success": success,
+            "summary": summary,
+            "data_docs": str(data_docs),
+        },
+    )
 
 
 # --- 3. backtest and decision ------------------------------------------------------------
@@ -386,15 +407,51 @@ def _require_validated(deployment: Deployment, version: int) -> None:
         raise StepError(f"v{version} changed since it was validated")
 
 
+def _require_planned_on_active(state: ControllerState | None, version: int, parent: int) -> None:
+    """Refuse a proposal planned on a version that is no longer active.
+
+    A migration plan is a difference from the version it was computed on
+    (000 §3.4), and a proposal is only as good as the statistics of that
+    version. Two runs (a scheduled and a manual one) can plan at the same
+    time; the controller lets only one roll out, and once it is done the
+    other's proposal is stale: its ``publish``, retried, fails saying so
+    rather than rolling out a plan for a job that no longer exists. A
+    retried ``publish`` of a version the controller already took is let
+    through: it re-sends the same PREPARE.
+    """
+    if state is None or parent == state.active_version:
+        return
+    if version in {r.version for r in (state.current, state.last) if r is not None}:
+        return
+    raise StepError(
+        f"v{version} was planned from v{parent}, but v{state.active_version} is active now; "
+        f"it is stale and will not be published (the next run plans from v{state.active_version})"
+    )
+
+
 def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
-    """PREPARE the run's proposal (000 §3.4) once it was validated and chosen."""
+    """PREPARE the run's proposal (000 §3.4) once it was validated and chosen.
+
+    Only one rollout is ever in flight: the controller takes its file lock and
+    refuses a second version until the first is done or aborted, so of two
+    runs that publish at once one fails naming the other.
+    """
     folder = _folder(deployment, run_id)
     decision = _read(folder / DECISION, "the decision")
     if not decision["publish"]:
         raise StepError(f"the decision was not to publish: {decision['reason']}")
     version = int(decision["version"])
     _require_validated(deployment, version)
+    parent = int(_read(folder / PROPOSAL, "the proposal")["parent_version"])
+    return publish_version(deployment, version, parent)
+
+
+def publish_version(deployment: Deployment, version: int, parent: int) -> dict[str, Any]:
+    """PREPARE ``version``, planned on ``parent``, once validated (the reconfigure and
+    scale DAGs' publish)."""
+    _require_validated(deployment, version)
     with controller(deployment) as control:
+        _require_planned_on_active(control.state, version, parent)
         message = control.prepare(version)
     return {"version": version, "message_id": str(message.message_id)}
 
@@ -416,11 +473,15 @@ def metrics_end(deployment: Deployment) -> dict[int, int]:
 
 def done(deployment: Deployment, run_id: str, record_name: str = ROLLOUT) -> dict[str, Any]:
     """Send DONE: the new version becomes active. Records where its metrics begin."""
-    folder = _folder(deployment, run_id)
+    return done_into(deployment, _folder(deployment, run_id) / record_name)
+
+
+def done_into(deployment: Deployment, record: Path) -> dict[str, Any]:
+    """Send DONE and write the rollout record (version, metrics start) to ``record``."""
     with controller(deployment) as control:
         message = control.done()
     return _write_once(
-        folder / record_name,
+        record,
         {
             "version": message.config_version,
             "metrics_start": {str(p): o for p, o in metrics_end(deployment).items()},
@@ -514,6 +575,9 @@ def _on_version(records: list[BatchMetrics], version: int) -> list[BatchMetrics]
 
 
 def _rollout_record(deployment: Deployment, run_id: str, name: str) -> dict[str, Any]:
+    scaled = scale_folder(deployment, run_id) / name
+    if scaled.is_file():
+        return _read(scaled, "the rollout record")
     return _read(_folder(deployment, run_id) / name, "the rollout record")
 
 

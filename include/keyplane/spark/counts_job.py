@@ -33,26 +33,28 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from keyplane import config as config_store
+from keyplane.aggregates import AggregateSpecError, KeyedAggregate, RunningCount, load_aggregate
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.kafka.admin import ensure_topic
+from keyplane.kafka.producer import Delivery
 from keyplane.partials import merge_partials
 from keyplane.settings import Settings
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress, progress_of
 from keyplane.spark.routed_counts import routed_running_counts
-from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter
+from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge_partial_states
 from keyplane.spark.routed_source import OPERATORS, read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
@@ -71,7 +73,19 @@ class CountsJobSettings(BaseModel):
     master: str = "local[2]"
     shuffle_partitions: int = Field(default=4, ge=1)
     max_offsets_per_trigger: int | None = Field(default=None, ge=1)
-    trigger_interval: str = "1 second"
+    trigger_interval: str = Field(
+        default="1 second",
+        pattern=r"^\d+ (milliseconds?|seconds?|minutes?)$",
+        description="Spark's processingTime trigger: how often a micro-batch starts, and so "
+        "how often the checkpoint's offset and commit logs and the state store are written.",
+    )
+    producer_acks: Literal["1", "all"] = Field(
+        default="all",
+        description="acks of the job's producers (results, migration, dead-letter, metrics).",
+    )
+    producer_idempotent: bool = Field(
+        default=True, description="Idempotent producers (need producer_acks='all')."
+    )
     stop_at_offset_total: int | None = Field(
         default=None, ge=0, description="Stop once this many events have been committed."
     )
@@ -100,18 +114,49 @@ class CountsJobSettings(BaseModel):
     migration_topic: str = "keyplane.migration"
     metrics_topic: str = "keyplane.metrics"
     dead_letter_topic: str = "keyplane.dead-letter"
+    stage_a_aggregate: str | None = Field(
+        default=None,
+        description="'module:attr' of stage A's keyed aggregate (keyplane.aggregates); "
+        "default the running count. Routed job only.",
+    )
+    stage_b_aggregate: str | None = Field(
+        default=None,
+        description="'module:attr' of stage B's keyed aggregate; default the running count.",
+    )
+
+    @field_validator("stage_a_aggregate", "stage_b_aggregate")
+    @classmethod
+    def _check_aggregate(cls, spec: str | None) -> str | None:
+        if spec is not None:
+            load_aggregate(spec)
+        return spec
+
+    def aggregates(self) -> dict[str, KeyedAggregate[Any]]:
+        """Each stage's keyed aggregate, by operator name."""
+        specs = {"A": self.stage_a_aggregate, "B": self.stage_b_aggregate}
+        return {
+            stage: load_aggregate(spec) if spec else RunningCount() for stage, spec in specs.items()
+        }
 
     @model_validator(mode="after")
     def _check_routing(self) -> CountsJobSettings:
         if self.routing_version is not None and self.routing_store is None:
             raise ValueError("routing_version needs routing_store")
+        aggregates = (self.stage_a_aggregate, self.stage_b_aggregate)
+        if self.routing_store is None and any(aggregates):
+            raise ValueError("stage aggregates need the routed job (routing_store)")
         if self.routing_store is not None and self.pipeline != "two-stage":
             raise ValueError("routing applies to the 'two-stage' pipeline only")
         if self.routing_store is not None and self.source != "python":
             raise ValueError(
                 "the routed job plans each batch in keyplane's own source; use source='python'"
             )
+        self.delivery()
         return self
+
+    def delivery(self) -> Delivery:
+        """The producers' guarantees (raises when idempotence is asked with acks=1)."""
+        return Delivery(acks=self.producer_acks, idempotent=self.producer_idempotent)
 
 
 def read_partials(output: Path) -> pd.DataFrame:
@@ -133,13 +178,33 @@ def read_partials(output: Path) -> pd.DataFrame:
 def read_output(output: Path) -> pd.DataFrame:
     """Latest count per (stage, key) over every batch file written so far.
 
-    Partial counts of split keys are merged: a key's count is the sum of its
-    routed keys' latest partials (:func:`keyplane.partials.merge_partials`).
+    Partials of split keys are merged: the routed job's through the stages'
+    :class:`~keyplane.aggregates.RunningCount` (:func:`read_results`), the
+    unrouted job's as sums (:func:`keyplane.partials.merge_partials`). For
+    a job with other aggregates, use :func:`read_results`.
     """
     partials = read_partials(output)
     if partials.empty:
         return pd.DataFrame({"stage": [], "key": [], "count": []})
-    return merge_partials(partials)[["stage", "key", "count"]]
+    if "state" not in partials.columns:
+        return merge_partials(partials)[["stage", "key", "count"]]
+    results = read_results(output, {"A": RunningCount(), "B": RunningCount()})
+    counts = results.rename(columns={"result": "count"})
+    counts["count"] = counts["count"].astype("int64")
+    return counts
+
+
+def read_results(output: Path, aggregates: Mapping[str, KeyedAggregate[Any]]) -> pd.DataFrame:
+    """``stage, key, result`` of a routed job's output: each key's answer so far.
+
+    ``aggregates`` are the stages' aggregates
+    (:meth:`CountsJobSettings.aggregates`); a split key's partial states are
+    combined with their ``merge`` (:func:`keyplane.spark.routed_sink.merge_partial_states`).
+    """
+    partials = read_partials(output)
+    if partials.empty:
+        return pd.DataFrame({"stage": [], "key": [], "result": []})
+    return merge_partial_states(partials, aggregates)
 
 
 def initial_version(settings: CountsJobSettings) -> int:
@@ -175,7 +240,13 @@ def _batch_writer(settings: CountsJobSettings) -> Callable[[DataFrame, int], Non
         pdf.to_parquet(tmp, index=False)
         tmp.rename(settings.output / f"batch-{batch_id:08d}.parquet")
         if settings.results_topic:
-            write_to_kafka(updates, settings.bootstrap_servers, settings.results_topic, "key")
+            write_to_kafka(
+                updates,
+                settings.bootstrap_servers,
+                settings.results_topic,
+                "key",
+                settings.delivery(),
+            )
         updates.unpersist()
 
     return write
@@ -257,8 +328,12 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         dead_letter_topic=settings.dead_letter_topic,
         parallelism=partitions,
         results_topic=settings.results_topic,
+        delivery=settings.delivery(),
     )
-    updates = routed_running_counts(inputs, str(store), partitions)
+    aggregates = settings.aggregates()
+    updates = routed_running_counts(
+        inputs, str(store), partitions, stage_a=aggregates["A"], stage_b=aggregates["B"]
+    )
     query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
     MetricsListener.attach(spark, query, writer, settings.metrics_topic)
     return query
@@ -351,6 +426,8 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--max-offsets-per-trigger", type=int)
     parser.add_argument("--trigger-interval", default="1 second")
+    parser.add_argument("--producer-acks", choices=["1", "all"])
+    parser.add_argument("--producer-idempotent", choices=["True", "False"])
     parser.add_argument("--stop-at-offset-total", type=int)
     parser.add_argument("--stop-when-idle-s", type=float)
     parser.add_argument(
@@ -370,8 +447,24 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
     )
     for topic in ("control", "migration", "metrics", "dead-letter"):
         parser.add_argument(f"--{topic}-topic", help=f"the routed job's {topic} topic")
+    for stage in ("a", "b"):
+        parser.add_argument(
+            f"--stage-{stage}-aggregate",
+            type=_aggregate_spec,
+            metavar="MODULE:ATTR",
+            help=f"stage {stage.upper()}'s keyed aggregate (default: the running count)",
+        )
     args = parser.parse_args(argv)
     return CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
+
+
+def _aggregate_spec(spec: str) -> str:
+    """A ``module:attr`` naming a keyed aggregate, checked at the command line (one line)."""
+    try:
+        load_aggregate(spec)
+    except AggregateSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return spec
 
 
 def main(argv: list[str] | None = None) -> int:

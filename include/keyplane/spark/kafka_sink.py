@@ -2,10 +2,11 @@
 
 PySpark's Python streaming sinks support append mode only, so stateful
 output goes through ``foreachBatch``. Each Spark partition sends its rows with
-an idempotent producer (``acks=all``), so broker-side retries never duplicate
-a record. A replayed micro-batch is re-sent: consumers of keyplane's result
-topics key by (stage, key) and keep the latest count, which makes replays
-harmless.
+an idempotent producer (``acks=all``) by default, so broker-side retries never
+duplicate a record; the job's ``producer_acks`` and ``producer_idempotent``
+settings relax it to measure the cost (:class:`keyplane.kafka.producer.Delivery`).
+A replayed micro-batch is re-sent: consumers of keyplane's result topics key
+by (stage, key) and keep the latest count, which makes replays harmless.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from collections.abc import Iterator
 
 from pyspark.sql import DataFrame, Row
 
+from keyplane.kafka.producer import SAFE_DELIVERY, Delivery
+
 
 def _send_partition(
-    rows: Iterator[Row], bootstrap_servers: str, topic: str, key_column: str
+    rows: Iterator[Row], bootstrap_servers: str, topic: str, key_column: str, delivery: Delivery
 ) -> None:
     from keyplane.kafka.producer import make_producer
 
-    producer = make_producer(bootstrap_servers)
+    producer = make_producer(bootstrap_servers, delivery)
     try:
         for row in rows:
             record = row.asDict()
@@ -35,6 +38,18 @@ def _send_partition(
         producer.close()
 
 
-def write_to_kafka(df: DataFrame, bootstrap_servers: str, topic: str, key_column: str) -> None:
-    """Send every row of ``df`` as a JSON value keyed by ``key_column``."""
-    df.foreachPartition(lambda rows: _send_partition(rows, bootstrap_servers, topic, key_column))
+def write_to_kafka(
+    df: DataFrame,
+    bootstrap_servers: str,
+    topic: str,
+    key_column: str,
+    delivery: Delivery = SAFE_DELIVERY,
+) -> None:
+    """Send every row of ``df`` as a JSON value keyed by ``key_column``.
+
+    ``delivery`` travels to the executors with the function; credentials do
+    not (each executor reads its own, :mod:`keyplane.kafka.security`).
+    """
+    df.foreachPartition(
+        lambda rows: _send_partition(rows, bootstrap_servers, topic, key_column, delivery)
+    )

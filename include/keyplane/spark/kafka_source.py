@@ -10,6 +10,10 @@ Where the JVM connector is on the classpath, :func:`read_kafka` can select it
 
 Options: ``kafka.bootstrap.servers``, ``subscribe`` (comma-separated topics),
 ``startingOffsets`` (earliest | latest | JSON), ``maxOffsetsPerTrigger``.
+Credentials are not options: every reader, on the driver and on the
+executors, takes them from its own environment (:mod:`keyplane.kafka.security`),
+so they never enter the query plan or the checkpoint. For the JVM connector
+:func:`read_kafka` maps the same settings to its ``kafka.*`` options.
 
 The same source also reads in batch mode (``spark.read.format("keyplane-kafka")``),
 for jobs that look back over a window of a topic, such as the statistics job
@@ -36,6 +40,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, parse_starting_offsets
+from keyplane.kafka.security import client_config, kafka_security
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -166,7 +171,7 @@ def read_partition(p: KafkaInputPartition, batch_rows: int = 20_000) -> Iterator
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
-        bootstrap_servers=p.bootstrap_servers,
+        **client_config(p.bootstrap_servers),
         enable_auto_commit=False,
         max_partition_fetch_bytes=8 * 1024 * 1024,
         fetch_max_bytes=64 * 1024 * 1024,
@@ -299,11 +304,13 @@ def read_kafka(
     implementation: str = "python",
 ) -> DataFrame:
     """A streaming DataFrame over ``topics`` with Spark's Kafka source schema."""
+    security: dict[str, str] = {}
     if implementation == "python":
         spark.dataSource.register(KafkaDataSource)
         fmt = SOURCE_NAME
     elif implementation == "jvm":
         fmt = "kafka"
+        security = kafka_security().spark_options()
     else:
         raise KafkaSourceOptionError(
             f"implementation must be 'python' or 'jvm', got {implementation!r}"
@@ -313,6 +320,7 @@ def read_kafka(
         .option("kafka.bootstrap.servers", bootstrap_servers)
         .option("subscribe", topics)
         .option("startingOffsets", starting_offsets)
+        .options(**security)
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))

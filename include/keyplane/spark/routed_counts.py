@@ -1,21 +1,25 @@
-"""The reference job with live routing: both stages grouped by routed keys, state moved live.
+"""The routed job: two keyed stages grouped by routed keys, state moved live.
 
-Same application as :mod:`keyplane.spark.running_counts` (paper 000 §4.1:
-stage A counts per field-1 key, stage B per field-2 key), but each stage
+Each stage runs a :class:`~keyplane.aggregates.KeyedAggregate` (the
+reference application, paper 000 §4.1, runs :class:`~keyplane.aggregates.RunningCount`
+in both: stage A per field-1 key, stage B per field-2 key). Each stage
 groups by the *routed key* the running configuration gives the key
 (:mod:`keyplane.routedkeys`), so a routing table places keys on chosen
 instances (000 §3.3) and a hot key is split over several, each holding a
-partial count (001 §4.1.2). The input comes from
+partial state (001 §4.1.2). The input comes from
 :mod:`keyplane.spark.routed_source`, which plans every batch's routing and
 state moves on the driver.
 
+A group's Spark state is ``state`` (the aggregate's encoded state),
+``count`` (how many tuples it holds: the routed key's load, and the order
+of its reports within a batch) and ``marker`` (the last hand-off installed).
 Every group handles its rows in the order of 000 §3.4, whatever order Spark
 delivers them in:
 
-1. ``install`` rows: add the moved-in state, once per (marker, source);
-   report each source routed key's partial as 0 from now on (a *tombstone*),
-   so the merge never counts a moved state twice;
-2. ``event`` rows: count them;
+1. ``install`` rows: merge the moved-in state, once per (marker, source);
+   report each source routed key's partial as the aggregate's zero from now
+   on (a *tombstone*), so the merge never counts a moved state twice;
+2. ``event`` rows: ``add`` their values, one call per group and batch;
 3. an ``evict`` row: emit the state (``moved``) and clear it. The sink writes
    moved states to the migration topic; the next batch installs them.
 
@@ -26,8 +30,9 @@ operator from ``TaskContext``, so placement is observed, not assumed.
 
 Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
 
-* ``count`` — a routed key's partial count (``stage, key, routed_key,
-  instance, count``); a tombstone has ``count`` 0 and no instance;
+* ``count`` — a routed key's partial (``stage, key, routed_key, instance,
+  count, state``); a tombstone has ``count`` 0, the encoded zero and no
+  instance;
 * ``moved`` — a state leaving ``routed_key`` for ``target`` (``marker``: the
   switch batch's plan id);
 * ``hop`` — ``n`` tuples went from stage-A instance ``upstream`` (on
@@ -41,9 +46,10 @@ from __future__ import annotations
 
 import heapq
 import socket
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 from pyspark import TaskContext
@@ -51,21 +57,24 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
+from keyplane.aggregates import KeyedAggregate, RunningCount
 from keyplane.handoff import pick_route
 from keyplane.spark.routed_source import CONTROL_PREFIX, control_group, tables_for
 
 ROUTED_STAGE_A_OUTPUT = (
     "kind STRING, stage STRING, a STRING, ra STRING, ia INT, ea STRING, b STRING, rb STRING, "
-    "n LONG, count LONG, ts TIMESTAMP, source_rk STRING, target_rk STRING, marker LONG, "
-    "detail STRING"
+    "n LONG, count LONG, state STRING, ts TIMESTAMP, source_rk STRING, target_rk STRING, "
+    "marker LONG, detail STRING"
 )
 ROUTED_OUTPUT_SCHEMA = (
     "kind STRING, stage STRING, key STRING, routed_key STRING, instance INT, count LONG, "
-    "target STRING, marker LONG, upstream INT, n LONG, executor STRING, "
+    "state STRING, target STRING, marker LONG, upstream INT, n LONG, executor STRING, "
     "upstream_executor STRING, detail STRING"
 )
-STATE_SCHEMA = "count LONG, marker LONG"
+STATE_SCHEMA = "state STRING, count LONG, marker LONG"
 TOP_PAIRS_PER_GROUP = 3
+
+T = TypeVar("T")
 
 
 def _task_partition() -> int:
@@ -91,40 +100,64 @@ def executor_id() -> str:
 
 
 def take_installs(
-    installs: Iterable[tuple[str, int, int]], installed_marker: int
-) -> tuple[int, int, list[str]]:
-    """Apply moved-in states idempotently (000 §3.4).
+    installs: Iterable[tuple[str, T, int]], installed_marker: int
+) -> tuple[list[T], int, list[str]]:
+    """Choose the moved-in states to merge, idempotently (000 §3.4).
 
-    ``installs`` are ``(source routed key, count, marker)``. A marker at or
-    below ``installed_marker`` was installed already (a replayed migration
-    record); within one marker each source counts once. Returns the count to
-    add, the new marker, and the sources now merged in (to tombstone).
+    ``installs`` are ``(source routed key, moved state, marker)``. A marker
+    at or below ``installed_marker`` was installed already (a replayed
+    migration record); within one marker each source counts once. Returns
+    the states to merge in, the new marker, and the sources now merged in
+    (to tombstone).
     """
-    added = 0
     marker = installed_marker
-    sources: dict[str, int] = {}
-    for source, count, move_marker in installs:
-        if move_marker <= installed_marker or source in sources:
+    taken: dict[str, T] = {}
+    for source, moved, move_marker in installs:
+        if move_marker <= installed_marker or source in taken:
             continue
-        sources[source] = int(count)
-        added += int(count)
+        taken[source] = moved
         marker = max(marker, int(move_marker))
-    return added, marker, sorted(sources)
+    return list(taken.values()), marker, sorted(taken)
 
 
-class RoutedCountByFirstKey(StatefulProcessor):
-    """Stage A: a partial count per routed key of field 1, with live hand-off.
+@dataclass(frozen=True, slots=True)
+class HeldState:
+    """A routed key's state as a stage holds it between its rows (module docstring)."""
+
+    state: Any
+    count: int
+    marker: int
+
+
+def _installed(
+    aggregate: KeyedAggregate[Any],
+    held: HeldState,
+    installs: Iterable[tuple[str, tuple[str, int], int]],
+) -> tuple[HeldState, list[str]]:
+    """``held`` with the new moved-in states merged in, and the sources to tombstone."""
+    moved_in, marker, sources = take_installs(installs, held.marker)
+    state, count = held.state, held.count
+    for text, moved_count in moved_in:
+        state = aggregate.merge(state, aggregate.decode(text))
+        count += moved_count
+    return HeldState(state, count, marker), sources
+
+
+class RoutedStageA(StatefulProcessor):
+    """Stage A: ``aggregate``'s partial state per routed key of field 1, with live hand-off.
 
     ``store`` and ``parallelism`` locate the routing tables stage A needs to
     route its output to stage B.
     """
 
-    def __init__(self, store: str, parallelism: int) -> None:
+    def __init__(self, store: str, parallelism: int, aggregate: KeyedAggregate[Any]) -> None:
         self.store = store
         self.parallelism = parallelism
+        self.aggregate = aggregate
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.state = handle.getValueState("state", STATE_SCHEMA)
+        self.zero_text = self.aggregate.encode(self.aggregate.zero())
 
     def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
         group: str = key[0]
@@ -136,42 +169,67 @@ class RoutedCountByFirstKey(StatefulProcessor):
         evicts: list[Row] = []
         for row in rows:
             {"install": installs, "event": events, "evict": evicts}[row.kind].append(row)
+        agg = self.aggregate
         stored = self.state.get() if self.state.exists() else None
-        count, marker = (int(stored[0]), int(stored[1])) if stored else (0, -1)
-        added, marker, sources = take_installs(
-            ((r.source_rk, int(r["count"]), r.marker) for r in installs), marker
+        held = (
+            HeldState(agg.decode(stored[0]), int(stored[1]), int(stored[2]))
+            if stored
+            else HeldState(agg.zero(), 0, -1)
         )
-        count += added
+        held, sources = _installed(
+            agg, held, ((r.source_rk, (r.state, int(r["count"])), r.marker) for r in installs)
+        )
         key_a = (installs or events or evicts)[0].a
         instance, executor = _task_partition(), executor_id()
         for source in sources:
-            yield _a_report("report", key_a, source, count=0)
-        if installs and not events:
-            yield _a_report("report", key_a, group, count=count, instance=instance)
+            yield _a_report("report", key_a, source, count=0, state=self.zero_text)
+        state, count = held.state, held.count
         if events:
-            weights: dict[tuple[str, int], int] = {}
-            latest = None
-            for row in events:
-                weights[(row.b, row.vb)] = weights.get((row.b, row.vb), 0) + 1
-                latest = row.ts if latest is None or row.ts > latest else latest
+            state = agg.add(state, [row.b for row in events])
             count += len(events)
-            tables = tables_for(self.store, self.parallelism)
-            for (b, vb), n in weights.items():
-                rb = pick_route(tables.table(vb, "B").route(b), f"{group}\x00{b}")
-                yield Row(
-                    kind="event", stage="A", a=key_a, ra=group, ia=instance, ea=executor,
-                    b=b, rb=rb, n=n, count=count, ts=latest, source_rk=None, target_rk=None,
-                    marker=None, detail=None,
-                )  # fmt: skip
+        text = agg.encode(state)
+        if installs and not events:
+            yield _a_report("report", key_a, group, count=count, state=text, instance=instance)
+        if events:
+            yield from self._to_stage_b(group, key_a, events, (instance, executor), count, text)
         if evicts:
             if count > 0:
                 yield _a_report(
-                    "moved", key_a, group, count=count,
+                    "moved", key_a, group, count=count, state=text,
                     target=evicts[0].target_rk, marker=evicts[0].marker,
                 )  # fmt: skip
             self.state.clear()
         elif installs or events:
-            self.state.update((count, marker))
+            self.state.update((text, count, held.marker))
+
+    def _to_stage_b(
+        self,
+        group: str,
+        key_a: str,
+        events: list[Row],
+        where: tuple[int, str],
+        count: int,
+        text: str,
+    ) -> Iterator[Row]:
+        """One row per (field-2 key, B version) of the batch's events, routed to stage B.
+
+        Each carries the group's partial after the batch (``count``, ``text``),
+        which stage B reports for stage A.
+        """
+        weights: dict[tuple[str, int], int] = {}
+        latest = None
+        for row in events:
+            weights[(row.b, row.vb)] = weights.get((row.b, row.vb), 0) + 1
+            latest = row.ts if latest is None or row.ts > latest else latest
+        tables = tables_for(self.store, self.parallelism)
+        instance, executor = where
+        for (b, vb), n in weights.items():
+            rb = pick_route(tables.table(vb, "B").route(b), f"{group}\x00{b}")
+            yield Row(
+                kind="event", stage="A", a=key_a, ra=group, ia=instance, ea=executor,
+                b=b, rb=rb, n=n, count=count, state=text, ts=latest, source_rk=None,
+                target_rk=None, marker=None, detail=None,
+            )  # fmt: skip
 
     def close(self) -> None:
         pass
@@ -183,18 +241,19 @@ def _a_report(
     routed: str,
     *,
     count: int,
+    state: str,
     instance: int | None = None,
     target: str | None = None,
     marker: int | None = None,
 ) -> Row:
-    """A stage-A ``report`` (a partial; 0 for a tombstone) or ``moved`` row for the sink.
+    """A stage-A ``report`` (a partial; zero for a tombstone) or ``moved`` row for the sink.
 
     It reaches the sink through stage B under a reserved grouping value.
     """
     return Row(
         kind=kind, stage="A", a=key, ra=routed, ia=instance, ea=None, b=None,
-        rb=control_group("A", routed), n=None, count=count, ts=None, source_rk=None,
-        target_rk=target, marker=marker, detail=None,
+        rb=control_group("A", routed), n=None, count=count, state=state, ts=None,
+        source_rk=None, target_rk=target, marker=marker, detail=None,
     )  # fmt: skip
 
 
@@ -204,8 +263,9 @@ def _forward_through_a(rows: Iterable[Any]) -> Iterator[Row]:
         rb = row.rb if row.rb is not None else row.ra
         yield Row(
             kind=row.kind, stage=row.stage, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b,
-            rb=rb, n=None, count=row["count"], ts=None, source_rk=row.source_rk,
-            target_rk=row.target_rk, marker=row.marker, detail=row.detail,
+            rb=rb, n=None, count=row["count"], state=row.state, ts=None,
+            source_rk=row.source_rk, target_rk=row.target_rk, marker=row.marker,
+            detail=row.detail,
         )  # fmt: skip
 
 
@@ -228,19 +288,38 @@ def _output(rows: list[dict[str, Any]]) -> pd.DataFrame:
     )
 
 
-def routed_count_by_second_key(
-    key: tuple[str], batches: Iterator[pd.DataFrame], state: GroupState
+def routed_stage_b(
+    aggregate: KeyedAggregate[Any],
+) -> Callable[[tuple[str], Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
+    """Stage B's ``applyInPandasWithState`` function: ``aggregate`` per routed key of field 2."""
+    zero_text = aggregate.encode(aggregate.zero())
+
+    def stage_b(
+        key: tuple[str], batches: Iterator[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        return routed_stage_b_group(aggregate, zero_text, key, batches, state)
+
+    return stage_b
+
+
+def routed_stage_b_group(
+    aggregate: KeyedAggregate[Any],
+    zero_text: str,
+    key: tuple[str],
+    batches: Iterator[pd.DataFrame],
+    state: GroupState,
 ) -> Iterator[pd.DataFrame]:
-    """Stage B: a partial count per routed key of field 2, with live hand-off.
+    """Stage B for one routed key of field 2: ``aggregate``'s partial state, with live hand-off.
 
     Also turns stage A's reports into output rows: the largest stage-A
-    partial per routed key seen in this group (stage A's counts only grow
-    within a batch), the traffic from each stage-A instance, and the group's
-    heaviest pairs.
+    partial per routed key seen in this group (stage A's tuple counts only
+    grow within a batch), the traffic from each stage-A instance, and the
+    group's heaviest pairs.
 
     Called once per routed key per micro-batch, so its fixed cost bounds the
     job's throughput when batches touch many keys: one pass over plain
-    Python lists, no per-group pandas operations but the final frame.
+    Python lists, one ``add`` call, no per-group pandas operations but the
+    final frame.
     """
     group = key[0]
     frames = list(batches)
@@ -248,40 +327,51 @@ def routed_count_by_second_key(
     if group.startswith(CONTROL_PREFIX):
         yield _output([_passed_through(row) for row in pdf.to_dict("records")])
         return
-    count, marker = (int(state.get[0]), int(state.get[1])) if state.exists else (0, -1)
-    installs: list[tuple[str, int, int]] = []
+    held = (
+        HeldState(aggregate.decode(state.get[0]), int(state.get[1]), int(state.get[2]))
+        if state.exists
+        else HeldState(aggregate.zero(), 0, -1)
+    )
+    installs: list[tuple[str, tuple[str, int], int]] = []
     evict: tuple[str, int] | None = None
-    tuples = 0
-    a_partials: dict[str, tuple[str, int, int]] = {}
+    values: list[str] = []
+    a_partials: dict[str, tuple[str, int, int, str]] = {}
     hops: dict[tuple[int, str], int] = {}
     pairs: dict[str, int] = {}
-    columns = ("kind", "a", "ra", "ia", "ea", "n", "count", "source_rk", "target_rk", "marker")
-    for kind, a, ra, ia, ea, n, c, source, target, move in zip(
+    columns = (
+        "kind", "a", "ra", "ia", "ea", "n", "count", "state", "source_rk", "target_rk", "marker"
+    )  # fmt: skip
+    for kind, a, ra, ia, ea, n, c, text, source, target, move in zip(
         *(pdf[name].tolist() for name in columns), strict=True
     ):
         if kind == "event":
             n, ia = int(n), int(ia)
-            tuples += n
+            values += [a] * n
             seen = a_partials.get(ra)
             if seen is None or c > seen[2]:
-                a_partials[ra] = (a, ia, int(c))
+                a_partials[ra] = (a, ia, int(c), text)
             hops[(ia, ea)] = hops.get((ia, ea), 0) + n
             pairs[a] = pairs.get(a, 0) + n
         elif kind == "install":
-            installs.append((source, int(c), int(move)))
+            installs.append((source, (text, int(c)), int(move)))
         elif kind == "evict":
             evict = (target, int(move))
-    added, marker, sources = take_installs(installs, marker)
-    count += added + tuples
+    held, sources = _installed(aggregate, held, installs)
+    partial = aggregate.add(held.state, values) if values else held.state
+    count = held.count + len(values)
+    partial_text = aggregate.encode(partial)
     key_b = str(pdf["b"].iloc[0])
     instance, executor = _task_partition(), executor_id()
     out: list[dict[str, Any]] = [
-        {"kind": "count", "stage": "B", "key": key_b, "routed_key": s, "count": 0} for s in sources
-    ]
+        {"kind": "count", "stage": "B", "key": key_b, "routed_key": s, "count": 0,
+         "state": zero_text}
+        for s in sources
+    ]  # fmt: skip
     out += [
-        {"kind": "count", "stage": "A", "key": a, "routed_key": ra, "instance": ia, "count": c}
-        for ra, (a, ia, c) in a_partials.items()
-    ]
+        {"kind": "count", "stage": "A", "key": a, "routed_key": ra, "instance": ia, "count": c,
+         "state": text}
+        for ra, (a, ia, c, text) in a_partials.items()
+    ]  # fmt: skip
     out += [
         {
             "kind": "hop", "instance": instance, "executor": executor, "upstream": ia,
@@ -296,7 +386,7 @@ def routed_count_by_second_key(
     out.append(
         {
             "kind": "count", "stage": "B", "key": key_b, "routed_key": group,
-            "instance": instance, "count": count,
+            "instance": instance, "count": count, "state": partial_text,
         }
     )  # fmt: skip
     if evict is not None:
@@ -304,12 +394,13 @@ def routed_count_by_second_key(
             out.append(
                 {
                     "kind": "moved", "stage": "B", "key": key_b, "routed_key": group,
-                    "count": count, "target": evict[0], "marker": evict[1],
+                    "count": count, "state": partial_text, "target": evict[0],
+                    "marker": evict[1],
                 }
             )  # fmt: skip
         state.remove()
     else:
-        state.update((count, marker))
+        state.update((partial_text, count, held.marker))
     yield _output(out)
 
 
@@ -317,7 +408,10 @@ def _passed_through(row: Mapping[Hashable, Any]) -> dict[str, Any]:
     """A stage-A report or an invalid record, as an output row."""
     if row["kind"] == "invalid":
         return {"kind": "invalid", "detail": row["detail"]}
-    common = {"stage": "A", "key": row["a"], "routed_key": row["ra"], "count": int(row["count"])}
+    common = {
+        "stage": "A", "key": row["a"], "routed_key": row["ra"], "count": int(row["count"]),
+        "state": row["state"],
+    }  # fmt: skip
     if row["kind"] == "report":
         instance = row["ia"]
         return {"kind": "count", **common, "instance": None if pd.isna(instance) else int(instance)}
@@ -326,21 +420,29 @@ def _passed_through(row: Mapping[Hashable, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def routed_running_counts(inputs: DataFrame, store: str, parallelism: int) -> DataFrame:
+def routed_running_counts(
+    inputs: DataFrame,
+    store: str,
+    parallelism: int,
+    stage_a: KeyedAggregate[Any] | None = None,
+    stage_b: KeyedAggregate[Any] | None = None,
+) -> DataFrame:
     """Routed-source rows → both stages' outputs (:data:`ROUTED_OUTPUT_SCHEMA`).
 
+    ``stage_a`` and ``stage_b`` are the stages' aggregates (default: the
+    reference application's :class:`~keyplane.aggregates.RunningCount`).
     ``inputs`` must carry a watermark on ``ts`` (stage A runs in event-time
     mode so that a second stateful operator may follow it).
     """
-    stage_a = inputs.groupBy("ra").transformWithState(
-        RoutedCountByFirstKey(store, parallelism),
+    stage_a_rows = inputs.groupBy("ra").transformWithState(
+        RoutedStageA(store, parallelism, stage_a or RunningCount()),
         ROUTED_STAGE_A_OUTPUT,
         "Append",
         "EventTime",
         eventTimeColumnName="ts",
     )
-    return stage_a.groupBy("rb").applyInPandasWithState(
-        routed_count_by_second_key,
+    return stage_a_rows.groupBy("rb").applyInPandasWithState(
+        routed_stage_b(stage_b or RunningCount()),
         ROUTED_OUTPUT_SCHEMA,
         STATE_SCHEMA,
         "append",

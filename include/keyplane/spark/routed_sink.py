@@ -4,7 +4,8 @@ One ``foreachBatch`` call collects the batch once (a second action would
 re-run the stateful plan) and splits it by ``kind``
 (:data:`keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`):
 
-* ``count`` rows: the latest partial per routed key and instance, to
+* ``count`` rows: the latest partial (tuple count and encoded state) per
+  routed key and instance, to
   ``<output>/batch-<id>.parquet`` (atomic rename, so a replay rewrites the same
   file) and optionally the results topic;
 * ``moved`` rows: to the migration topic, flushed before the batch commits,
@@ -21,7 +22,7 @@ A replayed batch sends its moved states again; installs are idempotent per
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,32 +30,62 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
+from keyplane.aggregates import KeyedAggregate, merge_encoded
 from keyplane.batchmetrics import BatchMetrics, traffic_metrics
+from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, make_producer
+from keyplane.partials import latest_partials
 from keyplane.spark.progress import progress_of
 
-COUNT_COLUMNS = ["stage", "key", "routed_key", "instance", "count"]
+COUNT_COLUMNS = ["stage", "key", "routed_key", "instance", "count", "state"]
+PARTIAL_KEY = ["stage", "key", "routed_key", "instance"]
 
 
 def latest_partials_of_batch(output: pd.DataFrame) -> pd.DataFrame:
-    """The largest partial per (stage, key, routed key, instance) in one batch.
+    """The latest partial per (stage, key, routed key, instance) in one batch.
 
-    A tombstone (the 0 a routed key reports once its state moved) has no
-    instance and is kept as such.
+    The latest is the one holding the most tuples (``count``): stage A's
+    partials reach the sink once per downstream group, and a group's tuple
+    count only grows within a batch. ``state`` is the aggregate's encoded
+    partial of that row. A tombstone (the zero a routed key reports once its
+    state moved) has no instance and is kept as such.
     """
     counts = output.loc[output["kind"] == "count", COUNT_COLUMNS]
-    latest = counts.groupby(["stage", "key", "routed_key", "instance"], dropna=False, sort=True)[
-        "count"
-    ].max()
-    frame = latest.reset_index()
+    latest = counts.sort_values("count", kind="mergesort").drop_duplicates(PARTIAL_KEY, keep="last")
+    frame = latest.sort_values(PARTIAL_KEY, kind="mergesort").reset_index(drop=True)
     frame["instance"] = frame["instance"].astype("Int32")
     frame["count"] = frame["count"].astype("int64")
     return frame
 
 
-def _send(bootstrap_servers: str, topic: str, records: Iterable[tuple[str, Any]]) -> int:
-    from keyplane.kafka.producer import make_producer
+def merge_partial_states(
+    partials: pd.DataFrame, aggregates: Mapping[str, KeyedAggregate[Any]]
+) -> pd.DataFrame:
+    """``stage, key, result``: each key's answer from its routed keys' latest partials.
 
-    producer = make_producer(bootstrap_servers)
+    ``partials`` are batch files' rows (:func:`latest_partials_of_batch`,
+    with their ``batch``); ``aggregates`` maps each stage to its aggregate.
+    A split key's partials are combined with the aggregate's ``merge``
+    (001 §4.1.2); a moved key's old routed key reports the zero, which the
+    merge leaves unchanged (000 §3.4).
+    """
+    latest = latest_partials(partials)
+    states: dict[tuple[str, str], list[str]] = {}
+    for stage, key, text in latest[["stage", "key", "state"]].itertuples(index=False):
+        states.setdefault((stage, key), []).append(text)
+    rows = [
+        {"stage": stage, "key": key, "result": merge_encoded(aggregates[stage], texts)}
+        for (stage, key), texts in sorted(states.items())
+    ]
+    return pd.DataFrame(rows, columns=["stage", "key", "result"])
+
+
+def _send(
+    bootstrap_servers: str,
+    topic: str,
+    records: Iterable[tuple[str, Any]],
+    delivery: Delivery = SAFE_DELIVERY,
+) -> int:
+    producer = make_producer(bootstrap_servers, delivery)
     sent = 0
     try:
         for key, value in records:
@@ -82,8 +113,10 @@ class RoutedBatchWriter:
         dead_letter_topic: str,
         parallelism: int,
         results_topic: str | None = None,
+        delivery: Delivery = SAFE_DELIVERY,
     ) -> None:
         self.output = output
+        self.delivery = delivery
         self.bootstrap_servers = bootstrap_servers
         self.migration_topic = migration_topic
         self.dead_letter_topic = dead_letter_topic
@@ -111,11 +144,13 @@ class RoutedBatchWriter:
                             "source": row["routed_key"],
                             "target": row["target"],
                             "count": int(row["count"]),
+                            "state": row["state"],
                             "marker": int(row["marker"]),
                         },
                     )
                     for row in moved.to_dict("records")
                 ),
+                self.delivery,
             )
         invalid = output[output["kind"] == "invalid"]
         if len(invalid):
@@ -123,12 +158,14 @@ class RoutedBatchWriter:
                 self.bootstrap_servers,
                 self.dead_letter_topic,
                 ((str(batch_id), json.loads(detail)) for detail in invalid["detail"].tolist()),
+                self.delivery,
             )
         if self.results_topic and len(partials):
             _send(
                 self.bootstrap_servers,
                 self.results_topic,
                 ((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
+                self.delivery,
             )
         tmp.rename(self.output / f"batch-{batch_id:08d}.parquet")
         self.metrics[batch_id] = traffic_metrics(
@@ -175,9 +212,7 @@ class MetricsListener(StreamingQueryListener):
         if record is None:
             return
         if self._producer is None:
-            from keyplane.kafka.producer import make_producer
-
-            self._producer = make_producer(self.writer.bootstrap_servers)
+            self._producer = make_producer(self.writer.bootstrap_servers, self.writer.delivery)
         self._producer.send(
             self.topic, key=str(record.batch_id).encode(), value=record.model_dump_json().encode()
         )
@@ -200,6 +235,7 @@ class MetricsListener(StreamingQueryListener):
                 "rows_per_s": progress.rows_per_s,
                 "duration_ms": progress.duration_ms,
                 "input_lag": progress.lag,
+                "rejected_control": offset.get("rejected", {}),
             }
         )
 

@@ -7,7 +7,10 @@ sources' ``latestOffset``. So this source is where keyplane's driver side of
 the reconfiguration protocol lives (paper 000 §3.4): at each boundary it
 
 1. reads the new control messages (:class:`~keyplane.kafka.control.ControlChannel`)
-   and feeds them to the job's :class:`~keyplane.protocol.JobProtocol`;
+   and feeds them to the job's :class:`~keyplane.protocol.JobProtocol`; one it
+   will not act on (unsigned or wrongly signed, stale, for a configuration
+   it cannot load) is refused: one log line with the reason, a count in the
+   batch's metrics, no reply, and the job stays on its last good version;
 2. fixes the batch's routing with :meth:`JobProtocol.begin_batch`;
 3. publishes the protocol's replies (ACK, MIGRATED);
 4. returns an *offset* that holds everything the batch needs: the events
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -76,11 +80,12 @@ CONTROL_PREFIX = "\x00"
 
 ROUTED_INPUT_SCHEMA = (
     "kind STRING, stage STRING, seq LONG, a STRING, b STRING, ts TIMESTAMP, ra STRING, "
-    "rb STRING, vb INT, source_rk STRING, target_rk STRING, count LONG, marker LONG, "
-    "detail STRING"
+    "rb STRING, vb INT, source_rk STRING, target_rk STRING, count LONG, state STRING, "
+    "marker LONG, detail STRING"
 )
 MAX_EVENT_BYTES = 64 * 1024
-"""Records larger than this are dead-lettered as ``oversized`` (events pad to 20 kB at most)."""
+"""Default of the ``max.event.bytes`` option: larger records are dead-lettered as
+``oversized`` (events pad to 20 kB at most)."""
 
 _ARROW_SCHEMA = pa.schema(
     [
@@ -96,6 +101,7 @@ _ARROW_SCHEMA = pa.schema(
         ("source_rk", pa.string()),
         ("target_rk", pa.string()),
         ("count", pa.int64()),
+        ("state", pa.string()),
         ("marker", pa.int64()),
         ("detail", pa.string()),
     ]
@@ -128,6 +134,7 @@ class RoutedEventsPartition(InputPartition):
     parallelism: int
     version_a: int
     version_b: int
+    max_event_bytes: int = MAX_EVENT_BYTES
 
 
 @dataclass(frozen=True)
@@ -176,12 +183,18 @@ class _Columns:
         return pa.RecordBatch.from_pydict(self.values, schema=_ARROW_SCHEMA)
 
 
-def parse_event(value: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
-    """An event's fields, or ``None`` and why the record is not a valid event."""
+def parse_event(
+    value: bytes | None, max_bytes: int = MAX_EVENT_BYTES
+) -> tuple[dict[str, Any] | None, str | None]:
+    """An event's fields, or ``None`` and why the record is not a valid event.
+
+    The size is checked before parsing, so an oversized record costs no JSON
+    parse and cannot blow up a worker's memory.
+    """
     if value is None:
         return None, "empty record"
-    if len(value) > MAX_EVENT_BYTES:
-        return None, f"oversized: {len(value)} bytes > {MAX_EVENT_BYTES}"
+    if len(value) > max_bytes:
+        return None, f"oversized: {len(value)} bytes > {max_bytes}"
     try:
         event = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -204,7 +217,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
         values = records.column("value").to_pylist()
         offsets = records.column("offset").to_pylist()
         for value, offset in zip(values, offsets, strict=True):
-            event, problem = parse_event(value)
+            event, problem = parse_event(value, p.max_event_bytes)
             if event is None:
                 detail = json.dumps(
                     {
@@ -259,6 +272,7 @@ def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
                 "stage": move["operator"],
                 "source_rk": move["source"],
                 "count": int(move["count"]),
+                "state": move["state"],
                 "marker": int(move["marker"]),
             }
             if move["operator"] == "A":
@@ -280,6 +294,21 @@ def _required(options: Mapping[str, str], name: str) -> str:
     return value
 
 
+def _max_event_bytes(options: Mapping[str, str]) -> int:
+    raw = options.get("max.event.bytes")
+    if raw is None:
+        return MAX_EVENT_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise KafkaSourceOptionError(
+            f"option 'max.event.bytes' is a positive number of bytes, got {raw!r}"
+        )
+    return value
+
+
 class RoutedEventsReader(DataSourceStreamReader):
     """Plans each micro-batch of the routed job on the driver; reads it on executors."""
 
@@ -294,7 +323,9 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.initial_version = int(_required(options, "initial.version"))
         max_rows = options.get("maxoffsetspertrigger")
         self.max_rows = int(max_rows) if max_rows else None
+        self.max_event_bytes = _max_event_bytes(options)
         self._channel: ControlChannel | None = None
+        self._unusable: dict[int, str] = {}
 
     # -- driver side ---------------------------------------------------------
 
@@ -316,23 +347,38 @@ class RoutedEventsReader(DataSourceStreamReader):
         return {str(p): off for p, off in earliest_offsets(self.bootstrap_servers, topic).items()}
 
     def lookup_checksum(self, version: int) -> str | None:
-        """The stored checksum of ``version`` if this job can route on it, else None."""
+        """The stored checksum of ``version`` if this job can route on it, else None.
+
+        The job checks a configuration itself before it acknowledges it, even
+        if a validation step already did (000 §3.4: an instance acts only on a
+        configuration it holds): files that do not match their checksums, a
+        manifest that is not a configuration, or tables over instances the
+        query does not have. Whatever is wrong, the answer is None and the
+        job stays on its last good version; the reason is kept for the
+        refusal's log line (:meth:`unusable`).
+        """
         try:
             found = config_store.checksum(self.store, version)
             tables = tables_for(self.store, self.parallelism)
             for operator in OPERATORS:
                 tables.table(version, operator)
-        except (config_store.ConfigStoreError, ValueError) as error:
-            log.warning("keyplane: cannot use configuration v%s: %s", version, error)
+        except (config_store.ConfigStoreError, ValueError, KeyError, TypeError, OSError) as error:
+            # One line, so that the refusal stays one line of the driver's log.
+            self._unusable[version] = " ".join(f"{type(error).__name__}: {error}".split())
             return None
+        self._unusable.pop(version, None)
         return found
+
+    def unusable(self, version: int) -> str | None:
+        """Why the last :meth:`lookup_checksum` of ``version`` found it unusable."""
+        return self._unusable.get(version)
 
     def initialOffset(self) -> dict[str, Any]:
         checksum = self.lookup_checksum(self.initial_version)
         if checksum is None:
             raise config_store.UnknownVersionError(
                 f"the job starts on v{self.initial_version}, which {self.store} does not hold "
-                "in a form this job can route (see the log)"
+                f"in a form this job can route: {self.unusable(self.initial_version)}"
             )
         protocol = JobProtocol(
             OPERATORS, self.initial_version, checksum, lookup_checksum=self.lookup_checksum
@@ -357,12 +403,28 @@ class RoutedEventsReader(DataSourceStreamReader):
         protocol = JobProtocol.from_dict(start["protocol"], lookup_checksum=self.lookup_checksum)
         replies: list[ControlMessage] = []
         control = self.channel().read(int(start["control"]))
+        refused: Counter[str] = Counter()
         for offset, invalid in control.rejected:
-            log.warning("keyplane: control record %s rejected: %s", offset, invalid)
-        for _, message in control.messages:
+            refused[invalid.reason] += 1
+            log.warning(
+                "keyplane: control record %s refused (%s): %s",
+                offset,
+                invalid.reason,
+                invalid.detail,
+            )
+        for offset, message in control.messages:
             reaction: Reaction = protocol.react(message, plan)
             if reaction.outcome == "ignored" and reaction.reason != "own_message":
-                log.warning("keyplane: %s ignored: %s", message.describe(), reaction.detail)
+                assert reaction.reason is not None
+                refused[reaction.reason] += 1
+                why = self.unusable(message.config_version)
+                log.warning(
+                    "keyplane: control record %s refused (%s): %s%s",
+                    offset,
+                    reaction.reason,
+                    reaction.detail,
+                    f" ({why})" if reaction.reason == "unknown_checksum" and why else "",
+                )
             replies += reaction.replies
         events = self._events_end(start["events"], limit)
         migration = {**start["migration"], **self._marks(self.migration_topic)}
@@ -401,6 +463,9 @@ class RoutedEventsReader(DataSourceStreamReader):
             "protocol": protocol.to_dict(),
             "routing": effective,
             "switch": [vars(s) for s in switches],
+            # Control messages refused at this boundary, by reason: the
+            # batch's metrics record reports them (keyplane.batchmetrics).
+            "rejected": dict(sorted(refused.items())),
         }
 
     def _events_end(self, start: PartitionOffsets, limit: ReadLimit) -> PartitionOffsets:
@@ -426,7 +491,12 @@ class RoutedEventsReader(DataSourceStreamReader):
                 )
                 out.append(
                     RoutedEventsPartition(
-                        kafka, self.store, self.parallelism, routing["A"], routing["B"]
+                        kafka,
+                        self.store,
+                        self.parallelism,
+                        routing["A"],
+                        routing["B"],
+                        self.max_event_bytes,
                     )
                 )
         for switch in end["switch"]:
@@ -489,8 +559,13 @@ def read_routed_events(
     state_partitions: int,
     initial_version: int,
     max_offsets_per_trigger: int | None = None,
+    max_event_bytes: int | None = None,
 ) -> DataFrame:
-    """A streaming DataFrame of :data:`ROUTED_INPUT_SCHEMA` rows for the routed job."""
+    """A streaming DataFrame of :data:`ROUTED_INPUT_SCHEMA` rows for the routed job.
+
+    ``max_event_bytes`` (default :data:`MAX_EVENT_BYTES`) bounds an event's
+    record; larger ones are dead-lettered as ``oversized``.
+    """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
         spark.readStream.format(SOURCE_NAME)
@@ -504,4 +579,6 @@ def read_routed_events(
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    if max_event_bytes is not None:
+        reader = reader.option("max.event.bytes", str(max_event_bytes))
     return reader.load()

@@ -153,3 +153,51 @@ def test_rollback_is_a_new_version_with_the_old_contents() -> None:
     back = planning.rollback_config(old, active, 3)
     assert (back.version, back.parent_version, back.created_by) == (3, 2, "rollback")
     assert back.operators == old.operators
+
+
+def _scaled_config(active_a: tuple[int, ...], active_b: tuple[int, ...]) -> RoutingConfig:
+    return RoutingConfig(
+        version=2,
+        parent_version=1,
+        created_by="scale",
+        operators={
+            "A": OperatorRouting(parallelism=P, active_instances=active_a),
+            "B": OperatorRouting(parallelism=P, active_instances=active_b),
+        },
+    )
+
+
+def test_a_replan_of_a_scaled_job_partitions_into_its_active_instances() -> None:
+    pairs, frequencies = _snapshot()
+    current = _scaled_config((1, 3), (1, 3))
+    plan = planning.plan_configuration(
+        pairs, frequencies, current, planning.PlanParams(alpha=1.1), version=3
+    )
+    for name, routing in plan.config.operators.items():
+        assert routing.active_instances == (1, 3)
+        assert set(routing.table.values()) == {1, 3}
+        loads = planning.instance_loads(routing, plan.key_loads[name])
+        assert loads.shape == (2,) and loads.sum() == pytest.approx(
+            sum(plan.key_loads[name].values())
+        )
+        assert planning.imbalance(loads) <= 1.1 + 1e-9
+    assert plan.predicted_locality > 0.8
+
+
+def test_a_replan_with_different_active_sets_folds_parts_onto_each_operators_instances() -> None:
+    pairs, frequencies = _snapshot()
+    current = _scaled_config((0, 1, 2, 3), (0, 2))
+    plan = planning.plan_configuration(
+        pairs, frequencies, current, planning.PlanParams(alpha=1.1), version=3
+    )
+    assert plan.config.operators["A"].active_instances is None
+    assert plan.config.operators["B"].active_instances == (0, 2)
+    assert set(plan.config.operators["B"].table.values()) <= {0, 2}
+    loads = planning.instance_loads(plan.config.operators["B"], plan.key_loads["B"])
+    assert plan.predicted_imbalance["B"] == pytest.approx(planning.imbalance(loads))
+
+
+def test_scaled_fallback_is_counted_where_the_job_routes_it() -> None:
+    routing = OperatorRouting(parallelism=P, active_instances=(0,))
+    keys = {f"k{i}": 1.0 for i in range(50)}
+    assert planning.instance_loads(routing, keys).tolist() == [50.0]

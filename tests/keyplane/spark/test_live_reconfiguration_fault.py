@@ -1,29 +1,55 @@
-"""A driver crash in the middle of a live migration (paper 000 §3.4), recovered exactly.
+"""The driver killed at every phase of a live migration, and mid-batch (paper 000 §3.4).
 
-The routed job runs as its own process. The controller prepares v2 and
-propagates it to stage A; as soon as the switch batch has handed A's moved
-state to the migration topic, and before the job could report MIGRATED, the
-driver (Python and JVM) is killed with SIGKILL. Restarted on the same
-checkpoint, the job replays from its offset log: the same routing, the same
-evictions, idempotent installs. The rollout then completes, and every count
-is exact.
+One routed job, run as its own process, takes v1 → v2 while events stream
+in; v2 moves keys of both stages and splits a hot stage-A key. The controller
+is driven step by step, and at each point below the whole job process group
+(Python driver and JVM) is SIGKILLed and the job restarted on its checkpoint:
+
+1. mid-batch: a batch is in Spark's offset log but not in its commit log;
+   PREPARE is then published while the driver is down (no ACK yet);
+2. after ACK, before PROPAGATE A;
+3. after PROPAGATE A, once A's moved state is on the migration topic and
+   before it is installed (mid hand-off);
+4. after MIGRATED A, before PROPAGATE B; the controller is restarted too
+   (a new process would only have its state file);
+5. mid-batch in B's switch batch: planned with B's evictions, not committed;
+6. after MIGRATED B, before DONE; DONE is published while the driver is down.
+
+Then the controller process itself dies: ``keyplane config publish v3`` is
+SIGKILLed while it waits for MIGRATED A, and the same command run again
+resumes from the state file and finishes. Last, v4 is prepared and
+propagated to A, the driver is killed mid hand-off, ``keyplane config
+abort`` runs while it is down, and the restarted job hands A's state back.
+
+The kill points are read from the topics and the checkpoint, never from
+timing. At the end every per-key count equals the generator's ground truth
+(0 lost, 0 duplicated); the job's checkpoint has v3 active with nothing
+pending or moving, the controller agrees (v3 active, v4 aborted), and every
+key's state sits where v3 puts it, as reported from inside the operators.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.controller import Controller
+from keyplane.controller import Controller, read_controller_file
+from keyplane.events import encode_batch
 from keyplane.handoff import routed_key_table
-from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
-from keyplane.kafka.producer import produce_workload
+from keyplane.kafka.producer import make_producer
 from keyplane.partials import latest_partials
+from keyplane.protocol import Reconfiguration
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
 from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
@@ -33,13 +59,142 @@ from keyplane.workloads import ZipfEvolvingWorkload
 pytestmark = pytest.mark.integration
 
 P = 4
+SLICES = 9
+"""One slice of events before the first start, one after each of the seven
+restarts, and one during the rollout of v3."""
+WAIT_S = 600.0
+"""Spark starts slowly on a busy machine; every wait is on a condition, this only bounds it."""
 
 
-def test_driver_killed_after_propagate_before_migrated_completes_after_restart(
-    broker: str, topic_name: str, tmp_path: Path
+def produce_slice(spec: ZipfEvolvingWorkload, broker: str, topic: str, index: int) -> None:
+    """Events of slice ``index`` of ``spec``, laid out as ``produce_workload`` lays them."""
+    size = spec.n_events // SLICES
+    start, stop = index * size, spec.n_events if index == SLICES - 1 else (index + 1) * size
+    partitions = ensure_topic(broker, topic, 2)
+    producer = make_producer(broker)
+    try:
+        batch = spec.events(start, stop)
+        for seq, value in enumerate(encode_batch(batch, 1_700_000_000_000), start=start):
+            producer.send(topic, value=value, partition=seq % partitions)
+        producer.flush()
+    finally:
+        producer.close(timeout=10)
+
+
+def _batch_ids(checkpoint: Path, log: str) -> list[int]:
+    try:
+        return sorted(int(p.name) for p in (checkpoint / log).iterdir() if p.name.isdigit())
+    except FileNotFoundError:
+        return []
+
+
+def planned_through(checkpoint: Path) -> int | None:
+    """The newest batch in Spark's offset log (planned; maybe not run)."""
+    return max(_batch_ids(checkpoint, "offsets"), default=None)
+
+
+def committed_through(checkpoint: Path) -> int | None:
+    """The newest batch in Spark's commit log (run to the end)."""
+    return max(_batch_ids(checkpoint, "commits"), default=None)
+
+
+def plan_of(checkpoint: Path, batch: int) -> dict[str, Any]:
+    """The routed source's offset for ``batch``: its routing, switches and protocol state."""
+    lines = (checkpoint / "offsets" / str(batch)).read_text(encoding="utf-8").splitlines()
+    plan: dict[str, Any] = json.loads(lines[2])
+    return plan
+
+
+def is_committed(checkpoint: Path, batch: int) -> bool:
+    return (checkpoint / "commits" / str(batch)).exists()
+
+
+class KilledJob:
+    """The routed job as a process that the test kills and restarts on one checkpoint."""
+
+    def __init__(self, settings: CountsJobSettings, log: Path) -> None:
+        self.settings = settings
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        self.process = start_job_process(self.settings, self.log)
+
+    def kill(self) -> None:
+        """SIGKILL the driver with its JVM, as a machine failure would."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.restarts += 1
+
+    def wait(self, condition: Callable[[], bool], what: str) -> None:
+        assert self.process is not None
+        wait_while_job_runs(condition, what, self.process, self.log, timeout_s=WAIT_S, poll_s=0.02)
+
+    def wait_logged(self, batch: int) -> None:
+        """Until Spark's offset log holds ``batch``: a reply's plan is durable."""
+        checkpoint = self.settings.checkpoint
+        self.wait(lambda: (checkpoint / "offsets" / str(batch)).exists(), f"plan {batch} logged")
+
+    def ensure_gone(self) -> None:
+        """Kill a job a failed test left running."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(timeout=120) == 0, self.log.read_text()[-3000:]
+
+
+def keyplane_cli(home: Path, settings: CountsJobSettings, *args: str) -> subprocess.Popen[str]:
+    """``keyplane ARGS`` as its own process, on the job's broker and control topic."""
+    env = {
+        **os.environ,
+        "KEYPLANE_HOME": str(home),
+        "KEYPLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "KEYPLANE_CONTROL_TOPIC": settings.control_topic,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "keyplane.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finished(cli: subprocess.Popen[str]) -> str:
+    """The output of a CLI process that must succeed."""
+    out, _ = cli.communicate(timeout=WAIT_S)
+    assert cli.returncode == 0, out
+    return out
+
+
+def rollout_of(controller: Controller) -> Reconfiguration:
+    controller.poll()
+    state = controller.state
+    assert state is not None and state.current is not None
+    return state.current
+
+
+def acked(controller: Controller) -> Callable[[], bool]:
+    """Whether the job's ACK has reached the controller (read from the control topic)."""
+    return lambda: rollout_of(controller).ack is not None
+
+
+def migrated(controller: Controller, operator: str) -> Callable[[], bool]:
+    """Whether ``operator``'s MIGRATED has reached the controller."""
+    return lambda: operator in rollout_of(controller).migrated
+
+
+@pytest.mark.timeout(WAIT_S * 6)
+def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
+    broker: str, topic_name: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=30_000, seed=11)
-    assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
+    spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=27_000, seed=11)
     truth = expected_counts(spec)
     by_count = truth.sort_values("count", ascending=False, kind="mergesort")
     a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
@@ -69,69 +224,231 @@ def test_driver_killed_after_propagate_before_migrated_completes_after_restart(
         },
     )
     save(v2, store)
+    v3 = RoutingConfig(
+        version=3,
+        parent_version=2,
+        created_by="manual",
+        operators={
+            "A": OperatorRouting(
+                parallelism=P, table={k: (spark_partition(k, P) + 3) % P for k in a_keys[:6]}
+            ),
+            "B": OperatorRouting(
+                parallelism=P,
+                table={k: (spark_partition(k, P) + 1) % P for k in b_keys[4:8]},
+                hot_keys={b_keys[0]: (1, 3)},
+            ),
+        },
+    )
+    v3_file = tmp_path / "v3.json"
+    v3_file.write_text(v3.model_dump_json(), encoding="utf-8")
+    save(
+        RoutingConfig(
+            version=4,
+            parent_version=3,
+            created_by="manual",
+            operators={
+                "A": OperatorRouting(
+                    parallelism=P, table={k: (spark_partition(k, P) + 1) % P for k in a_keys[:12]}
+                ),
+                "B": v3.operators["B"],
+            },
+        ),
+        store,
+    )
     settings = CountsJobSettings(
         bootstrap_servers=broker,
         events_topic=topic_name,
         checkpoint=tmp_path / "checkpoint",
         output=tmp_path / "output",
         shuffle_partitions=P,
-        max_offsets_per_trigger=1_500,
-        # A batch at most every 2 s: the kill lands between the switch batch
-        # writing A's moved state and the next boundary, which replies MIGRATED.
+        max_offsets_per_trigger=1_000,
+        # A batch at most every 2 s, so that a switch batch's moved state sits
+        # on the migration topic for a while before the next plan installs it.
         trigger_interval="2 seconds",
         routing_store=store,
         routing_version=1,
         **routed_job_topics(topic_name),
     )
-    log = tmp_path / "job.log"
-    output = settings.output
+    checkpoint = settings.checkpoint
+    job = KilledJob(settings, tmp_path / "job.log")
+    request.addfinalizer(job.ensure_gone)
+    home = tmp_path / "home"
+    state_file = home / "controller.json"
 
-    first = start_job_process(settings, log)
+    produce_slice(spec, broker, topic_name, 0)
+    job.start()
 
-    def batches_written() -> bool:
-        return len(list(output.glob("batch-*.parquet"))) >= 2
+    # 1. Mid-batch: planned, not committed. PREPARE then lands while the driver is down.
+    def mid_batch() -> bool:
+        done = committed_through(checkpoint)
+        return done is not None and (planned_through(checkpoint) or -1) > done
 
-    wait_while_job_runs(batches_written, "two batches", first, log, poll_s=0.05)
-    with ControlChannel(broker, settings.control_topic) as channel:
-        controller = Controller(channel, tmp_path / "controller.json", store)
-        controller.prepare(2)
-        controller.wait_ack(timeout_s=120)
-        controller.propagate("A")
+    job.wait(mid_batch, "a batch in flight")
+    in_flight = planned_through(checkpoint)
+    assert in_flight is not None
+    job.kill()
+    assert not is_committed(checkpoint, in_flight), "the kill must land mid-batch"
+    channel = ControlChannel(broker, settings.control_topic)
+    controller = Controller(channel, state_file, store)
+    controller.prepare(2)
+    assert rollout_of(controller).ack is None
 
-        def moved_state_written() -> bool:
-            return sum(high_watermarks(broker, settings.migration_topic).values()) > 0
+    job.start()
+    produce_slice(spec, broker, topic_name, 1)
+    job.wait(acked(controller), "ACK")
 
-        wait_while_job_runs(moved_state_written, "stage A's moved state", first, log, poll_s=0.05)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-        controller.poll()
-        rollout = controller.state.current if controller.state else None
-        assert rollout is not None and "A" not in rollout.migrated, "the kill must land first"
+    # 2. After ACK, before PROPAGATE A.
+    ack = rollout_of(controller).ack
+    assert ack is not None and ack.batch_id is not None
+    job.wait_logged(ack.batch_id)
+    job.kill()
+    assert plan_of(checkpoint, ack.batch_id)["protocol"]["pending"]["version"] == 2
 
-        second = start_job_process(settings, log)
-        try:
-            controller.wait_migrated("A", timeout_s=180)
-            controller.propagate("B")
-            controller.wait_migrated("B", timeout_s=180)
-            controller.done()
-            done = sum(high_watermarks(broker, topic_name).values())
+    job.start()
+    produce_slice(spec, broker, topic_name, 2)
+    controller.propagate("A")
 
-            def all_counted() -> bool:
-                frame = read_output(output)
-                return int(frame.loc[frame["stage"] == "A", "count"].sum()) == done
+    # 3. After PROPAGATE A: A's state evicted to the migration topic, not installed.
+    def a_state_moved() -> bool:
+        return sum(high_watermarks(broker, settings.migration_topic).values()) > 0
 
-            wait_while_job_runs(all_counted, "every event", second, log, poll_s=0.05)
-        finally:
-            second.send_signal(signal.SIGTERM)
-            assert second.wait(timeout=120) == 0, log.read_text()[-3000:]
+    job.wait(a_state_moved, "stage A's moved state")
+    job.kill()
+    assert "A" not in rollout_of(controller).migrated, "the kill must land before the install"
 
-    report = compare_counts(truth, read_output(output))
+    job.start()
+    produce_slice(spec, broker, topic_name, 3)
+    job.wait(migrated(controller, "A"), "MIGRATED A")
+
+    # 4. After MIGRATED A, before PROPAGATE B; the controller restarts from its file.
+    migrated_a = rollout_of(controller).migrated["A"]
+    assert migrated_a.batch_id is not None
+    job.wait_logged(migrated_a.batch_id)
+    job.kill()
+    channel.close()
+    channel = ControlChannel(broker, settings.control_topic)
+    controller = Controller(channel, state_file, store)
+    assert set(rollout_of(controller).migrated) == {"A"}
+
+    job.start()
+    produce_slice(spec, broker, topic_name, 4)
+    controller.propagate("B")
+
+    # 5. Mid-batch in B's switch batch: planned with B's evictions, not committed.
+    def b_switching() -> bool:
+        batch = planned_through(checkpoint)
+        if batch is None or is_committed(checkpoint, batch):
+            return False
+        return any(s["operator"] == "B" for s in plan_of(checkpoint, batch)["switch"])
+
+    job.wait(b_switching, "stage B's switch batch in flight")
+    switch_b = planned_through(checkpoint)
+    assert switch_b is not None
+    job.kill()
+    assert not is_committed(checkpoint, switch_b), "the kill must land mid-batch"
+    assert "B" not in rollout_of(controller).migrated
+
+    job.start()
+    produce_slice(spec, broker, topic_name, 5)
+    job.wait(migrated(controller, "B"), "MIGRATED B")
+
+    # 6. After MIGRATED B, before DONE; DONE lands while the driver is down.
+    migrated_b = rollout_of(controller).migrated["B"]
+    assert migrated_b.batch_id is not None
+    job.wait_logged(migrated_b.batch_id)
+    job.kill()
+    controller.done()
+    channel.close()
+
+    job.start()
+    produce_slice(spec, broker, topic_name, 6)
+
+    def v2_active() -> bool:
+        batch = committed_through(checkpoint)
+        return batch is not None and plan_of(checkpoint, batch)["protocol"]["active_version"] == 2
+
+    job.wait(v2_active, "v2 active in a committed plan")
+
+    # 7. The controller's process dies mid-rollout; the same command resumes it.
+    publish = ("config", "publish", str(v3_file), "--store", str(store), "--timeout", "600")
+    first_publish = keyplane_cli(home, settings, *publish)
+
+    def a_propagated_to_v3() -> bool:
+        if first_publish.poll() is not None:
+            raise AssertionError(f"publish exited early: {first_publish.communicate()[0]}")
+        saved = read_controller_file(state_file)
+        current = None if saved is None else saved.protocol.current
+        return current is not None and current.version == 3 and "A" in current.propagated
+
+    produce_slice(spec, broker, topic_name, 7)
+    job.wait(a_propagated_to_v3, "PROPAGATE A of v3")
+    first_publish.kill()
+    first_publish.communicate(timeout=60)
+    assert "v3 is active" in finished(keyplane_cli(home, settings, *publish))
+
+    # 8. v4 propagated to A, the driver killed mid hand-off, aborted while it is down.
+    channel = ControlChannel(broker, settings.control_topic)
+    controller = Controller(channel, state_file, store)
+    controller.prepare(4)
+    job.wait(acked(controller), "ACK of v4")
+    moved_before = sum(high_watermarks(broker, settings.migration_topic).values())
+    controller.propagate("A")
+
+    def a_state_moved_to_v4() -> bool:
+        return sum(high_watermarks(broker, settings.migration_topic).values()) > moved_before
+
+    job.wait(a_state_moved_to_v4, "stage A's moved state for v4")
+    job.kill()
+    assert "A" not in rollout_of(controller).migrated, "the kill must land before the install"
+    channel.close()
+    assert "v4" in finished(keyplane_cli(home, settings, "config", "abort", "--store", str(store)))
+
+    job.start()
+    produce_slice(spec, broker, topic_name, 8)
+
+    def all_counted() -> bool:
+        frame = read_output(settings.output)
+        return int(frame.loc[frame["stage"] == "A", "count"].sum()) == spec.n_events
+
+    def v4_reverted() -> bool:
+        batch = committed_through(checkpoint)
+        if batch is None:
+            return False
+        protocol = plan_of(checkpoint, batch)["protocol"]
+        return (
+            protocol["latest_version"] == 4
+            and protocol["pending"] is None
+            and all(op["phase"] == "steady" for op in protocol["phases"].values())
+        )
+
+    try:
+        job.wait(all_counted, "every event")
+        job.wait(v4_reverted, "A's state back on v3")
+    finally:
+        job.stop()
+
+    assert job.restarts == 7
+    report = compare_counts(truth, read_output(settings.output))
     assert report.expected_events == spec.n_events
     assert report.exact, report
-    latest = latest_partials(read_partials(output))
+
+    last = plan_of(checkpoint, planned_through(checkpoint) or 0)
+    assert last["routing"] == {"A": 3, "B": 3}
+    assert last["switch"] == []
+    protocol = last["protocol"]
+    assert (protocol["active_version"], protocol["pending"], protocol["held"]) == (3, None, [])
+    assert {op["phase"] for op in protocol["phases"].values()} == {"steady"}
+    saved = read_controller_file(state_file)
+    assert saved is not None
+    final = saved.protocol
+    assert final.current is None and final.active_version == 3
+    assert final.last is not None and final.last.finish is not None
+    assert (final.last.version, final.last.finish.type) == (4, "ABORT")
+
+    latest = latest_partials(read_partials(settings.output))
     live = latest[latest["count"] > 0]
     for stage in ("A", "B"):
-        table = routed_key_table(v2.operators[stage])
+        table = routed_key_table(v3.operators[stage])
         for key, routed, instance in live.loc[
             live["stage"] == stage, ["key", "routed_key", "instance"]
         ].itertuples(index=False):

@@ -11,11 +11,13 @@ ground truth. The partial-merge test is pure and needs neither.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from keyplane.aggregates import ValueCounts
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.handoff import routed_key_table
 from keyplane.kafka.producer import produce_workload
@@ -28,6 +30,7 @@ from keyplane.spark.counts_job import (
     start_counts_query,
 )
 from keyplane.spark.routed_counts import take_installs
+from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
 from keyplane.testing import routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
@@ -193,12 +196,61 @@ def test_without_routing_the_job_keeps_its_plain_output(
 
 def test_take_installs_is_idempotent_per_marker_and_source_pure() -> None:
     # Two partials of one split key arrive, one of them twice (a replayed batch).
-    installs = [("h#1", 5, 7), ("h#4", 3, 7), ("h#1", 5, 7)]
-    assert take_installs(installs, installed_marker=-1) == (8, 7, ["h#1", "h#4"])
+    installs = [("h#1", ("5", 5), 7), ("h#4", ("3", 3), 7), ("h#1", ("5", 5), 7)]
+    assert take_installs(installs, installed_marker=-1) == (
+        [("5", 5), ("3", 3)],
+        7,
+        ["h#1", "h#4"],
+    )
     # Already installed at marker 7: a later replay of the same records adds nothing.
-    assert take_installs(installs, installed_marker=7) == (0, 7, [])
+    assert take_installs(installs, installed_marker=7) == ([], 7, [])
     # A newer hand-off (marker 9) applies on top.
-    assert take_installs([("h#2", 4, 9)], installed_marker=7) == (4, 9, ["h#2"])
+    assert take_installs([("h#2", ("4", 4), 9)], installed_marker=7) == ([("4", 4)], 9, ["h#2"])
+
+
+def test_sink_keeps_each_partials_latest_state_and_readers_merge_it_pure() -> None:
+    """A batch's rows → one partial per routed key; batches' partials → the aggregate's answer."""
+    counts = ValueCounts()
+
+    def row(stage: str, key: str, rk: str, instance: int | None, values: list[str]) -> dict:
+        state = counts.add(counts.zero(), values)
+        return {
+            "kind": "count", "stage": stage, "key": key, "routed_key": rk,
+            "instance": instance, "count": len(values), "state": counts.encode(state),
+        }  # fmt: skip
+
+    batch_1 = pd.DataFrame(
+        [
+            # stage A's partial reaches the sink once per downstream group: the fullest wins
+            row("A", "h", "h#0", 0, ["x"]),
+            row("A", "h", "h#0", 0, ["x", "y"]),
+            row("A", "h", "h#3", 1, ["y", "y", "z"]),
+            row("A", "m", "m#1", 2, ["x"]),
+            {"kind": "hop", "n": 3},
+        ]
+    )
+    batch_2 = pd.DataFrame(
+        [
+            # m moved from m#1 to m#2: the tombstone is the zero and must not count
+            row("A", "m", "m#1", None, []),
+            row("A", "m", "m#2", 3, ["x", "w"]),
+        ]
+    )
+    partials = pd.concat(
+        [
+            latest_partials_of_batch(batch).assign(batch=batch_id)
+            for batch_id, batch in ((1, batch_1), (2, batch_2))
+        ],
+        ignore_index=True,
+    )
+    assert len(partials) == 5
+    merged = merge_partial_states(partials, {"A": counts})
+    assert merged.to_dict("records") == [
+        {"stage": "A", "key": "h", "result": {"x": 1, "y": 3, "z": 1}},
+        {"stage": "A", "key": "m", "result": {"w": 1, "x": 1}},
+    ]
+    # The tuple counts merge to the same totals as the running count would give.
+    assert merge_partials(partials)["count"].tolist() == [5, 2]
 
 
 @pytest.mark.integration
@@ -249,3 +301,23 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
     reasons = sorted(r["reason"].split(":")[0] for r in records)
     assert reasons == ["not JSON", "oversized", "schema", "schema"]
     assert {r["source"] for r in records} == {f"{topic_name}[1]"}
+
+    # Each one is counted in the metrics record of the batch that read it.
+    def invalid_in_metrics() -> int:
+        ends = high_watermarks(broker, settings.metrics_topic)
+        reader = KafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+        total = 0
+        for partition, end in ends.items():
+            tp = TopicPartition(settings.metrics_topic, partition)
+            reader.assign([tp])
+            reader.seek_to_beginning(tp)
+            while reader.position(tp) < end:
+                for record in reader.poll(timeout_ms=500).get(tp, []):
+                    total += json.loads(record.value)["invalid_events"]
+        reader.close()
+        return total
+
+    deadline = time.monotonic() + 60
+    while invalid_in_metrics() < len(bad) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert invalid_in_metrics() == len(bad)

@@ -1,0 +1,158 @@
+"""keyplane_scale: scale the running job's operators out or in (paper 003, Stela).
+
+Every ten minutes in ``auto`` mode, or on demand with Params:
+
+1. ``decide`` reads the newest batches of the metrics topic, measures each
+   operator's input and execute rates, detects congestion (003 §4.1),
+   computes ETP (003 §4.2) and chooses: scale-out of the congested operator
+   with the highest projected ETP (003 §5.2), scale-in of the operator with
+   the smallest ETP (003 §5.3), or nothing, which ends the run here (as does
+   a dry run);
+2. ``compute_scaled_configuration`` stores the active version with that
+   operator over its new *active* instances (Spark fixes the state
+   partitions, so scaling changes which instances hold keys);
+3. ``validate_configuration`` runs the Great Expectations configuration
+   suites on it: a failure stops the run, and nothing is published;
+4. the rollout of paper 000 §3.4, the reconfiguration DAG's: ``publish``
+   (PREPARE) → ``await_ack`` → ``migrate_A`` → ``await_migrated_A`` →
+   ``migrate_B`` → ``await_migrated_B`` → ``done``, the state of every moved
+   key handed over live;
+5. ``verify`` checks the first batches on the new version: no tuple reached
+   an inactive instance.
+
+The file only wires tasks: the steps live in ``keyplane.orchestration`` and
+import Kafka, Great Expectations and the algorithms when they run. See
+docs/orchestration.md, "Scaling".
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, Asset, Param, task
+
+from keyplane.orchestration.dagparts import params, rollout_chain, run_id
+from keyplane.orchestration.deployment import OPERATORS, deployment
+from keyplane.orchestration.triggers import AwaitRolloutOperator
+
+CONFIGURATION_ASSET = Asset(name="keyplane_routing_configuration")
+
+PARAMS = {
+    "action": Param(
+        "auto",
+        type="string",
+        enum=["auto", "out", "in"],
+        description="auto: decide from congestion and utilisation; out/in: scale on demand.",
+    ),
+    "operator": Param(
+        None,
+        type=["null", "string"],
+        enum=[None, *OPERATORS],
+        description="Operator to scale (null: Stela chooses by ETP).",
+    ),
+    "instances": Param(
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        maximum=1024,
+        description="Target active instances (null: one more or one fewer).",
+    ),
+    "dry_run": Param(False, type="boolean", description="Decide and stop."),
+    "congestion_threshold": Param(
+        1.2, type="number", minimum=1.0, maximum=10.0, description="Congestion rate α (003 §4.1)."
+    ),
+    "window": Param(5, type="integer", minimum=1, maximum=100, description="Batches judged."),
+    "scale_in_utilisation": Param(
+        0.5,
+        type="number",
+        minimum=0.0,
+        maximum=0.99,
+        description="auto scales in when Σ utilisation stays below this.",
+    ),
+    "trigger_interval_s": Param(
+        1.0, type="number", minimum=0.0, description="The job's trigger interval."
+    ),
+    "alpha": Param(
+        1.2, type="number", minimum=1.0, maximum=4.0, description="Active-instance max/mean bound."
+    ),
+    "verify_batches": Param(3, type="integer", minimum=1, maximum=1000),
+    "reply_timeout_s": Param(300, type="integer", minimum=5, maximum=3600),
+}
+
+
+with DAG(
+    dag_id="keyplane_scale",
+    description="Metrics → Stela decision → scaled configuration → GX → live rollout → verify",
+    schedule=timedelta(minutes=10),
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=20)},
+    dagrun_timeout=timedelta(minutes=60),
+    tags=["keyplane", "scaling"],
+    params=PARAMS,
+    doc_md=__doc__,
+) as dag:
+
+    @task.short_circuit
+    def decide() -> bool:
+        from keyplane.elasticity import CongestionSettings
+        from keyplane.orchestration import scale_steps
+        from keyplane.scaling import ScaleRequest
+
+        p = params()
+        request = ScaleRequest(
+            mode=p["action"],
+            operator=p["operator"],
+            instances=p["instances"],
+            congestion=CongestionSettings(
+                threshold=float(p["congestion_threshold"]), window=int(p["window"])
+            ),
+            scale_in_utilisation=float(p["scale_in_utilisation"]),
+            trigger_interval_s=float(p["trigger_interval_s"]),
+        )
+        record = scale_steps.decide(deployment(), run_id(), request, dry_run=bool(p["dry_run"]))
+        return bool(record["publish"])
+
+    @task
+    def compute_scaled_configuration() -> dict[str, Any]:
+        from keyplane.orchestration import scale_steps
+
+        return scale_steps.compute_scaled_configuration(deployment(), run_id())
+
+    @task
+    def validate_configuration() -> dict[str, Any]:
+        from keyplane.orchestration import scale_steps
+
+        return scale_steps.validate_scaled_configuration(
+            deployment(), run_id(), alpha=float(params()["alpha"])
+        )
+
+    @task
+    def publish() -> dict[str, Any]:
+        from keyplane.orchestration import scale_steps
+
+        return scale_steps.publish(deployment(), run_id())
+
+    @task(outlets=[CONFIGURATION_ASSET])
+    def done() -> dict[str, Any]:
+        from keyplane.orchestration import scale_steps
+
+        return scale_steps.done(deployment(), run_id())
+
+    @task
+    def verify() -> dict[str, Any]:
+        from keyplane.orchestration import scale_steps
+
+        return scale_steps.verify(deployment(), run_id(), batches=int(params()["verify_batches"]))
+
+    ack, migrated = rollout_chain()
+    await_batches = AwaitRolloutOperator(
+        task_id="await_new_version_batches",
+        kind="metrics",
+        batches="{{ params.verify_batches }}",
+        timeout_s="{{ params.reply_timeout_s }}",
+    )
+    (decide() >> compute_scaled_configuration() >> validate_configuration() >> publish() >> ack)
+    migrated >> done() >> await_batches >> verify()

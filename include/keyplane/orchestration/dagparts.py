@@ -1,0 +1,61 @@
+"""Task wiring shared by the DAGs that roll a version out (reconfigure, scale).
+
+Both DAGs end with the same rollout of paper 000 §3.4: await the job's ACK,
+then for each operator, upstream first, PROPAGATE and await its MIGRATED.
+:func:`rollout_chain` builds that chain inside the DAG being defined. It
+imports only Airflow (the DAG files are parsed often and under a timeout);
+the steps import the rest when they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import get_current_context, task
+
+from keyplane.orchestration.deployment import OPERATORS, deployment
+from keyplane.orchestration.triggers import AwaitRolloutOperator
+
+
+def params() -> dict[str, Any]:
+    """The running DAG run's Params."""
+    return dict(get_current_context()["params"])
+
+
+def run_id() -> str:
+    """The running DAG run's id."""
+    return str(get_current_context()["run_id"])
+
+
+@task
+def migrate(operator: str) -> dict[str, Any]:
+    """PROPAGATE the version in flight to ``operator`` (000 §3.4)."""
+    from keyplane.orchestration import tasks
+
+    return tasks.propagate(deployment(), operator)
+
+
+def rollout_chain(
+    prefix: str = "",
+    operators: Sequence[str] = OPERATORS,
+    timeout: str = "{{ params.reply_timeout_s }}",
+) -> tuple[Any, Any]:
+    """await ACK → (PROPAGATE → await MIGRATED) per operator, upstream first.
+
+    Returns the first and the last task, to wire before and after. Every wait
+    is deferred to the triggerer (:class:`AwaitRolloutOperator`), which aborts
+    the rollout when the job does not answer within ``timeout`` seconds.
+    """
+    first = last = AwaitRolloutOperator(task_id=f"{prefix}await_ack", kind="ack", timeout_s=timeout)
+    for operator in operators:
+        step = migrate.override(task_id=f"{prefix}migrate_{operator}")(operator)
+        wait = AwaitRolloutOperator(
+            task_id=f"{prefix}await_migrated_{operator}",
+            kind="migrated",
+            operator=operator,
+            timeout_s=timeout,
+        )
+        last >> step >> wait
+        last = wait
+    return first, last

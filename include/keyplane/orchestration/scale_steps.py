@@ -1,0 +1,303 @@
+"""The steps of the scale DAG, one plain function each (paper 003, Stela).
+
+Like :mod:`keyplane.orchestration.tasks`, every step takes the
+:class:`~keyplane.orchestration.deployment.Deployment` and the run's id,
+writes its record once into the run's folder (``$KEYPLANE_HOME/scale/<run>``,
+:func:`keyplane.orchestration.tasks.scale_folder`) and returns it, so a
+retried or cleared task finds the decision and the version its run already
+took. The rollout itself (PREPARE, PROPAGATE, DONE and the deferred waits) is
+the reconfiguration DAG's, unchanged: a scaled configuration is just another
+version (000 §3.4), whose state moves go through the same hand-off.
+
+The decision is :func:`keyplane.scaling.decide_scaling`'s, on the newest
+batches of the metrics topic. The scaled routing needs every key that holds
+state (:func:`keyplane.scaling.scaled_routing`: the job only moves the state
+of keys a configuration names), so :func:`compute_scaled_configuration`
+counts the keys of the events topic, from its earliest retained record: the
+job's state holds exactly the keys of the events it counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from keyplane import config as config_store
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import RoutingConfig
+from keyplane.orchestration import planning, tasks
+from keyplane.orchestration.deployment import Deployment
+from keyplane.scaling import OPERATORS, ScaleRequest, decide_scaling
+
+log = logging.getLogger(__name__)
+
+DECISION = "scale_decision.json"
+PROPOSAL = "scale_proposal.json"
+METRICS_LOOKBACK = 4
+"""Records read per batch of the window: room for batches on an older version."""
+
+
+def _folder(deployment: Deployment, run_id: str) -> Path:
+    folder = tasks.scale_folder(deployment, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def recent_metrics(deployment: Deployment, batches: int) -> list[BatchMetrics]:
+    """The newest metrics records (about ``METRICS_LOOKBACK × batches``), oldest first."""
+    end = tasks.metrics_end(deployment)
+    start = {p: max(0, o - METRICS_LOOKBACK * (batches + 1)) for p, o in end.items()}
+    records = tasks.read_metrics(deployment, start, end)
+    return sorted(records, key=lambda r: r.batch_id)
+
+
+def decide(
+    deployment: Deployment, run_id: str, request: ScaleRequest, *, dry_run: bool
+) -> dict[str, Any]:
+    """Stela's decision on the active version's newest batches (003 §4–5).
+
+    Only batches routed entirely on the active version count: a window that
+    spans a rollout would mix two layouts. A dry run records the decision and
+    never publishes.
+    """
+    folder = _folder(deployment, run_id)
+    existing = folder / DECISION
+    if existing.is_file():
+        return tasks._read(existing, "the scale decision")
+    parent = tasks.active_version(deployment, None)
+    current = config_store.load(deployment.routing_store, parent)
+    parallelism = {name: current.operators[name].parallelism for name in OPERATORS}
+    if len(set(parallelism.values())) != 1:
+        raise tasks.StepError(f"operators have different state partitions: {parallelism}")
+    records = [
+        r
+        for r in recent_metrics(deployment, request.congestion.window)
+        if r.versions and set(r.versions.values()) == {parent}
+    ]
+    active = {name: current.operators[name].active for name in OPERATORS}
+    decision = decide_scaling(records, active, parallelism["A"], request)
+    publish = decision.action != "none" and not dry_run
+    reason = f"dry run: {decision.reason}" if dry_run else decision.reason
+    record = {
+        **decision.to_record(),
+        "reason": reason,
+        "parent_version": parent,
+        "publish": publish,
+    }
+    record = tasks._write_once(existing, record)
+    log.info("scale decision: %s", record["reason"])
+    return record
+
+
+def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
+    """Tuples per key of each stage in the events topic (A: field 1, B: field 2).
+
+    Read from the earliest retained record to the end, with the job's own
+    parser, so a key counts exactly when the job would have counted it.
+    """
+    from keyplane.kafka.admin import earliest_offsets, high_watermarks
+    from keyplane.spark.kafka_source import KafkaInputPartition, read_partition
+    from keyplane.spark.routed_source import parse_event
+
+    servers, topic = deployment.bootstrap_servers, deployment.events_topic
+    first = earliest_offsets(servers, topic)
+    counts: dict[str, Counter[str]] = {name: Counter() for name in OPERATORS}
+    for partition, end in sorted(high_watermarks(servers, topic).items()):
+        begin = first.get(partition, 0)
+        if end <= begin:
+            continue
+        for batch in read_partition(KafkaInputPartition(servers, topic, partition, begin, end)):
+            for value in batch.column("value").to_pylist():
+                event, _ = parse_event(value)
+                if event is not None:
+                    counts["A"][event["a"]] += 1
+                    counts["B"][event["b"]] += 1
+    return {name: {k: float(n) for k, n in found.items()} for name, found in counts.items()}
+
+
+class ScaleProposal(BaseModel):
+    """The scaled version a run stored; the later steps read it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int
+    parent_version: int
+    checksum: str
+    operator: str
+    active_before: list[int]
+    active_after: list[int]
+    keys: int
+    tabled: int
+
+
+def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """Store the active version with the decided operator over its new active instances.
+
+    :func:`keyplane.scaling.scaled_routing` keeps every key whose instance
+    stays active and moves the others; the other operator keeps its routing.
+    """
+    from keyplane.scaling import scaled_routing
+
+    folder = _folder(deployment, run_id)
+    existing = folder / PROPOSAL
+    if existing.is_file():
+        proposal = ScaleProposal.model_validate_json(existing.read_text())
+        config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
+        return proposal.model_dump(mode="json")
+    decision = tasks._read(folder / DECISION, "the scale decision")
+    if not decision["publish"]:
+        raise tasks.StepError(f"the decision was not to scale: {decision['reason']}")
+    operator = str(decision["operator"])
+    parent = int(decision["parent_version"])
+    current = config_store.load(deployment.routing_store, parent)
+    loads = event_key_loads(deployment)[operator]
+    routing = scaled_routing(current.operators[operator], decision["active_after"][operator], loads)
+    latest = config_store.latest_version(deployment.routing_store) or parent
+    config = RoutingConfig(
+        version=latest + 1,
+        parent_version=parent,
+        created_by="scale",
+        operators={**current.operators, operator: routing},
+    )
+    saved = config_store.save(config, deployment.routing_store)
+    proposal = ScaleProposal(
+        version=saved.version,
+        parent_version=parent,
+        checksum=saved.checksum,
+        operator=operator,
+        active_before=list(decision["active_before"][operator]),
+        active_after=list(routing.active),
+        keys=len(loads),
+        tabled=len(routing.table),
+    )
+    return tasks._write_once(existing, proposal.model_dump(mode="json"))
+
+
+def validate_scaled_configuration(
+    deployment: Deployment, run_id: str, *, alpha: float
+) -> dict[str, Any]:
+    """Run the configuration suites of :mod:`keyplane.quality` on the scaled version.
+
+    Only the operators the scale changed are judged (the others keep the
+    routing that runs now). A scaled operator is judged on its active
+    instances: the suites see it as
+    an operator of ``len(active)`` instances (renumbered in order) in which
+    every key of the events topic is tabled where the job will route it, so
+    "max/mean within α" compares the active instances only and an idle
+    released instance does not count as imbalance. The verdict is recorded
+    where :func:`keyplane.orchestration.tasks.publish_version` requires it.
+    """
+    from keyplane.quality import (
+        OperatorPrediction,
+        QualitySettings,
+        quality_context,
+    )
+    from keyplane.quality import validate_configuration as run_suites
+    from keyplane.scaling import active_view
+
+    folder = _folder(deployment, run_id)
+    proposal = ScaleProposal.model_validate(tasks._read(folder / PROPOSAL, "the scale proposal"))
+    config = config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
+    parent = config_store.load(deployment.routing_store, proposal.parent_version)
+    loads = event_key_loads(deployment)
+    view = RoutingConfig(
+        version=config.version,
+        parent_version=config.parent_version,
+        created_by=config.created_by,
+        operators={
+            name: active_view(routing, loads[name])
+            for name, routing in config.operators.items()
+            if routing != parent.operators.get(name)
+        },
+    )
+    predictions = {
+        name: OperatorPrediction(
+            predicted_imbalance=planning.imbalance(planning.instance_loads(routing, loads[name])),
+            predicted_locality=0.0,
+            current_locality=0.0,
+            alpha=alpha,
+            key_loads=loads[name],
+        )
+        for name, routing in view.operators.items()
+    }
+    result = run_suites(
+        view,
+        predictions,
+        context=quality_context(deployment.gx_root),
+        settings=QualitySettings(),
+        run_name=f"configuration-v{config.version}",
+    )
+    log.info("configuration validation of scaled v%d:\n%s", config.version, result.summary)
+    record = tasks.record_validation(
+        deployment, config.version, result.success, result.summary, result.data_docs_path
+    )
+    if not record["success"]:
+        raise tasks.StepError(
+            f"v{config.version} failed validation and will not be published:\n{record['summary']}"
+        )
+    return record
+
+
+def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """PREPARE the scaled version (000 §3.4), once validated and decided."""
+    folder = _folder(deployment, run_id)
+    proposal = tasks._read(folder / PROPOSAL, "the scale proposal")
+    return tasks.publish_version(
+        deployment, int(proposal["version"]), int(proposal["parent_version"])
+    )
+
+
+def done(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """DONE: the scaled version becomes active; its metrics start here."""
+    _folder(deployment, run_id)
+    return tasks.done_into(deployment, tasks.scale_folder(deployment, run_id) / tasks.ROLLOUT)
+
+
+def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, Any]:
+    """The first ``batches`` batches on the scaled version used active instances only.
+
+    Read from the job's own metrics: every instance that processed a tuple
+    must be active in the scaled version, for both operators.
+    """
+    folder = _folder(deployment, run_id)
+    existing = folder / tasks.VERIFICATION
+    if existing.is_file():
+        return tasks._read(existing, "the verification")
+    rollout = tasks._read(folder / tasks.ROLLOUT, "the rollout record")
+    version = int(rollout["version"])
+    config = config_store.load(deployment.routing_store, version)
+    start = {int(p): int(o) for p, o in rollout["metrics_start"].items()}
+    after = [
+        r
+        for r in tasks.read_metrics(deployment, start)
+        if r.hops > 0 and r.versions and set(r.versions.values()) == {version}
+    ][:batches]
+    if len(after) < batches:
+        raise tasks.StepError(f"only {len(after)} of {batches} batches ran on v{version} yet")
+    busy: dict[str, set[int]] = {name: set() for name in OPERATORS}
+    for batch in after:
+        for name in OPERATORS:
+            busy[name] |= {int(i) for i, n in batch.load.get(name, {}).items() if n > 0}
+    stray = {
+        name: sorted(busy[name] - set(config.operators[name].active))
+        for name in OPERATORS
+        if busy[name] - set(config.operators[name].active)
+    }
+    record = tasks._write_once(
+        existing,
+        {
+            "version": version,
+            "batches": len(after),
+            "busy_instances": {name: sorted(found) for name, found in busy.items()},
+            "active_instances": {name: list(config.operators[name].active) for name in OPERATORS},
+            "stray": stray,
+            "ok": not stray,
+        },
+    )
+    if not record["ok"]:
+        raise tasks.StepError(f"v{version} routed tuples to inactive instances: {record['stray']}")
+    return record

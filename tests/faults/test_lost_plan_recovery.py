@@ -1,0 +1,128 @@
+"""A driver killed after it published a reply and before Spark logged the plan (000 §3.4).
+
+The routed source publishes the protocol's replies from ``latestOffset``;
+Spark writes the plan to its offset log only after ``latestOffset`` returns.
+A driver that dies in between has told the controller MIGRATED, but its
+checkpoint does not know it: the restarted driver plans the install batch
+again from the previous checkpoint, and by then the controller may already
+have sent its next step (PROPAGATE of the next operator, or DONE). That step
+is read at the same boundary, *before* the install is re-planned, so it must
+wait for the install instead of being dropped, or the rollout would stall.
+
+Pure logic: the job's and the controller's real state machines, with a fixed
+clock so that the interrupted and the uninterrupted run can be compared
+field by field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from keyplane.protocol import ControllerProtocol, ControlMessage, JobProtocol
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+STORE = {v: hashlib.sha256(f"manifest v{v}".encode()).hexdigest() for v in (1, 2)}
+OPS = ("A", "B")
+
+
+def fixed_clock() -> datetime:
+    return T0
+
+
+def checkpoint_of(job: JobProtocol) -> dict[str, Any]:
+    """What Spark's offset log would hold for the batch just planned."""
+    return json.loads(json.dumps(job.to_dict()))
+
+
+def revived(checkpoint: dict[str, Any]) -> JobProtocol:
+    return JobProtocol.from_dict(checkpoint, lookup_checksum=STORE.get, clock=fixed_clock)
+
+
+def boundary(
+    job: JobProtocol, controller: ControllerProtocol, messages: list[ControlMessage], plan: int
+) -> list[ControlMessage]:
+    """One ``latestOffset`` of the routed source: react, plan, install what is due, reply."""
+    replies: list[ControlMessage] = []
+    for message in messages:
+        replies += job.on_message(message, plan)
+    job.begin_batch(plan)
+    for handoff in job.migrating():
+        if handoff.switch_batch is not None and handoff.switch_batch == plan - 1:
+            replies += job.state_installed(handoff.operator, plan)
+    for reply in replies:
+        controller.on_message(reply)
+    return replies
+
+
+def test_next_step_read_before_a_replanned_install_waits_for_it_with_a_fixed_clock() -> None:
+    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
+    job = JobProtocol(OPS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
+    topic: list[ControlMessage] = []
+    boundary(job, controller, [], 0)
+    topic.append(controller.prepare(2, STORE[2]))
+    [ack] = boundary(job, controller, topic[-1:], 1)
+    topic.append(controller.propagate("A"))
+    boundary(job, controller, topic[-1:], 2)
+    switch_a = checkpoint_of(job)
+
+    # Plan 3 installs A and replies MIGRATED(A); the driver dies before the
+    # offset log holds plan 3. The controller, told, propagates B.
+    [migrated_a] = boundary(job, controller, [], 3)
+    assert (migrated_a.type, migrated_a.operator) == ("MIGRATED", "A")
+    topic.append(controller.propagate("B"))
+    uninterrupted = job
+    boundary(uninterrupted, controller, topic[-1:], 4)
+
+    restarted = revived(switch_a)
+    replies = boundary(restarted, controller, topic, 3)
+    assert replies == [ack, migrated_a]
+    assert restarted.phase("A") == "migrated" and restarted.phase("B") == "switching"
+    assert restarted.held == ()
+    boundary(restarted, controller, [], 4)
+    assert restarted.to_dict() == uninterrupted.to_dict()
+    assert restarted.routing_for_batch(4) == {"A": 2, "B": 2}
+
+    # The same for DONE: plan 5 installs B and replies MIGRATED(B); the
+    # driver dies before plan 5 is logged; the controller, told, sends DONE.
+    switch_b = checkpoint_of(restarted)
+    [migrated_b] = boundary(restarted, controller, [], 5)
+    assert (migrated_b.type, migrated_b.operator) == ("MIGRATED", "B")
+    topic.append(controller.done())
+    assert controller.active_version == 2
+
+    again = revived(switch_b)
+    boundary(again, controller, topic, 5)
+    assert again.active_version == 2 and again.pending_version is None
+    assert again.held == () and again.migrating() == ()
+    boundary(restarted, controller, topic[-1:], 6)
+    boundary(again, controller, [], 6)
+    assert again.to_dict() == restarted.to_dict()
+
+
+def test_a_next_step_for_an_operator_never_switched_is_still_ignored() -> None:
+    """Only an install already in transit makes a step wait; a step out of order is dropped."""
+    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
+    job = JobProtocol(OPS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
+    boundary(job, controller, [controller.prepare(2, STORE[2])], 0)
+    out_of_order_b = ControlMessage(
+        type="PROPAGATE",
+        config_version=2,
+        previous_version=1,
+        operator="B",
+        checksum=STORE[2],
+        sender="controller",
+    )
+    out_of_order_done = ControlMessage(
+        type="DONE", config_version=2, previous_version=1, checksum=STORE[2], sender="controller"
+    )
+
+    reactions = [job.react(m, 1) for m in (out_of_order_b, out_of_order_done)]
+
+    assert [(r.outcome, r.reason) for r in reactions] == [
+        ("ignored", "upstream_not_migrated"),
+        ("ignored", "not_migrated"),
+    ]
+    assert job.held == ()

@@ -1,0 +1,178 @@
+"""The broker crashes twice under the routed job, on durable ``s3`` storage; counts stay exact.
+
+The routed job runs as its own process on the embedded broker with ``s3``
+storage (a real local S3 server). The broker is SIGKILLed and started again
+twice: once mid-stream, and once in the middle of a live migration (paper
+000 §3.4), after stage A's moved state reached the migration topic and
+before the job reported MIGRATED. Each time the broker stays down for a
+while, so the job's reads, its protocol replies and its producers meet a
+dead broker. The moved state, the control topic and the input survive in
+the object store; the rollout completes and every count is exact.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.controller import Controller
+from keyplane.handoff import routed_key_table
+from keyplane.jobprocess import read_metrics_topic, read_rollout
+from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.broker import EmbeddedBroker
+from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.producer import produce_workload
+from keyplane.partials import latest_partials
+from keyplane.routedkeys import spark_partition
+from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
+from keyplane.testing import free_port, routed_job_topics, start_job_process, wait_while_job_runs
+from keyplane.verification import compare_counts, expected_counts
+from keyplane.workloads import ZipfEvolvingWorkload
+
+pytestmark = pytest.mark.integration
+
+P = 4
+OUTAGE_S = 3.0
+
+
+def _crash_and_restart(broker: EmbeddedBroker) -> None:
+    """SIGKILL the broker process, leave it down for ``OUTAGE_S``, start it on the same port."""
+    state = broker.status()
+    assert state is not None
+    os.killpg(state.pid, signal.SIGKILL)
+    while broker.status() is not None:
+        time.sleep(0.05)
+    time.sleep(OUTAGE_S)
+    broker.start()
+
+
+def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path: Path) -> None:
+    embedded = EmbeddedBroker(tmp_path / "broker", free_port(), storage="s3")
+    bootstrap = embedded.start().bootstrap_servers
+    job: subprocess.Popen[bytes] | None = None
+    try:
+        topic = "restarts"
+        spec = ZipfEvolvingWorkload(
+            n_keys=300, exponent=1.2, n_categories=12, n_events=12_000, seed=17
+        )
+        assert produce_workload(spec, bootstrap, topic, partitions=2) == spec.n_events
+        truth = expected_counts(spec)
+        by_count = truth.sort_values("count", ascending=False, kind="mergesort")
+        a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
+        b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
+        store = tmp_path / "routing"
+        save(
+            RoutingConfig(
+                version=1,
+                created_by="initial",
+                operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
+            ),
+            store,
+        )
+        v2 = RoutingConfig(
+            version=2,
+            parent_version=1,
+            created_by="manual",
+            operators={
+                "A": OperatorRouting(
+                    parallelism=P,
+                    table={k: (spark_partition(k, P) + 1) % P for k in a_keys[1:8]},
+                    hot_keys={a_keys[0]: (0, 2)},
+                ),
+                "B": OperatorRouting(
+                    parallelism=P, table={k: (spark_partition(k, P) + 2) % P for k in b_keys[:4]}
+                ),
+            },
+        )
+        save(v2, store)
+        settings = CountsJobSettings(
+            bootstrap_servers=bootstrap,
+            events_topic=topic,
+            checkpoint=tmp_path / "checkpoint",
+            output=tmp_path / "output",
+            shuffle_partitions=P,
+            max_offsets_per_trigger=1_000,
+            trigger_interval="2 seconds",
+            routing_store=store,
+            routing_version=1,
+            **routed_job_topics(topic),
+        )
+        log = tmp_path / "job.log"
+        output = settings.output
+
+        def batches_written(n: int) -> bool:
+            return len(list(output.glob("batch-*.parquet"))) >= n
+
+        job = start_job_process(settings, log)
+        wait_while_job_runs(
+            lambda: batches_written(1), "a first batch", job, log, timeout_s=600, poll_s=0.05
+        )
+        _crash_and_restart(embedded)
+        before = len(list(output.glob("batch-*.parquet")))
+        wait_while_job_runs(
+            lambda: batches_written(before + 1),
+            "a batch after the restart",
+            job,
+            log,
+            timeout_s=600,
+        )
+
+        with ControlChannel(bootstrap, settings.control_topic) as channel:
+            controller = Controller(channel, tmp_path / "controller.json", store)
+            controller.prepare(2)
+            controller.wait_ack(timeout_s=600)
+            controller.propagate("A")
+
+            def moved_state_written() -> bool:
+                return sum(high_watermarks(bootstrap, settings.migration_topic).values()) > 0
+
+            wait_while_job_runs(
+                moved_state_written, "A's moved state", job, log, timeout_s=600, poll_s=0.05
+            )
+            _crash_and_restart(embedded)
+            controller.poll()
+            in_flight = controller.state.current if controller.state else None
+            assert in_flight is not None and "A" not in in_flight.migrated, "crash before MIGRATED"
+            controller.wait_migrated("A", timeout_s=600)
+            controller.propagate("B")
+            controller.wait_migrated("B", timeout_s=600)
+            controller.done()
+
+            def all_counted() -> bool:
+                frame = read_output(output)
+                return int(frame.loc[frame["stage"] == "A", "count"].sum()) == spec.n_events
+
+            wait_while_job_runs(all_counted, "every event", job, log, timeout_s=600, poll_s=0.1)
+        metrics = read_metrics_topic(bootstrap, settings.metrics_topic)
+        assert metrics is not None and metrics.latest.versions == {"A": 2, "B": 2}
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if job is not None and job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        embedded.stop()
+
+    rollout = read_rollout(tmp_path / "controller.json")
+    assert rollout is not None
+    assert (rollout.active_version, rollout.in_flight, rollout.last_outcome) == (2, None, "DONE")
+    report = compare_counts(truth, read_output(output))
+    assert report.expected_events == spec.n_events
+    assert report.exact, report
+    latest = latest_partials(read_partials(output))
+    live = latest[latest["count"] > 0]
+    for stage in ("A", "B"):
+        table = routed_key_table(v2.operators[stage])
+        for key, routed, instance in live.loc[
+            live["stage"] == stage, ["key", "routed_key", "instance"]
+        ].itertuples(index=False):
+            assert routed in table.route(key) and instance == table.instance_of(routed), (
+                stage,
+                key,
+                routed,
+            )

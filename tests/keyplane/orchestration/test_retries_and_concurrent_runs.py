@@ -1,0 +1,186 @@
+"""Airflow's retries and two runs at once, on the DAG's own steps (paper 000 §3.4).
+
+Airflow retries a failed task (``retries=2``) and an operator may clear a
+task and run it again, so every rollout step must change nothing the second
+time. A scheduled and a manual run may also be created at the same time:
+``max_active_runs=1`` queues the second (``tests/dags/test_dag_integrity.py``),
+and behind it the controller's file lock and its one-rollout-in-flight rule
+hold even if both runs reach ``publish`` together: one rollout goes out, the
+other ``publish`` fails naming it, and once the first is done the other's
+proposal, planned on a version that is no longer active, is refused as stale.
+
+Real broker and control topic, real controller, real Great Expectations; the
+job is :class:`keyplane.testing.ProtocolOnlyJob`, the real job protocol
+without Spark (the Spark side of duplicates and reordering is in
+``tests/keyplane/spark/test_control_faults.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from keyplane import config as config_store
+from keyplane import statistics as stats
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.controller import ControllerError
+from keyplane.kafka.control import ControlChannel
+from keyplane.orchestration import planning, tasks
+from keyplane.orchestration.deployment import Deployment
+from keyplane.testing import ProtocolOnlyJob
+
+pytestmark = pytest.mark.integration
+
+P = 4
+SCHEDULED = "scheduled__2026-11-03T12:00:00+00:00"
+MANUAL = "manual__2026-11-03T12:00:05+00:00"
+
+
+def _write_snapshot(deployment: Deployment, run_id: str, seed: int) -> None:
+    """A statistics snapshot of a job on v1 whose stage-A keys pair with few B keys."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for a in range(60):
+        n = int(rng.integers(200, 400))
+        rows += [
+            (str(a), str(1000 + a % 30), False, int(n * 0.8)),
+            (str(a), str(1000 + a % 30), True, int(n * 0.2)),
+        ]
+    grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
+    total = int(grouped["n"].sum())
+    manifest, frames = stats.build_snapshot(
+        run_id=run_id,
+        grouped=grouped,
+        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
+        events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
+        metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
+        previous=None,
+        config=None,
+        settings=stats.StatisticsSettings(),
+    )
+    stats.write_snapshot(deployment.snapshots, manifest, **frames)
+
+
+def _plan_and_decide(deployment: Deployment, run_id: str) -> int:
+    """The run's steps up to ``decide``; the version it will publish."""
+    proposal = tasks.compute_configuration(deployment, run_id, planning.PlanParams(alpha=1.1))
+    tasks.validate_configuration(deployment, run_id)
+    tasks.backtest(deployment, run_id)
+    assert tasks.decide(deployment, run_id, planning.DecisionRule(), dry_run=False)["publish"]
+    return int(proposal["version"])
+
+
+def _eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
+    broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    deployment = Deployment(
+        home=tmp_path,
+        bootstrap_servers=broker,
+        events_topic=f"{topic_name}.events",
+        metrics_topic=f"{topic_name}.metrics",
+        control_topic=f"{topic_name}.control",
+        routing_store=tmp_path / "configs",
+        snapshots=tmp_path / "statistics",
+        controller_state=tmp_path / "controller.json",
+        gx_root=tmp_path / "gx",
+    )
+    config_store.save(
+        RoutingConfig(
+            version=1,
+            created_by="initial",
+            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
+        ),
+        deployment.routing_store,
+    )
+    # Both runs take their statistics and plan before either publishes.
+    _write_snapshot(deployment, SCHEDULED, seed=3)
+    _write_snapshot(deployment, MANUAL, seed=4)
+    planned = {run: _plan_and_decide(deployment, run) for run in (SCHEDULED, MANUAL)}
+    assert sorted(planned.values()) == [2, 3]
+    assert all(
+        config_store.load(deployment.routing_store, v).parent_version == 1 for v in planned.values()
+    )
+
+    channel = ControlChannel(broker, deployment.control_topic)
+    channel.ensure()
+    with ProtocolOnlyJob(channel, deployment.routing_store, ("A", "B"), 1) as job:
+        # Both runs' publish at the same moment.
+        start = threading.Barrier(2)
+        outcomes: dict[str, Any] = {}
+
+        def publish(run_id: str) -> None:
+            start.wait()
+            try:
+                outcomes[run_id] = tasks.publish(deployment, run_id)
+            except (ControllerError, tasks.StepError) as refused:
+                outcomes[run_id] = refused
+
+        racers = [threading.Thread(target=publish, args=(run,)) for run in planned]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(timeout=120)
+        winners = [run for run, out in outcomes.items() if isinstance(out, dict)]
+        assert len(winners) == 1, outcomes
+        winner = winners[0]
+        loser = MANUAL if winner == SCHEDULED else SCHEDULED
+        version, other = planned[winner], planned[loser]
+        assert isinstance(outcomes[loser], ControllerError)
+        assert f"v{version} is still rolling out" in str(outcomes[loser])
+        assert f"before preparing v{other}" in str(outcomes[loser])
+
+        # The winner's rollout, every step run twice as a retry would.
+        first = outcomes[winner]
+        assert tasks.publish(deployment, winner) == first
+        _eventually(lambda: tasks.reply_arrived(deployment, "ack"), "the ACK")
+        for operator in ("A", "B"):
+            once = tasks.propagate(deployment, operator)
+            assert tasks.propagate(deployment, operator) == once
+            _eventually(
+                lambda op=operator: tasks.reply_arrived(deployment, "migrated", op),
+                f"MIGRATED {operator}",
+            )
+        finished = tasks.done(deployment, winner)
+        assert tasks.done(deployment, winner) == finished
+        assert finished["version"] == version
+        assert tasks.publish(deployment, winner) == first
+        assert job.wait_until(lambda s: s.active_version == version and s.pending is None)
+
+        # The other run, retried after the first finished: refused as stale, nothing sent.
+        with pytest.raises(tasks.StepError, match=f"planned from v1, but v{version} is active"):
+            tasks.publish(deployment, loser)
+        state = job.state
+
+    assert state.active_version == version and state.latest_version == version
+    with ControlChannel(broker, deployment.control_topic) as reader:
+        read = reader.read(0)
+    assert read.rejected == ()
+    sent = [m for _, m in read.messages if m.sender == "controller"]
+    replies = [m for _, m in read.messages if m.sender == "job"]
+    assert {m.config_version for _, m in read.messages} == {version}
+    # Four distinct commands, each sent twice (PREPARE three times: two retries).
+    assert [m.type for m in sent].count("PREPARE") == 3
+    assert len(sent) == 9 and len({m.message_id for m in sent}) == 4
+    assert sorted(
+        (m.type, m.operator or "") for m in {m.message_id: m for m in replies}.values()
+    ) == [
+        ("ACK", ""),
+        ("MIGRATED", "A"),
+        ("MIGRATED", "B"),
+    ]
