@@ -62,6 +62,10 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
         help_text = f"{field.description or ''} (default: {default})"
         if origin is tuple:
             parser.add_argument(flag, dest=name, type=float, nargs="+", help=help_text)
+        elif annotation is bool:
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, help=help_text
+            )
         else:
             scalar = args[0] if args else annotation
             convert: Callable[[str], Any] = str

@@ -246,6 +246,13 @@ class PairsWorkload(_StreamSpec):
     n_keys equal to the parallelism, routing ``i`` to instance A_i and ``j`` to
     B_j is the paper's locality-aware table. Padding is uniform in
     [pad_min, pad_max] bytes (the paper varies it between 0 and 20 kB).
+
+    With ``relabel_b``, field 2 names its keys through a fixed permutation of
+    1..n_keys (the same for every seed, so streams of one workload agree), so
+    the pair (i, i) joins two keys with different names. In the
+    paper's setting the two fields are different attributes (a hashtag and a
+    city); with equal names hash routing would co-locate every local pair by
+    accident, and a locality-aware table would have nothing to win.
     """
 
     kind: Literal["pairs"] = "pairs"
@@ -253,6 +260,9 @@ class PairsWorkload(_StreamSpec):
     locality: float = Field(default=0.8, ge=0.0, le=1.0, description="Share of tuples with j == i.")
     pad_min: int = Field(default=0, ge=0, le=MAX_PAD_BYTES, description="Smallest padding, bytes.")
     pad_max: int = Field(default=0, ge=0, le=MAX_PAD_BYTES, description="Largest padding, bytes.")
+    relabel_b: bool = Field(
+        default=False, description="Field 2 names keys by a fixed permutation of 1..n_keys."
+    )
 
     @model_validator(mode="after")
     def _check_padding(self) -> PairsWorkload:
@@ -271,6 +281,9 @@ class PairsWorkload(_StreamSpec):
             b = np.where(local, a, other)
         else:
             b = a.copy()
+        if self.relabel_b:
+            names = np.random.default_rng([self._kind_code(), self.n_keys]).permutation(self.n_keys)
+            b = names[b - 1] + 1
         if self.pad_max > self.pad_min:
             pad = rng.integers(self.pad_min, self.pad_max + 1, size=size, dtype=np.int32)
         else:

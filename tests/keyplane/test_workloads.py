@@ -297,3 +297,36 @@ def test_parse_workload_round_trips_every_kind() -> None:
 def test_specs_are_frozen() -> None:
     with pytest.raises(ValidationError, match="frozen"):
         SPECS[0].n_events = 5
+
+
+def test_relabel_b_renames_field_two_and_keeps_the_pairing() -> None:
+    plain = PairsWorkload(n_events=20_000, n_keys=200, locality=1.0, seed=4)
+    relabelled = PairsWorkload(n_events=20_000, n_keys=200, locality=1.0, seed=4, relabel_b=True)
+    a_plain, b_plain = plain.events(0, 20_000).a, plain.events(0, 20_000).b
+    a_rel, b_rel = relabelled.events(0, 20_000).a, relabelled.events(0, 20_000).b
+    assert (a_plain == a_rel).all() and (b_plain == a_plain).all()
+    assert (b_rel != a_rel).mean() > 0.9
+    mapping = dict(zip(a_rel.tolist(), b_rel.tolist(), strict=True))
+    assert len(set(mapping.values())) == len(mapping)
+    assert all(1 <= v <= 200 for v in mapping.values())
+    again = PairsWorkload(n_events=20_000, n_keys=200, locality=1.0, seed=4, relabel_b=True)
+    assert (again.events(5_000, 9_000).b == b_rel[5_000:9_000]).all()
+
+
+def test_relabel_b_names_do_not_depend_on_the_seed() -> None:
+    names = [
+        dict(
+            zip(
+                *(
+                    (batch := spec.events(0, 5_000)).a.tolist(),
+                    batch.b.tolist(),
+                ),
+                strict=True,
+            )
+        )
+        for spec in (
+            PairsWorkload(n_events=5_000, n_keys=50, locality=1.0, seed=s, relabel_b=True)
+            for s in (1, 2)
+        )
+    ]
+    assert names[0] == names[1]
