@@ -184,7 +184,12 @@ def run_demo(
     home = settings.home.resolve()
     run_dir = home / "demo" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    broker = EmbeddedBroker(settings.home, settings.broker_port)
+    broker = EmbeddedBroker(
+        settings.home,
+        settings.broker_port,
+        storage=settings.broker_storage,
+        bucket=settings.broker_bucket,
+    )
     own_broker = settings.bootstrap_servers is None and broker.status() is None
     if own_broker:
         state = broker.start()

@@ -59,6 +59,7 @@ from keyplane.batchmetrics import BatchMetrics
 from keyplane.controller import ControllerError, read_controller_file
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of
 from keyplane.kafka.broker import answers_kafka
+from keyplane.kafka.security import client_config
 from keyplane.processes import (
     alive,
     session_commands,
@@ -643,7 +644,7 @@ def read_metrics_topic(
     if end == 0:
         return None
     tp = TopicPartition(topic, 0)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    consumer = KafkaConsumer(**client_config(bootstrap_servers), enable_auto_commit=False)
     latest: tuple[BatchMetrics, int] | None = None
     last_busy: BatchMetrics | None = None
     try:

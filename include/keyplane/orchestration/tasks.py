@@ -532,6 +532,7 @@ def read_metrics(
     from kafka import KafkaConsumer, TopicPartition
 
     from keyplane.kafka.admin import high_watermarks
+    from keyplane.kafka.security import client_config
 
     stop = (
         dict(end)
@@ -540,7 +541,7 @@ def read_metrics(
     )
     records: list[BatchMetrics] = []
     consumer = KafkaConsumer(
-        bootstrap_servers=deployment.bootstrap_servers, enable_auto_commit=False
+        **client_config(deployment.bootstrap_servers), enable_auto_commit=False
     )
     try:
         for partition, first in start.items():
