@@ -177,7 +177,7 @@ def test_a_silent_job_times_out_the_rollout_which_aborts_and_says_what_is_missin
         str(error),
     ), str(error)
     assert error.waited_s >= 1.0
-    assert 3 <= channel.reads <= 8, "a wait of 1 s polling every 0.25 s"
+    assert 1 <= channel.reads <= 8, "a wait of 1 s polls a few times, not in a busy loop"
     sent = on_topic(broker, topic_name, control_key).messages
     assert [m.describe() for _, m in sent] == ["PREPARE v2", "ABORT v2"]
     assert controllers().in_flight is None

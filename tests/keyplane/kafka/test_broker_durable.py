@@ -17,7 +17,7 @@ from kafka.structs import OffsetAndMetadata
 
 from keyplane.cli import main
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks, partitions_of
-from keyplane.kafka.broker import BrokerStorage, EmbeddedBroker
+from keyplane.kafka.broker import BrokerStorage, EmbeddedBroker, port_is_free
 from keyplane.testing import free_port
 
 pytestmark = pytest.mark.integration
@@ -66,7 +66,9 @@ def _kill_broker_process(broker: EmbeddedBroker) -> None:
     state = broker.status()
     assert state is not None
     os.killpg(state.pid, signal.SIGKILL)
-    while broker.status() is not None:
+    deadline = time.monotonic() + 30
+    while broker.status() is not None or not port_is_free(broker.port):
+        assert time.monotonic() < deadline, "the killed broker still holds its port after 30 s"
         time.sleep(0.05)
 
 
