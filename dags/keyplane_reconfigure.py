@@ -33,16 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, Param, TaskGroup, get_current_context, task
+from airflow.sdk import DAG, Asset, Param, TaskGroup, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from keyplane.orchestration.dagparts import rollout_chain
+from keyplane.orchestration import dagparts
+from keyplane.orchestration.dagparts import CONFIGURATION_ASSET, rollout_chain
 from keyplane.orchestration.deployment import SPARK_CONN_ID, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
 
 STATISTICS_JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "statistics.py"
 STATISTICS_ASSET = Asset(name="keyplane_statistics_snapshot")
-CONFIGURATION_ASSET = Asset(name="keyplane_routing_configuration")
 OPERATORS = ("A", "B")
 
 PARAMS = {
@@ -86,14 +86,6 @@ PARAMS = {
 }
 
 
-def _params() -> dict[str, Any]:
-    return dict(get_current_context()["params"])
-
-
-def _run_id() -> str:
-    return str(get_current_context()["run_id"])
-
-
 with DAG(
     dag_id="keyplane_reconfigure",
     description="Statistics → routing plan → GX → backtest → live rollout → verify/rollback",
@@ -112,10 +104,10 @@ with DAG(
     def statistics_args() -> list[str]:
         from keyplane.orchestration import tasks
 
-        params = _params()
+        params = dagparts.params()
         return tasks.statistics_job_args(
             deployment(),
-            _run_id(),
+            dagparts.run_id(),
             decay=float(params["decay"]),
             holdout_fraction=float(params["holdout_fraction"]),
         )
@@ -134,14 +126,16 @@ with DAG(
         from keyplane.orchestration import tasks
 
         return tasks.validate_statistics(
-            deployment(), _run_id(), min_total_count=int(_params()["min_total_count"])
+            deployment(),
+            dagparts.run_id(),
+            min_total_count=int(dagparts.params()["min_total_count"]),
         )
 
     @task(inlets=[STATISTICS_ASSET])
     def compute_configuration() -> dict[str, Any]:
         from keyplane.orchestration import planning, tasks
 
-        params = _params()
+        params = dagparts.params()
         plan = planning.PlanParams(
             alpha=float(params["alpha"]),
             operators=tuple(params["operators"]),
@@ -149,53 +143,55 @@ with DAG(
             window=params["window"],
             max_table_entries=params["max_table_entries"],
         )
-        return tasks.compute_configuration(deployment(), _run_id(), plan)
+        return tasks.compute_configuration(deployment(), dagparts.run_id(), plan)
 
     @task
     def validate_configuration() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
-        return tasks.validate_configuration(deployment(), _run_id())
+        return tasks.validate_configuration(deployment(), dagparts.run_id())
 
     @task
     def backtest() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
-        return tasks.backtest(deployment(), _run_id())
+        return tasks.backtest(deployment(), dagparts.run_id())
 
     @task.short_circuit
     def decide() -> bool:
         from keyplane.orchestration import planning, tasks
 
-        params = _params()
+        params = dagparts.params()
         rule = planning.DecisionRule(
             min_gain=float(params["min_gain"]),
             migration_cost=float(params["migration_cost"]),
             force=bool(params["force"]),
         )
-        record = tasks.decide(deployment(), _run_id(), rule, dry_run=bool(params["dry_run"]))
+        record = tasks.decide(
+            deployment(), dagparts.run_id(), rule, dry_run=bool(params["dry_run"])
+        )
         return bool(record["publish"])
 
     @task
     def publish() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
-        return tasks.publish(deployment(), _run_id())
+        return tasks.publish(deployment(), dagparts.run_id())
 
     @task(outlets=[CONFIGURATION_ASSET])
     def done() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
-        return tasks.done(deployment(), _run_id())
+        return tasks.done(deployment(), dagparts.run_id())
 
     @task.branch
     def verify() -> str | None:
         from keyplane.orchestration import planning, tasks
 
-        params = _params()
+        params = dagparts.params()
         record = tasks.verify(
             deployment(),
-            _run_id(),
+            dagparts.run_id(),
             planning.VerifyTolerances(alpha=float(params["alpha"])),
             batches=int(params["verify_batches"]),
         )
@@ -218,20 +214,20 @@ with DAG(
         def prepare_rollback() -> dict[str, Any]:
             from keyplane.orchestration import tasks
 
-            return tasks.prepare_rollback(deployment(), _run_id())
+            return tasks.prepare_rollback(deployment(), dagparts.run_id())
 
         @task(outlets=[CONFIGURATION_ASSET])
         def rollback_done() -> dict[str, Any]:
             from keyplane.orchestration import tasks
 
-            return tasks.done(deployment(), _run_id(), record_name="rollback_rollout.json")
+            return tasks.done(deployment(), dagparts.run_id(), record_name="rollback_rollout.json")
 
         @task
         def report_rollback() -> None:
             from keyplane.orchestration import tasks
 
             record = tasks.verify(
-                deployment(), _run_id(), tasks.planning.VerifyTolerances(), batches=0
+                deployment(), dagparts.run_id(), tasks.planning.VerifyTolerances(), batches=0
             )
             raise AirflowFailException(
                 f"v{record['version']} regressed ({record['reason']}) and was rolled back"

@@ -30,13 +30,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, Param, task
+from airflow.sdk import DAG, Param, task
 
-from keyplane.orchestration.dagparts import params, rollout_chain, run_id
+from keyplane.orchestration.dagparts import CONFIGURATION_ASSET, params, rollout_chain, run_id
 from keyplane.orchestration.deployment import OPERATORS, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
-
-CONFIGURATION_ASSET = Asset(name="keyplane_routing_configuration")
 
 PARAMS = {
     "action": Param(

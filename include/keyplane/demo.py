@@ -368,16 +368,8 @@ def measure_phase(records: Sequence[BatchMetrics], version: int, full_rows: int)
         return None
     full = [r for r in on_version if r.rows >= full_rows] or on_version
     measured = planning.measure(on_version)
-    per_operator: dict[str, float] = {}
-    for operator in OPERATORS:
-        summed: dict[int, int] = {}
-        for record in on_version:
-            for instance, tuples in record.load.get(operator, {}).items():
-                summed[int(instance)] = summed.get(int(instance), 0) + int(tuples)
-        if summed:
-            per_operator[operator] = planning.imbalance(
-                np.fromiter(summed.values(), dtype=np.float64)
-            )
+    imbalance = planning.measured_imbalance(on_version)
+    per_operator = {op: imbalance[op] for op in OPERATORS if op in imbalance}
     return Phase(
         version=version,
         batches=len(on_version),

@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import get_current_context, task
+from airflow.sdk import Asset, get_current_context, task
 
 from keyplane.orchestration.deployment import OPERATORS, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
+
+#: The published configuration: both DAGs update it when a rollout is DONE.
+CONFIGURATION_ASSET = Asset(name="keyplane_routing_configuration")
 
 
 def params() -> dict[str, Any]:

@@ -509,23 +509,28 @@ class Measured:
     lag: float | None
 
 
+def measured_imbalance(records: Iterable[BatchMetrics]) -> dict[str, float]:
+    """Each operator's max/mean of the tuples its instances took over ``records``."""
+    loads: dict[str, dict[int, int]] = {}
+    for record in records:
+        for operator, per_instance in record.load.items():
+            summed = loads.setdefault(operator, {})
+            for instance, tuples in per_instance.items():
+                summed[int(instance)] = summed.get(int(instance), 0) + int(tuples)
+    return {
+        operator: imbalance(np.fromiter(summed.values(), dtype=np.float64))
+        for operator, summed in loads.items()
+        if summed
+    }
+
+
 def measure(records: Iterable[BatchMetrics]) -> Measured:
     batches = list(records)
     if not batches:
         return Measured(0, 0, None, None, None)
     hops = sum(r.hops for r in batches)
     local = sum(r.local_hops for r in batches)
-    loads: dict[str, dict[int, int]] = {}
-    for record in batches:
-        for operator, per_instance in record.load.items():
-            summed = loads.setdefault(operator, {})
-            for instance, tuples in per_instance.items():
-                summed[int(instance)] = summed.get(int(instance), 0) + int(tuples)
-    worst = [
-        imbalance(np.fromiter(summed.values(), dtype=np.float64))
-        for summed in loads.values()
-        if summed
-    ]
+    worst = list(measured_imbalance(batches).values())
     return Measured(
         batches=len(batches),
         rows=sum(r.rows for r in batches),

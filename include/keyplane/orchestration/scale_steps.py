@@ -253,8 +253,7 @@ def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
 
 def done(deployment: Deployment, run_id: str) -> dict[str, Any]:
     """DONE: the scaled version becomes active; its metrics start here."""
-    _folder(deployment, run_id)
-    return tasks.done_into(deployment, tasks.scale_folder(deployment, run_id) / tasks.ROLLOUT)
+    return tasks.done_into(deployment, _folder(deployment, run_id) / tasks.ROLLOUT)
 
 
 def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, Any]:
