@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 from _harness import emit, private_broker
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.config import RoutingConfig, save
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.producer import produce_workload
 from keyplane.orchestration import dagrun
@@ -56,14 +56,7 @@ def main() -> None:
         produce_workload(spec, bootstrap, topic, partitions=8)
         produce_s = time.monotonic() - started
         store = tmp / "store"
-        save(
-            RoutingConfig(
-                version=1,
-                created_by="initial",
-                operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-            ),
-            store,
-        )
+        save(RoutingConfig.all_hash(P, ("A", "B")), store)
         topics = routed_job_topics(topic)
         settings = CountsJobSettings(
             bootstrap_servers=bootstrap,

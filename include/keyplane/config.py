@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -177,6 +178,15 @@ class RoutingConfig(BaseModel):
         if unnamed:
             raise ValueError("operator names must not be blank")
         return self
+
+    @classmethod
+    def all_hash(cls, parallelism: int, operators: Sequence[str]) -> RoutingConfig:
+        """Version 1 of a new job: every operator on hash routing (no table, no hot keys)."""
+        return cls(
+            version=1,
+            created_by="initial",
+            operators={name: OperatorRouting(parallelism=parallelism) for name in operators},
+        )
 
 
 class ConfigStoreError(Exception):

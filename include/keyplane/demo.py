@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from keyplane import config as config_store
 from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.config import RoutingConfig
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import produce_workload
@@ -198,14 +198,7 @@ def run_demo(
     topic = f"{settings.events_topic}.demo-{run_id}"
     topics = routed_job_topics(topic)
     store = run_dir / "configs"
-    config_store.save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={name: OperatorRouting(parallelism=instances) for name in OPERATORS},
-        ),
-        store,
-    )
+    config_store.save(RoutingConfig.all_hash(instances, OPERATORS), store)
     # The job and the DAG sign and check control messages with one key (keyplane.signing);
     # without a configured one, the run makes its own.
     key = os.environ.get(KEY_ENV_VAR) or secrets.token_hex(16)

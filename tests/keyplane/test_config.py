@@ -241,3 +241,11 @@ def test_property_any_valid_config_round_trips_through_the_store(config: Routing
     with tempfile.TemporaryDirectory() as directory:
         saved = save(config, directory)
         assert load(directory, config.version, expected_checksum=saved.checksum) == config
+
+
+def test_all_hash_is_an_initial_version_with_hash_routing_for_each_operator() -> None:
+    config = RoutingConfig.all_hash(4, ("A", "B"))
+    assert (config.version, config.parent_version, config.created_by) == (1, None, "initial")
+    assert list(config.operators) == ["A", "B"]
+    for routing in config.operators.values():
+        assert routing == OperatorRouting(parallelism=4)

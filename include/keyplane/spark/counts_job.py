@@ -45,7 +45,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from keyplane import config as config_store
 from keyplane.aggregates import AggregateSpecError, KeyedAggregate, RunningCount, load_aggregate
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.config import RoutingConfig
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
 from keyplane.partials import merge_partials
@@ -222,11 +222,7 @@ def initial_version(settings: CountsJobSettings) -> int:
     if latest is not None:
         return latest
     n = settings.shuffle_partitions
-    initial = RoutingConfig(
-        version=1,
-        created_by="initial",
-        operators={name: OperatorRouting(parallelism=n) for name in OPERATORS},
-    )
+    initial = RoutingConfig.all_hash(n, OPERATORS)
     return config_store.save(initial, settings.routing_store).version
 
 
