@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from tqdm import tqdm
 
 from keyplane import config as config_store
+from keyplane.aggregates import AggregateSpecError
 from keyplane.config import RoutingConfig
 from keyplane.config_report import render_config, render_diff
 from keyplane.controller import Controller, ControllerError, RolloutProgress, RolloutTimeout
@@ -28,6 +29,7 @@ from keyplane.jobprocess import (
     JobError,
     JobProcess,
     JobStatus,
+    describe_aggregates,
 )
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
@@ -410,6 +412,8 @@ def _versions(versions: dict[str, int]) -> str:
 def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:
     """``keyplane job status``: the process, what its batches did, and the rollout."""
     lines = [_line("job", _job_line(status))]
+    if status.running is not None:
+        lines.append(_line("aggregates", describe_aggregates(status.running.aggregates())))
     snapshot = status.metrics
     if status.metrics_problem is not None:
         lines.append(_line("metrics", f"unavailable: {status.metrics_problem}"))
@@ -464,12 +468,30 @@ def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:
     return lines
 
 
+def _import_from_the_working_directory() -> None:
+    """Let a stage's ``module:attr`` name a module of the current directory, as the job does.
+
+    The job runs as ``python -m`` in this directory, which puts it first on the
+    job's import path; the ``keyplane`` script's path has the script's own
+    directory there instead, so without this the check at the boundary would
+    refuse a module the job imports (uvicorn's ``--app-dir`` does the same).
+    """
+    here = str(Path.cwd())
+    if here not in sys.path:
+        sys.path.insert(0, here)
+
+
 def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
+    specs = (getattr(args, "stage_a_aggregate", None), getattr(args, "stage_b_aggregate", None))
+    if any(specs):
+        _import_from_the_working_directory()
     return JobProcess(
         settings,
         shuffle_partitions=getattr(args, "shuffle_partitions", 4),
         max_offsets_per_trigger=getattr(args, "max_offsets_per_trigger", None),
         master=getattr(args, "master", None),
+        stage_a_aggregate=specs[0],
+        stage_b_aggregate=specs[1],
     )
 
 
@@ -647,6 +669,14 @@ def build_parser() -> argparse.ArgumentParser:
     job_start.add_argument(
         "--master", help="Spark master URL (default: KEYPLANE_SPARK_MASTER or local[2])"
     )
+    for stage, keyed_by in (("a", "field 1, gets field 2"), ("b", "field 2, gets field 1")):
+        job_start.add_argument(
+            f"--stage-{stage}-aggregate",
+            metavar="MODULE:ATTR",
+            help=f"stage {stage.upper()}'s keyed aggregate (keyed by {keyed_by}), a "
+            "keyplane.aggregates.KeyedAggregate instance or class; fixed for the life of the "
+            "checkpoint (default: the running count)",
+        )
     job_start.add_argument(
         "--timeout",
         type=_seconds,
@@ -776,6 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = ".".join(str(p) for p in first["loc"]) or "input"
         print(f"keyplane: invalid {where}: {first['msg']}", file=sys.stderr)
     except (
+        AggregateSpecError,
         BrokerError,
         TopicError,
         CliError,

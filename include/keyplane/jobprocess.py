@@ -5,7 +5,9 @@ controller, Airflow and the operator all need to know whether it runs and
 what it does. So, like :class:`~keyplane.kafka.broker.EmbeddedBroker`, it runs
 detached, and ``<home>/job/job.pid`` records its pid, command line, start
 time, checkpoint and output, so that ``stop`` and ``status`` in another shell
-find it. Its stdout and stderr go to ``<home>/job/job.log``.
+find it. Its stdout and stderr go to ``<home>/job/job.log``, and
+``<home>/job/aggregates.json`` names the stages' keyed aggregates
+(:mod:`keyplane.aggregates`) whose states the checkpoint holds.
 
 Start returns once the job is demonstrably up, because Spark takes 10-20 s to
 start and most failures (Kafka, the configuration store, the signing key)
@@ -29,10 +31,10 @@ that every other ``keyplane`` command, which imports this module, stays quick.
 
 Status reads three sources, each on its own so that one being unavailable
 (broker down, no rollout yet) does not hide the others: the pid file and the
-log (is the job running, what was its last batch with events), the last
-records of the metrics topic (routing versions, lag, throughput, locality,
-imbalance), and the controller's state file (a rollout in flight or the last
-one finished). Nothing is sent anywhere.
+log (is the job running, with which aggregates, what was its last batch with
+events), the last records of the metrics topic (routing versions, lag,
+throughput, locality, imbalance), and the controller's state file (a rollout
+in flight or the last one finished). Nothing is sent anywhere.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from keyplane.aggregates import load_aggregate
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.controller import ControllerError, read_controller_file
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of
@@ -84,6 +87,8 @@ PROGRESS_GRACE_S = 2.0
 QUERY_GRACE_S = 3.0
 """How long a started query with no events must keep running to count as up: the
 routed source fails on a bad store or key at its first planning, a trigger later."""
+AGGREGATE_FLAGS = {"A": "--stage-a-aggregate", "B": "--stage-b-aggregate"}
+"""The job's command-line flag of each stage's keyed aggregate (``keyplane.spark.counts_job``)."""
 
 
 class JobError(RuntimeError):
@@ -113,6 +118,15 @@ class JobRecord(BaseModel):
     checkpoint: Path
     output: Path
     log_offset: int = Field(default=0, ge=0)
+
+    def aggregates(self) -> dict[str, str | None]:
+        """Each stage's ``module:attr`` as the job's command line names it; None: the default.
+
+        Read from the recorded command, the job's own settings, so that
+        ``status`` needs neither PySpark nor the user's module to say it.
+        """
+        flags = dict(zip(self.command, self.command[1:], strict=False))
+        return {stage: flags.get(flag) for stage, flag in AGGREGATE_FLAGS.items()}
 
 
 @dataclass(frozen=True)
@@ -201,6 +215,11 @@ class JobProcess:
 
     Every topic, the bootstrap servers and the configuration store come from
     ``settings``; ``master`` defaults to ``settings.spark_master``.
+    ``stage_a_aggregate`` and ``stage_b_aggregate`` name the stages' keyed
+    aggregates as ``module:attr`` (None: the running count). They are
+    loaded here, so that a bad one raises
+    :class:`~keyplane.aggregates.AggregateSpecError` before anything starts
+    rather than inside a Spark task of a detached process.
     """
 
     def __init__(
@@ -210,16 +229,23 @@ class JobProcess:
         shuffle_partitions: int = 4,
         max_offsets_per_trigger: int | None = None,
         master: str | None = None,
+        stage_a_aggregate: str | None = None,
+        stage_b_aggregate: str | None = None,
     ) -> None:
+        for spec in (stage_a_aggregate, stage_b_aggregate):
+            if spec is not None:
+                load_aggregate(spec)
         self.settings = settings
         self.directory = settings.home.resolve() / "job"
         self.pid_file = self.directory / "job.pid"
         self.log = self.directory / "job.log"
         self.checkpoint = self.directory / "checkpoint"
         self.output = self.directory / "output"
+        self.aggregates_file = self.directory / "aggregates.json"
         self.shuffle_partitions = shuffle_partitions
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.master = master or settings.spark_master
+        self.aggregates = {"A": stage_a_aggregate, "B": stage_b_aggregate}
 
     def job_settings(self) -> CountsJobSettings:
         """The routed job's settings. Only values given become flags of its command
@@ -243,6 +269,9 @@ class JobProcess:
         }
         if self.max_offsets_per_trigger is not None:
             values["max_offsets_per_trigger"] = self.max_offsets_per_trigger
+        for stage, spec in self.aggregates.items():
+            if spec is not None:
+                values[f"stage_{stage.lower()}_aggregate"] = spec
         return CountsJobSettings.model_validate(values)
 
     # --- the pid file ----------------------------------------------------------------------
@@ -288,19 +317,29 @@ class JobProcess:
     def start(self, timeout_s: float = START_TIMEOUT_S) -> StartResult:
         """Launch the job unless one runs, and wait until it is up (module docstring).
 
-        Kafka, the events topic and the signing key are checked first, as the
-        job would otherwise fail on them only after Spark has started. A job
-        that exits before it is up raises :class:`JobExited`; one not up
-        within ``timeout_s`` is stopped and raises :class:`JobError`. Either
-        way its pid file is removed.
+        Kafka, the events topic, the signing key and the checkpoint's
+        aggregates (:meth:`_check_checkpoint_aggregates`) are checked first,
+        as the job would otherwise fail on them only after Spark has started.
+        A running job with other aggregates is an error, not "already
+        running". A job that exits before it is up raises :class:`JobExited`;
+        one not up within ``timeout_s`` is stopped and raises
+        :class:`JobError`. Either way its pid file is removed.
         """
         with self._start_lock():
             running, stale = self._live_record()
             if running is not None:
+                if running.aggregates() != self.aggregates:
+                    raise JobError(
+                        f"the job already runs (pid {running.pid}) with "
+                        f"{describe_aggregates(running.aggregates())}, not "
+                        f"{describe_aggregates(self.aggregates)}; a checkpoint keeps its "
+                        "aggregates for life"
+                    )
                 return StartResult(record=running, already_running=True)
             from keyplane.spark.counts_job import job_command
 
             settings = self.job_settings()
+            self._check_checkpoint_aggregates()
             waiting = self._events_waiting(settings)
             command = job_command(settings)
             log_offset = self.log.stat().st_size if self.log.exists() else 0
@@ -344,6 +383,35 @@ class JobProcess:
             stale=stale,
             events_waiting=waiting,
         )
+
+    def _check_checkpoint_aggregates(self) -> None:
+        """Refuse aggregates other than those whose states the checkpoint holds.
+
+        The aggregates are fixed for the life of a checkpoint: its state store
+        keeps each routed key's state as their ``encode`` wrote it, and another
+        aggregate's ``decode`` would misread it inside a Spark task, after the
+        job is up. So the first start of a checkpoint records them next to it,
+        and a restart must name the same ones. A checkpoint with commits but
+        no record dates from before the option and holds running counts.
+        """
+        if _last_commit(self.checkpoint) is None:
+            write_atomically(self.aggregates_file, json.dumps(self.aggregates) + "\n")
+            return
+        try:
+            stored = json.loads(self.aggregates_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            stored = {"A": None, "B": None}
+        except (OSError, ValueError) as exc:
+            raise JobError(
+                f"cannot read {self.aggregates_file} ({exc}); it names the aggregates "
+                f"whose states {self.checkpoint} holds"
+            ) from None
+        if stored != self.aggregates:
+            raise JobError(
+                f"the checkpoint {self.checkpoint} holds the states of "
+                f"{describe_aggregates(stored)}, not {describe_aggregates(self.aggregates)}; "
+                f"start with the same aggregates, or move {self.directory} aside to start afresh"
+            )
 
     def _events_waiting(self, settings: CountsJobSettings) -> int | None:
         """Check what the job needs before Spark starts, and count the events it has to read.
@@ -499,6 +567,13 @@ class JobProcess:
             return ()
         lines = [line for line in text.splitlines() if line.strip()]
         return tuple(lines[-LOG_TAIL_LINES:])
+
+
+def describe_aggregates(aggregates: dict[str, str | None]) -> str:
+    """The stages' aggregates in words: "A the running count, B myjob.aggregates:Distinct"."""
+    return ", ".join(
+        f"{stage} {spec or 'the running count'}" for stage, spec in sorted(aggregates.items())
+    )
 
 
 # --- the log -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The routed job as a managed background process: start, stop, status.
 
 One test runs the real job under Spark, started twice (a minute or two on 2
-cores), and one a job that fails as Spark starts. The others need no Spark:
+cores), with a user's keyed aggregate in stage B, and one a job that fails as
+Spark starts. The others need no Spark:
 they put a stand-in process (``sleep``) behind a pid file, or feed the
 metrics topic and the controller's state file by hand, and say so in their
 names.
@@ -13,15 +14,19 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from keyplane.aggregates import AggregateSpecError, RunningCount, ValueCounts
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.cli import main as cli_main
+from keyplane.cli import render_job_status
 from keyplane.controller import ControllerFile
+from keyplane.events import key_name
 from keyplane.jobprocess import (
     JobError,
     JobExited,
@@ -36,11 +41,13 @@ from keyplane.kafka.producer import make_producer, produce_workload
 from keyplane.processes import alive, start_detached
 from keyplane.protocol import ControllerProtocol
 from keyplane.settings import Settings
-from keyplane.spark.counts_job import PROGRESS_PREFIX
+from keyplane.signing import MissingKeyError
+from keyplane.spark.counts_job import PROGRESS_PREFIX, job_command, parse_settings, read_results
 from keyplane.testing import free_port
 from keyplane.workloads import ZipfEvolvingWorkload
 
 JOB_COMMAND = (sys.executable, "-m", "keyplane.spark.counts_job", "--checkpoint", "x")
+VALUE_COUNTS = "keyplane.aggregates:ValueCounts"
 
 
 def _env(home: Path, broker: str, topic: str) -> dict[str, str]:
@@ -100,22 +107,45 @@ def stand_in(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
 # --- the real job ----------------------------------------------------------------------------
 
 
+def _answers(spec: ZipfEvolvingWorkload) -> dict[tuple[str, str], object]:
+    """Ground truth of the job below: stage A's count per key (the running count), stage
+    B's count of each field-1 value per key (:class:`~keyplane.aggregates.ValueCounts`)."""
+    counts: Counter[str] = Counter()
+    values: dict[str, Counter[str]] = {}
+    for batch in spec.batches(100_000):
+        for a, b in zip(batch.a.tolist(), batch.b.tolist(), strict=True):
+            counts[key_name(a)] += 1
+            values.setdefault(key_name(b), Counter())[key_name(a)] += 1
+    return {("A", key): n for key, n in counts.items()} | {
+        ("B", key): dict(sorted(met.items())) for key, met in values.items()
+    }
+
+
 @pytest.mark.integration
 def test_start_status_stop_restart_of_the_routed_job(
-    settings: Settings, broker: str, topic_name: str, capsys: pytest.CaptureFixture[str]
+    settings: Settings,
+    broker: str,
+    topic_name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The whole life of the job under Spark, once, with the CLI's views of it.
 
-    The restart has no events left to read, so it runs no batch: it must
-    still be recognised as up rather than stopped at the timeout.
+    Stage B runs :class:`~keyplane.aggregates.ValueCounts`, a user's aggregate
+    as ``keyplane job start --stage-b-aggregate`` names it; the CLI's second
+    start finds the job only if it passes the same one. The restart has no
+    events left to read, so it runs no batch: it must still be recognised as
+    up rather than stopped at the timeout.
     """
     spec = ZipfEvolvingWorkload(n_events=3000, n_keys=500, seed=7)
     assert produce_workload(spec, broker, topic_name, partitions=2) == 3000
-    job = JobProcess(settings, shuffle_partitions=2)
+    job = JobProcess(settings, shuffle_partitions=2, stage_b_aggregate=VALUE_COUNTS)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI adds the working directory
 
     try:
         started = job.start(timeout_s=300)
         again = job.start()
+        assert cli_main(["job", "start", "--stage-b-aggregate", VALUE_COUNTS]) == 0
         status = job.status()
         deadline = time.monotonic() + 60
         while (
@@ -148,6 +178,8 @@ def test_start_status_stop_restart_of_the_routed_job(
     assert status.events_waiting == 0
 
     out = capsys.readouterr().out.splitlines()
+    assert f"job already running (pid {started.record.pid}, up " in out[0]
+    assert f"aggregates   A the running count, B {VALUE_COUNTS}" in out
     assert "versions     A v1, B v1" in out
     assert "input lag    0 events at that batch" in out
     assert "unread       0 events past the checkpoint" in out
@@ -160,7 +192,9 @@ def test_start_status_stop_restart_of_the_routed_job(
     assert stopped.outcome == "stopped" and stopped.record == started.record
     assert stopped_again.outcome == "not running"
     assert not alive(started.record.pid, started.record.command)
-    assert any(job.output.glob("batch-*.parquet"))
+    results = read_results(job.output, {"A": RunningCount(), "B": ValueCounts()})
+    answers = {(stage, key): result for stage, key, result in results.itertuples(index=False)}
+    assert answers == _answers(spec)
 
     assert not restarted.already_running and restarted.record.pid != started.record.pid
     assert (restarted.events_waiting, restarted.first_progress) == (0, None)
@@ -246,6 +280,85 @@ def test_job_command_takes_topics_store_and_options_from_settings(tmp_path: Path
     assert "max_offsets_per_trigger" not in unlimited.model_fields_set
 
 
+def test_stage_aggregates_reach_the_job_command_line_and_its_record(tmp_path: Path) -> None:
+    """What ``--stage-b-aggregate`` gives the job: its flag, parsed back into the job's
+    settings, and the stage's aggregate that ``status`` reads from the pid file."""
+    job = JobProcess(Settings(home=tmp_path), stage_b_aggregate=VALUE_COUNTS)
+    command = job_command(job.job_settings())
+    record = _record(1, tuple(command))
+
+    parsed = parse_settings(command[3:])
+
+    assert command[command.index("--stage-b-aggregate") + 1] == VALUE_COUNTS
+    assert "--stage-a-aggregate" not in command
+    assert (parsed.stage_a_aggregate, parsed.stage_b_aggregate) == (None, VALUE_COUNTS)
+    assert type(parsed.aggregates()["B"]).__name__ == "ValueCounts"
+    assert record.aggregates() == {"A": None, "B": VALUE_COUNTS}
+    assert _record(1).aggregates() == {"A": None, "B": None}
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("keyplane.aggregates", "expected 'module:attr'"),
+        ("no_such_module:Agg", "cannot import 'no_such_module'"),
+        ("keyplane.aggregates:Nope", "keyplane.aggregates has no 'Nope'"),
+        ("keyplane.settings:Settings", "is not a KeyedAggregate: missing zero, add"),
+    ],
+)
+def test_an_unloadable_aggregate_is_refused_before_anything_starts(
+    tmp_path: Path, spec: str, problem: str
+) -> None:
+    with pytest.raises(AggregateSpecError) as failure:
+        JobProcess(Settings(home=tmp_path), stage_a_aggregate=spec)
+
+    assert str(failure.value).startswith(f"aggregate {spec!r}")
+    assert problem in str(failure.value)
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_checkpoint_keeps_the_aggregates_it_was_started_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first start records the aggregates; once the checkpoint has a commit, a
+    start with others is refused before Spark. Without a signing key every start
+    that passes that check stops at the next one, so none reaches Kafka or Spark."""
+    monkeypatch.delenv("KEYPLANE_CONTROL_KEY", raising=False)
+    settings = Settings(home=tmp_path)
+    first = JobProcess(settings, stage_b_aggregate=VALUE_COUNTS)
+    with pytest.raises(MissingKeyError):
+        first.start()
+    (first.checkpoint / "commits").mkdir(parents=True)
+    (first.checkpoint / "commits" / "0").write_text("v1\n{}\n")
+
+    with pytest.raises(JobError) as refused:
+        JobProcess(settings).start()
+    with pytest.raises(MissingKeyError):
+        JobProcess(settings, stage_b_aggregate=VALUE_COUNTS).start()
+
+    assert str(refused.value) == (
+        f"the checkpoint {first.checkpoint} holds the states of A the running count, "
+        f"B {VALUE_COUNTS}, not A the running count, B the running count; start with the "
+        f"same aggregates, or move {first.directory} aside to start afresh"
+    )
+    assert not first.pid_file.exists() and not first.log.exists()
+
+
+def test_a_checkpoint_from_before_the_aggregate_options_holds_running_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KEYPLANE_CONTROL_KEY", raising=False)
+    settings = Settings(home=tmp_path)
+    job = JobProcess(settings, stage_a_aggregate=VALUE_COUNTS)
+    (job.checkpoint / "commits").mkdir(parents=True)
+    (job.checkpoint / "commits" / "3").write_text("v1\n{}\n")
+
+    with pytest.raises(JobError, match="holds the states of A the running count, B the running"):
+        job.start()
+    with pytest.raises(MissingKeyError):
+        JobProcess(settings).start()
+
+
 # --- the pid file, with a stand-in process ---------------------------------------------------
 
 
@@ -261,6 +374,42 @@ def test_start_with_a_stand_in_job_running_does_nothing(
     assert result.already_running and result.record == record
     assert stand_in.poll() is None and not job.log.exists()
     assert JobRecord.model_validate_json(job.pid_file.read_text()) == record
+
+
+def test_a_stand_in_job_running_an_aggregate_is_shown_and_not_taken_for_another(
+    tmp_path: Path,
+) -> None:
+    """A start that names other aggregates than the running job's is an error, not
+    "already running"; the same ones find the job, and ``job status`` names them."""
+    command = (
+        sys.executable,
+        "-c",
+        "import time; time.sleep(300)",
+        "--stage-b-aggregate",
+        VALUE_COUNTS,
+    )
+    proc = start_detached(command, tmp_path / "stand-in.log")
+    try:
+        job = JobProcess(Settings(home=tmp_path), stage_b_aggregate=VALUE_COUNTS)
+        record = _record(proc.pid, command)
+        _write_pid_file(job, record)
+
+        same = job.start()
+        with pytest.raises(JobError) as other:
+            JobProcess(Settings(home=tmp_path)).start()
+        lines = render_job_status(job.status(read_metrics=False), "metrics")
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert same.already_running and same.record == record
+    assert str(other.value) == (
+        f"the job already runs (pid {proc.pid}) with A the running count, B {VALUE_COUNTS}, "
+        "not A the running count, B the running count; a checkpoint keeps its aggregates "
+        "for life"
+    )
+    assert f"aggregates   A the running count, B {VALUE_COUNTS}" in lines
+    assert not job.log.exists()
 
 
 def test_stop_of_a_stand_in_job_then_stop_again(
