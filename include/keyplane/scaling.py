@@ -7,9 +7,13 @@ one record per micro-batch). A micro-batch runs its stages one after the
 other on the same executors, so each batch is read as follows:
 
 * the *offered* rate ``λ`` is what arrived for the batch, its rows plus the
-  growth of the input lag, per second of wall-clock time, which is the
-  batch's duration or the trigger interval, whichever is longer (a
-  processing-time trigger starts a batch at most once per interval);
+  growth of the input lag, per second of wall-clock time: the time since
+  the previous batch was reported, when the records' report times are known,
+  and never less than the batch's duration or the trigger interval (a
+  processing-time trigger starts a batch at most once per interval). Spark
+  skips a trigger that finds no new data, so a job whose batches take longer
+  than the interval but arrive seconds apart idles between them: only the
+  time between reports shows that idle time;
 * a stage's share of the batch's time is its share of the batch's critical
   path: a stage's tasks run in parallel and it finishes with its most loaded
   instance, so stage X takes ``u_X = max_X / Σ_Y max_Y`` of the duration ``D``
@@ -183,24 +187,36 @@ def measure_window(
     parallelism: int,
     settings: CongestionSettings = DEFAULT_CONGESTION_SETTINGS,
     trigger_interval_s: float = 0.0,
+    reported_at_s: Sequence[float] | None = None,
 ) -> WindowMeasurement:
     """The measured A → B DAG of the newest ``settings.window`` batches (003 §4.1).
 
     ``records`` are oldest first. A batch counts when it routed tuples and
     ran for a measurable time; the batch before it gives the lag it started
-    from, so the first record of ``records`` only serves as that baseline.
+    from, and the time it was reported, so the first record of ``records``
+    only serves as that baseline. ``reported_at_s`` (one per record, seconds)
+    is when each record reached the metrics topic, right after its batch
+    ended: Stela's input rate is tuples per second of wall-clock time (003
+    §4.1), and that time includes the triggers Spark skipped for want of data.
     """
+    if reported_at_s is not None and len(reported_at_s) != len(records):
+        raise ValueError(
+            f"reported_at_s needs one time per record: {len(reported_at_s)} for {len(records)}"
+        )
+    reported = list(reported_at_s) if reported_at_s is not None else [0.0] * len(records)
     detector = CongestionDetector(settings)
-    usable: list[tuple[BatchMetrics, BatchMetrics]] = [
-        (previous, record)
-        for previous, record in pairwise(records)
+    usable: list[tuple[BatchMetrics, BatchMetrics, float]] = [
+        (previous, record, since)
+        for (previous, record), since in zip(
+            pairwise(records), (b - a for a, b in pairwise(reported)), strict=True
+        )
         if record.duration_ms > 0 and record.hops > 0
     ][-settings.window :]
     utilisation_sum = dict.fromkeys(OPERATORS, 0.0)
     loads: dict[str, dict[int, int]] = {name: {} for name in OPERATORS}
-    for previous, record in usable:
+    for previous, record, since_previous_s in usable:
         seconds = record.duration_ms / 1000.0
-        wall = max(seconds, trigger_interval_s)
+        wall = max(seconds, trigger_interval_s, since_previous_s)
         offered = max(0, record.rows + record.input_lag - previous.input_lag) / wall
         stage = {name: _stage_loads(record, name) for name in OPERATORS}
         bottleneck = {name: max(stage[name].values(), default=0) for name in OPERATORS}
@@ -291,6 +307,7 @@ def decide_scaling(
     active: Mapping[str, Sequence[int]],
     parallelism: int,
     request: ScaleRequest,
+    reported_at_s: Sequence[float] | None = None,
 ) -> ScaleDecision:
     """Stela's choice for one run: scale out, in, or leave the job as it is.
 
@@ -305,11 +322,17 @@ def decide_scaling(
       else nothing.
 
     Counts are bounded by [1, ``parallelism``]; a request that changes
-    nothing returns ``none`` with the reason.
+    nothing returns ``none`` with the reason. ``reported_at_s`` is
+    :func:`measure_window`'s.
     """
     before = {name: tuple(sorted(set(active[name]))) for name in OPERATORS}
     measured = measure_window(
-        records, before, parallelism, request.congestion, request.trigger_interval_s
+        records,
+        before,
+        parallelism,
+        request.congestion,
+        request.trigger_interval_s,
+        reported_at_s,
     )
     threshold = request.congestion.threshold
     etp = etp_all(measured.dag, threshold)

@@ -1,20 +1,30 @@
-"""The scale DAG end to end: real broker, real routed job, real ``airflow dags test``.
+"""The scale DAG end to end, on demand and in auto mode: real broker, job and Airflow.
 
 The routed job (its own process, all-hash v1 over 4 state partitions) counts
 a correlated pairs workload (paper 000 §4.2) while more events keep arriving.
-One on-demand run of ``keyplane_scale`` scales stage B in from 4 to 2 active
-instances (003 §5.3): it decides from the metrics topic, stores v2 with B's
-keys on its two remaining instances, validates it with Great Expectations,
-rolls it out over the control topic with deferred waits (the state of every
-key of a released instance is handed over live), and verifies that the first
-batches on v2 used active instances only. Afterwards every B partial that
-holds state sits on an active instance, and every count is exact.
+Two runs of ``keyplane_scale`` (``airflow dags test``) scale the same running
+job in, one after the other:
+
+1. on demand, stage B from 4 to 2 active instances (003 §5.3): the run
+   decides from the metrics topic, stores v2 with B's keys on its two
+   remaining instances, validates it with Great Expectations, rolls it out
+   over the control topic with deferred waits (the state of every key of a
+   released instance is handed over live), and verifies that the first
+   batches on v2 used active instances only;
+2. in auto mode, once small workloads arrive seconds apart and the job idles
+   between them: Stela's window (003 §4.1) finds nothing congested and the
+   utilisation low, so the run scales in by one instance the operator it
+   chooses by ETP (003 §5.3), as v3 over the same rollout.
+
+Afterwards every partial that holds state, of both stages, sits on an
+instance that is active in v3, and every count is exact.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import statistics
 import subprocess
 import threading
 from pathlib import Path
@@ -43,11 +53,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 class Trickle(threading.Thread):
     """Small workloads, one after the other, until stopped, so the scaled version has
-    batches to verify. ``specs`` is what was sent."""
+    batches to verify. ``specs`` is what was sent; ``pause_s`` is the pause
+    after each workload, which a test lengthens to let the job idle."""
 
     def __init__(self, broker: str, topic: str) -> None:
         super().__init__(daemon=True)
         self.broker, self.topic = broker, topic
+        self.pause_s = 2.0
         self.specs: list[PairsWorkload] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -60,19 +72,40 @@ class Trickle(threading.Thread):
                 )
                 produce_workload(spec, self.broker, self.topic, partitions=2)
                 self.specs.append(spec)
-                self.stop.wait(2.0)
+                self.stop.wait(self.pause_s)
         except BaseException as exc:
             self.error = exc
 
 
-def _b_instances_holding_state(output: Path) -> set[int]:
-    """The stage-B instances whose latest partial of some key is not zero."""
+def _instances_holding_state(output: Path, stage: str) -> set[int]:
+    """The ``stage`` instances whose latest partial of some key is not zero."""
     latest = latest_partials(read_partials(output))
-    holding = latest[(latest["stage"] == "B") & (latest["count"] > 0)]
+    holding = latest[(latest["stage"] == stage) & (latest["count"] > 0)]
     return {int(i) for i in holding["instance"].dropna()}
 
 
-def test_on_demand_scale_in_moves_state_to_the_active_instances_and_counts_stay_exact(
+def _start_scale_dag_test(
+    setup: dagrun.AirflowSetup, conf: dict[str, object], log: Path
+) -> subprocess.Popen[bytes]:
+    """``airflow dags test keyplane_scale`` with ``conf`` in the background, output to ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [dagrun.airflow_command(), "dags", "test", "keyplane_scale", "-c", json.dumps(conf)],
+            env=setup.environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _finish_scale_dag_test(run: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait for the DAG run of :func:`_start_scale_dag_test`; it must have succeeded."""
+    returncode = run.wait(timeout=900)
+    output = log.read_text()
+    assert returncode == 0, output[-6000:]
+    assert "DagRun Finished" in output
+
+
+def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_exact(
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
     before = PairsWorkload(n_keys=48, locality=0.9, n_events=3_000, seed=7)
@@ -121,9 +154,9 @@ def test_on_demand_scale_in_moves_state_to_the_active_instances_and_counts_stay_
         wait_while_job_runs(
             lambda: counted(before.n_events), "the first events", job, job_log, timeout_s=600
         )
-        assert _b_instances_holding_state(settings.output) == {0, 1, 2, 3}
+        assert _instances_holding_state(settings.output, "B") == {0, 1, 2, 3}
         producer.start()
-        conf = {
+        on_demand = {
             "action": "in",
             "operator": "B",
             "instances": 2,
@@ -131,17 +164,9 @@ def test_on_demand_scale_in_moves_state_to_the_active_instances_and_counts_stay_
             "verify_batches": 3,
             "reply_timeout_s": 120,
         }
-        run = subprocess.run(
-            [dagrun.airflow_command(), "dags", "test", "keyplane_scale", "-c", json.dumps(conf)],
-            env=setup.environment(),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        producer.stop.set()
-        (tmp_path / "airflow.log").write_text(run.stdout + run.stderr)
-        assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
-        assert "DagRun Finished" in run.stdout + run.stderr
+        on_demand_log = tmp_path / "airflow-on-demand.log"
+        on_demand_run = _start_scale_dag_test(setup, on_demand, on_demand_log)
+        _finish_scale_dag_test(on_demand_run, on_demand_log)
 
         deployment = Deployment.from_environment(broker).model_copy(
             update={
@@ -153,7 +178,7 @@ def test_on_demand_scale_in_moves_state_to_the_active_instances_and_counts_stay_
                 "control_topic": settings.control_topic,
             }
         )
-        (folder,) = (setup.keyplane_home / "scale").iterdir()
+        (folder,) = runs_before_auto = set((setup.keyplane_home / "scale").iterdir())
         decision = json.loads((folder / scale_steps.DECISION).read_text())
         assert decision["action"] == "in" and decision["operator"] == "B"
         assert decision["instances_before"] == {"A": 4, "B": 4}
@@ -174,12 +199,98 @@ def test_on_demand_scale_in_moves_state_to_the_active_instances_and_counts_stay_
         assert verification["ok"] and verification["batches"] == 3
         assert set(verification["busy_instances"]["B"]) <= set(active)
 
+        # Auto mode. Workloads now arrive three batch durations apart (the
+        # machine's load sets the duration), so the job idles about two thirds of
+        # the time, with room for batches that run slower than usual; the window
+        # is judged once it holds `window` batches that all arrived at that pace,
+        # and one before them (measure_window's baseline).
+        window = 2
+        rollout = json.loads((folder / tasks.ROLLOUT).read_text())
+        start = {int(p): int(o) for p, o in rollout["metrics_start"].items()}
+        durations = [r.duration_ms for r in tasks.read_metrics(deployment, start) if r.hops > 0]
+        producer.pause_s = max(3.0, 3 * statistics.median(durations) / 1000)
+        mark = tasks.metrics_end(deployment)
+
+        def idle_batches_on_v2() -> bool:
+            on_v2 = [
+                r
+                for r in tasks.read_metrics(deployment, mark)
+                if r.hops > 0 and set(r.versions.values()) == {2}
+            ]
+            return len(on_v2) > window
+
+        wait_while_job_runs(
+            idle_batches_on_v2, "idle batches on v2", job, job_log, timeout_s=600, poll_s=2.0
+        )
+        auto = {
+            "action": "auto",
+            "window": window,
+            "scale_in_utilisation": 0.9,
+            "trigger_interval_s": 1.0,
+            "alpha": 1.5,
+            "verify_batches": 2,
+            "reply_timeout_s": 120,
+        }
+        auto_log = tmp_path / "airflow-auto.log"
+        auto_run = _start_scale_dag_test(setup, auto, auto_log)
+
+        def auto_decided() -> bool:
+            folders = set((setup.keyplane_home / "scale").iterdir()) - runs_before_auto
+            decided = any((f / scale_steps.DECISION).is_file() for f in folders)
+            return decided or auto_run.poll() is not None
+
+        # Once decided, the rollout and its verification need batches: back to the usual pace.
+        try:
+            wait_while_job_runs(auto_decided, "the auto decision", job, job_log, timeout_s=600)
+            producer.pause_s = 2.0
+            _finish_scale_dag_test(auto_run, auto_log)
+        finally:
+            if auto_run.poll() is None:
+                auto_run.kill()
+        producer.stop.set()
+
+        (auto_folder,) = set((setup.keyplane_home / "scale").iterdir()) - runs_before_auto
+        decision = json.loads((auto_folder / scale_steps.DECISION).read_text())
+        assert decision["action"] == "in", decision["reason"]
+        assert decision["reason"].startswith("auto scale-in"), decision["reason"]
+        assert decision["parent_version"] == 2 and decision["batches"] == window
+        assert decision["congested"] == []
+        assert sum(decision["utilisation"].values()) < 0.9
+        chosen = decision["operator"]
+        assert decision["instances_before"] == {"A": 4, "B": 2}
+        assert decision["instances_after"] == {
+            **decision["instances_before"],
+            chosen: decision["instances_before"][chosen] - 1,
+        }
+        proposal = json.loads((auto_folder / scale_steps.PROPOSAL).read_text())
+        assert (proposal["version"], proposal["parent_version"]) == (3, 2)
+        assert proposal["operator"] == chosen
+        v2, v3 = config_store.load(store, 2), config_store.load(store, 3)
+        assert (v3.created_by, v3.parent_version) == ("scale", 2)
+        assert v3.operators[chosen].active == tuple(proposal["active_after"])
+        assert v3.operators[chosen].active == tuple(decision["active_after"][chosen])
+        assert len(v3.operators[chosen].active) == len(v2.operators[chosen].active) - 1
+        assert set(v3.operators[chosen].active) < set(v2.operators[chosen].active)
+        for name in {"A", "B"} - {chosen}:
+            assert v3.operators[name] == v2.operators[name]
+        state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
+        assert state.protocol.active_version == 3
+        assert state.protocol.last is not None and state.protocol.last.finish is not None
+        assert state.protocol.last.finish.type == "DONE"
+        verification = json.loads((auto_folder / tasks.VERIFICATION).read_text())
+        assert verification["ok"] and verification["batches"] == 2
+        for name in ("A", "B"):
+            assert set(verification["busy_instances"][name]) <= set(v3.operators[name].active)
+
         producer.join(timeout=60)
         assert not producer.is_alive() and producer.error is None, producer.error
         total = sum(high_watermarks(broker, topic_name).values())
         assert total == before.n_events + sum(spec.n_events for spec in producer.specs)
         wait_while_job_runs(lambda: counted(total), "every event", job, job_log, timeout_s=600)
-        assert _b_instances_holding_state(settings.output) == set(active)
+        for name in ("A", "B"):
+            assert _instances_holding_state(settings.output, name) == set(
+                v3.operators[name].active
+            ), name
     finally:
         producer.stop.set()
         if job.poll() is None:

@@ -221,6 +221,28 @@ def test_idle_job_in_hand_built_metrics_scales_in_the_smallest_etp() -> None:
     assert decision.instances_after[decision.operator] == 3
 
 
+def test_idle_time_between_hand_built_batches_lets_auto_mode_scale_in() -> None:
+    # Batches take 1.5 s, longer than the 1 s trigger, but are reported 5 s apart:
+    # Spark skipped the triggers that found no data, and the job idled 70 % of the time.
+    window = _window(duration_ms=1_500, rows=1_000)
+    reported = [5.0 * i for i in range(len(window))]
+    request = ScaleRequest(scale_in_utilisation=0.5, trigger_interval_s=1.0)
+    busy = measure_window(window, ALL, P, trigger_interval_s=1.0)
+    assert sum(busy.utilisation.values()) == pytest.approx(1.0)
+    assert decide_scaling(window, ALL, P, request).action == "none"
+    idle = measure_window(window, ALL, P, trigger_interval_s=1.0, reported_at_s=reported)
+    assert sum(idle.utilisation.values()) == pytest.approx(0.3)
+    assert idle.dag.operators[0].input_rate == pytest.approx(200.0)
+    decision = decide_scaling(window, ALL, P, request, reported_at_s=reported)
+    assert decision.action == "in" and decision.reason.startswith("auto scale-in")
+    assert decision.instances_after[decision.operator or ""] == 3
+    # Back-to-back batches: reports closer than the duration never shorten it.
+    packed = measure_window(window, ALL, P, reported_at_s=[0.5 * i for i in range(len(window))])
+    assert sum(packed.utilisation.values()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="one time per record"):
+        measure_window(window, ALL, P, reported_at_s=reported[1:])
+
+
 def test_requested_scale_in_is_bounded_and_explained() -> None:
     window = _window()
     decision = decide_scaling(window, ALL, P, ScaleRequest(mode="in", operator="B", instances=2))

@@ -10,11 +10,12 @@ the reconfiguration DAG's, unchanged: a scaled configuration is just another
 version (000 §3.4), whose state moves go through the same hand-off.
 
 The decision is :func:`keyplane.scaling.decide_scaling`'s, on the newest
-batches of the metrics topic. The scaled routing needs every key that holds
-state (:func:`keyplane.scaling.scaled_routing`: the job only moves the state
-of keys a configuration names), so :func:`compute_scaled_configuration`
-counts the keys of the events topic, from its earliest retained record: the
-job's state holds exactly the keys of the events it counted.
+batches of the metrics topic and the times their records arrived there. The
+scaled routing needs every key that holds state
+(:func:`keyplane.scaling.scaled_routing`: the job only moves the state of keys
+a configuration names), so :func:`compute_scaled_configuration` counts the
+keys of the events topic, from its earliest retained record: the job's state
+holds exactly the keys of the events it counted.
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ def _folder(deployment: Deployment, run_id: str) -> Path:
     return folder
 
 
-def recent_metrics(deployment: Deployment, batches: int) -> list[BatchMetrics]:
-    """The newest metrics records (about ``METRICS_LOOKBACK × batches``), oldest first."""
+def recent_metrics(deployment: Deployment, batches: int) -> list[tuple[BatchMetrics, float]]:
+    """The newest metrics records (about ``METRICS_LOOKBACK × batches``), oldest first,
+    each with the time it reached the topic (:func:`tasks.read_timed_metrics`)."""
     end = tasks.metrics_end(deployment)
     start = {p: max(0, o - METRICS_LOOKBACK * (batches + 1)) for p, o in end.items()}
-    records = tasks.read_metrics(deployment, start, end)
-    return sorted(records, key=lambda r: r.batch_id)
+    records = tasks.read_timed_metrics(deployment, start, end)
+    return sorted(records, key=lambda item: item[0].batch_id)
 
 
 def decide(
@@ -73,13 +75,19 @@ def decide(
     parallelism = {name: current.operators[name].parallelism for name in OPERATORS}
     if len(set(parallelism.values())) != 1:
         raise tasks.StepError(f"operators have different state partitions: {parallelism}")
-    records = [
-        r
-        for r in recent_metrics(deployment, request.congestion.window)
+    timed = [
+        (r, reported)
+        for r, reported in recent_metrics(deployment, request.congestion.window)
         if r.versions and set(r.versions.values()) == {parent}
     ]
     active = {name: current.operators[name].active for name in OPERATORS}
-    decision = decide_scaling(records, active, parallelism["A"], request)
+    decision = decide_scaling(
+        [r for r, _ in timed],
+        active,
+        parallelism["A"],
+        request,
+        reported_at_s=[reported for _, reported in timed],
+    )
     publish = decision.action != "none" and not dry_run
     reason = f"dry run: {decision.reason}" if dry_run else decision.reason
     record = {

@@ -529,6 +529,18 @@ def read_metrics(
     deployment: Deployment, start: Mapping[int, int], end: Mapping[int, int] | None = None
 ) -> list[BatchMetrics]:
     """The metrics records in ``[start, end)`` (end: now), oldest first."""
+    return [record for record, _ in read_timed_metrics(deployment, start, end)]
+
+
+def read_timed_metrics(
+    deployment: Deployment, start: Mapping[int, int], end: Mapping[int, int] | None = None
+) -> list[tuple[BatchMetrics, float]]:
+    """:func:`read_metrics` with each record's Kafka timestamp, in seconds.
+
+    The job's sink writes a batch's record as the batch ends, so the gap
+    between two records is the wall-clock time of the later batch, idle
+    triggers included (Stela's rates, 003 §4.1).
+    """
     from kafka import KafkaConsumer, TopicPartition
 
     from keyplane.kafka.admin import high_watermarks
@@ -539,7 +551,7 @@ def read_metrics(
         if end is not None
         else high_watermarks(deployment.bootstrap_servers, deployment.metrics_topic, list(start))
     )
-    records: list[BatchMetrics] = []
+    records: list[tuple[BatchMetrics, float]] = []
     consumer = KafkaConsumer(
         **client_config(deployment.bootstrap_servers), enable_auto_commit=False
     )
@@ -555,14 +567,15 @@ def read_metrics(
             while position < last and idle < 50:
                 fetched = consumer.poll(timeout_ms=200).get(tp, [])
                 idle = 0 if fetched else idle + 1
-                for record in fetched:
-                    if record.offset >= last:
+                for message in fetched:
+                    if message.offset >= last:
                         break
-                    position = record.offset + 1
+                    position = message.offset + 1
                     try:
-                        records.append(BatchMetrics.model_validate_json(record.value or b""))
+                        record = BatchMetrics.model_validate_json(message.value or b"")
                     except ValueError:
                         continue
+                    records.append((record, message.timestamp / 1000.0))
     finally:
         consumer.close()
     return records
