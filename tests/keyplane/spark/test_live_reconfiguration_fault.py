@@ -26,6 +26,14 @@ timing. At the end every per-key count equals the generator's ground truth
 (0 lost, 0 duplicated); the job's checkpoint has v3 active with nothing
 pending or moving, the controller agrees (v3 active, v4 aborted), and every
 key's state sits where v3 puts it, as reported from inside the operators.
+
+Cost. The eight job starts are the scenario; what is cut around them: each
+of the nine slices is two batches of 500 events (the same proof of exact
+counts as three batches of 1,000, in fewer and cheaper batches); only the
+waits for a kill point that a batch can run past poll fast, and those that
+read a topic first wait for the checkpoint file that precedes what they look
+for; every other wait polls four times a second, so the test's own reads
+leave the two cores to the job.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from keyplane.events import encode_batch
 from keyplane.handoff import routed_key_table
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.offsets import total_rows
 from keyplane.kafka.producer import make_producer
 from keyplane.partials import latest_partials
 from keyplane.protocol import Reconfiguration
@@ -62,8 +71,18 @@ P = 4
 SLICES = 9
 """One slice of events before the first start, one after each of the seven
 restarts, and one during the rollout of v3."""
+BATCH_EVENTS = 500
+"""Events per batch at most; a slice is two batches, so the first slice has a
+batch in flight after a committed one (kill point 1)."""
 WAIT_S = 600.0
 """Spark starts slowly on a busy machine; every wait is on a condition, this only bounds it."""
+RACE_POLL_S = 0.02
+"""Polling of a kill point that lasts about one trigger interval (a batch in flight, moved
+state not yet installed): fast, and each check reads only files or, once the checkpoint
+shows the switch, one topic."""
+POLL_S = 0.25
+"""Polling of a state that lasts until the test acts: slow, so the test leaves the cores
+to the job."""
 
 
 def produce_slice(spec: ZipfEvolvingWorkload, broker: str, topic: str, index: int) -> None:
@@ -109,6 +128,39 @@ def is_committed(checkpoint: Path, batch: int) -> bool:
     return (checkpoint / "commits" / str(batch)).exists()
 
 
+def switches(checkpoint: Path, batch: int, operator: str) -> bool:
+    """Whether ``batch``'s plan switches ``operator`` (evicts its moving state)."""
+    return any(s["operator"] == operator for s in plan_of(checkpoint, batch)["switch"])
+
+
+class MovedState:
+    """Whether ``operator``'s state, evicted in a switch batch logged after ``after``, has
+    reached the migration topic (past ``moved_before`` records).
+
+    The state is on the topic only once its switch batch is in the offset log, so
+    the topic is read only from then on: a race poll that reads only files until
+    the switch, and one topic while it runs.
+    """
+
+    def __init__(
+        self, settings: CountsJobSettings, operator: str, after: int, moved_before: int = 0
+    ) -> None:
+        self.settings, self.operator = settings, operator
+        self.next_batch, self.moved_before = after + 1, moved_before
+        self.switch_batch: int | None = None
+
+    def __call__(self) -> bool:
+        checkpoint = self.settings.checkpoint
+        while self.switch_batch is None and self.next_batch <= (planned_through(checkpoint) or -1):
+            if switches(checkpoint, self.next_batch, self.operator):
+                self.switch_batch = self.next_batch
+            self.next_batch += 1
+        if self.switch_batch is None:
+            return False
+        broker, topic = self.settings.bootstrap_servers, self.settings.migration_topic
+        return sum(high_watermarks(broker, topic).values()) > self.moved_before
+
+
 class KilledJob:
     """The routed job as a process that the test kills and restarts on one checkpoint."""
 
@@ -128,9 +180,11 @@ class KilledJob:
         self.process.wait()
         self.restarts += 1
 
-    def wait(self, condition: Callable[[], bool], what: str) -> None:
+    def wait(self, condition: Callable[[], bool], what: str, *, poll_s: float = POLL_S) -> None:
         assert self.process is not None
-        wait_while_job_runs(condition, what, self.process, self.log, timeout_s=WAIT_S, poll_s=0.02)
+        wait_while_job_runs(
+            condition, what, self.process, self.log, timeout_s=WAIT_S, poll_s=poll_s
+        )
 
     def wait_logged(self, batch: int) -> None:
         """Until Spark's offset log holds ``batch``: a reply's plan is durable."""
@@ -194,7 +248,9 @@ def migrated(controller: Controller, operator: str) -> Callable[[], bool]:
 def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     broker: str, topic_name: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=27_000, seed=11)
+    spec = ZipfEvolvingWorkload(
+        n_keys=300, exponent=1.2, n_categories=12, n_events=SLICES * 2 * BATCH_EVENTS, seed=11
+    )
     truth = expected_counts(spec)
     by_count = truth.sort_values("count", ascending=False, kind="mergesort")
     a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
@@ -261,7 +317,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         checkpoint=tmp_path / "checkpoint",
         output=tmp_path / "output",
         shuffle_partitions=P,
-        max_offsets_per_trigger=1_000,
+        max_offsets_per_trigger=BATCH_EVENTS,
         # A batch at most every 2 s, so that a switch batch's moved state sits
         # on the migration topic for a while before the next plan installs it.
         trigger_interval="2 seconds",
@@ -283,7 +339,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         done = committed_through(checkpoint)
         return done is not None and (planned_through(checkpoint) or -1) > done
 
-    job.wait(mid_batch, "a batch in flight")
+    job.wait(mid_batch, "a batch in flight", poll_s=RACE_POLL_S)
     in_flight = planned_through(checkpoint)
     assert in_flight is not None
     job.kill()
@@ -309,10 +365,8 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     controller.propagate("A")
 
     # 3. After PROPAGATE A: A's state evicted to the migration topic, not installed.
-    def a_state_moved() -> bool:
-        return sum(high_watermarks(broker, settings.migration_topic).values()) > 0
-
-    job.wait(a_state_moved, "stage A's moved state")
+    a_state_moved = MovedState(settings, "A", after=ack.batch_id)
+    job.wait(a_state_moved, "stage A's moved state", poll_s=RACE_POLL_S)
     job.kill()
     assert "A" not in rollout_of(controller).migrated, "the kill must land before the install"
 
@@ -339,9 +393,9 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         batch = planned_through(checkpoint)
         if batch is None or is_committed(checkpoint, batch):
             return False
-        return any(s["operator"] == "B" for s in plan_of(checkpoint, batch)["switch"])
+        return switches(checkpoint, batch, "B")
 
-    job.wait(b_switching, "stage B's switch batch in flight")
+    job.wait(b_switching, "stage B's switch batch in flight", poll_s=RACE_POLL_S)
     switch_b = planned_through(checkpoint)
     assert switch_b is not None
     job.kill()
@@ -381,7 +435,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         return current is not None and current.version == 3 and "A" in current.propagated
 
     produce_slice(spec, broker, topic_name, 7)
-    job.wait(a_propagated_to_v3, "PROPAGATE A of v3")
+    job.wait(a_propagated_to_v3, "PROPAGATE A of v3", poll_s=RACE_POLL_S)
     first_publish.kill()
     first_publish.communicate(timeout=60)
     assert "v3 is active" in finished(keyplane_cli(home, settings, *publish))
@@ -392,12 +446,13 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     controller.prepare(4)
     job.wait(acked(controller), "ACK of v4")
     moved_before = sum(high_watermarks(broker, settings.migration_topic).values())
+    v4_ack = rollout_of(controller).ack
+    assert v4_ack is not None and v4_ack.batch_id is not None
     controller.propagate("A")
-
-    def a_state_moved_to_v4() -> bool:
-        return sum(high_watermarks(broker, settings.migration_topic).values()) > moved_before
-
-    job.wait(a_state_moved_to_v4, "stage A's moved state for v4")
+    a_state_moved_to_v4 = MovedState(
+        settings, "A", after=v4_ack.batch_id, moved_before=moved_before
+    )
+    job.wait(a_state_moved_to_v4, "stage A's moved state for v4", poll_s=RACE_POLL_S)
     job.kill()
     assert "A" not in rollout_of(controller).migrated, "the kill must land before the install"
     channel.close()
@@ -407,6 +462,10 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     produce_slice(spec, broker, topic_name, 8)
 
     def all_counted() -> bool:
+        """Every event in a committed batch (read from the checkpoint), then in the output."""
+        batch = committed_through(checkpoint)
+        if batch is None or total_rows({}, plan_of(checkpoint, batch)["events"]) < spec.n_events:
+            return False
         frame = read_output(settings.output)
         return int(frame.loc[frame["stage"] == "A", "count"].sum()) == spec.n_events
 
