@@ -2,16 +2,23 @@
 
 Under hash routing the instance that owns the hottest key is the straggler of
 every micro-batch (paper 001 §1): the batch lasts as long as that one task.
-The routed job splits the hot key of each stage over all instances (001
-§4.1.2, partial counts merged exactly downstream). The hot key does not
-move during the run (a stationary Zipf stream), so the split chosen up front
-stays right. Both variants run the
-routed job on the same topic, one after the other; only the starting
-configuration differs.
+Three variants run the routed job on the same topic, one after the other;
+only the starting configuration differs:
+
+* ``hash``: hash routing, no table, no hot keys;
+* ``split``: the hottest key of each stage split over all instances by hand
+  (001 §4.1.2, partial counts merged exactly downstream), the rest hashed;
+* ``planned``: what the reconfiguration DAG would publish after seeing the
+  first batch of events: a statistics snapshot of them, then
+  :func:`keyplane.orchestration.planning.plan_configuration` (METIS tables
+  under α, FISH hot keys with their d instances, 000 §3.3 and 001 §4.1.2).
+
+The stream is stationary Zipf, so a configuration chosen up front stays
+right for the whole run.
 
 Reported: p50/p99 micro-batch duration, steady throughput, and max/avg
-tuples per instance of stage A over the run (from the job's metrics topic).
-Goals: p99 with splitting ≤ 0.6 × hash; max/avg ≤ 1.2 with splitting.
+tuples per instance of both stages over the run (from the job's metrics
+topic). Goals: p99 with splitting ≤ 0.6 × hash; max/avg ≤ 1.2 with splitting.
 
     python bench/hot_key_split.py [--events 200000] [--exponent 2.0] [--out FILE]
 """
@@ -22,6 +29,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 from _harness import (
     emit,
     percentile,
@@ -31,15 +39,50 @@ from _harness import (
     steady_rate,
 )
 
+from keyplane import statistics as stats
 from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.events import key_name
 from keyplane.kafka.producer import produce_workload
+from keyplane.orchestration.planning import PlanParams, plan_configuration
 from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.testing import routed_job_topics
 from keyplane.verification import expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
-VARIANTS = ("hash", "split")
+VARIANTS = ("hash", "split", "planned")
+
+
+def planned_config(spec: ZipfEvolvingWorkload, seen: int, alpha: float) -> RoutingConfig:
+    """The DAG's plan from a snapshot of the first ``seen`` events, as version 1."""
+    batch = spec.events(0, seen)
+    pairs = pd.DataFrame({"a": batch.a, "b": batch.b}).value_counts().reset_index(name="n")
+    grouped = pd.DataFrame(
+        {
+            "a": [key_name(int(k)) for k in pairs["a"]],
+            "b": [key_name(int(k)) for k in pairs["b"]],
+            "holdout": False,
+            "n": pairs["n"],
+        }
+    )
+    _, frames = stats.build_snapshot(
+        run_id="bench",
+        grouped=grouped,
+        metrics=[],
+        events=stats.TopicWindow(topic="hot", start={0: 0}, end={0: seen}),
+        metrics_window=stats.TopicWindow(topic="metrics", start={}, end={}),
+        previous=None,
+        config=None,
+        settings=stats.StatisticsSettings(),
+    )
+    plan = plan_configuration(
+        frames["pairs"],
+        frames["frequencies"],
+        RoutingConfig.all_hash(P, ("A", "B")),
+        PlanParams(alpha=alpha),
+        version=2,
+    )
+    return RoutingConfig(version=1, created_by="initial", operators=plan.config.operators)
 
 
 def initial_config(variant: str, hot_a: str, hot_b: str) -> RoutingConfig:
@@ -60,6 +103,7 @@ def main() -> None:
     parser.add_argument("--exponent", type=float, default=2.0)
     parser.add_argument("--keys", type=int, default=5_000)
     parser.add_argument("--batch", type=int, default=20_000)
+    parser.add_argument("--alpha", type=float, default=1.1, help="the planned variant's α")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -75,7 +119,12 @@ def main() -> None:
         produce_workload(spec, bootstrap, "hot", partitions=8)
         for variant in VARIANTS:
             store = tmp / f"store-{variant}"
-            save(initial_config(variant, hot["A"], hot["B"]), store)
+            config = (
+                planned_config(spec, args.batch, args.alpha)
+                if variant == "planned"
+                else initial_config(variant, hot["A"], hot["B"])
+            )
+            save(config, store)
             topics = routed_job_topics(variant)
             progress = run_job(
                 CountsJobSettings(
@@ -90,32 +139,42 @@ def main() -> None:
                     **topics,
                 )
             )
-            load: Counter[str] = Counter()
+            load: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
             for record in read_topic(bootstrap, topics["metrics_topic"]):
-                load.update({k: v for k, v in record["load"]["A"].items()})
+                for stage, counter in load.items():
+                    counter.update(record["load"][stage])
             steady = progress[1:] or progress
             durations = [p["duration_ms"] / 1000 for p in steady]
-            per_instance = [load.get(str(i), 0) for i in range(P)]
+            imbalance = {}
+            for stage, counter in load.items():
+                per_instance = [counter.get(str(i), 0) for i in range(P)]
+                imbalance[stage] = max(per_instance) / (sum(per_instance) / P)
             rows[variant] = {
                 "p50": percentile(durations, 50),
                 "p99": percentile(durations, 99),
                 "rate": steady_rate(progress),
-                "imbalance": max(per_instance) / (sum(per_instance) / P),
+                "imbalance": imbalance,
+                "hot": {name: len(op.hot_keys) for name, op in config.operators.items()},
             }
     lines = [
         f"events: {args.events:,} zipf-evolving (s = {args.exponent}, {args.keys:,} keys), "
         f"hottest stage-A key {share:.0%} of tuples; {args.batch:,} per batch, {P} instances, "
         "local[2]",
         "",
-        "| routing | p50 batch s | p99 batch s | steady rows/s | stage A max/avg tuples |",
-        "|---|---:|---:|---:|---:|",
+        "| routing | hot keys A/B | p50 batch s | p99 batch s | steady rows/s "
+        "| max/avg tuples A | max/avg tuples B |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         *[
-            f"| {v} | {r['p50']:.2f} | {r['p99']:.2f} | {r['rate']:,.0f} | {r['imbalance']:.2f} |"
+            f"| {v} | {r['hot']['A']}/{r['hot']['B']} | {r['p50']:.2f} | {r['p99']:.2f} "
+            f"| {r['rate']:,.0f} | {r['imbalance']['A']:.2f} | {r['imbalance']['B']:.2f} |"
             for v, r in rows.items()
         ],
         "",
-        f"p99 split / hash: **{rows['split']['p99'] / rows['hash']['p99']:.2f}**, "
-        f"throughput split / hash: **{rows['split']['rate'] / rows['hash']['rate']:.2f}**",
+        *[
+            f"{v} / hash: p99 **{rows[v]['p99'] / rows['hash']['p99']:.2f}**, "
+            f"throughput **{rows[v]['rate'] / rows['hash']['rate']:.2f}**"
+            for v in VARIANTS[1:]
+        ],
     ]
     emit("\n".join(lines), args.out)
 

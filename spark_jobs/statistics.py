@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -105,8 +106,10 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
     events = _window(bootstrap, args.events_topic, None if last is None else last.events)
     metrics_window = _window(bootstrap, args.metrics_topic, None if last is None else last.metrics)
     spark.dataSource.register(KafkaDataSource)
+    started = time.monotonic()
     grouped = grouped_pairs(spark, bootstrap, events, settings.holdout_fraction).toPandas()
     records = metrics_records(spark, bootstrap, metrics_window)
+    read_s = time.monotonic() - started
     version = stats.job_version(records)
     config = None
     if args.routing_store is not None:
@@ -123,7 +126,13 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
         config=config,
         settings=settings,
     )
-    return stats.write_snapshot(args.snapshots, manifest, **frames)
+    folder = stats.write_snapshot(args.snapshots, manifest, **frames)
+    sys.stdout.write(
+        f"statistics: read {events.records:,} events and {len(records):,} metrics records "
+        f"in {read_s:.1f} s; snapshot of {len(frames['pairs']):,} key pairs written in "
+        f"{time.monotonic() - started - read_s:.1f} s\n"
+    )
+    return folder
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

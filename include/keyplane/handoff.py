@@ -82,6 +82,35 @@ def pick_route(routes: Sequence[str], token: str) -> str:
     return routes[zlib.crc32(token.encode()) % len(routes)]
 
 
+def pick_downstream_route(
+    routes: Sequence[str], instances: Sequence[int], upstream_instance: int, token: str
+) -> str:
+    """The routed key of a stage-B key for one row of stage-A instance ``upstream_instance``.
+
+    Stage A sends B one row per (B key, batch) for all its tuples of that key,
+    so a hot B key fed mostly by one split A key reaches B as only d rows a
+    batch, one per A partial. Hashing each row's token (:func:`pick_route`)
+    then often puts two of them on one B instance: with stage A balanced to
+    1.01 max/avg, B measured 1.52. So a row goes to the route on its own
+    instance when the key has one there, which also keeps the row on its
+    executor (000 §3.3). The other upstream instances take the routes in
+    turn, by their rank among the instances without a route, so the partials
+    of a split A key land on distinct routes (001 §4.1.2). ``instances[i]``
+    is the instance of ``routes[i]``.
+    Everything used is fixed for the row (the upstream group's instance
+    follows from its grouping key), so a replayed batch routes as before.
+    """
+    if len(routes) == 1:
+        return routes[0]
+    below = 0
+    for route, instance in zip(routes, instances, strict=True):
+        if instance == upstream_instance:
+            return route
+        below += instance < upstream_instance
+    rank = upstream_instance - below
+    return routes[(zlib.crc32(token.encode()) + rank) % len(routes)]
+
+
 def state_moves(
     old: RoutingConfig,
     new: RoutingConfig,

@@ -58,7 +58,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.aggregates import KeyedAggregate, RunningCount
-from keyplane.handoff import pick_route
+from keyplane.handoff import pick_downstream_route
 from keyplane.spark.routed_source import CONTROL_PREFIX, control_group, tables_for
 
 ROUTED_STAGE_A_OUTPUT = (
@@ -224,7 +224,15 @@ class RoutedStageA(StatefulProcessor):
         tables = tables_for(self.store, self.parallelism)
         instance, executor = where
         for (b, vb), n in weights.items():
-            rb = pick_route(tables.table(vb, "B").route(b), f"{group}\x00{b}")
+            table_b = tables.table(vb, "B")
+            routes = table_b.route(b)
+            rb = (
+                routes[0]
+                if len(routes) == 1
+                else pick_downstream_route(
+                    routes, [table_b.instance_of(r) for r in routes], instance, f"{group}\x00{b}"
+                )
+            )
             yield Row(
                 kind="event", stage="A", a=key_a, ra=group, ia=instance, ea=executor,
                 b=b, rb=rb, n=n, count=count, state=text, ts=latest, source_rk=None,
