@@ -32,7 +32,7 @@ Everything here is pure Python: no Spark, no Kafka.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,7 +83,7 @@ def pick_route(routes: Sequence[str], token: str) -> str:
 
 
 def pick_downstream_route(
-    routes: Sequence[str], instances: Sequence[int], upstream_instance: int, token: str
+    routes: Sequence[str], instance_of: Callable[[str], int], upstream_instance: int, token: str
 ) -> str:
     """The routed key of a stage-B key for one row of stage-A instance ``upstream_instance``.
 
@@ -95,15 +95,16 @@ def pick_downstream_route(
     instance when the key has one there, which also keeps the row on its
     executor (000 §3.3). The other upstream instances take the routes in
     turn, by their rank among the instances without a route, so the partials
-    of a split A key land on distinct routes (001 §4.1.2). ``instances[i]``
-    is the instance of ``routes[i]``.
+    of a split A key land on distinct routes (001 §4.1.2). ``instance_of``
+    gives a route's instance; it is asked only when there is a choice.
     Everything used is fixed for the row (the upstream group's instance
     follows from its grouping key), so a replayed batch routes as before.
     """
     if len(routes) == 1:
         return routes[0]
     below = 0
-    for route, instance in zip(routes, instances, strict=True):
+    for route in routes:
+        instance = instance_of(route)
         if instance == upstream_instance:
             return route
         below += instance < upstream_instance

@@ -90,15 +90,16 @@ def test_pick_route_is_stable_and_spreads_pure() -> None:
 
 
 def test_downstream_route_keeps_a_row_local_and_spreads_the_partials_of_a_split_key() -> None:
-    routes, instances = ["b#0", "b#1", "b#2", "b#3"], [0, 1, 2, 3]
+    routes = ["b#0", "b#1", "b#2", "b#3"]
+    instances = {route: int(route[-1]) for route in routes}.__getitem__
     picks = [pick_downstream_route(routes, instances, i, f"a#{i}\x00b") for i in range(4)]
     assert picks == routes
-    two, on = ["b#1", "b#3"], [1, 3]
+    two, on = ["b#1", "b#3"], instances
     assert pick_downstream_route(two, on, 3, "t") == "b#3"
     elsewhere = {pick_downstream_route(two, on, i, "a\x00b") for i in (0, 2)}
     assert elsewhere == set(two)
     assert pick_downstream_route(two, on, 0, "x") == pick_downstream_route(two, on, 0, "x")
-    assert pick_downstream_route(["only"], [2], 0, "x") == "only"
+    assert pick_downstream_route(["only"], instances, 0, "x") == "only"
 
 
 def test_versioned_tables_load_verified_versions_once(tmp_path: Path) -> None:

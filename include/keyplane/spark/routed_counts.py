@@ -225,13 +225,8 @@ class RoutedStageA(StatefulProcessor):
         instance, executor = where
         for (b, vb), n in weights.items():
             table_b = tables.table(vb, "B")
-            routes = table_b.route(b)
-            rb = (
-                routes[0]
-                if len(routes) == 1
-                else pick_downstream_route(
-                    routes, [table_b.instance_of(r) for r in routes], instance, f"{group}\x00{b}"
-                )
+            rb = pick_downstream_route(
+                table_b.route(b), table_b.instance_of, instance, f"{group}\x00{b}"
             )
             yield Row(
                 kind="event", stage="A", a=key_a, ra=group, ia=instance, ea=executor,
