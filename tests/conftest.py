@@ -50,3 +50,58 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+_LEFT_RUNNING = pytest.StashKey[list[str]]()
+
+
+def _spark_gateway_pids() -> set[int]:
+    """The in-process session's JVM and its children: Spark stops them itself at exit."""
+    import psutil
+    from pyspark import SparkContext
+
+    gateway = getattr(SparkContext, "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    if proc is None:
+        return set()
+    try:
+        jvm = psutil.Process(proc.pid)
+        return {jvm.pid, *(child.pid for child in jvm.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Kill every process the tests left running, and name it in the summary.
+
+    A test that fails between starting a process (a job, a CLI, a server)
+    and stopping it leaves that process behind; one that still holds the
+    output of the run keeps the run from ending long after its last test.
+    """
+    import psutil
+
+    spark_owned = _spark_gateway_pids()
+    left = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.pid not in spark_owned and child.is_running()
+    ]
+    named = []
+    for child in left:
+        try:
+            named.append(f"{child.pid}: {' '.join(child.cmdline())[:200]}")
+            child.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(left, timeout=10)
+    session.config.stash[_LEFT_RUNNING] = named
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    named = config.stash.get(_LEFT_RUNNING, [])
+    if named:
+        terminalreporter.section("processes left running by tests (killed)", yellow=True)
+        for line in named:
+            terminalreporter.line(line)

@@ -83,6 +83,11 @@ shows the switch, one topic."""
 POLL_S = 0.25
 """Polling of a state that lasts until the test acts: slow, so the test leaves the cores
 to the job."""
+HANDOFF_TRIGGER = "6 seconds"
+"""The trigger of the runs killed mid hand-off (3 and 8). The moved state sits on the
+migration topic from the end of the switch batch until the next trigger plans its install
+and publishes MIGRATED; on a loaded machine a batch outlasts a 2 s interval and the next
+one starts at once, so the kill would race the install. 6 s keeps that window open."""
 
 
 def produce_slice(spec: ZipfEvolvingWorkload, broker: str, topic: str, index: int) -> None:
@@ -170,8 +175,12 @@ class KilledJob:
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
-    def start(self) -> None:
-        self.process = start_job_process(self.settings, self.log)
+    def start(self, trigger_interval: str | None = None) -> None:
+        """Start on the checkpoint; ``trigger_interval`` overrides the settings' for this run."""
+        settings = self.settings
+        if trigger_interval is not None:
+            settings = settings.model_copy(update={"trigger_interval": trigger_interval})
+        self.process = start_job_process(settings, self.log)
 
     def kill(self) -> None:
         """SIGKILL the driver with its JVM, as a machine failure would."""
@@ -318,8 +327,8 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         output=tmp_path / "output",
         shuffle_partitions=P,
         max_offsets_per_trigger=BATCH_EVENTS,
-        # A batch at most every 2 s, so that a switch batch's moved state sits
-        # on the migration topic for a while before the next plan installs it.
+        # A batch at most every 2 s; the runs killed mid hand-off wait longer
+        # (HANDOFF_TRIGGER), so that the moved state sits on the topic a while.
         trigger_interval="2 seconds",
         routing_store=store,
         routing_version=1,
@@ -345,6 +354,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     job.kill()
     assert not is_committed(checkpoint, in_flight), "the kill must land mid-batch"
     channel = ControlChannel(broker, settings.control_topic)
+    request.addfinalizer(channel.close)
     controller = Controller(channel, state_file, store)
     controller.prepare(2)
     assert rollout_of(controller).ack is None
@@ -360,7 +370,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     job.kill()
     assert plan_of(checkpoint, ack.batch_id)["protocol"]["pending"]["version"] == 2
 
-    job.start()
+    job.start(HANDOFF_TRIGGER)
     produce_slice(spec, broker, topic_name, 2)
     controller.propagate("A")
 
@@ -381,6 +391,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     job.kill()
     channel.close()
     channel = ControlChannel(broker, settings.control_topic)
+    request.addfinalizer(channel.close)
     controller = Controller(channel, state_file, store)
     assert set(rollout_of(controller).migrated) == {"A"}
 
@@ -414,7 +425,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     controller.done()
     channel.close()
 
-    job.start()
+    job.start(HANDOFF_TRIGGER)
     produce_slice(spec, broker, topic_name, 6)
 
     def v2_active() -> bool:
@@ -442,6 +453,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
 
     # 8. v4 propagated to A, the driver killed mid hand-off, aborted while it is down.
     channel = ControlChannel(broker, settings.control_topic)
+    request.addfinalizer(channel.close)
     controller = Controller(channel, state_file, store)
     controller.prepare(4)
     job.wait(acked(controller), "ACK of v4")
