@@ -71,8 +71,34 @@ def _spark_gateway_pids() -> set[int]:
         return set()
 
 
+def _close_open_kafka_clients() -> list[str]:
+    """Close the Kafka clients a test left open, while their I/O threads still run.
+
+    Closed at interpreter exit instead, a client may wait on an I/O thread
+    that finalization has already stopped.
+    """
+    import gc
+
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+    named = []
+    for client in gc.get_objects():
+        if not isinstance(client, (KafkaProducer, KafkaConsumer, KafkaAdminClient)):
+            continue
+        if getattr(client, "_closed", True):
+            continue
+        named.append(f"open {type(client).__name__}")
+        if isinstance(client, KafkaProducer):
+            client.close(timeout=5)
+        elif isinstance(client, KafkaConsumer):
+            client.close(autocommit=False, timeout_ms=5_000)
+        else:
+            client.close()
+    return named
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Kill every process the tests left running, and name it in the summary.
+    """Close what the tests left open, kill what they left running; name both in the summary.
 
     A test that fails between starting a process (a job, a CLI, a server)
     and stopping it leaves that process behind; one that still holds the
@@ -80,13 +106,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """
     import psutil
 
+    named = _close_open_kafka_clients()
+
     spark_owned = _spark_gateway_pids()
     left = [
         child
         for child in psutil.Process().children(recursive=True)
         if child.pid not in spark_owned and child.is_running()
     ]
-    named = []
     for child in left:
         try:
             named.append(f"{child.pid}: {' '.join(child.cmdline())[:200]}")
@@ -102,6 +129,6 @@ def pytest_terminal_summary(
 ) -> None:
     named = config.stash.get(_LEFT_RUNNING, [])
     if named:
-        terminalreporter.section("processes left running by tests (killed)", yellow=True)
+        terminalreporter.section("left open or running by tests (closed, killed)", yellow=True)
         for line in named:
             terminalreporter.line(line)
