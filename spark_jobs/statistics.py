@@ -8,8 +8,9 @@ Submitted by the ``collect_statistics`` task of the ``keyplane_reconfigure``
 DAG (``SparkSubmitOperator``). Spark stays at the edge: it reads the window
 in batch mode through keyplane's Kafka source (exact ``startingOffsets`` /
 ``endingOffsets``, so a rerun reads the same records) and groups the events
-by key pair and side of the hold-out line; :mod:`keyplane.statistics` does
-the rest in pandas. The window starts where the previous snapshot ended
+by key pair and side of the hold-out line; the metrics window, one record
+per micro-batch, is read on the driver; :mod:`keyplane.statistics` does the
+rest in pandas. The window starts where the previous snapshot ended
 (first run: the earliest offsets), so a run with a snapshot already written
 exits at once: retries and repeated runs change nothing.
 """
@@ -31,7 +32,12 @@ from keyplane.batchmetrics import BatchMetrics
 from keyplane.events import EVENT_DDL
 from keyplane.kafka.admin import earliest_offsets, ensure_topic, high_watermarks
 from keyplane.settings import Settings
-from keyplane.spark.kafka_source import SOURCE_NAME, KafkaDataSource
+from keyplane.spark.kafka_source import (
+    SOURCE_NAME,
+    KafkaDataSource,
+    KafkaInputPartition,
+    read_partition,
+)
 from keyplane.spark.session import build_session
 
 
@@ -71,24 +77,25 @@ def grouped_pairs(
     return events.groupBy("a", "b", holdout.alias("holdout")).agg(F.count("*").alias("n"))
 
 
-def metrics_records(
-    spark: SparkSession, bootstrap: str, window: stats.TopicWindow
-) -> list[BatchMetrics]:
-    """The window's metrics records, oldest first; records that do not parse are skipped."""
-    if window.records == 0:
-        return []
-    rows = (
-        _read(spark, bootstrap, window)
-        .select("partition", "offset", F.col("value").cast("string").alias("value"))
-        .orderBy("partition", "offset")
-        .collect()
-    )
+def metrics_records(bootstrap: str, window: stats.TopicWindow) -> list[BatchMetrics]:
+    """The window's metrics records, oldest first; records that do not parse are skipped.
+
+    The job writes one record per micro-batch, a few hundred per window: the
+    driver reads them with the source's own partition reader, since a second
+    Spark job would cost more to start than the read itself.
+    """
     records = []
-    for row in rows:
-        try:
-            records.append(BatchMetrics.model_validate_json(row["value"] or ""))
-        except ValidationError:
+    for partition, end in sorted(window.end.items()):
+        start = window.start.get(partition, 0)
+        if end <= start:
             continue
+        whole = KafkaInputPartition(bootstrap, window.topic, partition, start, end)
+        for batch in read_partition(whole):
+            for value in batch.column("value").to_pylist():
+                try:
+                    records.append(BatchMetrics.model_validate_json(value or b""))
+                except ValidationError:
+                    continue
     return records
 
 
@@ -108,7 +115,7 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
     spark.dataSource.register(KafkaDataSource)
     started = time.monotonic()
     grouped = grouped_pairs(spark, bootstrap, events, settings.holdout_fraction).toPandas()
-    records = metrics_records(spark, bootstrap, metrics_window)
+    records = metrics_records(bootstrap, metrics_window)
     read_s = time.monotonic() - started
     version = stats.job_version(records)
     config = None
@@ -155,7 +162,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     master = args.master or Settings().spark_master
-    spark = build_session("keyplane-statistics", master, shuffle_partitions=4)
+    # A batch job that ends in seconds: the web UI would only add to its start.
+    spark = build_session(
+        "keyplane-statistics", master, shuffle_partitions=4, extra={"spark.ui.enabled": "false"}
+    )
     try:
         folder = collect(spark, args)
     finally:
