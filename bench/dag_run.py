@@ -44,7 +44,6 @@ from keyplane.config import RoutingConfig, save
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.producer import produce_workload
 from keyplane.orchestration import dagrun
-from keyplane.orchestration.deployment import Deployment
 from keyplane.orchestration.tasks import statistics_job_args
 from keyplane.signing import KEY_ENV_VAR
 from keyplane.spark.counts_job import CountsJobSettings, job_command
@@ -62,17 +61,7 @@ def statistics_alone(setup: dagrun.AirflowSetup, tmp: Path) -> tuple[float, str]
     The arguments are the ones ``collect_statistics`` passes (the DAG's default
     Params), for a run of its own with its own snapshot folder.
     """
-    deployment = Deployment(
-        home=tmp / "alone",
-        bootstrap_servers=setup.bootstrap_servers,
-        events_topic=setup.events_topic,
-        metrics_topic=setup.metrics_topic,
-        control_topic=setup.control_topic,
-        routing_store=setup.routing_store,
-        snapshots=tmp / "statistics-alone",
-        controller_state=tmp / "alone" / "controller.json",
-        gx_root=tmp / "alone" / "gx",
-    )
+    deployment = setup.deployment(home=tmp / "alone")
     spark_submit = Path(sys.executable).with_name("spark-submit")
     command = [
         str(spark_submit),

@@ -290,7 +290,7 @@ def run_demo(
         report = compare_counts(truth, read_output(run_dir / "output"))
         moved = sum(high_watermarks(bootstrap, topics["migration_topic"]).values())
         result = _result(
-            _deployment(setup),
+            setup.deployment(),
             run,
             report,
             follower.batches,
@@ -330,21 +330,6 @@ def _wait_committed(follower: _Follower, job: subprocess.Popen[str], total: int,
 def _task_line(record: dagrun.TaskRecord) -> str:
     took = f"{record.duration_s:6.1f} s" if record.duration_s is not None else "       "
     return f"task  {record.task_id:<36} {record.state or '-':<8} {took}"
-
-
-def _deployment(setup: dagrun.AirflowSetup) -> Deployment:
-    home = setup.keyplane_home
-    return Deployment(
-        home=home,
-        bootstrap_servers=setup.bootstrap_servers,
-        events_topic=setup.events_topic,
-        metrics_topic=setup.metrics_topic,
-        control_topic=setup.control_topic,
-        routing_store=setup.routing_store,
-        snapshots=home / "statistics",
-        controller_state=home / "controller.json",
-        gx_root=home / "gx",
-    )
 
 
 def measure_phase(records: Sequence[BatchMetrics], version: int, full_rows: int) -> Phase | None:

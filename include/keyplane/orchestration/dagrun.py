@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from keyplane.orchestration.deployment import Deployment
 from keyplane.signing import KEY_ENV_VAR
 
 DAG_ID = "keyplane_reconfigure"
@@ -81,6 +82,25 @@ class AirflowSetup(BaseModel):
             "KEYPLANE_SPARK_MASTER": self.statistics_master,
             **({KEY_ENV_VAR: self.control_key} if self.control_key else {}),
         }
+
+    def deployment(self, home: Path | None = None) -> Deployment:
+        """The deployment the DAG's tasks see under :meth:`environment`.
+
+        ``home`` gives a run of its own (its own snapshots, controller state
+        and GX folder) on the same topics and store; default: this setup's.
+        """
+        home = self.keyplane_home if home is None else home
+        return Deployment(
+            home=home,
+            bootstrap_servers=self.bootstrap_servers,
+            events_topic=self.events_topic,
+            metrics_topic=self.metrics_topic,
+            control_topic=self.control_topic,
+            routing_store=self.routing_store,
+            snapshots=home / "statistics",
+            controller_state=home / "controller.json",
+            gx_root=home / "gx",
+        )
 
 
 @dataclass(frozen=True)
