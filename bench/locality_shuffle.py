@@ -132,11 +132,7 @@ def run_variant(
     produce_workload(warm, bootstrap, topic, partitions=EXECUTORS * 2)
     store = tmp / f"store-{variant}"
     save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-        ),
+        RoutingConfig.all_hash(P, ("A", "B")),
         store,
     )
     topics = routed_job_topics(variant)

@@ -58,11 +58,7 @@ def main() -> None:
     def elsewhere(keys: list[str]) -> dict[str, int]:
         return {k: (spark_partition(k, P) + 1) % P for k in keys}
 
-    v1 = RoutingConfig(
-        version=1,
-        created_by="initial",
-        operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-    )
+    v1 = RoutingConfig.all_hash(P, ("A", "B"))
     v2 = RoutingConfig(
         version=2,
         parent_version=1,

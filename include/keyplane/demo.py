@@ -45,7 +45,7 @@ from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
-from keyplane.kafka.producer import produce_workload
+from keyplane.kafka.producer import WorkloadTrickle, produce_workload
 from keyplane.orchestration import dagrun, planning, tasks
 from keyplane.orchestration.deployment import OPERATORS, Deployment
 from keyplane.settings import Settings
@@ -141,32 +141,6 @@ class _Follower(threading.Thread):
                 )
 
 
-class _Trickle(threading.Thread):
-    """Chunks of the workload, one after the other, until stopped (``specs``: what was sent)."""
-
-    def __init__(self, spec: WorkloadSpec, bootstrap: str, topic: str, partitions: int) -> None:
-        super().__init__(daemon=True)
-        self.spec, self.bootstrap, self.topic, self.partitions = spec, bootstrap, topic, partitions
-        self.specs: list[WorkloadSpec] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                chunk = self.spec.model_copy(
-                    update={
-                        "n_events": TRICKLE_EVENTS,
-                        "seed": self.spec.seed + 1_000 + len(self.specs),
-                    }
-                )
-                produce_workload(chunk, self.bootstrap, self.topic, partitions=self.partitions)
-                self.specs.append(chunk)
-                self.stop.wait(TRICKLE_PAUSE_S)
-        except BaseException as exc:  # surfaced by the caller after join
-            self.error = exc
-
-
 def run_demo(
     spec: WorkloadSpec,
     settings: Settings,
@@ -220,7 +194,15 @@ def run_demo(
         ),
     ]
     sent: list[WorkloadSpec] = []
-    trickle = _Trickle(spec, bootstrap, topic, partitions)
+    trickle = WorkloadTrickle(
+        lambda i: spec.model_copy(
+            update={"n_events": TRICKLE_EVENTS, "seed": spec.seed + 1_000 + i}
+        ),
+        bootstrap,
+        topic,
+        partitions=partitions,
+        pause_s=TRICKLE_PAUSE_S,
+    )
     job: subprocess.Popen[str] | None = None
     log_path = run_dir / "job.log"
     try:
@@ -266,11 +248,7 @@ def run_demo(
             run = dagrun.dag_test(
                 setup, conf, log=run_dir / "airflow.log", on_task=lambda t: echo(_task_line(t))
             )
-            trickle.stop.set()
-            trickle.join()
-            sent += trickle.specs
-            if trickle.error is not None:
-                raise trickle.error
+            sent += trickle.finish()
             echo(f"dag run  {run.run_id}: {run.state}")
 
             echo("\n== after: the second half on the active version")

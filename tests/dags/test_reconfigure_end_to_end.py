@@ -37,7 +37,7 @@ from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.controller import ControllerFile
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
-from keyplane.kafka.producer import produce_workload
+from keyplane.kafka.producer import WorkloadTrickle, produce_workload
 from keyplane.orchestration import dagrun, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.spark.counts_job import CountsJobSettings, read_output
@@ -72,36 +72,6 @@ def _message_ids(broker: str, topic: str) -> list[str]:
         return [str(message.message_id) for _, message in channel.read(0).messages]
 
 
-class Trickle(threading.Thread):
-    """Small workloads, one after the other, until stopped: events keep arriving while the
-    DAG runs, so the new version has batches to verify. ``specs`` is what was sent.
-
-    Once ``hot`` is set, every event carries the one key ``1`` (a flash hot key)."""
-
-    def __init__(self, broker: str, topic: str) -> None:
-        super().__init__(daemon=True)
-        self.broker, self.topic = broker, topic
-        self.specs: list[PairsWorkload] = []
-        self.stop = threading.Event()
-        self.hot = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                spec = PairsWorkload(
-                    n_keys=1 if self.hot.is_set() else 48,
-                    locality=0.9,
-                    n_events=400,
-                    seed=100 + len(self.specs),
-                )
-                produce_workload(spec, self.broker, self.topic, partitions=2)
-                self.specs.append(spec)
-                self.stop.wait(2.0)
-        except BaseException as exc:
-            self.error = exc
-
-
 def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_back(
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
@@ -109,11 +79,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
     assert produce_workload(before, broker, topic_name, partitions=2) == before.n_events
     store = tmp_path / "routing"
     config_store.save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-        ),
+        RoutingConfig.all_hash(P, ("A", "B")),
         store,
     )
     settings = CountsJobSettings(
@@ -131,7 +97,16 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
     job_log = tmp_path / "job.log"
     job = start_job_process(settings, job_log)
     setup = _airflow_setup(tmp_path, broker, settings)
-    producer = Trickle(broker, topic_name)
+    # Events keep arriving while the DAG runs, so the new version has batches to
+    # verify; once ``hot`` is set, every event carries the one key 1 (a flash hot key).
+    hot = threading.Event()
+    producer = WorkloadTrickle(
+        lambda i: PairsWorkload(
+            n_keys=1 if hot.is_set() else 48, locality=0.9, n_events=400, seed=100 + i
+        ),
+        broker,
+        topic_name,
+    )
     try:
         dagrun.migrate_database(setup)
 
@@ -231,7 +206,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         # A forced run; a flash hot key arrives once its statistics are taken.
         def on_task(record: dagrun.TaskRecord) -> None:
             if record.task_id == "collect_statistics":
-                producer.hot.set()
+                hot.set()
 
         forced = dagrun.dag_test(
             setup,
@@ -262,9 +237,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         )
         assert all(v == {"A": 5, "B": 5} for v in batches_since(back))
 
-        producer.stop.set()
-        producer.join(timeout=60)
-        assert not producer.is_alive() and producer.error is None, producer.error
+        producer.finish()
         total = sum(high_watermarks(broker, topic_name).values())
         assert total == before.n_events + sum(spec.n_events for spec in producer.specs)
         wait_while_job_runs(lambda: counted(total), "every event", job, job_log, timeout_s=BUSY_S)

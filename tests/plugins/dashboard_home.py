@@ -31,7 +31,7 @@ import pandas as pd
 from keyplane import config as config_store
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics, PairCount
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.config import RoutingConfig
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
 
@@ -132,11 +132,7 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
         gx_root=home / "gx",
     )
     config_store.save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-        ),
+        RoutingConfig.all_hash(P, ("A", "B")),
         deployment.routing_store,
     )
     _snapshot(deployment)

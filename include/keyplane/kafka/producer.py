@@ -7,6 +7,7 @@ tests compare what Spark counted with this layout.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,3 +95,56 @@ def produce_workload(
     finally:
         producer.close(timeout=10)
     return sent
+
+
+class WorkloadTrickle(threading.Thread):
+    """Chunks of a workload, one after the other, until stopped: a stream that keeps arriving.
+
+    The demo and the end-to-end tests run one beside a job, so that a new
+    routing version has batches to run on. ``chunk(i)`` is the spec of the
+    i-th chunk, called just before it is sent, so a caller can change what
+    comes next (a flash hot key); ``specs`` lists what was sent, the ground
+    truth of the counts; ``pause_s``, the pause after each chunk, may be
+    changed while it runs (to let a job idle). An error in the thread is kept
+    in ``error``; :meth:`finish` stops the thread and raises it.
+    """
+
+    def __init__(
+        self,
+        chunk: Callable[[int], WorkloadSpec],
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        partitions: int = 2,
+        pause_s: float = 2.0,
+    ) -> None:
+        super().__init__(daemon=True, name=f"trickle-{topic}")
+        self.chunk, self.bootstrap_servers, self.topic = chunk, bootstrap_servers, topic
+        self.partitions = partitions
+        self.pause_s = pause_s
+        self.specs: list[WorkloadSpec] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                spec = self.chunk(len(self.specs))
+                produce_workload(
+                    spec, self.bootstrap_servers, self.topic, partitions=self.partitions
+                )
+                self.specs.append(spec)
+                self.stop.wait(self.pause_s)
+        except BaseException as exc:  # surfaced by finish()
+            self.error = exc
+
+    def finish(self, timeout_s: float = 60.0) -> list[WorkloadSpec]:
+        """Stop after the chunk in flight; return what was sent, or raise the thread's error."""
+        self.stop.set()
+        if self.ident is not None:  # started
+            self.join(timeout=timeout_s)
+        if self.is_alive():
+            raise TimeoutError(f"the trickle to {self.topic!r} did not stop in {timeout_s:.0f} s")
+        if self.error is not None:
+            raise self.error
+        return list(self.specs)

@@ -68,11 +68,7 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
         b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
         store = tmp_path / "routing"
         save(
-            RoutingConfig(
-                version=1,
-                created_by="initial",
-                operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-            ),
+            RoutingConfig.all_hash(P, ("A", "B")),
             store,
         )
         v2 = RoutingConfig(

@@ -1,11 +1,14 @@
-"""Producer delivery settings: validation, and what the embedded broker accepts."""
+"""Producer delivery settings, what the embedded broker accepts, and the workload trickle."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from keyplane.kafka.admin import ensure_topic, high_watermarks
-from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, make_producer
+from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, WorkloadTrickle, make_producer
+from keyplane.workloads import PairsWorkload
 
 
 def test_idempotence_with_acks_1_is_refused() -> None:
@@ -32,3 +35,39 @@ def test_every_delivery_setting_writes_each_record_once(broker: str, topic_name:
         assert offsets == list(range(written, written + 50))
         written += 50
     assert high_watermarks(broker, topic_name) == {0: written}
+
+
+@pytest.mark.integration
+def test_a_trickle_sends_chunks_until_finished_and_lists_exactly_what_it_sent(
+    broker: str, topic_name: str
+) -> None:
+    trickle = WorkloadTrickle(
+        lambda i: PairsWorkload(n_keys=10, n_events=50 + i, seed=i),
+        broker,
+        topic_name,
+        pause_s=0.05,
+    )
+    trickle.start()
+    deadline = time.monotonic() + 60
+    while len(trickle.specs) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sent = trickle.finish()
+
+    assert len(sent) >= 3
+    assert [spec.n_events for spec in sent] == [50 + i for i in range(len(sent))]
+    assert sum(high_watermarks(broker, topic_name).values()) == sum(s.n_events for s in sent)
+
+
+@pytest.mark.integration
+def test_a_trickle_raises_its_error_when_finished(broker: str, topic_name: str) -> None:
+    def chunk(i: int) -> PairsWorkload:
+        if i == 1:
+            raise ValueError("no second chunk")
+        return PairsWorkload(n_keys=10, n_events=20, seed=i)
+
+    trickle = WorkloadTrickle(chunk, broker, topic_name, pause_s=0.01)
+    trickle.start()
+    trickle.join(timeout=60)
+    with pytest.raises(ValueError, match="no second chunk"):
+        trickle.finish()
+    assert sum(high_watermarks(broker, topic_name).values()) == 20

@@ -30,7 +30,7 @@ import pytest
 from keyplane import config as config_store
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.config import RoutingConfig
 from keyplane.controller import ControllerError
 from keyplane.kafka.control import ControlChannel
 from keyplane.orchestration import planning, tasks
@@ -101,11 +101,7 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
         gx_root=tmp_path / "gx",
     )
     config_store.save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-        ),
+        RoutingConfig.all_hash(P, ("A", "B")),
         deployment.routing_store,
     )
     # Both runs take their statistics and plan before either publishes.

@@ -70,11 +70,7 @@ def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
 ) -> None:
     deployment = _deployment(tmp_path)
     config_store.save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-        ),
+        RoutingConfig.all_hash(P, ("A", "B")),
         deployment.routing_store,
     )
     _write_snapshot(deployment)

@@ -100,11 +100,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
     store = settings.routing_store
     assert store is not None
 
-    v1 = RoutingConfig(
-        version=1,
-        created_by="initial",
-        operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-    )
+    v1 = RoutingConfig.all_hash(P, ("A", "B"))
     v2 = RoutingConfig(
         version=2,
         parent_version=1,

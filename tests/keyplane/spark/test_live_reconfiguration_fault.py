@@ -266,11 +266,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
     store = tmp_path / "routing"
     save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
-        ),
+        RoutingConfig.all_hash(P, ("A", "B")),
         store,
     )
     v2 = RoutingConfig(
