@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 from keyplane import config as config_store
 from keyplane.kafka.control import ControlChannel
@@ -33,17 +33,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def routed_job_topics(prefix: str) -> dict[str, str]:
+class RoutedJobTopics(TypedDict):
+    """The topics of one routed job besides its events (keywords of ``CountsJobSettings``)."""
+
+    control_topic: str
+    migration_topic: str
+    metrics_topic: str
+    dead_letter_topic: str
+
+
+def routed_job_topics(prefix: str) -> RoutedJobTopics:
     """Control, migration, metrics and dead-letter topics of one routed job's own.
 
     Keyword arguments for :class:`~keyplane.spark.counts_job.CountsJobSettings`,
     so that jobs sharing a broker (tests, benchmark variants) never read each
     other's protocol messages or moved state.
     """
-    return {
-        f"{name}_topic": f"{prefix}.{name.replace('_', '-')}"
-        for name in ("control", "migration", "metrics", "dead_letter")
-    }
+    return RoutedJobTopics(
+        control_topic=f"{prefix}.control",
+        migration_topic=f"{prefix}.migration",
+        metrics_topic=f"{prefix}.metrics",
+        dead_letter_topic=f"{prefix}.dead-letter",
+    )
 
 
 def start_job_process(settings: CountsJobSettings, log: Path) -> subprocess.Popen[bytes]:
