@@ -47,7 +47,7 @@ from keyplane.orchestration import dagrun
 from keyplane.orchestration.tasks import statistics_job_args
 from keyplane.signing import KEY_ENV_VAR
 from keyplane.spark.counts_job import CountsJobSettings, job_command
-from keyplane.statistics import list_snapshots
+from keyplane.statistics import StatisticsSettings, list_snapshots
 from keyplane.testing import routed_job_topics
 from keyplane.workloads import PairsWorkload
 
@@ -58,17 +58,24 @@ REPO = Path(__file__).resolve().parents[1]
 def statistics_alone(setup: dagrun.AirflowSetup, tmp: Path) -> tuple[float, str]:
     """Wall time of the statistics job's ``spark-submit`` on the whole topic, and its summary.
 
-    The arguments are the ones ``collect_statistics`` passes (the DAG's default
-    Params), for a run of its own with its own snapshot folder.
+    The arguments are the ones ``collect_statistics`` passes with the default
+    statistics settings (the DAG's Params default to them), for a run of its
+    own with its own snapshot folder.
     """
     deployment = setup.deployment(home=tmp / "alone")
+    defaults = StatisticsSettings()
     spark_submit = Path(sys.executable).with_name("spark-submit")
     command = [
         str(spark_submit),
         "--master",
         "local[2]",
         str(REPO / "spark_jobs" / "statistics.py"),
-        *statistics_job_args(deployment, "alone", decay=0.5, holdout_fraction=0.2),
+        *statistics_job_args(
+            deployment,
+            "alone",
+            decay=defaults.decay,
+            holdout_fraction=defaults.holdout_fraction,
+        ),
     ]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=setup.environment())
