@@ -120,16 +120,13 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
     from keyplane.testing import ProtocolOnlyJob
 
     suffix = home.name.replace("_", "-")
-    deployment = Deployment(
-        home=home,
+    deployment = Deployment.under(
+        home,
         bootstrap_servers=bootstrap_servers,
         events_topic=f"dash-events-{suffix}",
         metrics_topic=f"dash-metrics-{suffix}",
         control_topic=f"dash-control-{suffix}",
         routing_store=home / "configs",
-        snapshots=home / "statistics",
-        controller_state=home / "controller.json",
-        gx_root=home / "gx",
     )
     config_store.save(
         RoutingConfig.all_hash(P, ("A", "B")),

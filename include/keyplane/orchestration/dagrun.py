@@ -89,17 +89,13 @@ class AirflowSetup(BaseModel):
         ``home`` gives a run of its own (its own snapshots, controller state
         and GX folder) on the same topics and store; default: this setup's.
         """
-        home = self.keyplane_home if home is None else home
-        return Deployment(
-            home=home,
+        return Deployment.under(
+            self.keyplane_home if home is None else home,
             bootstrap_servers=self.bootstrap_servers,
             events_topic=self.events_topic,
             metrics_topic=self.metrics_topic,
             control_topic=self.control_topic,
             routing_store=self.routing_store,
-            snapshots=home / "statistics",
-            controller_state=home / "controller.json",
-            gx_root=home / "gx",
         )
 
 

@@ -55,14 +55,42 @@ class Deployment(BaseModel):
         home = settings.home.resolve()
         store = os.environ.get("KEYPLANE_ROUTING_STORE")
         snapshots = os.environ.get("KEYPLANE_STATISTICS_DIR")
-        return cls(
-            home=home,
+        return cls.under(
+            home,
             bootstrap_servers=bootstrap_servers or settings.resolved_bootstrap_servers(),
             events_topic=settings.events_topic,
             metrics_topic=settings.metrics_topic,
             control_topic=settings.control_topic,
             routing_store=Path(store).resolve() if store else home / "configs",
-            snapshots=Path(snapshots).resolve() if snapshots else home / "statistics",
+            snapshots=Path(snapshots).resolve() if snapshots else None,
+        )
+
+    @classmethod
+    def under(
+        cls,
+        home: Path,
+        *,
+        bootstrap_servers: str,
+        events_topic: str,
+        metrics_topic: str,
+        control_topic: str,
+        routing_store: Path,
+        snapshots: Path | None = None,
+    ) -> Deployment:
+        """The deployment whose state folders lie under ``home``: the one layout.
+
+        Snapshots in ``home/statistics`` unless given, the controller's state
+        in ``home/controller.json`` (the file ``keyplane config publish``
+        uses), the GX project in ``home/gx``.
+        """
+        return cls(
+            home=home,
+            bootstrap_servers=bootstrap_servers,
+            events_topic=events_topic,
+            metrics_topic=metrics_topic,
+            control_topic=control_topic,
+            routing_store=routing_store,
+            snapshots=home / "statistics" if snapshots is None else snapshots,
             controller_state=home / "controller.json",
             gx_root=home / "gx",
         )

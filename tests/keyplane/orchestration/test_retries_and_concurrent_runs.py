@@ -89,16 +89,13 @@ def _eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60)
 def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
-    deployment = Deployment(
-        home=tmp_path,
+    deployment = Deployment.under(
+        tmp_path,
         bootstrap_servers=broker,
         events_topic=f"{topic_name}.events",
         metrics_topic=f"{topic_name}.metrics",
         control_topic=f"{topic_name}.control",
         routing_store=tmp_path / "configs",
-        snapshots=tmp_path / "statistics",
-        controller_state=tmp_path / "controller.json",
-        gx_root=tmp_path / "gx",
     )
     config_store.save(
         RoutingConfig.all_hash(P, ("A", "B")),

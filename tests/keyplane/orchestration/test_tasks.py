@@ -28,16 +28,13 @@ RUN = "manual__2026-11-03T12:00:00+00:00"
 
 
 def _deployment(tmp_path: Path) -> Deployment:
-    return Deployment(
-        home=tmp_path,
+    return Deployment.under(
+        tmp_path,
         bootstrap_servers="127.0.0.1:1",
         events_topic="events",
         metrics_topic="metrics",
         control_topic="control",
         routing_store=tmp_path / "configs",
-        snapshots=tmp_path / "statistics",
-        controller_state=tmp_path / "controller.json",
-        gx_root=tmp_path / "gx",
     )
 
 
