@@ -5,12 +5,12 @@
         [--routing-store DIR] [--decay 0.5] [--holdout-fraction 0.2]
 
 Submitted by the ``collect_statistics`` task of the ``keyplane_reconfigure``
-DAG (``SparkSubmitOperator``). Spark stays at the edge: it reads the window
-in batch mode through keyplane's Kafka source (exact ``startingOffsets`` /
-``endingOffsets``, so a rerun reads the same records) and groups the events
-by key pair and side of the hold-out line; the metrics window, one record
-per micro-batch, is read on the driver; :mod:`keyplane.statistics` does the
-rest in pandas. The window starts where the previous snapshot ended
+DAG (``SparkSubmitOperator``). Spark stays at the edge: one task per Kafka
+partition reads its exact offset range of the window (so a rerun reads the
+same records) and counts the events by key pair and side of the hold-out line
+(:mod:`keyplane.spark.pair_counts`); the metrics window, one record per
+micro-batch, is read on the driver; :mod:`keyplane.statistics` does the rest
+in pandas. The window starts where the previous snapshot ended
 (first run: the earliest offsets), so a run with a snapshot already written
 exits at once: retries and repeated runs change nothing.
 """
@@ -23,21 +23,15 @@ import time
 from pathlib import Path
 
 from pydantic import ValidationError
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
 from keyplane import config as config_store
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
-from keyplane.events import EVENT_DDL
 from keyplane.kafka.admin import earliest_offsets, ensure_topic, high_watermarks
 from keyplane.settings import Settings
-from keyplane.spark.kafka_source import (
-    SOURCE_NAME,
-    KafkaDataSource,
-    KafkaInputPartition,
-    read_partition,
-)
+from keyplane.spark.kafka_source import KafkaInputPartition, read_partition
+from keyplane.spark.pair_counts import window_pair_counts
 from keyplane.spark.session import build_session
 
 
@@ -46,35 +40,6 @@ def _window(bootstrap: str, topic: str, previous: stats.TopicWindow | None) -> s
     return stats.next_window(
         topic, previous, earliest_offsets(bootstrap, topic), high_watermarks(bootstrap, topic)
     )
-
-
-def _read(spark: SparkSession, bootstrap: str, window: stats.TopicWindow) -> DataFrame:
-    return (
-        spark.read.format(SOURCE_NAME)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", window.topic)
-        .option("startingOffsets", window.spark_offsets("start"))
-        .option("endingOffsets", window.spark_offsets("end"))
-        .load()
-    )
-
-
-def grouped_pairs(
-    spark: SparkSession, bootstrap: str, window: stats.TopicWindow, holdout_fraction: float
-) -> DataFrame:
-    """Rows ``a, b, holdout, n``: the window's events per key pair and side of the hold-out."""
-    events = (
-        _read(spark, bootstrap, window)
-        .select(
-            "partition", "offset", F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e")
-        )
-        .select("partition", "offset", "e.a", "e.b")
-        .where(F.col("a").isNotNull() & F.col("b").isNotNull())
-    )
-    holdout = F.lit(False)
-    for partition, first in stats.holdout_starts(window, holdout_fraction).items():
-        holdout = holdout | ((F.col("partition") == partition) & (F.col("offset") >= first))
-    return events.groupBy("a", "b", holdout.alias("holdout")).agg(F.count("*").alias("n"))
 
 
 def metrics_records(bootstrap: str, window: stats.TopicWindow) -> list[BatchMetrics]:
@@ -112,9 +77,8 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
     bootstrap = args.bootstrap_servers
     events = _window(bootstrap, args.events_topic, None if last is None else last.events)
     metrics_window = _window(bootstrap, args.metrics_topic, None if last is None else last.metrics)
-    spark.dataSource.register(KafkaDataSource)
     started = time.monotonic()
-    grouped = grouped_pairs(spark, bootstrap, events, settings.holdout_fraction).toPandas()
+    grouped = window_pair_counts(spark, bootstrap, events, settings.holdout_fraction).toPandas()
     records = metrics_records(bootstrap, metrics_window)
     read_s = time.monotonic() - started
     version = stats.job_version(records)

@@ -110,11 +110,6 @@ class TopicWindow(BaseModel):
     def end_total(self) -> int:
         return sum(self.end.values())
 
-    def spark_offsets(self, bound: Literal["start", "end"]) -> str:
-        """``startingOffsets``/``endingOffsets`` JSON for keyplane's Kafka source."""
-        offsets = self.start if bound == "start" else self.end
-        return json.dumps({self.topic: {str(p): o for p, o in sorted(offsets.items())}})
-
 
 class SnapshotManifest(BaseModel):
     """What a snapshot describes; written last, so a snapshot with a manifest is complete."""

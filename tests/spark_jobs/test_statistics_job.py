@@ -2,8 +2,9 @@
 
 The DAG's end-to-end test runs the job through ``spark-submit`` once per
 scheduled run; this one checks what the job reads, in seconds: exact key-pair
-counts of the events window, the metrics window read on the driver with a
-malformed record skipped, and a rerun of the same run id that reads nothing.
+counts of the events window with malformed events skipped, the metrics window
+read on the driver with a malformed record skipped, and a rerun of the same
+run id that reads nothing.
 """
 
 from __future__ import annotations
@@ -34,15 +35,21 @@ def statistics_job() -> ModuleType:
     return module
 
 
-def produce_metrics(broker: str, topic: str, values: list[bytes]) -> None:
+def produce_values(broker: str, topic: str, values: list[bytes], partition: int = 0) -> None:
     ensure_topic(broker, topic, 1)
     producer = make_producer(broker)
     try:
         for value in values:
-            producer.send(topic, value=value, partition=0)
+            producer.send(topic, value=value, partition=partition)
         producer.flush()
     finally:
         producer.close(timeout=10)
+
+
+# Values that are not events: skipped, while the events around them are counted.
+MALFORMED_EVENTS = [b"not json", b'{"a": "1"}', b'{"a": 1, "b": "2"}', b"[1, 2]", b""]
+# An event that spans lines is still one event.
+MULTILINE_EVENT = b'{"a": "x",\n "b": "y"}'
 
 
 def test_a_window_of_events_and_metrics_becomes_an_exact_snapshot_and_a_rerun_reads_nothing(
@@ -52,8 +59,9 @@ def test_a_window_of_events_and_metrics_becomes_an_exact_snapshot_and_a_rerun_re
     spec = PairsWorkload(n_keys=40, n_events=3_000, locality=0.8, seed=5)
     ensure_topic(broker, events_topic, 2)
     produce_workload(spec, broker, events_topic, partitions=2)
+    produce_values(broker, events_topic, [*MALFORMED_EVENTS, MULTILINE_EVENT], partition=1)
     batches = [BatchMetrics(batch_id=i, versions={"A": v, "B": v}) for i, v in enumerate((1, 1, 2))]
-    produce_metrics(
+    produce_values(
         broker,
         metrics_topic,
         [batches[0].model_dump_json().encode(), b"{not a metrics record"]
@@ -80,11 +88,12 @@ def test_a_window_of_events_and_metrics_becomes_an_exact_snapshot_and_a_rerun_re
     snapshot = stats.read_snapshot(tmp_path / "snapshots", "run-1")
     assert snapshot.path == folder
     manifest = snapshot.manifest
-    assert (manifest.n_events, manifest.n_metrics_records) == (3_000, 3)
+    assert (manifest.n_events, manifest.n_metrics_records) == (3_000 + 1, 3)
     assert manifest.metrics.end == {0: 4}
     assert manifest.job_version == 2
     events = spec.events(0, spec.n_events)
     truth = Counter(zip(events.a.astype(str).tolist(), events.b.astype(str).tolist(), strict=True))
+    truth["x", "y"] += 1
     counted = {
         (a, b): int(n)
         for a, b, n in snapshot.pairs[["a", "b", "count"]].itertuples(index=False)

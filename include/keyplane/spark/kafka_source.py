@@ -16,8 +16,7 @@ so they never enter the query plan or the checkpoint. For the JVM connector
 :func:`read_kafka` maps the same settings to its ``kafka.*`` options.
 
 The same source also reads in batch mode (``spark.read.format("keyplane-kafka")``),
-for jobs that look back over a window of a topic, such as the statistics job
-of the reconfiguration DAG: ``startingOffsets`` and ``endingOffsets`` (earliest
+for jobs that look back over a window of a topic: ``startingOffsets`` and ``endingOffsets`` (earliest
 | latest | JSON ``{"topic": {"0": offset}}``) bound the records read, the end
 exclusive, as in Spark's own Kafka connector. Exact bounds make a rerun read
 the very same records.
@@ -167,7 +166,12 @@ class KafkaStreamReader(DataSourceStreamReader):
 
 
 def read_partition(p: KafkaInputPartition, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
-    """Read exactly the records ``p.start <= offset < p.end`` as Arrow batches."""
+    """Read exactly the records ``p.start <= offset < p.end`` as Arrow batches.
+
+    Every reader of an offset range uses it: the source's tasks, the statistics
+    job's pair-counting tasks (:mod:`keyplane.spark.pair_counts`) and its read
+    of the metrics window on the driver.
+    """
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
