@@ -44,7 +44,6 @@ job (``spark_jobs/statistics.py``) only reads Kafka and groups.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re

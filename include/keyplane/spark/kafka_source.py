@@ -16,10 +16,10 @@ so they never enter the query plan or the checkpoint. For the JVM connector
 :func:`read_kafka` maps the same settings to its ``kafka.*`` options.
 
 The same source also reads in batch mode (``spark.read.format("keyplane-kafka")``),
-for jobs that look back over a window of a topic: ``startingOffsets`` and ``endingOffsets`` (earliest
-| latest | JSON ``{"topic": {"0": offset}}``) bound the records read, the end
-exclusive, as in Spark's own Kafka connector. Exact bounds make a rerun read
-the very same records.
+for jobs that look back over a window of a topic: ``startingOffsets`` and
+``endingOffsets`` (earliest | latest | JSON ``{"topic": {"0": offset}}``) bound
+the records read, the end exclusive, as in Spark's own Kafka connector. Exact
+bounds make a rerun read the very same records.
 """
 
 from __future__ import annotations
