@@ -136,6 +136,19 @@ class AggregateSpecError(ValueError):
     """A ``module:attr`` that does not name a usable keyed aggregate (one line, for a CLI)."""
 
 
+DEFAULT_AGGREGATE_SPEC = f"{__name__}:RunningCount"
+"""The ``module:attr`` of the aggregate a stage runs when none is named."""
+
+
+def canonical_spec(spec: str | None) -> str | None:
+    """``spec``, with the default aggregate written as None.
+
+    The running count may be named or left out; wherever aggregates are
+    compared (a checkpoint's, a running job's), both spellings are one aggregate.
+    """
+    return None if spec == DEFAULT_AGGREGATE_SPEC else spec
+
+
 def load_aggregate(spec: str) -> KeyedAggregate[Any]:
     """The aggregate ``module:attr`` names: an instance, or a class built with no arguments.
 

@@ -57,7 +57,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from keyplane.aggregates import load_aggregate
+from keyplane.aggregates import canonical_spec, load_aggregate
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.controller import ControllerError, read_controller_file
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of
@@ -126,7 +126,7 @@ class JobRecord(BaseModel):
         ``status`` needs neither PySpark nor the user's module to say it.
         """
         flags = dict(zip(self.command, self.command[1:], strict=False))
-        return {stage: flags.get(flag) for stage, flag in AGGREGATE_FLAGS.items()}
+        return {stage: canonical_spec(flags.get(flag)) for stage, flag in AGGREGATE_FLAGS.items()}
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,10 @@ class JobProcess:
         self.shuffle_partitions = shuffle_partitions
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.master = master or settings.spark_master
-        self.aggregates = {"A": stage_a_aggregate, "B": stage_b_aggregate}
+        self.aggregates = {
+            "A": canonical_spec(stage_a_aggregate),
+            "B": canonical_spec(stage_b_aggregate),
+        }
 
     def job_settings(self) -> CountsJobSettings:
         """The routed job's settings. Only values given become flags of its command
@@ -398,10 +401,11 @@ class JobProcess:
             write_atomically(self.aggregates_file, json.dumps(self.aggregates) + "\n")
             return
         try:
-            stored = json.loads(self.aggregates_file.read_text(encoding="utf-8"))
+            recorded = json.loads(self.aggregates_file.read_text(encoding="utf-8"))
+            stored = {stage: canonical_spec(spec) for stage, spec in recorded.items()}
         except FileNotFoundError:
             stored = {"A": None, "B": None}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, AttributeError) as exc:
             raise JobError(
                 f"cannot read {self.aggregates_file} ({exc}); it names the aggregates "
                 f"whose states {self.checkpoint} holds"

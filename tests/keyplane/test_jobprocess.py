@@ -21,7 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from keyplane.aggregates import AggregateSpecError, RunningCount, ValueCounts
+from keyplane.aggregates import (
+    DEFAULT_AGGREGATE_SPEC,
+    AggregateSpecError,
+    RunningCount,
+    ValueCounts,
+)
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.cli import main as cli_main
 from keyplane.cli import render_job_status
@@ -335,6 +340,11 @@ def test_a_checkpoint_keeps_the_aggregates_it_was_started_with(
         JobProcess(settings).start()
     with pytest.raises(MissingKeyError):
         JobProcess(settings, stage_b_aggregate=VALUE_COUNTS).start()
+    # The running count named is the running count left out.
+    with pytest.raises(MissingKeyError):
+        JobProcess(
+            settings, stage_a_aggregate=DEFAULT_AGGREGATE_SPEC, stage_b_aggregate=VALUE_COUNTS
+        ).start()
 
     assert str(refused.value) == (
         f"the checkpoint {first.checkpoint} holds the states of A the running count, "
@@ -395,6 +405,11 @@ def test_a_stand_in_job_running_an_aggregate_is_shown_and_not_taken_for_another(
         _write_pid_file(job, record)
 
         same = job.start()
+        named_default = JobProcess(
+            Settings(home=tmp_path),
+            stage_a_aggregate=DEFAULT_AGGREGATE_SPEC,
+            stage_b_aggregate=VALUE_COUNTS,
+        ).start()
         with pytest.raises(JobError) as other:
             JobProcess(Settings(home=tmp_path)).start()
         lines = render_job_status(job.status(read_metrics=False), "metrics")
@@ -403,6 +418,7 @@ def test_a_stand_in_job_running_an_aggregate_is_shown_and_not_taken_for_another(
         proc.wait()
 
     assert same.already_running and same.record == record
+    assert named_default.already_running and named_default.record == record
     assert str(other.value) == (
         f"the job already runs (pid {proc.pid}) with A the running count, B {VALUE_COUNTS}, "
         "not A the running count, B the running count; a checkpoint keeps its aggregates "
