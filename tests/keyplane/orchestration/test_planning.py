@@ -134,12 +134,43 @@ def test_measure_and_verdict() -> None:
 
     before = planning.measure([batch(1, 5, {0: 5, 1: 5}, 100), batch(2, 5, {0: 5, 1: 5}, 100)])
     assert before.locality == 0.5 and before.imbalance == 1.0 and before.lag == 100
-    good = planning.measure([batch(3, 9, {0: 5, 1: 5}, 50)])
+    assert before.lag_growth == 0
+    good = planning.measure([batch(3, 9, {0: 5, 1: 5}, 50), batch(4, 9, {0: 5, 1: 5}, 40)])
     assert planning.verdict(before, good, planning.VerifyTolerances()) is None
-    bad = planning.measure([batch(4, 1, {0: 10, 1: 0}, 90_000)])
+    # Batches in any order: the lag grows from batch 5 to batch 6.
+    bad = planning.measure([batch(6, 1, {0: 10, 1: 0}, 90_000), batch(5, 1, {0: 10, 1: 0}, 10)])
+    assert bad.lag_growth == 89_990
     reason = planning.verdict(before, bad, planning.VerifyTolerances())
-    assert reason is not None and "locality" in reason and "imbalance" in reason and "lag" in reason
+    assert reason == (
+        "locality fell from 0.500 to 0.100; imbalance rose from 1.000 to 2.000; "
+        "lag grew 89,990 records a batch, against 0 before"
+    )
     assert planning.verdict(planning.measure([]), bad, planning.VerifyTolerances()) is None
+
+
+def lagging(first_id: int, lags: list[int]) -> planning.Measured:
+    return planning.measure(
+        [BatchMetrics(batch_id=first_id + i, rows=10, input_lag=lag) for i, lag in enumerate(lags)]
+    )
+
+
+def test_verify_judges_how_fast_lag_grows_not_how_much_built_up_during_the_rollout() -> None:
+    """A job already behind its input, falling behind as fast after the rollout as before
+    it, did not regress, however much lag the rollout added; one that falls behind
+    faster than ``lag_factor × before + lag_slack`` did."""
+    tolerances = planning.VerifyTolerances()
+    before = lagging(1, [400_000, 410_000, 420_000])
+    assert before.lag_growth == 10_000
+    same_pace_higher_level = lagging(10, [1_600_000, 1_610_000, 1_621_000])
+    assert planning.verdict(before, same_pace_higher_level, tolerances) is None
+    slower = lagging(10, [1_600_000, 1_630_000, 1_660_000])
+    assert planning.verdict(before, slower, tolerances) == (
+        "lag grew 30,000 records a batch, against 10,000 before"
+    )
+    # A job that was catching up counts as growing by 0: the slack alone applies.
+    catching_up = lagging(1, [50_000, 30_000, 10_000])
+    assert planning.verdict(catching_up, lagging(10, [10_000, 14_000]), tolerances) is None
+    assert planning.verdict(catching_up, lagging(10, [10_000, 16_000]), tolerances) is not None
 
 
 def test_rollback_is_a_new_version_with_the_old_contents() -> None:
