@@ -609,7 +609,7 @@ def verify(
     *,
     batches: int,
 ) -> dict[str, Any]:
-    """Measured locality, imbalance and lag on the new version vs the window before.
+    """Measured locality, imbalance and lag growth on the new version vs the window before.
 
     Before: the snapshot window's batches on the parent version. After: the
     first ``batches`` batches with rows on the new version since DONE.
