@@ -14,7 +14,8 @@ that took about 40 % longer (docs/benchmarks.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -31,11 +32,6 @@ PAIR_COUNTS_DDL = "a STRING, b STRING, holdout BOOLEAN, n LONG"
 
 _PAIR_COUNTS_SCHEMA = pa.schema(
     [("a", pa.string()), ("b", pa.string()), ("holdout", pa.bool_()), ("n", pa.int64())]
-)
-
-_RANGES_DDL = (
-    "bootstrap_servers STRING, topic STRING, partition INT, start LONG, end LONG,"
-    " holdout_start LONG"
 )
 
 
@@ -58,12 +54,17 @@ def count_pairs(records: pa.RecordBatch, holdout_start: int) -> pa.Table:
     return counted.rename_columns(_PAIR_COUNTS_SCHEMA.names).cast(_PAIR_COUNTS_SCHEMA)
 
 
-def _count_ranges(ranges: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: read each offset range of ``ranges`` and yield its pair counts."""
-    for batch in ranges:
-        for row in batch.to_pylist():
-            holdout_start = row.pop("holdout_start")
-            for records in read_partition(KafkaInputPartition(**row)):
+def _count_ranges(
+    ranges: Sequence[tuple[KafkaInputPartition, int]], ids: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: read the offset ranges ``ids`` number and yield their pair counts.
+
+    Each range comes with the first offset of its hold-out.
+    """
+    for batch in ids:
+        for i in batch.column("id").to_pylist():
+            partition, holdout_start = ranges[i]
+            for records in read_partition(partition):
                 yield from count_pairs(records, holdout_start).to_batches()
 
 
@@ -73,27 +74,25 @@ def window_pair_counts(
     """Rows ``a, b, holdout, n``: the window's events per key pair and side of the hold-out.
 
     One task per partition with records in the window, so the read spreads
-    over every executor core, as Spark's own Kafka source would spread it.
+    over every executor core, as Spark's own Kafka source would spread it:
+    ``spark.range`` with one number per task, each naming its offset range.
     """
+    from pyspark.sql import functions as F
+
     starts = holdout_starts(window, holdout_fraction)
     ranges = [
         (
-            bootstrap_servers,
-            window.topic,
-            partition,
-            window.start.get(partition, 0),
-            end,
+            KafkaInputPartition(
+                bootstrap_servers, window.topic, partition, window.start.get(partition, 0), end
+            ),
             starts[partition],
         )
         for partition, end in sorted(window.end.items())
         if end > window.start.get(partition, 0)
     ]
-    from pyspark.sql import functions as F
-
-    rdd = spark.sparkContext.parallelize(ranges, max(1, len(ranges)))
     return (
-        spark.createDataFrame(rdd, _RANGES_DDL)
-        .mapInArrow(_count_ranges, PAIR_COUNTS_DDL)
+        spark.range(len(ranges), numPartitions=max(1, len(ranges)))
+        .mapInArrow(partial(_count_ranges, ranges), PAIR_COUNTS_DDL)
         .groupBy("a", "b", "holdout")
         .agg(F.sum("n").alias("n"))
     )
