@@ -558,6 +558,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         lines = [_line("broker", f"down at {bootstrap}: start it with `keyplane broker start`")]
     status = JobProcess(settings).status(read_metrics=up)
     lines.append(_line("job", _job_line(status)))
+    if status.running is not None:
+        lines.append(_line("aggregates", describe_aggregates(status.running.aggregates())))
     snapshot = status.metrics
     if snapshot is not None:
         latest = snapshot.latest

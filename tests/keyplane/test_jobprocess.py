@@ -184,7 +184,8 @@ def test_start_status_stop_restart_of_the_routed_job(
 
     out = capsys.readouterr().out.splitlines()
     assert f"job already running (pid {started.record.pid}, up " in out[0]
-    assert f"aggregates   A the running count, B {VALUE_COUNTS}" in out
+    # Both `job status` and `status` name the aggregates.
+    assert out.count(f"aggregates   A the running count, B {VALUE_COUNTS}") == 2
     assert "versions     A v1, B v1" in out
     assert "input lag    0 events at that batch" in out
     assert "unread       0 events past the checkpoint" in out
