@@ -18,8 +18,10 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from keyplane.workloads import EventBatch
@@ -27,6 +29,20 @@ from keyplane.workloads import EventBatch
 EVENT_DDL = "seq LONG, a STRING, b STRING, ts LONG, pad STRING"
 
 EVENT_KEYS_SCHEMA = pa.schema([("a", pa.string()), ("b", pa.string())])
+
+MAX_EVENT_BYTES = 64 * 1024
+"""Default of the routed source's ``max.event.bytes`` option: larger records are
+dead-lettered as ``oversized`` (generated events pad to 20 kB at most)."""
+
+_REQUIRED_FIELDS: tuple[tuple[str, type], ...] = (
+    ("seq", int),
+    ("a", str),
+    ("b", str),
+    ("ts", int),
+)
+_FIELDS_SCHEMA = pa.schema(
+    [("seq", pa.int64()), ("a", pa.string()), ("b", pa.string()), ("ts", pa.int64())]
+)
 
 MAX_PAD_BYTES = 20_000
 
@@ -54,41 +70,72 @@ def encode_batch(batch: EventBatch, ts_ms: int) -> Iterator[bytes]:
         ).encode()
 
 
-def decode_keys(values: Sequence[bytes | None]) -> pa.Table:
-    """The ``a`` and ``b`` of each value, in order, null where a value is not an event.
+def parse_event(
+    value: bytes | None, max_bytes: int = MAX_EVENT_BYTES
+) -> tuple[dict[str, Any] | None, str | None]:
+    """An event's fields, or ``None`` and why the record is not a valid event.
+
+    The one definition of a valid event: the routed job dead-letters what it
+    refuses, and every reader that counts events (:func:`decode_keys`) counts
+    exactly what the job counts. The size is checked before parsing, so an
+    oversized record costs no JSON parse and cannot blow up a worker's memory.
+    """
+    if value is None:
+        return None, "empty record"
+    if len(value) > max_bytes:
+        return None, f"oversized: {len(value)} bytes > {max_bytes}"
+    try:
+        event = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"not JSON: {error}"
+    if not isinstance(event, dict):
+        return None, "schema: not a JSON object"
+    for field, kind in _REQUIRED_FIELDS:
+        if not isinstance(event.get(field), kind) or isinstance(event.get(field), bool):
+            return None, f"schema: field {field!r} missing or not {kind.__name__}"
+    return event, None
+
+
+def decode_keys(values: Sequence[bytes | None], max_bytes: int = MAX_EVENT_BYTES) -> pa.Table:
+    """The ``a`` and ``b`` of each value, in order; null where :func:`parse_event` refuses it.
 
     A window of a million events is parsed in one call to Arrow's JSON reader,
     one line per value: :func:`encode_batch` never writes a line break inside
-    an event. When that does not hold for a batch (a value that spans lines or
-    is blank, one that is not a JSON object, a key that is not a string), the
-    batch is parsed again value by value, so a malformed event costs its batch
-    speed and is skipped alone: its neighbours are counted all the same.
+    an event. Arrow checks the required fields' types against an explicit
+    schema and fails the whole batch on a mismatch. When a batch does not fit
+    that path (a value that spans lines, is blank or oversized, a field of the
+    wrong type), it is parsed again value by value with :func:`parse_event`,
+    so a malformed event costs its batch speed and is skipped alone.
     """
-    if not any(b"\n" in v or b"\r" in v for v in values if v):
+    if all(
+        v is None or (len(v) <= max_bytes and b"\n" not in v and b"\r" not in v) for v in values
+    ):
         lines = b"\n".join(v or b"{}" for v in values)
         try:
             table = pa_json.read_json(
                 io.BytesIO(lines),
                 parse_options=pa_json.ParseOptions(
-                    explicit_schema=EVENT_KEYS_SCHEMA, unexpected_field_behavior="ignore"
+                    explicit_schema=_FIELDS_SCHEMA, unexpected_field_behavior="ignore"
                 ),
             )
         except pa.ArrowInvalid:
             table = None
         if table is not None and table.num_rows == len(values):
-            return table.select(EVENT_KEYS_SCHEMA.names)
-    keys = [_keys_of_one(v) for v in values]
+            valid = pc.and_(
+                pc.and_(pc.is_valid(table.column("seq")), pc.is_valid(table.column("ts"))),
+                pc.and_(pc.is_valid(table.column("a")), pc.is_valid(table.column("b"))),
+            )
+            return pa.table(
+                {
+                    name: pc.if_else(valid, table.column(name), pa.scalar(None, pa.string()))
+                    for name in EVENT_KEYS_SCHEMA.names
+                },
+                schema=EVENT_KEYS_SCHEMA,
+            )
+    keys: list[tuple[str | None, str | None]] = []
+    for value in values:
+        event, _ = parse_event(value, max_bytes)
+        keys.append((None, None) if event is None else (event["a"], event["b"]))
     return pa.table(
         {"a": [k[0] for k in keys], "b": [k[1] for k in keys]}, schema=EVENT_KEYS_SCHEMA
     )
-
-
-def _keys_of_one(value: bytes | None) -> tuple[str | None, str | None]:
-    try:
-        event = json.loads(value or b"")
-    except ValueError:
-        return None, None
-    if not isinstance(event, dict):
-        return None, None
-    a, b = event.get("a"), event.get("b")
-    return (a if isinstance(a, str) else None), (b if isinstance(b, str) else None)

@@ -1,13 +1,43 @@
-"""The event wire format: encoding, and decoding the keys of a batch of values."""
+"""The event wire format: encoding, the one definition of a valid event, and batch decoding."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pytest
 
-from keyplane.events import decode_keys, encode_batch
+from keyplane.events import MAX_EVENT_BYTES, decode_keys, encode_batch, parse_event
 from keyplane.workloads import EventBatch
+
+GOOD = b'{"seq":0,"a":"1","b":"2","ts":5}'
+
+# Values the job refuses (parse_event) or accepts, each written on one line, so that
+# a batch of them takes Arrow's path unless Arrow itself refuses the batch.
+ONE_LINE_VALUES: list[bytes | None] = [
+    GOOD,
+    b'{"seq":1,"a":"x","b":"y","ts":5,"pad":"zz","extra":[1]}',
+    b"not json",
+    None,
+    b"",
+    b'{"a":"1","b":"2","ts":5}',
+    b'{"seq":1,"a":"1","ts":5}',
+    b'{"seq":1,"a":1,"b":"2","ts":5}',
+    b'{"seq":"1","a":"1","b":"2","ts":5}',
+    b'{"seq":1.5,"a":"1","b":"2","ts":5}',
+    b'{"seq":1.0,"a":"1","b":"2","ts":5}',
+    b'{"seq":1,"a":"1","b":"2","ts":1e3}',
+    b'{"seq":123456789012345678901234567890,"a":"1","b":"2","ts":5}',
+    b'{"seq":1,"a":"1","b":{"x":1},"ts":5}',
+    b'{"seq":true,"a":"1","b":"2","ts":5}',
+    b'{"seq":1,"a":"1","b":"2","ts":null}',
+    b'{"seq":1,"a":null,"b":"2","ts":5}',
+    b"[1, 2]",
+    b'"a string"',
+    b"\xff\xfe",
+    b'{"seq":1,"a":"1","b":"2","ts":5}{"seq":2,"a":"3","b":"4","ts":5}',
+    b"   ",
+]
 
 
 def keys(values: list[bytes | None]) -> list[tuple[str | None, str | None]]:
@@ -15,51 +45,55 @@ def keys(values: list[bytes | None]) -> list[tuple[str | None, str | None]]:
     return list(zip(table.column("a").to_pylist(), table.column("b").to_pylist(), strict=True))
 
 
-def test_encoded_events_decode_to_their_keys_in_order() -> None:
+def expected(value: bytes | None) -> tuple[str | None, str | None]:
+    event, _ = parse_event(value)
+    return (None, None) if event is None else (event["a"], event["b"])
+
+
+def test_encoded_events_are_valid_and_decode_to_their_keys_in_order() -> None:
     batch = EventBatch(
         start=10, a=np.array([3, 1, 3]), b=np.array([7, 7, 2]), pad=np.array([0, 5, 0])
     )
     values = list(encode_batch(batch, ts_ms=1_000))
-    assert [json.loads(v)["seq"] for v in values] == [10, 11, 12]
+    assert [parse_event(v)[0]["seq"] for v in values] == [10, 11, 12]  # type: ignore[index]
     assert keys(values) == [("3", "7"), ("1", "7"), ("3", "2")]
 
 
-def test_values_that_are_not_events_decode_to_nulls_and_their_neighbours_still_count() -> None:
-    good = b'{"a":"1","b":"2","seq":0}'
-    values: list[bytes | None] = [
-        good,
-        b"not json",
-        None,
-        b"",
-        b'{"a": "1"}',
-        b'{"a": 1, "b": "2"}',
-        b"[1, 2]",
-        b"\xff\xfe",
-        b'{"a":"1","b":"2"}{"a":"3","b":"4"}',
-        good,
-    ]
-    assert keys(values) == [
-        ("1", "2"),
-        (None, None),
-        (None, None),
-        (None, None),
-        ("1", None),
-        (None, "2"),
-        (None, None),
-        (None, None),
-        (None, None),
-        ("1", "2"),
-    ]
+@pytest.mark.parametrize("value", ONE_LINE_VALUES)
+def test_decoding_a_batch_agrees_with_parse_event_on_every_value(value: bytes | None) -> None:
+    """Between two good events: Arrow's path where it takes the batch, the value-by-value
+    path where it does not; either way the job's verdict on each value."""
+    assert keys([GOOD, value, GOOD]) == [("1", "2"), expected(value), ("1", "2")]
 
 
-def test_an_event_that_spans_lines_is_one_event() -> None:
-    assert keys([b'{"a": "x",\n "b": "y"}', b'{"a":"1",\r\n"b":"2"}', b"  "]) == [
-        ("x", "y"),
-        ("1", "2"),
-        (None, None),
-    ]
+def test_a_batch_of_only_good_events_and_empty_values_takes_arrows_path() -> None:
+    values = [GOOD, None, b'{"seq":1,"a":"1","ts":5}', GOOD]
+    assert (
+        keys(values)
+        == [expected(v) for v in values]
+        == [
+            ("1", "2"),
+            (None, None),
+            (None, None),
+            ("1", "2"),
+        ]
+    )
+
+
+def test_an_event_that_spans_lines_is_one_event_and_an_oversized_one_is_none() -> None:
+    spanning = b'{"seq": 1, "a": "x",\n "b": "y",\r\n "ts": 5}'
+    oversized = b'{"seq":1,"a":"1","b":"2","ts":5,"pad":"' + b"x" * MAX_EVENT_BYTES + b'"}'
+    assert keys([spanning, oversized, GOOD]) == [("x", "y"), (None, None), ("1", "2")]
+    assert parse_event(oversized)[1] == f"oversized: {len(oversized)} bytes > {MAX_EVENT_BYTES}"
 
 
 def test_an_empty_batch_decodes_to_an_empty_table() -> None:
     table = decode_keys([])
     assert (table.num_rows, table.column_names) == (0, ["a", "b"])
+
+
+def test_encoded_values_are_compact_json_objects() -> None:
+    batch = EventBatch(start=0, a=np.array([1]), b=np.array([2]), pad=np.array([3]))
+    (value,) = encode_batch(batch, ts_ms=7)
+    assert json.loads(value) == {"seq": 0, "a": "1", "b": "2", "ts": 7, "pad": "xxx"}
+    assert b"\n" not in value and b" " not in value

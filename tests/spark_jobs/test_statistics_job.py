@@ -47,9 +47,15 @@ def produce_values(broker: str, topic: str, values: list[bytes], partition: int 
 
 
 # Values that are not events: skipped, while the events around them are counted.
-MALFORMED_EVENTS = [b"not json", b'{"a": "1"}', b'{"a": 1, "b": "2"}', b"[1, 2]", b""]
+MALFORMED_EVENTS = [
+    b"not json",
+    b'{"a": "1", "b": "2"}',
+    b'{"seq": 0, "a": 1, "b": "2", "ts": 0}',
+    b"[1, 2]",
+    b"",
+]
 # An event that spans lines is still one event.
-MULTILINE_EVENT = b'{"a": "x",\n "b": "y"}'
+MULTILINE_EVENT = b'{"seq": 0, "a": "x",\n "b": "y", "ts": 0}'
 
 
 def test_a_window_of_events_and_metrics_becomes_an_exact_snapshot_and_a_rerun_reads_nothing(

@@ -107,9 +107,9 @@ def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
     Read from the earliest retained record to the end, with the job's own
     parser, so a key counts exactly when the job would have counted it.
     """
+    from keyplane.events import decode_keys
     from keyplane.kafka.admin import earliest_offsets, high_watermarks
     from keyplane.spark.kafka_source import KafkaInputPartition, read_partition
-    from keyplane.spark.routed_source import parse_event
 
     servers, topic = deployment.bootstrap_servers, deployment.events_topic
     first = earliest_offsets(servers, topic)
@@ -119,11 +119,9 @@ def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
         if end <= begin:
             continue
         for batch in read_partition(KafkaInputPartition(servers, topic, partition, begin, end)):
-            for value in batch.column("value").to_pylist():
-                event, _ = parse_event(value)
-                if event is not None:
-                    counts["A"][event["a"]] += 1
-                    counts["B"][event["b"]] += 1
+            keys = decode_keys(batch.column("value").to_pylist())
+            counts["A"].update(a for a in keys.column("a").to_pylist() if a is not None)
+            counts["B"].update(b for b in keys.column("b").to_pylist() if b is not None)
     return {name: {k: float(n) for k, n in found.items()} for name, found in counts.items()}
 
 

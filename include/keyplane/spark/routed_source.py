@@ -63,6 +63,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
+from keyplane.events import MAX_EVENT_BYTES, parse_event
 from keyplane.handoff import VersionedTables, pick_route
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
@@ -83,9 +84,6 @@ ROUTED_INPUT_SCHEMA = (
     "rb STRING, vb INT, source_rk STRING, target_rk STRING, count LONG, state STRING, "
     "marker LONG, detail STRING"
 )
-MAX_EVENT_BYTES = 64 * 1024
-"""Default of the ``max.event.bytes`` option: larger records are dead-lettered as
-``oversized`` (events pad to 20 kB at most)."""
 
 _ARROW_SCHEMA = pa.schema(
     [
@@ -181,30 +179,6 @@ class _Columns:
 
     def batch(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_pydict(self.values, schema=_ARROW_SCHEMA)
-
-
-def parse_event(
-    value: bytes | None, max_bytes: int = MAX_EVENT_BYTES
-) -> tuple[dict[str, Any] | None, str | None]:
-    """An event's fields, or ``None`` and why the record is not a valid event.
-
-    The size is checked before parsing, so an oversized record costs no JSON
-    parse and cannot blow up a worker's memory.
-    """
-    if value is None:
-        return None, "empty record"
-    if len(value) > max_bytes:
-        return None, f"oversized: {len(value)} bytes > {max_bytes}"
-    try:
-        event = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        return None, f"not JSON: {error}"
-    if not isinstance(event, dict):
-        return None, "schema: not a JSON object"
-    for field, kind in (("seq", int), ("a", str), ("b", str), ("ts", int)):
-        if not isinstance(event.get(field), kind) or isinstance(event.get(field), bool):
-            return None, f"schema: field {field!r} missing or not {kind.__name__}"
-    return event, None
 
 
 def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:

@@ -12,8 +12,9 @@ import json
 
 import pytest
 
+from keyplane.events import MAX_EVENT_BYTES, parse_event
 from keyplane.spark.kafka_source import KafkaSourceOptionError
-from keyplane.spark.routed_source import MAX_EVENT_BYTES, RoutedEventsReader, parse_event
+from keyplane.spark.routed_source import RoutedEventsReader
 
 OPTIONS = {
     "kafka.bootstrap.servers": "127.0.0.1:1",

@@ -15,7 +15,7 @@ from keyplane.statistics import TopicWindow
 
 
 def event(a: str, b: str) -> bytes:
-    return f'{{"a":"{a}","b":"{b}"}}'.encode()
+    return f'{{"seq":0,"a":"{a}","b":"{b}","ts":0}}'.encode()
 
 
 def test_count_pairs_splits_each_pair_at_the_holdout_offset_and_skips_non_events() -> None:

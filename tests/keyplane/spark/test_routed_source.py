@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from keyplane.spark.routed_source import MAX_EVENT_BYTES, control_group, parse_event
+from keyplane.events import MAX_EVENT_BYTES, parse_event
+from keyplane.spark.routed_source import control_group
 
 
 def test_a_valid_event_parses_pure() -> None:
