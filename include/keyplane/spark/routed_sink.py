@@ -22,6 +22,7 @@ A replayed batch sends its moved states again; installs are idempotent per
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from keyplane.batchmetrics import BatchMetrics, traffic_metrics
 from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, make_producer
 from keyplane.partials import latest_partials
 from keyplane.spark.progress import progress_of
+
+log = logging.getLogger(__name__)
 
 COUNT_COLUMNS = ["stage", "key", "routed_key", "instance", "count", "state"]
 PARTIAL_KEY = ["stage", "key", "routed_key", "instance"]
@@ -211,12 +214,40 @@ class MetricsListener(StreamingQueryListener):
         record = self.record(json.loads(event.progress.json))
         if record is None:
             return
-        if self._producer is None:
-            self._producer = make_producer(self.writer.bootstrap_servers, self.writer.delivery)
-        self._producer.send(
-            self.topic, key=str(record.batch_id).encode(), value=record.model_dump_json().encode()
-        )
-        self._producer.flush()
+        self.publish(record)
+
+    def publish(self, record: BatchMetrics) -> bool:
+        """Send ``record`` and wait for the broker's acknowledgement; False if it was lost.
+
+        The producer lives as long as the query, but a broker restart can
+        leave it unable to deliver (an idempotent producer whose id the
+        broker no longer knows fails every later send). A failed send
+        therefore replaces the producer and tries once more, so one restart
+        costs at most one record, never all the records after it. The
+        metrics topic is advisory (the checkpoint and the sink's topics carry
+        the job's state), so a lost record is logged, not raised into Spark.
+        """
+        from kafka.errors import KafkaError
+
+        value = record.model_dump_json().encode()
+        for attempt in (1, 2):
+            if self._producer is None:
+                self._producer = make_producer(self.writer.bootstrap_servers, self.writer.delivery)
+            try:
+                future = self._producer.send(
+                    self.topic, key=str(record.batch_id).encode(), value=value
+                )
+                self._producer.flush()
+                future.get(timeout=0)
+                return True
+            except KafkaError as error:
+                log.warning(
+                    "metrics record of batch %d not delivered (attempt %d): %s",
+                    record.batch_id, attempt, error,
+                )  # fmt: skip
+                self._producer.close(timeout=1)
+                self._producer = None
+        return False
 
     def record(self, raw_progress: dict[str, Any]) -> BatchMetrics | None:
         """The metrics record of the batch ``raw_progress`` reports (None if it wrote nothing)."""
