@@ -30,7 +30,7 @@ from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.kafka.admin import earliest_offsets, ensure_topic, high_watermarks
 from keyplane.settings import Settings
-from keyplane.spark.kafka_source import KafkaInputPartition, read_partition
+from keyplane.spark.kafka_source import offset_ranges, read_partition
 from keyplane.spark.pair_counts import window_pair_counts
 from keyplane.spark.session import build_session
 
@@ -50,11 +50,7 @@ def metrics_records(bootstrap: str, window: stats.TopicWindow) -> list[BatchMetr
     Spark job would cost more to start than the read itself.
     """
     records = []
-    for partition, end in sorted(window.end.items()):
-        start = window.start.get(partition, 0)
-        if end <= start:
-            continue
-        whole = KafkaInputPartition(bootstrap, window.topic, partition, start, end)
+    for whole in offset_ranges(bootstrap, window.topic, window.start, window.end):
         for batch in read_partition(whole):
             for value in batch.column("value").to_pylist():
                 try:

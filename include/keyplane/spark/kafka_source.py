@@ -24,9 +24,9 @@ bounds make a rerun read the very same records.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -147,14 +147,7 @@ class KafkaStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         out: list[InputPartition] = []
         for topic, parts in sorted(end.items()):
-            for part, end_off in sorted(parts.items(), key=lambda kv: int(kv[0])):
-                begin = start.get(topic, {}).get(part, 0)
-                if end_off > begin:
-                    out.append(
-                        KafkaInputPartition(
-                            self.bootstrap_servers, topic, int(part), int(begin), int(end_off)
-                        )
-                    )
+            out += offset_ranges(self.bootstrap_servers, topic, start.get(topic, {}), parts)
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -165,12 +158,33 @@ class KafkaStreamReader(DataSourceStreamReader):
         """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
 
 
+def offset_ranges(
+    bootstrap_servers: str,
+    topic: str,
+    start: Mapping[Any, int],
+    end: Mapping[Any, int],
+) -> list[KafkaInputPartition]:
+    """The non-empty ranges ``[start, end)`` of ``topic``'s partitions, by partition number.
+
+    ``start`` and ``end`` map a partition (its number, or the number as a
+    string, as in Spark's offset JSON) to an offset; a partition missing from
+    ``start`` starts at 0.
+    """
+    ranges = []
+    for part, last in sorted(end.items(), key=lambda kv: int(kv[0])):
+        first = start.get(part, 0)
+        if last > first:
+            ranges.append(
+                KafkaInputPartition(bootstrap_servers, topic, int(part), int(first), int(last))
+            )
+    return ranges
+
+
 def read_partition(p: KafkaInputPartition, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
     """Read exactly the records ``p.start <= offset < p.end`` as Arrow batches.
 
-    Every reader of an offset range uses it: the source's tasks, the statistics
-    job's pair-counting tasks (:mod:`keyplane.spark.pair_counts`) and its read
-    of the metrics window on the driver.
+    Every reader of an offset range in keyplane uses it, so all of them end a
+    read, and fail on a partition that stops short, the same way.
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -247,13 +261,17 @@ class KafkaBatchReader(DataSourceReader):
         ending = parse_starting_offsets(options.get("endingoffsets", "latest"))
         if ending == "earliest":
             raise KafkaSourceOptionError("endingOffsets must be 'latest' or JSON, not 'earliest'")
-        self.start = self._resolve(starting)
-        self.end = self._resolve(ending)
+        self.start = self._resolve(starting, "earliest")
+        self.end = self._resolve(ending, "latest")
 
-    def _resolve(self, bound: str | PartitionOffsets) -> PartitionOffsets:
+    def _resolve(
+        self, bound: str | PartitionOffsets, default: Literal["earliest", "latest"]
+    ) -> PartitionOffsets:
+        """``bound`` per partition; partitions a JSON bound leaves out take ``default``."""
         from keyplane.kafka.admin import earliest_offsets, high_watermarks
 
-        query = high_watermarks if bound == "latest" else earliest_offsets
+        named = bound if isinstance(bound, str) else default
+        query = high_watermarks if named == "latest" else earliest_offsets
         resolved: PartitionOffsets = {}
         for topic in self.topics:
             defaults = {str(p): off for p, off in query(self.bootstrap_servers, topic).items()}
@@ -264,14 +282,7 @@ class KafkaBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         out: list[InputPartition] = []
         for topic in self.topics:
-            for part, end_off in sorted(self.end[topic].items(), key=lambda kv: int(kv[0])):
-                begin = self.start[topic].get(part, 0)
-                if end_off > begin:
-                    out.append(
-                        KafkaInputPartition(
-                            self.bootstrap_servers, topic, int(part), int(begin), int(end_off)
-                        )
-                    )
+            out += offset_ranges(self.bootstrap_servers, topic, self.start[topic], self.end[topic])
         # Spark needs at least one partition; an empty range reads no record.
         return out or [KafkaInputPartition(self.bootstrap_servers, self.topics[0], 0, 0, 0)]
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyplane.events import decode_keys
-from keyplane.spark.kafka_source import KafkaInputPartition, read_partition
+from keyplane.spark.kafka_source import KafkaInputPartition, offset_ranges, read_partition
 from keyplane.statistics import TopicWindow, holdout_starts
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def count_pairs(records: pa.RecordBatch, holdout_start: int) -> pa.Table:
     """Rows ``a, b, holdout, n`` of one batch of Kafka records (``value``, ``offset``).
 
     A record lies in the hold-out when its offset is ``>= holdout_start``.
-    Records whose value is not an event (no string ``a`` and ``b``) are not
+    Records whose value :func:`keyplane.events.parse_event` refuses are not
     counted.
     """
     keys = decode_keys(records.column("value").to_pylist())
@@ -81,14 +81,8 @@ def window_pair_counts(
 
     starts = holdout_starts(window, holdout_fraction)
     ranges = [
-        (
-            KafkaInputPartition(
-                bootstrap_servers, window.topic, partition, window.start.get(partition, 0), end
-            ),
-            starts[partition],
-        )
-        for partition, end in sorted(window.end.items())
-        if end > window.start.get(partition, 0)
+        (partition, starts[partition.partition])
+        for partition in offset_ranges(bootstrap_servers, window.topic, window.start, window.end)
     ]
     return (
         spark.range(len(ranges), numPartitions=max(1, len(ranges)))

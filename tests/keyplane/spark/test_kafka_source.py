@@ -98,3 +98,30 @@ def test_restart_resumes_from_checkpoint_and_latest_skips_history(
 def test_missing_option_is_a_clear_error(spark) -> None:
     with pytest.raises(KafkaSourceOptionError, match="implementation"):
         read_kafka(spark, "x:1", "t", implementation="rust")
+
+
+def test_batch_read_takes_exactly_the_offset_range_and_defaults_the_rest(
+    spark, broker: str, topic_name: str
+) -> None:
+    """``spark.read`` over ``[startingOffsets, endingOffsets)``: a partition missing
+    from a JSON bound takes the default (earliest start, latest end)."""
+    from keyplane.spark.kafka_source import SOURCE_NAME, KafkaDataSource
+
+    _fill(broker, topic_name, 2, 100)  # i lands on partition i % 2, at offset i // 2
+    spark.dataSource.register(KafkaDataSource)
+    rows = (
+        spark.read.format(SOURCE_NAME)
+        .option("kafka.bootstrap.servers", broker)
+        .option("subscribe", topic_name)
+        .option("startingOffsets", json.dumps({topic_name: {"0": 10}}))
+        .option("endingOffsets", json.dumps({topic_name: {"1": 5}}))
+        .load()
+        .selectExpr("CAST(value AS STRING) AS v", "partition", "offset")
+        .collect()
+    )
+    read = sorted((r.partition, r.offset, json.loads(r.v)["i"]) for r in rows)
+    assert read == [(0, o, 2 * o) for o in range(10, 50)] + [(1, o, 2 * o + 1) for o in range(5)]
+    with pytest.raises(Exception, match="endingOffsets must be 'latest' or JSON"):
+        spark.read.format(SOURCE_NAME).option("kafka.bootstrap.servers", broker).option(
+            "subscribe", topic_name
+        ).option("endingOffsets", "earliest").load().collect()
