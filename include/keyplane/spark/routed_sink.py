@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from kafka.errors import KafkaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
@@ -227,8 +228,6 @@ class MetricsListener(StreamingQueryListener):
         metrics topic is advisory (the checkpoint and the sink's topics carry
         the job's state), so a lost record is logged, not raised into Spark.
         """
-        from kafka.errors import KafkaError
-
         value = record.model_dump_json().encode()
         for attempt in (1, 2):
             if self._producer is None:
