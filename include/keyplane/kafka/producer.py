@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kafka import KafkaProducer
+from kafka.errors import KafkaError
 
 from keyplane.events import encode_batch
 from keyplane.kafka.admin import ensure_topic
@@ -58,6 +59,38 @@ def make_producer(bootstrap_servers: str, delivery: Delivery = SAFE_DELIVERY) ->
         batch_size=512 * 1024,
         max_request_size=8 * 1024 * 1024,
     )
+
+
+class DeliveryError(RuntimeError):
+    """Records the broker did not acknowledge, even after the producer's own retries."""
+
+
+def send_confirmed(producer: Any, topic: str, records: Iterable[tuple[bytes, bytes]]) -> int:
+    """Send every ``(key, value)`` of ``records`` to ``topic`` and wait until each is delivered.
+
+    Returns the number of records. ``flush`` returns once every record is
+    either acknowledged or given up on (the broker down longer than the
+    producer's delivery timeout, a producer id the broker no longer knows):
+    a failure shows only in the record's future. So every future is checked,
+    and any failure raises :class:`DeliveryError` naming the topic, how many
+    of how many records failed and the first failure. Raised from
+    ``foreachBatch``, it fails the batch, which is replayed, instead of
+    letting it commit with records lost.
+    """
+    futures = [producer.send(topic, key=key, value=value) for key, value in records]
+    producer.flush()
+    failures: list[KafkaError] = []
+    for future in futures:
+        try:
+            future.get(timeout=0)
+        except KafkaError as error:
+            failures.append(error)
+    if failures:
+        raise DeliveryError(
+            f"{len(failures)} of {len(futures)} records to topic {topic!r} were not delivered; "
+            f"first failure: {failures[0]}"
+        ) from failures[0]
+    return len(futures)
 
 
 def produce_workload(

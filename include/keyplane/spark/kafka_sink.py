@@ -5,6 +5,9 @@ output goes through ``foreachBatch``. Each Spark partition sends its rows with
 an idempotent producer (``acks=all``) by default, so broker-side retries never
 duplicate a record; the job's ``producer_acks`` and ``producer_idempotent``
 settings relax it to measure the cost (:class:`keyplane.kafka.producer.Delivery`).
+Every record's delivery is checked
+(:func:`keyplane.kafka.producer.send_confirmed`): a record the producer gave
+up on fails the batch instead of being lost.
 A replayed micro-batch is re-sent: consumers of keyplane's result topics key
 by (stage, key) and keep the latest count, which makes replays harmless.
 """
@@ -16,7 +19,7 @@ from collections.abc import Iterator
 
 from pyspark.sql import DataFrame, Row
 
-from keyplane.kafka.producer import SAFE_DELIVERY, Delivery
+from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, send_confirmed
 
 
 def _send_partition(
@@ -26,14 +29,17 @@ def _send_partition(
 
     producer = make_producer(bootstrap_servers, delivery)
     try:
-        for row in rows:
-            record = row.asDict()
-            producer.send(
-                topic,
-                key=str(record[key_column]).encode(),
-                value=json.dumps(record, default=str, separators=(",", ":")).encode(),
-            )
-        producer.flush()
+        send_confirmed(
+            producer,
+            topic,
+            (
+                (
+                    str(record[key_column]).encode(),
+                    json.dumps(record, default=str, separators=(",", ":")).encode(),
+                )
+                for record in (row.asDict() for row in rows)
+            ),
+        )
     finally:
         producer.close()
 
@@ -48,7 +54,9 @@ def write_to_kafka(
     """Send every row of ``df`` as a JSON value keyed by ``key_column``.
 
     ``delivery`` travels to the executors with the function; credentials do
-    not (each executor reads its own, :mod:`keyplane.kafka.security`).
+    not (each executor reads its own, :mod:`keyplane.kafka.security`). A
+    record that is not delivered fails its partition's task with
+    :class:`~keyplane.kafka.producer.DeliveryError`.
     """
     df.foreachPartition(
         lambda rows: _send_partition(rows, bootstrap_servers, topic, key_column, delivery)

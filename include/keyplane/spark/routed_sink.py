@@ -15,8 +15,14 @@ re-run the stateful plan) and splits it by ``kind``
   which :class:`MetricsListener` completes with the progress figures and
   publishes to the metrics topic.
 
+Every record sent to a topic is checked for delivery
+(:func:`keyplane.kafka.producer.send_confirmed`): if the broker stays down
+past the producer's delivery timeout, the batch fails with
+:class:`~keyplane.kafka.producer.DeliveryError` rather than committing with
+records lost, and is replayed when the job restarts from its checkpoint.
 A replayed batch sends its moved states again; installs are idempotent per
-(marker, source), so a duplicate changes nothing.
+(marker, source), so a duplicate changes nothing. Its results and dead
+letters are sent again too (at least once on those topics).
 """
 
 from __future__ import annotations
@@ -34,7 +40,13 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from keyplane.aggregates import KeyedAggregate, merge_encoded
 from keyplane.batchmetrics import BatchMetrics, traffic_metrics
-from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, make_producer
+from keyplane.kafka.producer import (
+    SAFE_DELIVERY,
+    Delivery,
+    DeliveryError,
+    make_producer,
+    send_confirmed,
+)
 from keyplane.partials import latest_partials
 from keyplane.spark.progress import progress_of
 
@@ -89,20 +101,19 @@ def _send(
     records: Iterable[tuple[str, Any]],
     delivery: Delivery = SAFE_DELIVERY,
 ) -> int:
+    """Send ``records`` as JSON to ``topic``; raise :class:`DeliveryError` if any is lost."""
     producer = make_producer(bootstrap_servers, delivery)
-    sent = 0
     try:
-        for key, value in records:
-            producer.send(
-                topic,
-                key=key.encode(),
-                value=json.dumps(value, default=str, separators=(",", ":")).encode(),
-            )
-            sent += 1
-        producer.flush()
+        return send_confirmed(
+            producer,
+            topic,
+            (
+                (key.encode(), json.dumps(value, default=str, separators=(",", ":")).encode())
+                for key, value in records
+            ),
+        )
     finally:
         producer.close(timeout=10)
-    return sent
 
 
 class RoutedBatchWriter:
@@ -233,13 +244,9 @@ class MetricsListener(StreamingQueryListener):
             if self._producer is None:
                 self._producer = make_producer(self.writer.bootstrap_servers, self.writer.delivery)
             try:
-                future = self._producer.send(
-                    self.topic, key=str(record.batch_id).encode(), value=value
-                )
-                self._producer.flush()
-                future.get(timeout=0)
+                send_confirmed(self._producer, self.topic, [(str(record.batch_id).encode(), value)])
                 return True
-            except KafkaError as error:
+            except (KafkaError, DeliveryError) as error:
                 log.warning(
                     "metrics record of batch %d not delivered (attempt %d): %s",
                     record.batch_id, attempt, error,

@@ -8,46 +8,13 @@ lost. The listener must replace such a producer, not keep using it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import pytest
-from kafka.errors import KafkaError
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.kafka.producer import SAFE_DELIVERY
 from keyplane.spark import routed_sink
 from keyplane.spark.routed_sink import MetricsListener
-
-
-@dataclass
-class FakeFuture:
-    error: KafkaError | None
-
-    def get(self, timeout: float | None = None) -> None:
-        if self.error is not None:
-            raise self.error
-
-
-@dataclass
-class FakeProducer:
-    """Delivers its first ``delivers`` records (None: all), then fails every send."""
-
-    delivers: int | None
-    sent: list[tuple[str, bytes]] = field(default_factory=list)
-    closed: bool = False
-
-    def send(self, topic: str, key: bytes, value: bytes) -> FakeFuture:
-        if self.delivers is not None and len(self.sent) >= self.delivers:
-            return FakeFuture(KafkaError("unknown producer id"))
-        self.sent.append((topic, value))
-        return FakeFuture(None)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self, timeout: float | None = None) -> None:
-        self.closed = True
 
 
 @dataclass
@@ -57,23 +24,16 @@ class Writer:
 
 
 def listener_with_fake_producers(
-    monkeypatch: pytest.MonkeyPatch, *delivers: int | None
-) -> tuple[MetricsListener, list[FakeProducer]]:
-    made: list[FakeProducer] = []
-
-    def make(bootstrap_servers: str, delivery: Any) -> FakeProducer:
-        producer = FakeProducer(delivers=delivers[len(made)])
-        made.append(producer)
-        return producer
-
-    monkeypatch.setattr(routed_sink, "make_producer", make)
+    fake_producers: Any, *delivers: int | None
+) -> tuple[MetricsListener, list[Any]]:
+    made = fake_producers(routed_sink, *delivers)
     return MetricsListener(Writer(), "job.metrics"), made  # type: ignore[arg-type]
 
 
 def test_a_producer_that_stops_delivering_is_replaced_and_the_record_sent_again_fake_producers(
-    monkeypatch: pytest.MonkeyPatch,
+    fake_producers: Any,
 ) -> None:
-    listener, made = listener_with_fake_producers(monkeypatch, 1, None)
+    listener, made = listener_with_fake_producers(fake_producers, 1, None)
     assert listener.publish(BatchMetrics(batch_id=1))
     assert listener.publish(BatchMetrics(batch_id=2))
     assert listener.publish(BatchMetrics(batch_id=3))
@@ -85,8 +45,8 @@ def test_a_producer_that_stops_delivering_is_replaced_and_the_record_sent_again_
 
 
 def test_a_record_that_two_producers_cannot_deliver_is_reported_lost_fake_producers(
-    monkeypatch: pytest.MonkeyPatch,
+    fake_producers: Any,
 ) -> None:
-    listener, made = listener_with_fake_producers(monkeypatch, 0, 0)
+    listener, made = listener_with_fake_producers(fake_producers, 0, 0)
     assert listener.publish(BatchMetrics(batch_id=7)) is False
     assert len(made) == 2 and all(p.closed for p in made)

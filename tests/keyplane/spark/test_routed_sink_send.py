@@ -1,0 +1,62 @@
+"""The sinks check every record's delivery (fake producers: pure logic, no broker).
+
+A record the producer gives up on (the broker down longer than its delivery
+timeout) fails only its future; ``flush`` returns normally. A sink that did
+not check the futures let the micro-batch commit with those records lost.
+Now the batch fails with :class:`DeliveryError`, and Spark replays it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pyspark.sql import Row
+
+import keyplane.kafka.producer
+from keyplane.kafka.producer import SAFE_DELIVERY, DeliveryError
+from keyplane.spark import routed_sink
+from keyplane.spark.kafka_sink import _send_partition
+
+RECORDS = [("k1", {"n": 1}), ("k2", {"n": 2}), ("k3", {"n": 3})]
+
+
+def test_send_with_fake_producer_returns_the_count_when_all_are_delivered(
+    fake_producers: Any,
+) -> None:
+    made = fake_producers(routed_sink, None)
+    assert routed_sink._send("broker:9092", "job.results", iter(RECORDS)) == 3
+    [producer] = made
+    assert [json.loads(value) for _, value in producer.sent] == [v for _, v in RECORDS]
+    assert producer.closed
+
+
+def test_send_with_fake_producer_raises_when_a_delivery_fails(fake_producers: Any) -> None:
+    made = fake_producers(routed_sink, 2)
+    with pytest.raises(DeliveryError, match=r"1 of 3 records to topic 'job.migration'") as raised:
+        routed_sink._send("broker:9092", "job.migration", iter(RECORDS))
+    assert "unknown producer id" in str(raised.value)
+    assert isinstance(raised.value, RuntimeError)
+    [producer] = made
+    assert producer.closed
+
+
+def test_kafka_sink_partition_with_fake_producer_sends_every_row(fake_producers: Any) -> None:
+    made = fake_producers(keyplane.kafka.producer, None)
+    rows = [Row(stage="A", key=f"k{i}", count=i) for i in range(3)]
+    _send_partition(iter(rows), "broker:9092", "job.results", "key", SAFE_DELIVERY)
+    [producer] = made
+    assert [json.loads(value)["key"] for _, value in producer.sent] == ["k0", "k1", "k2"]
+    assert producer.closed
+
+
+def test_kafka_sink_partition_with_fake_producer_raises_when_a_delivery_fails(
+    fake_producers: Any,
+) -> None:
+    made = fake_producers(keyplane.kafka.producer, 1)
+    rows = [Row(stage="A", key=f"k{i}", count=i) for i in range(3)]
+    with pytest.raises(DeliveryError, match=r"2 of 3 records to topic 'job.results'"):
+        _send_partition(iter(rows), "broker:9092", "job.results", "key", SAFE_DELIVERY)
+    [producer] = made
+    assert producer.closed
