@@ -2,7 +2,10 @@
 
 Paper 000 §3.4 has a manager send every instance the new configuration, wait
 for all acknowledgements, then propagate the change operator by operator,
-upstream first, waiting for each to install its moved state. The
+upstream first, waiting for each to install its moved state. A micro-batch
+job needs no such wait (:mod:`keyplane.protocol`), so the controller sends
+every operator's PROPAGATE at once, upstream first, and then waits for each
+MIGRATED: all operators switch in one batch and install in the next. The
 :class:`Controller` is that manager: it drives a
 :class:`~keyplane.protocol.ControllerProtocol` over a
 :class:`~keyplane.kafka.control.ControlChannel` and keeps the protocol's state,
@@ -361,7 +364,7 @@ class Controller:
         return message
 
     def propagate(self, operator: str) -> ControlMessage:
-        """Send PROPAGATE for ``operator``, once the job acknowledged and upstream migrated."""
+        """Send PROPAGATE for ``operator`` once the job acknowledged and its upstream's is out."""
         return self._after_replies(lambda protocol: protocol.propagate(operator))
 
     def done(self) -> ControlMessage:
@@ -497,25 +500,36 @@ class Controller:
     # --- the whole exchange --------------------------------------------------------------
 
     def _steps(self, version: int, timeout_s: float) -> list[_Step]:
+        operators = self.operators_for(version)
         steps = [
             _Step(
                 "PREPARE",
                 f"PREPARE v{version} → ACK",
                 functools.partial(self.prepare, version),
                 functools.partial(self.wait_ack, timeout_s),
-            )
+            ),
+            _Step(
+                "PROPAGATE",
+                f"PROPAGATE {', '.join(operators)}",
+                functools.partial(self._propagate_all, operators),
+                None,
+            ),
         ]
-        for name in self.operators_for(version):
-            steps.append(
-                _Step(
-                    f"PROPAGATE {name}",
-                    f"PROPAGATE {name} → MIGRATED {name}",
-                    functools.partial(self.propagate, name),
-                    functools.partial(self.wait_migrated, name, timeout_s),
-                )
+        steps += [
+            _Step(
+                f"MIGRATED {name}",
+                f"await MIGRATED {name}",
+                None,
+                functools.partial(self.wait_migrated, name, timeout_s),
             )
+            for name in operators
+        ]
         steps.append(_Step("DONE", f"DONE v{version}", self.done, None))
         return steps
+
+    def _propagate_all(self, operators: Sequence[str]) -> None:
+        for name in operators:
+            self.propagate(name)
 
     def rollout(
         self,
@@ -524,7 +538,7 @@ class Controller:
         timeout_s: float,
         on_step: Callable[[RolloutProgress], None] | None = None,
     ) -> RolloutResult:
-        """PREPARE → ACK → PROPAGATE each operator → its MIGRATED → DONE (000 §3.4).
+        """PREPARE → ACK → PROPAGATE every operator → every MIGRATED → DONE (000 §3.4).
 
         ``timeout_s`` bounds the wait for each reply. When one is missing,
         the rollout is aborted (the job returns to the active version) and
@@ -538,7 +552,8 @@ class Controller:
         for index, step in enumerate(steps):
             progress = _StepProgress(step, index, len(steps), on_step)
             progress.report(finished=False)
-            step.act()
+            if step.act is not None:
+                step.act()
             if step.wait is not None:
                 try:
                     step.wait(progress.tick)
@@ -574,11 +589,11 @@ class Controller:
 
 @dataclass(frozen=True)
 class _Step:
-    """One step of a rollout: the request to send and the wait for its reply."""
+    """One step of a rollout: the requests to send, the wait for a reply, or both."""
 
     step: str
     label: str
-    act: Callable[[], ControlMessage]
+    act: Callable[[], object] | None
     wait: Callable[[TickCallback], float] | None
 
 

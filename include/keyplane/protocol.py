@@ -10,10 +10,10 @@ control topic:
     controller                          job (driver, at batch boundaries)
     PREPARE(v, checksum)        ─►      record v as pending
                                 ◄─      ACK(v)
-    PROPAGATE(v, A)             ─►      A routes on v from the next batch …
-                                ◄─      MIGRATED(v, A)   … once A's state is installed
-    PROPAGATE(v, B)             ─►      (only after A migrated)
-                                ◄─      MIGRATED(v, B)
+    PROPAGATE(v, A)             ─►      A switches to v in the next batch …
+    PROPAGATE(v, B)             ─►      … and B with it (never before A)
+                                ◄─      MIGRATED(v, A)   once A's state is installed
+                                ◄─      MIGRATED(v, B)   once B's state is installed
     DONE(v)                     ─►      v becomes the active version
     ABORT(v)                    ─►      every operator back on the active version
 
@@ -36,10 +36,20 @@ ABORT puts every operator back on the active version at once; an operator
 that had already routed a batch on the aborted version hands its state back
 the same way it handed it over.
 
-Micro-batches make one thing simpler than in the paper: a batch is planned
+Micro-batches make two things simpler than in the paper. A batch is planned
 atomically, so the job records which version routed each operator in each
-batch. A replayed batch then routes exactly as it did the first time, which
-keeps counts exact across driver restarts.
+batch; a replayed batch then routes exactly as it did the first time, which
+keeps counts exact across driver restarts. And a batch is a barrier: the
+paper propagates operator by operator, waiting for each to migrate, so that
+once an instance has handed a key's state over, no tuple of that key is still
+on its way to it under the old routing. In a micro-batch job every row of a
+batch, in every stage, is routed by that batch's plan and no row outlives its
+batch, so that guarantee holds as soon as the operators switch in the same
+batch. keyplane keeps the paper's order (an operator is never propagated
+before its upstream, nor migrated before it) but lets the controller
+propagate every operator at once: the whole rollout then takes the ACK's
+batch, one switch batch and one install batch, instead of two batches per
+operator.
 """
 
 from __future__ import annotations
@@ -79,7 +89,7 @@ IgnoreReason = Literal[
     "checksum_mismatch",
     "wrong_base",
     "unknown_operator",
-    "upstream_not_migrated",
+    "upstream_not_propagated",
     "not_prepared",
     "not_migrated",
     "already_done",
@@ -368,10 +378,15 @@ class JobState(BaseModel):
                 raise ValueError(f"{name} is {state.phase} but was never propagated")
             if (state.phase == "migrated") != (state.migrated is not None):
                 raise ValueError(f"{name}: a MIGRATED reply exists exactly when migrated")
+            upstream = {u: self.phases[u].phase for u in self.operators[:index]}
             if state.phase in ("switching", "migrated"):
-                behind = [u for u in self.operators[:index] if self.phases[u].phase != "migrated"]
+                behind = [u for u, p in upstream.items() if p not in ("switching", "migrated")]
                 if behind:
                     raise ValueError(f"{name} moved before its upstream {', '.join(behind)}")
+            if state.phase == "migrated":
+                behind = [u for u, p in upstream.items() if p != "migrated"]
+                if behind:
+                    raise ValueError(f"{name} migrated before its upstream {', '.join(behind)}")
         for name, changes in self.routes.items():
             batches = [batch for batch, _ in changes]
             if batches != sorted(set(batches)):
@@ -669,22 +684,22 @@ class JobProtocol:
         is in flight; a PREPARE from a newer base waits while that base may
         still become active: it is being rolled out or not yet seen.
 
-        A PROPAGATE or a DONE of the pending version waits while the
-        operators it needs migrated are all in transit (switched, their
-        install due in the next planned batch). The controller sends it only
-        after their MIGRATED, so the job has seen it before: a driver that
-        published MIGRATED and died before Spark wrote that plan to its offset
-        log plans the install batch again, and reads the controller's next
-        step at the same boundary, before the install (000 §3.4, recovery).
+        A DONE of the pending version waits while the operators not yet
+        migrated are all in transit (switched, their install due in the next
+        planned batch). The controller sends DONE only after every MIGRATED,
+        so the job has replied them before: a driver that published MIGRATED
+        and died before Spark wrote that plan to its offset log plans the
+        install batch again, and reads DONE at the same boundary, before the
+        install (000 §3.4, recovery).
 
         Other messages are ignored either because they can never apply, or
         because only the controller could make them apply (a PROPAGATE
-        before its upstream was propagated, a DONE before every operator
-        was), and a correct controller never sends those. So delivering a
-        sequence of messages twice has the same effect as delivering it once.
+        before its upstream's, a DONE before every operator migrated),
+        and a correct controller never sends those. So delivering a sequence
+        of messages twice has the same effect as delivering it once.
         """
         state = self._state
-        if message.type in ("PROPAGATE", "DONE"):
+        if message.type == "DONE":
             needed = self._in_transit_needed(message)
             if needed is not None:
                 return needed
@@ -703,24 +718,18 @@ class JobProtocol:
         return base > state.latest_version
 
     def _in_transit_needed(self, message: ControlMessage) -> bool | None:
-        """For a PROPAGATE or DONE of the pending version: whether the operators it
-        needs migrated that have not migrated yet are all switching, their switch
-        batch planned (so their install is the next planned batch).
+        """For a DONE of the pending version: whether the operators that have not
+        migrated yet are all switching, their switch batch planned (so their
+        install is the next planned batch).
 
-        None when the message is not for the pending version (or names no
-        known operator), so the other rules decide.
+        None when the message is not for the pending version, so the other
+        rules decide.
         """
         state = self._state
         pending = state.pending
         if pending is None or message.config_version != pending.version:
             return None
-        if message.type == "DONE":
-            needed = state.operators
-        elif message.operator in state.phases:
-            needed = state.operators[: state.operators.index(message.operator)]
-        else:
-            return None
-        behind = [state.phases[name] for name in needed if state.phases[name].phase != "migrated"]
+        behind = [op for op in state.phases.values() if op.phase != "migrated"]
         return bool(behind) and all(
             op.phase == "switching" and op.switch_batch is not None for op in behind
         )
@@ -865,14 +874,16 @@ class JobProtocol:
             assert current.migrated is not None
             return _duplicate(f"{name} already migrated to v{pending.version}", (current.migrated,))
         position = state.operators.index(name)
-        behind = [u for u in state.operators[:position] if state.phases[u].phase != "migrated"]
-        if behind and self._waits(message):
-            return self._hold(message)
+        behind = [
+            u
+            for u in state.operators[:position]
+            if state.phases[u].phase not in ("switching", "migrated")
+        ]
         if behind:
             return _ignored(
-                "upstream_not_migrated",
-                f"{message.describe()} arrived before upstream {', '.join(behind)} migrated "
-                "(operators migrate upstream first)",
+                "upstream_not_propagated",
+                f"{message.describe()} arrived before upstream {', '.join(behind)} was "
+                "propagated (operators switch upstream first)",
             )
         updated = current.model_copy(
             update={"phase": "switching", "propagated_by": message.message_id}
@@ -1212,8 +1223,11 @@ class ControllerProtocol:
     def propagate(self, operator: str) -> ControlMessage:
         """Tell ``operator`` to switch to the new version: the PROPAGATE.
 
-        Allowed once the job acknowledged and every upstream operator has
-        migrated, as 000 §3.4 requires.
+        Allowed once the job acknowledged and every upstream operator was
+        propagated: 000 §3.4's upstream-first order. The paper also waits for
+        the upstream's MIGRATED; a micro-batch barrier makes that unnecessary
+        (see the module docstring), so the whole rollout can be propagated at
+        once and every operator switches in the same batch.
         """
         state = self._state
         if operator not in state.operators:
@@ -1232,10 +1246,10 @@ class ControllerProtocol:
         if current.ack is None:
             raise ProtocolError(f"the job has not acknowledged PREPARE v{current.version} yet")
         position = state.operators.index(operator)
-        behind = [u for u in state.operators[:position] if u not in current.migrated]
+        behind = [u for u in state.operators[:position] if u not in current.propagated]
         if behind:
             raise ProtocolError(
-                f"{operator} cannot move before upstream {', '.join(behind)} migrated"
+                f"{operator} cannot move before upstream {', '.join(behind)} is propagated"
             )
         message = self._follow_up("PROPAGATE", current, operator)
         updated = current.model_copy(

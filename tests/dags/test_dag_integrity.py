@@ -106,7 +106,7 @@ def test_schedule_runs_and_retries(dag: Any) -> None:
         assert task.retries >= 1, task.task_id
 
 
-def test_rollout_steps_run_upstream_first_and_waits_are_deferrable(dag: Any) -> None:
+def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> None:
     from keyplane.orchestration.triggers import AwaitRolloutOperator
 
     order = [
@@ -116,8 +116,8 @@ def test_rollout_steps_run_upstream_first_and_waits_are_deferrable(dag: Any) -> 
         "publish",
         "await_ack",
         "migrate_A",
-        "await_migrated_A",
         "migrate_B",
+        "await_migrated_A",
         "await_migrated_B",
         "done",
         "await_new_version_batches",
@@ -164,7 +164,7 @@ def test_params_defaults_validate(dag: Any) -> None:
     assert dag.params.get_param("operators").resolve(["B"]) == ["B"]
 
 
-def test_scale_dag_is_scheduled_once_at_a_time_and_rolls_out_upstream_first(
+def test_scale_dag_is_scheduled_once_at_a_time_and_propagates_upstream_first(
     scale_dag: Any,
 ) -> None:
     from keyplane.orchestration.triggers import AwaitRolloutOperator
@@ -179,8 +179,8 @@ def test_scale_dag_is_scheduled_once_at_a_time_and_rolls_out_upstream_first(
         "publish",
         "await_ack",
         "migrate_A",
-        "await_migrated_A",
         "migrate_B",
+        "await_migrated_A",
         "await_migrated_B",
         "done",
         "await_new_version_batches",

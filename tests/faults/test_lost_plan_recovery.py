@@ -5,9 +5,11 @@ Spark writes the plan to its offset log only after ``latestOffset`` returns.
 A driver that dies in between has told the controller MIGRATED, but its
 checkpoint does not know it: the restarted driver plans the install batch
 again from the previous checkpoint, and by then the controller may already
-have sent its next step (PROPAGATE of the next operator, or DONE). That step
-is read at the same boundary, *before* the install is re-planned, so it must
-wait for the install instead of being dropped, or the rollout would stall.
+have sent its next step (DONE, or, from a controller that waits for each
+MIGRATED, the next operator's PROPAGATE). That step is read at the same
+boundary, *before* the install is re-planned: a DONE must wait for the
+install instead of being dropped, or the rollout would stall; a PROPAGATE
+may switch its operator in the re-planned batch at once.
 
 Pure logic: the job's and the controller's real state machines, with a fixed
 clock so that the interrupted and the uninterrupted run can be compared
@@ -57,7 +59,38 @@ def boundary(
     return replies
 
 
-def test_next_step_read_before_a_replanned_install_waits_for_it_with_a_fixed_clock() -> None:
+def test_done_read_before_a_replanned_install_waits_for_it_with_a_fixed_clock() -> None:
+    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
+    job = JobProtocol(OPS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
+    topic: list[ControlMessage] = []
+    boundary(job, controller, [], 0)
+    topic.append(controller.prepare(2, STORE[2]))
+    [ack] = boundary(job, controller, topic[-1:], 1)
+    topic += [controller.propagate("A"), controller.propagate("B")]
+    boundary(job, controller, topic[-2:], 2)
+    switch = checkpoint_of(job)
+
+    # Plan 3 installs A and B and replies both MIGRATED; the driver dies
+    # before the offset log holds plan 3. The controller, told, sends DONE.
+    migrated = boundary(job, controller, [], 3)
+    assert [(m.type, m.operator) for m in migrated] == [("MIGRATED", "A"), ("MIGRATED", "B")]
+    topic.append(controller.done())
+    assert controller.active_version == 2
+    uninterrupted = job
+    boundary(uninterrupted, controller, topic[-1:], 4)
+
+    restarted = revived(switch)
+    replies = boundary(restarted, controller, topic, 3)
+    assert replies == [ack, *migrated]
+    assert restarted.active_version == 2 and restarted.pending_version is None
+    assert restarted.held == () and restarted.migrating() == ()
+    boundary(restarted, controller, [], 4)
+    assert restarted.to_dict() == uninterrupted.to_dict()
+    assert restarted.routing_for_batch(3) == restarted.routing_for_batch(4) == {"A": 2, "B": 2}
+
+
+def test_a_propagate_read_before_a_replanned_install_switches_in_it_with_a_fixed_clock() -> None:
+    """A controller that waits for A's MIGRATED before propagating B (the paper's order)."""
     controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
     job = JobProtocol(OPS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
     topic: list[ControlMessage] = []
@@ -73,33 +106,20 @@ def test_next_step_read_before_a_replanned_install_waits_for_it_with_a_fixed_clo
     [migrated_a] = boundary(job, controller, [], 3)
     assert (migrated_a.type, migrated_a.operator) == ("MIGRATED", "A")
     topic.append(controller.propagate("B"))
-    uninterrupted = job
-    boundary(uninterrupted, controller, topic[-1:], 4)
 
     restarted = revived(switch_a)
     replies = boundary(restarted, controller, topic, 3)
     assert replies == [ack, migrated_a]
     assert restarted.phase("A") == "migrated" and restarted.phase("B") == "switching"
-    assert restarted.held == ()
-    boundary(restarted, controller, [], 4)
-    assert restarted.to_dict() == uninterrupted.to_dict()
-    assert restarted.routing_for_batch(4) == {"A": 2, "B": 2}
+    assert [(h.operator, h.switch_batch) for h in restarted.migrating()] == [("B", 3)]
+    assert restarted.routing_for_batch(3) == {"A": 2, "B": 2}
 
-    # The same for DONE: plan 5 installs B and replies MIGRATED(B); the
-    # driver dies before plan 5 is logged; the controller, told, sends DONE.
-    switch_b = checkpoint_of(restarted)
-    [migrated_b] = boundary(restarted, controller, [], 5)
-    assert (migrated_b.type, migrated_b.operator) == ("MIGRATED", "B")
+    [migrated_b] = boundary(restarted, controller, [], 4)
+    assert (migrated_b.type, migrated_b.operator, migrated_b.batch_id) == ("MIGRATED", "B", 4)
     topic.append(controller.done())
-    assert controller.active_version == 2
-
-    again = revived(switch_b)
-    boundary(again, controller, topic, 5)
-    assert again.active_version == 2 and again.pending_version is None
-    assert again.held == () and again.migrating() == ()
-    boundary(restarted, controller, topic[-1:], 6)
-    boundary(again, controller, [], 6)
-    assert again.to_dict() == restarted.to_dict()
+    boundary(restarted, controller, topic[-1:], 5)
+    assert restarted.active_version == 2 and restarted.held == ()
+    assert controller.active_version == 2 and controller.phase == "idle"
 
 
 def test_a_next_step_for_an_operator_never_switched_is_still_ignored() -> None:
@@ -122,7 +142,7 @@ def test_a_next_step_for_an_operator_never_switched_is_still_ignored() -> None:
     reactions = [job.react(m, 1) for m in (out_of_order_b, out_of_order_done)]
 
     assert [(r.outcome, r.reason) for r in reactions] == [
-        ("ignored", "upstream_not_migrated"),
+        ("ignored", "upstream_not_propagated"),
         ("ignored", "not_migrated"),
     ]
     assert job.held == ()

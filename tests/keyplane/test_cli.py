@@ -216,14 +216,15 @@ def test_config_publish_rolls_out_to_the_running_job_step_by_step(
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"v2 already stored in {routing_store}")
-    assert [line.rsplit(maxsplit=2)[0] for line in lines[1:5]] == [
+    assert [line.rsplit(maxsplit=2)[0] for line in lines[1:6]] == [
         "PREPARE v2 → ACK",
-        "PROPAGATE A → MIGRATED A",
-        "PROPAGATE B → MIGRATED B",
+        "PROPAGATE A, B",
+        "await MIGRATED A",
+        "await MIGRATED B",
         "DONE v2",
     ]
-    assert all(line.endswith(" s") for line in lines[1:5])
-    assert lines[5].startswith("v2 is active (from v1, ")
+    assert all(line.endswith(" s") for line in lines[1:6])
+    assert lines[6].startswith("v2 is active (from v1, ")
     assert job.wait_until(lambda state: state.active_version == 2)
 
 

@@ -85,14 +85,15 @@ def test_a_rollout_moves_the_job_to_the_new_version_and_times_each_step(
     assert job.wait_until(lambda state: state.active_version == 2 and state.pending is None)
     assert (result.version, result.previous_version) == (2, 1)
     assert result.checksum == config_store.checksum(routing_store, 2)
-    assert list(result.seconds) == ["PREPARE", "PROPAGATE A", "PROPAGATE B", "DONE"]
+    assert list(result.seconds) == ["PREPARE", "PROPAGATE", "MIGRATED A", "MIGRATED B", "DONE"]
     assert all(seconds > 0 for seconds in result.seconds.values())
     assert result.total_s == pytest.approx(sum(result.seconds.values()))
     assert [(p.label, p.index, p.total) for p in progress if p.finished] == [
-        ("PREPARE v2 → ACK", 0, 4),
-        ("PROPAGATE A → MIGRATED A", 1, 4),
-        ("PROPAGATE B → MIGRATED B", 2, 4),
-        ("DONE v2", 3, 4),
+        ("PREPARE v2 → ACK", 0, 5),
+        ("PROPAGATE A, B", 1, 5),
+        ("await MIGRATED A", 2, 5),
+        ("await MIGRATED B", 3, 5),
+        ("DONE v2", 4, 5),
     ]
     state = controllers().state
     assert state is not None and (state.active_version, state.current) == (2, None)

@@ -98,13 +98,14 @@ class Deployment:
         return replies
 
     def rollout(self, version: int) -> None:
-        """Roll ``version`` out the way the DAG does: one operator at a time."""
+        """Roll ``version`` out the way the DAG does: every PROPAGATE, then every MIGRATED."""
         self.send(self.controller.prepare(version, STORE[version]))
         self.tick()
         for operator in OPS:
             self.send(self.controller.propagate(operator))
-            self.tick()
-            self.tick()
+        self.tick()
+        self.tick()
+        for operator in OPS:
             self.install(operator)
         self.send(self.controller.done())
         self.tick()
@@ -190,7 +191,7 @@ def test_schema_errors_say_which_field_is_wrong() -> None:
 # --- the happy path ----------------------------------------------------------------------
 
 
-def test_rollout_v1_to_v2_to_v3_moves_a_then_b_and_records_every_batch() -> None:
+def test_rollout_v1_to_v2_to_v3_switches_both_stages_in_one_batch_and_records_every_batch() -> None:
     d = Deployment()
     job, controller = d.job, d.controller
 
@@ -198,52 +199,101 @@ def test_rollout_v1_to_v2_to_v3_moves_a_then_b_and_records_every_batch() -> None
     assert (ack.type, ack.config_version, ack.previous_version, ack.batch_id) == ("ACK", 2, 1, 1)
     assert controller.phase == "prepared" and controller.awaiting() == ()
     assert job.pending_version == 2 and job.next_routing() == {"A": 1, "B": 1}
+    with pytest.raises(ProtocolError, match="upstream A is propagated"):
+        controller.propagate("B")
     assert d.tick() == {"A": 1, "B": 1}
 
     assert d.send(controller.propagate("A")) == []
-    assert job.next_routing() == {"A": 2, "B": 1}
+    assert d.send(controller.propagate("B")) == []
+    assert job.next_routing() == {"A": 2, "B": 2}
     assert [
         (h.operator, h.from_version, h.to_version, h.switch_batch) for h in job.migrating()
-    ] == [("A", 1, 2, None)]
-    assert d.tick() == {"A": 2, "B": 1}
-    assert job.migrating()[0].switch_batch == 2
-    [waiting] = controller.awaiting()
-    assert (waiting.reply, waiting.operator) == ("MIGRATED", "A")
-    with pytest.raises(ProtocolError, match="upstream A"):
-        controller.propagate("B")
-
-    d.tick()
-    [migrated] = d.install("A")
-    assert (migrated.type, migrated.operator, migrated.config_version, migrated.batch_id) == (
-        "MIGRATED",
-        "A",
-        2,
-        3,
-    )
-    assert job.phase("A") == "migrated" and job.migrating() == ()
-    assert controller.awaiting() == ()
-
-    d.send(controller.propagate("B"))
+    ] == [("A", 1, 2, None), ("B", 1, 2, None)]
     assert d.tick() == {"A": 2, "B": 2}
+    assert [h.switch_batch for h in job.migrating()] == [2, 2]
+    assert [(w.reply, w.operator) for w in controller.awaiting()] == [
+        ("MIGRATED", "A"),
+        ("MIGRATED", "B"),
+    ]
+    with pytest.raises(ProtocolError, match="A, B not migrated"):
+        controller.done()
+
     d.tick()
-    d.install("B")
-    assert controller.phase == "migrated"
+    [migrated_a] = d.install("A")
+    [migrated_b] = d.install("B")
+    assert [
+        (m.type, m.operator, m.config_version, m.batch_id) for m in (migrated_a, migrated_b)
+    ] == [
+        ("MIGRATED", "A", 2, 3),
+        ("MIGRATED", "B", 2, 3),
+    ]
+    assert job.phase("A") == job.phase("B") == "migrated" and job.migrating() == ()
+    assert controller.phase == "migrated" and controller.awaiting() == ()
     done = controller.done()
     assert d.send(done) == []
     assert job.active_version == 2 and job.pending_version is None
     assert job.state.active_checksum == STORE[2]
     assert controller.active_version == 2 and controller.phase == "idle"
     assert d.tick() == {"A": 2, "B": 2}
+    assert [job.routing_for_batch(b) for b in range(5)] == [{"A": 1, "B": 1}] * 2 + [
+        {"A": 2, "B": 2}
+    ] * 3
 
     d.rollout(3)
 
     assert job.active_version == 3 and controller.active_version == 3
     timeline = [job.routing_for_batch(b) for b in range(d.batch + 1)]
     assert [(r["A"], r["B"]) for r in timeline] == [
-        (1, 1), (1, 1), (2, 1), (2, 1), (2, 2), (2, 2), (2, 2),
-        (2, 2), (3, 2), (3, 2), (3, 3), (3, 3), (3, 3),
+        (1, 1), (1, 1), (2, 2), (2, 2), (2, 2),
+        (2, 2), (3, 3), (3, 3), (3, 3),
     ]  # fmt: skip
     assert job.ignored == {}
+
+
+def test_the_papers_order_still_works_b_propagated_only_after_a_migrated() -> None:
+    """A controller that waits for each MIGRATED (000 §3.4 as written) is still served:
+    B then switches in A's install batch or later."""
+    d = Deployment()
+    job, controller = d.job, d.controller
+    d.send(controller.prepare(2, STORE[2]))
+    d.tick()
+    d.send(controller.propagate("A"))
+    assert d.tick() == {"A": 2, "B": 1}
+    d.tick()
+    d.install("A")
+
+    d.send(controller.propagate("B"))
+    assert job.phase("A") == "migrated" and job.phase("B") == "switching"
+    assert d.tick() == {"A": 2, "B": 2}
+    d.tick()
+    d.install("B")
+    d.send(controller.done())
+
+    assert job.active_version == 2 and job.ignored == {}
+    assert [(h.operator, h.switch_batch) for h in job.migrating()] == []
+    timeline = [job.routing_for_batch(b) for b in range(d.batch + 1)]
+    assert [(r["A"], r["B"]) for r in timeline] == [(1, 1), (1, 1), (2, 1), (2, 1), (2, 2), (2, 2)]
+
+
+def test_b_propagated_while_a_is_in_its_install_batch_switches_in_that_batch() -> None:
+    """The DAG's two PROPAGATE tasks may straddle a batch boundary: B then
+    switches one batch after A, in A's install batch, and nothing waits."""
+    d = Deployment()
+    job, controller = d.job, d.controller
+    d.send(controller.prepare(2, STORE[2]))
+    d.tick()
+    d.send(controller.propagate("A"))
+    d.tick()
+    d.send(controller.propagate("B"))
+    assert d.tick() == {"A": 2, "B": 2}
+    assert [(h.operator, h.switch_batch) for h in job.migrating()] == [("A", 2), ("B", 3)]
+    [migrated_a] = d.install("A")
+    assert migrated_a.batch_id == 3 and job.phase("B") == "switching"
+    d.tick()
+    [migrated_b] = d.install("B")
+    assert migrated_b.batch_id == 4
+    d.send(controller.done())
+    assert job.active_version == 2 and job.ignored == {}
 
 
 # --- stale, unknown and wrong messages ------------------------------------------------------
@@ -308,7 +358,7 @@ def test_messages_that_do_not_fit_the_pending_version_are_ignored() -> None:
     assert reasons == [
         "checksum_mismatch",
         "unknown_operator",
-        "upstream_not_migrated",
+        "upstream_not_propagated",
         "not_migrated",
         "not_prepared",
         "already_done",
@@ -382,7 +432,7 @@ def test_a_downstream_propagate_held_before_prepare_is_rejected_when_released() 
     job.on_message(command("PREPARE", 2, 1), 1)
 
     assert job.held == () and job.phase("B") == "prepared"
-    assert job.ignored == {"upstream_not_migrated": 1}
+    assert job.ignored == {"upstream_not_propagated": 1}
 
 
 def test_next_prepare_waits_for_the_rollout_in_flight_to_finish() -> None:
@@ -542,11 +592,14 @@ def test_killed_after_propagate_and_before_migrated_restores_and_replays_to_the_
 def test_a_replayed_batch_routes_as_the_first_time_even_after_the_state_moved_on() -> None:
     d = Deployment()
     d.rollout(2)
+    d.rollout(3)
     job = restored(d.job)
 
     assert job.begin_batch(1) == {"A": 1, "B": 1}
-    assert job.begin_batch(3) == {"A": 2, "B": 1}
-    assert job.next_routing() == {"A": 2, "B": 2}
+    assert job.begin_batch(3) == {"A": 2, "B": 2}
+    assert job.begin_batch(5) == {"A": 2, "B": 2}
+    assert job.begin_batch(6) == {"A": 3, "B": 3}
+    assert job.next_routing() == {"A": 3, "B": 3}
     with pytest.raises(ProtocolError, match="never planned"):
         job.begin_batch(d.batch + 2)
     with pytest.raises(UnplannedBatchError):

@@ -1,7 +1,7 @@
 """Task wiring shared by the DAGs that roll a version out (reconfigure, scale).
 
 Both DAGs end with the same rollout of paper 000 §3.4: await the job's ACK,
-then for each operator, upstream first, PROPAGATE and await its MIGRATED.
+PROPAGATE each operator, upstream first, then await each MIGRATED.
 :func:`rollout_chain` builds that chain inside the DAG being defined. It
 imports only Airflow (the DAG files are parsed often and under a timeout);
 the steps import the rest when they run.
@@ -44,21 +44,28 @@ def rollout_chain(
     operators: Sequence[str] = OPERATORS,
     timeout: str = "{{ params.reply_timeout_s }}",
 ) -> tuple[Any, Any]:
-    """await ACK → (PROPAGATE → await MIGRATED) per operator, upstream first.
+    """await ACK → PROPAGATE each operator → await each MIGRATED, upstream first.
 
-    Returns the first and the last task, to wire before and after. Every wait
-    is deferred to the triggerer (:class:`AwaitRolloutOperator`), which aborts
+    Every PROPAGATE goes out before the first wait, so that all operators
+    switch in the same micro-batch and install in the next (see
+    :mod:`keyplane.protocol` for why a micro-batch job may). Returns the
+    first and the last task, to wire before and after. Every wait is
+    deferred to the triggerer (:class:`AwaitRolloutOperator`), which aborts
     the rollout when the job does not answer within ``timeout`` seconds.
     """
-    first = last = AwaitRolloutOperator(task_id=f"{prefix}await_ack", kind="ack", timeout_s=timeout)
+    first = AwaitRolloutOperator(task_id=f"{prefix}await_ack", kind="ack", timeout_s=timeout)
+    last: Any = first
     for operator in operators:
         step = migrate.override(task_id=f"{prefix}migrate_{operator}")(operator)
+        last >> step
+        last = step
+    for operator in operators:
         wait = AwaitRolloutOperator(
             task_id=f"{prefix}await_migrated_{operator}",
             kind="migrated",
             operator=operator,
             timeout_s=timeout,
         )
-        last >> step >> wait
+        last >> wait
         last = wait
     return first, last
