@@ -14,9 +14,10 @@ Every ten minutes (or by hand, with Params):
    hold-out, ``decide`` publishes only when the gain repays the migration (a
    dry run stops here);
 6. the rollout of paper 000 §3.4: ``publish`` (PREPARE) → ``await_ack`` →
-   ``migrate_A`` → ``await_migrated_A`` → ``migrate_B`` →
+   ``migrate_A`` → ``migrate_B`` → ``await_migrated_A`` →
    ``await_migrated_B`` → ``done`` (asset ``keyplane_routing_configuration``),
-   every wait deferred to the triggerer;
+   every wait deferred to the triggerer: both PROPAGATEs go out first, so
+   both stages switch in one micro-batch and install in the next;
 7. ``verify`` compares the new version's first batches with the window
    before, and ``rollback`` republishes the previous routing as a new version
    when they regressed.

@@ -344,32 +344,47 @@ class Controller:
         return message
 
     def _after_replies(
-        self, step: Callable[[ControllerProtocol], ControlMessage]
-    ) -> ControlMessage:
-        """Record the replies not yet read, then take ``step``, persist and publish.
+        self, steps: Sequence[Callable[[ControllerProtocol], ControlMessage]]
+    ) -> list[ControlMessage]:
+        """Record the replies not yet read, then take ``steps``, persist and publish.
 
         Reading first means a step run right after its wait never fails for
-        a reply that is already on the topic.
+        a reply that is already on the topic. The messages of all steps are
+        published together, after the state file holds them all.
         """
         with self._locked():
             saved = self._required()
             protocol = self._protocol(saved)
             offset = self._poll_into(protocol, saved.read_offset)[1]
-            message = step(protocol)
+            messages = [step(protocol) for step in steps]
             self._save(
                 saved,
                 saved.model_copy(update={"protocol": protocol.state, "read_offset": offset}),
             )
-            self._publish(message)
-        return message
+            self._ensure_topic()
+            self._channel.send(messages)
+        return messages
 
     def propagate(self, operator: str) -> ControlMessage:
         """Send PROPAGATE for ``operator`` once the job acknowledged and its upstream's is out."""
-        return self._after_replies(lambda protocol: protocol.propagate(operator))
+        [message] = self._after_replies([lambda protocol: protocol.propagate(operator)])
+        return message
+
+    def propagate_all(self, operators: Sequence[str]) -> list[ControlMessage]:
+        """Send PROPAGATE for every one of ``operators`` (upstream first) in one publish.
+
+        One publish, so the job usually reads them at the same batch boundary
+        and switches every operator in the same batch; read at two
+        boundaries, the downstream operators switch one batch later.
+        """
+        return self._after_replies(
+            [functools.partial(ControllerProtocol.propagate, operator=name) for name in operators]
+        )
 
     def done(self) -> ControlMessage:
         """Send DONE once every operator migrated: the new version becomes active."""
-        return self._after_replies(lambda protocol: protocol.done())
+        [message] = self._after_replies([lambda protocol: protocol.done()])
+        return message
 
     def abort(self) -> ControlMessage:
         """Send ABORT for the rollout in flight: the job goes back to the active version."""
@@ -511,7 +526,7 @@ class Controller:
             _Step(
                 "PROPAGATE",
                 f"PROPAGATE {', '.join(operators)}",
-                functools.partial(self._propagate_all, operators),
+                functools.partial(self.propagate_all, operators),
                 None,
             ),
         ]
@@ -526,10 +541,6 @@ class Controller:
         ]
         steps.append(_Step("DONE", f"DONE v{version}", self.done, None))
         return steps
-
-    def _propagate_all(self, operators: Sequence[str]) -> None:
-        for name in operators:
-            self.propagate(name)
 
     def rollout(
         self,

@@ -5,7 +5,9 @@ location changes must have its state moved before its tuples are processed
 at the new location. Paper 000 §3.4 sends each instance the keys it must send
 (with their recipients) and the keys it must expect, and reconfigures the
 operators in DAG order, upstream first, so that an instance that has handed a
-key over no longer receives tuples for it.
+key over no longer receives tuples for it. (In a micro-batch job the batch
+boundary gives that guarantee, so keyplane's operators may all switch in one
+batch: :mod:`keyplane.protocol`.)
 
 A key's *location* in one configuration is its table entry, else its hot-key
 instance set (each holding a partial state, paper 001 §4.2), else the hash

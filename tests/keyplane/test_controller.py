@@ -127,13 +127,17 @@ def test_retrying_every_step_resends_the_same_message_and_changes_nothing(
     assert controllers().prepare(2) == first
     assert state_file.read_bytes() == before
     controllers().wait_ack(20)
+    propagated = []
     for operator in ("A", "B"):
         first = controllers().propagate(operator)
+        propagated.append(first)
         controllers().wait_migrated(operator, 20)
         before_retry = protocol_state(state_file)
         assert controllers().propagate(operator) == first
         assert controllers().wait_migrated(operator, 20) < 0.5
         assert protocol_state(state_file) == before_retry
+    assert controllers().propagate_all(("A", "B")) == propagated
+    assert protocol_state(state_file) == before_retry
     first = controllers().done()
     before_retry = protocol_state(state_file)
     assert controllers().done() == first
