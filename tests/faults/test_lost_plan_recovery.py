@@ -59,13 +59,19 @@ def boundary(
     return replies
 
 
-def test_done_read_before_a_replanned_install_waits_for_it_with_a_fixed_clock() -> None:
+def prepared() -> tuple[ControllerProtocol, JobProtocol, list[ControlMessage], ControlMessage]:
+    """A controller and a job at plan 1, v2 prepared and acknowledged; the topic so far."""
     controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
     job = JobProtocol(OPS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
     topic: list[ControlMessage] = []
     boundary(job, controller, [], 0)
     topic.append(controller.prepare(2, STORE[2]))
     [ack] = boundary(job, controller, topic[-1:], 1)
+    return controller, job, topic, ack
+
+
+def test_done_read_before_a_replanned_install_waits_for_it_with_a_fixed_clock() -> None:
+    controller, job, topic, ack = prepared()
     topic += [controller.propagate("A"), controller.propagate("B")]
     boundary(job, controller, topic[-2:], 2)
     switch = checkpoint_of(job)
@@ -91,12 +97,7 @@ def test_done_read_before_a_replanned_install_waits_for_it_with_a_fixed_clock() 
 
 def test_a_propagate_read_before_a_replanned_install_switches_in_it_with_a_fixed_clock() -> None:
     """A controller that waits for A's MIGRATED before propagating B (the paper's order)."""
-    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
-    job = JobProtocol(OPS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
-    topic: list[ControlMessage] = []
-    boundary(job, controller, [], 0)
-    topic.append(controller.prepare(2, STORE[2]))
-    [ack] = boundary(job, controller, topic[-1:], 1)
+    controller, job, topic, ack = prepared()
     topic.append(controller.propagate("A"))
     boundary(job, controller, topic[-1:], 2)
     switch_a = checkpoint_of(job)
