@@ -1,21 +1,26 @@
 """A live reconfiguration that moves 10k keys: how many micro-batches it takes, what it costs.
 
-The routed job runs on a backlog (so every batch is as full as the cap
-allows and its rows/s is the job's capacity). After a few batches the
+The routed job runs on a backlog, so every batch takes ``--batch`` events and
+a batch's duration is the job's cost for them. After a few batches the
 controller rolls out v2, which moves ``--moved-keys`` stage-A keys and every
-stage-B key to other instances (paper 000 §3.4: PREPARE → ACK → PROPAGATE A,
-PROPAGATE B → MIGRATED A, MIGRATED B → DONE; both stages switch in one batch).
-Reported:
+stage-B key to other instances. Two orders of paper 000 §3.4, side by side
+in one run, each on a job of its own over the same topic:
+
+* ``together`` (keyplane's rollout): PREPARE → ACK → PROPAGATE A, PROPAGATE B
+  → MIGRATED A, MIGRATED B → DONE; both stages switch in one batch;
+* ``one-by-one`` (the paper's order): PROPAGATE B only after MIGRATED A.
+
+Reported per order:
 
 * micro-batches from the job's ACK to its MIGRATED for B (the batch ids the
   job stamps on its replies), plus the batch that applies DONE;
-* the controller's time per step;
-* rows/s of the batches during the migration vs the batches before it (the
-  throughput dip; goal ≤ 10 %), over the whole rollout and over the switch
-  and install batches alone, and the states moved;
+* the throughput dip (goal ≤ 10 %): one minus the mean duration of the
+  batches before the ACK over that of the batches from the ACK to
+  MIGRATED(B); every batch holds the same number of events, so durations
+  compare throughput. Also over the switch and install batches alone;
 * every batch from the last one before the ACK to the first after MIGRATED.
 
-    python bench/reconfiguration.py [--events 300000] [--moved-keys 10000] [--out FILE]
+    python bench/reconfiguration.py [--events 200000] [--moved-keys 10000] [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 from _harness import emit, private_broker, read_topic
 
@@ -32,6 +38,7 @@ from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
+from keyplane.protocol import Reconfiguration
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
 from keyplane.testing import routed_job_topics
@@ -39,11 +46,99 @@ from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
+Order = Literal["together", "one-by-one"]
+ORDERS: tuple[Order, ...] = ("together", "one-by-one")
+TIMEOUT_S = 300
+
+
+def roll_out(controller: Controller, order: Order) -> None:
+    """Roll v2 out in ``order``: the controller's own rollout, or the paper's."""
+    if order == "together":
+        controller.rollout(2, timeout_s=TIMEOUT_S)
+        return
+    controller.prepare(2)
+    controller.wait_ack(TIMEOUT_S)
+    for operator in ("A", "B"):
+        controller.propagate(operator)
+        controller.wait_migrated(operator, TIMEOUT_S)
+    controller.done()
+
+
+def measure(
+    order: Order, bootstrap: str, tmp: Path, store: Path, args: argparse.Namespace, truth: Any
+) -> dict[str, Any]:
+    """Run the job on the backlog, roll v2 out in ``order`` after 3 batches, and measure."""
+    work = tmp / order
+    topics = routed_job_topics(f"reconf-{order}")
+    settings = CountsJobSettings(
+        bootstrap_servers=bootstrap,
+        events_topic="reconf",
+        checkpoint=work / "ck",
+        output=work / "out",
+        shuffle_partitions=P,
+        max_offsets_per_trigger=args.batch,
+        stop_at_offset_total=args.events,
+        routing_store=store,
+        routing_version=1,
+        **topics,
+    )
+    work.mkdir(parents=True)
+    log = (work / "job.log").open("w")
+    job = subprocess.Popen(job_command(settings), stdout=log, stderr=subprocess.STDOUT)
+    while len(list((work / "out").glob("batch-*.parquet"))) < 3:
+        if job.poll() is not None:
+            raise RuntimeError((work / "job.log").read_text()[-3000:])
+        time.sleep(0.2)
+    started = time.monotonic()
+    with ControlChannel(bootstrap, topics["control_topic"]) as channel:
+        controller = Controller(channel, work / "controller.json", store)
+        roll_out(controller, order)
+        wall = time.monotonic() - started
+        last: Reconfiguration | None = controller.state.last if controller.state else None
+    if job.wait(timeout=1800) != 0:
+        raise RuntimeError((work / "job.log").read_text()[-3000:])
+    metrics = read_topic(bootstrap, topics["metrics_topic"])
+    moved_states = len(read_topic(bootstrap, topics["migration_topic"]))
+    exact = compare_counts(truth, read_output(work / "out")).exact
+
+    assert last is not None and last.ack is not None and last.ack.batch_id is not None
+    acked = last.ack.batch_id
+    installs = {op: m.batch_id for op, m in last.migrated.items() if m.batch_id is not None}
+    migrated = installs["B"]
+    switches = {installs[op] - 1 for op in installs}
+    seconds = {m["plan"]: m["duration_ms"] / 1000 for m in metrics if m["rows"]}
+    before = [seconds[b] for b in seconds if 0 < b < acked]
+    during = [seconds[b] for b in range(acked, migrated + 1)]
+    moving = [seconds[b] for b in sorted(switches | set(installs.values()))]
+
+    def role(batch: int) -> str:
+        roles = ["ACK"] if batch == acked else []
+        roles += [f"{op} switch" for op in installs if installs[op] - 1 == batch]
+        roles += [f"{op} install" for op in installs if installs[op] == batch]
+        return ", ".join(roles)
+
+    batches = [
+        f"| {m['plan']} | {role(m['plan'])} | "
+        f"{', '.join(f'{op} v{v}' for op, v in sorted(m['versions'].items()))} | "
+        f"{m['rows']:,} | {m['duration_ms'] / 1000:.1f} | {m['moved_states']:,} |"
+        for m in metrics
+        if acked - 1 <= m["plan"] <= migrated + 1
+    ]
+    return {
+        "batches": migrated - acked + 1,
+        "wall": wall,
+        "moved": moved_states,
+        "before": statistics.mean(before),
+        "during": statistics.mean(during),
+        "moving": statistics.mean(moving),
+        "exact": exact,
+        "table": batches,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--moved-keys", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=20_000)
@@ -76,79 +171,43 @@ def main() -> None:
         store = tmp / "store"
         save(v1, store)
         save(v2, store)
-        topics = routed_job_topics("reconf")
-        settings = CountsJobSettings(
-            bootstrap_servers=bootstrap,
-            events_topic="reconf",
-            checkpoint=tmp / "ck",
-            output=tmp / "out",
-            shuffle_partitions=P,
-            max_offsets_per_trigger=args.batch,
-            stop_at_offset_total=args.events,
-            routing_store=store,
-            routing_version=1,
-            **topics,
-        )
-        log = (tmp / "job.log").open("w")
-        job = subprocess.Popen(job_command(settings), stdout=log, stderr=subprocess.STDOUT)
-        while len(list((tmp / "out").glob("batch-*.parquet"))) < 3:
-            if job.poll() is not None:
-                raise RuntimeError((tmp / "job.log").read_text()[-3000:])
-            time.sleep(0.2)
-        with ControlChannel(bootstrap, topics["control_topic"]) as channel:
-            controller = Controller(channel, tmp / "controller.json", store)
-            result = controller.rollout(2, timeout_s=300)
-            last = controller.state.last if controller.state else None
-        if job.wait(timeout=1800) != 0:
-            raise RuntimeError((tmp / "job.log").read_text()[-3000:])
-        metrics = read_topic(bootstrap, topics["metrics_topic"])
-        moved_states = len(read_topic(bootstrap, topics["migration_topic"]))
-        report = compare_counts(truth, read_output(tmp / "out"))
+        results = {order: measure(order, bootstrap, tmp, store, args, truth) for order in ORDERS}
 
-    assert last is not None and last.ack is not None
-    acked = last.ack.batch_id
-    migrated = last.migrated["B"].batch_id
-    assert acked is not None and migrated is not None
-    switched = min(m.batch_id for m in last.migrated.values() if m.batch_id is not None) - 1
-    before = [m["rows_per_s"] for m in metrics[1:] if m["plan"] < acked and m["rows"]]
-    during = [m["rows_per_s"] for m in metrics if acked <= m["plan"] <= migrated and m["rows"]]
-    moving = [m["rows_per_s"] for m in metrics if switched <= m["plan"] <= migrated and m["rows"]]
-    dip = 1 - statistics.mean(during) / statistics.mean(before)
-    moving_dip = 1 - statistics.mean(moving) / statistics.mean(before)
-    batches = [
-        f"| {m['plan']} | {'ACK' if m['plan'] == acked else ''}"
-        f"{'switch' if m['plan'] == switched else ''}"
-        f"{'install, MIGRATED' if m['plan'] == migrated else ''} | "
-        f"{', '.join(f'{op} v{v}' for op, v in sorted(m['versions'].items()))} | "
-        f"{m['rows']:,} | {m['rows_per_s']:,.0f} | {m['moved_states']:,} |"
-        for m in metrics
-        if acked - 1 <= m["plan"] <= migrated + 1
-    ]
-    steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result.seconds.items())
+    def row(label: str, cell: Any) -> str:
+        return f"| {label} | " + " | ".join(cell(results[order]) for order in ORDERS) + " |"
+
     lines = [
         f"events: {args.events:,} zipf-evolving ({args.keys:,} keys, s = 0.6), "
         f"{args.batch:,} per batch, {P} instances, local[2]; v2 moves {len(moved_a):,} stage-A "
         f"keys and {len(b_keys)} stage-B keys",
         "",
-        "| measure | value |",
-        "|---|---:|",
-        f"| micro-batches ACK → MIGRATED(B) (+1 applies DONE) | {migrated - acked + 1} (+1) |",
-        f"| rollout wall time | {result.total_s:.1f} s |",
-        f"| states moved (migration topic records) | {moved_states:,} |",
-        f"| rows/s before (mean of {len(before)} batches) | {statistics.mean(before):,.0f} |",
-        f"| rows/s during (mean of {len(during)} batches) | {statistics.mean(during):,.0f} |",
-        f"| throughput dip, ACK → MIGRATED(B) | **{dip:.0%}** |",
-        f"| rows/s in the switch and install batches (mean of {len(moving)}) | "
-        f"{statistics.mean(moving):,.0f} |",
-        f"| throughput dip, switch and install batches only | {moving_dip:.0%} |",
-        f"| counts exact | {report.exact} |",
-        "",
-        f"controller steps: {steps}",
-        "",
-        "| batch | rollout | routing | rows | rows/s | states moved out |",
-        "|---:|---|---|---:|---:|---:|",
-        *batches,
+        "| measure | " + " | ".join(ORDERS) + " |",
+        "|---|" + "---:|" * len(ORDERS),
+        row("micro-batches ACK → MIGRATED(B) (+1 applies DONE)", lambda r: f"{r['batches']} (+1)"),
+        row("rollout wall time", lambda r: f"{r['wall']:.1f} s"),
+        row("states moved (migration topic records)", lambda r: f"{r['moved']:,}"),
+        row("mean batch s before the ACK", lambda r: f"{r['before']:.1f}"),
+        row("mean batch s, ACK → MIGRATED(B)", lambda r: f"{r['during']:.1f}"),
+        row(
+            "throughput dip, ACK → MIGRATED(B)",
+            lambda r: f"**{1 - r['before'] / r['during']:.0%}**",
+        ),
+        row("mean batch s, switch and install batches", lambda r: f"{r['moving']:.1f}"),
+        row(
+            "throughput dip, switch and install batches",
+            lambda r: f"{1 - r['before'] / r['moving']:.0%}",
+        ),
+        row("counts exact", lambda r: str(r["exact"])),
     ]
+    for order in ORDERS:
+        lines += [
+            "",
+            f"{order}:",
+            "",
+            "| batch | rollout | routing | rows | batch s | states moved out |",
+            "|---:|---|---|---:|---:|---:|",
+            *results[order]["table"],
+        ]
     emit("\n".join(lines), args.out)
 
 
