@@ -7,18 +7,31 @@ executor JVMs, and Spark's REST API reports, per stage, the shuffle bytes
 each task fetched from its own executor (local) and from the others (remote).
 
 Both variants run the routed job in one session, one after the other, on the
-same ``pairs`` streams (locality L = 0.8: 80 % of tuples have b = a; 8 kB
-padding), each on a topic of its own. Each starts on hash routing with a
-warm-up stream; the job's metrics then say which executor holds each
-instance. The locality variant computes a routing table with METIS over the
-warm-up's key pairs, one part per executor (:func:`keyplane.locality.build_plan`),
-maps each part to the instances on that executor, and publishes it live; the
-hash variant keeps hash routing. Only then is the measured stream produced,
-so both variants measure the same events: remote and local shuffle bytes of
-the stage that reads stage A's output (the last stage of each micro-batch
-job), the share of A→B tuples that stayed on one executor, and throughput.
+same ``pairs`` streams (locality L = 0.8: 80 % of tuples pair a key with its
+partner; 8 kB padding), each on a topic of its own. By default stage A
+forwards every tuple with its padding, as the application of 000 §4.1 does
+(``--forward tuples``), and field 2 names its keys apart from field 1's
+(``--names distinct``: :class:`~keyplane.workloads.PairsWorkload`'s
+``relabel_b``), so that hash routing does not co-locate a key and its
+partner by accident. The padding is one repeated character, which Spark's
+shuffle compression shrinks to a few bytes whatever its length, so shuffle
+compression is off by default: bytes then measure the tuple sizes 000 §4.2's
+padding models. ``--forward pairs --names shared --shuffle-compression`` is
+the earlier measurement: stage A sends one weighted row per pair and batch,
+without the padding, both fields share names, and the shuffle is compressed.
 
-    python bench/locality_shuffle.py [--events 24000] [--out FILE]
+Each variant starts on hash routing with a warm-up stream; the job's metrics
+then say which executor holds each instance. The locality variant computes a
+routing table with METIS over the warm-up's key pairs, one part per executor
+(:func:`keyplane.locality.build_plan`), maps each part to the instances on
+that executor, and publishes it live; the hash variant keeps hash routing.
+Only then is the measured stream produced, so both variants measure the same
+events: remote and local shuffle bytes of the stage that reads stage A's
+output (the last stage of each micro-batch job), the share of A→B tuples that
+stayed on one executor, and throughput.
+
+    python bench/locality_shuffle.py [--events 24000] [--forward tuples|pairs]
+        [--names distinct|shared] [--shuffle-compression] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -38,6 +51,7 @@ from _harness import emit, read_topic
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller
+from keyplane.events import FORWARD_MODES, Forward
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
@@ -51,6 +65,8 @@ from keyplane.workloads import PairsWorkload
 EXECUTORS = 3
 P = 6
 VARIANTS = ("hash", "locality")
+Names = Literal["distinct", "shared"]
+"""Whether field 2 names its keys apart from field 1 (``relabel_b``) or shares field 1's names."""
 
 
 def rest(spark: Any, path: str) -> Any:
@@ -125,7 +141,13 @@ def locality_config(warm: PairsWorkload, metrics: list[dict[str, Any]]) -> Routi
 
 
 def run_variant(
-    spark: Any, bootstrap: str, tmp: Path, variant: str, warm: PairsWorkload, main: PairsWorkload
+    spark: Any,
+    bootstrap: str,
+    tmp: Path,
+    variant: str,
+    warm: PairsWorkload,
+    main: PairsWorkload,
+    forward: Forward,
 ) -> dict[str, float]:
     """Warm up on ``warm``, switch (locality only), then measure on ``main``."""
     topic = f"pairs-{variant}"
@@ -145,6 +167,7 @@ def run_variant(
         max_offsets_per_trigger=warm.n_events // 3,
         trigger_interval="0 seconds",
         routing_store=store,
+        forward=forward,
         **topics,
     )
     query = start_counts_query(spark, settings)
@@ -196,6 +219,24 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=24_000)
     parser.add_argument("--keys", type=int, default=300)
     parser.add_argument("--pad", type=int, default=8_000)
+    parser.add_argument(
+        "--forward",
+        choices=FORWARD_MODES,
+        default="tuples",
+        help="what stage A sends stage B: every tuple with its padding, or a weight per pair",
+    )
+    parser.add_argument(
+        "--names",
+        choices=get_args(Names),
+        default="distinct",
+        help="field 2's key names: apart from field 1's, or the same",
+    )
+    parser.add_argument(
+        "--shuffle-compression",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="compress shuffle blocks (Spark's default), which hides the padding's bytes",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -207,6 +248,7 @@ def main() -> None:
             pad_min=args.pad,
             pad_max=args.pad,
             seed=seed,
+            relabel_b=args.names == "distinct",
         )
 
     warmup = args.events // 4
@@ -220,17 +262,24 @@ def main() -> None:
             "keyplane-locality-bench",
             f"local-cluster[{EXECUTORS},1,1024]",
             shuffle_partitions=P,
-            extra={"spark.ui.port": str(free_port())},
+            extra={
+                "spark.ui.port": str(free_port()),
+                "spark.shuffle.compress": str(args.shuffle_compression).lower(),
+            },
         )
         try:
             for variant in VARIANTS:
-                results[variant] = run_variant(spark, bootstrap, tmp, variant, warm, main_spec)
+                results[variant] = run_variant(
+                    spark, bootstrap, tmp, variant, warm, main_spec, args.forward
+                )
         finally:
             spark.stop()
             broker.stop()
     hash_, loc = results["hash"], results["locality"]
     lines = [
-        f"events: {args.events:,} pairs (L = 0.8, {args.keys} keys, {args.pad:,} B padding); "
+        f"events: {args.events:,} pairs (L = 0.8, {args.keys} keys, {args.pad:,} B padding, "
+        f"{args.names} field-2 names); stage A forwards {args.forward}; shuffle compression "
+        f"{'on' if args.shuffle_compression else 'off'}; "
         f"local-cluster[{EXECUTORS},1,1024], {P} instances per stage; "
         f"measured on the {main_spec.n_events:,} events produced after a {warmup:,}-event "
         "warm-up (and, for locality, after the live switch)",

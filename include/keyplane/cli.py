@@ -23,6 +23,7 @@ from keyplane.aggregates import AggregateSpecError
 from keyplane.config import RoutingConfig
 from keyplane.config_report import render_config, render_diff
 from keyplane.controller import Controller, ControllerError, RolloutProgress, RolloutTimeout
+from keyplane.events import FORWARD_MODES
 from keyplane.jobprocess import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
@@ -492,6 +493,7 @@ def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
         master=getattr(args, "master", None),
         stage_a_aggregate=specs[0],
         stage_b_aggregate=specs[1],
+        forward=getattr(args, "forward", "pairs"),
     )
 
 
@@ -679,6 +681,14 @@ def build_parser() -> argparse.ArgumentParser:
             "keyplane.aggregates.KeyedAggregate instance or class; fixed for the life of the "
             "checkpoint (default: the running count)",
         )
+    job_start.add_argument(
+        "--forward",
+        choices=FORWARD_MODES,
+        default="pairs",
+        help="what stage A sends stage B: one row per (field-1, field-2) pair and micro-batch "
+        "with its weight (pairs), or every tuple with its padding, so the shuffle between the "
+        "stages carries the tuples (tuples) (default: pairs)",
+    )
     job_start.add_argument(
         "--timeout",
         type=_seconds,

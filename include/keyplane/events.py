@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,6 +45,14 @@ _FIELDS_SCHEMA = pa.schema(
 )
 
 MAX_PAD_BYTES = 20_000
+
+Forward = Literal["pairs", "tuples"]
+"""What the routed job's stage A sends stage B. ``pairs``: one row per
+(field-1 routed key, field-2 key) and micro-batch, with its weight; the
+padding stays behind. ``tuples``: every event, with its ``pad``, as the
+application of paper 000 §4.1 forwards tuples, so that the shuffle between
+the stages carries what §4.2's padding models (:mod:`keyplane.spark.routed_counts`)."""
+FORWARD_MODES: tuple[Forward, ...] = get_args(Forward)
 
 
 def key_name(key_id: int) -> str:

@@ -60,6 +60,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from keyplane.aggregates import canonical_spec, load_aggregate
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.controller import ControllerError, read_controller_file
+from keyplane.events import Forward
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of
 from keyplane.kafka.broker import answers_kafka
 from keyplane.kafka.security import client_config
@@ -219,7 +220,8 @@ class JobProcess:
     aggregates as ``module:attr`` (None: the running count). They are
     loaded here, so that a bad one raises
     :class:`~keyplane.aggregates.AggregateSpecError` before anything starts
-    rather than inside a Spark task of a detached process.
+    rather than inside a Spark task of a detached process. ``forward`` is
+    what stage A sends stage B (:class:`~keyplane.spark.counts_job.CountsJobSettings`).
     """
 
     def __init__(
@@ -231,6 +233,7 @@ class JobProcess:
         master: str | None = None,
         stage_a_aggregate: str | None = None,
         stage_b_aggregate: str | None = None,
+        forward: Forward = "pairs",
     ) -> None:
         for spec in (stage_a_aggregate, stage_b_aggregate):
             if spec is not None:
@@ -245,6 +248,7 @@ class JobProcess:
         self.shuffle_partitions = shuffle_partitions
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.master = master or settings.spark_master
+        self.forward = forward
         self.aggregates = {
             "A": canonical_spec(stage_a_aggregate),
             "B": canonical_spec(stage_b_aggregate),
@@ -275,6 +279,8 @@ class JobProcess:
         for stage, spec in self.aggregates.items():
             if spec is not None:
                 values[f"stage_{stage.lower()}_aggregate"] = spec
+        if self.forward != "pairs":
+            values["forward"] = self.forward
         return CountsJobSettings.model_validate(values)
 
     # --- the pid file ----------------------------------------------------------------------

@@ -367,6 +367,21 @@ def test_job_start_passes_the_stage_aggregates_to_the_job(
     assert "--stage-a-aggregate" not in command
 
 
+def test_job_start_passes_the_forward_mode_to_the_job_and_refuses_an_unknown_one(
+    tmp_path: Path,
+) -> None:
+    def command(*flags: str) -> list[str]:
+        args = build_parser().parse_args(["job", "start", *flags])
+        return job_command(_job_process(Settings(home=tmp_path), args).job_settings())
+
+    assert command("--forward", "tuples")[-2:] == ["--forward", "tuples"]
+    assert "--forward" not in command()  # the default stays the job's own default
+    result = _keyplane(tmp_path, "job", "start", "--forward", "tuple")
+    assert result.returncode == 2
+    assert "argument --forward: invalid choice: 'tuple'" in result.stderr
+    assert not (tmp_path / "job" / "job.pid").exists()
+
+
 def test_job_start_with_an_unloadable_aggregate_is_one_line_and_starts_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from keyplane.verification import expected_counts
 from keyplane.workloads import (
     EventBatch,
     GeoTagsWorkload,
@@ -330,3 +331,32 @@ def test_relabel_b_names_do_not_depend_on_the_seed() -> None:
         )
     ]
     assert names[0] == names[1]
+
+
+def test_pairs_default_stream_is_pinned() -> None:
+    """The default (``relabel_b`` off) stream is the one benchmarks and tests were built on."""
+    batch = PairsWorkload(n_events=6, n_keys=10, locality=0.5, pad_max=9, seed=1).events(0, 6)
+    assert batch.a.tolist() == [6, 4, 4, 7, 7, 6]
+    assert batch.b.tolist() == [6, 9, 4, 7, 7, 7]
+    assert batch.pad.tolist() == [1, 2, 2, 2, 9, 0]
+
+
+def test_expected_counts_count_field_two_under_its_relabelled_names() -> None:
+    plain = PairsWorkload(n_events=4_000, n_keys=30, locality=0.7, seed=6)
+    relabelled = plain.model_copy(update={"relabel_b": True})
+    batch = relabelled.events(0, relabelled.n_events)
+    names = {
+        str(old): str(new)
+        for old, new in zip(
+            plain.events(0, plain.n_events).b.tolist(), batch.b.tolist(), strict=True
+        )
+    }
+    assert sum(old != new for old, new in names.items()) > 20
+    truth, before = expected_counts(relabelled), expected_counts(plain)
+    assert truth[truth["stage"] == "A"].equals(before[before["stage"] == "A"])
+    renamed = before[before["stage"] == "B"].assign(key=lambda f: f["key"].map(names))
+    b_truth = truth[truth["stage"] == "B"]
+    assert dict(zip(b_truth["key"], b_truth["count"], strict=True)) == dict(
+        zip(renamed["key"], renamed["count"], strict=True)
+    )
+    assert sorted(b_truth["key"]) == sorted(str(b) for b in set(batch.b.tolist()))

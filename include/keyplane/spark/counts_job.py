@@ -20,6 +20,9 @@ control topic, moving state through the migration topic
 :mod:`keyplane.spark.routed_sink`). Each batch file then holds partial counts
 ``stage, key, routed_key, instance, count``; :func:`read_output` merges them
 (:mod:`keyplane.partials`), so its answer keeps the same shape either way.
+``forward`` says what the routed job's stage A sends stage B: a weight per
+(field-1, field-2) pair and batch (``pairs``), or every tuple with its
+padding, as paper 000 §4.1's application does (``tuples``).
 Every routed batch also publishes a :class:`~keyplane.batchmetrics.BatchMetrics`
 record to the metrics topic.
 """
@@ -46,6 +49,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from keyplane import config as config_store
 from keyplane.aggregates import AggregateSpecError, KeyedAggregate, RunningCount, load_aggregate
 from keyplane.config import RoutingConfig
+from keyplane.events import FORWARD_MODES, Forward
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
 from keyplane.partials import merge_partials
@@ -123,6 +127,12 @@ class CountsJobSettings(BaseModel):
         default=None,
         description="'module:attr' of stage B's keyed aggregate; default the running count.",
     )
+    forward: Forward = Field(
+        default="pairs",
+        description="What the routed job's stage A sends stage B: 'pairs', one row per "
+        "(field-1 routed key, field-2 key) and micro-batch with its weight; 'tuples', every "
+        "tuple with its padding (paper 000 §4.1), so the A→B shuffle carries the tuples.",
+    )
 
     @field_validator("stage_a_aggregate", "stage_b_aggregate")
     @classmethod
@@ -145,6 +155,8 @@ class CountsJobSettings(BaseModel):
         aggregates = (self.stage_a_aggregate, self.stage_b_aggregate)
         if self.routing_store is None and any(aggregates):
             raise ValueError("stage aggregates need the routed job (routing_store)")
+        if self.routing_store is None and self.forward != "pairs":
+            raise ValueError(f"forward={self.forward!r} needs the routed job (routing_store)")
         if self.routing_store is not None and self.pipeline != "two-stage":
             raise ValueError("routing applies to the 'two-stage' pipeline only")
         if self.routing_store is not None and self.source != "python":
@@ -316,6 +328,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         state_partitions=partitions,
         initial_version=initial_version(settings),
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
+        forward=settings.forward,
     ).withWatermark("ts", "1 minute")
     writer = RoutedBatchWriter(
         output=settings.output,
@@ -328,7 +341,12 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     )
     aggregates = settings.aggregates()
     updates = routed_running_counts(
-        inputs, str(store), partitions, stage_a=aggregates["A"], stage_b=aggregates["B"]
+        inputs,
+        str(store),
+        partitions,
+        stage_a=aggregates["A"],
+        stage_b=aggregates["B"],
+        forward=settings.forward,
     )
     query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
     MetricsListener.attach(spark, query, writer, settings.metrics_topic)
@@ -450,6 +468,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
             metavar="MODULE:ATTR",
             help=f"stage {stage.upper()}'s keyed aggregate (default: the running count)",
         )
+    parser.add_argument(
+        "--forward",
+        choices=FORWARD_MODES,
+        help="what the routed job's stage A sends stage B: a weight per pair and batch "
+        "(pairs, the default) or every tuple with its padding (tuples)",
+    )
     args = parser.parse_args(argv)
     return CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
 

@@ -25,8 +25,16 @@ delivers them in:
 
 Stage A routes each of its output rows to stage B itself, with the version
 the source planned for B (``vb``), because it is the last Python code on the
-way to B's grouping. Both stages report where they ran, read inside the
-operator from ``TaskContext``, so placement is observed, not assumed.
+way to B's grouping. What it sends is the job's ``forward`` mode
+(:data:`~keyplane.events.Forward`): in ``pairs`` mode one row
+per (field-2 key, B version) and batch with the number of tuples ``n``; in
+``tuples`` mode every tuple, ``n`` = 1, with its padding (``pad``), as the
+application of paper 000 §4.1 forwards tuples, so that the A→B shuffle
+carries the bytes a locality-aware table can keep on one executor (000
+§4.2). Stage B counts ``n`` either way, so the counts are the same.
+
+Both stages report where they ran, read inside the operator from
+``TaskContext``, so placement is observed, not assumed.
 
 Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
 
@@ -58,14 +66,16 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.aggregates import KeyedAggregate, RunningCount
+from keyplane.events import Forward
 from keyplane.handoff import pick_downstream_route
-from keyplane.spark.routed_source import CONTROL_PREFIX, control_group, tables_for
+from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group, tables_for
 
 ROUTED_STAGE_A_OUTPUT = (
     "kind STRING, stage STRING, a STRING, ra STRING, ia INT, ea STRING, b STRING, rb STRING, "
     "n LONG, count LONG, state STRING, ts TIMESTAMP, source_rk STRING, target_rk STRING, "
     "marker LONG, detail STRING"
 )
+"""Stage A's rows for stage B in ``pairs`` mode; see :func:`stage_a_output`."""
 ROUTED_OUTPUT_SCHEMA = (
     "kind STRING, stage STRING, key STRING, routed_key STRING, instance INT, count LONG, "
     "state STRING, target STRING, marker LONG, upstream INT, n LONG, executor STRING, "
@@ -75,6 +85,16 @@ STATE_SCHEMA = "state STRING, count LONG, marker LONG"
 TOP_PAIRS_PER_GROUP = 3
 
 T = TypeVar("T")
+
+
+def stage_a_output(forward: Forward) -> str:
+    """Stage A's output schema in ``forward`` mode: ``tuples`` rows carry the padding."""
+    return ROUTED_STAGE_A_OUTPUT if forward == "pairs" else f"{ROUTED_STAGE_A_OUTPUT}, {PAD_COLUMN}"
+
+
+def _stage_a_row(forward: Forward, pad: str | None = None, **fields: Any) -> Row:
+    """A row of :func:`stage_a_output`: the ``pad`` column exists in ``tuples`` mode only."""
+    return Row(**fields) if forward == "pairs" else Row(**fields, pad=pad)
 
 
 def _task_partition() -> int:
@@ -147,13 +167,21 @@ class RoutedStageA(StatefulProcessor):
     """Stage A: ``aggregate``'s partial state per routed key of field 1, with live hand-off.
 
     ``store`` and ``parallelism`` locate the routing tables stage A needs to
-    route its output to stage B.
+    route its output to stage B; ``forward`` is what it sends there (module
+    docstring).
     """
 
-    def __init__(self, store: str, parallelism: int, aggregate: KeyedAggregate[Any]) -> None:
+    def __init__(
+        self,
+        store: str,
+        parallelism: int,
+        aggregate: KeyedAggregate[Any],
+        forward: Forward = "pairs",
+    ) -> None:
         self.store = store
         self.parallelism = parallelism
         self.aggregate = aggregate
+        self.forward = forward
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.state = handle.getValueState("state", STATE_SCHEMA)
@@ -162,7 +190,7 @@ class RoutedStageA(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
         group: str = key[0]
         if group.startswith(CONTROL_PREFIX):
-            yield from _forward_through_a(rows)
+            yield from _forward_through_a(rows, self.forward)
             return
         installs: list[Row] = []
         events: list[Row] = []
@@ -181,21 +209,24 @@ class RoutedStageA(StatefulProcessor):
         )
         key_a = (installs or events or evicts)[0].a
         instance, executor = _task_partition(), executor_id()
+        forward = self.forward
         for source in sources:
-            yield _a_report("report", key_a, source, count=0, state=self.zero_text)
+            yield _a_report(forward, "report", key_a, source, count=0, state=self.zero_text)
         state, count = held.state, held.count
         if events:
             state = agg.add(state, [row.b for row in events])
             count += len(events)
         text = agg.encode(state)
         if installs and not events:
-            yield _a_report("report", key_a, group, count=count, state=text, instance=instance)
+            yield _a_report(
+                forward, "report", key_a, group, count=count, state=text, instance=instance
+            )
         if events:
             yield from self._to_stage_b(group, key_a, events, (instance, executor), count, text)
         if evicts:
             if count > 0:
                 yield _a_report(
-                    "moved", key_a, group, count=count, state=text,
+                    forward, "moved", key_a, group, count=count, state=text,
                     target=evicts[0].target_rk, marker=evicts[0].marker,
                 )  # fmt: skip
             self.state.clear()
@@ -211,10 +242,15 @@ class RoutedStageA(StatefulProcessor):
         count: int,
         text: str,
     ) -> Iterator[Row]:
-        """One row per (field-2 key, B version) of the batch's events, routed to stage B.
+        """The batch's events as rows for stage B, each routed to its field-2 key's instance.
 
-        Each carries the group's partial after the batch (``count``, ``text``),
-        which stage B reports for stage A.
+        In ``pairs`` mode one row per (field-2 key, B version), weighing ``n``
+        tuples; in ``tuples`` mode one row per tuple, with its padding. The
+        group's partial after the batch (``count``, ``text``), which stage B
+        reports for stage A, rides on the first row of each (field-2 key, B
+        version) only: a tuple need not carry a state that may be large.
+        Every tuple of one pair takes the same routed key of B, so that a
+        replayed batch routes it the same way in both modes.
         """
         weights: dict[tuple[str, int], int] = {}
         latest = None
@@ -223,15 +259,25 @@ class RoutedStageA(StatefulProcessor):
             latest = row.ts if latest is None or row.ts > latest else latest
         tables = tables_for(self.store, self.parallelism)
         instance, executor = where
-        for (b, vb), n in weights.items():
+        routes: dict[tuple[str, int], str] = {}
+        for b, vb in weights:
             table_b = tables.table(vb, "B")
-            rb = pick_downstream_route(
+            routes[(b, vb)] = pick_downstream_route(
                 table_b.route(b), table_b.instance_of, instance, f"{group}\x00{b}"
             )
-            yield Row(
-                kind="event", stage="A", a=key_a, ra=group, ia=instance, ea=executor,
-                b=b, rb=rb, n=n, count=count, state=text, ts=latest, source_rk=None,
-                target_rk=None, marker=None, detail=None,
+        if self.forward == "pairs":
+            sent = [((b, vb), n, None) for (b, vb), n in weights.items()]
+        else:
+            sent = [((row.b, row.vb), 1, row.pad) for row in events]
+        reported: set[tuple[str, int]] = set()
+        for pair, n, pad in sent:
+            first = pair not in reported
+            reported.add(pair)
+            yield _stage_a_row(
+                self.forward, pad, kind="event", stage="A", a=key_a, ra=group, ia=instance,
+                ea=executor, b=pair[0], rb=routes[pair], n=n, count=count if first else None,
+                state=text if first else None, ts=latest, source_rk=None, target_rk=None,
+                marker=None, detail=None,
             )  # fmt: skip
 
     def close(self) -> None:
@@ -239,6 +285,7 @@ class RoutedStageA(StatefulProcessor):
 
 
 def _a_report(
+    forward: Forward,
     kind: str,
     key: str,
     routed: str,
@@ -253,19 +300,19 @@ def _a_report(
 
     It reaches the sink through stage B under a reserved grouping value.
     """
-    return Row(
-        kind=kind, stage="A", a=key, ra=routed, ia=instance, ea=None, b=None,
+    return _stage_a_row(
+        forward, kind=kind, stage="A", a=key, ra=routed, ia=instance, ea=None, b=None,
         rb=control_group("A", routed), n=None, count=count, state=state, ts=None,
         source_rk=None, target_rk=target, marker=marker, detail=None,
     )  # fmt: skip
 
 
-def _forward_through_a(rows: Iterable[Any]) -> Iterator[Row]:
+def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:
     """Rows for stage B and invalid records pass stage A unchanged (module docstring)."""
     for row in rows:
         rb = row.rb if row.rb is not None else row.ra
-        yield Row(
-            kind=row.kind, stage=row.stage, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b,
+        yield _stage_a_row(
+            forward, kind=row.kind, stage=row.stage, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b,
             rb=rb, n=None, count=row["count"], state=row.state, ts=None,
             source_rk=row.source_rk, target_rk=row.target_rk, marker=row.marker,
             detail=row.detail,
@@ -351,7 +398,7 @@ def routed_stage_b_group(
             n, ia = int(n), int(ia)
             values += [a] * n
             seen = a_partials.get(ra)
-            if seen is None or c > seen[2]:
+            if not pd.isna(c) and (seen is None or c > seen[2]):
                 a_partials[ra] = (a, ia, int(c), text)
             hops[(ia, ea)] = hops.get((ia, ea), 0) + n
             pairs[a] = pairs.get(a, 0) + n
@@ -429,17 +476,20 @@ def routed_running_counts(
     parallelism: int,
     stage_a: KeyedAggregate[Any] | None = None,
     stage_b: KeyedAggregate[Any] | None = None,
+    forward: Forward = "pairs",
 ) -> DataFrame:
     """Routed-source rows → both stages' outputs (:data:`ROUTED_OUTPUT_SCHEMA`).
 
     ``stage_a`` and ``stage_b`` are the stages' aggregates (default: the
     reference application's :class:`~keyplane.aggregates.RunningCount`).
+    ``forward`` is what stage A sends stage B (module docstring); ``inputs``
+    must come from a routed source read in the same mode.
     ``inputs`` must carry a watermark on ``ts`` (stage A runs in event-time
     mode so that a second stateful operator may follow it).
     """
     stage_a_rows = inputs.groupBy("ra").transformWithState(
-        RoutedStageA(store, parallelism, stage_a or RunningCount()),
-        ROUTED_STAGE_A_OUTPUT,
+        RoutedStageA(store, parallelism, stage_a or RunningCount(), forward),
+        stage_a_output(forward),
         "Append",
         "EventTime",
         eventTimeColumnName="ts",

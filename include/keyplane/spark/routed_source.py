@@ -35,6 +35,14 @@ What the batch reads (one input partition each), as rows of
 * ``invalid`` — a record that is not a valid event, with the reason, so the
   sink can dead-letter it and nothing is silently dropped.
 
+The ``forward`` option (:data:`keyplane.events.Forward`) says what stage A
+sends stage B. ``pairs`` (the default): one row per (field-1 routed key,
+field-2 key) and batch, with a weight, so the event's padding is parsed and
+dropped here. ``tuples``: every tuple, as the application of paper 000 §4.1
+forwards it, so the rows carry the event's ``pad`` (a string; other types are
+not carried) in one more column, and the A→B shuffle moves the tuples' bytes.
+Only ``tuples`` rows have that column, so ``pairs`` pays nothing for it.
+
 The switch batch routes its tuples with the *old* version, so the old group
 sees every tuple up to the switch before it hands over, and the new group
 gets its state in the same batch as its first tuples. No tuple ever reaches a
@@ -63,7 +71,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
-from keyplane.events import MAX_EVENT_BYTES, parse_event
+from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, parse_event
 from keyplane.handoff import VersionedTables, pick_route
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
@@ -84,6 +92,8 @@ ROUTED_INPUT_SCHEMA = (
     "rb STRING, vb INT, source_rk STRING, target_rk STRING, count LONG, state STRING, "
     "marker LONG, detail STRING"
 )
+"""The rows of the ``pairs`` mode; ``tuples`` rows add ``pad`` (:func:`routed_input_schema`)."""
+PAD_COLUMN = "pad STRING"
 
 _ARROW_SCHEMA = pa.schema(
     [
@@ -105,7 +115,14 @@ _ARROW_SCHEMA = pa.schema(
     ]
 )
 
+_TUPLES_ARROW_SCHEMA = _ARROW_SCHEMA.append(pa.field("pad", pa.string()))
+
 log = logging.getLogger(__name__)
+
+
+def routed_input_schema(forward: Forward) -> str:
+    """The source's rows in ``forward`` mode: ``tuples`` rows carry each event's padding."""
+    return ROUTED_INPUT_SCHEMA if forward == "pairs" else f"{ROUTED_INPUT_SCHEMA}, {PAD_COLUMN}"
 
 
 def control_group(stage: str, routed_key: str) -> str:
@@ -133,6 +150,7 @@ class RoutedEventsPartition(InputPartition):
     version_a: int
     version_b: int
     max_event_bytes: int = MAX_EVENT_BYTES
+    forward: Forward = "pairs"
 
 
 @dataclass(frozen=True)
@@ -143,6 +161,7 @@ class EvictPartition(InputPartition):
     parallelism: int
     switch: Switch
     marker: int
+    forward: Forward = "pairs"
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,7 @@ class MigrationPartition(InputPartition):
     """Moved states written by the previous batch: become install rows."""
 
     records: KafkaInputPartition
+    forward: Forward = "pairs"
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}
@@ -165,10 +185,11 @@ def tables_for(store: str, parallelism: int) -> VersionedTables:
 
 
 class _Columns:
-    """Column lists for one Arrow batch of :data:`ROUTED_INPUT_SCHEMA`."""
+    """Column lists for one Arrow batch of :func:`routed_input_schema` in ``forward`` mode."""
 
-    def __init__(self) -> None:
-        self.values: dict[str, list[Any]] = {name: [] for name in _ARROW_SCHEMA.names}
+    def __init__(self, forward: Forward) -> None:
+        self.schema = _ARROW_SCHEMA if forward == "pairs" else _TUPLES_ARROW_SCHEMA
+        self.values: dict[str, list[Any]] = {name: [] for name in self.schema.names}
 
     def add(self, **row: Any) -> None:
         for name, column in self.values.items():
@@ -178,7 +199,7 @@ class _Columns:
         return len(self.values["kind"])
 
     def batch(self) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pydict(self.values, schema=_ARROW_SCHEMA)
+        return pa.RecordBatch.from_pydict(self.values, schema=self.schema)
 
 
 def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
@@ -186,8 +207,9 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     tables = tables_for(p.store, p.parallelism)
     table_a = tables.table(p.version_a, "A")
     source = f"{p.events.topic}[{p.events.partition}]"
+    tuples = p.forward == "tuples"
     for records in read_partition(p.events):
-        out = _Columns()
+        out = _Columns(p.forward)
         values = records.column("value").to_pylist()
         offsets = records.column("offset").to_pylist()
         for value, offset in zip(values, offsets, strict=True):
@@ -204,6 +226,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
                 out.add(kind="invalid", ra=control_group("I", source), detail=detail)
                 continue
             seq, a = event["seq"], event["a"]
+            pad = event.get("pad") if tuples else None
             out.add(
                 kind="event",
                 seq=seq,
@@ -212,6 +235,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
                 ts=datetime.fromtimestamp(event["ts"] / 1000, UTC),
                 ra=pick_route(table_a.route(a), str(seq)),
                 vb=p.version_b,
+                pad=pad if isinstance(pad, str) else None,
             )
         yield out.batch()
 
@@ -220,7 +244,7 @@ def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
     """One evict row per state move of the switching operator (000 §3.4)."""
     s = p.switch
     moves = tables_for(p.store, p.parallelism).moves(s.operator, s.from_version, s.to_version)
-    out = _Columns()
+    out = _Columns(p.forward)
     for move in moves:
         common = {
             "kind": "evict",
@@ -238,7 +262,7 @@ def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
 def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
     """Install rows for the states the previous batch handed over."""
     for records in read_partition(p.records):
-        out = _Columns()
+        out = _Columns(p.forward)
         for value in records.column("value").to_pylist():
             move = json.loads(value)
             common = {
@@ -266,6 +290,17 @@ def _required(options: Mapping[str, str], name: str) -> str:
     if not value:
         raise KafkaSourceOptionError(f"the keyplane routed source needs option {name!r}")
     return value
+
+
+def _forward(options: Mapping[str, str]) -> Forward:
+    """The ``forward`` option (default ``pairs``), refused in one line if unknown."""
+    raw = options.get("forward", "pairs")
+    for mode in FORWARD_MODES:
+        if raw == mode:
+            return mode
+    raise KafkaSourceOptionError(
+        f"option 'forward' is one of {', '.join(FORWARD_MODES)}, got {raw!r}"
+    )
 
 
 def _max_event_bytes(options: Mapping[str, str]) -> int:
@@ -298,6 +333,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         max_rows = options.get("maxoffsetspertrigger")
         self.max_rows = int(max_rows) if max_rows else None
         self.max_event_bytes = _max_event_bytes(options)
+        self.forward = _forward(options)
         self._channel: ControlChannel | None = None
         self._unusable: dict[int, str] = {}
 
@@ -471,17 +507,22 @@ class RoutedEventsReader(DataSourceStreamReader):
                         routing["A"],
                         routing["B"],
                         self.max_event_bytes,
+                        self.forward,
                     )
                 )
         for switch in end["switch"]:
-            out.append(EvictPartition(self.store, self.parallelism, Switch(**switch), end["plan"]))
+            out.append(
+                EvictPartition(
+                    self.store, self.parallelism, Switch(**switch), end["plan"], self.forward
+                )
+            )
         for part, stop in sorted(end["migration"].items(), key=_by_partition):
             begin = int(start["migration"].get(part, 0))
             if stop > begin:
                 kafka = KafkaInputPartition(
                     self.bootstrap_servers, self.migration_topic, int(part), begin, int(stop)
                 )
-                out.append(MigrationPartition(kafka))
+                out.append(MigrationPartition(kafka, self.forward))
         return out
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -516,7 +557,7 @@ class RoutedEventsSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return ROUTED_INPUT_SCHEMA
+        return routed_input_schema(_forward({k.lower(): v for k, v in self.options.items()}))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return RoutedEventsReader(dict(self.options))
@@ -534,11 +575,13 @@ def read_routed_events(
     initial_version: int,
     max_offsets_per_trigger: int | None = None,
     max_event_bytes: int | None = None,
+    forward: Forward = "pairs",
 ) -> DataFrame:
-    """A streaming DataFrame of :data:`ROUTED_INPUT_SCHEMA` rows for the routed job.
+    """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
     ``max_event_bytes`` (default :data:`MAX_EVENT_BYTES`) bounds an event's
-    record; larger ones are dead-lettered as ``oversized``.
+    record; larger ones are dead-lettered as ``oversized``. ``forward`` is
+    what stage A will send stage B (module docstring).
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
@@ -550,6 +593,7 @@ def read_routed_events(
         .option("routing.store", str(store.resolve()))
         .option("state.partitions", str(state_partitions))
         .option("initial.version", str(initial_version))
+        .option("forward", forward)
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from keyplane.spark.counts_job import CountsJobSettings, job_command, parse_settings
 from keyplane.spark.progress import progress_of
 
@@ -51,3 +54,21 @@ def test_job_command_round_trips_through_the_job_parser() -> None:
         exclude={"source"}
     )
     assert "--master" not in cmd  # unset fields keep the child's defaults
+
+
+def test_forward_mode_round_trips_and_is_checked_at_the_boundary(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common = {"bootstrap_servers": "127.0.0.1:1", "checkpoint": Path("/ck"), "output": Path("/o")}
+    settings = CountsJobSettings(**common, routing_store=Path("/store"), forward="tuples")
+    cmd = job_command(settings)
+    assert cmd[cmd.index("--forward") + 1] == "tuples"
+    assert parse_settings(cmd[3:]).forward == "tuples"
+    assert CountsJobSettings(**common).forward == "pairs"
+    with pytest.raises(ValidationError, match="'pairs' or 'tuples'"):
+        CountsJobSettings(**common, routing_store=Path("/store"), forward="tuple")
+    with pytest.raises(ValidationError, match="forward='tuples' needs the routed job"):
+        CountsJobSettings(**common, forward="tuples")
+    with pytest.raises(SystemExit):
+        parse_settings([*cmd[3 : cmd.index("--forward")], "--forward", "tuple"])
+    assert "argument --forward: invalid choice: 'tuple'" in capsys.readouterr().err

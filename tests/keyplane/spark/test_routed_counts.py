@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from pyspark.sql import Row
 
-from keyplane.aggregates import ValueCounts
+from keyplane.aggregates import RunningCount, ValueCounts
 from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.controller import Controller
+from keyplane.events import Forward
 from keyplane.handoff import routed_key_table
+from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials, merge_partials
 from keyplane.routedkeys import spark_partition
@@ -29,11 +35,11 @@ from keyplane.spark.counts_job import (
     read_partials,
     start_counts_query,
 )
-from keyplane.spark.routed_counts import take_installs
+from keyplane.spark.routed_counts import RoutedStageA, take_installs
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
 from keyplane.testing import routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
+from keyplane.workloads import PairsWorkload, ZipfEvolvingWorkload
 
 P = 4
 """Instances per operator: the ``spark`` fixture's shuffle partitions."""
@@ -88,7 +94,11 @@ def _run_to_end(spark, settings: CountsJobSettings) -> None:
 
 
 def _settings(
-    broker: str, topic: str, tmp_path: Path, routing_store: Path | None = None
+    broker: str,
+    topic: str,
+    tmp_path: Path,
+    routing_store: Path | None = None,
+    forward: Forward = "pairs",
 ) -> CountsJobSettings:
     return CountsJobSettings(
         bootstrap_servers=broker,
@@ -99,6 +109,7 @@ def _settings(
         max_offsets_per_trigger=1_000,
         trigger_interval="0 seconds",
         routing_store=routing_store,
+        forward=forward,
         **routed_job_topics(topic),
     )
 
@@ -321,3 +332,123 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
     while invalid_in_metrics() < len(bad) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert invalid_in_metrics() == len(bad)
+
+
+def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure(
+    tmp_path: Path,
+) -> None:
+    """``pairs``: a weight per (field-2 key, version); ``tuples``: each tuple and its
+    padding, the partial on the pair's first row only, every tuple on the pair's route."""
+    store = tmp_path / "routing"
+    save(
+        RoutingConfig(
+            version=1,
+            created_by="initial",
+            operators={
+                "A": OperatorRouting(parallelism=P),
+                "B": OperatorRouting(parallelism=P, hot_keys={"x": (0, 1, 2)}),
+            },
+        ),
+        store,
+    )
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    events = [Row(b=b, vb=1, ts=ts, pad=pad) for b, pad in (("x", "p"), ("y", "qq"), ("x", "r"))]
+
+    def sent(forward: Forward) -> list[dict]:
+        stage = RoutedStageA(str(store.resolve()), P, RunningCount(), forward)
+        rows = stage._to_stage_b("k#3", "k", events, (3, "host:1"), 7, "7")
+        return [row.asDict() for row in rows]
+
+    pairs = sent("pairs")
+    assert [(r["b"], r["n"], r["count"], r["state"]) for r in pairs] == [
+        ("x", 2, 7, "7"),
+        ("y", 1, 7, "7"),
+    ]
+    assert all("pad" not in r for r in pairs)
+    tuples = sent("tuples")
+    assert [(r["b"], r["n"], r["pad"], r["count"], r["state"]) for r in tuples] == [
+        ("x", 1, "p", 7, "7"),
+        ("y", 1, "qq", 7, "7"),
+        ("x", 1, "r", None, None),
+    ]
+    route = {r["b"]: r["rb"] for r in pairs}
+    assert [r["rb"] for r in tuples] == [route["x"], route["y"], route["x"]]
+    assert route["x"].startswith("x#"), "the hot key is routed to one of its partials"
+
+
+def _locality_config(
+    version: int, warm: PairsWorkload, hot_a: tuple[int, ...], shift: int
+) -> RoutingConfig:
+    """Each field-1 key and the field-2 key it pairs with most on one instance, the
+    heaviest field-1 key split over ``hot_a``, the heaviest field-2 key over three."""
+    batch = warm.events(0, warm.n_events)
+    pairs = Counter(zip(batch.a.tolist(), batch.b.tolist(), strict=True))
+    partner = {a: str(b) for (a, b), _ in reversed(pairs.most_common())}
+    a_keys = [str(a) for a, _ in Counter(batch.a.tolist()).most_common()]
+    b_keys = [str(b) for b, _ in Counter(batch.b.tolist()).most_common()]
+    table_a = {str(a): (a + shift) % P for a in partner if str(a) != a_keys[0]}
+    table_b = {b: (a + shift) % P for a, b in partner.items() if b != b_keys[0]}
+    return RoutingConfig(
+        version=version,
+        parent_version=version - 1 if version > 1 else None,
+        created_by="initial" if version == 1 else "manual",
+        operators={
+            "A": OperatorRouting(parallelism=P, table=table_a, hot_keys={a_keys[0]: hot_a}),
+            "B": OperatorRouting(parallelism=P, table=table_b, hot_keys={b_keys[0]: (1, 2, 3)}),
+        },
+    )
+
+
+@pytest.mark.integration
+def test_forwarding_tuples_keeps_counts_exact_through_a_locality_table_split_and_move(
+    spark, broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    """``forward="tuples"``: stage B counts each forwarded tuple once, stage A's partials
+    still reach the sink, and a live rollout moves both stages' states exactly."""
+    warm, main = (
+        PairsWorkload(
+            n_events=n, n_keys=40, locality=0.8, pad_min=100, pad_max=2_000, seed=s, relabel_b=True
+        )
+        for n, s in ((3_000, 31), (2_000, 32))
+    )
+    store = tmp_path / "routing"
+    v1 = _locality_config(1, warm, (0, 1, 3), shift=0)
+    v2 = _locality_config(2, warm, (1, 2), shift=1)
+    save(v1, store)
+    assert produce_workload(warm, broker, topic_name, partitions=2) == warm.n_events
+    settings = _settings(broker, topic_name, tmp_path, routing_store=store, forward="tuples")
+    query = start_counts_query(spark, settings)
+    try:
+        query.processAllAvailable()
+        save(v2, store)
+        with ControlChannel(broker, settings.control_topic) as channel:
+            assert (
+                Controller(channel, tmp_path / "controller.json", store)
+                .rollout(2, timeout_s=300)
+                .version
+                == 2
+            )
+        assert produce_workload(main, broker, topic_name, partitions=2) == main.n_events
+        query.processAllAvailable()
+        assert query.exception() is None
+    finally:
+        query.stop()
+
+    # Every key's state, split ones included, lives where v2 puts it.
+    latest = latest_partials(read_partials(settings.output))
+    live = latest[latest["count"] > 0]
+    for stage in ("A", "B"):
+        table = routed_key_table(v2.operators[stage])
+        rows = live[live["stage"] == stage]
+        assert len(rows) >= 40
+        for key, routed, instance in rows[["key", "routed_key", "instance"]].itertuples(
+            index=False
+        ):
+            assert instance == table.instance_of(routed), (stage, key, routed, instance)
+        for key, instances in v2.operators[stage].hot_keys.items():
+            assert set(rows.loc[rows["key"] == key, "instance"]) == set(instances)
+    truth = pd.concat([expected_counts(warm), expected_counts(main)])
+    truth = truth.groupby(["stage", "key"], as_index=False)["count"].sum()
+    report = compare_counts(truth, read_output(settings.output))
+    assert report.expected_events == warm.n_events + main.n_events
+    assert report.exact, report

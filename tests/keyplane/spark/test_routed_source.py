@@ -1,13 +1,23 @@
-"""The routed source's record validation (pure: no broker, no Spark)."""
+"""The routed source's record validation and its rows (pure: no broker, no Spark)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from keyplane.events import MAX_EVENT_BYTES, parse_event
-from keyplane.spark.routed_source import control_group
+from keyplane.config import RoutingConfig, save
+from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
+from keyplane.spark import routed_source
+from keyplane.spark.kafka_source import KafkaInputPartition, KafkaSourceOptionError
+from keyplane.spark.routed_source import (
+    RoutedEventsPartition,
+    RoutedEventsReader,
+    control_group,
+    read_events,
+)
 
 
 def test_a_valid_event_parses_pure() -> None:
@@ -39,3 +49,52 @@ def test_invalid_records_say_why_pure(raw: bytes | None, reason: str) -> None:
 def test_control_groups_cannot_collide_with_keys_pure() -> None:
     assert control_group("B", "k").startswith("\x00")
     assert control_group("A", "k") != control_group("B", "k")
+
+
+@pytest.mark.parametrize("forward", ["pairs", "tuples"])
+def test_the_padding_is_carried_in_tuples_mode_only_pure(
+    forward: Forward, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records come from a stand-in for the Kafka read; routing reads a real store."""
+    values = [
+        json.dumps({"seq": 0, "a": "x", "b": "y", "ts": 1000, "pad": "pp"}).encode(),
+        json.dumps({"seq": 1, "a": "x", "b": "z", "ts": 1000}).encode(),
+        json.dumps({"seq": 2, "a": "w", "b": "y", "ts": 1000, "pad": 7}).encode(),
+    ]
+    monkeypatch.setattr(
+        routed_source,
+        "read_partition",
+        lambda part: iter([pa.table({"value": values, "offset": [0, 1, 2]})]),
+    )
+    save(RoutingConfig.all_hash(4, ("A", "B")), tmp_path / "routing")
+    kafka = KafkaInputPartition("127.0.0.1:1", "events", 0, 0, 3)
+    partition = RoutedEventsPartition(
+        kafka, str(tmp_path / "routing"), 4, 1, 1, MAX_EVENT_BYTES, forward
+    )
+    rows = pa.Table.from_batches(list(read_events(partition))).to_pylist()
+
+    assert [(r["kind"], r["a"], r["b"]) for r in rows] == [
+        ("event", "x", "y"),
+        ("event", "x", "z"),
+        ("event", "w", "y"),
+    ]
+    if forward == "pairs":
+        assert all("pad" not in r for r in rows)
+    else:
+        assert [r["pad"] for r in rows] == ["pp", None, None]
+
+
+def test_an_unknown_forward_mode_is_refused_in_one_line_pure() -> None:
+    options = {
+        "kafka.bootstrap.servers": "127.0.0.1:1",
+        "subscribe": "events",
+        "control.topic": "control",
+        "migration.topic": "migration",
+        "routing.store": "/nowhere",
+        "state.partitions": "4",
+        "initial.version": "1",
+    }
+    assert RoutedEventsReader(options).forward == "pairs"
+    assert RoutedEventsReader({**options, "forward": "tuples"}).forward == "tuples"
+    with pytest.raises(KafkaSourceOptionError, match="one of pairs, tuples, got 'tuple'"):
+        RoutedEventsReader({**options, "forward": "tuple"})
