@@ -13,12 +13,12 @@ forwards every tuple with its padding, as the application of 000 §4.1 does
 (``--forward tuples``), and field 2 names its keys apart from field 1's
 (``--names distinct``: :class:`~keyplane.workloads.PairsWorkload`'s
 ``relabel_b``), so that hash routing does not co-locate a key and its
-partner by accident. The padding is one repeated character, which Spark's
-shuffle compression shrinks to a few bytes whatever its length, so shuffle
-compression is off by default: bytes then measure the tuple sizes 000 §4.2's
-padding models. ``--forward pairs --names shared --shuffle-compression`` is
-the earlier measurement: stage A sends one weighted row per pair and batch,
-without the padding, both fields share names, and the shuffle is compressed.
+partner by accident. The padding is made of random characters
+(``--pad-fill random``): one repeated character, the generator's other fill,
+shrinks to a few bytes under Spark's shuffle compression (on, as by default),
+and would model no tuple size at all. ``--forward pairs --names shared
+--pad-fill repeated`` is the earlier measurement: stage A sends one weighted
+row per pair and batch, without the padding, and both fields share names.
 
 Each variant starts on hash routing with a warm-up stream; the job's metrics
 then say which executor holds each instance. The locality variant computes a
@@ -31,7 +31,8 @@ output (the last stage of each micro-batch job), the share of A→B tuples that
 stayed on one executor, and throughput.
 
     python bench/locality_shuffle.py [--events 24000] [--forward tuples|pairs]
-        [--names distinct|shared] [--shuffle-compression] [--out FILE]
+        [--names distinct|shared] [--pad-fill random|repeated]
+        [--no-shuffle-compression] [--out FILE]
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from keyplane.spark.counts_job import CountsJobSettings, read_output, start_coun
 from keyplane.spark.session import build_session
 from keyplane.testing import free_port, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import PairsWorkload
+from keyplane.workloads import PadFill, PairsWorkload
 
 EXECUTORS = 3
 P = 6
@@ -232,10 +233,16 @@ def main() -> None:
         help="field 2's key names: apart from field 1's, or the same",
     )
     parser.add_argument(
+        "--pad-fill",
+        choices=get_args(PadFill),
+        default="random",
+        help="padding of random characters, or of one repeated character (compresses away)",
+    )
+    parser.add_argument(
         "--shuffle-compression",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="compress shuffle blocks (Spark's default), which hides the padding's bytes",
+        default=True,
+        help="compress shuffle blocks (Spark's default)",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -247,6 +254,7 @@ def main() -> None:
             locality=0.8,
             pad_min=args.pad,
             pad_max=args.pad,
+            pad_fill=args.pad_fill,
             seed=seed,
             relabel_b=args.names == "distinct",
         )
@@ -277,7 +285,8 @@ def main() -> None:
             broker.stop()
     hash_, loc = results["hash"], results["locality"]
     lines = [
-        f"events: {args.events:,} pairs (L = 0.8, {args.keys} keys, {args.pad:,} B padding, "
+        f"events: {args.events:,} pairs (L = 0.8, {args.keys} keys, {args.pad:,} B "
+        f"{args.pad_fill} padding, "
         f"{args.names} field-2 names); stage A forwards {args.forward}; shuffle compression "
         f"{'on' if args.shuffle_compression else 'off'}; "
         f"local-cluster[{EXECUTORS},1,1024], {P} instances per stage; "

@@ -15,11 +15,13 @@ reads whole windows in Python tasks, with Arrow's JSON reader
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, get_args
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -60,9 +62,37 @@ def key_name(key_id: int) -> str:
     return str(key_id)
 
 
+_PAD_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+@functools.cache
+def _random_pad_source() -> str:
+    """1 MiB of seeded random characters that paddings are cut from.
+
+    000 §4.2 pads tuples to model their size on the network. One repeated
+    character models nothing once a shuffle or a topic is compressed (Spark
+    compresses shuffle blocks by default: 8 kB of "x" become a few bytes), so
+    ``pad_fill="random"`` cuts each padding from this text instead: 6 bits of
+    entropy per character, which LZ4 and Snappy cannot shrink.
+    """
+    rng = np.random.default_rng(0x9AD)
+    codes = rng.integers(0, len(_PAD_ALPHABET), size=1 << 20)
+    return "".join(np.array(list(_PAD_ALPHABET))[codes].tolist())
+
+
+def _random_pad(seq: int, length: int) -> str:
+    """Event ``seq``'s padding of ``length`` characters: a slice of the source
+    at an offset that differs from event to event, so that consecutive
+    paddings do not repeat each other either."""
+    source = _random_pad_source()
+    offset = (seq * 2_654_435_761) % (len(source) - length + 1)
+    return source[offset : offset + length]
+
+
 def encode_batch(batch: EventBatch, ts_ms: int) -> Iterator[bytes]:
     """Encode every event of ``batch`` as UTF-8 JSON, in order."""
     pads = {int(n): "x" * int(n) for n in set(batch.pad.tolist())}
+    random_fill = batch.pad_fill == "random"
     for i, (a, b, pad) in enumerate(
         zip(batch.a.tolist(), batch.b.tolist(), batch.pad.tolist(), strict=True)
     ):
@@ -72,7 +102,7 @@ def encode_batch(batch: EventBatch, ts_ms: int) -> Iterator[bytes]:
                 "a": key_name(a),
                 "b": key_name(b),
                 "ts": ts_ms,
-                "pad": pads[pad],
+                "pad": _random_pad(batch.start + i, pad) if random_fill else pads[pad],
             },
             separators=(",", ":"),
         ).encode()

@@ -58,19 +58,26 @@ _STREAM_FLASH: Final = 2
 _STREAM_LAYOUT: Final = 3
 
 
+PadFill = Literal["repeated", "random"]
+"""What a padding is made of: one repeated character, or characters that do
+not compress (so that a compressed shuffle or topic still moves its bytes)."""
+
+
 @dataclass(frozen=True, eq=False)
 class EventBatch:
     """A contiguous run of events, in stream order.
 
     ``start`` is the sequence number of the first event, so the events are
     ``start, start + 1, ...``. ``a`` is the field-1 key, ``b`` the field-2 key
-    and ``pad`` the padding length in bytes (0 where the workload has none).
+    and ``pad`` the padding length in bytes (0 where the workload has none),
+    made of ``pad_fill``.
     """
 
     start: int
     a: NDArray[np.int64]
     b: NDArray[np.int64]
     pad: NDArray[np.int32]
+    pad_fill: PadFill = "repeated"
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -144,7 +151,10 @@ class _StreamSpec(BaseModel):
             if start < stop
         ]
         offset = start - (start // _BLOCK) * _BLOCK
-        return _join(start, parts, offset, stop - start)
+        return _join(start, parts, offset, stop - start, self._pad_fill())
+
+    def _pad_fill(self) -> PadFill:
+        return "repeated"
 
     def batches(self, chunk_size: int = 100_000) -> Iterator[EventBatch]:
         """Yield the whole stream in order, in batches of ``chunk_size`` events
@@ -170,11 +180,11 @@ class _StreamSpec(BaseModel):
                 pending_len += take
                 offset += take
                 if pending_len == chunk_size:
-                    yield _join(emitted, pending, 0, pending_len)
+                    yield _join(emitted, pending, 0, pending_len, self._pad_fill())
                     emitted += pending_len
                     pending, pending_len = [], 0
         if pending_len:
-            yield _join(emitted, pending, 0, pending_len)
+            yield _join(emitted, pending, 0, pending_len, self._pad_fill())
 
 
 def _join(
@@ -182,6 +192,7 @@ def _join(
     parts: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int32]]],
     offset: int,
     length: int,
+    pad_fill: PadFill,
 ) -> EventBatch:
     """Concatenate block parts and keep ``length`` events from ``offset``."""
     if not parts:
@@ -190,6 +201,7 @@ def _join(
             np.empty(0, dtype=np.int64),
             np.empty(0, dtype=np.int64),
             np.empty(0, dtype=np.int32),
+            pad_fill,
         )
     if len(parts) == 1:
         a, b, pad = parts[0]
@@ -198,7 +210,7 @@ def _join(
         b = np.concatenate([p[1] for p in parts])
         pad = np.concatenate([p[2] for p in parts])
     end = offset + length
-    return EventBatch(start, a[offset:end], b[offset:end], pad[offset:end])
+    return EventBatch(start, a[offset:end], b[offset:end], pad[offset:end], pad_fill)
 
 
 @lru_cache(maxsize=32)
@@ -260,6 +272,10 @@ class PairsWorkload(_StreamSpec):
     locality: float = Field(default=0.8, ge=0.0, le=1.0, description="Share of tuples with j == i.")
     pad_min: int = Field(default=0, ge=0, le=MAX_PAD_BYTES, description="Smallest padding, bytes.")
     pad_max: int = Field(default=0, ge=0, le=MAX_PAD_BYTES, description="Largest padding, bytes.")
+    pad_fill: PadFill = Field(
+        default="repeated",
+        description="Padding of one repeated character, or of characters that do not compress.",
+    )
     relabel_b: bool = Field(
         default=False, description="Field 2 names keys by a fixed permutation of 1..n_keys."
     )
@@ -289,6 +305,9 @@ class PairsWorkload(_StreamSpec):
         else:
             pad = np.full(size, self.pad_min, dtype=np.int32)
         return a, b, pad
+
+    def _pad_fill(self) -> PadFill:
+        return self.pad_fill
 
 
 class ZipfEvolvingWorkload(_StreamSpec):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import numpy as np
 import pytest
 
 from keyplane.events import MAX_EVENT_BYTES, decode_keys, encode_batch, parse_event
-from keyplane.workloads import EventBatch
+from keyplane.workloads import EventBatch, PairsWorkload
 
 GOOD = b'{"seq":0,"a":"1","b":"2","ts":5}'
 
@@ -97,3 +98,20 @@ def test_encoded_values_are_compact_json_objects() -> None:
     (value,) = encode_batch(batch, ts_ms=7)
     assert json.loads(value) == {"seq": 0, "a": "1", "b": "2", "ts": 7, "pad": "xxx"}
     assert b"\n" not in value and b" " not in value
+
+
+def test_random_padding_has_its_length_differs_per_event_and_does_not_compress() -> None:
+    spec = PairsWorkload(n_events=400, n_keys=20, pad_min=8_000, pad_max=8_000, pad_fill="random")
+    values = [v for batch in spec.batches(150) for v in encode_batch(batch, ts_ms=0)]
+    pads = [json.loads(v)["pad"] for v in values]
+    assert {len(p) for p in pads} == {8_000}
+    assert len(set(pads)) == len(pads)
+    assert pads == [json.loads(v)["pad"] for v in encode_batch(spec.events(0, 400), ts_ms=0)]
+    blob = b"".join(values)
+    assert len(zlib.compress(blob)) > 0.7 * len(blob)
+
+    repeated = spec.model_copy(update={"pad_fill": "repeated"})
+    plain = b"".join(v for batch in repeated.batches(150) for v in encode_batch(batch, ts_ms=0))
+    assert len(plain) == len(blob)
+    assert len(zlib.compress(plain)) < 0.05 * len(plain)
+    assert [parse_event(v)[0] is not None for v in values] == [True] * len(values)

@@ -198,7 +198,8 @@ class RoutedStageA(StatefulProcessor):
         for row in rows:
             {"install": installs, "event": events, "evict": evicts}[row.kind].append(row)
         agg = self.aggregate
-        stored = self.state.get() if self.state.exists() else None
+        # get() is None when the group holds no state: one call to the JVM, not two.
+        stored = self.state.get()
         held = (
             HeldState(agg.decode(stored[0]), int(stored[1]), int(stored[2]))
             if stored
