@@ -163,7 +163,12 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
     # The reconfigurations happened while events were still arriving.
     moved = pd.DataFrame(_records(broker, settings.migration_topic))
     assert set(moved["operator"]) == {"A", "B"}
-    assert moved["marker"].nunique() >= 3, "A and B moved in v2, again in v3"
+    switches = moved.groupby("marker")["operator"].agg(frozenset)
+    assert len(switches) >= 2, "A and B moved in v2, again in v3"
+    # One publish carries both PROPAGATEs, so both stages switch in one batch
+    # (its plan id is the moves' marker); read at two boundaries, B would
+    # switch one batch later, which is why only one rollout must show it.
+    assert frozenset({"A", "B"}) in set(switches), switches
     metrics = _records(broker, settings.metrics_topic)
     assert metrics[-1]["versions"] == {"A": 3, "B": 3}
     assert any(m["versions"] == {"A": 1, "B": 1} and m["rows"] > 0 for m in metrics)
