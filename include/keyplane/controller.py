@@ -316,9 +316,9 @@ class Controller:
             self._channel.ensure()
             self._topic_ready = True
 
-    def _publish(self, message: ControlMessage) -> None:
+    def _publish(self, *messages: ControlMessage) -> None:
         self._ensure_topic()
-        self._channel.send([message])
+        self._channel.send(messages)
 
     def prepare(self, version: int) -> ControlMessage:
         """Send PREPARE for stored ``version``, with the checksum the store records.
@@ -361,8 +361,7 @@ class Controller:
                 saved,
                 saved.model_copy(update={"protocol": protocol.state, "read_offset": offset}),
             )
-            self._ensure_topic()
-            self._channel.send(messages)
+            self._publish(*messages)
         return messages
 
     def propagate(self, operator: str) -> ControlMessage:

@@ -91,8 +91,8 @@ def _random_pad(seq: int, length: int) -> str:
 
 def encode_batch(batch: EventBatch, ts_ms: int) -> Iterator[bytes]:
     """Encode every event of ``batch`` as UTF-8 JSON, in order."""
-    pads = {int(n): "x" * int(n) for n in set(batch.pad.tolist())}
     random_fill = batch.pad_fill == "random"
+    pads = {} if random_fill else {int(n): "x" * int(n) for n in set(batch.pad.tolist())}
     for i, (a, b, pad) in enumerate(
         zip(batch.a.tolist(), batch.b.tolist(), batch.pad.tolist(), strict=True)
     ):

@@ -99,6 +99,8 @@ IgnoreReason = Literal[
 
 Outcome = Literal["applied", "duplicate", "held", "ignored"]
 OperatorPhase = Literal["steady", "prepared", "switching", "migrated", "reverting"]
+PROPAGATED: frozenset[OperatorPhase] = frozenset({"switching", "migrated"})
+"""The phases of an operator that was propagated: it routes on the pending version."""
 ControllerPhase = Literal["idle", "preparing", "prepared", "propagating", "migrated"]
 
 Clock = Callable[[], datetime]
@@ -374,13 +376,13 @@ class JobState(BaseModel):
                 raise ValueError(f"{name} is {state.phase} while {rollout} is pending")
             if state.phase == "reverting" and state.reverting_from is None:
                 raise ValueError(f"{name} is reverting but names no version it reverts from")
-            if state.phase in ("switching", "migrated") and state.propagated_by is None:
+            if state.phase in PROPAGATED and state.propagated_by is None:
                 raise ValueError(f"{name} is {state.phase} but was never propagated")
             if (state.phase == "migrated") != (state.migrated is not None):
                 raise ValueError(f"{name}: a MIGRATED reply exists exactly when migrated")
             upstream = {u: self.phases[u].phase for u in self.operators[:index]}
-            if state.phase in ("switching", "migrated"):
-                behind = [u for u, p in upstream.items() if p not in ("switching", "migrated")]
+            if state.phase in PROPAGATED:
+                behind = [u for u, p in upstream.items() if p not in PROPAGATED]
                 if behind:
                     raise ValueError(f"{name} moved before its upstream {', '.join(behind)}")
             if state.phase == "migrated":
@@ -668,7 +670,7 @@ class JobProtocol:
 
     def _routes_on(self, operator: str) -> int:
         state = self._state
-        if state.phases[operator].phase in ("switching", "migrated"):
+        if state.phases[operator].phase in PROPAGATED:
             assert state.pending is not None
             return state.pending.version
         return state.active_version
@@ -874,11 +876,7 @@ class JobProtocol:
             assert current.migrated is not None
             return _duplicate(f"{name} already migrated to v{pending.version}", (current.migrated,))
         position = state.operators.index(name)
-        behind = [
-            u
-            for u in state.operators[:position]
-            if state.phases[u].phase not in ("switching", "migrated")
-        ]
+        behind = [u for u in state.operators[:position] if state.phases[u].phase not in PROPAGATED]
         if behind:
             return _ignored(
                 "upstream_not_propagated",
