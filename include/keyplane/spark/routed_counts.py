@@ -210,24 +210,21 @@ class RoutedStageA(StatefulProcessor):
         )
         key_a = (installs or events or evicts)[0].a
         instance, executor = _task_partition(), executor_id()
-        forward = self.forward
         for source in sources:
-            yield _a_report(forward, "report", key_a, source, count=0, state=self.zero_text)
+            yield self._report("report", key_a, source, count=0, state=self.zero_text)
         state, count = held.state, held.count
         if events:
             state = agg.add(state, [row.b for row in events])
             count += len(events)
         text = agg.encode(state)
         if installs and not events:
-            yield _a_report(
-                forward, "report", key_a, group, count=count, state=text, instance=instance
-            )
+            yield self._report("report", key_a, group, count=count, state=text, instance=instance)
         if events:
             yield from self._to_stage_b(group, key_a, events, (instance, executor), count, text)
         if evicts:
             if count > 0:
-                yield _a_report(
-                    forward, "moved", key_a, group, count=count, state=text,
+                yield self._report(
+                    "moved", key_a, group, count=count, state=text,
                     target=evicts[0].target_rk, marker=evicts[0].marker,
                 )  # fmt: skip
             self.state.clear()
@@ -281,31 +278,30 @@ class RoutedStageA(StatefulProcessor):
                 marker=None, detail=None,
             )  # fmt: skip
 
+    def _report(
+        self,
+        kind: str,
+        key: str,
+        routed: str,
+        *,
+        count: int,
+        state: str,
+        instance: int | None = None,
+        target: str | None = None,
+        marker: int | None = None,
+    ) -> Row:
+        """A ``report`` (a partial; zero for a tombstone) or ``moved`` row for the sink.
+
+        It reaches the sink through stage B in a control group.
+        """
+        return _stage_a_row(
+            self.forward, kind=kind, stage="A", a=key, ra=routed, ia=instance, ea=None, b=None,
+            rb=control_group("A", routed, self.parallelism), n=None, count=count, state=state,
+            ts=None, source_rk=None, target_rk=target, marker=marker, detail=None,
+        )  # fmt: skip
+
     def close(self) -> None:
         pass
-
-
-def _a_report(
-    forward: Forward,
-    kind: str,
-    key: str,
-    routed: str,
-    *,
-    count: int,
-    state: str,
-    instance: int | None = None,
-    target: str | None = None,
-    marker: int | None = None,
-) -> Row:
-    """A stage-A ``report`` (a partial; zero for a tombstone) or ``moved`` row for the sink.
-
-    It reaches the sink through stage B under a reserved grouping value.
-    """
-    return _stage_a_row(
-        forward, kind=kind, stage="A", a=key, ra=routed, ia=instance, ea=None, b=None,
-        rb=control_group("A", routed), n=None, count=count, state=state, ts=None,
-        source_rk=None, target_rk=target, marker=marker, detail=None,
-    )  # fmt: skip
 
 
 def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:

@@ -56,6 +56,7 @@ null event time: the watermark ignores them and never treats them as late.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections import Counter
@@ -75,6 +76,7 @@ from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, parse_event
 from keyplane.handoff import VersionedTables, pick_route
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
+from keyplane.routedkeys import find_salt, routed_key, spark_partition
 from keyplane.spark.kafka_source import KafkaInputPartition, KafkaSourceOptionError, read_partition
 
 if TYPE_CHECKING:
@@ -125,9 +127,29 @@ def routed_input_schema(forward: Forward) -> str:
     return ROUTED_INPUT_SCHEMA if forward == "pairs" else f"{ROUTED_INPUT_SCHEMA}, {PAD_COLUMN}"
 
 
-def control_group(stage: str, routed_key: str) -> str:
-    """The stage-A grouping value under which a row for ``stage`` travels through A."""
-    return f"{CONTROL_PREFIX}{stage}{routed_key}"
+def control_group(stage: str, about: str, parallelism: int) -> str:
+    """The grouping value under which a control row about ``about`` travels.
+
+    Rows for stage B travel through stage A under it, and stage A's reports
+    reach the sink through stage B under it. There is one such group per
+    ``stage`` and instance, not one per routed key: every group costs a
+    stateful operator one Python call with its own state-server round trips,
+    so a rollout that moves 10,000 keys would otherwise add 10,000 groups to
+    each of its batches. A row travels in the group of its routed key's own
+    instance (``spark_partition(about)``), so control work spreads over the
+    instances as the keys do.
+    """
+    return _control_groups(stage, parallelism)[spark_partition(about, parallelism)]
+
+
+@functools.cache
+def _control_groups(stage: str, parallelism: int) -> tuple[str, ...]:
+    """The control groups of ``stage``, the i-th salted onto instance i."""
+    prefix = f"{CONTROL_PREFIX}{stage}"
+    return tuple(
+        routed_key(prefix, find_salt(prefix, instance, parallelism))
+        for instance in range(parallelism)
+    )
 
 
 @dataclass(frozen=True)
@@ -169,6 +191,7 @@ class MigrationPartition(InputPartition):
     """Moved states written by the previous batch: become install rows."""
 
     records: KafkaInputPartition
+    parallelism: int
     forward: Forward = "pairs"
 
 
@@ -223,7 +246,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
                         "value": (value or b"")[:1024].decode("utf-8", "replace"),
                     }
                 )
-                out.add(kind="invalid", ra=control_group("I", source), detail=detail)
+                out.add(kind="invalid", ra=control_group("I", source, p.parallelism), detail=detail)
                 continue
             seq, a = event["seq"], event["a"]
             pad = event.get("pad") if tuples else None
@@ -255,7 +278,12 @@ def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
         if s.operator == "A":
             out.add(a=move.key, ra=move.source, **common)
         else:
-            out.add(b=move.key, rb=move.source, ra=control_group("B", move.source), **common)
+            out.add(
+                b=move.key,
+                rb=move.source,
+                ra=control_group("B", move.source, p.parallelism),
+                **common,
+            )
     yield out.batch()
 
 
@@ -279,7 +307,7 @@ def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
                 out.add(
                     b=move["key"],
                     rb=move["target"],
-                    ra=control_group("B", move["target"]),
+                    ra=control_group("B", move["target"], p.parallelism),
                     **common,
                 )
         yield out.batch()
@@ -522,7 +550,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                 kafka = KafkaInputPartition(
                     self.bootstrap_servers, self.migration_topic, int(part), begin, int(stop)
                 )
-                out.append(MigrationPartition(kafka, self.forward))
+                out.append(MigrationPartition(kafka, self.parallelism, self.forward))
         return out
 
     def commit(self, end: dict[str, Any]) -> None:

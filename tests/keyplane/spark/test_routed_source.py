@@ -10,6 +10,7 @@ import pytest
 
 from keyplane.config import RoutingConfig, save
 from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
+from keyplane.routedkeys import spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaInputPartition, KafkaSourceOptionError
 from keyplane.spark.routed_source import (
@@ -47,8 +48,20 @@ def test_invalid_records_say_why_pure(raw: bytes | None, reason: str) -> None:
 
 
 def test_control_groups_cannot_collide_with_keys_pure() -> None:
-    assert control_group("B", "k").startswith("\x00")
-    assert control_group("A", "k") != control_group("B", "k")
+    assert control_group("B", "k", 4).startswith("\x00")
+    assert control_group("A", "k", 4) != control_group("B", "k", 4)
+
+
+def test_control_rows_share_one_group_per_instance_pure() -> None:
+    """10,000 routed keys' control rows travel in P groups, each on its own instance,
+    the group of the routed key's instance: one Python call per instance, not per key."""
+    p = 4
+    keys = [f"key{i}#{i % 7}" for i in range(10_000)]
+    groups = {control_group("A", key, p) for key in keys}
+    assert len(groups) == p
+    assert sorted(spark_partition(group, p) for group in groups) == list(range(p))
+    for key in keys[:200]:
+        assert spark_partition(control_group("B", key, p), p) == spark_partition(key, p)
 
 
 @pytest.mark.parametrize("forward", ["pairs", "tuples"])
