@@ -50,7 +50,8 @@ group before its state, which is what the buffer of 000 §3.4 guarantees.
 
 Rows addressed to stage B travel through stage A under a reserved grouping
 value (``CONTROL_PREFIX``) that no key can take (:mod:`keyplane.routedkeys`
-never produces a leading NUL), and stage A forwards them. Control rows carry a
+never produces a leading NUL), and stage A forwards them; there is one such
+group per instance (:func:`control_group`). Control rows carry a
 null event time: the watermark ignores them and never treats them as late.
 """
 
