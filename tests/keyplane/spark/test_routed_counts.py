@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 from pyspark.sql import Row
 
@@ -35,7 +36,12 @@ from keyplane.spark.counts_job import (
     read_partials,
     start_counts_query,
 )
-from keyplane.spark.routed_counts import RoutedStageA, take_installs
+from keyplane.spark.routed_counts import (
+    ROUTED_OUTPUT_SCHEMA,
+    RoutedStageA,
+    _output,
+    take_installs,
+)
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
 from keyplane.testing import routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
@@ -217,6 +223,30 @@ def test_take_installs_is_idempotent_per_marker_and_source_pure() -> None:
     assert take_installs(installs, installed_marker=7) == ([], 7, [])
     # A newer hand-off (marker 9) applies on top.
     assert take_installs([("h#2", ("4", 4), 9)], installed_marker=7) == ([("4", 4)], 9, ["h#2"])
+
+
+def test_output_frames_convert_to_the_output_schema_with_nulls_kept_pure() -> None:
+    """A string column whose values are all missing (None, or NaN as pandas reads a
+    null string) stays a null string column, and integer columns with gaps keep
+    their integers, as Arrow converts stage B's frames for Spark."""
+    arrow_types = {"STRING": pa.string(), "INT": pa.int32(), "LONG": pa.int64()}
+    schema = pa.schema(
+        [
+            (name, arrow_types[kind])
+            for name, kind in (f.split() for f in ROUTED_OUTPUT_SCHEMA.split(", "))
+        ]
+    )
+    rows = [
+        {"kind": "count", "stage": "B", "key": "k", "routed_key": "k#3", "instance": 2,
+         "count": 7, "state": "7", "target": float("nan")},
+        {"kind": "hop", "instance": 1, "upstream": 0, "n": 5, "target": None},
+    ]  # fmt: skip
+    table = pa.Table.from_pandas(_output(rows), schema=schema, preserve_index=False)
+    assert table.column("target").to_pylist() == [None, None]
+    assert table.column("detail").to_pylist() == [None, None]
+    assert table.column("count").to_pylist() == [7, None]
+    assert table.column("upstream").to_pylist() == [None, 0]
+    assert table.column("kind").to_pylist() == ["count", "hop"]
 
 
 def test_sink_keeps_each_partials_latest_state_and_readers_merge_it_pure() -> None:
