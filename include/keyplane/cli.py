@@ -494,6 +494,7 @@ def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
         stage_a_aggregate=specs[0],
         stage_b_aggregate=specs[1],
         forward=getattr(args, "forward", "pairs"),
+        restarts=getattr(args, "restarts", 0),
     )
 
 
@@ -688,6 +689,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="what stage A sends stage B: one row per (field-1, field-2) pair and micro-batch "
         "with its weight (pairs), or every tuple with its padding, so the shuffle between the "
         "stages carries the tuples (tuples) (default: pairs)",
+    )
+    job_start.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        help="start the query again from its checkpoint, in the same process, up to this many "
+        "times after it fails (a broker down past the producers' delivery timeout, a failed "
+        "task); the failed batch is replayed exactly (default: 0, the job ends)",
     )
     job_start.add_argument(
         "--timeout",

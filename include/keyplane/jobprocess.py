@@ -234,7 +234,10 @@ class JobProcess:
         stage_a_aggregate: str | None = None,
         stage_b_aggregate: str | None = None,
         forward: Forward = "pairs",
+        restarts: int = 0,
     ) -> None:
+        if restarts < 0:
+            raise JobError(f"restarts must be 0 or more, not {restarts}")
         for spec in (stage_a_aggregate, stage_b_aggregate):
             if spec is not None:
                 load_aggregate(spec)
@@ -249,6 +252,7 @@ class JobProcess:
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.master = master or settings.spark_master
         self.forward = forward
+        self.restarts = restarts
         self.aggregates = {
             "A": canonical_spec(stage_a_aggregate),
             "B": canonical_spec(stage_b_aggregate),
@@ -281,6 +285,8 @@ class JobProcess:
                 values[f"stage_{stage.lower()}_aggregate"] = spec
         if self.forward != "pairs":
             values["forward"] = self.forward
+        if self.restarts:
+            values["restarts"] = self.restarts
         return CountsJobSettings.model_validate(values)
 
     # --- the pid file ----------------------------------------------------------------------

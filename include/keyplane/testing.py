@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -255,3 +256,55 @@ def check_aggregate_laws(aggregate: KeyedAggregate[Any], batches: Sequence[Seque
     whole = add(zero, [value for batch in batches for value in batch])
     same(merged, whole, "merging the partials == adding every value to zero")
     same(running, whole, "adding batch after batch == adding every value at once")
+
+
+FAIL_ONCE_DIR_ENV = "KEYPLANE_FAIL_ONCE_DIR"
+"""Directory through which a test arms :class:`FailsOnceWhenArmed` in a job's Spark tasks."""
+
+
+class InjectedFailure(RuntimeError):
+    """The failure :class:`FailsOnceWhenArmed` raises inside a Spark task."""
+
+
+class FailsOnceWhenArmed:
+    """A running count whose ``add`` fails once, in whichever task first sees it armed.
+
+    For testing a job's recovery from a failed micro-batch: the test starts
+    the job with ``KEYPLANE_FAIL_ONCE_DIR`` set (Spark's Python workers
+    inherit the job's environment), lets some batches commit, then creates
+    ``armed`` in that directory. The next ``add`` creates ``fired`` and
+    raises :class:`InjectedFailure`, which fails the batch and the query;
+    every later ``add`` counts normally. Use it as a stage's aggregate,
+    ``keyplane.testing:FailsOnceWhenArmed``.
+    """
+
+    def __init__(self) -> None:
+        from keyplane.aggregates import RunningCount
+
+        self._count = RunningCount()
+
+    def zero(self) -> int:
+        return self._count.zero()
+
+    def add(self, state: int, values: Sequence[str]) -> int:
+        folder = os.environ.get(FAIL_ONCE_DIR_ENV)
+        if folder and (Path(folder) / "armed").exists():
+            try:
+                (Path(folder) / "fired").touch(exist_ok=False)
+            except FileExistsError:
+                pass
+            else:
+                raise InjectedFailure(f"injected failure of one micro-batch ({folder})")
+        return self._count.add(state, values)
+
+    def merge(self, a: int, b: int) -> int:
+        return self._count.merge(a, b)
+
+    def result(self, state: int) -> int:
+        return self._count.result(state)
+
+    def encode(self, state: int) -> str:
+        return self._count.encode(state)
+
+    def decode(self, text: str) -> int:
+        return self._count.decode(text)

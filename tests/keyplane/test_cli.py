@@ -382,6 +382,21 @@ def test_job_start_passes_the_forward_mode_to_the_job_and_refuses_an_unknown_one
     assert not (tmp_path / "job" / "job.pid").exists()
 
 
+def test_job_start_passes_restarts_to_the_job_and_refuses_a_negative_count(
+    tmp_path: Path,
+) -> None:
+    def command(*flags: str) -> list[str]:
+        args = build_parser().parse_args(["job", "start", *flags])
+        return job_command(_job_process(Settings(home=tmp_path), args).job_settings())
+
+    assert command("--restarts", "3")[-2:] == ["--restarts", "3"]
+    assert "--restarts" not in command()  # the default stays the job's own default
+    result = _keyplane(tmp_path, "job", "start", "--restarts", "-1")
+    assert result.returncode != 0
+    assert "restarts must be 0 or more, not -1" in result.stderr
+    assert not (tmp_path / "job" / "job.pid").exists()
+
+
 def test_job_start_with_an_unloadable_aggregate_is_one_line_and_starts_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import signal
 import sys
 import threading
@@ -62,6 +63,8 @@ from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge
 from keyplane.spark.routed_source import OPERATORS, read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
+
+log = logging.getLogger(__name__)
 
 
 class CountsJobSettings(BaseModel):
@@ -132,6 +135,16 @@ class CountsJobSettings(BaseModel):
         description="What the routed job's stage A sends stage B: 'pairs', one row per "
         "(field-1 routed key, field-2 key) and micro-batch with its weight; 'tuples', every "
         "tuple with its padding (paper 000 §4.1), so the A→B shuffle carries the tuples.",
+    )
+    restarts: int = Field(
+        default=0,
+        ge=0,
+        description="How many times a failed query is started again from its checkpoint, "
+        "in the same session: a batch whose records the broker never acknowledged "
+        "(DeliveryError), a task that failed. 0: the job ends with the query's error.",
+    )
+    restart_delay_s: float = Field(
+        default=10.0, ge=0, description="Wait before each restart, so that a broker can return."
     )
 
     @field_validator("stage_a_aggregate", "stage_b_aggregate")
@@ -374,12 +387,17 @@ def run_counts_job(
     """Run until a stop condition holds or ``should_stop()`` (else forever).
 
     A routed job also publishes each batch's metrics to the metrics topic.
+    A query that fails is started again from its checkpoint up to
+    ``settings.restarts`` times (:class:`QueryRestarts`); the checkpoint
+    replays the failed batch with the offsets, routing and moves it was
+    planned with, so counts stay exact.
     """
     spark = build_session(
         "keyplane-running-counts", settings.master, shuffle_partitions=settings.shuffle_partitions
     )
+    restarts = QueryRestarts(settings.restarts, settings.restart_delay_s, should_stop)
     try:
-        query = start_counts_query(spark, settings)
+        query = restarts.start(lambda: start_counts_query(spark, settings))
     except BaseException:
         spark.stop()
         raise
@@ -387,7 +405,14 @@ def run_counts_job(
     history: list[BatchProgress] = []
     idle_since = time.monotonic()
     try:
-        while query.isActive and not (should_stop is not None and should_stop()):
+        while not (should_stop is not None and should_stop()):
+            if not query.isActive:
+                if query.exception() is None:
+                    break
+                query = restarts.after_failure(
+                    query.exception(), lambda: start_counts_query(spark, settings)
+                )
+                continue
             time.sleep(0.5)
             for raw_progress in query.recentProgress:
                 progress = progress_of(raw_progress)
@@ -413,12 +438,63 @@ def run_counts_job(
                 and time.monotonic() - idle_since > settings.stop_when_idle_s
             ):
                 break
-        if query.exception() is not None:
-            raise RuntimeError(f"streaming query failed: {query.exception()}")
     finally:
         query.stop()
         spark.stop()
     return history
+
+
+class QueryRestarts:
+    """Starts a query again from its checkpoint after it fails, a bounded number of times.
+
+    Why in the driver: a query that fails (a broker down longer than the
+    producers' delivery timeout, a task error) has committed nothing of its
+    failed batch, and Spark replays that batch only when the query starts
+    again. A process supervisor could restart the whole job, but it would pay
+    for a new JVM and session; a restart here reuses both. A start that
+    fails too (the broker still down) uses up a restart of its own.
+    """
+
+    def __init__(
+        self, restarts: int, delay_s: float, should_stop: Callable[[], bool] | None = None
+    ) -> None:
+        self.left = restarts
+        self.delay_s = delay_s
+        self.should_stop = should_stop
+        self.errors: list[str] = []
+
+    def start(self, start_query: Callable[[], StreamingQuery]) -> StreamingQuery:
+        """``start_query()``, tried again after a failure while restarts are left."""
+        while True:
+            try:
+                return start_query()
+            except Exception as error:
+                if self.left == 0:
+                    raise
+                self._wait_after(error)
+
+    def after_failure(
+        self, error: object, start_query: Callable[[], StreamingQuery]
+    ) -> StreamingQuery:
+        """The query started again after it failed with ``error``; raises if none are left."""
+        if self.left == 0:
+            raise RuntimeError(f"streaming query failed: {error}")
+        self._wait_after(error)
+        return self.start(start_query)
+
+    def _wait_after(self, error: object) -> None:
+        self.left -= 1
+        self.errors.append(str(error).splitlines()[0] if str(error) else repr(error))
+        log.warning(
+            "streaming query failed (%s); starting it again from its checkpoint in %.0f s "
+            "(%d restart(s) left)",
+            self.errors[-1], self.delay_s, self.left,
+        )  # fmt: skip
+        deadline = time.monotonic() + self.delay_s
+        while time.monotonic() < deadline:
+            if self.should_stop is not None and self.should_stop():
+                raise RuntimeError(f"stopped while waiting to restart after: {error}")
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
 def _print_progress(p: BatchProgress) -> None:
@@ -474,6 +550,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         help="what the routed job's stage A sends stage B: a weight per pair and batch "
         "(pairs, the default) or every tuple with its padding (tuples)",
     )
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        help="start a failed query again from its checkpoint up to this many times (default 0)",
+    )
+    parser.add_argument("--restart-delay-s", type=float, help="wait before each restart")
     args = parser.parse_args(argv)
     return CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
 

@@ -197,12 +197,16 @@ class MetricsListener(StreamingQueryListener):
     what the sink measured with the progress figures (rows, rate, duration,
     lag) and the routing the batch was planned with (from the source's end
     offset, :mod:`keyplane.spark.routed_source`).
+
+    It hears one *run* of the query: a query started again from its
+    checkpoint keeps its id, gets a new run and a new listener, and the old
+    listener stays silent.
     """
 
     def __init__(self, writer: RoutedBatchWriter, topic: str) -> None:
         self.writer = writer
         self.topic = topic
-        self.query_id: str | None = None
+        self.run_id: str | None = None
         self._producer: Any = None
 
     @classmethod
@@ -210,7 +214,7 @@ class MetricsListener(StreamingQueryListener):
         cls, spark: SparkSession, query: StreamingQuery, writer: RoutedBatchWriter, topic: str
     ) -> MetricsListener:
         listener = cls(writer, topic)
-        listener.query_id = str(query.id)
+        listener.run_id = str(query.runId)
         spark.streams.addListener(listener)
         return listener
 
@@ -221,7 +225,7 @@ class MetricsListener(StreamingQueryListener):
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        if str(event.progress.id) != self.query_id:
+        if str(event.progress.runId) != self.run_id:
             return
         record = self.record(json.loads(event.progress.json))
         if record is None:
@@ -277,7 +281,7 @@ class MetricsListener(StreamingQueryListener):
         )
 
     def onQueryTerminated(self, event: Any) -> None:
-        if str(event.id) != self.query_id:
+        if str(event.runId) != self.run_id:
             return
         if self._producer is not None:
             self._producer.close(timeout=10)
