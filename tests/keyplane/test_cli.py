@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -367,13 +368,16 @@ def test_job_start_passes_the_stage_aggregates_to_the_job(
     assert "--stage-a-aggregate" not in command
 
 
+def _job_start_command(home: Path, *flags: str) -> list[str]:
+    """The job's command line that ``keyplane job start FLAGS`` would run."""
+    args = build_parser().parse_args(["job", "start", *flags])
+    return job_command(_job_process(Settings(home=home), args).job_settings())
+
+
 def test_job_start_passes_the_forward_mode_to_the_job_and_refuses_an_unknown_one(
     tmp_path: Path,
 ) -> None:
-    def command(*flags: str) -> list[str]:
-        args = build_parser().parse_args(["job", "start", *flags])
-        return job_command(_job_process(Settings(home=tmp_path), args).job_settings())
-
+    command = functools.partial(_job_start_command, tmp_path)
     assert command("--forward", "tuples")[-2:] == ["--forward", "tuples"]
     assert "--forward" not in command()  # the default stays the job's own default
     result = _keyplane(tmp_path, "job", "start", "--forward", "tuple")
@@ -385,10 +389,7 @@ def test_job_start_passes_the_forward_mode_to_the_job_and_refuses_an_unknown_one
 def test_job_start_passes_restarts_to_the_job_and_refuses_a_negative_count(
     tmp_path: Path,
 ) -> None:
-    def command(*flags: str) -> list[str]:
-        args = build_parser().parse_args(["job", "start", *flags])
-        return job_command(_job_process(Settings(home=tmp_path), args).job_settings())
-
+    command = functools.partial(_job_start_command, tmp_path)
     assert command("--restarts", "3")[-2:] == ["--restarts", "3"]
     assert "--restarts" not in command()  # the default stays the job's own default
     result = _keyplane(tmp_path, "job", "start", "--restarts", "-1")
