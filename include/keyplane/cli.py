@@ -495,6 +495,7 @@ def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
         stage_b_aggregate=specs[1],
         forward=getattr(args, "forward", "pairs"),
         restarts=getattr(args, "restarts", 0),
+        restart_delay_s=getattr(args, "restart_delay", None),
     )
 
 
@@ -697,6 +698,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the query again from its checkpoint, in the same process, up to this many "
         "times after it fails (a broker down past the producers' delivery timeout, a failed "
         "task); the failed batch is replayed exactly (default: 0, the job ends)",
+    )
+    job_start.add_argument(
+        "--restart-delay",
+        type=_seconds,
+        help="wait this long before each restart, so that a broker can return (default: 10)",
     )
     job_start.add_argument(
         "--timeout",

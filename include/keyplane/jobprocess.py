@@ -235,9 +235,12 @@ class JobProcess:
         stage_b_aggregate: str | None = None,
         forward: Forward = "pairs",
         restarts: int = 0,
+        restart_delay_s: float | None = None,
     ) -> None:
         if restarts < 0:
             raise JobError(f"restarts must be 0 or more, not {restarts}")
+        if restart_delay_s is not None and restart_delay_s < 0:
+            raise JobError(f"the restart delay must be 0 s or more, not {restart_delay_s}")
         for spec in (stage_a_aggregate, stage_b_aggregate):
             if spec is not None:
                 load_aggregate(spec)
@@ -253,6 +256,7 @@ class JobProcess:
         self.master = master or settings.spark_master
         self.forward = forward
         self.restarts = restarts
+        self.restart_delay_s = restart_delay_s
         self.aggregates = {
             "A": canonical_spec(stage_a_aggregate),
             "B": canonical_spec(stage_b_aggregate),
@@ -287,6 +291,8 @@ class JobProcess:
             values["forward"] = self.forward
         if self.restarts:
             values["restarts"] = self.restarts
+        if self.restart_delay_s is not None:
+            values["restart_delay_s"] = self.restart_delay_s
         return CountsJobSettings.model_validate(values)
 
     # --- the pid file ----------------------------------------------------------------------

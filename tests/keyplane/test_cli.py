@@ -391,6 +391,9 @@ def test_job_start_passes_restarts_to_the_job_and_refuses_a_negative_count(
 ) -> None:
     command = functools.partial(_job_start_command, tmp_path)
     assert command("--restarts", "3")[-2:] == ["--restarts", "3"]
+    assert command("--restarts", "3", "--restart-delay", "2")[-4:] == [
+        "--restarts", "3", "--restart-delay-s", "2.0",
+    ]  # fmt: skip
     assert "--restarts" not in command()  # the default stays the job's own default
     result = _keyplane(tmp_path, "job", "start", "--restarts", "-1")
     assert result.returncode != 0

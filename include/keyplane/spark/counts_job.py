@@ -398,6 +398,9 @@ def run_counts_job(
     restarts = QueryRestarts(settings.restarts, settings.restart_delay_s, should_stop)
     try:
         query = restarts.start(lambda: start_counts_query(spark, settings))
+    except RestartStopped:
+        spark.stop()
+        return []
     except BaseException:
         spark.stop()
         raise
@@ -409,9 +412,12 @@ def run_counts_job(
             if not query.isActive:
                 if query.exception() is None:
                     break
-                query = restarts.after_failure(
-                    query.exception(), lambda: start_counts_query(spark, settings)
-                )
+                try:
+                    query = restarts.after_failure(
+                        query.exception(), lambda: start_counts_query(spark, settings)
+                    )
+                except RestartStopped:
+                    break
                 continue
             time.sleep(0.5)
             for raw_progress in query.recentProgress:
@@ -442,6 +448,10 @@ def run_counts_job(
         query.stop()
         spark.stop()
     return history
+
+
+class RestartStopped(Exception):
+    """A stop was asked while a failed query waited to start again; the job ends cleanly."""
 
 
 class QueryRestarts:
@@ -493,7 +503,7 @@ class QueryRestarts:
         deadline = time.monotonic() + self.delay_s
         while time.monotonic() < deadline:
             if self.should_stop is not None and self.should_stop():
-                raise RuntimeError(f"stopped while waiting to restart after: {error}")
+                raise RestartStopped(f"stopped while waiting to restart after: {error}")
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 

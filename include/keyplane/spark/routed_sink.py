@@ -31,7 +31,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 from kafka.errors import KafkaError
@@ -199,9 +199,12 @@ class MetricsListener(StreamingQueryListener):
     offset, :mod:`keyplane.spark.routed_source`).
 
     It hears one *run* of the query: a query started again from its
-    checkpoint keeps its id, gets a new run and a new listener, and the old
-    listener stays silent.
+    checkpoint keeps its id and gets a new run, and attaching the new run's
+    listener removes the old run's.
     """
+
+    _attached: ClassVar[dict[str, MetricsListener]] = {}
+    """The listener attached to each query id in this driver."""
 
     def __init__(self, writer: RoutedBatchWriter, topic: str) -> None:
         self.writer = writer
@@ -215,7 +218,11 @@ class MetricsListener(StreamingQueryListener):
     ) -> MetricsListener:
         listener = cls(writer, topic)
         listener.run_id = str(query.runId)
+        previous = cls._attached.pop(str(query.id), None)
+        if previous is not None:
+            spark.streams.removeListener(previous)
         spark.streams.addListener(listener)
+        cls._attached[str(query.id)] = listener
         return listener
 
     def onQueryStarted(self, event: Any) -> None:

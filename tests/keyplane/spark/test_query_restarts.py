@@ -24,7 +24,12 @@ from keyplane.jobprocess import read_metrics_topic
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.routedkeys import spark_partition
-from keyplane.spark.counts_job import CountsJobSettings, QueryRestarts, read_output
+from keyplane.spark.counts_job import (
+    CountsJobSettings,
+    QueryRestarts,
+    RestartStopped,
+    read_output,
+)
 from keyplane.testing import (
     FAIL_ONCE_DIR_ENV,
     routed_job_topics,
@@ -76,7 +81,7 @@ def test_a_start_that_fails_uses_a_restart_and_without_one_raises_as_is_pure() -
 
 def test_a_stop_while_waiting_to_restart_ends_the_wait_pure() -> None:
     restarts = QueryRestarts(1, delay_s=60, should_stop=lambda: True)
-    with pytest.raises(RuntimeError, match="stopped while waiting to restart"):
+    with pytest.raises(RestartStopped, match="stopped while waiting to restart"):
         restarts.after_failure("task failed", _FakeQuery)
 
 
