@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 from keyplane import config as config_store
+from keyplane.aggregates import RunningCount
 from keyplane.kafka.control import ControlChannel
 from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
 
@@ -266,7 +267,7 @@ class InjectedFailure(RuntimeError):
     """The failure :class:`FailsOnceWhenArmed` raises inside a Spark task."""
 
 
-class FailsOnceWhenArmed:
+class FailsOnceWhenArmed(RunningCount):
     """A running count whose ``add`` fails once, in whichever task first sees it armed.
 
     For testing a job's recovery from a failed micro-batch: the test starts
@@ -278,14 +279,6 @@ class FailsOnceWhenArmed:
     ``keyplane.testing:FailsOnceWhenArmed``.
     """
 
-    def __init__(self) -> None:
-        from keyplane.aggregates import RunningCount
-
-        self._count = RunningCount()
-
-    def zero(self) -> int:
-        return self._count.zero()
-
     def add(self, state: int, values: Sequence[str]) -> int:
         folder = os.environ.get(FAIL_ONCE_DIR_ENV)
         if folder and (Path(folder) / "armed").exists():
@@ -295,16 +288,4 @@ class FailsOnceWhenArmed:
                 pass
             else:
                 raise InjectedFailure(f"injected failure of one micro-batch ({folder})")
-        return self._count.add(state, values)
-
-    def merge(self, a: int, b: int) -> int:
-        return self._count.merge(a, b)
-
-    def result(self, state: int) -> int:
-        return self._count.result(state)
-
-    def encode(self, state: int) -> str:
-        return self._count.encode(state)
-
-    def decode(self, text: str) -> int:
-        return self._count.decode(text)
+        return super().add(state, values)

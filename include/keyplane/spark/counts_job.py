@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import signal
@@ -396,8 +397,9 @@ def run_counts_job(
         "keyplane-running-counts", settings.master, shuffle_partitions=settings.shuffle_partitions
     )
     restarts = QueryRestarts(settings.restarts, settings.restart_delay_s, should_stop)
+    start = functools.partial(start_counts_query, spark, settings)
     try:
-        query = restarts.start(lambda: start_counts_query(spark, settings))
+        query = restarts.start(start)
     except RestartStopped:
         spark.stop()
         return []
@@ -413,9 +415,7 @@ def run_counts_job(
                 if query.exception() is None:
                     break
                 try:
-                    query = restarts.after_failure(
-                        query.exception(), lambda: start_counts_query(spark, settings)
-                    )
+                    query = restarts.after_failure(query.exception(), start)
                 except RestartStopped:
                     break
                 continue
