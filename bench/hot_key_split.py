@@ -20,7 +20,8 @@ Reported: p50/p99 micro-batch duration, steady throughput, and max/avg
 tuples per instance of both stages over the run (from the job's metrics
 topic). Goals: p99 with splitting ≤ 0.6 × hash; max/avg ≤ 1.2 with splitting.
 
-    python bench/hot_key_split.py [--events 200000] [--exponent 2.0] [--out FILE]
+    python bench/hot_key_split.py [--events 200000] [--exponent 2.0] [--forward pairs|tuples]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from _harness import (
 
 from keyplane import statistics as stats
 from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.events import key_name
+from keyplane.events import FORWARD_MODES, key_name
 from keyplane.kafka.producer import produce_workload
 from keyplane.orchestration.planning import PlanParams, plan_configuration
 from keyplane.spark.counts_job import CountsJobSettings
@@ -104,6 +105,12 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=5_000)
     parser.add_argument("--batch", type=int, default=20_000)
     parser.add_argument("--alpha", type=float, default=1.1, help="the planned variant's α")
+    parser.add_argument(
+        "--forward",
+        choices=FORWARD_MODES,
+        default="pairs",
+        help="what stage A sends stage B: a weight per pair and batch, or every tuple",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -136,6 +143,7 @@ def main() -> None:
                     max_offsets_per_trigger=args.batch,
                     stop_at_offset_total=args.events,
                     routing_store=store,
+                    forward=args.forward,
                     **topics,
                 )
             )
@@ -159,7 +167,7 @@ def main() -> None:
     lines = [
         f"events: {args.events:,} zipf-evolving (s = {args.exponent}, {args.keys:,} keys), "
         f"hottest stage-A key {share:.0%} of tuples; {args.batch:,} per batch, {P} instances, "
-        "local[2]",
+        f"local[2]; stage A forwards {args.forward}",
         "",
         "| routing | hot keys A/B | p50 batch s | p99 batch s | steady rows/s "
         "| max/avg tuples A | max/avg tuples B |",

@@ -39,9 +39,8 @@ from keyplane.controller import Controller
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.protocol import Reconfiguration
-from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
-from keyplane.testing import routed_job_topics
+from keyplane.testing import moved_off_hash, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -153,17 +152,14 @@ def main() -> None:
     b_keys = truth.loc[truth["stage"] == "B", "key"].tolist()
     moved_a = a_keys.head(args.moved_keys).tolist()
 
-    def elsewhere(keys: list[str]) -> dict[str, int]:
-        return {k: (spark_partition(k, P) + 1) % P for k in keys}
-
     v1 = RoutingConfig.all_hash(P, ("A", "B"))
     v2 = RoutingConfig(
         version=2,
         parent_version=1,
         created_by="manual",
         operators={
-            "A": OperatorRouting(parallelism=P, table=elsewhere(moved_a)),
-            "B": OperatorRouting(parallelism=P, table=elsewhere(b_keys)),
+            "A": OperatorRouting(parallelism=P, table=moved_off_hash(moved_a, P)),
+            "B": OperatorRouting(parallelism=P, table=moved_off_hash(b_keys, P)),
         },
     )
     with private_broker() as (bootstrap, tmp):

@@ -41,10 +41,9 @@ from keyplane.controller import Controller, RolloutTimeout
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
-from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.spark.progress import PROGRESS_PREFIX
-from keyplane.testing import routed_job_topics, start_job_process
+from keyplane.testing import moved_off_hash, routed_job_topics, start_job_process
 from keyplane.verification import CountReport, compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -110,7 +109,7 @@ def versions_moving(
     ``parent`` is the version the job runs (an aborted rollout leaves the job on its parent)."""
 
     def moved(keys: list[str]) -> dict[str, int]:
-        return {k: (spark_partition(k, P) + 1) % P for k in keys} if version % 2 == 0 else {}
+        return moved_off_hash(keys, P) if version % 2 == 0 else {}
 
     return RoutingConfig(
         version=version,

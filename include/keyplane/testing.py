@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypedDict
@@ -22,6 +22,7 @@ from keyplane import config as config_store
 from keyplane.aggregates import RunningCount
 from keyplane.kafka.control import ControlChannel
 from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
+from keyplane.routedkeys import spark_partition
 
 if TYPE_CHECKING:
     from keyplane.aggregates import KeyedAggregate
@@ -57,6 +58,18 @@ def routed_job_topics(prefix: str) -> RoutedJobTopics:
         metrics_topic=f"{prefix}.metrics",
         dead_letter_topic=f"{prefix}.dead-letter",
     )
+
+
+def moved_off_hash(keys: Iterable[str], parallelism: int, shift: int = 1) -> dict[str, int]:
+    """Table entries that put each key ``shift`` instances past its hash instance.
+
+    A routing table that moves keys for certain: ``shift`` (mod
+    ``parallelism``) other than 0 never names the instance hash routing
+    would pick, so every key in it changes instance when the table goes live.
+    """
+    if shift % parallelism == 0:
+        raise ValueError(f"shift {shift} moves no key over {parallelism} instances")
+    return {key: (spark_partition(key, parallelism) + shift) % parallelism for key in keys}
 
 
 def start_job_process(settings: CountsJobSettings, log: Path) -> subprocess.Popen[bytes]:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings
-from keyplane.testing import routed_job_topics
+from keyplane.testing import moved_off_hash, routed_job_topics
 
 
 def test_routed_job_topics_are_settings_keywords_and_disjoint_between_jobs(
@@ -26,3 +29,20 @@ def test_routed_job_topics_are_settings_keywords_and_disjoint_between_jobs(
     )
     assert set(first.values()).isdisjoint(second.values())
     assert len(set(first.values())) == 4
+
+
+@pytest.mark.parametrize("shift", [1, 2, 3, 5])
+def test_moved_off_hash_moves_every_key_by_its_shift(shift: int) -> None:
+    keys = [f"k{i}" for i in range(200)]
+
+    table = moved_off_hash(keys, 4, shift)
+
+    assert list(table) == keys
+    for key, instance in table.items():
+        assert instance != spark_partition(key, 4)
+        assert (instance - spark_partition(key, 4)) % 4 == shift % 4
+
+
+def test_moved_off_hash_refuses_a_shift_that_moves_nothing() -> None:
+    with pytest.raises(ValueError, match="moves no key"):
+        moved_off_hash(["k1"], 4, 8)

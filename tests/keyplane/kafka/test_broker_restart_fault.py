@@ -29,9 +29,14 @@ from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
-from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
-from keyplane.testing import free_port, routed_job_topics, start_job_process, wait_while_job_runs
+from keyplane.testing import (
+    free_port,
+    moved_off_hash,
+    routed_job_topics,
+    start_job_process,
+    wait_while_job_runs,
+)
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -78,12 +83,10 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
             operators={
                 "A": OperatorRouting(
                     parallelism=P,
-                    table={k: (spark_partition(k, P) + 1) % P for k in a_keys[1:8]},
+                    table=moved_off_hash(a_keys[1:8], P),
                     hot_keys={a_keys[0]: (0, 2)},
                 ),
-                "B": OperatorRouting(
-                    parallelism=P, table={k: (spark_partition(k, P) + 2) % P for k in b_keys[:4]}
-                ),
+                "B": OperatorRouting(parallelism=P, table=moved_off_hash(b_keys[:4], P, 2)),
             },
         )
         save(v2, store)

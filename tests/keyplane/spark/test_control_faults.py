@@ -43,9 +43,13 @@ from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import make_producer, produce_workload
 from keyplane.protocol import ControlMessage, encode
-from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, read_output
-from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
+from keyplane.testing import (
+    moved_off_hash,
+    routed_job_topics,
+    start_job_process,
+    wait_while_job_runs,
+)
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -124,7 +128,7 @@ def test_the_job_refuses_forged_stale_and_unloadable_control_messages_and_stays_
     b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
     store = tmp_path / "routing"
     save(_plain(1, None), store)
-    save(_plain(2, 1, {k: (spark_partition(k, P) + 1) % P for k in a_keys[:6]}), store)
+    save(_plain(2, 1, moved_off_hash(a_keys[:6], P)), store)
 
     # v3: sealed, but its manifest is not a configuration (parallelism "four").
     save(_plain(3, 2), store)
@@ -156,12 +160,8 @@ def test_the_job_refuses_forged_stale_and_unloadable_control_messages_and_stays_
         parent_version=2,
         created_by="manual",
         operators={
-            "A": OperatorRouting(
-                parallelism=P, table={k: (spark_partition(k, P) + 2) % P for k in a_keys[:6]}
-            ),
-            "B": OperatorRouting(
-                parallelism=P, table={k: (spark_partition(k, P) + 1) % P for k in b_keys[:3]}
-            ),
+            "A": OperatorRouting(parallelism=P, table=moved_off_hash(a_keys[:6], P, 2)),
+            "B": OperatorRouting(parallelism=P, table=moved_off_hash(b_keys[:3], P)),
         },
     )
     save(v6, store)

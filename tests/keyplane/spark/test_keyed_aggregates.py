@@ -28,7 +28,6 @@ from keyplane.events import key_name
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
-from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     job_command,
@@ -37,7 +36,7 @@ from keyplane.spark.counts_job import (
     read_results,
     start_counts_query,
 )
-from keyplane.testing import routed_job_topics
+from keyplane.testing import moved_off_hash, routed_job_topics
 from keyplane.workloads import GeoTagsWorkload
 
 P = 4
@@ -70,10 +69,6 @@ def _records(broker: str, topic: str) -> list[dict]:
         consumer.close()
 
 
-def _elsewhere(keys: list[str], shift: int) -> dict[str, int]:
-    return {key: (spark_partition(key, P) + shift) % P for key in keys}
-
-
 @pytest.mark.integration
 def test_value_counts_stay_exact_through_a_split_and_a_live_state_move(
     spark, broker: str, topic_name: str, tmp_path: Path
@@ -90,10 +85,10 @@ def test_value_counts_stay_exact_through_a_split_and_a_live_state_move(
         created_by="initial",
         operators={
             "A": OperatorRouting(
-                parallelism=P, table=_elsewhere(a_keys[1:4], 1), hot_keys={a_keys[0]: (0, 1, 3)}
+                parallelism=P, table=moved_off_hash(a_keys[1:4], P), hot_keys={a_keys[0]: (0, 1, 3)}
             ),
             "B": OperatorRouting(
-                parallelism=P, table=_elsewhere(b_keys[1:4], 1), hot_keys={b_keys[0]: (1, 2, 3)}
+                parallelism=P, table=moved_off_hash(b_keys[1:4], P), hot_keys={b_keys[0]: (1, 2, 3)}
             ),
         },
     )
@@ -102,9 +97,11 @@ def test_value_counts_stay_exact_through_a_split_and_a_live_state_move(
         parent_version=1,
         created_by="manual",
         operators={
-            "A": OperatorRouting(parallelism=P, table={**_elsewhere(a_keys[1:4], 2), a_keys[0]: 2}),
+            "A": OperatorRouting(
+                parallelism=P, table={**moved_off_hash(a_keys[1:4], P, 2), a_keys[0]: 2}
+            ),
             "B": OperatorRouting(
-                parallelism=P, table=_elsewhere(b_keys[2:5], 3), hot_keys={b_keys[0]: (0, 2)}
+                parallelism=P, table=moved_off_hash(b_keys[2:5], P, 3), hot_keys={b_keys[0]: (0, 2)}
             ),
         },
     )

@@ -26,14 +26,13 @@ from keyplane.handoff import routed_key_table
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
-from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     read_output,
     read_partials,
     start_counts_query,
 )
-from keyplane.testing import routed_job_topics
+from keyplane.testing import moved_off_hash, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -52,11 +51,6 @@ def _settings(broker: str, topic: str, tmp_path: Path) -> CountsJobSettings:
         routing_store=tmp_path / "routing",
         **routed_job_topics(topic),
     )
-
-
-def _elsewhere(keys: list[str], shift: int) -> dict[str, int]:
-    """Table entries that put each key ``shift`` instances off its natural one."""
-    return {key: (spark_partition(key, P) + shift) % P for key in keys}
 
 
 def _records(broker: str, topic: str) -> list[dict]:
@@ -107,10 +101,10 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
         created_by="manual",
         operators={
             "A": OperatorRouting(
-                parallelism=P, table=_elsewhere(a_keys[1:9], 1), hot_keys={a_keys[0]: (0, 1, 3)}
+                parallelism=P, table=moved_off_hash(a_keys[1:9], P), hot_keys={a_keys[0]: (0, 1, 3)}
             ),
             "B": OperatorRouting(
-                parallelism=P, table=_elsewhere(b_keys[1:4], 1), hot_keys={b_keys[0]: (1, 2, 3)}
+                parallelism=P, table=moved_off_hash(b_keys[1:4], P), hot_keys={b_keys[0]: (1, 2, 3)}
             ),
         },
     )
@@ -122,12 +116,12 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
             # A's split is undone (the hot key goes to one instance), keys move on again.
             "A": OperatorRouting(
                 parallelism=P,
-                table={**_elsewhere(a_keys[1:9], 2), a_keys[0]: 2},
+                table={**moved_off_hash(a_keys[1:9], P, 2), a_keys[0]: 2},
             ),
             # B keeps its split, moves its tabled keys and splits a second key.
             "B": OperatorRouting(
                 parallelism=P,
-                table=_elsewhere(b_keys[2:4], 3),
+                table=moved_off_hash(b_keys[2:4], P, 3),
                 hot_keys={b_keys[0]: (1, 2, 3), b_keys[1]: (0, 2)},
             ),
         },

@@ -59,9 +59,13 @@ from keyplane.kafka.offsets import total_rows
 from keyplane.kafka.producer import make_producer
 from keyplane.partials import latest_partials
 from keyplane.protocol import Reconfiguration
-from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
-from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
+from keyplane.testing import (
+    moved_off_hash,
+    routed_job_topics,
+    start_job_process,
+    wait_while_job_runs,
+)
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -276,12 +280,10 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         operators={
             "A": OperatorRouting(
                 parallelism=P,
-                table={k: (spark_partition(k, P) + 1) % P for k in a_keys[1:8]},
+                table=moved_off_hash(a_keys[1:8], P),
                 hot_keys={a_keys[0]: (0, 2)},
             ),
-            "B": OperatorRouting(
-                parallelism=P, table={k: (spark_partition(k, P) + 2) % P for k in b_keys[:4]}
-            ),
+            "B": OperatorRouting(parallelism=P, table=moved_off_hash(b_keys[:4], P, 2)),
         },
     )
     save(v2, store)
@@ -290,12 +292,10 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         parent_version=2,
         created_by="manual",
         operators={
-            "A": OperatorRouting(
-                parallelism=P, table={k: (spark_partition(k, P) + 3) % P for k in a_keys[:6]}
-            ),
+            "A": OperatorRouting(parallelism=P, table=moved_off_hash(a_keys[:6], P, 3)),
             "B": OperatorRouting(
                 parallelism=P,
-                table={k: (spark_partition(k, P) + 1) % P for k in b_keys[4:8]},
+                table=moved_off_hash(b_keys[4:8], P),
                 hot_keys={b_keys[0]: (1, 3)},
             ),
         },
@@ -308,9 +308,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
             parent_version=3,
             created_by="manual",
             operators={
-                "A": OperatorRouting(
-                    parallelism=P, table={k: (spark_partition(k, P) + 1) % P for k in a_keys[:12]}
-                ),
+                "A": OperatorRouting(parallelism=P, table=moved_off_hash(a_keys[:12], P)),
                 "B": v3.operators["B"],
             },
         ),

@@ -23,7 +23,6 @@ from keyplane.controller import Controller
 from keyplane.jobprocess import read_metrics_topic
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
-from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     QueryRestarts,
@@ -32,6 +31,7 @@ from keyplane.spark.counts_job import (
 )
 from keyplane.testing import (
     FAIL_ONCE_DIR_ENV,
+    moved_off_hash,
     routed_job_topics,
     start_job_process,
     wait_while_job_runs,
@@ -102,9 +102,7 @@ def test_a_batch_that_fails_mid_rollout_is_replayed_and_counts_stay_exact(
             parent_version=1,
             created_by="manual",
             operators={
-                "A": OperatorRouting(
-                    parallelism=P, table={k: (spark_partition(k, P) + 1) % P for k in a_keys}
-                ),
+                "A": OperatorRouting(parallelism=P, table=moved_off_hash(a_keys, P)),
                 "B": OperatorRouting(parallelism=P),
             },
         ),

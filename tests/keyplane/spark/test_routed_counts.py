@@ -43,7 +43,7 @@ from keyplane.spark.routed_counts import (
     take_installs,
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
-from keyplane.testing import routed_job_topics
+from keyplane.testing import moved_off_hash, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import PairsWorkload, ZipfEvolvingWorkload
 
@@ -120,11 +120,6 @@ def _settings(
     )
 
 
-def _natural_elsewhere(keys: list[str], count: int) -> dict[str, int]:
-    """Table entries that move ``count`` keys off their natural partition."""
-    return {key: (spark_partition(key, P) + 1) % P for key in keys[:count]}
-
-
 @pytest.mark.integration
 def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
     spark, broker: str, topic_name: str, tmp_path: Path
@@ -141,10 +136,10 @@ def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
         created_by="initial",
         operators={
             "A": OperatorRouting(
-                parallelism=P, table=_natural_elsewhere(a_keys[1:], 8), hot_keys={hot_a: (0, 1, 3)}
+                parallelism=P, table=moved_off_hash(a_keys[1:9], P), hot_keys={hot_a: (0, 1, 3)}
             ),
             "B": OperatorRouting(
-                parallelism=P, table=_natural_elsewhere(b_keys[1:], 4), hot_keys={hot_b: (1, 2, 3)}
+                parallelism=P, table=moved_off_hash(b_keys[1:5], P), hot_keys={hot_b: (1, 2, 3)}
             ),
         },
     )
