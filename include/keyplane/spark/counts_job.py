@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
@@ -454,6 +455,17 @@ class RestartStopped(Exception):
     """A stop was asked while a failed query waited to start again; the job ends cleanly."""
 
 
+PERMANENT_START_ERRORS: tuple[type[Exception], ...] = (
+    config_store.ConfigStoreError,
+    ValueError,
+    TypeError,
+    AnalysisException,
+)
+"""Errors of a query start that no restart heals: an unknown or altered routing
+version, invalid settings or aggregate (pydantic's errors are ``ValueError``s),
+a query Spark cannot plan. :class:`QueryRestarts` raises them at once."""
+
+
 class QueryRestarts:
     """Starts a query again from its checkpoint after it fails, a bounded number of times.
 
@@ -462,7 +474,9 @@ class QueryRestarts:
     failed batch, and Spark replays that batch only when the query starts
     again. A process supervisor could restart the whole job, but it would pay
     for a new JVM and session; a restart here reuses both. A start that
-    fails too (the broker still down) uses up a restart of its own.
+    fails too (the broker still down) uses up a restart of its own, unless
+    its error is one of :data:`PERMANENT_START_ERRORS`: waiting would not
+    change a bad configuration, so those surface at once.
     """
 
     def __init__(
@@ -478,6 +492,8 @@ class QueryRestarts:
         while True:
             try:
                 return start_query()
+            except PERMANENT_START_ERRORS:
+                raise
             except Exception as error:
                 if self.left == 0:
                     raise

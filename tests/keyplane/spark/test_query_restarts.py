@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.config import OperatorRouting, RoutingConfig, UnknownVersionError, save
 from keyplane.controller import Controller
 from keyplane.jobprocess import read_metrics_topic
 from keyplane.kafka.control import ControlChannel
@@ -77,6 +77,20 @@ def test_a_start_that_fails_uses_a_restart_and_without_one_raises_as_is_pure() -
     attempts.clear()
     with pytest.raises(ConnectionError, match="broker down"):
         QueryRestarts(0, 0).start(broker_down_once)
+
+
+def test_a_start_error_no_wait_can_heal_is_raised_at_once_and_keeps_the_restarts_pure() -> None:
+    attempts: list[int] = []
+
+    def unknown_version() -> Any:
+        attempts.append(1)
+        raise UnknownVersionError("routing version 9 is not in the store")
+
+    restarts = QueryRestarts(3, delay_s=60)
+    with pytest.raises(UnknownVersionError, match="version 9"):
+        restarts.start(unknown_version)
+    assert attempts == [1]
+    assert (restarts.left, restarts.errors) == (3, [])
 
 
 def test_a_stop_while_waiting_to_restart_ends_the_wait_pure() -> None:
