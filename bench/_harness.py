@@ -92,3 +92,53 @@ def emit(text: str, out: Path | None) -> None:
     print(text)
     if out is not None:
         out.write_text(text + "\n")
+
+
+def event_log_env(log_dir: Path) -> dict[str, str]:
+    """Environment for :func:`run_job` under which Spark writes its event log to ``log_dir``.
+
+    The job builds its session through ``spark-submit``, which reads
+    ``spark-defaults.conf`` from ``SPARK_CONF_DIR``; the job's own code is
+    untouched.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    conf_dir = log_dir / "conf"
+    conf_dir.mkdir(exist_ok=True)
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir {log_dir.as_uri()}\n"
+        # One plain JSON-lines file per application (Spark 4 rolls and compresses by default).
+        "spark.eventLog.rolling.enabled false\nspark.eventLog.compress false\n"
+    )
+    return {**os.environ, "SPARK_CONF_DIR": str(conf_dir)}
+
+
+STATEFUL_SCOPES = {"A": "TransformWithState", "B": "FlatMapGroupsInPandasWithState"}
+"""The physical operator that makes a stage stage A or stage B, as named in RDD scopes."""
+
+
+def stateful_stage_seconds(log_dir: Path) -> dict[int, dict[str, float]]:
+    """Per micro-batch, the wall time of the Spark stage that runs each keyed stage.
+
+    Read from the event log (:func:`event_log_env`): a stage belongs to the
+    batch its ``streaming.sql.batchId`` property names, and is stage A or B
+    when one of its RDDs was made by that stage's stateful operator. This is
+    where a straggler shows: the stage lasts as long as its slowest task.
+    """
+    submitted: dict[int, tuple[int, str]] = {}
+    seconds: dict[int, dict[str, float]] = {}
+    for path in sorted(p for p in log_dir.iterdir() if p.is_file()):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["Event"] == "SparkListenerStageSubmitted":
+                info, props = event["Stage Info"], event.get("Properties") or {}
+                scopes = " ".join(rdd.get("Scope", "") for rdd in info["RDD Info"])
+                for stage, operator in STATEFUL_SCOPES.items():
+                    if operator in scopes and "streaming.sql.batchId" in props:
+                        submitted[info["Stage ID"]] = (int(props["streaming.sql.batchId"]), stage)
+            elif event["Event"] == "SparkListenerStageCompleted":
+                info = event["Stage Info"]
+                if info["Stage ID"] in submitted and "Completion Time" in info:
+                    batch, stage = submitted[info["Stage ID"]]
+                    took = (info["Completion Time"] - info["Submission Time"]) / 1000
+                    seconds.setdefault(batch, {})[stage] = took
+    return seconds
