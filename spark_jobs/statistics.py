@@ -110,9 +110,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--snapshots", type=Path, required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--routing-store", type=Path)
-    parser.add_argument("--decay", type=float, default=0.5)
-    parser.add_argument("--holdout-fraction", type=float, default=0.2)
-    parser.add_argument("--max-entries", type=int, default=200_000)
+    defaults = stats.StatisticsSettings()
+    parser.add_argument("--decay", type=float, default=defaults.decay)
+    parser.add_argument("--holdout-fraction", type=float, default=defaults.holdout_fraction)
+    parser.add_argument("--max-entries", type=int, default=defaults.max_entries)
     parser.add_argument(
         "--master", default=None, help="default KEYPLANE_SPARK_MASTER (spark-submit: the same)"
     )

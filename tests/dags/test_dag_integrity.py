@@ -7,6 +7,7 @@ no Spark, Great Expectations or METIS and do no work at parse time.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -154,14 +155,33 @@ def test_params_schema_rejects_bad_values(dag: Any, override: dict[str, Any]) ->
 
     ((name, value),) = override.items()
     with pytest.raises(ParamValidationError):
-        dag.params.get_param(name).resolve(value)
+        copy.deepcopy(dag.params.get_param(name)).resolve(value)
 
 
 def test_params_defaults_validate(dag: Any) -> None:
     resolved = dag.params.validate()
     assert resolved["alpha"] == 1.03 and resolved["dry_run"] is False
-    assert dag.params.get_param("parallelism").resolve(4) == 4
-    assert dag.params.get_param("operators").resolve(["B"]) == ["B"]
+    assert copy.deepcopy(dag.params.get_param("parallelism")).resolve(4) == 4
+    assert copy.deepcopy(dag.params.get_param("operators")).resolve(["B"]) == ["B"]
+
+
+def test_params_defaults_are_the_librarys_defaults(dag: Any) -> None:
+    """The DAG file may not import the library's pandas-backed modules to read their
+    defaults (parsing stays light), so it repeats them; this keeps the copies equal."""
+    from keyplane.orchestration.planning import DecisionRule, PlanParams
+    from keyplane.statistics import StatisticsSettings
+
+    resolved = dag.params.validate()
+    plan, rule, statistics = PlanParams(), DecisionRule(), StatisticsSettings()
+    assert resolved["alpha"] == plan.alpha and resolved["window"] == plan.window
+    assert resolved["operators"] == list(plan.operators)
+    assert resolved["parallelism"] == plan.parallelism
+    assert resolved["max_table_entries"] == plan.max_table_entries
+    assert resolved["decay"] == statistics.decay
+    assert resolved["holdout_fraction"] == statistics.holdout_fraction
+    assert resolved["min_gain"] == rule.min_gain
+    assert resolved["migration_cost"] == rule.migration_cost
+    assert resolved["force"] == rule.force
 
 
 def test_scale_dag_is_scheduled_once_at_a_time_and_propagates_upstream_first(
@@ -215,12 +235,25 @@ def test_scale_params_schema_rejects_bad_values(scale_dag: Any, override: dict[s
 
     ((name, value),) = override.items()
     with pytest.raises(ParamValidationError):
-        scale_dag.params.get_param(name).resolve(value)
+        copy.deepcopy(scale_dag.params.get_param(name)).resolve(value)
+
+
+def test_scale_params_defaults_are_the_librarys_defaults(scale_dag: Any) -> None:
+    from keyplane.elasticity import CongestionSettings
+    from keyplane.scaling import ScaleRequest
+
+    resolved = scale_dag.params.validate()
+    request, congestion = ScaleRequest(), CongestionSettings()
+    assert resolved["action"] == request.mode and resolved["operator"] == request.operator
+    assert resolved["instances"] == request.instances
+    assert resolved["scale_in_utilisation"] == request.scale_in_utilisation
+    assert resolved["congestion_threshold"] == congestion.threshold
+    assert resolved["window"] == congestion.window
 
 
 def test_scale_params_defaults_validate(scale_dag: Any) -> None:
     resolved = scale_dag.params.validate()
     assert resolved["action"] == "auto" and resolved["operator"] is None
     assert resolved["instances"] is None and resolved["dry_run"] is False
-    assert scale_dag.params.get_param("operator").resolve("B") == "B"
-    assert scale_dag.params.get_param("instances").resolve(2) == 2
+    assert copy.deepcopy(scale_dag.params.get_param("operator")).resolve("B") == "B"
+    assert copy.deepcopy(scale_dag.params.get_param("instances")).resolve(2) == 2
