@@ -22,15 +22,14 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
 from keyplane import config as config_store
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.kafka.admin import earliest_offsets, ensure_topic, high_watermarks
+from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.settings import Settings
-from keyplane.spark.kafka_source import offset_ranges, read_partition
 from keyplane.spark.pair_counts import window_pair_counts
 from keyplane.spark.session import build_session
 
@@ -46,18 +45,11 @@ def metrics_records(bootstrap: str, window: stats.TopicWindow) -> list[BatchMetr
     """The window's metrics records, oldest first; records that do not parse are skipped.
 
     The job writes one record per micro-batch, a few hundred per window: the
-    driver reads them with the source's own partition reader, since a second
-    Spark job would cost more to start than the read itself.
+    driver reads them itself, since a second Spark job would cost more to
+    start than the read.
     """
-    records = []
-    for whole in offset_ranges(bootstrap, window.topic, window.start, window.end):
-        for batch in read_partition(whole):
-            for value in batch.column("value").to_pylist():
-                try:
-                    records.append(BatchMetrics.model_validate_json(value or b""))
-                except ValidationError:
-                    continue
-    return records
+    records = read_metrics(bootstrap, window.topic, window.start, window.end)
+    return [record.metrics for record in records]
 
 
 def collect(spark: SparkSession, args: argparse.Namespace) -> Path:

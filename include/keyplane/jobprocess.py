@@ -53,7 +53,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
@@ -63,7 +62,7 @@ from keyplane.controller import ControllerError, read_controller_file
 from keyplane.events import Forward
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of
 from keyplane.kafka.broker import answers_kafka
-from keyplane.kafka.security import client_config
+from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.processes import (
     alive,
     session_commands,
@@ -740,32 +739,17 @@ def read_metrics_topic(
     end = high_watermarks(bootstrap_servers, topic, [0])[0]
     if end == 0:
         return None
-    tp = TopicPartition(topic, 0)
-    consumer = KafkaConsumer(**client_config(bootstrap_servers), enable_auto_commit=False)
-    latest: tuple[BatchMetrics, int] | None = None
-    last_busy: BatchMetrics | None = None
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, max(0, end - window))
-        deadline = time.monotonic() + timeout_s
-        while consumer.position(tp) < end and time.monotonic() < deadline:
-            for record in consumer.poll(timeout_ms=200).get(tp, []):
-                try:
-                    metrics = BatchMetrics.model_validate_json(record.value)
-                except ValidationError:
-                    continue
-                latest = (metrics, record.timestamp)
-                if metrics.rows > 0:
-                    last_busy = metrics
-    finally:
-        consumer.close()
-    if latest is None:
+    records = read_metrics(
+        bootstrap_servers, topic, {0: max(0, end - window)}, {0: end}, idle_timeout_s=timeout_s
+    )
+    if not records:
         return None
-    metrics, timestamp_ms = latest
+    latest = records[-1]
+    busy = [record.metrics for record in records if record.metrics.rows > 0]
     return MetricsSnapshot(
-        latest=metrics,
-        latest_at=datetime.fromtimestamp(timestamp_ms / 1000, UTC),
-        last_busy=last_busy,
+        latest=latest.metrics,
+        latest_at=datetime.fromtimestamp(latest.published_s, UTC),
+        last_busy=busy[-1] if busy else None,
         records=end,
     )
 

@@ -1,10 +1,10 @@
 """The metrics topic as the dashboard reads it: with a deadline, then per version.
 
 The routed job writes one :class:`~keyplane.batchmetrics.BatchMetrics` record
-per micro-batch. The dashboard reads the newest ones under a hard deadline
-(a web request must not hang on a stopped broker: a Kafka client waits 30 s
-for a dead bootstrap by default) and returns *why* it has none instead of
-raising, so the page says "metrics unavailable" and still shows everything
+per micro-batch. The dashboard reads the newest ones, asking first whether
+Kafka answers at all (a web request must not hang on a stopped broker: a
+Kafka client waits 30 s for a dead bootstrap by default) and giving up on a
+read that stalls; it returns *why* it has none instead of raising, so the page says "metrics unavailable" and still shows everything
 read from disk.
 
 Per-version figures use the same definitions as the DAG's ``verify`` step
@@ -178,63 +178,33 @@ def read_metrics(
     timeout_s: float = READ_TIMEOUT_S,
     max_records: int = MAX_RECORDS,
 ) -> MetricsRead:
-    """The newest ``max_records`` records of every partition of ``topic``, within ``timeout_s``.
+    """The newest ``max_records`` records of every partition of ``topic``.
 
     Never raises for Kafka trouble: an unreachable broker, a missing topic or
-    a deadline reached before anything arrived give an empty read with the
-    reason. Records that are not metrics are skipped. The embedded broker
-    under-reports the end of a partition (ListOffsets answers the start of
-    the last batch + 1), so reading stops at the first empty poll *after*
-    the reported end, not at the reported end itself.
+    a read that stalls for ``timeout_s`` give an empty read with the reason.
+    Records that are not metrics are skipped. The range read is the one every
+    reader of the topic uses (:func:`keyplane.kafka.metrics_topic.read_metrics`).
     """
-    from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
-    from pydantic import ValidationError
 
+    from keyplane.kafka.admin import TopicError, earliest_offsets, high_watermarks, partitions_of
     from keyplane.kafka.broker import answers_kafka
-    from keyplane.kafka.security import client_config
+    from keyplane.kafka.metrics_topic import read_metrics as read_topic
 
-    deadline = time.monotonic() + timeout_s
     if not answers_kafka(bootstrap_servers, timeout_s=min(2.0, timeout_s)):
         return MetricsRead((), f"Kafka at {bootstrap_servers} did not answer")
-    records: list[BatchMetrics] = []
     try:
-        remaining_ms = max(500, int((deadline - time.monotonic()) * 1000))
-        consumer = KafkaConsumer(
-            **client_config(bootstrap_servers),
-            enable_auto_commit=False,
-            request_timeout_ms=remaining_ms + 1_000,
-            fetch_max_wait_ms=100,
-        )
-    except (KafkaError, OSError) as error:
-        return MetricsRead((), f"Kafka at {bootstrap_servers}: {type(error).__name__}")
+        partitions_of(bootstrap_servers, topic, timeout_s=min(1.0, timeout_s))
+    except TopicError:
+        return MetricsRead((), f"no metrics topic {topic!r} yet")
     try:
-        parts = consumer.partitions_for_topic(topic)
-        if not parts:
-            return MetricsRead((), f"no metrics topic {topic!r} yet")
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        ends = consumer.end_offsets(tps)
-        starts = consumer.beginning_offsets(tps)
-        for tp in tps:
-            consumer.seek(tp, max(starts[tp], ends[tp] - max_records))
-        while time.monotonic() < deadline:
-            fetched = consumer.poll(timeout_ms=100)
-            for batch in fetched.values():
-                for record in batch:
-                    try:
-                        records.append(BatchMetrics.model_validate_json(record.value or b""))
-                    except ValidationError:
-                        continue
-            if not fetched and all(consumer.position(tp) >= ends[tp] for tp in tps):
-                break
-        else:
-            if not records:
-                return MetricsRead((), f"no metrics record within {timeout_s:.0f} s")
-    except (KafkaError, OSError) as error:
+        ends = high_watermarks(bootstrap_servers, topic)
+        earliest = earliest_offsets(bootstrap_servers, topic)
+        starts = {p: max(earliest.get(p, 0), end - max_records) for p, end in ends.items()}
+        read = read_topic(bootstrap_servers, topic, starts, ends, idle_timeout_s=timeout_s)
+    except (KafkaError, TopicError, OSError) as error:
         return MetricsRead((), f"reading {topic!r} failed: {type(error).__name__}")
-    finally:
-        consumer.close()
+    records = (record.metrics for record in read)
     return MetricsRead(tuple(sorted(records, key=lambda r: r.batch_id)))
 
 

@@ -109,7 +109,7 @@ def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
     """
     from keyplane.events import decode_keys
     from keyplane.kafka.admin import earliest_offsets, high_watermarks
-    from keyplane.spark.kafka_source import KafkaInputPartition, read_partition
+    from keyplane.kafka.ranges import OffsetRange, read_range
 
     servers, topic = deployment.bootstrap_servers, deployment.events_topic
     first = earliest_offsets(servers, topic)
@@ -118,7 +118,7 @@ def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
         begin = first.get(partition, 0)
         if end <= begin:
             continue
-        for batch in read_partition(KafkaInputPartition(servers, topic, partition, begin, end)):
+        for batch in read_range(OffsetRange(servers, topic, partition, begin, end)):
             keys = decode_keys(batch.column("value").to_pylist())
             counts["A"].update(a for a in keys.column("a").to_pylist() if a is not None)
             counts["B"].update(b for b in keys.column("b").to_pylist() if b is not None)

@@ -537,48 +537,15 @@ def read_timed_metrics(
 ) -> list[tuple[BatchMetrics, float]]:
     """:func:`read_metrics` with each record's Kafka timestamp, in seconds.
 
-    The job's sink writes a batch's record as the batch ends, so the gap
-    between two records is the wall-clock time of the later batch, idle
-    triggers included (Stela's rates, 003 §4.1).
+    The gap between two records is the wall-clock time of the later batch
+    (:class:`~keyplane.kafka.metrics_topic.PublishedMetrics`).
     """
-    from kafka import KafkaConsumer, TopicPartition
-
     from keyplane.kafka.admin import high_watermarks
-    from keyplane.kafka.security import client_config
+    from keyplane.kafka.metrics_topic import read_metrics as read_topic
 
-    stop = (
-        dict(end)
-        if end is not None
-        else high_watermarks(deployment.bootstrap_servers, deployment.metrics_topic, list(start))
-    )
-    records: list[tuple[BatchMetrics, float]] = []
-    consumer = KafkaConsumer(
-        **client_config(deployment.bootstrap_servers), enable_auto_commit=False
-    )
-    try:
-        for partition, first in start.items():
-            last = stop.get(partition, first)
-            if last <= first:
-                continue
-            tp = TopicPartition(deployment.metrics_topic, partition)
-            consumer.assign([tp])
-            consumer.seek(tp, first)
-            position, idle = first, 0
-            while position < last and idle < 50:
-                fetched = consumer.poll(timeout_ms=200).get(tp, [])
-                idle = 0 if fetched else idle + 1
-                for message in fetched:
-                    if message.offset >= last:
-                        break
-                    position = message.offset + 1
-                    try:
-                        record = BatchMetrics.model_validate_json(message.value or b"")
-                    except ValueError:
-                        continue
-                    records.append((record, message.timestamp / 1000.0))
-    finally:
-        consumer.close()
-    return records
+    servers, topic = deployment.bootstrap_servers, deployment.metrics_topic
+    stop = dict(end) if end is not None else high_watermarks(servers, topic, list(start))
+    return [(r.metrics, r.published_s) for r in read_topic(servers, topic, start, stop)]
 
 
 def _on_version(records: list[BatchMetrics], version: int) -> list[BatchMetrics]:

@@ -25,7 +25,7 @@ bounds make a rerun read the very same records.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -39,7 +39,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, parse_starting_offsets
-from keyplane.kafka.security import client_config, kafka_security
+from keyplane.kafka.ranges import OffsetRange, offset_ranges, read_range
+from keyplane.kafka.security import kafka_security
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,31 +51,24 @@ KAFKA_SCHEMA = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, timestamp TIMESTAMP"
 )
 
-_ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
-
 
 class KafkaSourceOptionError(ValueError):
     """A required option is missing or malformed."""
 
 
 @dataclass(frozen=True)
-class KafkaInputPartition(InputPartition):
-    """Records ``start <= offset < end`` of one topic partition."""
+class KafkaInputPartition(OffsetRange, InputPartition):
+    """An :class:`~keyplane.kafka.ranges.OffsetRange` as one Spark task's input."""
 
-    bootstrap_servers: str
-    topic: str
-    partition: int
-    start: int
-    end: int
+
+def _input_partitions(
+    bootstrap_servers: str, topic: str, start: Mapping[Any, int], end: Mapping[Any, int]
+) -> list[KafkaInputPartition]:
+    """The non-empty ranges ``[start, end)`` of ``topic``, one Spark task each."""
+    return [
+        KafkaInputPartition(**asdict(r))
+        for r in offset_ranges(bootstrap_servers, topic, start, end)
+    ]
 
 
 def _required(options: dict[str, str], name: str) -> str:
@@ -147,101 +141,15 @@ class KafkaStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         out: list[InputPartition] = []
         for topic, parts in sorted(end.items()):
-            out += offset_ranges(self.bootstrap_servers, topic, start.get(topic, {}), parts)
+            out += _input_partitions(self.bootstrap_servers, topic, start.get(topic, {}), parts)
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaInputPartition)
-        yield from read_partition(partition)
+        yield from read_range(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
-
-
-def offset_ranges(
-    bootstrap_servers: str,
-    topic: str,
-    start: Mapping[Any, int],
-    end: Mapping[Any, int],
-) -> list[KafkaInputPartition]:
-    """The non-empty ranges ``[start, end)`` of ``topic``'s partitions, by partition number.
-
-    ``start`` and ``end`` map a partition (its number, or the number as a
-    string, as in Spark's offset JSON) to an offset; a partition missing from
-    ``start`` starts at 0.
-    """
-    ranges = []
-    for part, last in sorted(end.items(), key=lambda kv: int(kv[0])):
-        first = start.get(part, 0)
-        if last > first:
-            ranges.append(
-                KafkaInputPartition(bootstrap_servers, topic, int(part), int(first), int(last))
-            )
-    return ranges
-
-
-def read_partition(p: KafkaInputPartition, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
-    """Read exactly the records ``p.start <= offset < p.end`` as Arrow batches.
-
-    Every reader of an offset range in keyplane uses it, so all of them end a
-    read, and fail on a partition that stops short, the same way.
-    """
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        **client_config(p.bootstrap_servers),
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-        fetch_max_bytes=64 * 1024 * 1024,
-    )
-    tp = TopicPartition(p.topic, p.partition)
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, p.start)
-        cols: dict[str, list[Any]] = {name: [] for name in _ARROW_SCHEMA.names}
-        position = p.start
-        idle_polls = 0
-        while position < p.end:
-            records = consumer.poll(timeout_ms=1000, max_records=batch_rows).get(tp, [])
-            if not records:
-                idle_polls += 1
-                if idle_polls > 60:
-                    raise TimeoutError(
-                        f"{p.topic}[{p.partition}]: no records past offset {position} "
-                        f"(wanted up to {p.end}) after 60 s"
-                    )
-                continue
-            idle_polls = 0
-            for r in records:
-                if r.offset >= p.end:
-                    break
-                cols["key"].append(r.key)
-                cols["value"].append(r.value)
-                cols["offset"].append(r.offset)
-                cols["timestamp"].append(r.timestamp)
-                position = r.offset + 1
-            if len(cols["offset"]) >= batch_rows or position >= p.end:
-                yield _to_batch(cols, p)
-                cols = {name: [] for name in _ARROW_SCHEMA.names}
-    finally:
-        consumer.close()
-
-
-def _to_batch(cols: dict[str, list[Any]], p: KafkaInputPartition) -> pa.RecordBatch:
-    n = len(cols["offset"])
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(cols["key"], pa.binary()),
-            pa.array(cols["value"], pa.binary()),
-            pa.array([p.topic] * n, pa.string()),
-            pa.array([p.partition] * n, pa.int32()),
-            pa.array(cols["offset"], pa.int64()),
-            pa.array([ms * 1000 for ms in cols["timestamp"]], pa.int64()).cast(
-                pa.timestamp("us", tz="UTC")
-            ),
-        ],
-        schema=_ARROW_SCHEMA,
-    )
 
 
 class KafkaBatchReader(DataSourceReader):
@@ -282,14 +190,16 @@ class KafkaBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         out: list[InputPartition] = []
         for topic in self.topics:
-            out += offset_ranges(self.bootstrap_servers, topic, self.start[topic], self.end[topic])
+            out += _input_partitions(
+                self.bootstrap_servers, topic, self.start[topic], self.end[topic]
+            )
         # Spark needs at least one partition; an empty range reads no record.
         return out or [KafkaInputPartition(self.bootstrap_servers, self.topics[0], 0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaInputPartition)
         if partition.end > partition.start:
-            yield from read_partition(partition)
+            yield from read_range(partition)
 
 
 class KafkaDataSource(DataSource):

@@ -3,7 +3,7 @@
 The statistics job needs, per key pair ``(a, b)``, how many events of the
 window carried it, on each side of the hold-out line (000 §3.2's pair counts;
 the hold-out feeds the backtest). Each task reads its partition's offset range
-with the Kafka source's own :func:`~keyplane.spark.kafka_source.read_partition`,
+with :func:`keyplane.kafka.ranges.read_range`, as the Kafka source's tasks do,
 parses the values with Arrow (:func:`keyplane.events.decode_keys`) and counts
 the pairs with Arrow's group-by, so only counts leave the Python worker; Spark
 then sums the partitions' counts. Reading the window through the data source
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyplane.events import decode_keys
-from keyplane.spark.kafka_source import KafkaInputPartition, offset_ranges, read_partition
+from keyplane.kafka.ranges import OffsetRange, offset_ranges, read_range
 from keyplane.statistics import TopicWindow, holdout_starts
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def count_pairs(records: pa.RecordBatch, holdout_start: int) -> pa.Table:
 
 
 def _count_ranges(
-    ranges: Sequence[tuple[KafkaInputPartition, int]], ids: Iterator[pa.RecordBatch]
+    ranges: Sequence[tuple[OffsetRange, int]], ids: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: read the offset ranges ``ids`` number and yield their pair counts.
 
@@ -64,7 +64,7 @@ def _count_ranges(
     for batch in ids:
         for i in batch.column("id").to_pylist():
             partition, holdout_start = ranges[i]
-            for records in read_partition(partition):
+            for records in read_range(partition):
                 yield from count_pairs(records, holdout_start).to_batches()
 
 

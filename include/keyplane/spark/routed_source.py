@@ -76,9 +76,10 @@ from keyplane import config as config_store
 from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, parse_event
 from keyplane.handoff import VersionedTables, pick_route
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
+from keyplane.kafka.ranges import OffsetRange, read_range
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
 from keyplane.routedkeys import find_salt, routed_key, spark_partition
-from keyplane.spark.kafka_source import KafkaInputPartition, KafkaSourceOptionError, read_partition
+from keyplane.spark.kafka_source import KafkaSourceOptionError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -167,7 +168,7 @@ class Switch:
 class RoutedEventsPartition(InputPartition):
     """Events ``start <= offset < end`` of one partition, routed on the planned versions."""
 
-    events: KafkaInputPartition
+    events: OffsetRange
     store: str
     parallelism: int
     version_a: int
@@ -191,7 +192,7 @@ class EvictPartition(InputPartition):
 class MigrationPartition(InputPartition):
     """Moved states written by the previous batch: become install rows."""
 
-    records: KafkaInputPartition
+    records: OffsetRange
     parallelism: int
     forward: Forward = "pairs"
 
@@ -232,7 +233,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     table_a = tables.table(p.version_a, "A")
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
-    for records in read_partition(p.events):
+    for records in read_range(p.events):
         out = _Columns(p.forward)
         values = records.column("value").to_pylist()
         offsets = records.column("offset").to_pylist()
@@ -290,7 +291,7 @@ def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
 
 def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
     """Install rows for the states the previous batch handed over."""
-    for records in read_partition(p.records):
+    for records in read_range(p.records):
         out = _Columns(p.forward)
         for value in records.column("value").to_pylist():
             move = json.loads(value)
@@ -525,7 +526,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         for part, stop in sorted(end["events"][self.events_topic].items(), key=_by_partition):
             begin = int(start["events"].get(self.events_topic, {}).get(part, 0))
             if stop > begin:
-                kafka = KafkaInputPartition(
+                kafka = OffsetRange(
                     self.bootstrap_servers, self.events_topic, int(part), begin, int(stop)
                 )
                 out.append(
@@ -548,7 +549,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         for part, stop in sorted(end["migration"].items(), key=_by_partition):
             begin = int(start["migration"].get(part, 0))
             if stop > begin:
-                kafka = KafkaInputPartition(
+                kafka = OffsetRange(
                     self.bootstrap_servers, self.migration_topic, int(part), begin, int(stop)
                 )
                 out.append(MigrationPartition(kafka, self.parallelism, self.forward))

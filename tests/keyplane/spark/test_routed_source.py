@@ -10,9 +10,10 @@ import pytest
 
 from keyplane.config import RoutingConfig, save
 from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
+from keyplane.kafka.ranges import OffsetRange
 from keyplane.routedkeys import spark_partition
 from keyplane.spark import routed_source
-from keyplane.spark.kafka_source import KafkaInputPartition, KafkaSourceOptionError
+from keyplane.spark.kafka_source import KafkaSourceOptionError
 from keyplane.spark.routed_source import (
     RoutedEventsPartition,
     RoutedEventsReader,
@@ -76,11 +77,11 @@ def test_the_padding_is_carried_in_tuples_mode_only_pure(
     ]
     monkeypatch.setattr(
         routed_source,
-        "read_partition",
+        "read_range",
         lambda part: iter([pa.table({"value": values, "offset": [0, 1, 2]})]),
     )
     save(RoutingConfig.all_hash(4, ("A", "B")), tmp_path / "routing")
-    kafka = KafkaInputPartition("127.0.0.1:1", "events", 0, 0, 3)
+    kafka = OffsetRange("127.0.0.1:1", "events", 0, 0, 3)
     partition = RoutedEventsPartition(
         kafka, str(tmp_path / "routing"), 4, 1, 1, MAX_EVENT_BYTES, forward
     )

@@ -1,0 +1,64 @@
+"""The routed job's metrics topic, read back.
+
+The job writes one :class:`~keyplane.batchmetrics.BatchMetrics` record per
+micro-batch. The statistics job, the DAG steps, ``keyplane job status`` and
+the dashboard all read them through :func:`read_metrics`, over an exact
+offset range (:mod:`keyplane.kafka.ranges`), so they agree on which records
+a window holds. A record that is not metrics (another writer's, or an older
+format) is skipped, never fatal: the topic is a report, not an input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.kafka.ranges import IDLE_TIMEOUT_S, offset_ranges, read_range
+
+
+@dataclass(frozen=True)
+class PublishedMetrics:
+    """One metrics record and where and when it reached the topic.
+
+    The job's sink writes a batch's record as the batch ends, so the gap
+    between two records' ``published_s`` is the wall-clock time of the later
+    batch, idle triggers included (Stela's rates, 003 §4.1).
+    """
+
+    metrics: BatchMetrics
+    partition: int
+    offset: int
+    published_s: float
+    """The record's Kafka timestamp, in seconds since the epoch."""
+
+
+def read_metrics(
+    bootstrap_servers: str,
+    topic: str,
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+    *,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+) -> list[PublishedMetrics]:
+    """The metrics records ``start <= offset < end`` of each partition, by partition and offset.
+
+    A partition missing from ``start`` is read from offset 0. Raises
+    TimeoutError as :func:`~keyplane.kafka.ranges.read_range` does.
+    """
+    out: list[PublishedMetrics] = []
+    for r in offset_ranges(bootstrap_servers, topic, start, end):
+        for batch in read_range(r, idle_timeout_s=idle_timeout_s):
+            offsets = batch.column("offset").to_pylist()
+            stamps = batch.column("timestamp").cast("int64").to_pylist()
+            for value, offset, micros in zip(
+                batch.column("value").to_pylist(), offsets, stamps, strict=True
+            ):
+                try:
+                    metrics = BatchMetrics.model_validate_json(value or b"")
+                except ValidationError:
+                    continue
+                out.append(PublishedMetrics(metrics, r.partition, offset, micros / 1e6))
+    return out

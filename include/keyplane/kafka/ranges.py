@@ -1,0 +1,138 @@
+"""Exact offset ranges of a topic, read as Arrow batches.
+
+Every reader of a bounded stretch of a topic in keyplane goes through
+:func:`read_range`: the Spark source's tasks, the statistics job, the scale
+DAG's key loads and every reader of the metrics topic
+(:mod:`keyplane.kafka.metrics_topic`). So all of them stop at the same
+offset, and all of them fail the same way on a partition that stops short,
+instead of each deciding on its own when it has read "enough". The bounds
+come from :func:`keyplane.kafka.admin.high_watermarks`, since the embedded
+broker under-reports a partition's end to ListOffsets.
+
+The module needs kafka-python and pyarrow only, not Spark: the command line
+and the dashboard read through it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from keyplane.kafka.security import client_config
+
+RECORD_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
+"""The columns of a read, those of Spark's own Kafka connector."""
+
+IDLE_TIMEOUT_S = 60.0
+"""How long a read waits for the next record of a range before it gives up."""
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Records ``start <= offset < end`` of one topic partition."""
+
+    bootstrap_servers: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def offset_ranges(
+    bootstrap_servers: str,
+    topic: str,
+    start: Mapping[Any, int],
+    end: Mapping[Any, int],
+) -> list[OffsetRange]:
+    """The non-empty ranges ``[start, end)`` of ``topic``'s partitions, by partition number.
+
+    ``start`` and ``end`` map a partition (its number, or the number as a
+    string, as in Spark's offset JSON) to an offset; a partition missing from
+    ``start`` starts at 0.
+    """
+    ranges = []
+    for part, last in sorted(end.items(), key=lambda kv: int(kv[0])):
+        first = start.get(part, 0)
+        if last > first:
+            ranges.append(OffsetRange(bootstrap_servers, topic, int(part), int(first), int(last)))
+    return ranges
+
+
+def read_range(
+    r: OffsetRange, batch_rows: int = 20_000, *, idle_timeout_s: float = IDLE_TIMEOUT_S
+) -> Iterator[pa.RecordBatch]:
+    """Read exactly the records of ``r`` as Arrow batches of :data:`RECORD_SCHEMA`.
+
+    Raises TimeoutError when no record arrives for ``idle_timeout_s``
+    before the range's end: a partition that stops short (truncated, or a
+    broker that lost records) is an error, never a silently shorter read.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        **client_config(r.bootstrap_servers),
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+    tp = TopicPartition(r.topic, r.partition)
+    poll_ms = max(50, min(1000, int(idle_timeout_s * 1000)))
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, r.start)
+        cols: dict[str, list[Any]] = {name: [] for name in RECORD_SCHEMA.names}
+        position = r.start
+        idle_ms = 0
+        while position < r.end:
+            records = consumer.poll(timeout_ms=poll_ms, max_records=batch_rows).get(tp, [])
+            if not records:
+                idle_ms += poll_ms
+                if idle_ms >= idle_timeout_s * 1000:
+                    raise TimeoutError(
+                        f"{r.topic}[{r.partition}]: no records past offset {position} "
+                        f"(wanted up to {r.end}) after {idle_timeout_s:g} s"
+                    )
+                continue
+            idle_ms = 0
+            for record in records:
+                if record.offset >= r.end:
+                    break
+                cols["key"].append(record.key)
+                cols["value"].append(record.value)
+                cols["offset"].append(record.offset)
+                cols["timestamp"].append(record.timestamp)
+                position = record.offset + 1
+            if len(cols["offset"]) >= batch_rows or position >= r.end:
+                yield _to_batch(cols, r)
+                cols = {name: [] for name in RECORD_SCHEMA.names}
+    finally:
+        consumer.close()
+
+
+def _to_batch(cols: dict[str, list[Any]], r: OffsetRange) -> pa.RecordBatch:
+    n = len(cols["offset"])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(cols["key"], pa.binary()),
+            pa.array(cols["value"], pa.binary()),
+            pa.array([r.topic] * n, pa.string()),
+            pa.array([r.partition] * n, pa.int32()),
+            pa.array(cols["offset"], pa.int64()),
+            pa.array([ms * 1000 for ms in cols["timestamp"]], pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")
+            ),
+        ],
+        schema=RECORD_SCHEMA,
+    )

@@ -1,0 +1,49 @@
+"""Exact offset ranges read from the embedded broker, and a range that stops short."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from keyplane.kafka.admin import ensure_topic, high_watermarks
+from keyplane.kafka.producer import make_producer
+from keyplane.kafka.ranges import RECORD_SCHEMA, OffsetRange, offset_ranges, read_range
+
+pytestmark = pytest.mark.integration
+
+
+def _produce(broker: str, topic: str, per_partition: int) -> None:
+    ensure_topic(broker, topic, 2)
+    producer = make_producer(broker)
+    try:
+        for i in range(per_partition):
+            for partition in (0, 1):
+                producer.send(topic, key=b"k", value=b"%d-%d" % (partition, i), partition=partition)
+        producer.flush()
+    finally:
+        producer.close(timeout=10)
+
+
+def test_ranges_cover_exactly_the_bounds_in_batches_of_the_connector_schema(
+    broker: str, topic_name: str
+) -> None:
+    _produce(broker, topic_name, 25)
+    ends = high_watermarks(broker, topic_name)
+    ranges = offset_ranges(broker, topic_name, {0: 5, 1: 25}, ends)
+    assert ranges == [OffsetRange(broker, topic_name, 0, 5, 25)]
+
+    batches = list(read_range(ranges[0], batch_rows=8))
+    table = pa.Table.from_batches(batches)
+    assert table.schema == RECORD_SCHEMA
+    assert [b.num_rows for b in batches] == [8, 8, 4]
+    assert table.column("offset").to_pylist() == list(range(5, 25))
+    assert table.column("value").to_pylist() == [b"0-%d" % i for i in range(5, 25)]
+    assert set(table.column("partition").to_pylist()) == {0}
+
+
+def test_a_range_past_the_partitions_end_raises_instead_of_reading_less(
+    broker: str, topic_name: str
+) -> None:
+    _produce(broker, topic_name, 3)
+    with pytest.raises(TimeoutError, match=r"no records past offset 3 \(wanted up to 10\)"):
+        list(read_range(OffsetRange(broker, topic_name, 1, 0, 10), idle_timeout_s=1.0))
