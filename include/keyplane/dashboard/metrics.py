@@ -4,8 +4,8 @@ The routed job writes one :class:`~keyplane.batchmetrics.BatchMetrics` record
 per micro-batch. The dashboard reads the newest ones, asking first whether
 Kafka answers at all (a web request must not hang on a stopped broker: a
 Kafka client waits 30 s for a dead bootstrap by default) and giving up on a
-read that stalls; it returns *why* it has none instead of raising, so the page says "metrics unavailable" and still shows everything
-read from disk.
+read that stalls; it returns *why* it has none instead of raising, so the
+page says "metrics unavailable" and still shows everything read from disk.
 
 Per-version figures use the same definitions as the DAG's ``verify`` step
 (:func:`keyplane.orchestration.planning.measure`): locality is the share of
