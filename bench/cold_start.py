@@ -17,7 +17,6 @@ import argparse
 import os
 import signal
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,8 +24,8 @@ from _harness import emit, private_broker
 
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
-from keyplane.spark.counts_job import CountsJobSettings, job_command
-from keyplane.testing import routed_job_topics
+from keyplane.spark.counts_job import CountsJobSettings
+from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
 from keyplane.workloads import ZipfEvolvingWorkload
 
 BATCHES = 3
@@ -54,25 +53,26 @@ def one_start(bootstrap: str, tmp: Path, index: int, timeout_s: float = 600.0) -
         routing_version=1,
         **routed_job_topics(topic),
     )
-    started = time.monotonic()
-    job = subprocess.Popen(
-        job_command(settings),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     seen: dict[str, float] = {}
+
+    def all_marks_seen() -> bool:
+        for log, batch in MARKS:
+            name = f"{log} {batch}"
+            if name not in seen and (checkpoint / log / str(batch)).exists():
+                seen[name] = time.monotonic() - started
+        return len(seen) == len(MARKS)
+
+    started = time.monotonic()
+    job = start_job_process(settings, tmp / f"job-{index}.log")
     try:
-        while len(seen) < len(MARKS):
-            if job.poll() is not None:
-                raise RuntimeError(f"the job exited ({job.returncode}) before batch {BATCHES - 1}")
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"no batch {BATCHES - 1} within {timeout_s:.0f} s")
-            for log, batch in MARKS:
-                name = f"{log} {batch}"
-                if name not in seen and (checkpoint / log / str(batch)).exists():
-                    seen[name] = time.monotonic() - started
-            time.sleep(0.05)
+        wait_while_job_runs(
+            all_marks_seen,
+            f"batch {BATCHES - 1}",
+            job,
+            tmp / f"job-{index}.log",
+            timeout_s=timeout_s,
+            poll_s=0.05,
+        )
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()

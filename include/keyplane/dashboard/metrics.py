@@ -194,12 +194,12 @@ def read_metrics(
     if not answers_kafka(bootstrap_servers, timeout_s=min(2.0, timeout_s)):
         return MetricsRead((), f"Kafka at {bootstrap_servers} did not answer")
     try:
-        partitions_of(bootstrap_servers, topic, timeout_s=min(1.0, timeout_s))
+        parts = partitions_of(bootstrap_servers, topic, timeout_s=min(1.0, timeout_s))
     except TopicError:
         return MetricsRead((), f"no metrics topic {topic!r} yet")
     try:
-        ends = high_watermarks(bootstrap_servers, topic)
-        earliest = earliest_offsets(bootstrap_servers, topic)
+        ends = high_watermarks(bootstrap_servers, topic, parts)
+        earliest = earliest_offsets(bootstrap_servers, topic, parts)
         starts = {p: max(earliest.get(p, 0), end - max_records) for p, end in ends.items()}
         read = read_topic(bootstrap_servers, topic, starts, ends, idle_timeout_s=timeout_s)
     except (KafkaError, TopicError, OSError) as error:

@@ -99,10 +99,14 @@ def high_watermarks(
         consumer.close()
 
 
-def earliest_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
+def earliest_offsets(
+    bootstrap_servers: str, topic: str, partitions: list[int] | None = None
+) -> dict[int, int]:
+    """The first retained offset of each partition (of ``partitions``, else all)."""
+    parts = partitions if partitions is not None else partitions_of(bootstrap_servers, topic)
     consumer = KafkaConsumer(**client_config(bootstrap_servers))
     try:
-        tps = [TopicPartition(topic, p) for p in partitions_of(bootstrap_servers, topic)]
+        tps = [TopicPartition(topic, p) for p in parts]
         return {tp.partition: off for tp, off in consumer.beginning_offsets(tps).items()}
     finally:
         consumer.close()

@@ -109,16 +109,13 @@ def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
     """
     from keyplane.events import decode_keys
     from keyplane.kafka.admin import earliest_offsets, high_watermarks
-    from keyplane.kafka.ranges import OffsetRange, read_range
+    from keyplane.kafka.ranges import offset_ranges, read_range
 
     servers, topic = deployment.bootstrap_servers, deployment.events_topic
-    first = earliest_offsets(servers, topic)
+    first, ends = earliest_offsets(servers, topic), high_watermarks(servers, topic)
     counts: dict[str, Counter[str]] = {name: Counter() for name in OPERATORS}
-    for partition, end in sorted(high_watermarks(servers, topic).items()):
-        begin = first.get(partition, 0)
-        if end <= begin:
-            continue
-        for batch in read_range(OffsetRange(servers, topic, partition, begin, end)):
+    for r in offset_ranges(servers, topic, first, ends):
+        for batch in read_range(r):
             keys = decode_keys(batch.column("value").to_pylist())
             counts["A"].update(a for a in keys.column("a").to_pylist() if a is not None)
             counts["B"].update(b for b in keys.column("b").to_pylist() if b is not None)
