@@ -60,7 +60,7 @@ from keyplane.aggregates import canonical_spec, load_aggregate
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.controller import ControllerError, read_controller_file
 from keyplane.events import Forward
-from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of
+from keyplane.kafka.admin import TopicError, earliest_offsets, high_watermarks, partitions_of
 from keyplane.kafka.broker import answers_kafka
 from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.processes import (
@@ -737,11 +737,12 @@ def read_metrics_topic(
     except TopicError:
         return None
     end = high_watermarks(bootstrap_servers, topic, [0])[0]
-    if end == 0:
+    # Not before the first retained record: a window reaching past it would
+    # wait for records retention has deleted, and time out.
+    start = max(end - window, earliest_offsets(bootstrap_servers, topic, [0])[0])
+    if end <= start:
         return None
-    records = read_metrics(
-        bootstrap_servers, topic, {0: max(0, end - window)}, {0: end}, idle_timeout_s=timeout_s
-    )
+    records = read_metrics(bootstrap_servers, topic, {0: start}, {0: end}, idle_timeout_s=timeout_s)
     if not records:
         return None
     latest = records[-1]

@@ -59,14 +59,15 @@ def offset_ranges(
     """The non-empty ranges ``[start, end)`` of ``topic``'s partitions, by partition number.
 
     ``start`` and ``end`` map a partition (its number, or the number as a
-    string, as in Spark's offset JSON) to an offset; a partition missing from
-    ``start`` starts at 0.
+    string, as in Spark's offset JSON; the two may differ) to an offset; a
+    partition missing from ``start`` starts at 0.
     """
+    first_of = {int(part): int(offset) for part, offset in start.items()}
     ranges = []
-    for part, last in sorted(end.items(), key=lambda kv: int(kv[0])):
-        first = start.get(part, 0)
+    for part, last in sorted((int(p), int(o)) for p, o in end.items()):
+        first = first_of.get(part, 0)
         if last > first:
-            ranges.append(OffsetRange(bootstrap_servers, topic, int(part), int(first), int(last)))
+            ranges.append(OffsetRange(bootstrap_servers, topic, part, first, last))
     return ranges
 
 

@@ -47,3 +47,9 @@ def test_a_range_past_the_partitions_end_raises_instead_of_reading_less(
     _produce(broker, topic_name, 3)
     with pytest.raises(TimeoutError, match=r"no records past offset 3 \(wanted up to 10\)"):
         list(read_range(OffsetRange(broker, topic_name, 1, 0, 10), idle_timeout_s=1.0))
+
+
+def test_ranges_match_partitions_given_as_numbers_and_as_strings() -> None:
+    """Spark's offset JSON keys partitions by string; a caller may mix it with numbers."""
+    ranges = offset_ranges("b:9092", "t", {"0": 5, 1: 7}, {0: 9, "1": 7, 2: 3})
+    assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 5, 9), (2, 0, 3)]
