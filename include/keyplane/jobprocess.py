@@ -21,7 +21,8 @@ exits first fails the start with the end of its log; one that is not up in
 time is stopped.
 
 Stop sends SIGTERM to the job's Python process only. Its handler stops the
-query between two batches, then Spark; a SIGTERM to the whole process group
+query between two batches (it waits up to ``STOP_GRACE_S`` for the running
+one), then Spark; a SIGTERM to the whole process group
 would also reach the JVM, whose shutdown hooks would tear Spark down under a
 running batch. Either way the checkpoint makes the restart exact.
 

@@ -196,6 +196,8 @@ def test_start_status_stop_restart_of_the_routed_job(
     assert "lag          0 events (last batch " in "\n".join(out)
 
     assert stopped.outcome == "stopped" and stopped.record == started.record
+    # Each stop waited for the running batch: none was cancelled under it.
+    assert "SPARK_JOB_CANCELLED" not in job.log.read_text()
     assert stopped_again.outcome == "not running"
     assert not alive(started.record.pid, started.record.command)
     results = read_results(job.output, {"A": RunningCount(), "B": ValueCounts()})

@@ -1,14 +1,20 @@
-"""Progress parsing of the counting job (pure: Spark's progress JSON as input)."""
+"""Progress parsing and stopping of the counting job (pure: Spark's progress JSON, a fake query)."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from keyplane.spark.counts_job import CountsJobSettings, job_command, parse_settings
+from keyplane.spark.counts_job import (
+    CountsJobSettings,
+    job_command,
+    parse_settings,
+    stop_between_batches,
+)
 from keyplane.spark.progress import progress_of
 
 
@@ -72,3 +78,36 @@ def test_forward_mode_round_trips_and_is_checked_at_the_boundary(
     with pytest.raises(SystemExit):
         parse_settings([*cmd[3 : cmd.index("--forward")], "--forward", "tuple"])
     assert "argument --forward: invalid choice: 'tuple'" in capsys.readouterr().err
+
+
+class FakeQuery:
+    """Stands in for a StreamingQuery whose running batch ends after ``busy_reads`` status reads."""
+
+    def __init__(self, busy_reads: float) -> None:
+        self.busy_reads = busy_reads
+        self.reads = 0
+        self.isActive = True
+        self.stopped_after: int | None = None
+
+    @property
+    def status(self) -> dict[str, bool]:
+        self.reads += 1
+        return {"isTriggerActive": self.reads <= self.busy_reads}
+
+    def stop(self) -> None:
+        self.stopped_after = self.reads
+        self.isActive = False
+
+
+def test_stop_waits_for_the_running_batch_to_end_with_a_fake_query() -> None:
+    query = FakeQuery(busy_reads=3)
+    stop_between_batches(query, grace_s=60, poll_s=0)  # type: ignore[arg-type]
+    assert query.stopped_after == 4
+
+
+def test_stop_gives_up_waiting_after_the_grace_with_a_fake_query() -> None:
+    query = FakeQuery(busy_reads=float("inf"))
+    started = time.monotonic()
+    stop_between_batches(query, grace_s=0.2, poll_s=0.01)  # type: ignore[arg-type]
+    assert query.stopped_after is not None and query.stopped_after > 1
+    assert time.monotonic() - started >= 0.2
