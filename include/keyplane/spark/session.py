@@ -7,7 +7,6 @@ import sys
 
 from pyspark.sql import SparkSession
 
-
 WORKER_WARNINGS_IGNORED = (
     "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
 )
