@@ -6,6 +6,7 @@ of pure logic, and such tests say so in their names.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # Control messages are signed (keyplane.signing); tests sign with a throwaway key.
 os.environ.setdefault("KEYPLANE_CONTROL_KEY", "keyplane-tests-only")
+# py4j logs at INFO when its connections are garbage-collected, which for the
+# session's SparkSession is at interpreter exit, after pytest has closed the
+# streams that Airflow's logging set-up attached to the root logger.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
