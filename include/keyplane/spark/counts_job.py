@@ -459,18 +459,25 @@ STOP_GRACE_S = 20.0
 def stop_between_batches(
     query: StreamingQuery, grace_s: float = STOP_GRACE_S, poll_s: float = 0.05
 ) -> None:
-    """Stop ``query`` once no batch is running, or after ``grace_s`` regardless.
+    """Stop ``query`` once the batch running now has ended, or after ``grace_s`` regardless.
 
     Why wait: ``StreamingQuery.stop`` cancels the running batch's Spark jobs.
     Counts stay exact either way, since the checkpoint replays that batch on
     the next start, but its work is lost, and the cancelled collect inside
     ``foreachBatch`` fills the log with stack traces (on Spark 4.3 the stream
-    thread can even overflow its stack formatting them). A job with a backlog
-    runs batches back to back and may never be idle: then the grace bounds the
-    wait and the batch is cancelled as before.
+    thread can even overflow its stack formatting them). Only the batch
+    running at the request is waited for: a job with a backlog starts the
+    next one at once, and that one is stopped while it is still planned.
     """
     deadline = time.monotonic() + grace_s
-    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+    before = query.lastProgress
+    last_batch = before["batchId"] if before else -1
+    while query.isActive and time.monotonic() < deadline:
+        if not query.status["isTriggerActive"]:
+            break
+        latest = query.lastProgress
+        if latest is not None and latest["batchId"] > last_batch:
+            break
         time.sleep(poll_s)
     query.stop()
 

@@ -81,10 +81,13 @@ def test_forward_mode_round_trips_and_is_checked_at_the_boundary(
 
 
 class FakeQuery:
-    """Stands in for a StreamingQuery whose running batch ends after ``busy_reads`` status reads."""
+    """Stands in for a StreamingQuery: batch ``last_batch`` + 1 runs for ``busy_reads``
+    status reads, and the next starts at once when ``backlog``."""
 
-    def __init__(self, busy_reads: float) -> None:
+    def __init__(self, busy_reads: float, *, last_batch: int | None = 4, backlog: bool) -> None:
         self.busy_reads = busy_reads
+        self.backlog = backlog
+        self.batch = last_batch
         self.reads = 0
         self.isActive = True
         self.stopped_after: int | None = None
@@ -92,21 +95,31 @@ class FakeQuery:
     @property
     def status(self) -> dict[str, bool]:
         self.reads += 1
-        return {"isTriggerActive": self.reads <= self.busy_reads}
+        if self.reads == self.busy_reads + 1:
+            self.batch = 0 if self.batch is None else self.batch + 1
+        return {"isTriggerActive": self.backlog or self.reads <= self.busy_reads}
+
+    @property
+    def lastProgress(self) -> dict[str, int] | None:
+        return None if self.batch is None else {"batchId": self.batch}
 
     def stop(self) -> None:
         self.stopped_after = self.reads
         self.isActive = False
 
 
-def test_stop_waits_for_the_running_batch_to_end_with_a_fake_query() -> None:
-    query = FakeQuery(busy_reads=3)
+@pytest.mark.parametrize("backlog", [False, True])
+@pytest.mark.parametrize("last_batch", [None, 4])
+def test_stop_waits_for_the_running_batch_only_with_a_fake_query(
+    backlog: bool, last_batch: int | None
+) -> None:
+    query = FakeQuery(busy_reads=3, last_batch=last_batch, backlog=backlog)
     stop_between_batches(query, grace_s=60, poll_s=0)  # type: ignore[arg-type]
     assert query.stopped_after == 4
 
 
 def test_stop_gives_up_waiting_after_the_grace_with_a_fake_query() -> None:
-    query = FakeQuery(busy_reads=float("inf"))
+    query = FakeQuery(busy_reads=float("inf"), backlog=True)
     started = time.monotonic()
     stop_between_batches(query, grace_s=0.2, poll_s=0.01)  # type: ignore[arg-type]
     assert query.stopped_after is not None and query.stopped_after > 1
