@@ -61,7 +61,7 @@ from keyplane.aggregates import canonical_spec, load_aggregate
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.controller import ControllerError, read_controller_file
 from keyplane.events import Forward
-from keyplane.kafka.admin import TopicError, earliest_offsets, high_watermarks, partitions_of
+from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of, tail_offsets
 from keyplane.kafka.broker import answers_kafka
 from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.processes import (
@@ -729,21 +729,20 @@ def read_metrics_topic(
     """The newest :class:`BatchMetrics` of partition 0 of ``topic``, and the newest with rows.
 
     None when the topic does not exist yet or holds no metrics record. The
-    end comes from :func:`~keyplane.kafka.admin.high_watermarks`, since the
-    embedded broker's ListOffsets under-reports it. Records that are not
-    metrics are skipped.
+    window comes from :func:`~keyplane.kafka.admin.tail_offsets`: it ends at
+    the high watermark, since the embedded broker's ListOffsets under-reports
+    it, and starts no earlier than the first retained record. Records that
+    are not metrics are skipped.
     """
     try:
         partitions_of(bootstrap_servers, topic, timeout_s=1.0)
     except TopicError:
         return None
-    end = high_watermarks(bootstrap_servers, topic, [0])[0]
-    # Not before the first retained record: a window reaching past it would
-    # wait for records retention has deleted, and time out.
-    start = max(end - window, earliest_offsets(bootstrap_servers, topic, [0])[0])
-    if end <= start:
+    starts, ends = tail_offsets(bootstrap_servers, topic, window, [0])
+    end = ends[0]
+    if end <= starts[0]:
         return None
-    records = read_metrics(bootstrap_servers, topic, {0: start}, {0: end}, idle_timeout_s=timeout_s)
+    records = read_metrics(bootstrap_servers, topic, starts, ends, idle_timeout_s=timeout_s)
     if not records:
         return None
     latest = records[-1]

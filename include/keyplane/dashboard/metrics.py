@@ -187,7 +187,7 @@ def read_metrics(
     """
     from kafka.errors import KafkaError
 
-    from keyplane.kafka.admin import TopicError, earliest_offsets, high_watermarks, partitions_of
+    from keyplane.kafka.admin import TopicError, partitions_of, tail_offsets
     from keyplane.kafka.broker import answers_kafka
     from keyplane.kafka.metrics_topic import read_metrics as read_topic
 
@@ -198,9 +198,7 @@ def read_metrics(
     except TopicError:
         return MetricsRead((), f"no metrics topic {topic!r} yet")
     try:
-        ends = high_watermarks(bootstrap_servers, topic, parts)
-        earliest = earliest_offsets(bootstrap_servers, topic, parts)
-        starts = {p: max(earliest.get(p, 0), end - max_records) for p, end in ends.items()}
+        starts, ends = tail_offsets(bootstrap_servers, topic, max_records, parts)
         read = read_topic(bootstrap_servers, topic, starts, ends, idle_timeout_s=timeout_s)
     except (KafkaError, TopicError, OSError) as error:
         return MetricsRead((), f"reading {topic!r} failed: {type(error).__name__}")

@@ -110,3 +110,17 @@ def earliest_offsets(
         return {tp.partition: off for tp, off in consumer.beginning_offsets(tps).items()}
     finally:
         consumer.close()
+
+
+def tail_offsets(
+    bootstrap_servers: str, topic: str, last: int, partitions: list[int] | None = None
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Start and end offsets of the newest ``last`` records of each partition.
+
+    A start is never before the partition's first retained record: a range
+    reaching past it would wait for records retention has deleted, and time
+    out. Ends are high watermarks (:func:`high_watermarks`).
+    """
+    ends = high_watermarks(bootstrap_servers, topic, partitions)
+    earliest = earliest_offsets(bootstrap_servers, topic, list(ends))
+    return {p: max(earliest.get(p, 0), end - last) for p, end in ends.items()}, ends

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from keyplane.kafka.admin import ensure_topic, high_watermarks
+from keyplane.kafka.admin import ensure_topic, high_watermarks, tail_offsets
 from keyplane.kafka.producer import make_producer
 from keyplane.kafka.ranges import RECORD_SCHEMA, OffsetRange, offset_ranges, read_range
 
@@ -53,3 +53,11 @@ def test_ranges_match_partitions_given_as_numbers_and_as_strings() -> None:
     """Spark's offset JSON keys partitions by string; a caller may mix it with numbers."""
     ranges = offset_ranges("b:9092", "t", {"0": 5, 1: 7}, {0: 9, "1": 7, 2: 3})
     assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 5, 9), (2, 0, 3)]
+
+
+def test_tail_offsets_end_at_the_high_watermark_and_never_start_below_zero(
+    broker: str, topic_name: str
+) -> None:
+    _produce(broker, topic_name, 10)
+    assert tail_offsets(broker, topic_name, 3) == ({0: 7, 1: 7}, {0: 10, 1: 10})
+    assert tail_offsets(broker, topic_name, 50, [1]) == ({1: 0}, {1: 10})
