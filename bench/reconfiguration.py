@@ -10,15 +10,23 @@ in one run, each on a job of its own over the same topic:
   → MIGRATED A, MIGRATED B → DONE; both stages switch in one batch;
 * ``one-by-one`` (the paper's order): PROPAGATE B only after MIGRATED A.
 
+A third job, first in the run, reads the same topic with no rollout: the
+baseline. Every job reads the same events in batch *n* (same backlog, same
+``--batch``), so a batch of a rollout and the same batch of the baseline
+differ only by the rollout's work.
+
 Reported per order:
 
 * micro-batches from the job's ACK to its MIGRATED for B (the batch ids the
   job stamps on its replies), plus the batch that applies DONE;
-* the throughput dip (goal ≤ 10 %): one minus the mean duration of the
-  batches before the ACK over that of the batches from the ACK to
-  MIGRATED(B); every batch holds the same number of events, so durations
-  compare throughput. Also over the switch and install batches alone;
-* every batch from the last one before the ACK to the first after MIGRATED.
+* the throughput dip (goal ≤ 10 %) over the switch and install batches, the
+  two that move state, and over all batches from the ACK to MIGRATED(B):
+  one minus the baseline's summed durations of those batches over the
+  rollout's. Also, as this bench measured before it had a baseline, against
+  the mean of the rollout job's own batches before the ACK, which mixes in
+  how batch costs drift over a run (the first batches warm the JVM up);
+* every batch from the last one before the ACK to the first after MIGRATED,
+  with the baseline's duration of the same batch.
 
     python bench/reconfiguration.py [--events 200000] [--moved-keys 10000] [--out FILE]
 """
@@ -63,12 +71,23 @@ def roll_out(controller: Controller, order: Order) -> None:
     controller.done()
 
 
-def measure(
-    order: Order, bootstrap: str, tmp: Path, store: Path, args: argparse.Namespace, truth: Any
-) -> dict[str, Any]:
-    """Run the job on the backlog, roll v2 out in ``order`` after 3 batches, and measure."""
-    work = tmp / order
-    topics = routed_job_topics(f"reconf-{order}")
+def run_on_backlog(
+    name: str,
+    bootstrap: str,
+    tmp: Path,
+    store: Path,
+    args: argparse.Namespace,
+    truth: Any,
+    order: Order | None,
+) -> tuple[list[dict[str, Any]], Reconfiguration | None, float, int, bool]:
+    """Run one job over the whole backlog; after 3 batches roll v2 out in ``order`` (if any).
+
+    Returns the job's metrics records, the controller's last rollout, the
+    rollout's wall time, the number of moved states and whether the counts
+    were exact.
+    """
+    work = tmp / name
+    topics = routed_job_topics(f"reconf-{name}")
     settings = CountsJobSettings(
         bootstrap_servers=bootstrap,
         events_topic="reconf",
@@ -84,31 +103,65 @@ def measure(
     work.mkdir(parents=True)
     log = (work / "job.log").open("w")
     job = subprocess.Popen(job_command(settings), stdout=log, stderr=subprocess.STDOUT)
-    while len(list((work / "out").glob("batch-*.parquet"))) < 3:
-        if job.poll() is not None:
-            raise RuntimeError((work / "job.log").read_text()[-3000:])
-        time.sleep(0.2)
-    started = time.monotonic()
-    with ControlChannel(bootstrap, topics["control_topic"]) as channel:
-        controller = Controller(channel, work / "controller.json", store)
-        roll_out(controller, order)
-        wall = time.monotonic() - started
-        last: Reconfiguration | None = controller.state.last if controller.state else None
+    last: Reconfiguration | None = None
+    wall = 0.0
+    if order is not None:
+        while len(list((work / "out").glob("batch-*.parquet"))) < 3:
+            if job.poll() is not None:
+                raise RuntimeError((work / "job.log").read_text()[-3000:])
+            time.sleep(0.2)
+        started = time.monotonic()
+        with ControlChannel(bootstrap, topics["control_topic"]) as channel:
+            controller = Controller(channel, work / "controller.json", store)
+            roll_out(controller, order)
+            wall = time.monotonic() - started
+            last = controller.state.last if controller.state else None
     if job.wait(timeout=1800) != 0:
         raise RuntimeError((work / "job.log").read_text()[-3000:])
     metrics = read_topic(bootstrap, topics["metrics_topic"])
     moved_states = len(read_topic(bootstrap, topics["migration_topic"]))
     exact = compare_counts(truth, read_output(work / "out")).exact
+    return metrics, last, wall, moved_states, exact
 
+
+def batch_seconds(metrics: list[dict[str, Any]]) -> dict[int, float]:
+    """Each batch's duration, by batch id, from the job's metrics records."""
+    return {m["plan"]: m["duration_ms"] / 1000 for m in metrics if m["rows"]}
+
+
+def summed(seconds: dict[int, float], batches: list[int]) -> float:
+    """The summed duration of ``batches``."""
+    return sum(seconds[b] for b in batches)
+
+
+def dip(baseline_s: float, rollout_s: float) -> str:
+    """The throughput lost when the same events took ``rollout_s`` instead of ``baseline_s``."""
+    return f"{1 - baseline_s / rollout_s:.0%}"
+
+
+def measure(
+    order: Order,
+    run: int,
+    baseline: dict[int, float],
+    bootstrap: str,
+    tmp: Path,
+    store: Path,
+    args: argparse.Namespace,
+    truth: Any,
+) -> dict[str, Any]:
+    """Run the job on the backlog, roll v2 out in ``order`` after 3 batches, and measure."""
+    metrics, last, wall, moved_states, exact = run_on_backlog(
+        f"{order}-{run}", bootstrap, tmp, store, args, truth, order
+    )
     assert last is not None and last.ack is not None and last.ack.batch_id is not None
     acked = last.ack.batch_id
     installs = {op: m.batch_id for op, m in last.migrated.items() if m.batch_id is not None}
     migrated = installs["B"]
     switches = {installs[op] - 1 for op in installs}
-    seconds = {m["plan"]: m["duration_ms"] / 1000 for m in metrics if m["rows"]}
+    seconds = batch_seconds(metrics)
     before = [seconds[b] for b in seconds if 0 < b < acked]
-    during = [seconds[b] for b in range(acked, migrated + 1)]
-    moving = [seconds[b] for b in sorted(switches | set(installs.values()))]
+    during = list(range(acked, migrated + 1))
+    moving = sorted(switches | set(installs.values()))
 
     def role(batch: int) -> str:
         roles = ["ACK"] if batch == acked else []
@@ -119,7 +172,8 @@ def measure(
     batches = [
         f"| {m['plan']} | {role(m['plan'])} | "
         f"{', '.join(f'{op} v{v}' for op, v in sorted(m['versions'].items()))} | "
-        f"{m['rows']:,} | {m['duration_ms'] / 1000:.1f} | {m['moved_states']:,} |"
+        f"{m['rows']:,} | {m['duration_ms'] / 1000:.1f} | {baseline[m['plan']]:.1f} | "
+        f"{m['moved_states']:,} |"
         for m in metrics
         if acked - 1 <= m["plan"] <= migrated + 1
     ]
@@ -128,8 +182,11 @@ def measure(
         "wall": wall,
         "moved": moved_states,
         "before": statistics.mean(before),
-        "during": statistics.mean(during),
-        "moving": statistics.mean(moving),
+        "during": statistics.mean(seconds[b] for b in during),
+        "moving": statistics.mean(seconds[b] for b in moving),
+        # (rollout, baseline) summed seconds of the same batches.
+        "sums_during": (summed(seconds, during), summed(baseline, during)),
+        "sums_moving": (summed(seconds, moving), summed(baseline, moving)),
         "exact": exact,
         "table": batches,
     }
@@ -141,6 +198,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--moved-keys", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the three jobs")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -167,42 +225,78 @@ def main() -> None:
         store = tmp / "store"
         save(v1, store)
         save(v2, store)
-        results = {order: measure(order, bootstrap, tmp, store, args, truth) for order in ORDERS}
+        baselines_exact = []
+        results: dict[Order, list[dict[str, Any]]] = {order: [] for order in ORDERS}
+        for run in range(args.repeats):
+            metrics, _, _, _, exact = run_on_backlog(
+                f"no-rollout-{run}", bootstrap, tmp, store, args, truth, None
+            )
+            baselines_exact.append(exact)
+            baseline = batch_seconds(metrics)
+            for order in ORDERS:
+                results[order].append(
+                    measure(order, run, baseline, bootstrap, tmp, store, args, truth)
+                )
 
     def row(label: str, cell: Any) -> str:
         return f"| {label} | " + " | ".join(cell(results[order]) for order in ORDERS) + " |"
 
+    def runs(value: Any) -> Any:
+        """A cell: the value of each run, separated by slashes."""
+        return lambda rs: " / ".join(value(r) for r in rs)
+
+    def pooled(name: str) -> Any:
+        """A cell: the dip over all runs' batches, then each run's in parentheses."""
+
+        def cell(rs: list[dict[str, Any]]) -> str:
+            total = dip(sum(r[name][1] for r in rs), sum(r[name][0] for r in rs))
+            each = ", ".join(dip(r[name][1], r[name][0]) for r in rs)
+            return f"**{total}**" if len(rs) == 1 else f"**{total}** ({each})"
+
+        return cell
+
     lines = [
         f"events: {args.events:,} zipf-evolving ({args.keys:,} keys, s = 0.6), "
         f"{args.batch:,} per batch, {P} instances, local[2]; v2 moves {len(moved_a):,} stage-A "
-        f"keys and {len(b_keys)} stage-B keys",
+        f"keys and {len(b_keys)} stage-B keys; {args.repeats} run(s) of the three jobs "
+        "(cells with several values: one per run)",
         "",
         "| measure | " + " | ".join(ORDERS) + " |",
         "|---|" + "---:|" * len(ORDERS),
-        row("micro-batches ACK → MIGRATED(B) (+1 applies DONE)", lambda r: f"{r['batches']} (+1)"),
-        row("rollout wall time", lambda r: f"{r['wall']:.1f} s"),
-        row("states moved (migration topic records)", lambda r: f"{r['moved']:,}"),
-        row("mean batch s before the ACK", lambda r: f"{r['before']:.1f}"),
-        row("mean batch s, ACK → MIGRATED(B)", lambda r: f"{r['during']:.1f}"),
         row(
-            "throughput dip, ACK → MIGRATED(B)",
-            lambda r: f"**{1 - r['before'] / r['during']:.0%}**",
+            "micro-batches ACK → MIGRATED(B) (+1 applies DONE)",
+            runs(lambda r: f"{r['batches']} (+1)"),
         ),
-        row("mean batch s, switch and install batches", lambda r: f"{r['moving']:.1f}"),
+        row("rollout wall time, s", runs(lambda r: f"{r['wall']:.1f}")),
+        row("states moved (migration topic records)", runs(lambda r: f"{r['moved']:,}")),
         row(
-            "throughput dip, switch and install batches",
-            lambda r: f"{1 - r['before'] / r['moving']:.0%}",
+            "throughput dip, switch and install batches, vs the same batches without a rollout",
+            pooled("sums_moving"),
         ),
-        row("counts exact", lambda r: str(r["exact"])),
+        row(
+            "throughput dip, ACK → MIGRATED(B), vs the same batches without a rollout",
+            pooled("sums_during"),
+        ),
+        row(
+            "throughput dip, switch and install batches, vs the batches before the ACK",
+            runs(lambda r: dip(r["before"], r["moving"])),
+        ),
+        row(
+            "throughput dip, ACK → MIGRATED(B), vs the batches before the ACK",
+            runs(lambda r: dip(r["before"], r["during"])),
+        ),
+        row("counts exact", runs(lambda r: str(r["exact"]))),
+        "",
+        f"The no-rollout jobs' counts exact: {' / '.join(map(str, baselines_exact))}.",
     ]
     for order in ORDERS:
         lines += [
             "",
-            f"{order}:",
+            f"{order}, first run:",
             "",
-            "| batch | rollout | routing | rows | batch s | states moved out |",
-            "|---:|---|---|---:|---:|---:|",
-            *results[order]["table"],
+            "| batch | rollout | routing | rows | batch s | baseline s | states moved out |",
+            "|---:|---|---|---:|---:|---:|---:|",
+            *results[order][0]["table"],
         ]
     emit("\n".join(lines), args.out)
 
