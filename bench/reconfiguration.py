@@ -37,6 +37,7 @@ import argparse
 import statistics
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -71,6 +72,20 @@ def roll_out(controller: Controller, order: Order) -> None:
     controller.done()
 
 
+@dataclass(frozen=True)
+class JobRun:
+    """One job's run over the backlog, as :func:`run_on_backlog` observed it."""
+
+    metrics: list[dict[str, Any]]
+    """The job's metrics records, one per batch."""
+    rollout: Reconfiguration | None
+    """The controller's last rollout; None for the no-rollout job."""
+    wall_s: float
+    """The rollout's wall time; 0 for the no-rollout job."""
+    moved_states: int
+    exact: bool
+
+
 def run_on_backlog(
     name: str,
     bootstrap: str,
@@ -79,13 +94,8 @@ def run_on_backlog(
     args: argparse.Namespace,
     truth: Any,
     order: Order | None,
-) -> tuple[list[dict[str, Any]], Reconfiguration | None, float, int, bool]:
-    """Run one job over the whole backlog; after 3 batches roll v2 out in ``order`` (if any).
-
-    Returns the job's metrics records, the controller's last rollout, the
-    rollout's wall time, the number of moved states and whether the counts
-    were exact.
-    """
+) -> JobRun:
+    """Run one job over the whole backlog; after 3 batches roll v2 out in ``order`` (if any)."""
     work = tmp / name
     topics = routed_job_topics(f"reconf-{name}")
     settings = CountsJobSettings(
@@ -118,10 +128,13 @@ def run_on_backlog(
             last = controller.state.last if controller.state else None
     if job.wait(timeout=1800) != 0:
         raise RuntimeError((work / "job.log").read_text()[-3000:])
-    metrics = read_topic(bootstrap, topics["metrics_topic"])
-    moved_states = len(read_topic(bootstrap, topics["migration_topic"]))
-    exact = compare_counts(truth, read_output(work / "out")).exact
-    return metrics, last, wall, moved_states, exact
+    return JobRun(
+        metrics=read_topic(bootstrap, topics["metrics_topic"]),
+        rollout=last,
+        wall_s=wall,
+        moved_states=len(read_topic(bootstrap, topics["migration_topic"])),
+        exact=compare_counts(truth, read_output(work / "out")).exact,
+    )
 
 
 def batch_seconds(metrics: list[dict[str, Any]]) -> dict[int, float]:
@@ -150,9 +163,8 @@ def measure(
     truth: Any,
 ) -> dict[str, Any]:
     """Run the job on the backlog, roll v2 out in ``order`` after 3 batches, and measure."""
-    metrics, last, wall, moved_states, exact = run_on_backlog(
-        f"{order}-{run}", bootstrap, tmp, store, args, truth, order
-    )
+    job = run_on_backlog(f"{order}-{run}", bootstrap, tmp, store, args, truth, order)
+    last, metrics = job.rollout, job.metrics
     assert last is not None and last.ack is not None and last.ack.batch_id is not None
     acked = last.ack.batch_id
     installs = {op: m.batch_id for op, m in last.migrated.items() if m.batch_id is not None}
@@ -179,15 +191,15 @@ def measure(
     ]
     return {
         "batches": migrated - acked + 1,
-        "wall": wall,
-        "moved": moved_states,
+        "wall": job.wall_s,
+        "moved": job.moved_states,
         "before": statistics.mean(before),
         "during": statistics.mean(seconds[b] for b in during),
         "moving": statistics.mean(seconds[b] for b in moving),
         # (rollout, baseline) summed seconds of the same batches.
         "sums_during": (summed(seconds, during), summed(baseline, during)),
         "sums_moving": (summed(seconds, moving), summed(baseline, moving)),
-        "exact": exact,
+        "exact": job.exact,
         "table": batches,
     }
 
@@ -228,11 +240,11 @@ def main() -> None:
         baselines_exact = []
         results: dict[Order, list[dict[str, Any]]] = {order: [] for order in ORDERS}
         for run in range(args.repeats):
-            metrics, _, _, _, exact = run_on_backlog(
+            no_rollout = run_on_backlog(
                 f"no-rollout-{run}", bootstrap, tmp, store, args, truth, None
             )
-            baselines_exact.append(exact)
-            baseline = batch_seconds(metrics)
+            baselines_exact.append(no_rollout.exact)
+            baseline = batch_seconds(no_rollout.metrics)
             for order in ORDERS:
                 results[order].append(
                     measure(order, run, baseline, bootstrap, tmp, store, args, truth)
