@@ -112,33 +112,37 @@ def event_log_env(log_dir: Path) -> dict[str, str]:
     return {**os.environ, "SPARK_CONF_DIR": str(conf_dir)}
 
 
-STATEFUL_SCOPES = {"A": "TransformWithState", "B": "FlatMapGroupsInPandasWithState"}
-"""The physical operator that makes a stage stage A or stage B, as named in RDD scopes."""
+STATEFUL_SCOPE = "TransformWithState"
+"""The physical operator of both keyed stages, as named in RDD scopes."""
 
 
 def stateful_stage_seconds(log_dir: Path) -> dict[int, dict[str, float]]:
     """Per micro-batch, the wall time of the Spark stage that runs each keyed stage.
 
     Read from the event log (:func:`event_log_env`): a stage belongs to the
-    batch its ``streaming.sql.batchId`` property names, and is stage A or B
-    when one of its RDDs was made by that stage's stateful operator. This is
+    batch its ``streaming.sql.batchId`` property names, and runs a keyed
+    stage when one of its RDDs was made by a ``transformWithState``
+    operator. Stage A's feeds stage B's through a shuffle, so within a batch
+    the first such Spark stage is stage A and the second stage B. This is
     where a straggler shows: the stage lasts as long as its slowest task.
     """
-    submitted: dict[int, tuple[int, str]] = {}
-    seconds: dict[int, dict[str, float]] = {}
+    submitted: dict[int, int] = {}
+    took: dict[int, dict[int, float]] = {}
     for path in sorted(p for p in log_dir.iterdir() if p.is_file()):
         for line in path.read_text().splitlines():
             event = json.loads(line)
             if event["Event"] == "SparkListenerStageSubmitted":
                 info, props = event["Stage Info"], event.get("Properties") or {}
                 scopes = " ".join(rdd.get("Scope", "") for rdd in info["RDD Info"])
-                for stage, operator in STATEFUL_SCOPES.items():
-                    if operator in scopes and "streaming.sql.batchId" in props:
-                        submitted[info["Stage ID"]] = (int(props["streaming.sql.batchId"]), stage)
+                if STATEFUL_SCOPE in scopes and "streaming.sql.batchId" in props:
+                    submitted[info["Stage ID"]] = int(props["streaming.sql.batchId"])
             elif event["Event"] == "SparkListenerStageCompleted":
                 info = event["Stage Info"]
                 if info["Stage ID"] in submitted and "Completion Time" in info:
-                    batch, stage = submitted[info["Stage ID"]]
-                    took = (info["Completion Time"] - info["Submission Time"]) / 1000
-                    seconds.setdefault(batch, {})[stage] = took
-    return seconds
+                    batch = submitted[info["Stage ID"]]
+                    seconds = (info["Completion Time"] - info["Submission Time"]) / 1000
+                    took.setdefault(batch, {})[info["Stage ID"]] = seconds
+    return {
+        batch: dict(zip("AB", (stages[i] for i in sorted(stages)), strict=False))
+        for batch, stages in took.items()
+    }

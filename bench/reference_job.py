@@ -12,7 +12,11 @@ batch cap, each in its own process, one after the other:
 The throughput ratios are the cost of the Python stateful stages and of
 live routing (issue goal: routed ≥ 0.9 × plain Spark).
 
-    python bench/reference_job.py [--events 200000] [--tags 2000] [--out FILE]
+One run of a variant varies by up to half its rate on a 2-core machine, so
+``--repeats N`` runs the three variants N times, taking turns, and pools each
+variant's steady batches over the runs.
+
+    python bench/reference_job.py [--events 200000] [--tags 2000] [--repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from pathlib import Path
+from typing import Any
 
 from _harness import emit, private_broker, run_job, steady_rate
 
@@ -31,18 +36,22 @@ from keyplane.workloads import GeoTagsWorkload
 VARIANTS = ("native-counts", "two-stage", "routed")
 
 
-def settings(bootstrap: str, tmp: Path, variant: str, batch: int, total: int) -> CountsJobSettings:
+def settings(
+    bootstrap: str, tmp: Path, variant: str, batch: int, total: int, run: int = 0
+) -> CountsJobSettings:
+    """Run ``run`` of ``variant``: its own checkpoint, output, routing store and topics."""
     routed = variant == "routed"
+    name = f"{variant}-{run}"
     return CountsJobSettings(
         bootstrap_servers=bootstrap,
         events_topic="reference",
-        checkpoint=tmp / f"ck-{variant}",
-        output=tmp / f"out-{variant}",
+        checkpoint=tmp / f"ck-{name}",
+        output=tmp / f"out-{name}",
         max_offsets_per_trigger=batch,
         stop_at_offset_total=total,
         pipeline="two-stage" if routed else variant,
-        routing_store=tmp / "store" if routed else None,
-        **(routed_job_topics(variant) if routed else {}),
+        routing_store=tmp / f"store-{name}" if routed else None,
+        **(routed_job_topics(name) if routed else {}),
     )
 
 
@@ -52,6 +61,7 @@ def main() -> None:
     parser.add_argument("--tags", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--quick", action="store_true", help="50k events, 10k per batch")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the three variants")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     events, batch = (50_000, 10_000) if args.quick else (args.events, args.batch)
@@ -59,21 +69,36 @@ def main() -> None:
     with private_broker() as (bootstrap, tmp):
         spec = GeoTagsWorkload(n_events=events, n_tags=args.tags, seed=3)
         produce_workload(spec, bootstrap, "reference", partitions=8)
-        results = {v: run_job(settings(bootstrap, tmp, v, batch, events)) for v in VARIANTS}
+        runs: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in VARIANTS}
+        for run in range(args.repeats):
+            for v in VARIANTS:
+                progress = run_job(settings(bootstrap, tmp, v, batch, events, run))
+                runs[v].append(progress)
+                print(f"run {run + 1}/{args.repeats} {v}: {steady_rate(progress):,.0f} rows/s")
 
-    def median_s(progress: list[dict]) -> float:  # type: ignore[type-arg]
+    def median_s(progress: list[dict[str, Any]]) -> float:
         return statistics.median(p["duration_ms"] for p in progress) / 1000
 
-    rates = {v: steady_rate(results[v]) for v in VARIANTS}
+    # Pooled: every run's steady batches (all but each run's first) as one.
+    rates = {v: steady_rate([p for progress in runs[v] for p in progress[1:]]) for v in VARIANTS}
+    per_run = {v: [steady_rate(progress) for progress in runs[v]] for v in VARIANTS}
     native = rates["native-counts"]
+
+    def ratio(v: str) -> str:
+        native_runs = per_run["native-counts"]
+        each = ", ".join(f"{r / n:.2f}" for r, n in zip(per_run[v], native_runs, strict=True))
+        return f"**{rates[v] / native:.2f}**" + (f" ({each})" if args.repeats > 1 else "")
+
     lines = [
-        f"events: {events:,} geo-tags ({args.tags:,} tags), {batch:,} per micro-batch, local[2]",
+        f"events: {events:,} geo-tags ({args.tags:,} tags), {batch:,} per micro-batch, local[2], "
+        f"{args.repeats} run(s) of each variant, taking turns",
         "",
-        "| pipeline | batches | median batch s | steady rows/s | vs plain Spark |",
+        "| pipeline | batches per run | median batch s | steady rows/s | vs plain Spark (runs) |",
         "|---|---:|---:|---:|---:|",
         *[
-            f"| {v} | {len(results[v])} | {median_s(results[v]):.1f} | {rates[v]:,.0f} "
-            f"| {rates[v] / native:.2f} |"
+            f"| {v} | {len(runs[v][0])} | "
+            f"{median_s([p for progress in runs[v] for p in progress]):.1f} | "
+            f"{rates[v]:,.0f} | {ratio(v)} |"
             for v in VARIANTS
         ],
         "",

@@ -54,16 +54,13 @@ from __future__ import annotations
 
 import heapq
 import socket
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-import pandas as pd
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.aggregates import KeyedAggregate, RunningCount
@@ -218,10 +215,10 @@ class RoutedStageA(StatefulProcessor):
             state = agg.add(state, [row.b for row in events])
             count += len(events)
         text = agg.encode(state)
-        if installs and not events:
+        if installs or events:
             yield self._report("report", key_a, group, count=count, state=text, instance=instance)
         if events:
-            yield from self._to_stage_b(group, key_a, events, (instance, executor), count, text)
+            yield from self._to_stage_b(group, key_a, events, (instance, executor))
         if evicts:
             if count > 0:
                 yield self._report(
@@ -238,18 +235,16 @@ class RoutedStageA(StatefulProcessor):
         key_a: str,
         events: list[Row],
         where: tuple[int, str],
-        count: int,
-        text: str,
     ) -> Iterator[Row]:
         """The batch's events as rows for stage B, each routed to its field-2 key's instance.
 
         In ``pairs`` mode one row per (field-2 key, B version), weighing ``n``
         tuples; in ``tuples`` mode one row per tuple, with its padding. The
-        group's partial after the batch (``count``, ``text``), which stage B
-        reports for stage A, rides on the first row of each (field-2 key, B
-        version) only: a tuple need not carry a state that may be large.
-        Every tuple of one pair takes the same routed key of B, so that a
-        replayed batch routes it the same way in both modes.
+        group's partial after the batch travels apart, as one ``report`` row
+        (:meth:`_report`): riding on these rows, it would reach the sink once
+        per field-2 key the group sent to. Every tuple of one pair takes the
+        same routed key of B, so that a replayed batch routes it the same way
+        in both modes.
         """
         weights: dict[tuple[str, int], int] = {}
         latest = None
@@ -268,15 +263,11 @@ class RoutedStageA(StatefulProcessor):
             sent = [((b, vb), n, None) for (b, vb), n in weights.items()]
         else:
             sent = [((row.b, row.vb), 1, row.pad) for row in events]
-        reported: set[tuple[str, int]] = set()
         for pair, n, pad in sent:
-            first = pair not in reported
-            reported.add(pair)
             yield _stage_a_row(
                 self.forward, pad, kind="event", stage="A", a=key_a, ra=group, ia=instance,
-                ea=executor, b=pair[0], rb=routes[pair], n=n, count=count if first else None,
-                state=text if first else None, ts=latest, source_rk=None, target_rk=None,
-                marker=None, detail=None,
+                ea=executor, b=pair[0], rb=routes[pair], n=n, count=None, state=None, ts=latest,
+                source_rk=None, target_rk=None, marker=None, detail=None,
             )  # fmt: skip
 
     def _report(
@@ -317,160 +308,114 @@ def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:
         )  # fmt: skip
 
 
-_OUTPUT_COLUMNS = [field.split() for field in ROUTED_OUTPUT_SCHEMA.split(", ")]
+_OUTPUT_FIELDS = tuple(field.split()[0] for field in ROUTED_OUTPUT_SCHEMA.split(", "))
+_NO_OUTPUT_FIELDS = dict.fromkeys(_OUTPUT_FIELDS)
 
 
-def _output(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Rows as a frame of :data:`ROUTED_OUTPUT_SCHEMA`.
-
-    String columns are built as ``object`` arrays so that an all-null column
-    stays null; pandas could make it float NaN, which Arrow cannot cast to
-    string. Stage B builds one such frame per group and batch, so this is on
-    the job's hot path: filling object arrays and handing pandas plain lists
-    costs a quarter of building a ``pd.Series`` per column.
-    """
-    columns: dict[str, Any] = {}
-    for name, kind in _OUTPUT_COLUMNS:
-        values = [row.get(name) for row in rows]
-        if kind == "STRING":
-            strings = np.empty(len(values), dtype=object)
-            strings[:] = values
-            columns[name] = strings
-        else:
-            columns[name] = values
-    return pd.DataFrame(columns, copy=False)
+def _output_row(**fields: Any) -> Row:
+    """A row of :data:`ROUTED_OUTPUT_SCHEMA`; the fields not given are null."""
+    return Row(**{**_NO_OUTPUT_FIELDS, **fields})
 
 
-def routed_stage_b(
-    aggregate: KeyedAggregate[Any],
-) -> Callable[[tuple[str], Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
-    """Stage B's ``applyInPandasWithState`` function: ``aggregate`` per routed key of field 2."""
-    zero_text = aggregate.encode(aggregate.zero())
+class RoutedStageB(StatefulProcessor):
+    """Stage B: ``aggregate``'s partial state per routed key of field 2, with live hand-off.
 
-    def stage_b(
-        key: tuple[str], batches: Iterator[pd.DataFrame], state: GroupState
-    ) -> Iterator[pd.DataFrame]:
-        return routed_stage_b_group(aggregate, zero_text, key, batches, state)
-
-    return stage_b
-
-
-def routed_stage_b_group(
-    aggregate: KeyedAggregate[Any],
-    zero_text: str,
-    key: tuple[str],
-    batches: Iterator[pd.DataFrame],
-    state: GroupState,
-) -> Iterator[pd.DataFrame]:
-    """Stage B for one routed key of field 2: ``aggregate``'s partial state, with live hand-off.
-
-    Also turns stage A's reports into output rows: the largest stage-A
-    partial per routed key seen in this group (stage A's tuple counts only
-    grow within a batch), the traffic from each stage-A instance, and the
-    group's heaviest pairs.
+    Also reports the traffic from each stage-A instance and the group's
+    heaviest pairs; stage A's own reports pass through its control groups.
 
     Called once per routed key per micro-batch, so its fixed cost bounds the
-    job's throughput when batches touch many keys: one pass over plain
-    Python lists, one ``add`` call, no per-group pandas operations but the
-    final frame.
+    job's throughput when batches touch many keys. That is why stage B is a
+    row-based ``transformWithState`` and not ``applyInPandasWithState``:
+    PySpark hands the latter each group as one pandas Series per input
+    column, concatenated into a frame, and takes a frame back. For stage A's
+    16 columns that cost about 5 ms per group, ten times what this stage
+    costs per group with its state calls (docs/benchmarks.md, "Live routing:
+    overhead against plain Spark").
     """
-    group = key[0]
-    frames = list(batches)
-    pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    if group.startswith(CONTROL_PREFIX):
-        yield _output([_passed_through(row) for row in pdf.to_dict("records")])
-        return
-    held = (
-        HeldState(aggregate.decode(state.get[0]), int(state.get[1]), int(state.get[2]))
-        if state.exists
-        else HeldState(aggregate.zero(), 0, -1)
-    )
-    installs: list[tuple[str, tuple[str, int], int]] = []
-    evict: tuple[str, int] | None = None
-    values: list[str] = []
-    a_partials: dict[str, tuple[str, int, int, str]] = {}
-    hops: dict[tuple[int, str], int] = {}
-    pairs: dict[str, int] = {}
-    columns = (
-        "kind", "a", "ra", "ia", "ea", "n", "count", "state", "source_rk", "target_rk", "marker"
-    )  # fmt: skip
-    for kind, a, ra, ia, ea, n, c, text, source, target, move in zip(
-        *(pdf[name].tolist() for name in columns), strict=True
-    ):
-        if kind == "event":
-            n, ia = int(n), int(ia)
-            values += [a] * n
-            seen = a_partials.get(ra)
-            if not pd.isna(c) and (seen is None or c > seen[2]):
-                a_partials[ra] = (a, ia, int(c), text)
-            hops[(ia, ea)] = hops.get((ia, ea), 0) + n
-            pairs[a] = pairs.get(a, 0) + n
-        elif kind == "install":
-            installs.append((source, (text, int(c)), int(move)))
-        elif kind == "evict":
-            evict = (target, int(move))
-    held, sources = _installed(aggregate, held, installs)
-    partial = aggregate.add(held.state, values) if values else held.state
-    count = held.count + len(values)
-    partial_text = aggregate.encode(partial)
-    key_b = str(pdf["b"].iloc[0])
-    instance, executor = _task_partition(), executor_id()
-    out: list[dict[str, Any]] = [
-        {"kind": "count", "stage": "B", "key": key_b, "routed_key": s, "count": 0,
-         "state": zero_text}
-        for s in sources
-    ]  # fmt: skip
-    out += [
-        {"kind": "count", "stage": "A", "key": a, "routed_key": ra, "instance": ia, "count": c,
-         "state": text}
-        for ra, (a, ia, c, text) in a_partials.items()
-    ]  # fmt: skip
-    out += [
-        {
-            "kind": "hop", "instance": instance, "executor": executor, "upstream": ia,
-            "upstream_executor": ea, "n": n,
-        }
-        for (ia, ea), n in hops.items()
-    ]  # fmt: skip
-    out += [
-        {"kind": "pair", "key": key_b, "detail": a, "instance": instance, "n": n}
-        for a, n in heapq.nlargest(TOP_PAIRS_PER_GROUP, pairs.items(), key=lambda item: item[1])
-    ]
-    out.append(
-        {
-            "kind": "count", "stage": "B", "key": key_b, "routed_key": group,
-            "instance": instance, "count": count, "state": partial_text,
-        }
-    )  # fmt: skip
-    if evict is not None:
-        if count > 0:
-            out.append(
-                {
-                    "kind": "moved", "stage": "B", "key": key_b, "routed_key": group,
-                    "count": count, "state": partial_text, "target": evict[0],
-                    "marker": evict[1],
-                }
+
+    def __init__(self, aggregate: KeyedAggregate[Any]) -> None:
+        self.aggregate = aggregate
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = handle.getValueState("state", STATE_SCHEMA)
+        self.zero_text = self.aggregate.encode(self.aggregate.zero())
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
+        group: str = key[0]
+        if group.startswith(CONTROL_PREFIX):
+            yield from (_passed_through(row) for row in rows)
+            return
+        agg = self.aggregate
+        stored = self.state.get()
+        held = (
+            HeldState(agg.decode(stored[0]), int(stored[1]), int(stored[2]))
+            if stored
+            else HeldState(agg.zero(), 0, -1)
+        )
+        installs: list[tuple[str, tuple[str, int], int]] = []
+        evict: tuple[str, int] | None = None
+        values: list[str] = []
+        hops: dict[tuple[int, str], int] = {}
+        pairs: dict[str, int] = {}
+        key_b: str | None = None
+        for row in rows:
+            kind = row.kind
+            key_b = row.b if key_b is None else key_b
+            if kind == "event":
+                a, n, ia = row.a, int(row.n), int(row.ia)
+                values += [a] * n
+                hops[(ia, row.ea)] = hops.get((ia, row.ea), 0) + n
+                pairs[a] = pairs.get(a, 0) + n
+            elif kind == "install":
+                installs.append((row.source_rk, (row.state, int(row["count"])), int(row.marker)))
+            elif kind == "evict":
+                evict = (row.target_rk, int(row.marker))
+        held, sources = _installed(agg, held, installs)
+        partial = agg.add(held.state, values) if values else held.state
+        count = held.count + len(values)
+        partial_text = agg.encode(partial)
+        instance, executor = _task_partition(), executor_id()
+        for source in sources:
+            yield _output_row(
+                kind="count", stage="B", key=key_b, routed_key=source, count=0,
+                state=self.zero_text,
             )  # fmt: skip
-        state.remove()
-    else:
-        state.update((partial_text, count, held.marker))
-    yield _output(out)
+        for (ia, ea), n in hops.items():
+            yield _output_row(
+                kind="hop", instance=instance, executor=executor, upstream=ia,
+                upstream_executor=ea, n=n,
+            )  # fmt: skip
+        for a, n in heapq.nlargest(TOP_PAIRS_PER_GROUP, pairs.items(), key=lambda item: item[1]):
+            yield _output_row(kind="pair", key=key_b, detail=a, instance=instance, n=n)
+        yield _output_row(
+            kind="count", stage="B", key=key_b, routed_key=group, instance=instance, count=count,
+            state=partial_text,
+        )  # fmt: skip
+        if evict is None:
+            self.state.update((partial_text, count, held.marker))
+            return
+        if count > 0:
+            yield _output_row(
+                kind="moved", stage="B", key=key_b, routed_key=group, count=count,
+                state=partial_text, target=evict[0], marker=evict[1],
+            )  # fmt: skip
+        self.state.clear()
+
+    def close(self) -> None:
+        pass
 
 
-def _passed_through(row: Mapping[Hashable, Any]) -> dict[str, Any]:
+def _passed_through(row: Row) -> Row:
     """A stage-A report or an invalid record, as an output row."""
-    if row["kind"] == "invalid":
-        return {"kind": "invalid", "detail": row["detail"]}
+    if row.kind == "invalid":
+        return _output_row(kind="invalid", detail=row.detail)
     common = {
-        "stage": "A", "key": row["a"], "routed_key": row["ra"], "count": int(row["count"]),
-        "state": row["state"],
+        "stage": "A", "key": row.a, "routed_key": row.ra, "count": int(row["count"]),
+        "state": row.state,
     }  # fmt: skip
-    if row["kind"] == "report":
-        instance = row["ia"]
-        return {"kind": "count", **common, "instance": None if pd.isna(instance) else int(instance)}
-    return {
-        "kind": "moved", **common, "target": row["target_rk"], "marker": int(row["marker"])
-    }  # fmt: skip
+    if row.kind == "report":
+        return _output_row(kind="count", **common, instance=row.ia)
+    return _output_row(kind="moved", **common, target=row.target_rk, marker=int(row.marker))
 
 
 def routed_running_counts(
@@ -497,10 +442,6 @@ def routed_running_counts(
         "EventTime",
         eventTimeColumnName="ts",
     )
-    return stage_a_rows.groupBy("rb").applyInPandasWithState(
-        routed_stage_b(stage_b or RunningCount()),
-        ROUTED_OUTPUT_SCHEMA,
-        STATE_SCHEMA,
-        "append",
-        GroupStateTimeout.NoTimeout,
+    return stage_a_rows.groupBy("rb").transformWithState(
+        RoutedStageB(stage_b or RunningCount()), ROUTED_OUTPUT_SCHEMA, "Append", "None"
     )

@@ -59,9 +59,9 @@ PARTIAL_KEY = ["stage", "key", "routed_key", "instance"]
 def latest_partials_of_batch(output: pd.DataFrame) -> pd.DataFrame:
     """The latest partial per (stage, key, routed key, instance) in one batch.
 
-    The latest is the one holding the most tuples (``count``): stage A's
-    partials reach the sink once per downstream group, and a group's tuple
-    count only grows within a batch. ``state`` is the aggregate's encoded
+    Each stage reports a routed key once per batch; should a key report
+    twice, the latest is the one holding the most tuples (``count``), since
+    a group's tuple count only grows. ``state`` is the aggregate's encoded
     partial of that row. A tombstone (the zero a routed key reports once its
     state moved) has no instance and is kept as such.
     """

@@ -10,8 +10,8 @@ that is the stateful operator Spark allows to be chained into a second one in
 the same query (DESIGN: "Two consecutive stateful operators"). It emits one
 row per (a, b) pair it saw in the batch, with the pair's tuple count ``n``
 and a's new running count, so stage B receives every tuple's weight without
-one row per tuple. Stage B (``applyInPandasWithState``, the fastest stateful
-API on PySpark) adds ``n`` to b's count and emits both stages' new counts.
+one row per tuple. Stage B, a ``transformWithState`` processor too, adds ``n``
+to b's count and emits both stages' new counts.
 
 Output schema: ``stage STRING ('A' | 'B'), key STRING, count LONG`` — the
 latest running count of each key updated in the batch.
@@ -25,10 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import pandas as pd
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.events import EVENT_DDL
@@ -77,36 +75,40 @@ def _pair_weights(rows: Iterator[Any]) -> tuple[dict[str, int], Any]:
 
 def _add_to_count(count: Any, n: int) -> int:
     """Add ``n`` to a ``count LONG`` value state; return the new count."""
-    stored = count.get() if count.exists() else None
+    # get() is None when the group holds no state: one call to the JVM, not two.
+    stored = count.get()
     total = (int(stored[0]) if stored else 0) + n
     count.update((total,))
     return total
 
 
-def count_by_second_key(
-    key: tuple[str], batches: Iterator[pd.DataFrame], state: GroupState
-) -> Iterator[pd.DataFrame]:
+class CountBySecondKey(StatefulProcessor):
     """Stage B: running count per field-2 key; emits stage A's and B's new counts.
 
     Called once per field-2 key per micro-batch, so per-call overhead is what
-    limits throughput on keys with many distinct values: plain Python and
-    numpy only, one small DataFrame out.
+    limits throughput on keys with many distinct values. A row-based
+    ``transformWithState`` costs a group its state calls only;
+    ``applyInPandasWithState`` would also build a pandas frame in and out of
+    every group (docs/benchmarks.md, "Live routing: overhead against plain
+    Spark").
     """
-    total = int(state.get[0]) if state.exists else 0
-    a_counts: dict[str, int] = {}
-    for pdf in batches:
-        total += int(pdf["n"].to_numpy().sum())
-        for a, count_a in zip(pdf["a"].tolist(), pdf["count_a"].tolist(), strict=True):
-            if count_a > a_counts.get(a, -1):
-                a_counts[a] = count_a
-    state.update((total,))
-    yield pd.DataFrame(
-        {
-            "stage": ["B"] + ["A"] * len(a_counts),
-            "key": [key[0], *a_counts],
-            "count": [total, *a_counts.values()],
-        }
-    )
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "count LONG")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
+        n = 0
+        a_counts: dict[str, int] = {}
+        for row in rows:
+            n += row.n
+            if row.count_a > a_counts.get(row.a, -1):
+                a_counts[row.a] = row.count_a
+        yield Row(stage="B", key=key[0], count=_add_to_count(self.count, n))
+        for a, count_a in a_counts.items():
+            yield Row(stage="A", key=a, count=count_a)
+
+    def close(self) -> None:
+        pass
 
 
 def running_counts(events: DataFrame) -> DataFrame:
@@ -114,12 +116,8 @@ def running_counts(events: DataFrame) -> DataFrame:
     stage_a = events.groupBy("a").transformWithState(
         CountByFirstKey(), STAGE_A_OUTPUT, "Append", "EventTime", eventTimeColumnName="ts"
     )
-    return stage_a.groupBy("b").applyInPandasWithState(
-        count_by_second_key,
-        COUNTS_SCHEMA,
-        "count LONG",
-        "append",
-        GroupStateTimeout.NoTimeout,
+    return stage_a.groupBy("b").transformWithState(
+        CountBySecondKey(), COUNTS_SCHEMA, "Append", "None"
     )
 
 

@@ -7,15 +7,6 @@ import sys
 
 from pyspark.sql import SparkSession
 
-WORKER_WARNINGS_IGNORED = (
-    "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
-)
-"""A ``PYTHONWARNINGS`` filter for the Python workers. PySpark's own
-``applyInPandasWithState`` serializer (``pyspark/worker.py``) concatenates
-empty frames on every call, and pandas 2 warns about it once per task and
-batch; stage B runs through it, so without this the job's log repeats a
-warning no keyplane user can act on. Only that message is silenced."""
-
 
 def build_session(
     app_name: str = "keyplane",
@@ -31,7 +22,6 @@ def build_session(
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), WORKER_WARNINGS_IGNORED]))
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -43,7 +33,6 @@ def build_session(
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
         .config("spark.driver.memory", "2g")
-        .config("spark.executorEnv.PYTHONWARNINGS", warnings)
     )
     for key, value in (extra or {}).items():
         builder = builder.config(key, value)

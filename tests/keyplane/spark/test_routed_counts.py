@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 import pytest
 from pyspark.sql import Row
 
@@ -39,7 +38,7 @@ from keyplane.spark.counts_job import (
 from keyplane.spark.routed_counts import (
     ROUTED_OUTPUT_SCHEMA,
     RoutedStageA,
-    _output,
+    _output_row,
     take_installs,
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
@@ -220,28 +219,16 @@ def test_take_installs_is_idempotent_per_marker_and_source_pure() -> None:
     assert take_installs([("h#2", ("4", 4), 9)], installed_marker=7) == ([("4", 4)], 9, ["h#2"])
 
 
-def test_output_frames_convert_to_the_output_schema_with_nulls_kept_pure() -> None:
-    """A string column whose values are all missing (None, or NaN as pandas reads a
-    null string) stays a null string column, and integer columns with gaps keep
-    their integers, as Arrow converts stage B's frames for Spark."""
-    arrow_types = {"STRING": pa.string(), "INT": pa.int32(), "LONG": pa.int64()}
-    schema = pa.schema(
-        [
-            (name, arrow_types[kind])
-            for name, kind in (f.split() for f in ROUTED_OUTPUT_SCHEMA.split(", "))
-        ]
-    )
-    rows = [
-        {"kind": "count", "stage": "B", "key": "k", "routed_key": "k#3", "instance": 2,
-         "count": 7, "state": "7", "target": float("nan")},
-        {"kind": "hop", "instance": 1, "upstream": 0, "n": 5, "target": None},
-    ]  # fmt: skip
-    table = pa.Table.from_pandas(_output(rows), schema=schema, preserve_index=False)
-    assert table.column("target").to_pylist() == [None, None]
-    assert table.column("detail").to_pylist() == [None, None]
-    assert table.column("count").to_pylist() == [7, None]
-    assert table.column("upstream").to_pylist() == [None, 0]
-    assert table.column("kind").to_pylist() == ["count", "hop"]
+def test_output_rows_carry_every_field_of_the_output_schema_in_order_pure() -> None:
+    """Stage B's rows name every output column, in the schema's order, and leave the
+    fields a kind has no use for null, as Spark converts rows to the schema by position."""
+    names = [field.split()[0] for field in ROUTED_OUTPUT_SCHEMA.split(", ")]
+    row = _output_row(kind="hop", instance=1, upstream=0, n=5)
+    assert list(row.asDict()) == names
+    assert row.asDict() == {
+        **dict.fromkeys(names),
+        "kind": "hop", "instance": 1, "upstream": 0, "n": 5,
+    }  # fmt: skip
 
 
 def test_sink_keeps_each_partials_latest_state_and_readers_merge_it_pure() -> None:
@@ -363,7 +350,8 @@ def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure(
     tmp_path: Path,
 ) -> None:
     """``pairs``: a weight per (field-2 key, version); ``tuples``: each tuple and its
-    padding, the partial on the pair's first row only, every tuple on the pair's route."""
+    padding, every tuple on the pair's route. No row carries the group's partial: that
+    travels apart, once per group and batch, not once per field-2 key."""
     store = tmp_path / "routing"
     save(
         RoutingConfig(
@@ -381,19 +369,19 @@ def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure(
 
     def sent(forward: Forward) -> list[dict]:
         stage = RoutedStageA(str(store.resolve()), P, RunningCount(), forward)
-        rows = stage._to_stage_b("k#3", "k", events, (3, "host:1"), 7, "7")
+        rows = stage._to_stage_b("k#3", "k", events, (3, "host:1"))
         return [row.asDict() for row in rows]
 
     pairs = sent("pairs")
     assert [(r["b"], r["n"], r["count"], r["state"]) for r in pairs] == [
-        ("x", 2, 7, "7"),
-        ("y", 1, 7, "7"),
+        ("x", 2, None, None),
+        ("y", 1, None, None),
     ]
     assert all("pad" not in r for r in pairs)
     tuples = sent("tuples")
     assert [(r["b"], r["n"], r["pad"], r["count"], r["state"]) for r in tuples] == [
-        ("x", 1, "p", 7, "7"),
-        ("y", 1, "qq", 7, "7"),
+        ("x", 1, "p", None, None),
+        ("y", 1, "qq", None, None),
         ("x", 1, "r", None, None),
     ]
     route = {r["b"]: r["rb"] for r in pairs}
