@@ -53,6 +53,7 @@ Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
 from __future__ import annotations
 
 import heapq
+import json
 import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from typing import Any, TypeVar
 
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.aggregates import KeyedAggregate, RunningCount
@@ -68,10 +70,12 @@ from keyplane.events import Forward
 from keyplane.handoff import pick_downstream_route
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group, tables_for
 
+CONTROL_FIELDS = ("stage", "rb", "source_rk", "target_rk", "count", "state", "marker", "detail")
+"""The source's columns that only control rows use; both stages read them packed into
+one JSON column, ``ctl`` (:func:`_narrow_input`)."""
 ROUTED_STAGE_A_OUTPUT = (
-    "kind STRING, stage STRING, a STRING, ra STRING, ia INT, ea STRING, b STRING, rb STRING, "
-    "n LONG, count LONG, state STRING, ts TIMESTAMP, source_rk STRING, target_rk STRING, "
-    "marker LONG, detail STRING"
+    "kind STRING, a STRING, ra STRING, ia INT, ea STRING, b STRING, rb STRING, n LONG, "
+    "ts TIMESTAMP, ctl STRING"
 )
 """Stage A's rows for stage B in ``pairs`` mode; see :func:`stage_a_output`."""
 ROUTED_OUTPUT_SCHEMA = (
@@ -203,9 +207,7 @@ class RoutedStageA(StatefulProcessor):
             if stored
             else HeldState(agg.zero(), 0, -1)
         )
-        held, sources = _installed(
-            agg, held, ((r.source_rk, (r.state, int(r["count"])), r.marker) for r in installs)
-        )
+        held, sources = _installed(agg, held, map(_install, installs))
         key_a = (installs or events or evicts)[0].a
         instance, executor = _task_partition(), executor_id()
         for source in sources:
@@ -221,9 +223,10 @@ class RoutedStageA(StatefulProcessor):
             yield from self._to_stage_b(group, key_a, events, (instance, executor))
         if evicts:
             if count > 0:
+                evict = json.loads(evicts[0].ctl)
                 yield self._report(
                     "moved", key_a, group, count=count, state=text,
-                    target=evicts[0].target_rk, marker=evicts[0].marker,
+                    target=evict["target_rk"], marker=evict["marker"],
                 )  # fmt: skip
             self.state.clear()
         elif installs or events:
@@ -265,9 +268,8 @@ class RoutedStageA(StatefulProcessor):
             sent = [((row.b, row.vb), 1, row.pad) for row in events]
         for pair, n, pad in sent:
             yield _stage_a_row(
-                self.forward, pad, kind="event", stage="A", a=key_a, ra=group, ia=instance,
-                ea=executor, b=pair[0], rb=routes[pair], n=n, count=None, state=None, ts=latest,
-                source_rk=None, target_rk=None, marker=None, detail=None,
+                self.forward, pad, kind="event", a=key_a, ra=group, ia=instance, ea=executor,
+                b=pair[0], rb=routes[pair], n=n, ts=latest, ctl=None,
             )  # fmt: skip
 
     def _report(
@@ -286,10 +288,11 @@ class RoutedStageA(StatefulProcessor):
 
         It reaches the sink through stage B in a control group.
         """
+        control = {"count": count, "state": state, "target_rk": target, "marker": marker}
         return _stage_a_row(
-            self.forward, kind=kind, stage="A", a=key, ra=routed, ia=instance, ea=None, b=None,
-            rb=control_group("A", routed, self.parallelism), n=None, count=count, state=state,
-            ts=None, source_rk=None, target_rk=target, marker=marker, detail=None,
+            self.forward, kind=kind, a=key, ra=routed, ia=instance, ea=None, b=None,
+            rb=control_group("A", routed, self.parallelism), n=None, ts=None,
+            ctl=json.dumps(control),
         )  # fmt: skip
 
     def close(self) -> None:
@@ -299,13 +302,17 @@ class RoutedStageA(StatefulProcessor):
 def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:
     """Rows for stage B and invalid records pass stage A unchanged (module docstring)."""
     for row in rows:
-        rb = row.rb if row.rb is not None else row.ra
+        rb = json.loads(row.ctl).get("rb") or row.ra
         yield _stage_a_row(
-            forward, kind=row.kind, stage=row.stage, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b,
-            rb=rb, n=None, count=row["count"], state=row.state, ts=None,
-            source_rk=row.source_rk, target_rk=row.target_rk, marker=row.marker,
-            detail=row.detail,
+            forward, kind=row.kind, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b, rb=rb, n=None,
+            ts=None, ctl=row.ctl,
         )  # fmt: skip
+
+
+def _install(row: Row) -> tuple[str, tuple[str, int], int]:
+    """An ``install`` row as (source routed key, (moved state, its count), marker)."""
+    control = json.loads(row.ctl)
+    return control["source_rk"], (control["state"], int(control["count"])), int(control["marker"])
 
 
 _OUTPUT_FIELDS = tuple(field.split()[0] for field in ROUTED_OUTPUT_SCHEMA.split(", "))
@@ -367,9 +374,10 @@ class RoutedStageB(StatefulProcessor):
                 hops[(ia, row.ea)] = hops.get((ia, row.ea), 0) + n
                 pairs[a] = pairs.get(a, 0) + n
             elif kind == "install":
-                installs.append((row.source_rk, (row.state, int(row["count"])), int(row.marker)))
+                installs.append(_install(row))
             elif kind == "evict":
-                evict = (row.target_rk, int(row.marker))
+                control = json.loads(row.ctl)
+                evict = (control["target_rk"], int(control["marker"]))
         held, sources = _installed(agg, held, installs)
         partial = agg.add(held.state, values) if values else held.state
         count = held.count + len(values)
@@ -407,15 +415,35 @@ class RoutedStageB(StatefulProcessor):
 
 def _passed_through(row: Row) -> Row:
     """A stage-A report or an invalid record, as an output row."""
+    control = json.loads(row.ctl)
     if row.kind == "invalid":
-        return _output_row(kind="invalid", detail=row.detail)
+        return _output_row(kind="invalid", detail=control["detail"])
     common = {
-        "stage": "A", "key": row.a, "routed_key": row.ra, "count": int(row["count"]),
-        "state": row.state,
+        "stage": "A", "key": row.a, "routed_key": row.ra, "count": int(control["count"]),
+        "state": control["state"],
     }  # fmt: skip
     if row.kind == "report":
         return _output_row(kind="count", **common, instance=row.ia)
-    return _output_row(kind="moved", **common, target=row.target_rk, marker=int(row.marker))
+    return _output_row(
+        kind="moved", **common, target=control["target_rk"], marker=int(control["marker"])
+    )
+
+
+def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
+    """The source's rows with the control-only columns packed into one JSON column, ``ctl``.
+
+    PySpark hands a row-based ``transformWithState`` each input row as a
+    ``Row`` built cell by cell, one Arrow-to-Python conversion per column,
+    so a stage's cost grows with the width of its input as much as with its
+    rows. Stage A reads six of the source's fifteen columns from an event;
+    eight others are null on every event and read only by the few control
+    rows, so Spark packs them here (in the JVM, null for an event) and a
+    stage unpacks them for a control row only; ``seq`` no stage reads.
+    Stage A's output to stage B is narrow for the same reason.
+    """
+    control = F.when(F.col("kind") != "event", F.to_json(F.struct(*CONTROL_FIELDS)))
+    padding = ["pad"] if forward == "tuples" else []
+    return inputs.select("ra", "kind", "a", "b", "ts", "vb", control.alias("ctl"), *padding)
 
 
 def routed_running_counts(
@@ -435,12 +463,16 @@ def routed_running_counts(
     ``inputs`` must carry a watermark on ``ts`` (stage A runs in event-time
     mode so that a second stateful operator may follow it).
     """
-    stage_a_rows = inputs.groupBy("ra").transformWithState(
-        RoutedStageA(store, parallelism, stage_a or RunningCount(), forward),
-        stage_a_output(forward),
-        "Append",
-        "EventTime",
-        eventTimeColumnName="ts",
+    stage_a_rows = (
+        _narrow_input(inputs, forward)
+        .groupBy("ra")
+        .transformWithState(
+            RoutedStageA(store, parallelism, stage_a or RunningCount(), forward),
+            stage_a_output(forward),
+            "Append",
+            "EventTime",
+            eventTimeColumnName="ts",
+        )
     )
     return stage_a_rows.groupBy("rb").transformWithState(
         RoutedStageB(stage_b or RunningCount()), ROUTED_OUTPUT_SCHEMA, "Append", "None"

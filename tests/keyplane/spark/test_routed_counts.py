@@ -373,16 +373,13 @@ def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure(
         return [row.asDict() for row in rows]
 
     pairs = sent("pairs")
-    assert [(r["b"], r["n"], r["count"], r["state"]) for r in pairs] == [
-        ("x", 2, None, None),
-        ("y", 1, None, None),
-    ]
+    assert [(r["b"], r["n"], r["ctl"]) for r in pairs] == [("x", 2, None), ("y", 1, None)]
     assert all("pad" not in r for r in pairs)
     tuples = sent("tuples")
-    assert [(r["b"], r["n"], r["pad"], r["count"], r["state"]) for r in tuples] == [
-        ("x", 1, "p", None, None),
-        ("y", 1, "qq", None, None),
-        ("x", 1, "r", None, None),
+    assert [(r["b"], r["n"], r["pad"], r["ctl"]) for r in tuples] == [
+        ("x", 1, "p", None),
+        ("y", 1, "qq", None),
+        ("x", 1, "r", None),
     ]
     route = {r["b"]: r["rb"] for r in pairs}
     assert [r["rb"] for r in tuples] == [route["x"], route["y"], route["x"]]
