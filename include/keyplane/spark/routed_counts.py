@@ -36,6 +36,14 @@ carries the bytes a locality-aware table can keep on one executor (000
 Both stages report where they ran, read inside the operator from
 ``TaskContext``, so placement is observed, not assumed.
 
+Both stages are row-based ``transformWithState`` processors (stage A in
+event-time mode, so that a second stateful operator may follow it). PySpark
+builds each row such a stage reads cell by cell and serves each state call
+with a round trip to the JVM, so a stage costs per column of its rows and
+per group: the fields only control rows use travel packed in one JSON
+column, ``ctl`` (:func:`_narrow_input`), and stage A's partial travels once
+per group and batch, not on the rows it sends stage B.
+
 Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
 
 * ``count`` — a routed key's partial (``stage, key, routed_key, instance,
