@@ -205,8 +205,9 @@ class RoutedStageA(StatefulProcessor):
         installs: list[Row] = []
         events: list[Row] = []
         evicts: list[Row] = []
+        by_kind = {"install": installs, "event": events, "evict": evicts}
         for row in rows:
-            {"install": installs, "event": events, "evict": evicts}[row.kind].append(row)
+            by_kind[row.kind].append(row)
         agg = self.aggregate
         # get() is None when the group holds no state: one call to the JVM, not two.
         stored = self.state.get()
