@@ -173,7 +173,30 @@ def _installed(
     return HeldState(state, count, marker), sources
 
 
-class RoutedStageA(StatefulProcessor):
+class _RoutedStage(StatefulProcessor):
+    """What both routed stages share: ``aggregate``'s partial per routed key, held as
+    :data:`STATE_SCHEMA` in one value state."""
+
+    aggregate: KeyedAggregate[Any]
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = handle.getValueState("state", STATE_SCHEMA)
+        self.zero_text = self.aggregate.encode(self.aggregate.zero())
+
+    def _held(self) -> HeldState:
+        """The group's stored state, or the aggregate's zero when it holds none."""
+        agg = self.aggregate
+        # get() is None when the group holds no state: one call to the JVM, not two.
+        stored = self.state.get()
+        if not stored:
+            return HeldState(agg.zero(), 0, -1)
+        return HeldState(agg.decode(stored[0]), int(stored[1]), int(stored[2]))
+
+    def close(self) -> None:
+        pass
+
+
+class RoutedStageA(_RoutedStage):
     """Stage A: ``aggregate``'s partial state per routed key of field 1, with live hand-off.
 
     ``store`` and ``parallelism`` locate the routing tables stage A needs to
@@ -193,10 +216,6 @@ class RoutedStageA(StatefulProcessor):
         self.aggregate = aggregate
         self.forward = forward
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.state = handle.getValueState("state", STATE_SCHEMA)
-        self.zero_text = self.aggregate.encode(self.aggregate.zero())
-
     def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
         group: str = key[0]
         if group.startswith(CONTROL_PREFIX):
@@ -209,13 +228,7 @@ class RoutedStageA(StatefulProcessor):
         for row in rows:
             by_kind[row.kind].append(row)
         agg = self.aggregate
-        # get() is None when the group holds no state: one call to the JVM, not two.
-        stored = self.state.get()
-        held = (
-            HeldState(agg.decode(stored[0]), int(stored[1]), int(stored[2]))
-            if stored
-            else HeldState(agg.zero(), 0, -1)
-        )
+        held = self._held()
         held, sources = _installed(agg, held, map(_install, installs))
         key_a = (installs or events or evicts)[0].a
         instance, executor = _task_partition(), executor_id()
@@ -304,9 +317,6 @@ class RoutedStageA(StatefulProcessor):
             ctl=json.dumps(control),
         )  # fmt: skip
 
-    def close(self) -> None:
-        pass
-
 
 def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:
     """Rows for stage B and invalid records pass stage A unchanged (module docstring)."""
@@ -333,7 +343,7 @@ def _output_row(**fields: Any) -> Row:
     return Row(**{**_NO_OUTPUT_FIELDS, **fields})
 
 
-class RoutedStageB(StatefulProcessor):
+class RoutedStageB(_RoutedStage):
     """Stage B: ``aggregate``'s partial state per routed key of field 2, with live hand-off.
 
     Also reports the traffic from each stage-A instance and the group's
@@ -352,22 +362,13 @@ class RoutedStageB(StatefulProcessor):
     def __init__(self, aggregate: KeyedAggregate[Any]) -> None:
         self.aggregate = aggregate
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.state = handle.getValueState("state", STATE_SCHEMA)
-        self.zero_text = self.aggregate.encode(self.aggregate.zero())
-
     def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
         group: str = key[0]
         if group.startswith(CONTROL_PREFIX):
             yield from (_passed_through(row) for row in rows)
             return
         agg = self.aggregate
-        stored = self.state.get()
-        held = (
-            HeldState(agg.decode(stored[0]), int(stored[1]), int(stored[2]))
-            if stored
-            else HeldState(agg.zero(), 0, -1)
-        )
+        held = self._held()
         installs: list[tuple[str, tuple[str, int], int]] = []
         evict: tuple[str, int] | None = None
         values: list[str] = []
@@ -417,9 +418,6 @@ class RoutedStageB(StatefulProcessor):
                 state=partial_text, target=evict[0], marker=evict[1],
             )  # fmt: skip
         self.state.clear()
-
-    def close(self) -> None:
-        pass
 
 
 def _passed_through(row: Row) -> Row:
