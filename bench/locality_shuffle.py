@@ -58,6 +58,7 @@ from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.locality import PairStatistics, build_plan
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
+from keyplane.spark.progress import records_read
 from keyplane.spark.session import build_session
 from keyplane.testing import free_port, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
@@ -173,7 +174,7 @@ def run_variant(
     )
     query = start_counts_query(spark, settings)
     try:
-        while sum(p["numInputRows"] for p in query.recentProgress) < warm.n_events:
+        while records_read(query) < warm.n_events:
             if query.exception() is not None:
                 raise RuntimeError(str(query.exception()))
             time.sleep(0.2)

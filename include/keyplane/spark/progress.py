@@ -3,14 +3,18 @@
 Spark reports each micro-batch as a JSON progress event. keyplane's job
 prints one ``progress {json}`` line per batch (:data:`PROGRESS_PREFIX`) for
 ``keyplane demo`` and ``keyplane job status``, and the routed job's metrics
-records take their rate, duration and lag from the same report.
+records take their rate, duration and lag from the same report. A batch's
+rows are the records it read from the events topic.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
 
 PROGRESS_PREFIX = "progress "
 
@@ -42,15 +46,44 @@ def _offset_total(offsets: Any) -> int:
     return sum(int(o) for parts in offsets.values() for o in parts.values())
 
 
+def _records_read(source: dict[str, Any]) -> int | None:
+    """The records the routed source's batch read, which its offset records.
+
+    Its rows are not its records: in ``pairs`` mode one row stands for a
+    partition's events of one pair (:func:`keyplane.spark.routed_source.read_events`)
+    and control rows are not records of the events topic, so Spark's
+    ``numInputRows`` would not count the batch's events. A report of no rows
+    read nothing: Spark reports a trigger that ran no batch under the last
+    batch's id and end offset.
+    """
+    end = source.get("endOffset")
+    if isinstance(end, str):
+        end = json.loads(end)
+    if not (isinstance(end, dict) and isinstance(end.get("read"), int)):
+        return None
+    return int(end["read"]) if source.get("numInputRows") else 0
+
+
+def records_read(query: StreamingQuery) -> int:
+    """The records ``query`` has read so far, over its recent progress reports."""
+    return sum(progress_of(p).rows for p in query.recentProgress)
+
+
 def progress_of(p: dict[str, Any]) -> BatchProgress:
     source = p["sources"][0] if p.get("sources") else {}
     end = _offset_total(source.get("endOffset"))
     latest = _offset_total(source.get("latestOffset")) or end
+    duration_ms = int(p.get("durationMs", {}).get("triggerExecution", 0))
+    read = _records_read(source)
+    rows = int(p.get("numInputRows", 0)) if read is None else read
+    rows_per_s = float(p.get("processedRowsPerSecond") or 0.0)
+    if read is not None:
+        rows_per_s = read * 1000 / duration_ms if duration_ms else 0.0
     return BatchProgress(
         batch_id=int(p["batchId"]),
-        rows=int(p.get("numInputRows", 0)),
-        rows_per_s=float(p.get("processedRowsPerSecond") or 0.0),
-        duration_ms=int(p.get("durationMs", {}).get("triggerExecution", 0)),
+        rows=rows,
+        rows_per_s=rows_per_s,
+        duration_ms=duration_ms,
         lag=max(0, latest - end),
         committed=end,
     )

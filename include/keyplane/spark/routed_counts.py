@@ -236,8 +236,12 @@ class RoutedStageA(_RoutedStage):
             yield self._report("report", key_a, source, count=0, state=self.zero_text)
         state, count = held.state, held.count
         if events:
-            state = agg.add(state, [row.b for row in events])
-            count += len(events)
+            # A row stands for n events of one field-2 key (routed_source.read_events).
+            values: list[str] = []
+            for row in events:
+                values += [row.b] * row.n
+            state = agg.add(state, values)
+            count += len(values)
         text = agg.encode(state)
         if installs or events:
             yield self._report("report", key_a, group, count=count, state=text, instance=instance)
@@ -274,7 +278,7 @@ class RoutedStageA(_RoutedStage):
         weights: dict[tuple[str, int], int] = {}
         latest = None
         for row in events:
-            weights[(row.b, row.vb)] = weights.get((row.b, row.vb), 0) + 1
+            weights[(row.b, row.vb)] = weights.get((row.b, row.vb), 0) + row.n
             latest = row.ts if latest is None or row.ts > latest else latest
         tables = tables_for(self.store, self.parallelism)
         instance, executor = where
@@ -442,7 +446,7 @@ def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
     PySpark hands a row-based ``transformWithState`` each input row as a
     ``Row`` built cell by cell, one Arrow-to-Python conversion per column,
     so a stage's cost grows with the width of its input as much as with its
-    rows. Stage A reads six of the source's fifteen columns from an event;
+    rows. Stage A reads seven of the source's sixteen columns from an event;
     eight others are null on every event and read only by the few control
     rows, so Spark packs them here (in the JVM, null for an event) and a
     stage unpacks them for a control row only; ``seq`` no stage reads.
@@ -450,7 +454,7 @@ def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
     """
     control = F.when(F.col("kind") != "event", F.to_json(F.struct(*CONTROL_FIELDS)))
     padding = ["pad"] if forward == "tuples" else []
-    return inputs.select("ra", "kind", "a", "b", "ts", "vb", control.alias("ctl"), *padding)
+    return inputs.select("ra", "kind", "a", "b", "ts", "vb", "n", control.alias("ctl"), *padding)
 
 
 def routed_running_counts(

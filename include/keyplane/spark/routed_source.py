@@ -94,7 +94,7 @@ CONTROL_PREFIX = "\x00"
 ROUTED_INPUT_SCHEMA = (
     "kind STRING, stage STRING, seq LONG, a STRING, b STRING, ts TIMESTAMP, ra STRING, "
     "rb STRING, vb INT, source_rk STRING, target_rk STRING, count LONG, state STRING, "
-    "marker LONG, detail STRING"
+    "marker LONG, detail STRING, n LONG"
 )
 """The rows of the ``pairs`` mode; ``tuples`` rows add ``pad`` (:func:`routed_input_schema`)."""
 PAD_COLUMN = "pad STRING"
@@ -116,6 +116,7 @@ _ARROW_SCHEMA = pa.schema(
         ("state", pa.string()),
         ("marker", pa.int64()),
         ("detail", pa.string()),
+        ("n", pa.int64()),
     ]
 )
 
@@ -228,11 +229,24 @@ class _Columns:
 
 
 def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
-    """Parse, validate and route one partition's events (001 §4.1.2, 000 §3.3)."""
+    """Parse, validate and route one partition's events (001 §4.1.2, 000 §3.3).
+
+    In ``pairs`` mode the partition's events are combined here, one ``event``
+    row per (stage-A routed key, field-2 key) with their number ``n`` and
+    latest time, as Spark's own ``groupBy`` counts each input partition
+    before its shuffle: stage A then builds one row per pair, not per event
+    (PySpark builds each row of a ``transformWithState`` cell by cell, see
+    :mod:`keyplane.spark.routed_counts`). Stage A adds a pair's field-2 key
+    ``n`` times, so an aggregate sees every event's value, and the batch's
+    events are counted from its offsets, not its rows
+    (:func:`keyplane.spark.progress.progress_of`). ``tuples`` mode forwards
+    every tuple with its padding, so each event stays a row with ``n`` = 1.
+    """
     tables = tables_for(p.store, p.parallelism)
     table_a = tables.table(p.version_a, "A")
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
+    combined: dict[tuple[str, str, str], list[int]] = {}
     for records in read_range(p.events):
         out = _Columns(p.forward)
         values = records.column("value").to_pylist()
@@ -250,19 +264,32 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
                 )
                 out.add(kind="invalid", ra=control_group("I", source, p.parallelism), detail=detail)
                 continue
-            seq, a = event["seq"], event["a"]
-            pad = event.get("pad") if tuples else None
-            out.add(
-                kind="event",
-                seq=seq,
-                a=a,
-                b=event["b"],
-                ts=datetime.fromtimestamp(event["ts"] / 1000, UTC),
-                ra=pick_route(table_a.route(a), str(seq)),
-                vb=p.version_b,
-                pad=pad if isinstance(pad, str) else None,
-            )
+            seq, a, b, ts = event["seq"], event["a"], event["b"], event["ts"]
+            ra = pick_route(table_a.route(a), str(seq))
+            if tuples:
+                pad = event.get("pad")
+                out.add(
+                    kind="event", seq=seq, a=a, b=b, ts=_event_time(ts), ra=ra, vb=p.version_b,
+                    n=1, pad=pad if isinstance(pad, str) else None,
+                )  # fmt: skip
+                continue
+            weight = combined.get((ra, a, b))
+            if weight is None:
+                combined[(ra, a, b)] = [1, ts]
+            else:
+                weight[0] += 1
+                weight[1] = max(weight[1], ts)
+        if len(out):
+            yield out.batch()
+    if combined:
+        out = _Columns(p.forward)
+        for (ra, a, b), (n, ts) in combined.items():
+            out.add(kind="event", a=a, b=b, ts=_event_time(ts), ra=ra, vb=p.version_b, n=n)
         yield out.batch()
+
+
+def _event_time(millis: int) -> datetime:
+    return datetime.fromtimestamp(millis / 1000, UTC)
 
 
 def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
@@ -503,6 +530,9 @@ class RoutedEventsReader(DataSourceStreamReader):
             "protocol": protocol.to_dict(),
             "routing": effective,
             "switch": [vars(s) for s in switches],
+            # The batch's events: its rows are fewer in pairs mode (read_events),
+            # so progress_of counts the batch by this.
+            "read": total_rows(start["events"], events),
             # Control messages refused at this boundary, by reason: the
             # batch's metrics record reports them (keyplane.batchmetrics).
             "rejected": dict(sorted(refused.items())),

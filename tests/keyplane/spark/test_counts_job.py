@@ -35,6 +35,18 @@ def test_lag_is_latest_minus_committed() -> None:
     assert (p.batch_id, p.rows, p.committed, p.lag, p.duration_ms) == (7, 300, 300, 110, 2000)
 
 
+def test_a_routed_batch_counts_the_records_its_offset_says_it_read_not_its_rows() -> None:
+    """In pairs mode one source row stands for many events; a trigger that ran no
+    batch is reported under the last batch's end offset and must count nothing."""
+    end = {"plan": 3, "events": {"t": {"0": 400}}, "read": 500}
+    report = _progress(json.dumps(end), None)
+    report["sources"][0]["numInputRows"] = 300  # type: ignore[index]
+    p = progress_of(report)
+    assert (p.rows, p.rows_per_s, p.committed) == (500, 250.0, 400)
+    report["sources"][0]["numInputRows"] = 0  # type: ignore[index]
+    assert progress_of(report).rows == 0
+
+
 def test_null_latest_offset_after_restart_counts_as_no_lag() -> None:
     p = progress_of(_progress(json.dumps({"t": {"0": 5}}), None))
     assert (p.committed, p.lag) == (5, 0)

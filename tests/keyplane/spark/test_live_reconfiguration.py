@@ -32,6 +32,7 @@ from keyplane.spark.counts_job import (
     read_partials,
     start_counts_query,
 )
+from keyplane.spark.progress import records_read
 from keyplane.testing import moved_off_hash, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
@@ -73,8 +74,7 @@ def _records(broker: str, topic: str) -> list[dict]:
 def _wait_for_rows(query, rows: int, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        done = sum(p["numInputRows"] for p in query.recentProgress)
-        if done >= rows:
+        if records_read(query) >= rows:
             return
         assert query.exception() is None, query.exception()
         time.sleep(0.2)

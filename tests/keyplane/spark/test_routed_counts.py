@@ -365,7 +365,9 @@ def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure(
         store,
     )
     ts = datetime(2026, 1, 1, tzinfo=UTC)
-    events = [Row(b=b, vb=1, ts=ts, pad=pad) for b, pad in (("x", "p"), ("y", "qq"), ("x", "r"))]
+    events = [
+        Row(b=b, vb=1, ts=ts, n=1, pad=pad) for b, pad in (("x", "p"), ("y", "qq"), ("x", "r"))
+    ]
 
     def sent(forward: Forward) -> list[dict]:
         stage = RoutedStageA(str(store.resolve()), P, RunningCount(), forward)

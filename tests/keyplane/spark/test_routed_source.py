@@ -65,37 +65,73 @@ def test_control_rows_share_one_group_per_instance_pure() -> None:
         assert spark_partition(control_group("B", key, p), p) == spark_partition(key, p)
 
 
+def _read_stand_in_records(
+    values: list[bytes], forward: Forward, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[dict]:
+    """``read_events`` over ``values``, served by a stand-in for the Kafka read, in two
+    chunks; routing reads a real all-hash store."""
+    half = len(values) // 2
+    chunks = [(values[:half], 0), (values[half:], half)]
+    monkeypatch.setattr(
+        routed_source,
+        "read_range",
+        lambda part: iter(
+            pa.table({"value": vs, "offset": list(range(first, first + len(vs)))})
+            for vs, first in chunks
+        ),
+    )
+    save(RoutingConfig.all_hash(4, ("A", "B")), tmp_path / "routing")
+    kafka = OffsetRange("127.0.0.1:1", "events", 0, 0, len(values))
+    partition = RoutedEventsPartition(
+        kafka, str(tmp_path / "routing"), 4, 1, 1, MAX_EVENT_BYTES, forward
+    )
+    return pa.Table.from_batches(list(read_events(partition))).to_pylist()
+
+
 @pytest.mark.parametrize("forward", ["pairs", "tuples"])
 def test_the_padding_is_carried_in_tuples_mode_only_pure(
     forward: Forward, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Records come from a stand-in for the Kafka read; routing reads a real store."""
     values = [
         json.dumps({"seq": 0, "a": "x", "b": "y", "ts": 1000, "pad": "pp"}).encode(),
         json.dumps({"seq": 1, "a": "x", "b": "z", "ts": 1000}).encode(),
         json.dumps({"seq": 2, "a": "w", "b": "y", "ts": 1000, "pad": 7}).encode(),
     ]
-    monkeypatch.setattr(
-        routed_source,
-        "read_range",
-        lambda part: iter([pa.table({"value": values, "offset": [0, 1, 2]})]),
-    )
-    save(RoutingConfig.all_hash(4, ("A", "B")), tmp_path / "routing")
-    kafka = OffsetRange("127.0.0.1:1", "events", 0, 0, 3)
-    partition = RoutedEventsPartition(
-        kafka, str(tmp_path / "routing"), 4, 1, 1, MAX_EVENT_BYTES, forward
-    )
-    rows = pa.Table.from_batches(list(read_events(partition))).to_pylist()
+    rows = _read_stand_in_records(values, forward, tmp_path, monkeypatch)
 
-    assert [(r["kind"], r["a"], r["b"]) for r in rows] == [
-        ("event", "x", "y"),
-        ("event", "x", "z"),
-        ("event", "w", "y"),
+    assert [(r["kind"], r["a"], r["b"], r["n"]) for r in rows] == [
+        ("event", "x", "y", 1),
+        ("event", "x", "z", 1),
+        ("event", "w", "y", 1),
     ]
     if forward == "pairs":
         assert all("pad" not in r for r in rows)
     else:
         assert [r["pad"] for r in rows] == ["pp", None, None]
+
+
+@pytest.mark.parametrize("forward", ["pairs", "tuples"])
+def test_pairs_mode_combines_a_partitions_events_per_routed_key_and_field_2_key_pure(
+    forward: Forward, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row per (routed key, field-2 key) over the whole partition, across its
+    chunks, with the number of events and the latest event time; a malformed record
+    stays a row of its own. ``tuples`` mode keeps one row per event."""
+    events = [("x", "y", 5000), ("x", "z", 1000), ("x", "y", 9000), ("w", "y", 2000)]
+    values = [
+        json.dumps({"seq": seq, "a": a, "b": b, "ts": ts}).encode()
+        for seq, (a, b, ts) in enumerate(events)
+    ]
+    values.insert(3, b"not json")
+    rows = _read_stand_in_records(values, forward, tmp_path, monkeypatch)
+
+    invalid = [r for r in rows if r["kind"] == "invalid"]
+    assert [json.loads(r["detail"])["offset"] for r in invalid] == [3]
+    got = [(r["a"], r["b"], r["n"], r["ts"].timestamp()) for r in rows if r["kind"] == "event"]
+    if forward == "pairs":
+        assert sorted(got) == [("w", "y", 1, 2.0), ("x", "y", 2, 9.0), ("x", "z", 1, 1.0)]
+    else:
+        assert got == [(a, b, 1, ts / 1000) for a, b, ts in events]
 
 
 def test_an_unknown_forward_mode_is_refused_in_one_line_pure() -> None:
