@@ -134,42 +134,59 @@ def parse_event(
     return event, None
 
 
+def _read_json_lines(values: Sequence[bytes | None], max_bytes: int) -> pa.Table | None:
+    """Every value's required fields in one call to Arrow's JSON reader, one line per
+    value (:func:`encode_batch` never writes a line break inside an event), null where
+    a field is missing; ``None`` when the values do not fit that path.
+
+    Arrow checks the fields' types against an explicit schema and fails the
+    whole batch on a mismatch; a value that spans lines, is blank or is
+    oversized does not fit either. A caller then parses the batch value by
+    value with :func:`parse_event`, so a malformed event costs its batch
+    speed and is refused alone.
+    """
+    if not all(
+        v is None or (len(v) <= max_bytes and b"\n" not in v and b"\r" not in v) for v in values
+    ):
+        return None
+    lines = b"\n".join(v or b"{}" for v in values)
+    try:
+        table = pa_json.read_json(
+            io.BytesIO(lines),
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=_FIELDS_SCHEMA, unexpected_field_behavior="ignore"
+            ),
+        )
+    except pa.ArrowInvalid:
+        return None
+    return table if table.num_rows == len(values) else None
+
+
+def _complete(table: pa.Table) -> pa.ChunkedArray:
+    """Which rows of a :func:`_read_json_lines` table hold every required field."""
+    valid = pc.is_valid(table.column("seq"))
+    for name in ("a", "b", "ts"):
+        valid = pc.and_(valid, pc.is_valid(table.column(name)))
+    return valid
+
+
 def decode_keys(values: Sequence[bytes | None], max_bytes: int = MAX_EVENT_BYTES) -> pa.Table:
     """The ``a`` and ``b`` of each value, in order; null where :func:`parse_event` refuses it.
 
-    A window of a million events is parsed in one call to Arrow's JSON reader,
-    one line per value: :func:`encode_batch` never writes a line break inside
-    an event. Arrow checks the required fields' types against an explicit
-    schema and fails the whole batch on a mismatch. When a batch does not fit
-    that path (a value that spans lines, is blank or oversized, a field of the
-    wrong type), it is parsed again value by value with :func:`parse_event`,
-    so a malformed event costs its batch speed and is skipped alone.
+    A window of a million events is parsed in one call to Arrow's JSON
+    reader (:func:`_read_json_lines`); a window that does not fit that path
+    is parsed value by value.
     """
-    if all(
-        v is None or (len(v) <= max_bytes and b"\n" not in v and b"\r" not in v) for v in values
-    ):
-        lines = b"\n".join(v or b"{}" for v in values)
-        try:
-            table = pa_json.read_json(
-                io.BytesIO(lines),
-                parse_options=pa_json.ParseOptions(
-                    explicit_schema=_FIELDS_SCHEMA, unexpected_field_behavior="ignore"
-                ),
-            )
-        except pa.ArrowInvalid:
-            table = None
-        if table is not None and table.num_rows == len(values):
-            valid = pc.and_(
-                pc.and_(pc.is_valid(table.column("seq")), pc.is_valid(table.column("ts"))),
-                pc.and_(pc.is_valid(table.column("a")), pc.is_valid(table.column("b"))),
-            )
-            return pa.table(
-                {
-                    name: pc.if_else(valid, table.column(name), pa.scalar(None, pa.string()))
-                    for name in EVENT_KEYS_SCHEMA.names
-                },
-                schema=EVENT_KEYS_SCHEMA,
-            )
+    table = _read_json_lines(values, max_bytes)
+    if table is not None:
+        valid = _complete(table)
+        return pa.table(
+            {
+                name: pc.if_else(valid, table.column(name), pa.scalar(None, pa.string()))
+                for name in EVENT_KEYS_SCHEMA.names
+            },
+            schema=EVENT_KEYS_SCHEMA,
+        )
     keys: list[tuple[str | None, str | None]] = []
     for value in values:
         event, _ = parse_event(value, max_bytes)
@@ -177,3 +194,18 @@ def decode_keys(values: Sequence[bytes | None], max_bytes: int = MAX_EVENT_BYTES
     return pa.table(
         {"a": [k[0] for k in keys], "b": [k[1] for k in keys]}, schema=EVENT_KEYS_SCHEMA
     )
+
+
+def decode_events(
+    values: Sequence[bytes | None], max_bytes: int = MAX_EVENT_BYTES
+) -> pa.Table | None:
+    """``seq``, ``a``, ``b`` and ``ts`` of every value, in order, when all are valid events.
+
+    ``None`` when one is not (or the values do not fit Arrow's path,
+    :func:`_read_json_lines`): the caller parses them value by value with
+    :func:`parse_event`, which says why each refused one is refused.
+    """
+    table = _read_json_lines(values, max_bytes)
+    if table is None or not pc.all(_complete(table)).as_py():
+        return None
+    return table

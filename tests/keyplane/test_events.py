@@ -8,7 +8,13 @@ import zlib
 import numpy as np
 import pytest
 
-from keyplane.events import MAX_EVENT_BYTES, decode_keys, encode_batch, parse_event
+from keyplane.events import (
+    MAX_EVENT_BYTES,
+    decode_events,
+    decode_keys,
+    encode_batch,
+    parse_event,
+)
 from keyplane.workloads import EventBatch, PairsWorkload
 
 GOOD = b'{"seq":0,"a":"1","b":"2","ts":5}'
@@ -65,6 +71,26 @@ def test_decoding_a_batch_agrees_with_parse_event_on_every_value(value: bytes | 
     """Between two good events: Arrow's path where it takes the batch, the value-by-value
     path where it does not; either way the job's verdict on each value."""
     assert keys([GOOD, value, GOOD]) == [("1", "2"), expected(value), ("1", "2")]
+
+
+@pytest.mark.parametrize("value", ONE_LINE_VALUES)
+def test_decoding_whole_events_takes_a_batch_only_when_parse_event_takes_every_value(
+    value: bytes | None,
+) -> None:
+    """The routed source's fast path: a table of every event's fields, or ``None`` so
+    that the caller parses value by value and learns why a value is refused."""
+    values = [GOOD, value, GOOD]
+    table = decode_events(values)
+    parsed = [parse_event(v)[0] for v in values]
+    beyond_arrow = value is not None and b"123456789012345678901234567890" in value
+    if any(event is None for event in parsed) or beyond_arrow:
+        assert table is None
+    else:
+        assert table is not None
+        assert table.to_pylist() == [
+            {name: event[name] for name in ("seq", "a", "b", "ts")}  # type: ignore[index]
+            for event in parsed
+        ]
 
 
 def test_a_batch_of_only_good_events_and_empty_values_takes_arrows_path() -> None:

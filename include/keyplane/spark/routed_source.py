@@ -68,17 +68,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
-from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, parse_event
+from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, decode_events, parse_event
 from keyplane.handoff import VersionedTables, pick_route
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
-from keyplane.routedkeys import find_salt, routed_key, spark_partition
+from keyplane.routedkeys import RoutedKeyTable, find_salt, routed_key, spark_partition
 from keyplane.spark.kafka_source import KafkaSourceOptionError
 
 if TYPE_CHECKING:
@@ -239,17 +240,24 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     :mod:`keyplane.spark.routed_counts`). Stage A adds a pair's field-2 key
     ``n`` times, so an aggregate sees every event's value, and the batch's
     events are counted from its offsets, not its rows
-    (:func:`keyplane.spark.progress.progress_of`). ``tuples`` mode forwards
-    every tuple with its padding, so each event stays a row with ``n`` = 1.
+    (:func:`keyplane.spark.progress.progress_of`). A chunk of valid events
+    is parsed and combined in Arrow (:func:`keyplane.events.decode_events`);
+    one with a malformed record, value by value, so each refused record gets
+    its reason. ``tuples`` mode forwards every tuple with its padding, so
+    each event stays a row with ``n`` = 1.
     """
-    tables = tables_for(p.store, p.parallelism)
-    table_a = tables.table(p.version_a, "A")
+    table_a = tables_for(p.store, p.parallelism).table(p.version_a, "A")
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
-    combined: dict[tuple[str, str, str], list[int]] = {}
+    routed: list[pa.Table] = []
     for records in read_range(p.events):
-        out = _Columns(p.forward)
         values = records.column("value").to_pylist()
+        decoded = None if tuples else decode_events(values, p.max_event_bytes)
+        if decoded is not None:
+            routed.append(_routed(decoded, table_a))
+            continue
+        out = _Columns(p.forward)
+        events: dict[str, list[Any]] = {"ra": [], "a": [], "b": [], "ts": []}
         offsets = records.column("offset").to_pylist()
         for value, offset in zip(values, offsets, strict=True):
             event, problem = parse_event(value, p.max_event_bytes)
@@ -269,27 +277,63 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
             if tuples:
                 pad = event.get("pad")
                 out.add(
-                    kind="event", seq=seq, a=a, b=b, ts=_event_time(ts), ra=ra, vb=p.version_b,
-                    n=1, pad=pad if isinstance(pad, str) else None,
+                    kind="event", seq=seq, a=a, b=b, ts=datetime.fromtimestamp(ts / 1000, UTC),
+                    ra=ra, vb=p.version_b, n=1, pad=pad if isinstance(pad, str) else None,
                 )  # fmt: skip
-                continue
-            weight = combined.get((ra, a, b))
-            if weight is None:
-                combined[(ra, a, b)] = [1, ts]
             else:
-                weight[0] += 1
-                weight[1] = max(weight[1], ts)
+                for name, field in (("ra", ra), ("a", a), ("b", b), ("ts", ts)):
+                    events[name].append(field)
         if len(out):
             yield out.batch()
-    if combined:
-        out = _Columns(p.forward)
-        for (ra, a, b), (n, ts) in combined.items():
-            out.add(kind="event", a=a, b=b, ts=_event_time(ts), ra=ra, vb=p.version_b, n=n)
-        yield out.batch()
+        if events["ra"]:
+            routed.append(pa.table(events, schema=_ROUTED_EVENTS))
+    if routed:
+        yield _combined(pa.concat_tables(routed), p.version_b)
 
 
-def _event_time(millis: int) -> datetime:
-    return datetime.fromtimestamp(millis / 1000, UTC)
+_ROUTED_EVENTS = pa.schema(
+    [("ra", pa.string()), ("a", pa.string()), ("b", pa.string()), ("ts", pa.int64())]
+)
+
+
+def _routed(decoded: pa.Table, table_a: RoutedKeyTable) -> pa.Table:
+    """Decoded events with their stage-A routed keys (:data:`_ROUTED_EVENTS`).
+
+    A key's routes are looked up once per chunk; only a split key's events
+    pick one each, by their ``seq`` (:func:`~keyplane.handoff.pick_route`).
+    """
+    keys = decoded.column("a").to_pylist()
+    routes = {key: table_a.route(key) for key in set(keys)}
+    seqs = decoded.column("seq").to_pylist()
+    ra = [
+        pick_route(routes[key], str(seq)) if len(routes[key]) > 1 else routes[key][0]
+        for key, seq in zip(keys, seqs, strict=True)
+    ]
+    return pa.table(
+        {"ra": ra, "a": decoded.column("a"), "b": decoded.column("b"), "ts": decoded.column("ts")},
+        schema=_ROUTED_EVENTS,
+    )
+
+
+def _combined(events: pa.Table, version_b: int) -> pa.RecordBatch:
+    """One ``event`` row per (routed key, field-2 key): its events' number and latest time."""
+    pairs = events.group_by(["ra", "a", "b"], use_threads=False).aggregate(
+        [("ts", "max"), ("ts", "count")]
+    )
+    rows = pairs.num_rows
+    columns = {field.name: pa.nulls(rows, field.type) for field in _ARROW_SCHEMA}
+    columns.update(
+        kind=pa.array(["event"] * rows, pa.string()),
+        a=pairs.column("a").combine_chunks(),
+        b=pairs.column("b").combine_chunks(),
+        ra=pairs.column("ra").combine_chunks(),
+        ts=pc.multiply_checked(pairs.column("ts_max"), 1000)
+        .combine_chunks()
+        .cast(pa.timestamp("us", tz="UTC")),
+        vb=pa.array([version_b] * rows, pa.int32()),
+        n=pairs.column("ts_count").combine_chunks(),
+    )
+    return pa.RecordBatch.from_pydict(columns, schema=_ARROW_SCHEMA)
 
 
 def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
