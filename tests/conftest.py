@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from keyplane.testing import free_port
 
@@ -24,6 +25,12 @@ os.environ.setdefault("KEYPLANE_CONTROL_KEY", "keyplane-tests-only")
 # session's SparkSession is at interpreter exit, after pytest has closed the
 # streams that Airflow's logging set-up attached to the root logger.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+# Property tests draw new examples on every local run, to explore; CI
+# (HYPOTHESIS_PROFILE=ci, set by .ci/run) draws the same ones from the same
+# seed every time, so that a red build is the change's fault and can be re-run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")
