@@ -19,7 +19,9 @@ delivers them in:
 1. ``install`` rows: merge the moved-in state, once per (marker, source);
    report each source routed key's partial as the aggregate's zero from now
    on (a *tombstone*), so the merge never counts a moved state twice;
-2. ``event`` rows: ``add`` their values, one call per group and batch;
+2. ``event`` rows: ``add`` their values, one call per group and batch (a
+   row stands for ``n`` events of one field-2 key: in ``pairs`` mode the
+   source combines each partition's events, :func:`keyplane.spark.routed_source.read_events`);
 3. an ``evict`` row: emit the state (``moved``) and clear it. The sink writes
    moved states to the migration topic; the next batch installs them.
 
