@@ -409,6 +409,22 @@ def run_counts_job(
         raise
     seen: set[int] = set()
     history: list[BatchProgress] = []
+
+    def take_new_progress() -> bool:
+        """Report the batches not reported yet; True if one read records or left a lag."""
+        took = False
+        for raw_progress in query.recentProgress:
+            progress = progress_of(raw_progress)
+            if progress.batch_id in seen or (progress.rows == 0 and progress.lag == 0):
+                seen.add(progress.batch_id)
+                continue
+            seen.add(progress.batch_id)
+            history.append(progress)
+            took = True
+            if on_progress is not None:
+                on_progress(progress)
+        return took
+
     idle_since = time.monotonic()
     try:
         while not (should_stop is not None and should_stop()):
@@ -421,17 +437,8 @@ def run_counts_job(
                     break
                 continue
             time.sleep(0.5)
-            for raw_progress in query.recentProgress:
-                progress = progress_of(raw_progress)
-                if progress.batch_id in seen or (progress.rows == 0 and progress.lag == 0):
-                    if progress.batch_id not in seen:
-                        seen.add(progress.batch_id)
-                    continue
-                seen.add(progress.batch_id)
-                history.append(progress)
+            if take_new_progress():
                 idle_since = time.monotonic()
-                if on_progress is not None:
-                    on_progress(progress)
             committed = history[-1].committed if history else 0
             lag = history[-1].lag if history else 0
             if (
@@ -445,6 +452,11 @@ def run_counts_job(
                 and time.monotonic() - idle_since > settings.stop_when_idle_s
             ):
                 break
+        # The batch that was running when the loop ended runs to its end
+        # (stop_between_batches): report it too, or its records would be
+        # committed without a progress line.
+        stop_between_batches(query)
+        take_new_progress()
     finally:
         stop_between_batches(query)
         spark.stop()
