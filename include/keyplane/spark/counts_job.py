@@ -415,10 +415,11 @@ def run_counts_job(
         took = False
         for raw_progress in query.recentProgress:
             progress = progress_of(raw_progress)
-            if progress.batch_id in seen or (progress.rows == 0 and progress.lag == 0):
-                seen.add(progress.batch_id)
+            if progress.batch_id in seen:
                 continue
             seen.add(progress.batch_id)
+            if progress.rows == 0 and progress.lag == 0:
+                continue
             history.append(progress)
             took = True
             if on_progress is not None:

@@ -46,7 +46,7 @@ def _offset_total(offsets: Any) -> int:
     return sum(int(o) for parts in offsets.values() for o in parts.values())
 
 
-def _records_read(source: dict[str, Any]) -> int | None:
+def _records_read(source: dict[str, Any], end: Any) -> int | None:
     """The records the routed source's batch read, which its offset records.
 
     Its rows are not its records: in ``pairs`` mode one row stands for a
@@ -54,11 +54,8 @@ def _records_read(source: dict[str, Any]) -> int | None:
     and control rows are not records of the events topic, so Spark's
     ``numInputRows`` would not count the batch's events. A report of no rows
     read nothing: Spark reports a trigger that ran no batch under the last
-    batch's id and end offset.
+    batch's id and end offset. ``end`` is the source's parsed end offset.
     """
-    end = source.get("endOffset")
-    if isinstance(end, str):
-        end = json.loads(end)
     if not (isinstance(end, dict) and isinstance(end.get("read"), int)):
         return None
     return int(end["read"]) if source.get("numInputRows") else 0
@@ -71,13 +68,18 @@ def records_read(query: StreamingQuery) -> int:
 
 def progress_of(p: dict[str, Any]) -> BatchProgress:
     source = p["sources"][0] if p.get("sources") else {}
-    end = _offset_total(source.get("endOffset"))
+    end_offset = source.get("endOffset")
+    if isinstance(end_offset, str):
+        end_offset = json.loads(end_offset)
+    end = _offset_total(end_offset)
     latest = _offset_total(source.get("latestOffset")) or end
     duration_ms = int(p.get("durationMs", {}).get("triggerExecution", 0))
-    read = _records_read(source)
-    rows = int(p.get("numInputRows", 0)) if read is None else read
-    rows_per_s = float(p.get("processedRowsPerSecond") or 0.0)
-    if read is not None:
+    read = _records_read(source, end_offset)
+    if read is None:
+        rows = int(p.get("numInputRows", 0))
+        rows_per_s = float(p.get("processedRowsPerSecond") or 0.0)
+    else:
+        rows = read
         rows_per_s = read * 1000 / duration_ms if duration_ms else 0.0
     return BatchProgress(
         batch_id=int(p["batchId"]),

@@ -299,16 +299,13 @@ _ROUTED_EVENTS = pa.schema(
 def _routed(decoded: pa.Table, table_a: RoutedKeyTable) -> pa.Table:
     """Decoded events with their stage-A routed keys (:data:`_ROUTED_EVENTS`).
 
-    A key's routes are looked up once per chunk; only a split key's events
-    pick one each, by their ``seq`` (:func:`~keyplane.handoff.pick_route`).
+    A key's routes are looked up once per chunk; a split key's events pick
+    one each, by their ``seq`` (:func:`~keyplane.handoff.pick_route`).
     """
     keys = decoded.column("a").to_pylist()
     routes = {key: table_a.route(key) for key in set(keys)}
     seqs = decoded.column("seq").to_pylist()
-    ra = [
-        pick_route(routes[key], str(seq)) if len(routes[key]) > 1 else routes[key][0]
-        for key, seq in zip(keys, seqs, strict=True)
-    ]
+    ra = [pick_route(routes[key], str(seq)) for key, seq in zip(keys, seqs, strict=True)]
     return pa.table(
         {"ra": ra, "a": decoded.column("a"), "b": decoded.column("b"), "ts": decoded.column("ts")},
         schema=_ROUTED_EVENTS,
