@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -60,7 +60,7 @@ from keyplane.settings import Settings
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress, progress_of
-from keyplane.spark.routed_counts import routed_running_counts
+from keyplane.spark.routed_counts import StageEngine, routed_running_counts
 from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge_partial_states
 from keyplane.spark.routed_source import OPERATORS, read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
@@ -138,6 +138,12 @@ class CountsJobSettings(BaseModel):
         "(field-1 routed key, field-2 key) and micro-batch with its weight; 'tuples', every "
         "tuple with its padding (paper 000 §4.1), so the A→B shuffle carries the tuples.",
     )
+    stage_engine: StageEngine = Field(
+        default="auto",
+        description="Where the routed job's stages run: 'jvm', Java stateful processors "
+        "(the running count only; keyplane.spark.jvm), 'python' (any aggregate), or 'auto': "
+        "the JVM when both stages run the running count and the session has the jar.",
+    )
     restarts: int = Field(
         default=0,
         ge=0,
@@ -170,6 +176,8 @@ class CountsJobSettings(BaseModel):
         aggregates = (self.stage_a_aggregate, self.stage_b_aggregate)
         if self.routing_store is None and any(aggregates):
             raise ValueError("stage aggregates need the routed job (routing_store)")
+        if self.routing_store is None and self.stage_engine != "auto":
+            raise ValueError("stage_engine needs the routed job (routing_store)")
         if self.routing_store is None and self.forward != "pairs":
             raise ValueError(f"forward={self.forward!r} needs the routed job (routing_store)")
         if self.routing_store is not None and self.pipeline != "two-stage":
@@ -357,11 +365,11 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     aggregates = settings.aggregates()
     updates = routed_running_counts(
         inputs,
-        str(store),
         partitions,
         stage_a=aggregates["A"],
         stage_b=aggregates["B"],
         forward=settings.forward,
+        engine=settings.stage_engine,
     )
     query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
     MetricsListener.attach(spark, query, writer, settings.metrics_topic)
@@ -619,6 +627,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         choices=FORWARD_MODES,
         help="what the routed job's stage A sends stage B: a weight per pair and batch "
         "(pairs, the default) or every tuple with its padding (tuples)",
+    )
+    parser.add_argument(
+        "--stage-engine",
+        choices=get_args(StageEngine),
+        help="where the routed job's stages run: jvm (the running count), python (any "
+        "aggregate) or auto (the JVM where it can; the default)",
     )
     parser.add_argument(
         "--restarts",

@@ -25,9 +25,9 @@ delivers them in:
 3. an ``evict`` row: emit the state (``moved``) and clear it. The sink writes
    moved states to the migration topic; the next batch installs them.
 
-Stage A routes each of its output rows to stage B itself, with the version
-the source planned for B (``vb``), because it is the last Python code on the
-way to B's grouping. What it sends is the job's ``forward`` mode
+Stage A sends each of its output rows to the routed key of stage B that the
+source chose for the row's pair (``rb``,
+:func:`keyplane.spark.routed_source.read_events`). What it sends is the job's ``forward`` mode
 (:data:`~keyplane.events.Forward`): in ``pairs`` mode one row
 per (field-2 key, B version) and batch with the number of tuples ``n``; in
 ``tuples`` mode every tuple, ``n`` = 1, with its padding (``pad``), as the
@@ -68,7 +68,7 @@ import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row
@@ -77,10 +77,10 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 
 from keyplane.aggregates import KeyedAggregate, RunningCount
 from keyplane.events import Forward
-from keyplane.handoff import pick_downstream_route
-from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group, tables_for
+from keyplane.spark import jvm as jvm_stages
+from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
 
-CONTROL_FIELDS = ("stage", "rb", "source_rk", "target_rk", "count", "state", "marker", "detail")
+CONTROL_FIELDS = ("stage", "source_rk", "target_rk", "count", "state", "marker", "detail")
 """The source's columns that only control rows use; both stages read them packed into
 one JSON column, ``ctl`` (:func:`_narrow_input`)."""
 ROUTED_STAGE_A_OUTPUT = (
@@ -201,19 +201,16 @@ class _RoutedStage(StatefulProcessor):
 class RoutedStageA(_RoutedStage):
     """Stage A: ``aggregate``'s partial state per routed key of field 1, with live hand-off.
 
-    ``store`` and ``parallelism`` locate the routing tables stage A needs to
-    route its output to stage B; ``forward`` is what it sends there (module
-    docstring).
+    ``parallelism`` names the control groups its reports travel in;
+    ``forward`` is what it sends stage B (module docstring).
     """
 
     def __init__(
         self,
-        store: str,
         parallelism: int,
         aggregate: KeyedAggregate[Any],
         forward: Forward = "pairs",
     ) -> None:
-        self.store = store
         self.parallelism = parallelism
         self.aggregate = aggregate
         self.forward = forward
@@ -267,37 +264,28 @@ class RoutedStageA(_RoutedStage):
         events: list[Row],
         where: tuple[int, str],
     ) -> Iterator[Row]:
-        """The batch's events as rows for stage B, each routed to its field-2 key's instance.
+        """The batch's events as rows for stage B, on the routed keys the source chose (``rb``).
 
-        In ``pairs`` mode one row per (field-2 key, B version), weighing ``n``
-        tuples; in ``tuples`` mode one row per tuple, with its padding. The
-        group's partial after the batch travels apart, as one ``report`` row
-        (:meth:`_report`): riding on these rows, it would reach the sink once
-        per field-2 key the group sent to. Every tuple of one pair takes the
-        same routed key of B, so that a replayed batch routes it the same way
-        in both modes.
+        In ``pairs`` mode one row per (field-2 key, routed key of B), weighing
+        ``n`` tuples; in ``tuples`` mode one row per tuple, with its padding.
+        The group's partial after the batch travels apart, as one ``report``
+        row (:meth:`_report`): riding on these rows, it would reach the sink
+        once per field-2 key the group sent to.
         """
-        weights: dict[tuple[str, int], int] = {}
+        weights: dict[tuple[str, str], int] = {}
         latest = None
         for row in events:
-            weights[(row.b, row.vb)] = weights.get((row.b, row.vb), 0) + row.n
+            weights[(row.b, row.rb)] = weights.get((row.b, row.rb), 0) + row.n
             latest = row.ts if latest is None or row.ts > latest else latest
-        tables = tables_for(self.store, self.parallelism)
         instance, executor = where
-        routes: dict[tuple[str, int], str] = {}
-        for b, vb in weights:
-            table_b = tables.table(vb, "B")
-            routes[(b, vb)] = pick_downstream_route(
-                table_b.route(b), table_b.instance_of, instance, f"{group}\x00{b}"
-            )
         if self.forward == "pairs":
-            sent = [((b, vb), n, None) for (b, vb), n in weights.items()]
+            sent = [(pair, n, None) for pair, n in weights.items()]
         else:
-            sent = [((row.b, row.vb), 1, row.pad) for row in events]
-        for pair, n, pad in sent:
+            sent = [((row.b, row.rb), 1, row.pad) for row in events]
+        for (b, rb), n, pad in sent:
             yield _stage_a_row(
                 self.forward, pad, kind="event", a=key_a, ra=group, ia=instance, ea=executor,
-                b=pair[0], rb=routes[pair], n=n, ts=latest, ctl=None,
+                b=b, rb=rb, n=n, ts=latest, ctl=None,
             )  # fmt: skip
 
     def _report(
@@ -327,7 +315,7 @@ class RoutedStageA(_RoutedStage):
 def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:
     """Rows for stage B and invalid records pass stage A unchanged (module docstring)."""
     for row in rows:
-        rb = json.loads(row.ctl).get("rb") or row.ra
+        rb = row.rb or row.ra
         yield _stage_a_row(
             forward, kind=row.kind, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b, rb=rb, n=None,
             ts=None, ctl=row.ctl,
@@ -449,23 +437,58 @@ def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
     ``Row`` built cell by cell, one Arrow-to-Python conversion per column,
     so a stage's cost grows with the width of its input as much as with its
     rows. Stage A reads seven of the source's sixteen columns from an event;
-    eight others are null on every event and read only by the few control
+    seven others are null on every event and read only by the few control
     rows, so Spark packs them here (in the JVM, null for an event) and a
-    stage unpacks them for a control row only; ``seq`` no stage reads.
+    stage unpacks them for a control row only; ``seq`` and ``vb`` no stage reads.
     Stage A's output to stage B is narrow for the same reason.
     """
     control = F.when(F.col("kind") != "event", F.to_json(F.struct(*CONTROL_FIELDS)))
     padding = ["pad"] if forward == "tuples" else []
-    return inputs.select("ra", "kind", "a", "b", "ts", "vb", "n", control.alias("ctl"), *padding)
+    return inputs.select("ra", "kind", "a", "b", "ts", "rb", "n", control.alias("ctl"), *padding)
+
+
+StageEngine = Literal["auto", "jvm", "python"]
+"""Where the routed stages run: ``jvm`` (:mod:`keyplane.spark.jvm`, the running count
+only), ``python`` (any aggregate, this module), or ``auto``: the JVM when it can."""
+
+
+class StageEngineError(ValueError):
+    """The stages cannot run where the job's settings ask (one line, for a CLI)."""
+
+
+def resolve_engine(
+    requested: StageEngine,
+    stage_a: KeyedAggregate[Any] | None,
+    stage_b: KeyedAggregate[Any] | None,
+    jvm_loaded: bool,
+) -> Literal["jvm", "python"]:
+    """The engine the stages run on: the JVM for the running count, where its jar is loaded.
+
+    The JVM stages implement :class:`~keyplane.aggregates.RunningCount` only
+    (its state is a number); any other aggregate is user code and runs in
+    Python. ``auto`` falls back to Python where the session has no jar.
+    """
+    if requested == "python":
+        return "python"
+    counts = all(agg is None or type(agg) is RunningCount for agg in (stage_a, stage_b))
+    if counts and jvm_loaded:
+        return "jvm"
+    if requested == "auto":
+        return "python"
+    if not counts:
+        raise StageEngineError("stage engine 'jvm' runs only the running count in both stages")
+    raise StageEngineError(
+        "stage engine 'jvm': the session has no keyplane JVM stages on its classpath"
+    )
 
 
 def routed_running_counts(
     inputs: DataFrame,
-    store: str,
     parallelism: int,
     stage_a: KeyedAggregate[Any] | None = None,
     stage_b: KeyedAggregate[Any] | None = None,
     forward: Forward = "pairs",
+    engine: StageEngine = "auto",
 ) -> DataFrame:
     """Routed-source rows → both stages' outputs (:data:`ROUTED_OUTPUT_SCHEMA`).
 
@@ -474,13 +497,17 @@ def routed_running_counts(
     ``forward`` is what stage A sends stage B (module docstring); ``inputs``
     must come from a routed source read in the same mode.
     ``inputs`` must carry a watermark on ``ts`` (stage A runs in event-time
-    mode so that a second stateful operator may follow it).
+    mode so that a second stateful operator may follow it). ``engine`` says
+    where the stages run (:data:`StageEngine`); both engines write the same rows.
     """
+    loaded = jvm_stages.loaded(inputs.sparkSession)
+    if resolve_engine(engine, stage_a, stage_b, loaded) == "jvm":
+        return jvm_stages.routed_running_counts_jvm(inputs, parallelism, forward == "tuples")
     stage_a_rows = (
         _narrow_input(inputs, forward)
         .groupBy("ra")
         .transformWithState(
-            RoutedStageA(store, parallelism, stage_a or RunningCount(), forward),
+            RoutedStageA(parallelism, stage_a or RunningCount(), forward),
             stage_a_output(forward),
             "Append",
             "EventTime",

@@ -25,9 +25,9 @@ driver restarts with no checkpoint of keyplane's own.
 What the batch reads (one input partition each), as rows of
 :data:`ROUTED_INPUT_SCHEMA` distinguished by ``kind``:
 
-* ``event`` — one per event, its stage-A routed key ``ra`` computed here from
-  the planned version (so no Python UDF and no join on the data path), and
-  ``vb``, the version stage A must use to route the tuple to stage B;
+* ``event`` — one per event, its stage-A routed key ``ra`` and its stage-B
+  routed key ``rb`` computed here from the planned versions (so no Python UDF
+  and no join on the data path; ``vb`` is B's version);
 * ``evict`` — for every state move of an operator switching in this batch:
   "after your last tuples, hand your state to ``target_rk``";
 * ``install`` — the moved states that the previous batch wrote to the
@@ -61,7 +61,7 @@ import functools
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,7 +75,7 @@ from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
 from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, decode_events, parse_event
-from keyplane.handoff import VersionedTables, pick_route
+from keyplane.handoff import VersionedTables, pick_downstream_route, pick_route
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
@@ -143,11 +143,11 @@ def control_group(stage: str, about: str, parallelism: int) -> str:
     instance (``spark_partition(about)``), so control work spreads over the
     instances as the keys do.
     """
-    return _control_groups(stage, parallelism)[spark_partition(about, parallelism)]
+    return control_groups(stage, parallelism)[spark_partition(about, parallelism)]
 
 
 @functools.cache
-def _control_groups(stage: str, parallelism: int) -> tuple[str, ...]:
+def control_groups(stage: str, parallelism: int) -> tuple[str, ...]:
     """The control groups of ``stage``, the i-th salted onto instance i."""
     prefix = f"{CONTROL_PREFIX}{stage}"
     return tuple(
@@ -246,7 +246,9 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     its reason. ``tuples`` mode forwards every tuple with its padding, so
     each event stays a row with ``n`` = 1.
     """
-    table_a = tables_for(p.store, p.parallelism).table(p.version_a, "A")
+    tables = tables_for(p.store, p.parallelism)
+    table_a = tables.table(p.version_a, "A")
+    to_b = _stage_b_routes(tables.table(p.version_b, "B"), p.parallelism)
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
     routed: list[pa.Table] = []
@@ -278,7 +280,8 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
                 pad = event.get("pad")
                 out.add(
                     kind="event", seq=seq, a=a, b=b, ts=datetime.fromtimestamp(ts / 1000, UTC),
-                    ra=ra, vb=p.version_b, n=1, pad=pad if isinstance(pad, str) else None,
+                    ra=ra, rb=to_b(ra, b), vb=p.version_b, n=1,
+                    pad=pad if isinstance(pad, str) else None,
                 )  # fmt: skip
             else:
                 for name, field in (("ra", ra), ("a", a), ("b", b), ("ts", ts)):
@@ -288,7 +291,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
         if events["ra"]:
             routed.append(pa.table(events, schema=_ROUTED_EVENTS))
     if routed:
-        yield _combined(pa.concat_tables(routed), p.version_b)
+        yield _combined(pa.concat_tables(routed), p.version_b, to_b)
 
 
 _ROUTED_EVENTS = pa.schema(
@@ -312,18 +315,43 @@ def _routed(decoded: pa.Table, table_a: RoutedKeyTable) -> pa.Table:
     )
 
 
-def _combined(events: pa.Table, version_b: int) -> pa.RecordBatch:
+def _stage_b_routes(table_b: RoutedKeyTable, parallelism: int) -> Callable[[str, str], str]:
+    """The stage-B routed key of a (stage-A routed key, field-2 key) pair's tuples.
+
+    Chosen here, where the events are parsed, rather than in stage A, so that
+    a stage needs no routing table and may run in the JVM
+    (:mod:`keyplane.spark.jvm`). Everything it depends on is fixed for the
+    pair (stage A's instance follows from ``ra``), so a replayed batch
+    routes as before (:func:`~keyplane.handoff.pick_downstream_route`). A
+    key's routes are looked up once per partition.
+    """
+    routes_of = functools.cache(table_b.route)
+
+    def route(ra: str, b: str) -> str:
+        routes = routes_of(b)
+        if len(routes) == 1:
+            return routes[0]
+        upstream = spark_partition(ra, parallelism)
+        return pick_downstream_route(routes, table_b.instance_of, upstream, f"{ra}\x00{b}")
+
+    return route
+
+
+def _combined(events: pa.Table, version_b: int, to_b: Callable[[str, str], str]) -> pa.RecordBatch:
     """One ``event`` row per (routed key, field-2 key): its events' number and latest time."""
     pairs = events.group_by(["ra", "a", "b"], use_threads=False).aggregate(
         [("ts", "max"), ("ts", "count")]
     )
     rows = pairs.num_rows
+    ra, b = pairs.column("ra").combine_chunks(), pairs.column("b").combine_chunks()
+    rb = [to_b(x, y) for x, y in zip(ra.to_pylist(), b.to_pylist(), strict=True)]
     columns = {field.name: pa.nulls(rows, field.type) for field in _ARROW_SCHEMA}
     columns.update(
         kind=pa.array(["event"] * rows, pa.string()),
         a=pairs.column("a").combine_chunks(),
-        b=pairs.column("b").combine_chunks(),
-        ra=pairs.column("ra").combine_chunks(),
+        b=b,
+        ra=ra,
+        rb=pa.array(rb, pa.string()),
         ts=pc.multiply_checked(pairs.column("ts_max"), 1000)
         .combine_chunks()
         .cast(pa.timestamp("us", tz="UTC")),

@@ -7,6 +7,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from keyplane.spark.jvm import available_jar
+
 
 def build_session(
     app_name: str = "keyplane",
@@ -19,6 +21,8 @@ def build_session(
 
     Without ``PYSPARK_PYTHON`` Spark would start workers with whatever
     ``python3`` is first on PATH, which does not have keyplane installed.
+    The session carries the jar of keyplane's JVM stages where it can be had
+    (:mod:`keyplane.spark.jvm`); ``spark.jars`` in ``extra`` adds to it.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -34,7 +38,11 @@ def build_session(
         )
         .config("spark.driver.memory", "2g")
     )
-    for key, value in (extra or {}).items():
+    settings = dict(extra or {})
+    jar = available_jar()
+    if jar is not None:
+        settings["spark.jars"] = ",".join(filter(None, [str(jar), settings.get("spark.jars")]))
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

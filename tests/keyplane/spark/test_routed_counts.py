@@ -11,6 +11,7 @@ ground truth. The partial-merge test is pure and needs neither.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ from keyplane.spark.counts_job import (
 from keyplane.spark.routed_counts import (
     ROUTED_OUTPUT_SCHEMA,
     RoutedStageA,
+    StageEngine,
     _output_row,
     take_installs,
 )
@@ -48,6 +50,8 @@ from keyplane.workloads import PairsWorkload, ZipfEvolvingWorkload
 
 P = 4
 """Instances per operator: the ``spark`` fixture's shuffle partitions."""
+OPERATOR_NAMES = {"jvm": "TransformWithState", "python": "TransformWithStateInPySpark"}
+"""The stateful operators Spark reports for each engine's stages."""
 
 
 def test_merge_partials_sums_each_routed_keys_latest_partial_pure() -> None:
@@ -90,10 +94,13 @@ def test_merge_partials_sums_each_routed_keys_latest_partial_pure() -> None:
     ]
 
 
-def _run_to_end(spark, settings: CountsJobSettings) -> None:
+def _run_to_end(spark, settings: CountsJobSettings) -> list[str]:
+    """Run the job over the topic; its physical plan's stateful operators, in plan order."""
     query = start_counts_query(spark, settings)
     try:
         query.processAllAvailable()
+        plan = query._jsq.explainInternal(False)
+        return re.findall(r"TransformWithState(?:InPySpark)?\b", plan)
     finally:
         query.stop()
 
@@ -104,6 +111,7 @@ def _settings(
     tmp_path: Path,
     routing_store: Path | None = None,
     forward: Forward = "pairs",
+    stage_engine: StageEngine = "auto",
 ) -> CountsJobSettings:
     return CountsJobSettings(
         bootstrap_servers=broker,
@@ -115,14 +123,17 @@ def _settings(
         trigger_interval="0 seconds",
         routing_store=routing_store,
         forward=forward,
+        stage_engine=stage_engine,
         **routed_job_topics(topic),
     )
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("engine", ["jvm", "python"])
 def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
-    spark, broker: str, topic_name: str, tmp_path: Path
+    spark, broker: str, topic_name: str, tmp_path: Path, engine: StageEngine
 ) -> None:
+    """Either engine (:mod:`keyplane.spark.jvm` or Python) places, splits and counts the same."""
     spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=4_000, seed=5)
     assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
     truth = expected_counts(spec)
@@ -143,8 +154,11 @@ def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
         },
     )
     save(config, tmp_path / "routing")
-    settings = _settings(broker, topic_name, tmp_path, routing_store=tmp_path / "routing")
-    _run_to_end(spark, settings)
+    settings = _settings(
+        broker, topic_name, tmp_path, routing_store=tmp_path / "routing", stage_engine=engine
+    )
+    operators = _run_to_end(spark, settings)
+    assert operators == [OPERATOR_NAMES[engine]] * 2
 
     partials = read_partials(settings.output)
     assert partials["batch"].nunique() >= 4, "several batches: partials merge across batches"
@@ -346,46 +360,34 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
     assert invalid_in_metrics() == len(bad)
 
 
-def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure(
-    tmp_path: Path,
-) -> None:
-    """``pairs``: a weight per (field-2 key, version); ``tuples``: each tuple and its
-    padding, every tuple on the pair's route. No row carries the group's partial: that
+def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure() -> None:
+    """``pairs``: a weight per (field-2 key, routed key of B); ``tuples``: each tuple and
+    its padding, on the route the source chose. No row carries the group's partial: that
     travels apart, once per group and batch, not once per field-2 key."""
-    store = tmp_path / "routing"
-    save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={
-                "A": OperatorRouting(parallelism=P),
-                "B": OperatorRouting(parallelism=P, hot_keys={"x": (0, 1, 2)}),
-            },
-        ),
-        store,
-    )
     ts = datetime(2026, 1, 1, tzinfo=UTC)
     events = [
-        Row(b=b, vb=1, ts=ts, n=1, pad=pad) for b, pad in (("x", "p"), ("y", "qq"), ("x", "r"))
+        Row(b=b, rb=rb, ts=ts, n=1, pad=pad)
+        for b, rb, pad in (("x", "x#1", "p"), ("y", "y#0", "qq"), ("x", "x#1", "r"))
     ]
 
     def sent(forward: Forward) -> list[dict]:
-        stage = RoutedStageA(str(store.resolve()), P, RunningCount(), forward)
+        stage = RoutedStageA(P, RunningCount(), forward)
         rows = stage._to_stage_b("k#3", "k", events, (3, "host:1"))
         return [row.asDict() for row in rows]
 
     pairs = sent("pairs")
-    assert [(r["b"], r["n"], r["ctl"]) for r in pairs] == [("x", 2, None), ("y", 1, None)]
+    assert [(r["b"], r["rb"], r["n"], r["ctl"]) for r in pairs] == [
+        ("x", "x#1", 2, None),
+        ("y", "y#0", 1, None),
+    ]
     assert all("pad" not in r for r in pairs)
     tuples = sent("tuples")
-    assert [(r["b"], r["n"], r["pad"], r["ctl"]) for r in tuples] == [
-        ("x", 1, "p", None),
-        ("y", 1, "qq", None),
-        ("x", 1, "r", None),
+    assert [(r["b"], r["rb"], r["n"], r["pad"], r["ctl"]) for r in tuples] == [
+        ("x", "x#1", 1, "p", None),
+        ("y", "y#0", 1, "qq", None),
+        ("x", "x#1", 1, "r", None),
     ]
-    route = {r["b"]: r["rb"] for r in pairs}
-    assert [r["rb"] for r in tuples] == [route["x"], route["y"], route["x"]]
-    assert route["x"].startswith("x#"), "the hot key is routed to one of its partials"
+    assert {r["ia"] for r in pairs + tuples} == {3}
 
 
 def _locality_config(

@@ -8,10 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from keyplane.config import RoutingConfig, save
+from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
+from keyplane.handoff import routed_key_table
 from keyplane.kafka.ranges import OffsetRange
-from keyplane.routedkeys import spark_partition
+from keyplane.routedkeys import find_salt, routed_key, spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError
 from keyplane.spark.routed_source import (
@@ -148,3 +149,21 @@ def test_an_unknown_forward_mode_is_refused_in_one_line_pure() -> None:
     assert RoutedEventsReader({**options, "forward": "tuples"}).forward == "tuples"
     with pytest.raises(KafkaSourceOptionError, match="one of pairs, tuples, got 'tuple'"):
         RoutedEventsReader({**options, "forward": "tuple"})
+
+
+def test_events_go_to_the_stage_b_route_of_their_stage_a_instance_pure() -> None:
+    """The source picks each pair's routed key of B (no routing table in the stages): an
+    unsplit key keeps its one route; a split key takes the route on stage A's own
+    instance when it has one there, and a route of the key otherwise."""
+    p = 4
+    routing = OperatorRouting(parallelism=p, table={"y": 2}, hot_keys={"x": (0, 1, 2)})
+    table_b = routed_key_table(routing)
+    route = routed_source._stage_b_routes(table_b, p)
+    on = {i: routed_key("k", find_salt("k", i, p)) for i in range(p)}
+    assert route(on[0], "y") == table_b.route("y")[0]
+    assert spark_partition(route(on[0], "y"), p) == 2
+    for instance in (0, 1, 2):
+        chosen = route(on[instance], "x")
+        assert chosen in table_b.route("x")
+        assert spark_partition(chosen, p) == instance
+    assert route(on[3], "x") in table_b.route("x")

@@ -1,0 +1,169 @@
+"""The routed stages of the running count in the JVM: build, find and call them.
+
+Both routed stages are stateful processors whose every state call crosses
+from a Python worker to the executor's JVM: about 0.46 ms per group on the
+reference machine, five times what a key of Spark's own count costs
+(docs/benchmarks.md, "The floor under a Python stateful stage"). The
+reference application's aggregate, :class:`~keyplane.aggregates.RunningCount`,
+keeps a number, so its stages run as Java ``StatefulProcessor``\\ s
+(``RoutedStages.java`` beside this file) that speak the same protocol and
+write the same rows as :mod:`keyplane.spark.routed_counts`, in Spark's own
+state store. A user's own aggregate keeps running in Python.
+
+The Java source ships with the package and is compiled on first use against
+the installed pyspark's jars (``javac``, a JDK, is needed once), into a jar
+named by the hash of source and Spark version, so an upgrade of either
+builds a new one. ``KEYPLANE_JVM_JAR`` names a jar built in advance (an
+image's build step: ``python -m keyplane.spark.jvm --out PATH``), which is
+then used as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SOURCE = Path(__file__).with_name("RoutedStages.java")
+JAR_ENV = "KEYPLANE_JVM_JAR"
+CACHE_ENV = "KEYPLANE_JVM_CACHE"
+CLASS_NAME = "keyplane.spark.jvm.RoutedStages"
+
+log = logging.getLogger(__name__)
+
+
+class JvmStagesUnavailable(RuntimeError):
+    """The JVM stages can be neither found nor built here (one line, for a CLI)."""
+
+
+def _spark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def _fingerprint() -> str:
+    import pyspark
+
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(pyspark.__version__.encode())
+    return digest.hexdigest()[:16]
+
+
+def _javac() -> str:
+    home = os.environ.get("JAVA_HOME")
+    candidates = [str(Path(home) / "bin" / "javac")] if home else []
+    candidates.append(shutil.which("javac") or "")
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise JvmStagesUnavailable(
+        "the JVM stages need a JDK once, to compile them: no javac on PATH or in JAVA_HOME "
+        f"(or set {JAR_ENV} to a jar built with `python -m keyplane.spark.jvm --out PATH`)"
+    )
+
+
+def build_jar(out: Path) -> Path:
+    """Compile ``RoutedStages.java`` against the installed pyspark into the jar ``out``."""
+    with tempfile.TemporaryDirectory(prefix="keyplane-jvm-") as tmp:
+        classes = Path(tmp) / "classes"
+        classes.mkdir()
+        command = [
+            _javac(),
+            "--release", "17",
+            "-encoding", "UTF-8",
+            "-nowarn",
+            "-cp", f"{_spark_jars()}/*",
+            "-d", str(classes),
+            str(SOURCE),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise JvmStagesUnavailable(f"javac failed on {SOURCE.name}:\n{done.stderr.strip()}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tmp) / "stages.jar"
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
+            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
+            for path in sorted(classes.rglob("*.class")):
+                jar.write(path, path.relative_to(classes).as_posix())
+        # Moved into place whole, so a concurrent reader never sees half a jar.
+        shutil.move(str(partial), out.with_suffix(".partial"))
+        out.with_suffix(".partial").replace(out)
+    return out
+
+
+@cache
+def stages_jar() -> Path:
+    """The jar of the JVM stages: ``KEYPLANE_JVM_JAR``, or built once into the cache."""
+    given = os.environ.get(JAR_ENV)
+    if given:
+        path = Path(given)
+        if not path.is_file():
+            raise JvmStagesUnavailable(f"{JAR_ENV}={given}: no such file")
+        return path
+    cache_dir = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "keyplane" / "jvm")
+    jar = cache_dir / f"keyplane-stages-{_fingerprint()}.jar"
+    if not jar.is_file():
+        log.info("compiling the JVM routed stages into %s", jar)
+        build_jar(jar)
+    return jar
+
+
+def available_jar() -> Path | None:
+    """:func:`stages_jar`, or None (logged once) where it can be neither found nor built."""
+    try:
+        return stages_jar()
+    except JvmStagesUnavailable as exc:
+        _log_unavailable(str(exc))
+        return None
+
+
+@cache
+def _log_unavailable(reason: str) -> None:
+    log.warning("routed stages run in Python: %s", reason)
+
+
+def loaded(spark: SparkSession) -> bool:
+    """Whether the session's JVM has the stages (its ``spark.jars`` held the jar)."""
+    from py4j.java_gateway import JavaClass
+
+    return isinstance(getattr(spark._jvm, CLASS_NAME, None), JavaClass)
+
+
+def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool) -> DataFrame:
+    """Both routed stages of the running count, in the JVM (module docstring).
+
+    ``inputs`` are the routed source's rows with a watermark on ``ts`` and,
+    for every event, stage B's routed key in ``rb``; the output is
+    :data:`~keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`.
+    """
+    from pyspark.sql import DataFrame
+
+    from keyplane.spark.routed_source import control_groups
+
+    spark = inputs.sparkSession
+    jvm = spark._jvm
+    assert jvm is not None
+    groups = jvm.java.util.ArrayList()
+    for group in control_groups("A", parallelism):
+        groups.add(group)
+    stages = getattr(jvm, CLASS_NAME)
+    return DataFrame(stages.runningCounts(inputs._jdf, tuples, groups), spark)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build the JVM routed stages' jar.")
+    parser.add_argument("--out", type=Path, help="write the jar here (default: the cache)")
+    args = parser.parse_args()
+    print(build_jar(args.out) if args.out else stages_jar())
