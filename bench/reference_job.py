@@ -1,19 +1,21 @@
 """The reference job, the routed job and plain Spark counting, side by side.
 
-All three read the same topic through keyplane's Kafka source with the same
+All four read the same topic through keyplane's Kafka source with the same
 batch cap, each in its own process, one after the other:
 
 * ``native-counts``: the same per-key counts of both fields from one plain
   Spark ``groupBy`` (JVM aggregation, no Python stateful stage);
 * ``two-stage``: the reference job, two chained Python stateful stages;
-* ``routed``: the routed job (live routing, hand-off rows, metrics), on an
-  initial all-hash configuration.
+* ``routed-python``: the routed job (live routing, hand-off rows, metrics),
+  on an initial all-hash configuration, its stages in Python;
+* ``routed``: the same job with its stages in the JVM
+  (:mod:`keyplane.spark.jvm`), as it runs by default.
 
 The throughput ratios are the cost of the Python stateful stages and of
 live routing (issue goal: routed ≥ 0.9 × plain Spark).
 
 One run of a variant varies by up to half its rate on a 2-core machine, so
-``--repeats N`` runs the three variants N times, taking turns, and pools each
+``--repeats N`` runs the four variants N times, taking turns, and pools each
 variant's steady batches over the runs.
 
     python bench/reference_job.py [--events 200000] [--tags 2000] [--repeats 3] [--out FILE]
@@ -33,14 +35,14 @@ from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.testing import routed_job_topics
 from keyplane.workloads import GeoTagsWorkload
 
-VARIANTS = ("native-counts", "two-stage", "routed")
+VARIANTS = ("native-counts", "two-stage", "routed-python", "routed")
 
 
 def settings(
     bootstrap: str, tmp: Path, variant: str, batch: int, total: int, run: int = 0
 ) -> CountsJobSettings:
     """Run ``run`` of ``variant``: its own checkpoint, output, routing store and topics."""
-    routed = variant == "routed"
+    routed = variant.startswith("routed")
     name = f"{variant}-{run}"
     return CountsJobSettings(
         bootstrap_servers=bootstrap,
@@ -51,6 +53,7 @@ def settings(
         stop_at_offset_total=total,
         pipeline="two-stage" if routed else variant,
         routing_store=tmp / f"store-{name}" if routed else None,
+        stage_engine="python" if variant == "routed-python" else "auto",
         **(routed_job_topics(name) if routed else {}),
     )
 
@@ -61,7 +64,7 @@ def main() -> None:
     parser.add_argument("--tags", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--quick", action="store_true", help="50k events, 10k per batch")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of the three variants")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the four variants")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     events, batch = (50_000, 10_000) if args.quick else (args.events, args.batch)
@@ -102,7 +105,7 @@ def main() -> None:
             for v in VARIANTS
         ],
         "",
-        f"routed / two-stage: **{rates['routed'] / rates['two-stage']:.2f}**, "
+        f"routed / routed-python: **{rates['routed'] / rates['routed-python']:.2f}**, "
         f"routed / plain Spark: **{rates['routed'] / native:.2f}**",
     ]
     emit("\n".join(lines), args.out)
