@@ -57,10 +57,18 @@ from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
 from keyplane.partials import merge_partials
 from keyplane.settings import Settings
+from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress, progress_of
-from keyplane.spark.routed_counts import StageEngine, routed_running_counts
+from keyplane.spark.routed_counts import (
+    StageEngine,
+    StageEngineError,
+    record_engine,
+    recorded_engine,
+    resolve_engine,
+    routed_running_counts,
+)
 from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge_partial_states
 from keyplane.spark.routed_source import OPERATORS, read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
@@ -363,13 +371,22 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         delivery=settings.delivery(),
     )
     aggregates = settings.aggregates()
+    engine = resolve_engine(
+        settings.stage_engine,
+        aggregates["A"],
+        aggregates["B"],
+        jvm_loaded=jvm_stages.loaded(spark),
+        recorded=recorded_engine(settings.checkpoint),
+    )
+    record_engine(settings.checkpoint, engine)
+    log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
     updates = routed_running_counts(
         inputs,
         partitions,
         stage_a=aggregates["A"],
         stage_b=aggregates["B"],
         forward=settings.forward,
-        engine=settings.stage_engine,
+        engine=engine,
     )
     query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
     MetricsListener.attach(spark, query, writer, settings.metrics_topic)
@@ -661,7 +678,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    run_counts_job(parse_settings(argv), on_progress=_print_progress, should_stop=stop.is_set)
+    try:
+        run_counts_job(parse_settings(argv), on_progress=_print_progress, should_stop=stop.is_set)
+    except StageEngineError as exc:
+        print(f"running_counts: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -68,7 +68,7 @@ import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row
@@ -456,30 +456,66 @@ class StageEngineError(ValueError):
     """The stages cannot run where the job's settings ask (one line, for a CLI)."""
 
 
+ENGINE_RECORD = "keyplane-stages.json"
+"""The file in a checkpoint that names the engine its stages ran on."""
+
+
 def resolve_engine(
     requested: StageEngine,
     stage_a: KeyedAggregate[Any] | None,
     stage_b: KeyedAggregate[Any] | None,
     jvm_loaded: bool,
+    recorded: Literal["jvm", "python"] | None = None,
 ) -> Literal["jvm", "python"]:
     """The engine the stages run on: the JVM for the running count, where its jar is loaded.
 
     The JVM stages implement :class:`~keyplane.aggregates.RunningCount` only
     (its state is a number); any other aggregate is user code and runs in
     Python. ``auto`` falls back to Python where the session has no jar.
+    A checkpoint keeps its engine for life (``recorded``, :func:`recorded_engine`):
+    Spark refuses a checkpoint whose stateful operators changed, at its first
+    batch, so a change is refused here, in one line, before the query starts.
     """
-    if requested == "python":
-        return "python"
     counts = all(agg is None or type(agg) is RunningCount for agg in (stage_a, stage_b))
-    if counts and jvm_loaded:
-        return "jvm"
     if requested == "auto":
-        return "python"
-    if not counts:
+        wanted = recorded or ("jvm" if counts and jvm_loaded else "python")
+    else:
+        wanted = requested
+    if recorded is not None and wanted != recorded:
+        raise StageEngineError(
+            f"stage engine {wanted!r}: this checkpoint's stages ran in {recorded!r}, and a "
+            "checkpoint keeps its engine for life (start a new checkpoint to change it)"
+        )
+    if wanted == "jvm" and not counts:
         raise StageEngineError("stage engine 'jvm' runs only the running count in both stages")
-    raise StageEngineError(
-        "stage engine 'jvm': the session has no keyplane JVM stages on its classpath"
-    )
+    if wanted == "jvm" and not jvm_loaded:
+        raise StageEngineError(
+            "stage engine 'jvm': the session has no keyplane JVM stages on its classpath "
+            "(see keyplane.spark.jvm)"
+        )
+    return wanted
+
+
+def recorded_engine(checkpoint: Path) -> Literal["jvm", "python"] | None:
+    """The engine ``checkpoint``'s stages ran on; None for a checkpoint with no batch yet.
+
+    A checkpoint with batches and no record was written before the JVM
+    stages existed, by the Python ones.
+    """
+    record = checkpoint / ENGINE_RECORD
+    if record.is_file():
+        engine = json.loads(record.read_text()).get("engine")
+        if engine not in ("jvm", "python"):
+            raise StageEngineError(f"{record}: unknown stage engine {engine!r}")
+        return cast(Literal["jvm", "python"], engine)
+    offsets = checkpoint / "offsets"
+    return "python" if offsets.is_dir() and any(offsets.iterdir()) else None
+
+
+def record_engine(checkpoint: Path, engine: Literal["jvm", "python"]) -> None:
+    """Write the engine into ``checkpoint`` (see :func:`recorded_engine`)."""
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint / ENGINE_RECORD).write_text(json.dumps({"engine": engine}) + "\n")
 
 
 def routed_running_counts(

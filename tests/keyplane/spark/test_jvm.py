@@ -1,15 +1,29 @@
-"""The JVM stages' jar: built from the shipped source, found, or refused in one line."""
+"""The JVM stages: their jar built, found or refused in one line; the engine a job picks."""
 
 from __future__ import annotations
 
 import zipfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from keyplane.aggregates import RunningCount, ValueCounts
+from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.kafka.producer import produce_workload
 from keyplane.spark import jvm
-from keyplane.spark.routed_counts import StageEngineError, resolve_engine
+from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
+from keyplane.spark.routed_counts import (
+    ENGINE_RECORD,
+    StageEngine,
+    StageEngineError,
+    record_engine,
+    recorded_engine,
+    resolve_engine,
+)
+from keyplane.testing import routed_job_topics
+from keyplane.verification import compare_counts, expected_counts
+from keyplane.workloads import ZipfEvolvingWorkload
 
 
 def test_the_jar_builds_from_the_shipped_source(tmp_path: Path) -> None:
@@ -64,3 +78,78 @@ def test_engine_choice_pure() -> None:
         resolve_engine("jvm", other, None, jvm_loaded=True)
     with pytest.raises(StageEngineError, match="no keyplane JVM stages"):
         resolve_engine("jvm", None, None, jvm_loaded=False)
+
+
+def test_a_checkpoint_keeps_its_engine_pure(tmp_path: Path) -> None:
+    """A new checkpoint has no engine; one with batches and no record was written by the
+    Python stages (before the JVM ones existed); a record names its engine."""
+    checkpoint = tmp_path / "checkpoint"
+    assert recorded_engine(checkpoint) is None
+    (checkpoint / "offsets").mkdir(parents=True)
+    assert recorded_engine(checkpoint) is None
+    (checkpoint / "offsets" / "0").write_text("v1\n")
+    assert recorded_engine(checkpoint) == "python"
+    record_engine(checkpoint, "jvm")
+    assert recorded_engine(checkpoint) == "jvm"
+    (checkpoint / ENGINE_RECORD).write_text('{"engine": "rust"}')
+    with pytest.raises(StageEngineError, match="unknown stage engine 'rust'"):
+        recorded_engine(checkpoint)
+    assert resolve_engine("auto", None, None, jvm_loaded=True, recorded="python") == "python"
+    with pytest.raises(StageEngineError, match="keeps its engine for life"):
+        resolve_engine("jvm", None, None, jvm_loaded=True, recorded="python")
+    with pytest.raises(StageEngineError, match="keeps its engine for life"):
+        resolve_engine("python", None, None, jvm_loaded=True, recorded="jvm")
+
+
+@pytest.mark.integration
+def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
+    spark, broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    """The upgrade path: a checkpoint the Python stages wrote goes on in Python under
+    ``auto``, counts exact, and asking for the JVM is refused before Spark starts."""
+    store = tmp_path / "routing"
+    save(
+        RoutingConfig(
+            version=1,
+            created_by="initial",
+            operators={op: OperatorRouting(parallelism=4) for op in ("A", "B")},
+        ),
+        store,
+    )
+
+    def settings(engine: StageEngine) -> CountsJobSettings:
+        return CountsJobSettings(
+            bootstrap_servers=broker,
+            events_topic=topic_name,
+            checkpoint=tmp_path / "checkpoint",
+            output=tmp_path / "output",
+            shuffle_partitions=4,
+            max_offsets_per_trigger=2_000,
+            trigger_interval="0 seconds",
+            routing_store=store,
+            stage_engine=engine,
+            **routed_job_topics(topic_name),
+        )
+
+    def run(engine: StageEngine) -> str:
+        query = start_counts_query(spark, settings(engine))
+        try:
+            query.processAllAvailable()
+            return query._jsq.explainInternal(False)
+        finally:
+            query.stop()
+
+    first = ZipfEvolvingWorkload(n_keys=200, n_categories=10, n_events=3_000, seed=8)
+    second = ZipfEvolvingWorkload(n_keys=200, n_categories=10, n_events=2_000, seed=9)
+    produce_workload(first, broker, topic_name, partitions=2)
+    assert "TransformWithStateInPySpark" in run("python")
+    (tmp_path / "checkpoint" / ENGINE_RECORD).unlink()  # as a checkpoint of an older release
+    produce_workload(second, broker, topic_name, partitions=2)
+    with pytest.raises(StageEngineError, match="keeps its engine for life"):
+        run("jvm")
+    assert "TransformWithStateInPySpark" in run("auto")
+    truth = pd.concat([expected_counts(first), expected_counts(second)])
+    truth = truth.groupby(["stage", "key"], as_index=False)["count"].sum()
+    report = compare_counts(truth, read_output(tmp_path / "output"))
+    assert report.expected_events == first.n_events + second.n_events
+    assert report.exact, report
