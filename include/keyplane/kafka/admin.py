@@ -78,14 +78,20 @@ def high_watermarks(
         fetch_max_wait_ms=50,
     )
     try:
-        tps = [TopicPartition(topic, p) for p in parts]
-        reported: Mapping[TopicPartition, int] = consumer.end_offsets(tps)
+        all_tps = [TopicPartition(topic, p) for p in parts]
+        reported: Mapping[TopicPartition, int] = consumer.end_offsets(all_tps)
+        # A partition whose reported end is 0 has never held a batch (any broker
+        # reports at least the last batch's start + 1 otherwise): its mark is 0,
+        # with no fetch, which on an empty partition waits fetch_max_wait_ms.
+        marks: dict[int, int] = {tp.partition: 0 for tp in all_tps if reported[tp] == 0}
+        tps = [tp for tp in all_tps if reported[tp] > 0]
+        if not tps:
+            return marks
         consumer.assign(tps)
         for tp in tps:
-            consumer.seek(tp, max(0, reported[tp] - 1))
-        marks: dict[int, int] = {}
+            consumer.seek(tp, reported[tp] - 1)
         deadline = time.monotonic() + 10.0
-        while len(marks) < len(tps):
+        while len(marks) < len(all_tps):
             consumer.poll(timeout_ms=50, max_records=1)
             for tp in tps:
                 hw = consumer.highwater(tp)

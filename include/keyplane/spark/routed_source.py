@@ -462,6 +462,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.forward = _forward(options)
         self._channel: ControlChannel | None = None
         self._unusable: dict[int, str] = {}
+        self._latest: PartitionOffsets | None = None
 
     # -- driver side ---------------------------------------------------------
 
@@ -609,6 +610,7 @@ class RoutedEventsReader(DataSourceStreamReader):
 
     def _events_end(self, start: PartitionOffsets, limit: ReadLimit) -> PartitionOffsets:
         marks = {self.events_topic: self._marks(self.events_topic)}
+        self._latest = marks
         known = all(p in start.get(t, {}) for t, parts in marks.items() for p in parts)
         earliest = {} if known else {self.events_topic: self._earliest(self.events_topic)}
         base = {t: {**earliest.get(t, {}), **start.get(t, {})} for t in marks}
@@ -617,7 +619,10 @@ class RoutedEventsReader(DataSourceStreamReader):
         return marks
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        return {"events": {self.events_topic: self._marks(self.events_topic)}}
+        # Spark asks right after latestOffset, for the progress report's lag:
+        # the marks that call read are that recent.
+        latest = self._latest or {self.events_topic: self._marks(self.events_topic)}
+        return {"events": latest}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         out: list[InputPartition] = []

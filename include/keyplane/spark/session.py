@@ -36,6 +36,11 @@ def build_session(
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
+        # A commit writes the batch's changed rows (a changelog) instead of
+        # uploading a RocksDB snapshot: measured, the snapshot was ~70 % of a
+        # stateful stage's time per batch. Snapshots are then made in the
+        # background. Existing checkpoints take it as they are.
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.driver.memory", "2g")
     )
     settings = dict(extra or {})
