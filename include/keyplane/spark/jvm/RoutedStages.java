@@ -49,6 +49,8 @@ public final class RoutedStages {
   private RoutedStages() {}
 
   static final String CONTROL_PREFIX = "\u0000";
+  /** This JVM's executor, looked up once: a host name lookup may be slow. */
+  static final String EXECUTOR = executorId();
   static final int TOP_PAIRS_PER_GROUP = 3;
 
   /** Stage A's rows for stage B: the source's columns that B reads, control fields unpacked. */
@@ -167,7 +169,7 @@ public final class RoutedStages {
                   "state",
                   Encoders.tuple(Encoders.STRING(), Encoders.LONG(), Encoders.LONG()),
                   TTLConfig.NONE());
-      executor = executorId();
+      executor = EXECUTOR;
     }
 
     Columns columns(Row row) {
