@@ -172,6 +172,30 @@ public final class RoutedStages {
       executor = EXECUTOR;
     }
 
+    /**
+     * A control group's rows each pass on as they are (reserved grouping values, see the routed
+     * source's {@code control_group}); a routed key's rows go to {@link #handleGroup}.
+     */
+    @Override
+    public final scala.collection.Iterator<Row> handleInputRows(
+        String group, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
+      List<Row> out = new ArrayList<>();
+      if (group.startsWith(CONTROL_PREFIX)) {
+        while (rows.hasNext()) {
+          out.add(control(rows.next()));
+        }
+      } else {
+        handleGroup(group, rows, out);
+      }
+      return CollectionConverters.asScala(out.iterator());
+    }
+
+    /** A row of a control group, as it leaves this stage. */
+    abstract Row control(Row row);
+
+    /** A routed key's rows of one batch: its output rows go to {@code out}. */
+    abstract void handleGroup(String group, scala.collection.Iterator<Row> rows, List<Row> out);
+
     Columns columns(Row row) {
       if (columns == null) {
         columns = new Columns(row.schema());
@@ -233,15 +257,7 @@ public final class RoutedStages {
     }
 
     @Override
-    public scala.collection.Iterator<Row> handleInputRows(
-        String group, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
-      List<Row> out = new ArrayList<>();
-      if (group.startsWith(CONTROL_PREFIX)) {
-        while (rows.hasNext()) {
-          out.add(passedOn(rows.next()));
-        }
-        return CollectionConverters.asScala(out.iterator());
-      }
+    void handleGroup(String group, scala.collection.Iterator<Row> rows, List<Row> out) {
       List<Install> installs = new ArrayList<>();
       List<Row> events = new ArrayList<>();
       Row evict = null;
@@ -302,7 +318,6 @@ public final class RoutedStages {
       } else if (!installs.isEmpty() || !events.isEmpty()) {
         store(new Held(state, count, held.marker()));
       }
-      return CollectionConverters.asScala(out.iterator());
     }
 
     /**
@@ -363,7 +378,8 @@ public final class RoutedStages {
     }
 
     /** A control row for stage B, or an invalid record: on to B in the group it names. */
-    private Row passedOn(Row row) {
+    @Override
+    Row control(Row row) {
       Columns c = columns(row);
       String rb = row.isNullAt(c.rb) ? row.getString(c.ra) : row.getString(c.rb);
       Object[] values = {
@@ -399,15 +415,7 @@ public final class RoutedStages {
   /** Stage B: the running count per routed key of field 2, with the traffic it received. */
   static final class StageB extends Stage {
     @Override
-    public scala.collection.Iterator<Row> handleInputRows(
-        String group, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
-      List<Row> out = new ArrayList<>();
-      if (group.startsWith(CONTROL_PREFIX)) {
-        while (rows.hasNext()) {
-          out.add(passedThrough(rows.next()));
-        }
-        return CollectionConverters.asScala(out.iterator());
-      }
+    void handleGroup(String group, scala.collection.Iterator<Row> rows, List<Row> out) {
       List<Install> installs = new ArrayList<>();
       Row evict = null;
       String keyB = null;
@@ -466,7 +474,6 @@ public final class RoutedStages {
         }
         clear();
       }
-      return CollectionConverters.asScala(out.iterator());
     }
 
     private Row output(
@@ -494,7 +501,8 @@ public final class RoutedStages {
     }
 
     /** A stage-A report or an invalid record, as an output row. */
-    private Row passedThrough(Row row) {
+    @Override
+    Row control(Row row) {
       Columns c = columns(row);
       String kind = row.getString(c.kind);
       if ("invalid".equals(kind)) {
