@@ -1009,6 +1009,27 @@ def check_dockerfile(text: str, airflow_version: str, python: str) -> list[str]:
     return problems
 
 
+def check_jvm_stages(compose: Compose, dockerfile: str) -> list[str]:
+    """The image builds the JVM stages' jar (a JDK, ``python -m keyplane.spark.jvm --out``),
+    names it in KEYPLANE_JVM_JAR, and the job's spark-submit loads it with ``--jars``."""
+    problems = []
+    if "openjdk-17-jdk" not in dockerfile:
+        problems.append("the image installs no JDK: the JVM stages cannot be compiled")
+    built = re.findall(r"python -m keyplane\.spark\.jvm --out (\S+)", dockerfile)
+    named = re.findall(r"KEYPLANE_JVM_JAR=(\S+)", dockerfile)
+    if len(built) != 1 or named != built:
+        problems.append(f"the image builds {built} but names {named} in KEYPLANE_JVM_JAR")
+    job = job_service(compose)
+    if job is None:
+        return [*problems, "no service runs spark-submit"]
+    name, svc = job
+    submit, _, _ = split_submit(command_of(svc))
+    jars = [jar for value in option_values(submit, "--jars") for jar in value.split(",")]
+    if not built or built[0] not in jars:
+        problems.append(f"{name}: spark-submit --jars {jars} does not load {built}")
+    return problems
+
+
 # --- fixtures -----------------------------------------------------------------
 
 
@@ -1101,6 +1122,18 @@ def test_variables_are_documented() -> None:
 def test_dockerfile_pins_the_locked_airflow_and_python() -> None:
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert check_dockerfile(DOCKERFILE.read_text(), version("apache-airflow"), python) == []
+
+
+def test_the_job_loads_the_jvm_stages_the_image_builds(resolved: Compose) -> None:
+    dockerfile = DOCKERFILE.read_text()
+    assert check_jvm_stages(resolved, dockerfile) == []
+    name, _ = job_service(resolved) or ("", {})
+    remove_option(resolved, name, "--jars")
+    assert check_jvm_stages(resolved, dockerfile) == [
+        f"{name}: spark-submit --jars [] does not load ['/opt/keyplane/jars/keyplane-stages.jar']"
+    ]
+    jre = dockerfile.replace("openjdk-17-jdk-headless", "openjdk-17-jre-headless")
+    assert "the image installs no JDK" in check_jvm_stages(resolved, jre)[0]
 
 
 def test_compose_refuses_to_start_without_each_secret(raw: Compose) -> None:
