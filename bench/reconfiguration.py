@@ -46,6 +46,7 @@ from _harness import emit, private_broker, read_topic
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller
 from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
 from keyplane.protocol import Reconfiguration
 from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
@@ -132,7 +133,7 @@ def run_on_backlog(
         metrics=read_topic(bootstrap, topics["metrics_topic"]),
         rollout=last,
         wall_s=wall,
-        moved_states=len(read_topic(bootstrap, topics["migration_topic"])),
+        moved_states=count_moved_states(bootstrap, topics["migration_topic"]),
         exact=compare_counts(truth, read_output(work / "out")).exact,
     )
 

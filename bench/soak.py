@@ -34,12 +34,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import psutil
-from _harness import emit, percentile, private_broker, read_topic
+from _harness import emit, percentile, private_broker
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller, RolloutTimeout
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.spark.progress import PROGRESS_PREFIX
@@ -275,7 +276,7 @@ def run_soak(
         generator.join()
         batches = _progress(log)
         report = compare_counts(truth, read_output(tmp / "out"))
-        moved_states = len(read_topic(bootstrap, topics["migration_topic"]))
+        moved_states = count_moved_states(bootstrap, topics["migration_topic"])
     return {
         "elapsed_min": elapsed_min,
         "stopped_min": stopped_min,

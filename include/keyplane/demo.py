@@ -45,6 +45,7 @@ from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
+from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
 from keyplane.orchestration import dagrun, planning, tasks
 from keyplane.orchestration.deployment import OPERATORS, Deployment
@@ -266,7 +267,7 @@ def run_demo(
             .agg(count=("count", "sum"))
         )
         report = compare_counts(truth, read_output(run_dir / "output"))
-        moved = sum(high_watermarks(bootstrap, topics["migration_topic"]).values())
+        moved = count_moved_states(bootstrap, topics["migration_topic"])
         result = _result(
             setup.deployment(),
             run,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,6 +40,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from keyplane.aggregates import KeyedAggregate, merge_encoded
 from keyplane.batchmetrics import BatchMetrics, traffic_metrics
+from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.producer import (
     SAFE_DELIVERY,
     Delivery,
@@ -95,23 +96,22 @@ def merge_partial_states(
     return pd.DataFrame(rows, columns=["stage", "key", "result"])
 
 
+def _json(records: Iterable[tuple[str, Any]]) -> Iterator[tuple[bytes, bytes]]:
+    """``(key, value)`` pairs as Kafka records, the value as compact JSON."""
+    for key, value in records:
+        yield key.encode(), json.dumps(value, default=str, separators=(",", ":")).encode()
+
+
 def _send(
     bootstrap_servers: str,
     topic: str,
-    records: Iterable[tuple[str, Any]],
+    records: Iterable[tuple[bytes, bytes]],
     delivery: Delivery = SAFE_DELIVERY,
 ) -> int:
-    """Send ``records`` as JSON to ``topic``; raise :class:`DeliveryError` if any is lost."""
+    """Send ``records`` to ``topic``; raise :class:`DeliveryError` if any is lost."""
     producer = make_producer(bootstrap_servers, delivery)
     try:
-        return send_confirmed(
-            producer,
-            topic,
-            (
-                (key.encode(), json.dumps(value, default=str, separators=(",", ":")).encode())
-                for key, value in records
-            ),
-        )
+        return send_confirmed(producer, topic, records)
     finally:
         producer.close(timeout=10)
 
@@ -147,24 +147,23 @@ class RoutedBatchWriter:
         partials.to_parquet(tmp, index=False)
         moved = output[output["kind"] == "moved"]
         if len(moved):
+            moves = (
+                {
+                    "operator": row["stage"],
+                    "key": row["key"],
+                    "source": row["routed_key"],
+                    "target": row["target"],
+                    "count": int(row["count"]),
+                    "state": row["state"],
+                    "marker": int(row["marker"]),
+                }
+                for row in moved.to_dict("records")
+            )
+            key = str(batch_id).encode()
             _send(
                 self.bootstrap_servers,
                 self.migration_topic,
-                (
-                    (
-                        str(row["target"]),
-                        {
-                            "operator": row["stage"],
-                            "key": row["key"],
-                            "source": row["routed_key"],
-                            "target": row["target"],
-                            "count": int(row["count"]),
-                            "state": row["state"],
-                            "marker": int(row["marker"]),
-                        },
-                    )
-                    for row in moved.to_dict("records")
-                ),
+                ((key, value) for value in move_records(moves)),
                 self.delivery,
             )
         invalid = output[output["kind"] == "invalid"]
@@ -172,14 +171,14 @@ class RoutedBatchWriter:
             _send(
                 self.bootstrap_servers,
                 self.dead_letter_topic,
-                ((str(batch_id), json.loads(detail)) for detail in invalid["detail"].tolist()),
+                _json((str(batch_id), json.loads(detail)) for detail in invalid["detail"].tolist()),
                 self.delivery,
             )
         if self.results_topic and len(partials):
             _send(
                 self.bootstrap_servers,
                 self.results_topic,
-                ((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
+                _json((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
                 self.delivery,
             )
         tmp.rename(self.output / f"batch-{batch_id:08d}.parquet")

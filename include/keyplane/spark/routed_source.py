@@ -76,6 +76,7 @@ from pyspark.sql.types import StructType
 from keyplane import config as config_store
 from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, decode_events, parse_event
 from keyplane.handoff import VersionedTables, pick_downstream_route, pick_route
+from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
@@ -389,8 +390,7 @@ def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
     """Install rows for the states the previous batch handed over."""
     for records in read_range(p.records):
         out = _Columns(p.forward)
-        for value in records.column("value").to_pylist():
-            move = json.loads(value)
+        for move in (m for value in records.column("value").to_pylist() for m in moves_of(value)):
             common = {
                 "kind": "install",
                 "stage": move["operator"],
