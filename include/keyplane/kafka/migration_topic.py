@@ -61,14 +61,20 @@ def moves_of(value: bytes | str) -> list[dict[str, Any]]:
     return list(moves) if isinstance(moves, list) else [record]
 
 
-def count_moved_states(bootstrap_servers: str, topic: str) -> int:
-    """How many states the topic holds, over all its records (for reports and benches)."""
+def read_moves(bootstrap_servers: str, topic: str) -> list[dict[str, Any]]:
+    """Every move the topic holds, in order, unpacked from its records."""
     from keyplane.kafka.admin import high_watermarks
 
-    total = 0
-    for part in offset_ranges(
-        bootstrap_servers, topic, {}, high_watermarks(bootstrap_servers, topic)
-    ):
-        for records in read_range(part):
-            total += sum(len(moves_of(v)) for v in records.column("value").to_pylist())
-    return total
+    end = high_watermarks(bootstrap_servers, topic)
+    return [
+        move
+        for part in offset_ranges(bootstrap_servers, topic, {}, end)
+        for records in read_range(part)
+        for value in records.column("value").to_pylist()
+        for move in moves_of(value)
+    ]
+
+
+def count_moved_states(bootstrap_servers: str, topic: str) -> int:
+    """How many states the topic holds, over all its records (for reports and benches)."""
+    return len(read_moves(bootstrap_servers, topic))

@@ -19,13 +19,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from keyplane.aggregates import ValueCounts
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller
 from keyplane.events import key_name
 from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
 from keyplane.spark.counts_job import (
@@ -52,21 +52,6 @@ def _pair_counts(specs: list[GeoTagsWorkload]) -> dict[tuple[str, str], dict[str
                 truth.setdefault(("A", key_name(a)), Counter())[key_name(b)] += 1
                 truth.setdefault(("B", key_name(b)), Counter())[key_name(a)] += 1
     return {key: dict(sorted(counter.items())) for key, counter in truth.items()}
-
-
-def _records(broker: str, topic: str) -> list[dict]:
-    consumer = KafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        end = consumer.end_offsets([tp])[tp]
-        out: list[dict] = []
-        while consumer.position(tp) < end:
-            out += [json.loads(r.value) for r in consumer.poll(timeout_ms=1000).get(tp, [])]
-        return out
-    finally:
-        consumer.close()
 
 
 @pytest.mark.integration
@@ -137,7 +122,7 @@ def test_value_counts_stay_exact_through_a_split_and_a_live_state_move(
         query.stop()
 
     # The moved states are ValueCounts' multisets, as text, from both stages.
-    moved = _records(broker, settings.migration_topic)
+    moved = read_moves(broker, settings.migration_topic)
     assert {m["operator"] for m in moved} == {"A", "B"}
     hot_moves = [m for m in moved if m["operator"] == "A" and m["key"] == a_keys[0]]
     assert len(hot_moves) == 3, "each of the three partials moves to the merged routed key"

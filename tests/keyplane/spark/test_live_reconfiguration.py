@@ -24,6 +24,7 @@ from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller
 from keyplane.handoff import routed_key_table
 from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
 from keyplane.spark.counts_job import (
@@ -155,7 +156,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
         producer.join()
 
     # The reconfigurations happened while events were still arriving.
-    moved = pd.DataFrame(_records(broker, settings.migration_topic))
+    moved = pd.DataFrame(read_moves(broker, settings.migration_topic))
     assert set(moved["operator"]) == {"A", "B"}
     switches = moved.groupby("marker")["operator"].agg(frozenset)
     assert len(switches) >= 2, "A and B moved in v2, again in v3"

@@ -26,7 +26,7 @@ def test_send_with_fake_producer_returns_the_count_when_all_are_delivered(
     fake_producers: Any,
 ) -> None:
     made = fake_producers(routed_sink, None)
-    assert routed_sink._send("broker:9092", "job.results", iter(RECORDS)) == 3
+    assert routed_sink._send("broker:9092", "job.results", routed_sink._json(iter(RECORDS))) == 3
     [producer] = made
     assert [json.loads(value) for _, value in producer.sent] == [v for _, v in RECORDS]
     assert producer.closed
@@ -35,7 +35,7 @@ def test_send_with_fake_producer_returns_the_count_when_all_are_delivered(
 def test_send_with_fake_producer_raises_when_a_delivery_fails(fake_producers: Any) -> None:
     made = fake_producers(routed_sink, 2)
     with pytest.raises(DeliveryError, match=r"1 of 3 records to topic 'job.migration'") as raised:
-        routed_sink._send("broker:9092", "job.migration", iter(RECORDS))
+        routed_sink._send("broker:9092", "job.migration", routed_sink._json(iter(RECORDS)))
     assert "unknown producer id" in str(raised.value)
     assert isinstance(raised.value, RuntimeError)
     [producer] = made
