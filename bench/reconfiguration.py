@@ -283,7 +283,7 @@ def main() -> None:
             runs(lambda r: f"{r['batches']} (+1)"),
         ),
         row("rollout wall time, s", runs(lambda r: f"{r['wall']:.1f}")),
-        row("states moved (migration topic records)", runs(lambda r: f"{r['moved']:,}")),
+        row("states moved (through the migration topic)", runs(lambda r: f"{r['moved']:,}")),
         row(
             "throughput dip, switch and install batches, vs the same batches without a rollout",
             pooled("sums_moving"),

@@ -344,7 +344,7 @@ def render(
         f"| micro-batches; duration p50 / p99 | {len(batches):,}; "
         f"{percentile(durations, 50) / 1000:.1f} s / {percentile(durations, 99) / 1000:.1f} s |",
         f"| largest input lag | {max(b['lag'] for b in batches):,} events |",
-        f"| states moved (migration topic records) | {raw['moved_states']:,} |",
+        f"| states moved (through the migration topic) | {raw['moved_states']:,} |",
         f"| events held in the broker's memory at the end | {stored_mb:,.0f} MB |",
         "",
         "RSS sampled every 10 s; slope over the last two thirds of the run; flat: the "
