@@ -38,6 +38,11 @@ carries the bytes a locality-aware table can keep on one executor (000
 Both stages report where they ran, read inside the operator from
 ``TaskContext``, so placement is observed, not assumed.
 
+For the reference application's running count, the same two stages also
+exist in the JVM (:mod:`keyplane.spark.jvm`), with the same protocol and the
+same output; :func:`routed_running_counts` picks the engine
+(:data:`StageEngine`). The Python stages of this module run any aggregate.
+
 Both stages are row-based ``transformWithState`` processors (stage A in
 event-time mode, so that a second stateful operator may follow it). PySpark
 builds each row such a stage reads cell by cell and serves each state call
