@@ -92,14 +92,15 @@ def build_jar(out: Path) -> Path:
         if done.returncode != 0:
             raise JvmStagesUnavailable(f"javac failed on {SOURCE.name}:\n{done.stderr.strip()}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tmp) / "stages.jar"
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
+        # Written beside ``out`` under a name of its own and renamed into place,
+        # so neither a reader nor a second process building at once sees half a jar.
+        handle, name = tempfile.mkstemp(dir=out.parent, suffix=".partial")
+        os.close(handle)
+        with zipfile.ZipFile(name, "w", zipfile.ZIP_DEFLATED) as jar:
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
             for path in sorted(classes.rglob("*.class")):
                 jar.write(path, path.relative_to(classes).as_posix())
-        # Moved into place whole, so a concurrent reader never sees half a jar.
-        shutil.move(str(partial), out.with_suffix(".partial"))
-        out.with_suffix(".partial").replace(out)
+        os.replace(name, out)
     return out
 
 
