@@ -23,7 +23,7 @@ from keyplane.aggregates import AggregateSpecError
 from keyplane.config import RoutingConfig
 from keyplane.config_report import render_config, render_diff
 from keyplane.controller import Controller, ControllerError, RolloutProgress, RolloutTimeout
-from keyplane.events import FORWARD_MODES
+from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES
 from keyplane.jobprocess import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
@@ -494,6 +494,7 @@ def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
         stage_a_aggregate=specs[0],
         stage_b_aggregate=specs[1],
         forward=getattr(args, "forward", "pairs"),
+        max_event_bytes=getattr(args, "max_event_bytes", None),
         restarts=getattr(args, "restarts", 0),
         restart_delay_s=getattr(args, "restart_delay", None),
     )
@@ -690,6 +691,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="what stage A sends stage B: one row per (field-1, field-2) pair and micro-batch "
         "with its weight (pairs), or every tuple with its padding, so the shuffle between the "
         "stages carries the tuples (tuples) (default: pairs)",
+    )
+    job_start.add_argument(
+        "--max-event-bytes",
+        type=_count,
+        help="the largest event record the job parses, in bytes; a larger one goes to the "
+        f"dead-letter topic as 'oversized' (default: {MAX_EVENT_BYTES:,})",
     )
     job_start.add_argument(
         "--restarts",

@@ -221,7 +221,9 @@ class JobProcess:
     loaded here, so that a bad one raises
     :class:`~keyplane.aggregates.AggregateSpecError` before anything starts
     rather than inside a Spark task of a detached process. ``forward`` is
-    what stage A sends stage B (:class:`~keyplane.spark.counts_job.CountsJobSettings`).
+    what stage A sends stage B and ``max_event_bytes`` the bound on one event's
+    record (None: the source's default), as in
+    :class:`~keyplane.spark.counts_job.CountsJobSettings`.
     """
 
     def __init__(
@@ -234,11 +236,14 @@ class JobProcess:
         stage_a_aggregate: str | None = None,
         stage_b_aggregate: str | None = None,
         forward: Forward = "pairs",
+        max_event_bytes: int | None = None,
         restarts: int = 0,
         restart_delay_s: float | None = None,
     ) -> None:
         if restarts < 0:
             raise JobError(f"restarts must be 0 or more, not {restarts}")
+        if max_event_bytes is not None and max_event_bytes < 1:
+            raise JobError(f"the event size bound must be 1 byte or more, not {max_event_bytes}")
         if restart_delay_s is not None and restart_delay_s < 0:
             raise JobError(f"the restart delay must be 0 s or more, not {restart_delay_s}")
         for spec in (stage_a_aggregate, stage_b_aggregate):
@@ -255,6 +260,7 @@ class JobProcess:
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.master = master or settings.spark_master
         self.forward = forward
+        self.max_event_bytes = max_event_bytes
         self.restarts = restarts
         self.restart_delay_s = restart_delay_s
         self.aggregates = {
@@ -289,6 +295,8 @@ class JobProcess:
                 values[f"stage_{stage.lower()}_aggregate"] = spec
         if self.forward != "pairs":
             values["forward"] = self.forward
+        if self.max_event_bytes is not None:
+            values["max_event_bytes"] = self.max_event_bytes
         if self.restarts:
             values["restarts"] = self.restarts
         if self.restart_delay_s is not None:

@@ -18,7 +18,7 @@ from keyplane.cli import _job_process, build_parser
 from keyplane.cli import main as cli_main
 from keyplane.kafka.admin import high_watermarks
 from keyplane.settings import Settings
-from keyplane.spark.counts_job import job_command
+from keyplane.spark.counts_job import job_command, parse_settings
 from keyplane.testing import ProtocolOnlyJob, free_port
 
 
@@ -383,6 +383,19 @@ def test_job_start_passes_the_forward_mode_to_the_job_and_refuses_an_unknown_one
     result = _keyplane(tmp_path, "job", "start", "--forward", "tuple")
     assert result.returncode == 2
     assert "argument --forward: invalid choice: 'tuple'" in result.stderr
+    assert not (tmp_path / "job" / "job.pid").exists()
+
+
+def test_job_start_passes_the_event_size_bound_to_the_job_and_refuses_zero(
+    tmp_path: Path,
+) -> None:
+    command = functools.partial(_job_start_command, tmp_path)
+    assert command("--max-event-bytes", "4096")[-2:] == ["--max-event-bytes", "4096"]
+    assert "--max-event-bytes" not in command()  # the default stays the job's own default
+    assert parse_settings(command("--max-event-bytes", "4096")[3:]).max_event_bytes == 4096
+    result = _keyplane(tmp_path, "job", "start", "--max-event-bytes", "0")
+    assert result.returncode == 2
+    assert "'0' is not a positive integer" in result.stderr
     assert not (tmp_path / "job" / "job.pid").exists()
 
 

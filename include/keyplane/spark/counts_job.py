@@ -52,7 +52,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from keyplane import config as config_store
 from keyplane.aggregates import AggregateSpecError, KeyedAggregate, RunningCount, load_aggregate
 from keyplane.config import RoutingConfig
-from keyplane.events import FORWARD_MODES, Forward
+from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
 from keyplane.partials import merge_partials
@@ -146,6 +146,13 @@ class CountsJobSettings(BaseModel):
         "(field-1 routed key, field-2 key) and micro-batch with its weight; 'tuples', every "
         "tuple with its padding (paper 000 §4.1), so the A→B shuffle carries the tuples.",
     )
+    max_event_bytes: int = Field(
+        default=MAX_EVENT_BYTES,
+        ge=1,
+        description="The routed job's bound on one event's record, in bytes: a larger one is "
+        "dead-lettered as 'oversized' before it is parsed, so one huge record cannot exhaust "
+        "a Python worker's memory.",
+    )
     stage_engine: StageEngine = Field(
         default="auto",
         description="Where the routed job's stages run: 'jvm', Java stateful processors "
@@ -188,6 +195,8 @@ class CountsJobSettings(BaseModel):
             raise ValueError("stage_engine needs the routed job (routing_store)")
         if self.routing_store is None and self.forward != "pairs":
             raise ValueError(f"forward={self.forward!r} needs the routed job (routing_store)")
+        if self.routing_store is None and "max_event_bytes" in self.model_fields_set:
+            raise ValueError("max_event_bytes needs the routed job (routing_store)")
         if self.routing_store is not None and self.pipeline != "two-stage":
             raise ValueError("routing applies to the 'two-stage' pipeline only")
         if self.routing_store is not None and self.source != "python":
@@ -359,6 +368,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         state_partitions=partitions,
         initial_version=initial_version(settings),
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
+        max_event_bytes=settings.max_event_bytes,
         forward=settings.forward,
     ).withWatermark("ts", "1 minute")
     writer = RoutedBatchWriter(
@@ -644,6 +654,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         choices=FORWARD_MODES,
         help="what the routed job's stage A sends stage B: a weight per pair and batch "
         "(pairs, the default) or every tuple with its padding (tuples)",
+    )
+    parser.add_argument(
+        "--max-event-bytes",
+        type=int,
+        help="the routed job's bound on one event's record; a larger one is dead-lettered "
+        f"(default {MAX_EVENT_BYTES:,})",
     )
     parser.add_argument(
         "--stage-engine",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from keyplane.events import MAX_EVENT_BYTES
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     job_command,
@@ -90,6 +91,18 @@ def test_forward_mode_round_trips_and_is_checked_at_the_boundary(
     with pytest.raises(SystemExit):
         parse_settings([*cmd[3 : cmd.index("--forward")], "--forward", "tuple"])
     assert "argument --forward: invalid choice: 'tuple'" in capsys.readouterr().err
+
+
+def test_event_size_bound_round_trips_and_is_checked_at_the_boundary() -> None:
+    common = {"bootstrap_servers": "127.0.0.1:1", "checkpoint": Path("/ck"), "output": Path("/o")}
+    routed = {**common, "routing_store": Path("/store")}
+    settings = CountsJobSettings(**routed, max_event_bytes=4096)
+    assert parse_settings(job_command(settings)[3:]).max_event_bytes == 4096
+    assert CountsJobSettings(**routed).max_event_bytes == MAX_EVENT_BYTES
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        CountsJobSettings(**routed, max_event_bytes=0)
+    with pytest.raises(ValidationError, match="max_event_bytes needs the routed job"):
+        CountsJobSettings(**common, max_event_bytes=4096)
 
 
 class FakeQuery:

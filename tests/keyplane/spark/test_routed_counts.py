@@ -112,7 +112,9 @@ def _settings(
     routing_store: Path | None = None,
     forward: Forward = "pairs",
     stage_engine: StageEngine = "auto",
+    max_event_bytes: int | None = None,
 ) -> CountsJobSettings:
+    routed_only = {} if max_event_bytes is None else {"max_event_bytes": max_event_bytes}
     return CountsJobSettings(
         bootstrap_servers=broker,
         events_topic=topic,
@@ -124,6 +126,7 @@ def _settings(
         routing_store=routing_store,
         forward=forward,
         stage_engine=stage_engine,
+        **routed_only,
         **routed_job_topics(topic),
     )
 
@@ -306,6 +309,8 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
         b'{"seq": 1, "b": "x", "ts": 5}',
         b'{"seq": "7", "a": "x", "b": "y", "ts": 5}',
         b"x" * 70_000,
+        # Valid, but over the job's configured bound (below the default one).
+        json.dumps({"seq": 9, "a": "x", "b": "y", "ts": 5, "pad": "p" * 5_000}).encode(),
     ]
     producer = make_producer(broker)
     for value in bad:
@@ -320,7 +325,9 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
         ),
         tmp_path / "routing",
     )
-    settings = _settings(broker, topic_name, tmp_path, routing_store=tmp_path / "routing")
+    settings = _settings(
+        broker, topic_name, tmp_path, routing_store=tmp_path / "routing", max_event_bytes=4_096
+    )
     _run_to_end(spark, settings)
 
     report = compare_counts(expected_counts(spec), read_output(settings.output))
@@ -336,7 +343,7 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
         records += [json.loads(r.value) for r in consumer.poll(timeout_ms=1000).get(tp, [])]
     consumer.close()
     reasons = sorted(r["reason"].split(":")[0] for r in records)
-    assert reasons == ["not JSON", "oversized", "schema", "schema"]
+    assert reasons == ["not JSON", "oversized", "oversized", "schema", "schema"]
     assert {r["source"] for r in records} == {f"{topic_name}[1]"}
 
     # Each one is counted in the metrics record of the batch that read it.
