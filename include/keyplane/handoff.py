@@ -143,20 +143,28 @@ def state_moves(
             )
     old_table = old_table or routed_key_table(before)
     new_table = new_table or routed_key_table(after)
-    moves = []
     keys = set(before.table) | set(before.hot_keys) | set(after.table) | set(after.hot_keys)
+    changed = []
     for key in sorted(keys):
         old_routes, new_routes = old_table.route(key), new_table.route(key)
-        if set(old_routes) == set(new_routes):
-            continue
-        on_instance = {new_table.instance_of(routed): routed for routed in new_routes}
+        if set(old_routes) != set(new_routes):
+            changed.append((key, old_routes, new_routes))
+    # A rollout can move tens of thousands of keys, most of them hashed on one
+    # side: their instances are hashed in one vectorised call, not key by key.
+    old_of = _instances(old_table, [r for _, routes, _ in changed for r in routes])
+    new_of = _instances(new_table, [r for _, _, routes in changed for r in routes])
+    moves = []
+    for key, old_routes, new_routes in changed:
+        on_instance = {new_of[routed]: routed for routed in new_routes}
         leaving = [routed for routed in old_routes if routed not in new_routes]
         for index, source in enumerate(leaving):
-            target = on_instance.get(
-                old_table.instance_of(source), new_routes[index % len(new_routes)]
-            )
+            target = on_instance.get(old_of[source], new_routes[index % len(new_routes)])
             moves.append(StateMove(operator, key, source, target))
     return tuple(moves)
+
+
+def _instances(table: RoutedKeyTable, grouping_keys: list[str]) -> dict[str, int]:
+    return dict(zip(grouping_keys, table.instances_of(grouping_keys), strict=True))
 
 
 class VersionedTables:
@@ -173,6 +181,7 @@ class VersionedTables:
         self.parallelism = parallelism
         self._configs: dict[int, RoutingConfig] = {}
         self._tables: dict[tuple[int, str], RoutedKeyTable] = {}
+        self._moves: dict[tuple[str, int, int], tuple[StateMove, ...]] = {}
 
     def config(self, version: int) -> RoutingConfig:
         found = self._configs.get(version)
@@ -195,11 +204,17 @@ class VersionedTables:
         return found
 
     def moves(self, operator: str, from_version: int, to_version: int) -> tuple[StateMove, ...]:
-        return state_moves(
-            self.config(from_version),
-            self.config(to_version),
-            operator,
-            self.parallelism,
-            old_table=self.table(from_version, operator),
-            new_table=self.table(to_version, operator),
-        )
+        """:func:`state_moves` between two stored versions, computed once per process:
+        every task of a switch batch that emits a share of them asks for all of them."""
+        found = self._moves.get((operator, from_version, to_version))
+        if found is None:
+            found = state_moves(
+                self.config(from_version),
+                self.config(to_version),
+                operator,
+                self.parallelism,
+                old_table=self.table(from_version, operator),
+                new_table=self.table(to_version, operator),
+            )
+            self._moves[(operator, from_version, to_version)] = found
+        return found

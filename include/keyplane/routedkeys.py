@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -514,3 +514,12 @@ class RoutedKeyTable:
         if instance is not None:
             return instance
         return spark_partition(grouping_key, self.n_instances)
+
+    def instances_of(self, grouping_keys: Sequence[str]) -> list[int]:
+        """:meth:`instance_of` of many grouping values, the unsalted ones hashed at once."""
+        found = [self._instances.get(key) for key in grouping_keys]
+        unknown = [i for i, instance in enumerate(found) if instance is None]
+        hashed = spark_partitions([grouping_keys[i] for i in unknown], self.n_instances)
+        for i, instance in zip(unknown, hashed.tolist(), strict=True):
+            found[i] = instance
+        return cast(list[int], found)

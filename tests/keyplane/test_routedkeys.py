@@ -248,6 +248,14 @@ def test_table_splits_hot_keys_over_their_instances_in_order() -> None:
     assert [table.instance_of(r) for r in routed] == [5, 0, 3]
 
 
+def test_instances_of_many_keys_agree_with_one_at_a_time() -> None:
+    table = RoutedKeyTable(n_instances=8, routing={"cold": 1}, hot_keys={"hot": [5, 0, 3]})
+    keys = [*table.route("hot"), *table.route("cold"), "stranger", "x#3", "", "ключ"]
+    assert table.instances_of(keys) == [table.instance_of(k) for k in keys]
+    assert table.instances_of(keys)[:4] == [5, 0, 3, 1]
+    assert table.instances_of([]) == []
+
+
 def test_unrouted_key_keeps_its_natural_partition() -> None:
     table = RoutedKeyTable(n_instances=8, routing={"a": 2})
     assert table.route("stranger") == ["stranger"]

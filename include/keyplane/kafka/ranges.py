@@ -15,6 +15,8 @@ and the dashboard read through it too.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +71,21 @@ def offset_ranges(
         if last > first:
             ranges.append(OffsetRange(bootstrap_servers, topic, part, first, last))
     return ranges
+
+
+def split_range(r: OffsetRange, pieces: int) -> list[OffsetRange]:
+    """``r`` cut into at most ``pieces`` contiguous, non-empty ranges of near-equal length,
+    in offset order; together they hold exactly ``r``'s offsets."""
+    if pieces < 1:
+        raise ValueError(f"a range is cut into 1 piece or more, not {pieces}")
+    length = r.end - r.start
+    count = max(1, min(pieces, length))
+    bounds = [r.start + length * i // count for i in range(count + 1)]
+    return [
+        dataclasses.replace(r, start=low, end=high)
+        for low, high in itertools.pairwise(bounds)
+        if high > low
+    ]
 
 
 def read_range(

@@ -22,8 +22,10 @@ a batch replayed after a crash gets the same offset back, and with it the same
 routing, the same evictions and the same installs: counts stay exact across
 driver restarts with no checkpoint of keyplane's own.
 
-What the batch reads (one input partition each), as rows of
-:data:`ROUTED_INPUT_SCHEMA` distinguished by ``kind``:
+What the batch reads, as rows of :data:`ROUTED_INPUT_SCHEMA` distinguished
+by ``kind`` (one input partition per events partition with new events, each
+also reading its share of the evict and install rows,
+:meth:`RoutedEventsReader.partitions`):
 
 * ``event`` — one per event, its stage-A routed key ``ra`` and its stage-B
   routed key ``rb`` computed here from the planned versions (so no Python UDF
@@ -57,6 +59,7 @@ null event time: the watermark ignores them and never treats them as late.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -78,7 +81,7 @@ from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, decode_even
 from keyplane.handoff import VersionedTables, pick_downstream_route, pick_route
 from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
-from keyplane.kafka.ranges import OffsetRange, read_range
+from keyplane.kafka.ranges import OffsetRange, read_range, split_range
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
 from keyplane.routedkeys import RoutedKeyTable, find_salt, routed_key, spark_partition
 from keyplane.spark.kafka_source import KafkaSourceOptionError
@@ -168,27 +171,16 @@ class Switch:
 
 
 @dataclass(frozen=True)
-class RoutedEventsPartition(InputPartition):
-    """Events ``start <= offset < end`` of one partition, routed on the planned versions."""
-
-    events: OffsetRange
-    store: str
-    parallelism: int
-    version_a: int
-    version_b: int
-    max_event_bytes: int = MAX_EVENT_BYTES
-    forward: Forward = "pairs"
-
-
-@dataclass(frozen=True)
 class EvictPartition(InputPartition):
-    """The evict rows of every state move of one switching operator."""
+    """Share ``share`` of ``shares`` of the evict rows of one switching operator's moves."""
 
     store: str
     parallelism: int
     switch: Switch
     marker: int
     forward: Forward = "pairs"
+    share: int = 0
+    shares: int = 1
 
 
 @dataclass(frozen=True)
@@ -198,6 +190,26 @@ class MigrationPartition(InputPartition):
     records: OffsetRange
     parallelism: int
     forward: Forward = "pairs"
+
+
+HandOff = EvictPartition | MigrationPartition
+"""A batch's share of a rollout's work: evict rows, or install rows."""
+
+
+@dataclass(frozen=True)
+class RoutedEventsPartition(InputPartition):
+    """Events ``start <= offset < end`` of one partition, routed on the planned versions,
+    then the rows of ``handoffs``, the share of a rollout's work this task reads
+    (:meth:`RoutedEventsReader.partitions`)."""
+
+    events: OffsetRange
+    store: str
+    parallelism: int
+    version_a: int
+    version_b: int
+    max_event_bytes: int = MAX_EVENT_BYTES
+    forward: Forward = "pairs"
+    handoffs: tuple[HandOff, ...] = ()
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}
@@ -212,11 +224,25 @@ def tables_for(store: str, parallelism: int) -> VersionedTables:
     return found
 
 
+def _arrow_schema(forward: Forward) -> pa.Schema:
+    """The Arrow form of :func:`routed_input_schema`."""
+    return _ARROW_SCHEMA if forward == "pairs" else _TUPLES_ARROW_SCHEMA
+
+
+def _rows(forward: Forward, length: int, /, **columns: Any) -> pa.RecordBatch:
+    """``length`` rows of :func:`routed_input_schema`: ``columns`` (lists or arrays by
+    name), every other column null."""
+    schema = _arrow_schema(forward)
+    arrays = {field.name: pa.nulls(length, field.type) for field in schema}
+    arrays.update(columns)
+    return pa.RecordBatch.from_pydict(arrays, schema=schema)
+
+
 class _Columns:
     """Column lists for one Arrow batch of :func:`routed_input_schema` in ``forward`` mode."""
 
     def __init__(self, forward: Forward) -> None:
-        self.schema = _ARROW_SCHEMA if forward == "pairs" else _TUPLES_ARROW_SCHEMA
+        self.schema = _arrow_schema(forward)
         self.values: dict[str, list[Any]] = {name: [] for name in self.schema.names}
 
     def add(self, **row: Any) -> None:
@@ -346,8 +372,9 @@ def _combined(events: pa.Table, version_b: int, to_b: Callable[[str, str], str])
     rows = pairs.num_rows
     ra, b = pairs.column("ra").combine_chunks(), pairs.column("b").combine_chunks()
     rb = [to_b(x, y) for x, y in zip(ra.to_pylist(), b.to_pylist(), strict=True)]
-    columns = {field.name: pa.nulls(rows, field.type) for field in _ARROW_SCHEMA}
-    columns.update(
+    return _rows(
+        "pairs",
+        rows,
         kind=pa.array(["event"] * rows, pa.string()),
         a=pairs.column("a").combine_chunks(),
         b=b,
@@ -359,56 +386,67 @@ def _combined(events: pa.Table, version_b: int, to_b: Callable[[str, str], str])
         vb=pa.array([version_b] * rows, pa.int32()),
         n=pairs.column("ts_count").combine_chunks(),
     )
-    return pa.RecordBatch.from_pydict(columns, schema=_ARROW_SCHEMA)
 
 
 def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
-    """One evict row per state move of the switching operator (000 §3.4)."""
+    """One evict row per state move of the switching operator in this share (000 §3.4).
+
+    Every share asks for all the moves (computed once per Python worker,
+    :meth:`~keyplane.handoff.VersionedTables.moves`) and emits every
+    ``shares``-th, so the shares of one switch are disjoint and together
+    emit each move once.
+    """
     s = p.switch
     moves = tables_for(p.store, p.parallelism).moves(s.operator, s.from_version, s.to_version)
-    out = _Columns(p.forward)
-    for move in moves:
-        common = {
-            "kind": "evict",
-            "stage": s.operator,
-            "target_rk": move.target,
-            "marker": p.marker,
-        }
-        if s.operator == "A":
-            out.add(a=move.key, ra=move.source, **common)
-        else:
-            out.add(
-                b=move.key,
-                rb=move.source,
-                ra=control_group("B", move.source, p.parallelism),
-                **common,
-            )
-    yield out.batch()
+    mine = moves[p.share :: p.shares]
+    if not mine:
+        return
+    keys = [move.key for move in mine]
+    sources = [move.source for move in mine]
+    common = {
+        "kind": ["evict"] * len(mine),
+        "stage": [s.operator] * len(mine),
+        "target_rk": [move.target for move in mine],
+        "marker": [p.marker] * len(mine),
+    }
+    if s.operator == "A":
+        yield _rows(p.forward, len(mine), a=keys, ra=sources, **common)
+    else:
+        groups = [control_group("B", source, p.parallelism) for source in sources]
+        yield _rows(p.forward, len(mine), b=keys, rb=sources, ra=groups, **common)
 
 
 def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
-    """Install rows for the states the previous batch handed over."""
+    """Install rows for the states the previous batch handed over.
+
+    A stage-A move is installed in the group of its target routed key; a
+    stage-B move travels through stage A in the control group of its
+    target's instance, with the target in ``rb``.
+    """
     for records in read_range(p.records):
-        out = _Columns(p.forward)
-        for move in (m for value in records.column("value").to_pylist() for m in moves_of(value)):
-            common = {
-                "kind": "install",
-                "stage": move["operator"],
-                "source_rk": move["source"],
-                "count": int(move["count"]),
-                "state": move["state"],
-                "marker": int(move["marker"]),
-            }
-            if move["operator"] == "A":
-                out.add(a=move["key"], ra=move["target"], **common)
-            else:
-                out.add(
-                    b=move["key"],
-                    rb=move["target"],
-                    ra=control_group("B", move["target"], p.parallelism),
-                    **common,
-                )
-        yield out.batch()
+        moves = [m for value in records.column("value").to_pylist() for m in moves_of(value)]
+        if not moves:
+            continue
+        to_a = [m["operator"] == "A" for m in moves]
+        targets = [m["target"] for m in moves]
+        keys = [m["key"] for m in moves]
+        yield _rows(
+            p.forward,
+            len(moves),
+            kind=["install"] * len(moves),
+            stage=[m["operator"] for m in moves],
+            a=[key if a else None for key, a in zip(keys, to_a, strict=True)],
+            b=[None if a else key for key, a in zip(keys, to_a, strict=True)],
+            ra=[
+                target if a else control_group("B", target, p.parallelism)
+                for target, a in zip(targets, to_a, strict=True)
+            ],
+            rb=[None if a else target for target, a in zip(targets, to_a, strict=True)],
+            source_rk=[m["source"] for m in moves],
+            count=[int(m["count"]) for m in moves],
+            state=[m["state"] for m in moves],
+            marker=[int(m["marker"]) for m in moves],
+        )
 
 
 def _required(options: Mapping[str, str], name: str) -> str:
@@ -625,7 +663,42 @@ class RoutedEventsReader(DataSourceStreamReader):
         return {"events": latest}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        out: list[InputPartition] = []
+        """The batch's tasks: one per events partition with new events.
+
+        A rollout's evict and install rows ride along with those tasks, each
+        reading a share (:func:`spread_handoffs`), rather than in tasks of
+        their own: a task of its own for 10,000 moves ran after every events
+        task, alone, and lengthened the switch and install batches by its
+        whole duration. With no new events, the shares are the tasks.
+        """
+        events = self._event_partitions(start, end)
+        shares = max(1, len(events))
+        handoffs: list[HandOff] = []
+        for switch in end["switch"]:
+            evict = EvictPartition(
+                self.store, self.parallelism, Switch(**switch), end["plan"], self.forward
+            )
+            handoffs += [
+                dataclasses.replace(evict, share=share, shares=shares) for share in range(shares)
+            ]
+        for part, stop in sorted(end["migration"].items(), key=_by_partition):
+            begin = int(start["migration"].get(part, 0))
+            if stop > begin:
+                kafka = OffsetRange(
+                    self.bootstrap_servers, self.migration_topic, int(part), begin, int(stop)
+                )
+                handoffs += [
+                    MigrationPartition(piece, self.parallelism, self.forward)
+                    for piece in split_range(kafka, shares)
+                ]
+        if not events:
+            return list(handoffs)
+        return spread_handoffs(events, handoffs)
+
+    def _event_partitions(
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> list[RoutedEventsPartition]:
+        out: list[RoutedEventsPartition] = []
         routing = end["routing"]
         for part, stop in sorted(end["events"][self.events_topic].items(), key=_by_partition):
             begin = int(start["events"].get(self.events_topic, {}).get(part, 0))
@@ -644,19 +717,6 @@ class RoutedEventsReader(DataSourceStreamReader):
                         self.forward,
                     )
                 )
-        for switch in end["switch"]:
-            out.append(
-                EvictPartition(
-                    self.store, self.parallelism, Switch(**switch), end["plan"], self.forward
-                )
-            )
-        for part, stop in sorted(end["migration"].items(), key=_by_partition):
-            begin = int(start["migration"].get(part, 0))
-            if stop > begin:
-                kafka = OffsetRange(
-                    self.bootstrap_servers, self.migration_topic, int(part), begin, int(stop)
-                )
-                out.append(MigrationPartition(kafka, self.parallelism, self.forward))
         return out
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -671,6 +731,8 @@ class RoutedEventsReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RoutedEventsPartition):
             yield from read_events(partition)
+            for handoff in partition.handoffs:
+                yield from self.read(handoff)
         elif isinstance(partition, EvictPartition):
             yield from read_evictions(partition)
         elif isinstance(partition, MigrationPartition):
@@ -681,6 +743,19 @@ class RoutedEventsReader(DataSourceStreamReader):
 
 def _by_partition(item: tuple[str, int]) -> int:
     return int(item[0])
+
+
+def spread_handoffs(
+    events: list[RoutedEventsPartition], handoffs: list[HandOff]
+) -> list[InputPartition]:
+    """``events`` with ``handoffs`` dealt round robin over them, the i-th to task i mod n."""
+    dealt: list[list[HandOff]] = [[] for _ in events]
+    for i, handoff in enumerate(handoffs):
+        dealt[i % len(events)].append(handoff)
+    return [
+        dataclasses.replace(part, handoffs=tuple(mine))
+        for part, mine in zip(events, dealt, strict=True)
+    ]
 
 
 class RoutedEventsSource(DataSource):

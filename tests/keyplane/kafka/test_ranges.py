@@ -7,9 +7,13 @@ import pytest
 
 from keyplane.kafka.admin import ensure_topic, high_watermarks, tail_offsets
 from keyplane.kafka.producer import make_producer
-from keyplane.kafka.ranges import RECORD_SCHEMA, OffsetRange, offset_ranges, read_range
-
-pytestmark = pytest.mark.integration
+from keyplane.kafka.ranges import (
+    RECORD_SCHEMA,
+    OffsetRange,
+    offset_ranges,
+    read_range,
+    split_range,
+)
 
 
 def _produce(broker: str, topic: str, per_partition: int) -> None:
@@ -24,6 +28,7 @@ def _produce(broker: str, topic: str, per_partition: int) -> None:
         producer.close(timeout=10)
 
 
+@pytest.mark.integration
 def test_ranges_cover_exactly_the_bounds_in_batches_of_the_connector_schema(
     broker: str, topic_name: str
 ) -> None:
@@ -41,6 +46,7 @@ def test_ranges_cover_exactly_the_bounds_in_batches_of_the_connector_schema(
     assert set(table.column("partition").to_pylist()) == {0}
 
 
+@pytest.mark.integration
 def test_a_range_past_the_partitions_end_raises_instead_of_reading_less(
     broker: str, topic_name: str
 ) -> None:
@@ -55,9 +61,24 @@ def test_ranges_match_partitions_given_as_numbers_and_as_strings() -> None:
     assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 5, 9), (2, 0, 3)]
 
 
+@pytest.mark.integration
 def test_tail_offsets_end_at_the_high_watermark_and_never_start_below_zero(
     broker: str, topic_name: str
 ) -> None:
     _produce(broker, topic_name, 10)
     assert tail_offsets(broker, topic_name, 3) == ({0: 7, 1: 7}, {0: 10, 1: 10})
     assert tail_offsets(broker, topic_name, 50, [1]) == ({1: 0}, {1: 10})
+
+
+@pytest.mark.parametrize(("length", "pieces"), [(20, 8), (3, 8), (8, 8), (1, 1), (17, 4)])
+def test_a_range_splits_into_contiguous_non_empty_pieces_that_hold_it_exactly(
+    length: int, pieces: int
+) -> None:
+    whole = OffsetRange("127.0.0.1:1", "migration", 0, 100, 100 + length)
+    parts = split_range(whole, pieces)
+    assert len(parts) == min(length, pieces)
+    assert [o for p in parts for o in range(p.start, p.end)] == list(range(100, 100 + length))
+    assert max(p.end - p.start for p in parts) - min(p.end - p.start for p in parts) <= 1
+    assert {(p.topic, p.partition) for p in parts} == {("migration", 0)}
+    with pytest.raises(ValueError, match="1 piece or more"):
+        split_range(whole, 0)

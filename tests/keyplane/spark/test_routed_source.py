@@ -10,16 +10,22 @@ import pytest
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
-from keyplane.handoff import routed_key_table
+from keyplane.handoff import routed_key_table, state_moves
+from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.ranges import OffsetRange
 from keyplane.routedkeys import find_salt, routed_key, spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError
 from keyplane.spark.routed_source import (
+    EvictPartition,
+    MigrationPartition,
     RoutedEventsPartition,
     RoutedEventsReader,
+    Switch,
     control_group,
     read_events,
+    read_evictions,
+    read_installs,
 )
 
 
@@ -135,16 +141,18 @@ def test_pairs_mode_combines_a_partitions_events_per_routed_key_and_field_2_key_
         assert got == [(a, b, 1, ts / 1000) for a, b, ts in events]
 
 
+OPTIONS = {
+    "kafka.bootstrap.servers": "127.0.0.1:1",
+    "subscribe": "events",
+    "control.topic": "control",
+    "migration.topic": "migration",
+    "state.partitions": "4",
+    "initial.version": "1",
+}
+
+
 def test_an_unknown_forward_mode_is_refused_in_one_line_pure() -> None:
-    options = {
-        "kafka.bootstrap.servers": "127.0.0.1:1",
-        "subscribe": "events",
-        "control.topic": "control",
-        "migration.topic": "migration",
-        "routing.store": "/nowhere",
-        "state.partitions": "4",
-        "initial.version": "1",
-    }
+    options = {**OPTIONS, "routing.store": "/nowhere"}
     assert RoutedEventsReader(options).forward == "pairs"
     assert RoutedEventsReader({**options, "forward": "tuples"}).forward == "tuples"
     with pytest.raises(KafkaSourceOptionError, match="one of pairs, tuples, got 'tuple'"):
@@ -167,3 +175,113 @@ def test_events_go_to_the_stage_b_route_of_their_stage_a_instance_pure() -> None
         assert chosen in table_b.route("x")
         assert spark_partition(chosen, p) == instance
     assert route(on[3], "x") in table_b.route("x")
+
+
+def _rollout_store(tmp_path: Path) -> tuple[Path, RoutingConfig, RoutingConfig]:
+    """v1 all-hash; v2 moves 300 stage-A keys and 20 stage-B keys off their hash instance."""
+    store = tmp_path / "routing"
+    v1 = RoutingConfig.all_hash(4, ("A", "B"))
+    off_hash = {
+        op: {k: (spark_partition(k, 4) + 1) % 4 for k in keys}
+        for op, keys in (("A", [f"a{i}" for i in range(300)]), ("B", [f"b{i}" for i in range(20)]))
+    }
+    v2 = RoutingConfig(
+        version=2,
+        parent_version=1,
+        created_by="manual",
+        operators={op: OperatorRouting(parallelism=4, table=t) for op, t in off_hash.items()},
+    )
+    save(v1, store)
+    save(v2, store)
+    return store, v1, v2
+
+
+def _offsets(events: dict[str, int], migration: dict[str, int], switch: list) -> dict:
+    return {
+        "plan": 7,
+        "events": {"events": events},
+        "migration": migration,
+        "routing": {"A": 1, "B": 1},
+        "switch": switch,
+    }
+
+
+def test_a_rollouts_evict_and_install_rows_ride_in_the_events_tasks_pure(tmp_path: Path) -> None:
+    """A switch's evict rows and the moved states to install are shared out over the
+    batch's events tasks (no task of their own, which ran alone after them); each
+    switch's shares and the migration range's pieces are each read exactly once."""
+    store, _, _ = _rollout_store(tmp_path)
+    reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store)})
+    switches = [
+        {"operator": "A", "from_version": 1, "to_version": 2},
+        {"operator": "B", "from_version": 1, "to_version": 2},
+    ]
+    start = _offsets({"0": 0, "1": 0, "2": 5}, {"0": 10}, [])
+    end = _offsets({"0": 50, "1": 50, "2": 5}, {"0": 13}, switches)
+
+    parts = reader.partitions(start, end)
+
+    assert all(isinstance(p, RoutedEventsPartition) for p in parts)
+    assert [p.events.partition for p in parts] == [0, 1]  # partition 2 has nothing new
+    handoffs = [h for p in parts for h in p.handoffs]
+    for op in ("A", "B"):
+        shares = [h for h in handoffs if isinstance(h, EvictPartition) and h.switch.operator == op]
+        assert sorted((h.share, h.shares) for h in shares) == [(0, 2), (1, 2)]
+        assert {h.marker for h in shares} == {7}
+    pieces = [h.records for h in handoffs if isinstance(h, MigrationPartition)]
+    assert sorted(o for r in pieces for o in range(r.start, r.end)) == [10, 11, 12]
+    # Each task reads about as much of the rollout as the others.
+    assert [len(p.handoffs) for p in parts] == [3, 3]
+
+    # With no new events, the shares are the batch's tasks.
+    idle = reader.partitions(end, {**end, "migration": {"0": 14}, "switch": []})
+    assert [type(p) for p in idle] == [MigrationPartition]
+
+
+def test_evict_shares_emit_every_move_once_pure(tmp_path: Path) -> None:
+    store, v1, v2 = _rollout_store(tmp_path)
+    for op, forward in (("A", "pairs"), ("B", "tuples")):
+        moves = state_moves(v1, v2, op, 4)
+        rows = [
+            row
+            for share in range(3)
+            for batch in read_evictions(
+                EvictPartition(str(store), 4, Switch(op, 1, 2), 7, forward, share, 3)
+            )
+            for row in pa.Table.from_batches([batch]).to_pylist()
+        ]
+        assert all(r["kind"] == "evict" and r["stage"] == op and r["marker"] == 7 for r in rows)
+        if op == "A":
+            got = sorted((r["a"], r["ra"], r["target_rk"]) for r in rows)
+        else:
+            # A stage-B row travels through stage A in the control group of its instance.
+            assert all(r["ra"] == control_group("B", r["rb"], 4) for r in rows)
+            got = sorted((r["b"], r["rb"], r["target_rk"]) for r in rows)
+            assert all("pad" in r for r in rows)
+        assert got == sorted((m.key, m.source, m.target) for m in moves)
+        assert len(got) == len(moves) == {"A": 300, "B": 20}[op]
+
+
+def test_install_rows_carry_each_moved_state_to_its_target_pure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    moves = [
+        {"operator": "A", "key": "k", "source": "k", "target": "k#3", "count": 4,
+         "state": "4", "marker": 7},
+        {"operator": "B", "key": "m", "source": "m", "target": "m#1", "count": 2,
+         "state": "2", "marker": 7},
+    ]  # fmt: skip
+    values = list(move_records(moves))
+    monkeypatch.setattr(
+        routed_source, "read_range", lambda part: iter([pa.table({"value": values})])
+    )
+    kafka = OffsetRange("127.0.0.1:1", "migration", 0, 0, len(values))
+    rows = pa.Table.from_batches(list(read_installs(MigrationPartition(kafka, 4)))).to_pylist()
+
+    picked = ["kind", "stage", "a", "b", "ra", "rb", "source_rk", "count", "state", "marker"]
+    assert [{k: r[k] for k in picked} for r in rows] == [
+        {"kind": "install", "stage": "A", "a": "k", "b": None, "ra": "k#3", "rb": None,
+         "source_rk": "k", "count": 4, "state": "4", "marker": 7},
+        {"kind": "install", "stage": "B", "a": None, "b": "m", "ra": control_group("B", "m#1", 4),
+         "rb": "m#1", "source_rk": "m", "count": 2, "state": "2", "marker": 7},
+    ]  # fmt: skip
