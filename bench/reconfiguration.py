@@ -293,6 +293,11 @@ def main() -> None:
             pooled("sums_during"),
         ),
         row(
+            "seconds the switch and install batches took beyond the same batches without "
+            "a rollout (the moves' cost, whatever the batch size)",
+            runs(lambda r: f"{r['sums_moving'][0] - r['sums_moving'][1]:+.1f}"),
+        ),
+        row(
             "throughput dip, switch and install batches, vs the batches before the ACK",
             runs(lambda r: dip(r["before"], r["moving"])),
         ),
