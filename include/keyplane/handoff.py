@@ -31,6 +31,7 @@ Everything here is pure Python: no Spark, no Kafka.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -167,54 +168,50 @@ def _instances(table: RoutedKeyTable, grouping_keys: list[str]) -> dict[str, int
     return dict(zip(grouping_keys, table.instances_of(grouping_keys), strict=True))
 
 
+KEPT_VERSIONS = 4
+"""Versions whose tables a process keeps: a rollout needs two, and a job that
+runs for months meets a new version at every rollout."""
+
+
 class VersionedTables:
     """Routed-key tables of stored versions, loaded once per process.
 
     The job's Python workers route tuples by the version their micro-batch
     was planned with; they read that version from the configuration store
     (verifying its checksum, :func:`keyplane.config.load`) the first time
-    they need it and keep the tables for the next batches.
+    they need it and keep the tables for the next batches. Each cache keeps
+    the most recently used :data:`KEPT_VERSIONS` versions, since a table
+    holds every routed key of its version; an older one is read again if a
+    replayed batch asks for it.
     """
 
     def __init__(self, store: Path | str, parallelism: int) -> None:
         self.store = Path(store)
         self.parallelism = parallelism
-        self._configs: dict[int, RoutingConfig] = {}
-        self._tables: dict[tuple[int, str], RoutedKeyTable] = {}
-        self._moves: dict[tuple[str, int, int], tuple[StateMove, ...]] = {}
+        self.config = functools.lru_cache(maxsize=KEPT_VERSIONS)(self._config)
+        self.table = functools.lru_cache(maxsize=2 * KEPT_VERSIONS)(self._table)
+        self.moves = functools.lru_cache(maxsize=KEPT_VERSIONS)(self._moves)
 
-    def config(self, version: int) -> RoutingConfig:
-        found = self._configs.get(version)
-        if found is None:
-            found = config_store.load(self.store, version)
-            self._configs[version] = found
-        return found
+    def _config(self, version: int) -> RoutingConfig:
+        return config_store.load(self.store, version)
 
-    def table(self, version: int, operator: str) -> RoutedKeyTable:
-        found = self._tables.get((version, operator))
-        if found is None:
-            routing = operator_routing(self.config(version), operator, self.parallelism)
-            if routing.parallelism != self.parallelism:
-                raise ValueError(
-                    f"v{version} routes {operator} over {routing.parallelism} instances, but "
-                    f"the query has {self.parallelism} state partitions"
-                )
-            found = routed_key_table(routing)
-            self._tables[(version, operator)] = found
-        return found
+    def _table(self, version: int, operator: str) -> RoutedKeyTable:
+        routing = operator_routing(self.config(version), operator, self.parallelism)
+        if routing.parallelism != self.parallelism:
+            raise ValueError(
+                f"v{version} routes {operator} over {routing.parallelism} instances, but "
+                f"the query has {self.parallelism} state partitions"
+            )
+        return routed_key_table(routing)
 
-    def moves(self, operator: str, from_version: int, to_version: int) -> tuple[StateMove, ...]:
+    def _moves(self, operator: str, from_version: int, to_version: int) -> tuple[StateMove, ...]:
         """:func:`state_moves` between two stored versions, computed once per process:
         every task of a switch batch that emits a share of them asks for all of them."""
-        found = self._moves.get((operator, from_version, to_version))
-        if found is None:
-            found = state_moves(
-                self.config(from_version),
-                self.config(to_version),
-                operator,
-                self.parallelism,
-                old_table=self.table(from_version, operator),
-                new_table=self.table(to_version, operator),
-            )
-            self._moves[(operator, from_version, to_version)] = found
-        return found
+        return state_moves(
+            self.config(from_version),
+            self.config(to_version),
+            operator,
+            self.parallelism,
+            old_table=self.table(from_version, operator),
+            new_table=self.table(to_version, operator),
+        )

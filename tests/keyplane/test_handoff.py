@@ -8,6 +8,7 @@ import pytest
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.handoff import (
+    KEPT_VERSIONS,
     VersionedTables,
     pick_downstream_route,
     pick_route,
@@ -100,6 +101,27 @@ def test_downstream_route_keeps_a_row_local_and_spreads_the_partials_of_a_split_
     assert elsewhere == set(two)
     assert pick_downstream_route(two, on, 0, "x") == pick_downstream_route(two, on, 0, "x")
     assert pick_downstream_route(["only"], instances, 0, "x") == "only"
+
+
+def test_versioned_tables_keep_a_bounded_number_of_versions(tmp_path: Path) -> None:
+    """A long-running job meets a new version at every rollout: old tables are let go,
+    and read again (the same routes) if a replayed batch asks for one."""
+    versions = range(1, 2 * KEPT_VERSIONS + 2)
+    for version in versions:
+        save(_config(version, A=OperatorRouting(parallelism=P, table={"k": version % P})), tmp_path)
+    tables = VersionedTables(tmp_path, P)
+    first = tables.table(1, "A")
+    for version in versions:
+        table = tables.table(version, "A")
+        assert table.instance_of(table.route("k")[0]) == version % P
+        if version > 1:
+            assert len(tables.moves("A", version - 1, version)) == 1
+    assert tables.config.cache_info().currsize == KEPT_VERSIONS
+    assert tables.moves.cache_info().currsize == KEPT_VERSIONS
+    assert tables.table.cache_info().currsize == 2 * KEPT_VERSIONS
+    again = tables.table(1, "A")
+    assert again is not first
+    assert again.route("k") == first.route("k")
 
 
 def test_versioned_tables_load_verified_versions_once(tmp_path: Path) -> None:
