@@ -114,35 +114,47 @@ def event_log_env(log_dir: Path) -> dict[str, str]:
 
 STATEFUL_SCOPE = "TransformWithState"
 """The physical operator of both keyed stages, as named in RDD scopes."""
+SCAN_SCOPE = "MicroBatchScan"
+"""The operator that reads the source, as named in RDD scopes."""
 
 
-def stateful_stage_seconds(log_dir: Path) -> dict[int, dict[str, float]]:
-    """Per micro-batch, the wall time of the Spark stage that runs each keyed stage.
+def batch_stage_seconds(log_dir: Path) -> dict[int, dict[str, float]]:
+    """Per micro-batch, the wall time of the Spark stages that read the source and run
+    each keyed stage: ``scan``, ``A`` and ``B``.
 
     Read from the event log (:func:`event_log_env`): a stage belongs to the
-    batch its ``streaming.sql.batchId`` property names, and runs a keyed
+    batch its ``streaming.sql.batchId`` property names; it runs a keyed
     stage when one of its RDDs was made by a ``transformWithState``
-    operator. Stage A's feeds stage B's through a shuffle, so within a batch
-    the first such Spark stage is stage A and the second stage B. This is
-    where a straggler shows: the stage lasts as long as its slowest task.
+    operator, else it reads the source when one was made by the scan. Stage
+    A's feeds stage B's through a shuffle, so within a batch the first keyed
+    Spark stage is stage A and the second stage B. This is where a straggler
+    shows: the stage lasts as long as its slowest task.
     """
-    submitted: dict[int, int] = {}
-    took: dict[int, dict[int, float]] = {}
+    submitted: dict[int, tuple[int, str]] = {}
+    took: dict[int, dict[str, list[tuple[int, float]]]] = {}
     for path in sorted(p for p in log_dir.iterdir() if p.is_file()):
         for line in path.read_text().splitlines():
             event = json.loads(line)
             if event["Event"] == "SparkListenerStageSubmitted":
                 info, props = event["Stage Info"], event.get("Properties") or {}
                 scopes = " ".join(rdd.get("Scope", "") for rdd in info["RDD Info"])
-                if STATEFUL_SCOPE in scopes and "streaming.sql.batchId" in props:
-                    submitted[info["Stage ID"]] = int(props["streaming.sql.batchId"])
+                if "streaming.sql.batchId" not in props:
+                    continue
+                if STATEFUL_SCOPE in scopes:
+                    submitted[info["Stage ID"]] = (int(props["streaming.sql.batchId"]), "keyed")
+                elif SCAN_SCOPE in scopes:
+                    submitted[info["Stage ID"]] = (int(props["streaming.sql.batchId"]), "scan")
             elif event["Event"] == "SparkListenerStageCompleted":
                 info = event["Stage Info"]
                 if info["Stage ID"] in submitted and "Completion Time" in info:
-                    batch = submitted[info["Stage ID"]]
+                    batch, kind = submitted[info["Stage ID"]]
                     seconds = (info["Completion Time"] - info["Submission Time"]) / 1000
-                    took.setdefault(batch, {})[info["Stage ID"]] = seconds
-    return {
-        batch: dict(zip("AB", (stages[i] for i in sorted(stages)), strict=False))
-        for batch, stages in took.items()
-    }
+                    took.setdefault(batch, {}).setdefault(kind, []).append(
+                        (info["Stage ID"], seconds)
+                    )
+    out: dict[int, dict[str, float]] = {}
+    for batch, kinds in took.items():
+        out[batch] = dict(zip("AB", (s for _, s in sorted(kinds.get("keyed", []))), strict=False))
+        if "scan" in kinds:
+            out[batch]["scan"] = sum(seconds for _, seconds in kinds["scan"])
+    return out

@@ -36,13 +36,13 @@ from pathlib import Path
 
 import pandas as pd
 from _harness import (
+    batch_stage_seconds,
     emit,
     event_log_env,
     percentile,
     private_broker,
     read_topic,
     run_job,
-    stateful_stage_seconds,
     steady_rate,
 )
 
@@ -154,7 +154,7 @@ def main() -> None:
                 ),
                 env=event_log_env(tmp / f"events-{variant}"),
             )
-            stage_s = stateful_stage_seconds(tmp / f"events-{variant}")
+            stage_s = batch_stage_seconds(tmp / f"events-{variant}")
             load: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
             for record in read_topic(bootstrap, topics["metrics_topic"]):
                 for stage, counter in load.items():

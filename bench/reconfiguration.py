@@ -25,6 +25,10 @@ Reported per order:
   rollout's. Also, as this bench measured before it had a baseline, against
   the mean of the rollout job's own batches before the ACK, which mixes in
   how batch costs drift over a run (the first batches warm the JVM up);
+* the seconds the switch and install batches took beyond the baseline's
+  (what the moves cost, whatever the batch size), and how they split over
+  the Spark stages that read the source and run A and B, from each job's
+  Spark event log, and the rest of the batch (planning, the sink, commits);
 * every batch from the last one before the ACK to the first after MIGRATED,
   with the baseline's duration of the same batch.
 
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from _harness import emit, private_broker, read_topic
+from _harness import batch_stage_seconds, emit, event_log_env, private_broker, read_topic
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller
@@ -58,6 +62,8 @@ P = 4
 Order = Literal["together", "one-by-one"]
 ORDERS: tuple[Order, ...] = ("together", "one-by-one")
 TIMEOUT_S = 300
+PARTS = ("scan", "A", "B")
+"""The Spark stages of a batch (bench/_harness.batch_stage_seconds)."""
 
 
 def roll_out(controller: Controller, order: Order) -> None:
@@ -85,6 +91,8 @@ class JobRun:
     """The rollout's wall time; 0 for the no-rollout job."""
     moved_states: int
     exact: bool
+    stages: dict[int, dict[str, float]]
+    """Per batch, the seconds of the Spark stages that read the source and run A and B."""
 
 
 def run_on_backlog(
@@ -113,7 +121,12 @@ def run_on_backlog(
     )
     work.mkdir(parents=True)
     log = (work / "job.log").open("w")
-    job = subprocess.Popen(job_command(settings), stdout=log, stderr=subprocess.STDOUT)
+    job = subprocess.Popen(
+        job_command(settings),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=event_log_env(work / "events"),
+    )
     last: Reconfiguration | None = None
     wall = 0.0
     if order is not None:
@@ -135,6 +148,7 @@ def run_on_backlog(
         wall_s=wall,
         moved_states=count_moved_states(bootstrap, topics["migration_topic"]),
         exact=compare_counts(truth, read_output(work / "out")).exact,
+        stages=batch_stage_seconds(work / "events"),
     )
 
 
@@ -153,10 +167,24 @@ def dip(baseline_s: float, rollout_s: float) -> str:
     return f"{1 - baseline_s / rollout_s:.0%}"
 
 
+def extra_by_part(rollout: JobRun, baseline: JobRun, batches: list[int]) -> dict[str, float]:
+    """Seconds ``batches`` took in ``rollout`` beyond ``baseline``, by part of the batch:
+    reading the source, stage A, stage B, and the rest (planning, the sink, commits)."""
+    total = summed(batch_seconds(rollout.metrics), batches) - summed(
+        batch_seconds(baseline.metrics), batches
+    )
+    out = {
+        part: sum(rollout.stages[b][part] - baseline.stages[b][part] for b in batches)
+        for part in PARTS
+    }
+    out["rest"] = total - sum(out.values())
+    return out
+
+
 def measure(
     order: Order,
     run: int,
-    baseline: dict[int, float],
+    no_rollout: JobRun,
     bootstrap: str,
     tmp: Path,
     store: Path,
@@ -166,6 +194,7 @@ def measure(
     """Run the job on the backlog, roll v2 out in ``order`` after 3 batches, and measure."""
     job = run_on_backlog(f"{order}-{run}", bootstrap, tmp, store, args, truth, order)
     last, metrics = job.rollout, job.metrics
+    baseline = batch_seconds(no_rollout.metrics)
     assert last is not None and last.ack is not None and last.ack.batch_id is not None
     acked = last.ack.batch_id
     installs = {op: m.batch_id for op, m in last.migrated.items() if m.batch_id is not None}
@@ -203,6 +232,7 @@ def measure(
         "sums_during": (summed(seconds, during), summed(baseline, during)),
         "sums_moving": (summed(seconds, moving), summed(baseline, moving)),
         "exact": job.exact,
+        "parts": extra_by_part(job, no_rollout, moving),
         "table": batches,
     }
 
@@ -247,10 +277,9 @@ def main() -> None:
                 f"no-rollout-{run}", bootstrap, tmp, store, args, truth, None
             )
             baselines_exact.append(no_rollout.exact)
-            baseline = batch_seconds(no_rollout.metrics)
             for order in ORDERS:
                 results[order].append(
-                    measure(order, run, baseline, bootstrap, tmp, store, args, truth)
+                    measure(order, run, no_rollout, bootstrap, tmp, store, args, truth)
                 )
 
     def row(label: str, cell: Any) -> str:
@@ -296,6 +325,10 @@ def main() -> None:
             "seconds the switch and install batches took beyond the same batches without "
             "a rollout (the moves' cost, whatever the batch size)",
             runs(lambda r: f"{r['sums_moving'][0] - r['sums_moving'][1]:+.1f}"),
+        ),
+        row(
+            "of which reading the source / stage A / stage B / the rest (Spark's event log)",
+            runs(lambda r: " ; ".join(f"{r['parts'][p]:+.2f}" for p in (*PARTS, "rest"))),
         ),
         row(
             "throughput dip, switch and install batches, vs the batches before the ACK",
