@@ -66,7 +66,9 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
     events = _window(bootstrap, args.events_topic, None if last is None else last.events)
     metrics_window = _window(bootstrap, args.metrics_topic, None if last is None else last.metrics)
     started = time.monotonic()
-    grouped = window_pair_counts(spark, bootstrap, events, settings.holdout_fraction).toPandas()
+    grouped = window_pair_counts(
+        spark, bootstrap, events, settings.holdout_fraction, args.max_event_bytes
+    ).toPandas()
     records = metrics_records(bootstrap, metrics_window)
     read_s = time.monotonic() - started
     version = stats.job_version(records)
@@ -106,6 +108,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decay", type=float, default=defaults.decay)
     parser.add_argument("--holdout-fraction", type=float, default=defaults.holdout_fraction)
     parser.add_argument("--max-entries", type=int, default=defaults.max_entries)
+    parser.add_argument(
+        "--max-event-bytes",
+        type=int,
+        default=Settings().max_event_bytes,
+        help="events over this many bytes are not counted, as the routed job dead-letters "
+        "them (default: KEYPLANE_MAX_EVENT_BYTES)",
+    )
     parser.add_argument(
         "--master", default=None, help="default KEYPLANE_SPARK_MASTER (spark-submit: the same)"
     )

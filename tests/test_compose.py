@@ -1239,6 +1239,7 @@ def test_deployment_reads_what_the_job_uses(
     assert deployment.events_topic == settings.events_topic
     assert deployment.control_topic == settings.control_topic
     assert deployment.metrics_topic == settings.metrics_topic
+    assert deployment.max_event_bytes == settings.max_event_bytes
     store_mount = mount_holding(svc(resolved, name), str(settings.routing_store))
     assert mount_holding(airflow, str(deployment.controller_state)) == store_mount
     assert default_gx_root() == deployment.gx_root

@@ -696,7 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-event-bytes",
         type=_count,
         help="the largest event record the job parses, in bytes; a larger one goes to the "
-        f"dead-letter topic as 'oversized' (default: {MAX_EVENT_BYTES:,})",
+        "dead-letter topic as 'oversized'; the statistics should use the same bound, so set "
+        f"KEYPLANE_MAX_EVENT_BYTES instead where they run (default: it, or {MAX_EVENT_BYTES:,})",
     )
     job_start.add_argument(
         "--restarts",

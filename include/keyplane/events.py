@@ -26,15 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from keyplane.settings import MAX_EVENT_BYTES
 from keyplane.workloads import EventBatch
 
 EVENT_DDL = "seq LONG, a STRING, b STRING, ts LONG, pad STRING"
 
 EVENT_KEYS_SCHEMA = pa.schema([("a", pa.string()), ("b", pa.string())])
 
-MAX_EVENT_BYTES = 64 * 1024
-"""Default of the routed source's ``max.event.bytes`` option: larger records are
-dead-lettered as ``oversized`` (generated events pad to 20 kB at most)."""
 
 _REQUIRED_FIELDS: tuple[tuple[str, type], ...] = (
     ("seq", int),

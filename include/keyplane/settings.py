@@ -13,6 +13,12 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MAX_EVENT_BYTES = 64 * 1024
+"""Default bound on one event's record: larger records are dead-lettered as
+``oversized`` by the routed job and not counted by the statistics (generated
+events pad to 20 kB at most). Here rather than in :mod:`keyplane.events`, so
+that reading the settings imports no Arrow."""
+
 
 class Settings(BaseSettings):
     """Process-wide settings, read once from ``KEYPLANE_*`` variables."""
@@ -57,6 +63,13 @@ class Settings(BaseSettings):
         "connector (needs spark-sql-kafka on the classpath).",
     )
     spark_master: str = "local[2]"
+    max_event_bytes: int = Field(
+        default=MAX_EVENT_BYTES,
+        ge=1,
+        description="The largest event record, in bytes, that the routed job parses and the "
+        "statistics count; a larger one is dead-lettered as 'oversized'. One value for every "
+        "component, so that the control plane counts exactly the events the job counts.",
+    )
 
     @property
     def config_store(self) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from keyplane.settings import Settings
+from keyplane.settings import MAX_EVENT_BYTES, Settings
 
 KAFKA_CONN_ID = "keyplane_kafka"
 SPARK_CONN_ID = "spark_default"
@@ -40,6 +40,8 @@ class Deployment(BaseModel):
     controller_state: Path
     gx_root: Path
     operators: tuple[str, ...] = OPERATORS
+    max_event_bytes: int = Field(default=MAX_EVENT_BYTES, ge=1)
+    """The job's bound on one event's record: a larger one is not counted."""
 
     @classmethod
     def from_environment(cls, bootstrap_servers: str | None = None) -> Deployment:
@@ -63,6 +65,7 @@ class Deployment(BaseModel):
             control_topic=settings.control_topic,
             routing_store=Path(store).resolve() if store else home / "configs",
             snapshots=Path(snapshots).resolve() if snapshots else None,
+            max_event_bytes=settings.max_event_bytes,
         )
 
     @classmethod
@@ -76,6 +79,7 @@ class Deployment(BaseModel):
         control_topic: str,
         routing_store: Path,
         snapshots: Path | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> Deployment:
         """The deployment whose state folders lie under ``home``: the one layout.
 
@@ -93,6 +97,7 @@ class Deployment(BaseModel):
             snapshots=home / "statistics" if snapshots is None else snapshots,
             controller_state=home / "controller.json",
             gx_root=home / "gx",
+            max_event_bytes=max_event_bytes,
         )
 
 

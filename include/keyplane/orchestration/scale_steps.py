@@ -116,7 +116,7 @@ def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
     counts: dict[str, Counter[str]] = {name: Counter() for name in OPERATORS}
     for r in offset_ranges(servers, topic, first, ends):
         for batch in read_range(r):
-            keys = decode_keys(batch.column("value").to_pylist())
+            keys = decode_keys(batch.column("value").to_pylist(), deployment.max_event_bytes)
             counts["A"].update(a for a in keys.column("a").to_pylist() if a is not None)
             counts["B"].update(b for b in keys.column("b").to_pylist() if b is not None)
     return {name: {k: float(n) for k, n in found.items()} for name, found in counts.items()}

@@ -147,11 +147,12 @@ class CountsJobSettings(BaseModel):
         "tuple with its padding (paper 000 §4.1), so the A→B shuffle carries the tuples.",
     )
     max_event_bytes: int = Field(
-        default=MAX_EVENT_BYTES,
+        default_factory=lambda: Settings().max_event_bytes,
         ge=1,
         description="The routed job's bound on one event's record, in bytes: a larger one is "
         "dead-lettered as 'oversized' before it is parsed, so one huge record cannot exhaust "
-        "a Python worker's memory.",
+        "a Python worker's memory. Default KEYPLANE_MAX_EVENT_BYTES, the bound the "
+        "statistics use too.",
     )
     stage_engine: StageEngine = Field(
         default="auto",
@@ -659,7 +660,7 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         "--max-event-bytes",
         type=int,
         help="the routed job's bound on one event's record; a larger one is dead-lettered "
-        f"(default {MAX_EVENT_BYTES:,})",
+        f"(default: KEYPLANE_MAX_EVENT_BYTES or {MAX_EVENT_BYTES:,})",
     )
     parser.add_argument(
         "--stage-engine",

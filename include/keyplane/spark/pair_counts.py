@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from keyplane.events import decode_keys
+from keyplane.events import MAX_EVENT_BYTES, decode_keys
 from keyplane.kafka.ranges import OffsetRange, offset_ranges, read_range
 from keyplane.statistics import TopicWindow, holdout_starts
 
@@ -35,14 +35,17 @@ _PAIR_COUNTS_SCHEMA = pa.schema(
 )
 
 
-def count_pairs(records: pa.RecordBatch, holdout_start: int) -> pa.Table:
+def count_pairs(
+    records: pa.RecordBatch, holdout_start: int, max_event_bytes: int = MAX_EVENT_BYTES
+) -> pa.Table:
     """Rows ``a, b, holdout, n`` of one batch of Kafka records (``value``, ``offset``).
 
     A record lies in the hold-out when its offset is ``>= holdout_start``.
     Records whose value :func:`keyplane.events.parse_event` refuses are not
-    counted.
+    counted, those over ``max_event_bytes`` among them: the routed job's
+    bound, so that the statistics count exactly the events the job counts.
     """
-    keys = decode_keys(records.column("value").to_pylist())
+    keys = decode_keys(records.column("value").to_pylist(), max_event_bytes)
     events = pa.table(
         {
             "a": keys.column("a"),
@@ -55,7 +58,9 @@ def count_pairs(records: pa.RecordBatch, holdout_start: int) -> pa.Table:
 
 
 def _count_ranges(
-    ranges: Sequence[tuple[OffsetRange, int]], ids: Iterator[pa.RecordBatch]
+    ranges: Sequence[tuple[OffsetRange, int]],
+    max_event_bytes: int,
+    ids: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: read the offset ranges ``ids`` number and yield their pair counts.
 
@@ -65,11 +70,15 @@ def _count_ranges(
         for i in batch.column("id").to_pylist():
             partition, holdout_start = ranges[i]
             for records in read_range(partition):
-                yield from count_pairs(records, holdout_start).to_batches()
+                yield from count_pairs(records, holdout_start, max_event_bytes).to_batches()
 
 
 def window_pair_counts(
-    spark: SparkSession, bootstrap_servers: str, window: TopicWindow, holdout_fraction: float
+    spark: SparkSession,
+    bootstrap_servers: str,
+    window: TopicWindow,
+    holdout_fraction: float,
+    max_event_bytes: int = MAX_EVENT_BYTES,
 ) -> DataFrame:
     """Rows ``a, b, holdout, n``: the window's events per key pair and side of the hold-out.
 
@@ -86,7 +95,7 @@ def window_pair_counts(
     ]
     return (
         spark.range(len(ranges), numPartitions=max(1, len(ranges)))
-        .mapInArrow(partial(_count_ranges, ranges), PAIR_COUNTS_DDL)
+        .mapInArrow(partial(_count_ranges, ranges, max_event_bytes), PAIR_COUNTS_DDL)
         .groupBy("a", "b", "holdout")
         .agg(F.sum("n").alias("n"))
     )

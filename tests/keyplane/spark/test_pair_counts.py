@@ -31,6 +31,22 @@ def test_count_pairs_splits_each_pair_at_the_holdout_offset_and_skips_non_events
     ]
 
 
+def test_count_pairs_skips_the_events_the_job_would_dead_letter_as_oversized() -> None:
+    """The statistics count an event exactly when the routed job, under the same
+    bound, would: one over it is not counted, however valid."""
+    padded = f'{{"seq":0,"a":"5","b":"6","ts":0,"pad":"{"p" * 200}"}}'.encode()
+    records = pa.RecordBatch.from_pydict(
+        {"value": pa.array([event("1", "2"), padded], pa.binary()), "offset": pa.array([0, 1])}
+    )
+
+    def pairs(**bound: int) -> list[tuple[str, str]]:
+        return sorted((r["a"], r["b"]) for r in count_pairs(records, 5, **bound).to_pylist())
+
+    assert pairs() == [("1", "2"), ("5", "6")]
+    assert pairs(max_event_bytes=len(padded)) == [("1", "2"), ("5", "6")]
+    assert pairs(max_event_bytes=len(padded) - 1) == [("1", "2")]
+
+
 @pytest.mark.integration
 def test_window_pair_counts_reads_exactly_the_window_of_every_partition(
     broker: str, spark: SparkSession, topic_name: str
