@@ -27,6 +27,7 @@ from keyplane.spark.routed_source import (
     read_evictions,
     read_installs,
 )
+from keyplane.testing import moved_off_hash
 
 
 def test_a_valid_event_parses_pure() -> None:
@@ -182,8 +183,8 @@ def _rollout_store(tmp_path: Path) -> tuple[Path, RoutingConfig, RoutingConfig]:
     store = tmp_path / "routing"
     v1 = RoutingConfig.all_hash(4, ("A", "B"))
     off_hash = {
-        op: {k: (spark_partition(k, 4) + 1) % 4 for k in keys}
-        for op, keys in (("A", [f"a{i}" for i in range(300)]), ("B", [f"b{i}" for i in range(20)]))
+        "A": moved_off_hash([f"a{i}" for i in range(300)], 4),
+        "B": moved_off_hash([f"b{i}" for i in range(20)], 4),
     }
     v2 = RoutingConfig(
         version=2,
