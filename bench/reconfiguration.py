@@ -167,17 +167,17 @@ def dip(baseline_s: float, rollout_s: float) -> str:
     return f"{1 - baseline_s / rollout_s:.0%}"
 
 
-def extra_by_part(rollout: JobRun, baseline: JobRun, batches: list[int]) -> dict[str, float]:
-    """Seconds ``batches`` took in ``rollout`` beyond ``baseline``, by part of the batch:
-    reading the source, stage A, stage B, and the rest (planning, the sink, commits)."""
-    total = summed(batch_seconds(rollout.metrics), batches) - summed(
-        batch_seconds(baseline.metrics), batches
-    )
+def extra_by_part(
+    rollout: JobRun, baseline: JobRun, batches: list[int], extra_s: float
+) -> dict[str, float]:
+    """``extra_s``, the seconds ``batches`` took in ``rollout`` beyond ``baseline``, by part
+    of the batch: reading the source, stage A, stage B, and the rest (planning, the sink,
+    commits)."""
     out = {
         part: sum(rollout.stages[b][part] - baseline.stages[b][part] for b in batches)
         for part in PARTS
     }
-    out["rest"] = total - sum(out.values())
+    out["rest"] = extra_s - sum(out.values())
     return out
 
 
@@ -204,6 +204,7 @@ def measure(
     before = [seconds[b] for b in seconds if 0 < b < acked]
     during = list(range(acked, migrated + 1))
     moving = sorted(switches | set(installs.values()))
+    sums_moving = (summed(seconds, moving), summed(baseline, moving))
 
     def role(batch: int) -> str:
         roles = ["ACK"] if batch == acked else []
@@ -230,9 +231,9 @@ def measure(
         "moving": statistics.mean(seconds[b] for b in moving),
         # (rollout, baseline) summed seconds of the same batches.
         "sums_during": (summed(seconds, during), summed(baseline, during)),
-        "sums_moving": (summed(seconds, moving), summed(baseline, moving)),
+        "sums_moving": sums_moving,
         "exact": job.exact,
-        "parts": extra_by_part(job, no_rollout, moving),
+        "parts": extra_by_part(job, no_rollout, moving, sums_moving[0] - sums_moving[1]),
         "table": batches,
     }
 
@@ -327,7 +328,7 @@ def main() -> None:
             runs(lambda r: f"{r['sums_moving'][0] - r['sums_moving'][1]:+.1f}"),
         ),
         row(
-            "of which reading the source / stage A / stage B / the rest (Spark's event log)",
+            "of which reading the source ; stage A ; stage B ; the rest (Spark's event log)",
             runs(lambda r: " ; ".join(f"{r['parts'][p]:+.2f}" for p in (*PARTS, "rest"))),
         ),
         row(
