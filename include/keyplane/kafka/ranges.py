@@ -114,7 +114,11 @@ def read_range(
         position = r.start
         idle_ms = 0
         while position < r.end:
-            records = consumer.poll(timeout_ms=poll_ms, max_records=batch_rows).get(tp, [])
+            # The fetcher decodes records lazily, as poll takes them: asking for no
+            # more than the range still holds decodes nothing past its end (a
+            # fetch returns up to max_partition_fetch_bytes of the partition).
+            wanted = min(batch_rows - len(cols["offset"]), r.end - position)
+            records = consumer.poll(timeout_ms=poll_ms, max_records=wanted).get(tp, [])
             if not records:
                 idle_ms += poll_ms
                 if idle_ms >= idle_timeout_s * 1000:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
+from kafka import KafkaConsumer
 
 from keyplane.kafka.admin import ensure_topic, high_watermarks, tail_offsets
 from keyplane.kafka.producer import make_producer
@@ -44,6 +47,28 @@ def test_ranges_cover_exactly_the_bounds_in_batches_of_the_connector_schema(
     assert table.column("offset").to_pylist() == list(range(5, 25))
     assert table.column("value").to_pylist() == [b"0-%d" % i for i in range(5, 25)]
     assert set(table.column("partition").to_pylist()) == {0}
+
+
+@pytest.mark.integration
+def test_a_range_takes_no_record_past_its_end_from_the_consumer(
+    broker: str, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch returns the partition well past a range's end; the records taken from it
+    are decoded one by one, so a range that takes more than it keeps pays for records
+    it throws away (every events task of the routed job read its partition's rest)."""
+    _produce(broker, topic_name, 40)
+    taken: list[int] = []
+    real_poll = KafkaConsumer.poll
+
+    def spy(self: KafkaConsumer, *args: Any, **kwargs: Any) -> Any:
+        polled = real_poll(self, *args, **kwargs)
+        taken.extend(record.offset for records in polled.values() for record in records)
+        return polled
+
+    monkeypatch.setattr(KafkaConsumer, "poll", spy)
+    table = pa.Table.from_batches(read_range(OffsetRange(broker, topic_name, 0, 5, 15)))
+    assert table.column("offset").to_pylist() == list(range(5, 15))
+    assert taken == list(range(5, 15))
 
 
 @pytest.mark.integration
