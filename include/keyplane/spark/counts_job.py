@@ -154,6 +154,14 @@ class CountsJobSettings(BaseModel):
         "a Python worker's memory. Default KEYPLANE_MAX_EVENT_BYTES, the bound the "
         "statistics use too.",
     )
+    read_tasks: int | None = Field(
+        default=None,
+        ge=1,
+        description="The most Spark tasks that read one micro-batch with keyplane's Kafka "
+        "sources (their maxPartitions option); Kafka partitions share tasks when there are "
+        "more. Default: the session's default parallelism, its cores, since a Python task "
+        "costs about 0.1 s to start whatever it reads.",
+    )
     stage_engine: StageEngine = Field(
         default="auto",
         description="Where the routed job's stages run: 'jvm', Java stateful processors "
@@ -301,6 +309,11 @@ def _batch_writer(settings: CountsJobSettings) -> Callable[[DataFrame, int], Non
     return write
 
 
+def read_tasks(spark: SparkSession, settings: CountsJobSettings) -> int:
+    """How many tasks read a micro-batch: ``settings.read_tasks``, else the session's cores."""
+    return settings.read_tasks or spark.sparkContext.defaultParallelism
+
+
 def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> StreamingQuery:
     """Start the counting query on ``spark``; the caller waits for and stops it.
 
@@ -314,6 +327,7 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         settings.bootstrap_servers,
         settings.events_topic,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
+        max_partitions=read_tasks(spark, settings),
         implementation=settings.source,
     )
     events = parse_events(raw)
@@ -370,6 +384,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         initial_version=initial_version(settings),
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         max_event_bytes=settings.max_event_bytes,
+        max_partitions=read_tasks(spark, settings),
         forward=settings.forward,
     ).withWatermark("ts", "1 minute")
     writer = RoutedBatchWriter(
@@ -661,6 +676,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         type=int,
         help="the routed job's bound on one event's record; a larger one is dead-lettered "
         f"(default: KEYPLANE_MAX_EVENT_BYTES or {MAX_EVENT_BYTES:,})",
+    )
+    parser.add_argument(
+        "--read-tasks",
+        type=int,
+        help="the most tasks that read one micro-batch; Kafka partitions share tasks when "
+        "there are more (default: the session's cores)",
     )
     parser.add_argument(
         "--stage-engine",

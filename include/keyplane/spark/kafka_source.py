@@ -2,14 +2,19 @@
 
 Spark's own Kafka connector is a separate JVM artifact that many clusters (and
 offline machines) do not have. This source needs only kafka-python and gives
-the same guarantees: one input partition per Kafka partition, offsets stored
+the same guarantees: offsets stored
 in Spark's checkpoint (so a restarted driver resumes exactly where the last
 committed batch ended), and the same output schema as Spark's connector.
 Where the JVM connector is on the classpath, :func:`read_kafka` can select it
 (``KEYPLANE_KAFKA_SOURCE=jvm``) and downstream code does not change.
 
 Options: ``kafka.bootstrap.servers``, ``subscribe`` (comma-separated topics),
-``startingOffsets`` (earliest | latest | JSON), ``maxOffsetsPerTrigger``.
+``startingOffsets`` (earliest | latest | JSON), ``maxOffsetsPerTrigger``, and
+``maxPartitions``: the most tasks one read uses. Spark's connector reads each
+Kafka partition in a task of its own, and so does this source without the
+option; with it, partitions share tasks, balanced by their records
+(:class:`ReadTask`). A Python task costs far more to start than a JVM one,
+so the jobs set it to the session's cores.
 Credentials are not options: every reader, on the driver and on the
 executors, takes them from its own environment (:mod:`keyplane.kafka.security`),
 so they never enter the query plan or the checkpoint. For the JVM connector
@@ -39,7 +44,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, parse_starting_offsets
-from keyplane.kafka.ranges import OffsetRange, offset_ranges, read_range
+from keyplane.kafka.ranges import OffsetRange, balanced_groups, offset_ranges, read_range
 from keyplane.kafka.security import kafka_security
 
 if TYPE_CHECKING:
@@ -61,6 +66,45 @@ class KafkaInputPartition(OffsetRange, InputPartition):
     """An :class:`~keyplane.kafka.ranges.OffsetRange` as one Spark task's input."""
 
 
+@dataclass(frozen=True)
+class ReadTask(InputPartition):
+    """Several input partitions read one after the other in one Spark task.
+
+    A Python source's task costs about 0.1 s whatever it reads: the task's
+    launch, the hand-off to a Python worker and the shuffle files it writes.
+    A micro-batch of eight Kafka partitions on two cores paid that eight
+    times; read in two tasks, the same batches took a fifth less
+    (docs/benchmarks.md, "Reading a micro-batch in as many tasks as cores").
+    """
+
+    parts: tuple[InputPartition, ...]
+
+
+def read_tasks(
+    parts: list[InputPartition], sizes: list[int], max_tasks: int | None
+) -> list[InputPartition]:
+    """``parts`` in at most ``max_tasks`` tasks balanced by ``sizes``; unchanged without a
+    bound or when each part already has a task (:func:`~keyplane.kafka.ranges.balanced_groups`)."""
+    if max_tasks is None or len(parts) <= max_tasks:
+        return parts
+    return [ReadTask(tuple(parts[i] for i in group)) for group in balanced_groups(sizes, max_tasks)]
+
+
+def max_partitions_option(options: Mapping[str, str]) -> int | None:
+    """The ``maxPartitions`` option (lower-cased, as Spark hands it over): a positive count,
+    or None when absent."""
+    raw = options.get("maxpartitions")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise KafkaSourceOptionError(f"option 'maxPartitions' is a positive count, got {raw!r}")
+    return value
+
+
 def _input_partitions(
     bootstrap_servers: str, topic: str, start: Mapping[Any, int], end: Mapping[Any, int]
 ) -> list[KafkaInputPartition]:
@@ -79,7 +123,7 @@ def _required(options: dict[str, str], name: str) -> str:
 
 
 class KafkaStreamReader(DataSourceStreamReader):
-    """Plans micro-batches from Kafka offsets and reads them, one task per partition."""
+    """Plans micro-batches from Kafka offsets and reads them, a partition or more per task."""
 
     def __init__(self, options: dict[str, str]) -> None:
         # Spark hands data sources their options with lower-cased names.
@@ -91,6 +135,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.max_rows = int(max_rows) if max_rows else None
         if self.max_rows is not None and self.max_rows < 1:
             raise KafkaSourceOptionError(f"maxOffsetsPerTrigger must be >= 1, got {max_rows}")
+        self.max_partitions = max_partitions_option(options)
 
     def _marks(self) -> PartitionOffsets:
         from keyplane.kafka.admin import high_watermarks
@@ -139,12 +184,17 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self._marks()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        out: list[InputPartition] = []
+        ranges: list[KafkaInputPartition] = []
         for topic, parts in sorted(end.items()):
-            out += _input_partitions(self.bootstrap_servers, topic, start.get(topic, {}), parts)
-        return out
+            ranges += _input_partitions(self.bootstrap_servers, topic, start.get(topic, {}), parts)
+        sizes = [r.end - r.start for r in ranges]
+        return read_tasks(list(ranges), sizes, self.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, ReadTask):
+            for part in partition.parts:
+                yield from self.read(part)
+            return
         assert isinstance(partition, KafkaInputPartition)
         yield from read_range(partition)
 
@@ -226,9 +276,14 @@ def read_kafka(
     *,
     starting_offsets: str = "earliest",
     max_offsets_per_trigger: int | None = None,
+    max_partitions: int | None = None,
     implementation: str = "python",
 ) -> DataFrame:
-    """A streaming DataFrame over ``topics`` with Spark's Kafka source schema."""
+    """A streaming DataFrame over ``topics`` with Spark's Kafka source schema.
+
+    ``max_partitions`` bounds the tasks of a micro-batch's read (the
+    ``maxPartitions`` option); Spark's own connector has no such bound and
+    reads a task per Kafka partition."""
     security: dict[str, str] = {}
     if implementation == "python":
         spark.dataSource.register(KafkaDataSource)
@@ -249,4 +304,6 @@ def read_kafka(
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    if max_partitions is not None and implementation == "python":
+        reader = reader.option("maxPartitions", str(max_partitions))
     return reader.load()

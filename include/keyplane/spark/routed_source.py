@@ -84,7 +84,12 @@ from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
 from keyplane.routedkeys import RoutedKeyTable, find_salt, routed_key, spark_partition
-from keyplane.spark.kafka_source import KafkaSourceOptionError
+from keyplane.spark.kafka_source import (
+    KafkaSourceOptionError,
+    ReadTask,
+    max_partitions_option,
+    read_tasks,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -497,6 +502,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         max_rows = options.get("maxoffsetspertrigger")
         self.max_rows = int(max_rows) if max_rows else None
         self.max_event_bytes = _max_event_bytes(options)
+        self.max_partitions = max_partitions_option(options)
         self.forward = _forward(options)
         self._channel: ControlChannel | None = None
         self._unusable: dict[int, str] = {}
@@ -693,7 +699,9 @@ class RoutedEventsReader(DataSourceStreamReader):
                 ]
         if not events:
             return list(handoffs)
-        return spread_handoffs(events, handoffs)
+        tasks = spread_handoffs(events, handoffs)
+        sizes = [p.events.end - p.events.start for p in events]
+        return read_tasks(tasks, sizes, self.max_partitions)
 
     def _event_partitions(
         self, start: dict[str, Any], end: dict[str, Any]
@@ -729,7 +737,10 @@ class RoutedEventsReader(DataSourceStreamReader):
     # -- executor side -------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, RoutedEventsPartition):
+        if isinstance(partition, ReadTask):
+            for part in partition.parts:
+                yield from self.read(part)
+        elif isinstance(partition, RoutedEventsPartition):
             yield from read_events(partition)
             for handoff in partition.handoffs:
                 yield from self.read(handoff)
@@ -784,13 +795,16 @@ def read_routed_events(
     initial_version: int,
     max_offsets_per_trigger: int | None = None,
     max_event_bytes: int | None = None,
+    max_partitions: int | None = None,
     forward: Forward = "pairs",
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
     ``max_event_bytes`` (default :data:`MAX_EVENT_BYTES`) bounds an event's
-    record; larger ones are dead-lettered as ``oversized``. ``forward`` is
-    what stage A will send stage B (module docstring).
+    record; larger ones are dead-lettered as ``oversized``. ``max_partitions``
+    bounds the tasks that read a batch (:class:`~keyplane.spark.kafka_source.ReadTask`;
+    default: one per events partition). ``forward`` is what stage A will send
+    stage B (module docstring).
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
@@ -808,4 +822,6 @@ def read_routed_events(
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     if max_event_bytes is not None:
         reader = reader.option("max.event.bytes", str(max_event_bytes))
+    if max_partitions is not None:
+        reader = reader.option("maxPartitions", str(max_partitions))
     return reader.load()

@@ -6,6 +6,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kafka import KafkaConsumer
 
 from keyplane.kafka.admin import ensure_topic, high_watermarks, tail_offsets
@@ -13,6 +15,7 @@ from keyplane.kafka.producer import make_producer
 from keyplane.kafka.ranges import (
     RECORD_SCHEMA,
     OffsetRange,
+    balanced_groups,
     offset_ranges,
     read_range,
     split_range,
@@ -107,3 +110,22 @@ def test_a_range_splits_into_contiguous_non_empty_pieces_that_hold_it_exactly(
     assert {(p.topic, p.partition) for p in parts} == {("migration", 0)}
     with pytest.raises(ValueError, match="1 piece or more"):
         split_range(whole, 0)
+
+
+@given(st.lists(st.integers(0, 10_000), max_size=40), st.integers(1, 12))
+def test_balanced_groups_deal_every_range_once_evenly_pure(sizes: list[int], groups: int) -> None:
+    dealt = balanced_groups(sizes, groups)
+    assert sorted(i for group in dealt for i in group) == list(range(len(sizes)))
+    assert len(dealt) == min(groups, len(sizes))
+    assert all(group and group == sorted(group) for group in dealt)
+    loads = [sum(sizes[i] for i in group) for group in dealt]
+    # Largest first, each to the lightest group: no group exceeds another by more
+    # than one range.
+    if loads:
+        assert max(loads) - min(loads) <= max(sizes)
+
+
+def test_balanced_groups_pair_a_large_range_with_small_ones_pure() -> None:
+    assert balanced_groups([10, 1, 1, 1, 9, 2], 2) == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ValueError, match="1 group or more"):
+        balanced_groups([1], 0)

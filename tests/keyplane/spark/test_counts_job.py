@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from pydantic import ValidationError
+from pyspark.sql import SparkSession
 
 from keyplane.events import MAX_EVENT_BYTES
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     job_command,
     parse_settings,
+    read_tasks,
     stop_between_batches,
 )
 from keyplane.spark.progress import progress_of
@@ -103,6 +107,22 @@ def test_event_size_bound_round_trips_and_is_checked_at_the_boundary() -> None:
         CountsJobSettings(**routed, max_event_bytes=0)
     with pytest.raises(ValidationError, match="max_event_bytes needs the routed job"):
         CountsJobSettings(**common, max_event_bytes=4096)
+
+
+def test_read_tasks_round_trip_and_default_to_the_sessions_cores_pure() -> None:
+    common = {"bootstrap_servers": "127.0.0.1:1", "checkpoint": Path("/ck"), "output": Path("/o")}
+    settings = CountsJobSettings(**common, read_tasks=3)
+    assert parse_settings(job_command(settings)[3:]).read_tasks == 3
+    assert CountsJobSettings(**common).read_tasks is None
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        CountsJobSettings(**common, read_tasks=0)
+
+    # Stands in for a session whose context has 6 cores: read_tasks asks nothing else.
+    session = cast(
+        SparkSession, SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=6))
+    )
+    assert read_tasks(session, CountsJobSettings(**common)) == 6
+    assert read_tasks(session, settings) == 3
 
 
 class FakeQuery:

@@ -28,11 +28,17 @@ def _fill(broker: str, topic: str, partitions: int, n: int) -> None:
     producer.close()
 
 
+@pytest.mark.parametrize(
+    "max_partitions", [None, 3, 1], ids=["task-per-partition", "3-tasks", "1-task"]
+)
 def test_reads_every_record_once_with_kafka_schema_and_batch_cap(
-    spark, broker: str, topic_name: str, tmp_path: Path
+    spark, broker: str, topic_name: str, tmp_path: Path, max_partitions: int | None
 ) -> None:
+    """Whether each of the 4 partitions has a task or they share fewer (maxPartitions)."""
     _fill(broker, topic_name, 4, 10_000)
-    df = read_kafka(spark, broker, topic_name, max_offsets_per_trigger=3_000)
+    df = read_kafka(
+        spark, broker, topic_name, max_offsets_per_trigger=3_000, max_partitions=max_partitions
+    )
     assert [f.name for f in df.schema.fields] == [
         "key",
         "value",
@@ -45,14 +51,14 @@ def test_reads_every_record_once_with_kafka_schema_and_batch_cap(
     query = (
         df.selectExpr("CAST(value AS STRING) AS v", "partition", "offset", "topic")
         .writeStream.format("memory")
-        .queryName("src_once")
+        .queryName(f"src_once_{max_partitions}")
         .option("checkpointLocation", str(tmp_path / "ck"))
         .start()
     )
     query.processAllAvailable()
     batch_sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     query.stop()
-    rows = spark.sql("SELECT v, partition, offset, topic FROM src_once").collect()
+    rows = spark.sql(f"SELECT v, partition, offset, topic FROM src_once_{max_partitions}").collect()
     values = sorted(json.loads(r.v)["i"] for r in rows)
     assert values == list(range(10_000))
     assert {r.topic for r in rows} == {topic_name}

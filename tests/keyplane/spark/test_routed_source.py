@@ -15,7 +15,7 @@ from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.ranges import OffsetRange
 from keyplane.routedkeys import find_salt, routed_key, spark_partition
 from keyplane.spark import routed_source
-from keyplane.spark.kafka_source import KafkaSourceOptionError
+from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
 from keyplane.spark.routed_source import (
     EvictPartition,
     MigrationPartition,
@@ -237,6 +237,31 @@ def test_a_rollouts_evict_and_install_rows_ride_in_the_events_tasks_pure(tmp_pat
     # With no new events, the shares are the batch's tasks.
     idle = reader.partitions(end, {**end, "migration": {"0": 14}, "switch": []})
     assert [type(p) for p in idle] == [MigrationPartition]
+
+
+def test_a_batch_reads_in_at_most_max_partitions_tasks_each_range_and_share_once_pure(
+    tmp_path: Path,
+) -> None:
+    """With ``maxPartitions``, events ranges (their rollout shares with them) share tasks,
+    balanced by their events; without it, each range has a task of its own."""
+    store, _, _ = _rollout_store(tmp_path)
+    options = {**OPTIONS, "routing.store": str(store)}
+    switches = [{"operator": "A", "from_version": 1, "to_version": 2}]
+    start = _offsets({str(p): 0 for p in range(5)}, {"0": 0}, [])
+    end = _offsets({"0": 90, "1": 10, "2": 10, "3": 40, "4": 40}, {"0": 4}, switches)
+
+    alone = RoutedEventsReader(options).partitions(start, end)
+    tasks = RoutedEventsReader({**options, "maxPartitions": "2"}).partitions(start, end)
+
+    assert len(alone) == 5 and len(tasks) == 2
+    assert all(isinstance(t, ReadTask) for t in tasks)
+    grouped = [[p.events.partition for p in t.parts] for t in tasks]
+    assert grouped == [[0, 2], [1, 3, 4]]  # 100 and 90 events
+    assert sorted((p for t in tasks for p in t.parts), key=lambda p: p.events.partition) == alone
+    assert RoutedEventsReader({**options, "maxPartitions": "8"}).partitions(start, end) == alone
+    for bad in ("0", "two"):
+        with pytest.raises(KafkaSourceOptionError, match="'maxPartitions' is a positive count"):
+            RoutedEventsReader({**options, "maxPartitions": bad})
 
 
 def test_evict_shares_emit_every_move_once_pure(tmp_path: Path) -> None:
