@@ -159,8 +159,8 @@ class CountsJobSettings(BaseModel):
         ge=1,
         description="The most Spark tasks that read one micro-batch with keyplane's Kafka "
         "sources (their maxPartitions option); Kafka partitions share tasks when there are "
-        "more. Default: the session's default parallelism, its cores, since a Python task "
-        "costs about 0.1 s to start whatever it reads.",
+        "more. Default: the session's cores (spark.cores.max, else its default parallelism), "
+        "since a Python task costs about 0.1 s to start whatever it reads.",
     )
     stage_engine: StageEngine = Field(
         default="auto",
@@ -310,8 +310,16 @@ def _batch_writer(settings: CountsJobSettings) -> Callable[[DataFrame, int], Non
 
 
 def read_tasks(spark: SparkSession, settings: CountsJobSettings) -> int:
-    """How many tasks read a micro-batch: ``settings.read_tasks``, else the session's cores."""
-    return settings.read_tasks or spark.sparkContext.defaultParallelism
+    """How many tasks read a micro-batch: ``settings.read_tasks``, else the session's cores.
+
+    On a cluster those are ``spark.cores.max``, the cores the job holds
+    (docker-compose sets it), rather than the default parallelism, which
+    counts only the executors registered when the query starts.
+    """
+    if settings.read_tasks is not None:
+        return settings.read_tasks
+    held = spark.conf.get("spark.cores.max", None)
+    return int(held) if held else spark.sparkContext.defaultParallelism
 
 
 def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> StreamingQuery:

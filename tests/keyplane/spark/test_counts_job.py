@@ -117,12 +117,21 @@ def test_read_tasks_round_trip_and_default_to_the_sessions_cores_pure() -> None:
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         CountsJobSettings(**common, read_tasks=0)
 
-    # Stands in for a session whose context has 6 cores: read_tasks asks nothing else.
-    session = cast(
-        SparkSession, SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=6))
-    )
-    assert read_tasks(session, CountsJobSettings(**common)) == 6
-    assert read_tasks(session, settings) == 3
+    def session(cores_max: str | None) -> SparkSession:
+        """Stands in for a session with 6 cores registered and ``spark.cores.max``: read_tasks
+        asks nothing else."""
+        conf = {"spark.cores.max": cores_max} if cores_max else {}
+        return cast(
+            SparkSession,
+            SimpleNamespace(
+                conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default)),
+                sparkContext=SimpleNamespace(defaultParallelism=6),
+            ),
+        )
+
+    assert read_tasks(session(None), CountsJobSettings(**common)) == 6
+    assert read_tasks(session("4"), CountsJobSettings(**common)) == 4
+    assert read_tasks(session("4"), settings) == 3
 
 
 class FakeQuery:
