@@ -2,9 +2,9 @@
 
 Spark's own Kafka connector is a separate JVM artifact that many clusters (and
 offline machines) do not have. This source needs only kafka-python and gives
-the same guarantees: offsets stored
-in Spark's checkpoint (so a restarted driver resumes exactly where the last
-committed batch ended), and the same output schema as Spark's connector.
+the same guarantees: offsets stored in Spark's checkpoint (so a restarted
+driver resumes exactly where the last committed batch ended), and the same
+output schema as Spark's connector.
 Where the JVM connector is on the classpath, :func:`read_kafka` can select it
 (``KEYPLANE_KAFKA_SOURCE=jvm``) and downstream code does not change.
 
@@ -80,7 +80,7 @@ class ReadTask(InputPartition):
     parts: tuple[InputPartition, ...]
 
 
-def read_tasks(
+def grouped_into_tasks(
     parts: list[InputPartition], sizes: list[int], max_tasks: int | None
 ) -> list[InputPartition]:
     """``parts`` in at most ``max_tasks`` tasks balanced by ``sizes``; unchanged without a
@@ -188,7 +188,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         for topic, parts in sorted(end.items()):
             ranges += _input_partitions(self.bootstrap_servers, topic, start.get(topic, {}), parts)
         sizes = [r.end - r.start for r in ranges]
-        return read_tasks(list(ranges), sizes, self.max_partitions)
+        return grouped_into_tasks(list(ranges), sizes, self.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, ReadTask):

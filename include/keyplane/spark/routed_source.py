@@ -87,8 +87,8 @@ from keyplane.routedkeys import RoutedKeyTable, find_salt, routed_key, spark_par
 from keyplane.spark.kafka_source import (
     KafkaSourceOptionError,
     ReadTask,
+    grouped_into_tasks,
     max_partitions_option,
-    read_tasks,
 )
 
 if TYPE_CHECKING:
@@ -701,7 +701,7 @@ class RoutedEventsReader(DataSourceStreamReader):
             return list(handoffs)
         tasks = spread_handoffs(events, handoffs)
         sizes = [p.events.end - p.events.start for p in events]
-        return read_tasks(tasks, sizes, self.max_partitions)
+        return grouped_into_tasks(tasks, sizes, self.max_partitions)
 
     def _event_partitions(
         self, start: dict[str, Any], end: dict[str, Any]
