@@ -60,7 +60,7 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    if CHECKPOINT_FILE_MANAGER_KEY not in settings:
+    if spark.conf.get(CHECKPOINT_FILE_MANAGER_KEY, None) is None:  # a user's choice stands
         use_file_system_checkpoint_manager(spark)
     return spark
 
