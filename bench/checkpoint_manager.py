@@ -81,7 +81,7 @@ def main() -> None:
                 )
                 # Steady batches: all but the first, with rows.
                 for p in progress_events(work / "events")[1:]:
-                    if not p["numInputRows"]:
+                    if not sum(source.get("numInputRows", 0) for source in p["sources"]):
                         continue
                     durations[name].append(p["durationMs"]["triggerExecution"] / 1000)
                     commits[name] += [op["commitTimeMs"] for op in p["stateOperators"]]
