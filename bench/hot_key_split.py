@@ -31,10 +31,13 @@ max/avg ≤ 1.2 with splitting.
 from __future__ import annotations
 
 import argparse
+import os
 from collections import Counter
 from pathlib import Path
 
 import pandas as pd
+from _costly_aggregate import SPEC as COSTLY_SPEC
+from _costly_aggregate import WORK_ENV, micros_per_tuple
 from _harness import (
     batch_stage_seconds,
     emit,
@@ -104,6 +107,18 @@ def initial_config(variant: str, hot_a: str, hot_b: str) -> RoutingConfig:
     )
 
 
+def costly_env(rounds: int) -> dict[str, str]:
+    """What the job needs to load :class:`CostlyCount`: its module on the path, its rounds.
+
+    Spark's Python workers inherit ``PYTHONPATH`` from the driver, so the
+    stage's tasks import it as the driver does.
+    """
+    if rounds <= 0:
+        return {}
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, WORK_ENV: str(rounds)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
@@ -117,8 +132,17 @@ def main() -> None:
         default="pairs",
         help="what stage A sends stage B: a weight per pair and batch, or every tuple",
     )
+    parser.add_argument(
+        "--tuple-work",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="stage A runs a count that spends ROUNDS rounds of PBKDF2 on each tuple "
+        "(bench/_costly_aggregate.py, Python stages); 0: the reference count",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    costly = args.tuple_work > 0
 
     spec = ZipfEvolvingWorkload(
         n_events=args.events, n_keys=args.keys, exponent=args.exponent, shifts=(), seed=4
@@ -150,9 +174,10 @@ def main() -> None:
                     stop_at_offset_total=args.events,
                     routing_store=store,
                     forward=args.forward,
+                    stage_a_aggregate=COSTLY_SPEC if costly else None,
                     **topics,
                 ),
-                env=event_log_env(tmp / f"events-{variant}"),
+                env=event_log_env(tmp / f"events-{variant}") | costly_env(args.tuple_work),
             )
             stage_s = batch_stage_seconds(tmp / f"events-{variant}")
             load: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
@@ -177,10 +202,16 @@ def main() -> None:
                 "imbalance": imbalance,
                 "hot": {name: len(op.hot_keys) for name, op in config.operators.items()},
             }
+    stage_a = (
+        f"stage A's count spends {micros_per_tuple(args.tuple_work):,.0f} µs of CPU per tuple "
+        f"({args.tuple_work:,} PBKDF2 rounds), in Python"
+        if costly
+        else "the reference counts, in the JVM"
+    )
     lines = [
         f"events: {args.events:,} zipf-evolving (s = {args.exponent}, {args.keys:,} keys), "
         f"hottest stage-A key {share:.0%} of tuples; {args.batch:,} per batch, {P} instances, "
-        f"local[2]; stage A forwards {args.forward}",
+        f"local[2]; stage A forwards {args.forward}; {stage_a}",
         "",
         "| routing | hot keys A/B | p50 batch s | p99 batch s | p99 stage A s | p99 stage B s "
         "| steady rows/s | max/avg tuples A | max/avg tuples B |",

@@ -78,7 +78,7 @@ from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
 from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, decode_events, parse_event
-from keyplane.handoff import VersionedTables, pick_downstream_route, pick_route
+from keyplane.handoff import StateMove, VersionedTables, pick_downstream_route, pick_route
 from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range
@@ -177,15 +177,19 @@ class Switch:
 
 @dataclass(frozen=True)
 class EvictPartition(InputPartition):
-    """Share ``share`` of ``shares`` of the evict rows of one switching operator's moves."""
+    """A share of the evict rows of one switching operator: ``moves``, as the driver planned them.
 
-    store: str
+    The driver computes a switch's moves once (:meth:`RoutedEventsReader.partitions`)
+    and deals them out. Each Python worker computing all of them itself, to
+    emit its share, cost it 0.2 s per 10,000 moves in the switch batch:
+    loading the new version and salting its routed keys.
+    """
+
+    operator: str
+    moves: tuple[StateMove, ...]
     parallelism: int
-    switch: Switch
     marker: int
     forward: Forward = "pairs"
-    share: int = 0
-    shares: int = 1
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,9 @@ class RoutedEventsPartition(InputPartition):
     max_event_bytes: int = MAX_EVENT_BYTES
     forward: Forward = "pairs"
     handoffs: tuple[HandOff, ...] = ()
+    prepared: int | None = None
+    """A version the job has acknowledged and not yet routes on: the task loads its
+    tables ahead (:func:`read_events`)."""
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}
@@ -279,6 +286,13 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     each event stays a row with ``n`` = 1.
     """
     tables = tables_for(p.store, p.parallelism)
+    if p.prepared is not None:
+        # 000 §3.4: an instance that acknowledges a PREPARE holds the new
+        # configuration. Loading it here, in the batches before the switch,
+        # keeps its cost (0.1 s per worker for 10,000 routed keys) out of
+        # the switch and install batches, which route on it.
+        for operator in OPERATORS:
+            tables.table(p.prepared, operator)
     table_a = tables.table(p.version_a, "A")
     to_b = _stage_b_routes(tables.table(p.version_b, "B"), p.parallelism)
     source = f"{p.events.topic}[{p.events.partition}]"
@@ -394,31 +408,22 @@ def _combined(events: pa.Table, version_b: int, to_b: Callable[[str, str], str])
 
 
 def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
-    """One evict row per state move of the switching operator in this share (000 §3.4).
-
-    Every share asks for all the moves (computed once per Python worker,
-    :meth:`~keyplane.handoff.VersionedTables.moves`) and emits every
-    ``shares``-th, so the shares of one switch are disjoint and together
-    emit each move once.
-    """
-    s = p.switch
-    moves = tables_for(p.store, p.parallelism).moves(s.operator, s.from_version, s.to_version)
-    mine = moves[p.share :: p.shares]
-    if not mine:
+    """One evict row per state move in this share (000 §3.4)."""
+    if not p.moves:
         return
-    keys = [move.key for move in mine]
-    sources = [move.source for move in mine]
+    keys = [move.key for move in p.moves]
+    sources = [move.source for move in p.moves]
     common = {
-        "kind": ["evict"] * len(mine),
-        "stage": [s.operator] * len(mine),
-        "target_rk": [move.target for move in mine],
-        "marker": [p.marker] * len(mine),
+        "kind": ["evict"] * len(p.moves),
+        "stage": [p.operator] * len(p.moves),
+        "target_rk": [move.target for move in p.moves],
+        "marker": [p.marker] * len(p.moves),
     }
-    if s.operator == "A":
-        yield _rows(p.forward, len(mine), a=keys, ra=sources, **common)
+    if p.operator == "A":
+        yield _rows(p.forward, len(p.moves), a=keys, ra=sources, **common)
     else:
         groups = [control_group("B", source, p.parallelism) for source in sources]
-        yield _rows(p.forward, len(mine), b=keys, rb=sources, ra=groups, **common)
+        yield _rows(p.forward, len(p.moves), b=keys, rb=sources, ra=groups, **common)
 
 
 def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
@@ -636,6 +641,13 @@ class RoutedEventsReader(DataSourceStreamReader):
             effective[switch.operator] = switch.from_version
         if replies:
             self.channel().send(replies)
+        prepared = protocol.pending_version
+        if prepared is not None:
+            # Plan the hand-offs while the controller is still to PROPAGATE:
+            # the switch batch then finds its moves computed (000 §3.4, PREPARE).
+            tables = tables_for(self.store, self.parallelism)
+            for operator in OPERATORS:
+                tables.moves(operator, protocol.active_version, prepared)
         return {
             "plan": plan,
             "events": events,
@@ -650,6 +662,8 @@ class RoutedEventsReader(DataSourceStreamReader):
             # Control messages refused at this boundary, by reason: the
             # batch's metrics record reports them (keyplane.batchmetrics).
             "rejected": dict(sorted(refused.items())),
+            # The acknowledged version the tasks load ahead of its switch.
+            "prepared": prepared,
         }
 
     def _events_end(self, start: PartitionOffsets, limit: ReadLimit) -> PartitionOffsets:
@@ -680,12 +694,19 @@ class RoutedEventsReader(DataSourceStreamReader):
         events = self._event_partitions(start, end)
         shares = max(1, len(events))
         handoffs: list[HandOff] = []
-        for switch in end["switch"]:
-            evict = EvictPartition(
-                self.store, self.parallelism, Switch(**switch), end["plan"], self.forward
-            )
+        tables = tables_for(self.store, self.parallelism)
+        for raw in end["switch"]:
+            switch = Switch(**raw)
+            moves = tables.moves(switch.operator, switch.from_version, switch.to_version)
             handoffs += [
-                dataclasses.replace(evict, share=share, shares=shares) for share in range(shares)
+                EvictPartition(
+                    switch.operator,
+                    moves[share::shares],
+                    self.parallelism,
+                    end["plan"],
+                    self.forward,
+                )
+                for share in range(shares)
             ]
         for part, stop in sorted(end["migration"].items(), key=_by_partition):
             begin = int(start["migration"].get(part, 0))
@@ -723,6 +744,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                         routing["B"],
                         self.max_event_bytes,
                         self.forward,
+                        prepared=end.get("prepared"),
                     )
                 )
         return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,10 +11,10 @@ import pytest
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
-from keyplane.handoff import routed_key_table, state_moves
+from keyplane.handoff import VersionedTables, routed_key_table, state_moves
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.ranges import OffsetRange
-from keyplane.routedkeys import find_salt, routed_key, spark_partition
+from keyplane.routedkeys import RoutedKeyTable, find_salt, routed_key, spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
 from keyplane.spark.routed_source import (
@@ -21,7 +22,6 @@ from keyplane.spark.routed_source import (
     MigrationPartition,
     RoutedEventsPartition,
     RoutedEventsReader,
-    Switch,
     control_group,
     read_events,
     read_evictions,
@@ -211,7 +211,7 @@ def test_a_rollouts_evict_and_install_rows_ride_in_the_events_tasks_pure(tmp_pat
     """A switch's evict rows and the moved states to install are shared out over the
     batch's events tasks (no task of their own, which ran alone after them); each
     switch's shares and the migration range's pieces are each read exactly once."""
-    store, _, _ = _rollout_store(tmp_path)
+    store, v1, v2 = _rollout_store(tmp_path)
     reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store)})
     switches = [
         {"operator": "A", "from_version": 1, "to_version": 2},
@@ -226,8 +226,11 @@ def test_a_rollouts_evict_and_install_rows_ride_in_the_events_tasks_pure(tmp_pat
     assert [p.events.partition for p in parts] == [0, 1]  # partition 2 has nothing new
     handoffs = [h for p in parts for h in p.handoffs]
     for op in ("A", "B"):
-        shares = [h for h in handoffs if isinstance(h, EvictPartition) and h.switch.operator == op]
-        assert sorted((h.share, h.shares) for h in shares) == [(0, 2), (1, 2)]
+        shares = [h for h in handoffs if isinstance(h, EvictPartition) and h.operator == op]
+        # The driver deals the switch's moves out: each once, the shares even.
+        planned = [move for h in shares for move in h.moves]
+        assert Counter(planned) == Counter(state_moves(v1, v2, op, 4))
+        assert len(shares) == 2 and abs(len(shares[0].moves) - len(shares[1].moves)) <= 1
         assert {h.marker for h in shares} == {7}
     pieces = [h.records for h in handoffs if isinstance(h, MigrationPartition)]
     assert sorted(o for r in pieces for o in range(r.start, r.end)) == [10, 11, 12]
@@ -237,6 +240,45 @@ def test_a_rollouts_evict_and_install_rows_ride_in_the_events_tasks_pure(tmp_pat
     # With no new events, the shares are the batch's tasks.
     idle = reader.partitions(end, {**end, "migration": {"0": 14}, "switch": []})
     assert [type(p) for p in idle] == [MigrationPartition]
+
+
+class _RecordingTables(VersionedTables):
+    """The worker's table cache, recording each table it loads."""
+
+    def __init__(self, store: Path, parallelism: int) -> None:
+        super().__init__(store, parallelism)
+        self.loaded: list[tuple[int, str]] = []
+
+    def _table(self, version: int, operator: str) -> RoutedKeyTable:
+        self.loaded.append((version, operator))
+        return super()._table(version, operator)
+
+
+@pytest.mark.parametrize("prepared", [None, 2])
+def test_tasks_load_an_acknowledged_version_ahead_of_its_switch_pure(
+    prepared: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the job has acknowledged v2 and routes on v1 (the offset's ``prepared``),
+    each events task loads v2's tables too (000 §3.4, PREPARE), so that the switch
+    and install batches find them loaded."""
+    store, _, _ = _rollout_store(tmp_path)
+    reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store)})
+    start = _offsets({"0": 0}, {"0": 0}, [])
+    end = {**_offsets({"0": 1}, {"0": 0}, []), "prepared": prepared}
+    [part] = reader.partitions(start, end)
+    assert isinstance(part, RoutedEventsPartition) and part.prepared == prepared
+
+    tables = _RecordingTables(store, 4)
+    monkeypatch.setattr(routed_source, "tables_for", lambda store, parallelism: tables)
+    value = json.dumps({"seq": 0, "a": "a1", "b": "b1", "ts": 1000}).encode()
+    monkeypatch.setattr(
+        routed_source, "read_range", lambda r: iter([pa.table({"value": [value], "offset": [0]})])
+    )
+    rows = pa.Table.from_batches(list(read_events(part))).to_pylist()
+
+    assert [(r["a"], r["n"]) for r in rows] == [("a1", 1)]  # routed on v1 all the same
+    ahead = [(2, "A"), (2, "B")] if prepared else []
+    assert sorted(tables.loaded) == [(1, "A"), (1, "B"), *ahead]
 
 
 def test_a_batch_reads_in_at_most_max_partitions_tasks_each_range_and_share_once_pure(
@@ -265,15 +307,13 @@ def test_a_batch_reads_in_at_most_max_partitions_tasks_each_range_and_share_once
 
 
 def test_evict_shares_emit_every_move_once_pure(tmp_path: Path) -> None:
-    store, v1, v2 = _rollout_store(tmp_path)
+    _, v1, v2 = _rollout_store(tmp_path)
     for op, forward in (("A", "pairs"), ("B", "tuples")):
         moves = state_moves(v1, v2, op, 4)
         rows = [
             row
             for share in range(3)
-            for batch in read_evictions(
-                EvictPartition(str(store), 4, Switch(op, 1, 2), 7, forward, share, 3)
-            )
+            for batch in read_evictions(EvictPartition(op, moves[share::3], 4, 7, forward))
             for row in pa.Table.from_batches([batch]).to_pylist()
         ]
         assert all(r["kind"] == "evict" and r["stage"] == op and r["marker"] == 7 for r in rows)
