@@ -12,6 +12,8 @@ lint: bootstrap
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy include
+	# The entry points and benches, against the installed keyplane package.
+	.venv/bin/mypy dags plugins spark_jobs bench
 
 test: lint
 	@scripts/install-browser

@@ -69,7 +69,7 @@ def statistics_alone(setup: dagrun.AirflowSetup, tmp: Path) -> tuple[float, str]
         str(spark_submit),
         "--master",
         "local[2]",
-        str(REPO / "spark_jobs" / "statistics.py"),
+        str(REPO / "spark_jobs" / "key_statistics.py"),
         *statistics_job_args(
             deployment,
             "alone",

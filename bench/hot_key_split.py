@@ -34,6 +34,7 @@ import argparse
 import os
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from _costly_aggregate import SPEC as COSTLY_SPEC
@@ -151,7 +152,7 @@ def main() -> None:
     top = truth.sort_values("count", ascending=False).groupby("stage").head(1)
     hot = dict(zip(top["stage"], top["key"], strict=True))
     share = float(top.loc[top["stage"] == "A", "count"].iloc[0]) / args.events
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     with private_broker() as (bootstrap, tmp):
         produce_workload(spec, bootstrap, "hot", partitions=8)
         for variant in VARIANTS:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from kafka import KafkaConsumer, TopicPartition
+from pyspark.sql import SparkSession
 
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import produce_workload
@@ -46,8 +47,8 @@ def plain_consumer(bootstrap: str, topic: str, partitions: int, total: int) -> f
 
 
 def spark_source(
-    spark, bootstrap: str, topic: str, checkpoint: Path, max_rows: int | None
-) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path, max_rows: int | None
+) -> tuple[float, int]:
     counted: list[int] = []
     query = (
         read_kafka(spark, bootstrap, topic, max_offsets_per_trigger=max_rows)

@@ -42,7 +42,7 @@ import json
 import tempfile
 import time
 import urllib.request
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -109,7 +109,7 @@ def executor_table(
     parts: dict[int, int], weights: dict[int, float], on_executor: dict[int, list[int]]
 ) -> dict[str, int]:
     """Key → an instance on the executor its METIS part stands for, lightest first."""
-    load: Counter[int] = Counter()
+    load: defaultdict[int, float] = defaultdict(float)
     table = {}
     for key in sorted(parts, key=lambda k: -weights.get(k, 0.0)):
         candidates = on_executor.get(parts[key]) or [

@@ -98,7 +98,7 @@ def settings(
         output=tmp / f"out-{tag}",
         max_offsets_per_trigger=batch // variant.checkpoints_per_batch,
         stop_at_offset_total=total,
-        producer_acks=variant.acks,  # type: ignore[arg-type]
+        producer_acks=variant.acks,
         producer_idempotent=variant.idempotent,
         routing_store=tmp / "store" if variant.routed else None,
         **(routed_job_topics(tag) if variant.routed else {}),

@@ -42,7 +42,7 @@ from keyplane.orchestration.dagparts import CONFIGURATION_ASSET, rollout_chain
 from keyplane.orchestration.deployment import SPARK_CONN_ID, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
 
-STATISTICS_JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "statistics.py"
+STATISTICS_JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "key_statistics.py"
 STATISTICS_ASSET = Asset(name="keyplane_statistics_snapshot")
 OPERATORS = ("A", "B")
 
@@ -118,7 +118,9 @@ with DAG(
         application=str(STATISTICS_JOB),
         conn_id=SPARK_CONN_ID,
         name="keyplane-statistics",
-        application_args=statistics_args(),
+        # Airflow resolves an XComArg in a templated field before the task runs;
+        # the operator's annotation does not say so.
+        application_args=statistics_args(),  # type: ignore[arg-type]
         outlets=[STATISTICS_ASSET],
     )
 

@@ -39,7 +39,7 @@ whole window``, so the split does not bias the history.
 
 The computations are pure pandas and numpy; :func:`write_snapshot` and
 :func:`read_snapshot` are the only functions touching the disk, and the Spark
-job (``spark_jobs/statistics.py``) only reads Kafka and groups.
+job (``spark_jobs/key_statistics.py``) only reads Kafka and groups.
 """
 
 from __future__ import annotations

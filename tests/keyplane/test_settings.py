@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from keyplane.orchestration.deployment import Deployment
 from keyplane.settings import MAX_EVENT_BYTES, Settings
 from keyplane.spark.counts_job import CountsJobSettings
-from spark_jobs.statistics import parse_args
+from spark_jobs.key_statistics import parse_args
 
 
 def test_the_event_size_bound_defaults_to_64_kib(monkeypatch: pytest.MonkeyPatch) -> None:

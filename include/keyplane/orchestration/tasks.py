@@ -105,7 +105,7 @@ def statistics_job_args(
     decay: float,
     holdout_fraction: float,
 ) -> list[str]:
-    """The arguments of ``spark_jobs/statistics.py`` for this run (``SparkSubmitOperator``)."""
+    """The arguments of ``spark_jobs/key_statistics.py`` for this run (``SparkSubmitOperator``)."""
     return [
         "--bootstrap-servers",
         deployment.bootstrap_servers,

@@ -1,4 +1,4 @@
-"""The statistics job (``spark_jobs/statistics.py``) on the real broker and a real SparkSession.
+"""The statistics job (``spark_jobs/key_statistics.py``) on the real broker and a real SparkSession.
 
 The DAG's end-to-end test runs the job through ``spark-submit`` once per
 scheduled run; this one checks what the job reads, in seconds: exact key-pair
@@ -24,7 +24,7 @@ from keyplane.workloads import PairsWorkload
 
 pytestmark = pytest.mark.integration
 
-JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "statistics.py"
+JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "key_statistics.py"
 
 
 def statistics_job() -> ModuleType:

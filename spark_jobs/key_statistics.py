@@ -1,6 +1,6 @@
 """The statistics job: one window of the events and metrics topics into a snapshot folder.
 
-    spark-submit spark_jobs/statistics.py --bootstrap-servers HOST:PORT \\
+    spark-submit spark_jobs/key_statistics.py --bootstrap-servers HOST:PORT \\
         --events-topic T --metrics-topic M --snapshots DIR --run-id ID \\
         [--routing-store DIR] [--decay 0.5] [--holdout-fraction 0.2]
 
