@@ -24,15 +24,24 @@ steady throughput; and max/avg tuples per instance of both stages over the
 run (from the job's metrics topic). Goals: p99 with splitting ≤ 0.6 × hash;
 max/avg ≤ 1.2 with splitting.
 
+With ``--tuple-work ROUNDS`` stage A runs :class:`_costly_aggregate.CostlyCount`,
+which does a fixed amount of CPU work on every tuple, as paper 001 models an
+operator (§3, Observation 2); the stages then run in Python. With
+``--repeats N`` the three variants take turns N times; batch times are pooled
+over the runs and the ratios are also given per run. Every run's counts are
+checked against the workload's ground truth.
+
     python bench/hot_key_split.py [--events 200000] [--exponent 2.0] [--forward pairs|tuples]
-        [--out FILE]
+        [--tuple-work ROUNDS] [--repeats 1] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +64,9 @@ from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.events import FORWARD_MODES, key_name
 from keyplane.kafka.producer import produce_workload
 from keyplane.orchestration.planning import PlanParams, plan_configuration
-from keyplane.spark.counts_job import CountsJobSettings
+from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.testing import routed_job_topics
-from keyplane.verification import expected_counts
+from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
@@ -120,6 +129,104 @@ def costly_env(rounds: int) -> dict[str, str]:
     return {"PYTHONPATH": path, WORK_ENV: str(rounds)}
 
 
+@dataclass(frozen=True)
+class Run:
+    """One job's run of one variant: its steady batches, loads and exactness."""
+
+    durations: list[float]
+    """Each steady batch's duration, s (every batch but the first)."""
+    stages: list[dict[str, float]]
+    """Each steady batch's Spark stage wall times, s, by part (``A``, ``B``)."""
+    rate: float
+    load: dict[str, Counter[str]]
+    """Tuples per instance over the run, per stage (the metrics topic)."""
+    exact: bool
+
+
+def run_variant(
+    work: Path,
+    bootstrap: str,
+    config: RoutingConfig,
+    truth: pd.DataFrame,
+    args: argparse.Namespace,
+) -> Run:
+    """The routed job over the whole topic, starting on ``config``."""
+    save(config, work / "store")
+    topics = routed_job_topics(work.name)
+    progress = run_job(
+        CountsJobSettings(
+            bootstrap_servers=bootstrap,
+            events_topic="hot",
+            checkpoint=work / "ck",
+            output=work / "out",
+            shuffle_partitions=P,
+            max_offsets_per_trigger=args.batch,
+            stop_at_offset_total=args.events,
+            routing_store=work / "store",
+            forward=args.forward,
+            stage_a_aggregate=COSTLY_SPEC if args.tuple_work > 0 else None,
+            **topics,
+        ),
+        env=event_log_env(work / "events") | costly_env(args.tuple_work),
+    )
+    stage_s = batch_stage_seconds(work / "events")
+    load: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
+    for record in read_topic(bootstrap, topics["metrics_topic"]):
+        for stage, counter in load.items():
+            counter.update(record["load"][stage])
+    steady = progress[1:] or progress
+    return Run(
+        durations=[p["duration_ms"] / 1000 for p in steady],
+        stages=[stage_s[p["batch_id"]] for p in steady if p["batch_id"] in stage_s],
+        rate=steady_rate(progress),
+        load=load,
+        exact=compare_counts(truth, read_output(work / "out")).exact,
+    )
+
+
+def p99_stage(runs: list[Run], name: str) -> float:
+    return percentile([s[name] for run in runs for s in run.stages if name in s], 99)
+
+
+def pooled(runs: list[Run]) -> dict[str, Any]:
+    """A variant's figures over all its runs' steady batches."""
+    durations = [d for run in runs for d in run.durations]
+    imbalance = {}
+    for stage in ("A", "B"):
+        per_instance = [sum(run.load[stage].get(str(i), 0) for run in runs) for i in range(P)]
+        imbalance[stage] = max(per_instance) / (sum(per_instance) / P)
+    return {
+        "p50": percentile(durations, 50),
+        "p99": percentile(durations, 99),
+        "stage_p99": {name: p99_stage(runs, name) for name in ("A", "B")},
+        "rate": statistics.mean(run.rate for run in runs),
+        "imbalance": imbalance,
+    }
+
+
+def ratios(variant: str, runs: list[Run], hash_runs: list[Run]) -> str:
+    """``variant`` over hash: pooled, then per run (each run against hash's of the same turn)."""
+
+    def cell(mine: list[Run], theirs: list[Run]) -> tuple[float, float, float]:
+        return (
+            percentile([d for r in mine for d in r.durations], 99)
+            / percentile([d for r in theirs for d in r.durations], 99),
+            p99_stage(mine, "A") / p99_stage(theirs, "A"),
+            statistics.mean(r.rate for r in mine) / statistics.mean(r.rate for r in theirs),
+        )
+
+    whole = cell(runs, hash_runs)
+    each = [cell([mine], [theirs]) for mine, theirs in zip(runs, hash_runs, strict=True)]
+
+    def figure(i: int) -> str:
+        per_run = f" ({', '.join(f'{c[i]:.2f}' for c in each)})" if len(each) > 1 else ""
+        return f"**{whole[i]:.2f}**{per_run}"
+
+    return (
+        f"{variant} / hash: p99 batch {figure(0)}, p99 stage A {figure(1)}, throughput {figure(2)}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
@@ -141,6 +248,7 @@ def main() -> None:
         help="stage A runs a count that spends ROUNDS rounds of PBKDF2 on each tuple "
         "(bench/_costly_aggregate.py, Python stages); 0: the reference count",
     )
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the three variants")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     costly = args.tuple_work > 0
@@ -152,57 +260,26 @@ def main() -> None:
     top = truth.sort_values("count", ascending=False).groupby("stage").head(1)
     hot = dict(zip(top["stage"], top["key"], strict=True))
     share = float(top.loc[top["stage"] == "A", "count"].iloc[0]) / args.events
-    rows: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[Run]] = {variant: [] for variant in VARIANTS}
     with private_broker() as (bootstrap, tmp):
         produce_workload(spec, bootstrap, "hot", partitions=8)
-        for variant in VARIANTS:
-            store = tmp / f"store-{variant}"
-            config = (
+        configs = {
+            variant: (
                 planned_config(spec, args.batch, args.alpha)
                 if variant == "planned"
                 else initial_config(variant, hot["A"], hot["B"])
             )
-            save(config, store)
-            topics = routed_job_topics(variant)
-            progress = run_job(
-                CountsJobSettings(
-                    bootstrap_servers=bootstrap,
-                    events_topic="hot",
-                    checkpoint=tmp / f"ck-{variant}",
-                    output=tmp / f"out-{variant}",
-                    shuffle_partitions=P,
-                    max_offsets_per_trigger=args.batch,
-                    stop_at_offset_total=args.events,
-                    routing_store=store,
-                    forward=args.forward,
-                    stage_a_aggregate=COSTLY_SPEC if costly else None,
-                    **topics,
-                ),
-                env=event_log_env(tmp / f"events-{variant}") | costly_env(args.tuple_work),
-            )
-            stage_s = batch_stage_seconds(tmp / f"events-{variant}")
-            load: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
-            for record in read_topic(bootstrap, topics["metrics_topic"]):
-                for stage, counter in load.items():
-                    counter.update(record["load"][stage])
-            steady = progress[1:] or progress
-            durations = [p["duration_ms"] / 1000 for p in steady]
-            imbalance = {}
-            for stage, counter in load.items():
-                per_instance = [counter.get(str(i), 0) for i in range(P)]
-                imbalance[stage] = max(per_instance) / (sum(per_instance) / P)
-            steady_stages = [stage_s[p["batch_id"]] for p in steady if p["batch_id"] in stage_s]
-            rows[variant] = {
-                "p50": percentile(durations, 50),
-                "p99": percentile(durations, 99),
-                "stage_p99": {
-                    name: percentile([s[name] for s in steady_stages if name in s], 99)
-                    for name in ("A", "B")
-                },
-                "rate": steady_rate(progress),
-                "imbalance": imbalance,
-                "hot": {name: len(op.hot_keys) for name, op in config.operators.items()},
-            }
+            for variant in VARIANTS
+        }
+        for run in range(args.repeats):
+            for variant, config in configs.items():
+                work = tmp / f"{variant}-{run}"
+                runs[variant].append(run_variant(work, bootstrap, config, truth, args))
+    rows = {variant: pooled(variant_runs) for variant, variant_runs in runs.items()}
+    hot_keys = {
+        variant: {name: len(op.hot_keys) for name, op in config.operators.items()}
+        for variant, config in configs.items()
+    }
     stage_a = (
         f"stage A's count spends {micros_per_tuple(args.tuple_work):,.0f} µs of CPU per tuple "
         f"({args.tuple_work:,} PBKDF2 rounds), in Python"
@@ -212,24 +289,21 @@ def main() -> None:
     lines = [
         f"events: {args.events:,} zipf-evolving (s = {args.exponent}, {args.keys:,} keys), "
         f"hottest stage-A key {share:.0%} of tuples; {args.batch:,} per batch, {P} instances, "
-        f"local[2]; stage A forwards {args.forward}; {stage_a}",
+        f"local[2]; stage A forwards {args.forward}; {stage_a}; {args.repeats} run(s) of the "
+        "three variants, taking turns; batch times pooled over the runs, ratios also per run",
         "",
         "| routing | hot keys A/B | p50 batch s | p99 batch s | p99 stage A s | p99 stage B s "
-        "| steady rows/s | max/avg tuples A | max/avg tuples B |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| steady rows/s | max/avg tuples A | max/avg tuples B | counts exact |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *[
-            f"| {v} | {r['hot']['A']}/{r['hot']['B']} | {r['p50']:.2f} | {r['p99']:.2f} "
+            f"| {v} | {hot_keys[v]['A']}/{hot_keys[v]['B']} | {r['p50']:.2f} | {r['p99']:.2f} "
             f"| {r['stage_p99']['A']:.2f} | {r['stage_p99']['B']:.2f} "
-            f"| {r['rate']:,.0f} | {r['imbalance']['A']:.2f} | {r['imbalance']['B']:.2f} |"
+            f"| {r['rate']:,.0f} | {r['imbalance']['A']:.2f} | {r['imbalance']['B']:.2f} "
+            f"| {' / '.join(str(x.exact) for x in runs[v])} |"
             for v, r in rows.items()
         ],
         "",
-        *[
-            f"{v} / hash: p99 batch **{rows[v]['p99'] / rows['hash']['p99']:.2f}**, "
-            f"p99 stage A **{rows[v]['stage_p99']['A'] / rows['hash']['stage_p99']['A']:.2f}**, "
-            f"throughput **{rows[v]['rate'] / rows['hash']['rate']:.2f}**"
-            for v in VARIANTS[1:]
-        ],
+        *[ratios(v, runs[v], runs["hash"]) for v in VARIANTS[1:]],
     ]
     emit("\n".join(lines), args.out)
 
