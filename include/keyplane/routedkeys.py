@@ -461,6 +461,7 @@ class RoutedKeyTable:
         salts = find_salts(search_keys, search_targets, n_instances)
         routed = [routed_key(k, int(s)) for k, s in zip(search_keys, salts, strict=True)]
         self.n_instances = n_instances
+        self.hot_keys = frozenset(hot)
         self._instances = dict(zip(routed, search_targets, strict=True))
         self._routes: dict[str, tuple[str, ...]] = {}
         position = 0

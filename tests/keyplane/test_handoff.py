@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -9,9 +10,9 @@ import pytest
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.handoff import (
     KEPT_VERSIONS,
+    LeastLoadedRoutes,
     VersionedTables,
     pick_downstream_route,
-    pick_route,
     routed_key_table,
     state_moves,
 )
@@ -82,12 +83,29 @@ def test_a_version_of_another_parallelism_is_refused() -> None:
         )
 
 
-def test_pick_route_is_stable_and_spreads_pure() -> None:
-    routes = ["h#1", "h#7", "h#9"]
-    picks = [pick_route(routes, str(seq)) for seq in range(3_000)]
-    assert picks == [pick_route(routes, str(seq)) for seq in range(3_000)]
-    assert all(900 < picks.count(r) < 1_100 for r in routes)
-    assert pick_route(["only"], "x") == "only"
+def _instances_of_last_digit(routes: Sequence[str]) -> list[int]:
+    return [int(route[-1]) for route in routes]
+
+
+def test_least_loaded_routes_fill_the_instances_cold_keys_leave_light_pure() -> None:
+    balancer = LeastLoadedRoutes(_instances_of_last_digit)
+    routes = {"cold": ["cold#0"], "warm": ["warm#1"], "hot": ["hot#0", "hot#1", "hot#2", "hot#3"]}
+    keys = ["cold"] * 300 + ["warm"] * 100 + ["hot"] * 800
+    picks = balancer.pick_all(keys, routes)
+    assert balancer.load == {0: 300, 1: 300, 2: 300, 3: 300}
+    assert picks[400:].count("hot#0") == 0
+    assert picks[400:].count("hot#1") == 200
+    assert picks[400:].count("hot#2") == picks[400:].count("hot#3") == 300
+
+
+def test_least_loaded_routes_repeat_their_picks_for_the_same_tuples_pure() -> None:
+    routes = {"a": ["a#0"], "h": ["h#1", "h#2", "h#0"], "b": ["b#2"]}
+    keys = [("a", "h", "h", "b", "h")[(i * 7) % 5] for i in range(1_000)]
+    first = LeastLoadedRoutes(_instances_of_last_digit).pick_all(keys, routes)
+    again = LeastLoadedRoutes(_instances_of_last_digit)
+    assert first == [again.pick(routes[key]) for key in keys]
+    assert max(again.load.values()) - min(again.load.values()) <= 1
+    assert first[:4] == ["a#0", "h#1", "h#2", "h#1"]
 
 
 def test_downstream_route_keeps_a_row_local_and_spreads_the_partials_of_a_split_key() -> None:

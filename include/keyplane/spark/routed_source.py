@@ -78,7 +78,12 @@ from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
 from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, decode_events, parse_event
-from keyplane.handoff import StateMove, VersionedTables, pick_downstream_route, pick_route
+from keyplane.handoff import (
+    LeastLoadedRoutes,
+    StateMove,
+    VersionedTables,
+    pick_downstream_route,
+)
 from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range
@@ -297,12 +302,13 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     to_b = _stage_b_routes(tables.table(p.version_b, "B"), p.parallelism)
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
+    balancer = LeastLoadedRoutes(table_a.instances_of)
     routed: list[pa.Table] = []
     for records in read_range(p.events):
         values = records.column("value").to_pylist()
         decoded = None if tuples else decode_events(values, p.max_event_bytes)
         if decoded is not None:
-            routed.append(_routed(decoded, table_a))
+            routed.append(_routed(decoded, table_a, balancer))
             continue
         out = _Columns(p.forward)
         events: dict[str, list[Any]] = {"ra": [], "a": [], "b": [], "ts": []}
@@ -321,7 +327,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
                 out.add(kind="invalid", ra=control_group("I", source, p.parallelism), detail=detail)
                 continue
             seq, a, b, ts = event["seq"], event["a"], event["b"], event["ts"]
-            ra = pick_route(table_a.route(a), str(seq))
+            ra = balancer.pick(table_a.route(a)) if table_a.hot_keys else table_a.route(a)[0]
             if tuples:
                 pad = event.get("pad")
                 out.add(
@@ -345,16 +351,17 @@ _ROUTED_EVENTS = pa.schema(
 )
 
 
-def _routed(decoded: pa.Table, table_a: RoutedKeyTable) -> pa.Table:
+def _routed(decoded: pa.Table, table_a: RoutedKeyTable, balancer: LeastLoadedRoutes) -> pa.Table:
     """Decoded events with their stage-A routed keys (:data:`_ROUTED_EVENTS`).
 
-    A key's routes are looked up once per chunk; a split key's events pick
-    one each, by their ``seq`` (:func:`~keyplane.handoff.pick_route`).
+    A key's routes are looked up once per chunk. When the version splits a
+    key, each event takes its route from the partition's ``balancer``, which
+    counts every event (:class:`~keyplane.handoff.LeastLoadedRoutes`).
     """
     keys = decoded.column("a").to_pylist()
     routes = {key: table_a.route(key) for key in set(keys)}
-    seqs = decoded.column("seq").to_pylist()
-    ra = [pick_route(routes[key], str(seq)) for key, seq in zip(keys, seqs, strict=True)]
+    unsplit = not table_a.hot_keys
+    ra = [routes[key][0] for key in keys] if unsplit else balancer.pick_all(keys, routes)
     return pa.table(
         {"ra": ra, "a": decoded.column("a"), "b": decoded.column("b"), "ts": decoded.column("ts")},
         schema=_ROUTED_EVENTS,
