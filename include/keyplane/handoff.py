@@ -32,7 +32,6 @@ Everything here is pure Python: no Spark, no Kafka.
 from __future__ import annotations
 
 import functools
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,14 +96,35 @@ class LeastLoadedRoutes:
         self._instances.update(zip(fresh, self._instances_of(fresh), strict=True))
         return [self.pick(routes[key]) for key in keys]
 
-    def pick(self, routes: Sequence[str]) -> str:
-        """The route of one tuple among its key's ``routes``, counted as sent."""
+    def pick_heaviest_first(
+        self, keys: Sequence[str], routes: Mapping[str, Sequence[str]], tuples: Sequence[int]
+    ) -> list[str]:
+        """The routes of rows that each carry ``tuples`` tuples of a key, in order.
+
+        For rows that combine many tuples, whose order is not the stream's:
+        the rows of unsplit keys are counted first, then the split keys' rows
+        take their routes heaviest first, the greedy order that balances best
+        (longest processing time first).
+        """
+        fresh = list({r for rs in routes.values() for r in rs if r not in self._instances})
+        self._instances.update(zip(fresh, self._instances_of(fresh), strict=True))
+        picked = [""] * len(keys)
+        split = [i for i, key in enumerate(keys) if len(routes[key]) > 1]
+        for i, key in enumerate(keys):
+            if len(routes[key]) == 1:
+                picked[i] = self.pick(routes[key], tuples[i])
+        for i in sorted(split, key=lambda i: -tuples[i]):
+            picked[i] = self.pick(routes[keys[i]], tuples[i])
+        return picked
+
+    def pick(self, routes: Sequence[str], tuples: int = 1) -> str:
+        """The route of ``tuples`` tuples of one key among its ``routes``, counted as sent."""
         if len(routes) == 1:
             route = routes[0]
         else:
             route = min(routes, key=lambda r: self.load.get(self._instance(r), 0))
         instance = self._instance(route)
-        self.load[instance] = self.load.get(instance, 0) + 1
+        self.load[instance] = self.load.get(instance, 0) + tuples
         return route
 
     def _instance(self, route: str) -> int:
@@ -112,36 +132,6 @@ class LeastLoadedRoutes:
         if instance is None:
             instance = self._instances[route] = self._instances_of([route])[0]
         return instance
-
-
-def pick_downstream_route(
-    routes: Sequence[str], instance_of: Callable[[str], int], upstream_instance: int, token: str
-) -> str:
-    """The routed key of a stage-B key for one row of stage-A instance ``upstream_instance``.
-
-    Stage A sends B one row per (B key, batch) for all its tuples of that key,
-    so a hot B key fed mostly by one split A key reaches B as only d rows a
-    batch, one per A partial. Hashing each row's token then
-    often puts two of them on one B instance: with stage A balanced to
-    1.01 max/avg, B measured 1.52. So a row goes to the route on its own
-    instance when the key has one there, which also keeps the row on its
-    executor (000 §3.3). The other upstream instances take the routes in
-    turn, by their rank among the instances without a route, so the partials
-    of a split A key land on distinct routes (001 §4.1.2). ``instance_of``
-    gives a route's instance; it is asked only when there is a choice.
-    Everything used is fixed for the row (the upstream group's instance
-    follows from its grouping key), so a replayed batch routes as before.
-    """
-    if len(routes) == 1:
-        return routes[0]
-    below = 0
-    for route in routes:
-        instance = instance_of(route)
-        if instance == upstream_instance:
-            return route
-        below += instance < upstream_instance
-    rank = upstream_instance - below
-    return routes[(zlib.crc32(token.encode()) + rank) % len(routes)]
 
 
 def state_moves(

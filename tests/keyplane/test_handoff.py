@@ -12,7 +12,6 @@ from keyplane.handoff import (
     KEPT_VERSIONS,
     LeastLoadedRoutes,
     VersionedTables,
-    pick_downstream_route,
     routed_key_table,
     state_moves,
 )
@@ -108,17 +107,18 @@ def test_least_loaded_routes_repeat_their_picks_for_the_same_tuples_pure() -> No
     assert first[:4] == ["a#0", "h#1", "h#2", "h#1"]
 
 
-def test_downstream_route_keeps_a_row_local_and_spreads_the_partials_of_a_split_key() -> None:
-    routes = ["b#0", "b#1", "b#2", "b#3"]
-    instances = {route: int(route[-1]) for route in routes}.__getitem__
-    picks = [pick_downstream_route(routes, instances, i, f"a#{i}\x00b") for i in range(4)]
-    assert picks == routes
-    two, on = ["b#1", "b#3"], instances
-    assert pick_downstream_route(two, on, 3, "t") == "b#3"
-    elsewhere = {pick_downstream_route(two, on, i, "a\x00b") for i in (0, 2)}
-    assert elsewhere == set(two)
-    assert pick_downstream_route(two, on, 0, "x") == pick_downstream_route(two, on, 0, "x")
-    assert pick_downstream_route(["only"], instances, 0, "x") == "only"
+def test_rows_of_many_tuples_place_the_unsplit_first_then_the_heaviest_split_pure() -> None:
+    balancer = LeastLoadedRoutes(_instances_of_last_digit)
+    routes = {"cold": ["cold#0"], "warm": ["warm#1"], "hot": ["hot#0", "hot#1", "hot#2", "hot#3"]}
+    keys = ["hot", "hot", "cold", "hot", "warm", "hot"]
+    tuples = [10, 40, 50, 30, 20, 20]
+    picks = balancer.pick_heaviest_first(keys, routes, tuples)
+    assert picks[2] == "cold#0" and picks[4] == "warm#1"
+    assert picks[1] == "hot#2" and picks[3] == "hot#3"
+    assert balancer.load == {0: 50, 1: 40, 2: 40, 3: 40}
+    assert picks == LeastLoadedRoutes(_instances_of_last_digit).pick_heaviest_first(
+        keys, routes, tuples
+    )
 
 
 def test_versioned_tables_keep_a_bounded_number_of_versions(tmp_path: Path) -> None:

@@ -185,7 +185,9 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
         held = live[(live["stage"] == "A") & (live["key"] == key)]
         assert held["instance"].tolist() == [instance], (key, held)
     split = live[(live["stage"] == "B") & (live["key"] == b_keys[0])]
-    assert set(split["instance"]) == {1, 2, 3}
+    # The split key's tuples take the least loaded of its instances, so a
+    # partial may stay empty when its instance is busy with other keys.
+    assert len(set(split["instance"])) >= 2 and set(split["instance"]) <= {1, 2, 3}, split
 
     report = compare_counts(truth, read_output(settings.output))
     assert report.expected_events == spec.n_events

@@ -14,7 +14,7 @@ from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
 from keyplane.handoff import VersionedTables, routed_key_table, state_moves
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.ranges import OffsetRange
-from keyplane.routedkeys import RoutedKeyTable, find_salt, routed_key, spark_partition
+from keyplane.routedkeys import RoutedKeyTable, spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
 from keyplane.spark.routed_source import (
@@ -160,22 +160,24 @@ def test_an_unknown_forward_mode_is_refused_in_one_line_pure() -> None:
         RoutedEventsReader({**options, "forward": "tuple"})
 
 
-def test_events_go_to_the_stage_b_route_of_their_stage_a_instance_pure() -> None:
+def test_rows_take_the_least_loaded_stage_b_route_of_their_key_pure() -> None:
     """The source picks each pair's routed key of B (no routing table in the stages): an
-    unsplit key keeps its one route; a split key takes the route on stage A's own
-    instance when it has one there, and a route of the key otherwise."""
+    unsplit key keeps its one route; a split key's rows, heaviest first, fill the
+    instances the unsplit keys leave light, by this partition's own counts."""
     p = 4
     routing = OperatorRouting(parallelism=p, table={"y": 2}, hot_keys={"x": (0, 1, 2)})
     table_b = routed_key_table(routing)
-    route = routed_source._stage_b_routes(table_b, p)
-    on = {i: routed_key("k", find_salt("k", i, p)) for i in range(p)}
-    assert route(on[0], "y") == table_b.route("y")[0]
-    assert spark_partition(route(on[0], "y"), p) == 2
-    for instance in (0, 1, 2):
-        chosen = route(on[instance], "x")
-        assert chosen in table_b.route("x")
-        assert spark_partition(chosen, p) == instance
-    assert route(on[3], "x") in table_b.route("x")
+    route = routed_source._stage_b_routes(table_b)
+    picked = route(["x", "y", "x", "x", "z"], [5, 30, 20, 10, 1])
+    assert picked[1] == table_b.route("y")[0]
+    assert picked[4] == "z"
+    instances = [spark_partition(r, p) for r in picked]
+    assert all(r in table_b.route("x") for r in (picked[0], picked[2], picked[3]))
+    assert instances[2] != 2 and instances[3] != 2
+    assert {instances[2], instances[3]} == {0, 1}
+    assert route(["x"], [1])[0] in table_b.route("x")
+    unsplit = routed_source._stage_b_routes(routed_key_table(OperatorRouting(parallelism=p)))
+    assert unsplit(["x", "y"], [3, 4]) == ["x", "y"]
 
 
 def _rollout_store(tmp_path: Path) -> tuple[Path, RoutingConfig, RoutingConfig]:
