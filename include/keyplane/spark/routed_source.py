@@ -64,7 +64,7 @@ import functools
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -298,7 +298,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
         for operator in OPERATORS:
             tables.table(p.prepared, operator)
     table_a = tables.table(p.version_a, "A")
-    to_b = _stage_b_routes(tables.table(p.version_b, "B"))
+    to_b = _StageBRoutes(tables.table(p.version_b, "B"))
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
     balancer = LeastLoadedRoutes(table_a.instances_of)
@@ -331,7 +331,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
                 pad = event.get("pad")
                 out.add(
                     kind="event", seq=seq, a=a, b=b, ts=datetime.fromtimestamp(ts / 1000, UTC),
-                    ra=ra, rb=to_b([b], [1])[0], vb=p.version_b, n=1,
+                    ra=ra, rb=to_b.tuple_route(b), vb=p.version_b, n=1,
                     pad=pad if isinstance(pad, str) else None,
                 )  # fmt: skip
             else:
@@ -367,8 +367,8 @@ def _routed(decoded: pa.Table, table_a: RoutedKeyTable, balancer: LeastLoadedRou
     )
 
 
-def _stage_b_routes(table_b: RoutedKeyTable) -> Callable[[list[str], list[int]], list[str]]:
-    """The stage-B routed keys of rows, given each row's field-2 key and tuples.
+class _StageBRoutes:
+    """The stage-B routed keys of a partition's rows or tuples, by their field-2 key.
 
     Chosen here, where the events are parsed, rather than in stage A, so that
     a stage needs no routing table and may run in the JVM
@@ -382,20 +382,26 @@ def _stage_b_routes(table_b: RoutedKeyTable) -> Callable[[list[str], list[int]],
     range, so a replayed batch routes as before. A key's routes are looked
     up once per partition.
     """
-    routes_of = functools.cache(table_b.route)
-    if not table_b.hot_keys:
-        return lambda bs, ns: [routes_of(b)[0] for b in bs]
-    balancer = LeastLoadedRoutes(table_b.instances_of)
 
-    def route(bs: list[str], ns: list[int]) -> list[str]:
-        return balancer.pick_heaviest_first(bs, {b: routes_of(b) for b in set(bs)}, ns)
+    def __init__(self, table_b: RoutedKeyTable) -> None:
+        self._routes_of = functools.cache(table_b.route)
+        self._split = bool(table_b.hot_keys)
+        self._balancer = LeastLoadedRoutes(table_b.instances_of)
 
-    return route
+    def tuple_route(self, b: str) -> str:
+        """The route of one forwarded tuple."""
+        routes = self._routes_of(b)
+        return self._balancer.pick(routes) if self._split else routes[0]
+
+    def row_routes(self, bs: list[str], tuples: list[int]) -> list[str]:
+        """The routes of rows that each carry ``tuples`` tuples of their key."""
+        if not self._split:
+            return [self._routes_of(b)[0] for b in bs]
+        routes = {b: self._routes_of(b) for b in set(bs)}
+        return self._balancer.pick_heaviest_first(bs, routes, tuples)
 
 
-def _combined(
-    events: pa.Table, version_b: int, to_b: Callable[[list[str], list[int]], list[str]]
-) -> pa.RecordBatch:
+def _combined(events: pa.Table, version_b: int, to_b: _StageBRoutes) -> pa.RecordBatch:
     """One ``event`` row per (routed key, field-2 key): its events' number and latest time."""
     pairs = events.group_by(["ra", "a", "b"], use_threads=False).aggregate(
         [("ts", "max"), ("ts", "count")]
@@ -403,7 +409,7 @@ def _combined(
     rows = pairs.num_rows
     ra, b = pairs.column("ra").combine_chunks(), pairs.column("b").combine_chunks()
     counts = pairs.column("ts_count").combine_chunks()
-    rb = to_b(b.to_pylist(), counts.to_pylist())
+    rb = to_b.row_routes(b.to_pylist(), counts.to_pylist())
     return _rows(
         "pairs",
         rows,

@@ -167,17 +167,18 @@ def test_rows_take_the_least_loaded_stage_b_route_of_their_key_pure() -> None:
     p = 4
     routing = OperatorRouting(parallelism=p, table={"y": 2}, hot_keys={"x": (0, 1, 2)})
     table_b = routed_key_table(routing)
-    route = routed_source._stage_b_routes(table_b)
-    picked = route(["x", "y", "x", "x", "z"], [5, 30, 20, 10, 1])
+    route = routed_source._StageBRoutes(table_b)
+    picked = route.row_routes(["x", "y", "x", "x", "z"], [5, 30, 20, 10, 1])
     assert picked[1] == table_b.route("y")[0]
     assert picked[4] == "z"
     instances = [spark_partition(r, p) for r in picked]
     assert all(r in table_b.route("x") for r in (picked[0], picked[2], picked[3]))
     assert instances[2] != 2 and instances[3] != 2
     assert {instances[2], instances[3]} == {0, 1}
-    assert route(["x"], [1])[0] in table_b.route("x")
-    unsplit = routed_source._stage_b_routes(routed_key_table(OperatorRouting(parallelism=p)))
-    assert unsplit(["x", "y"], [3, 4]) == ["x", "y"]
+    assert route.tuple_route("x") in table_b.route("x")
+    unsplit = routed_source._StageBRoutes(routed_key_table(OperatorRouting(parallelism=p)))
+    assert unsplit.row_routes(["x", "y"], [3, 4]) == ["x", "y"]
+    assert unsplit.tuple_route("y") == "y"
 
 
 def _rollout_store(tmp_path: Path) -> tuple[Path, RoutingConfig, RoutingConfig]:
