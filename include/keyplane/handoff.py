@@ -92,8 +92,7 @@ class LeastLoadedRoutes:
 
     def pick_all(self, keys: Sequence[str], routes: Mapping[str, Sequence[str]]) -> list[str]:
         """The routes of tuples with ``keys``, in order; ``routes`` holds each key's routes."""
-        fresh = list({r for rs in routes.values() for r in rs if r not in self._instances})
-        self._instances.update(zip(fresh, self._instances_of(fresh), strict=True))
+        self._learn(routes)
         return [self.pick(routes[key]) for key in keys]
 
     def pick_heaviest_first(
@@ -106,8 +105,7 @@ class LeastLoadedRoutes:
         take their routes heaviest first, the greedy order that balances best
         (longest processing time first).
         """
-        fresh = list({r for rs in routes.values() for r in rs if r not in self._instances})
-        self._instances.update(zip(fresh, self._instances_of(fresh), strict=True))
+        self._learn(routes)
         picked = [""] * len(keys)
         split = [i for i, key in enumerate(keys) if len(routes[key]) > 1]
         for i, key in enumerate(keys):
@@ -126,6 +124,11 @@ class LeastLoadedRoutes:
         instance = self._instance(route)
         self.load[instance] = self.load.get(instance, 0) + tuples
         return route
+
+    def _learn(self, routes: Mapping[str, Sequence[str]]) -> None:
+        """Look up the instances of routes not seen before, all in one call."""
+        fresh = list({r for rs in routes.values() for r in rs if r not in self._instances})
+        self._instances.update(zip(fresh, self._instances_of(fresh), strict=True))
 
     def _instance(self, route: str) -> int:
         instance = self._instances.get(route)
