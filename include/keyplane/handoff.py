@@ -82,16 +82,23 @@ class LeastLoadedRoutes:
     one Kafka partition's offset range of a batch, which the offset log
     fixes, so a replayed batch routes every tuple as it did the first time.
     Ties go to the earlier route. ``instances_of`` gives routes' instances;
-    it is asked once per route, for many at a time where it can be.
+    it is asked once per route, for many at a time where it can be. With
+    ``split`` false (a version that splits no key), every key has one route
+    and nothing is counted.
     """
 
-    def __init__(self, instances_of: Callable[[Sequence[str]], list[int]]) -> None:
+    def __init__(
+        self, instances_of: Callable[[Sequence[str]], list[int]], *, split: bool = True
+    ) -> None:
         self._instances_of = instances_of
+        self._split = split
         self._instances: dict[str, int] = {}
         self.load: dict[int, int] = {}
 
     def pick_all(self, keys: Sequence[str], routes: Mapping[str, Sequence[str]]) -> list[str]:
         """The routes of tuples with ``keys``, in order; ``routes`` holds each key's routes."""
+        if not self._split:
+            return [routes[key][0] for key in keys]
         self._learn(routes)
         return [self.pick(routes[key]) for key in keys]
 
@@ -105,6 +112,8 @@ class LeastLoadedRoutes:
         take their routes heaviest first, the greedy order that balances best
         (longest processing time first).
         """
+        if not self._split:
+            return [routes[key][0] for key in keys]
         self._learn(routes)
         picked = [""] * len(keys)
         split = [i for i, key in enumerate(keys) if len(routes[key]) > 1]
@@ -117,6 +126,8 @@ class LeastLoadedRoutes:
 
     def pick(self, routes: Sequence[str], tuples: int = 1) -> str:
         """The route of ``tuples`` tuples of one key among its ``routes``, counted as sent."""
+        if not self._split:
+            return routes[0]
         if len(routes) == 1:
             route = routes[0]
         else:

@@ -107,6 +107,21 @@ def test_least_loaded_routes_repeat_their_picks_for_the_same_tuples_pure() -> No
     assert first[:4] == ["a#0", "h#1", "h#2", "h#1"]
 
 
+def test_least_loaded_routes_of_a_version_without_splits_count_nothing_pure() -> None:
+    asked: list[Sequence[str]] = []
+
+    def instances_of(routes: Sequence[str]) -> list[int]:
+        asked.append(routes)
+        return _instances_of_last_digit(routes)
+
+    balancer = LeastLoadedRoutes(instances_of, split=False)
+    routes = {"a": ["a#0"], "b": ["b#3"]}
+    assert balancer.pick_all(["a", "b", "a"], routes) == ["a#0", "b#3", "a#0"]
+    assert balancer.pick_heaviest_first(["b", "a"], routes, [5, 2]) == ["b#3", "a#0"]
+    assert balancer.pick(["b#3"]) == "b#3"
+    assert balancer.load == {} and asked == []
+
+
 def test_rows_of_many_tuples_place_the_unsplit_first_then_the_heaviest_split_pure() -> None:
     balancer = LeastLoadedRoutes(_instances_of_last_digit)
     routes = {"cold": ["cold#0"], "warm": ["warm#1"], "hot": ["hot#0", "hot#1", "hot#2", "hot#3"]}

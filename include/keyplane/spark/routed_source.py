@@ -78,11 +78,7 @@ from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
 from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, decode_events, parse_event
-from keyplane.handoff import (
-    LeastLoadedRoutes,
-    StateMove,
-    VersionedTables,
-)
+from keyplane.handoff import LeastLoadedRoutes, StateMove, VersionedTables
 from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range
@@ -301,7 +297,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     to_b = _StageBRoutes(tables.table(p.version_b, "B"))
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
-    balancer = LeastLoadedRoutes(table_a.instances_of)
+    balancer = LeastLoadedRoutes(table_a.instances_of, split=bool(table_a.hot_keys))
     routed: list[pa.Table] = []
     for records in read_range(p.events):
         values = records.column("value").to_pylist()
@@ -326,7 +322,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
                 out.add(kind="invalid", ra=control_group("I", source, p.parallelism), detail=detail)
                 continue
             seq, a, b, ts = event["seq"], event["a"], event["b"], event["ts"]
-            ra = balancer.pick(table_a.route(a)) if table_a.hot_keys else table_a.route(a)[0]
+            ra = balancer.pick(table_a.route(a))
             if tuples:
                 pad = event.get("pad")
                 out.add(
@@ -353,14 +349,13 @@ _ROUTED_EVENTS = pa.schema(
 def _routed(decoded: pa.Table, table_a: RoutedKeyTable, balancer: LeastLoadedRoutes) -> pa.Table:
     """Decoded events with their stage-A routed keys (:data:`_ROUTED_EVENTS`).
 
-    A key's routes are looked up once per chunk. When the version splits a
-    key, each event takes its route from the partition's ``balancer``, which
-    counts every event (:class:`~keyplane.handoff.LeastLoadedRoutes`).
+    A key's routes are looked up once per chunk. Each event takes its route
+    from the partition's ``balancer``, which counts every event when the
+    version splits a key (:class:`~keyplane.handoff.LeastLoadedRoutes`).
     """
     keys = decoded.column("a").to_pylist()
     routes = {key: table_a.route(key) for key in set(keys)}
-    unsplit = not table_a.hot_keys
-    ra = [routes[key][0] for key in keys] if unsplit else balancer.pick_all(keys, routes)
+    ra = balancer.pick_all(keys, routes)
     return pa.table(
         {"ra": ra, "a": decoded.column("a"), "b": decoded.column("b"), "ts": decoded.column("ts")},
         schema=_ROUTED_EVENTS,
@@ -385,18 +380,14 @@ class _StageBRoutes:
 
     def __init__(self, table_b: RoutedKeyTable) -> None:
         self._routes_of = functools.cache(table_b.route)
-        self._split = bool(table_b.hot_keys)
-        self._balancer = LeastLoadedRoutes(table_b.instances_of)
+        self._balancer = LeastLoadedRoutes(table_b.instances_of, split=bool(table_b.hot_keys))
 
     def tuple_route(self, b: str) -> str:
         """The route of one forwarded tuple."""
-        routes = self._routes_of(b)
-        return self._balancer.pick(routes) if self._split else routes[0]
+        return self._balancer.pick(self._routes_of(b))
 
     def row_routes(self, bs: list[str], tuples: list[int]) -> list[str]:
         """The routes of rows that each carry ``tuples`` tuples of their key."""
-        if not self._split:
-            return [self._routes_of(b)[0] for b in bs]
         routes = {b: self._routes_of(b) for b in set(bs)}
         return self._balancer.pick_heaviest_first(bs, routes, tuples)
 
