@@ -132,6 +132,14 @@ def traffic_metrics(
         hops=total,
         local_hops=local,
         top_pairs=top,
-        moved_states=int((output["kind"] == "moved").sum()),
+        moved_states=moved_states(output),
         invalid_events=int((output["kind"] == "invalid").sum()),
     )
+
+
+def moved_states(output: pd.DataFrame) -> int:
+    """The states a batch moved out: a ``moved`` row holds one, a ``moves`` row (the
+    JVM stages' packed migration record) ``count`` of them."""
+    packed = output[output["kind"] == "moves"]
+    one_each = int((output["kind"] == "moved").sum())
+    return one_each + (int(packed["count"].sum()) if len(packed) else 0)

@@ -381,6 +381,16 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     for topic in (settings.migration_topic, settings.metrics_topic, settings.dead_letter_topic):
         ensure_topic(bootstrap, topic, 1)
     store = settings.routing_store.resolve()
+    aggregates = settings.aggregates()
+    engine = resolve_engine(
+        settings.stage_engine,
+        aggregates["A"],
+        aggregates["B"],
+        jvm_loaded=jvm_stages.loaded(spark),
+        recorded=recorded_engine(settings.checkpoint),
+    )
+    record_engine(settings.checkpoint, engine)
+    log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
     inputs = read_routed_events(
         spark,
         bootstrap,
@@ -394,6 +404,8 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         max_event_bytes=settings.max_event_bytes,
         max_partitions=read_tasks(spark, settings),
         forward=settings.forward,
+        # The JVM stages take a rollout's moves per instance (routed_source).
+        handoff="per-instance" if engine == "jvm" else "per-key",
     ).withWatermark("ts", "1 minute")
     writer = RoutedBatchWriter(
         output=settings.output,
@@ -404,16 +416,6 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         results_topic=settings.results_topic,
         delivery=settings.delivery(),
     )
-    aggregates = settings.aggregates()
-    engine = resolve_engine(
-        settings.stage_engine,
-        aggregates["A"],
-        aggregates["B"],
-        jvm_loaded=jvm_stages.loaded(spark),
-        recorded=recorded_engine(settings.checkpoint),
-    )
-    record_engine(settings.checkpoint, engine)
-    log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
     updates = routed_running_counts(
         inputs,
         partitions,

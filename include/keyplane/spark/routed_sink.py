@@ -10,6 +10,11 @@ re-run the stateful plan) and splits it by ``kind``
   file) and optionally the results topic;
 * ``moved`` rows: to the migration topic, flushed before the batch commits,
   so the next batch's plan finds them (paper 000 §3.4's state transfer);
+  ``moves`` rows are such records already packed by the JVM stages
+  (:mod:`keyplane.spark.jvm`), sent as they are;
+* ``partials`` rows: many ``count`` rows packed into one by the JVM stages'
+  installs (``[stage, key, routed_key, instance, count, state]`` each), read
+  as the rows they pack (:func:`unpacked_partials`);
 * ``invalid`` rows: to the dead-letter topic with their reason;
 * ``hop`` and ``pair`` rows: the batch's :class:`~keyplane.batchmetrics.BatchMetrics`,
   which :class:`MetricsListener` completes with the progress figures and
@@ -27,6 +32,7 @@ letters are sent again too (at least once on those topics).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping
@@ -72,6 +78,23 @@ def latest_partials_of_batch(output: pd.DataFrame) -> pd.DataFrame:
     frame["instance"] = frame["instance"].astype("Int32")
     frame["count"] = frame["count"].astype("int64")
     return frame
+
+
+def unpacked_partials(output: pd.DataFrame) -> pd.DataFrame:
+    """``output`` with each ``partials`` row replaced by the ``count`` rows it packs.
+
+    The JVM stages report a batch's installs per instance, one row for
+    thousands of tombstones and partials: a row each cost the stages and the
+    sink more than the installs themselves (docs/benchmarks.md, "A live
+    reconfiguration that moves 10k keys").
+    """
+    packed = output["kind"] == "partials"
+    if not packed.any():
+        return output
+    reports = [r for text in output.loc[packed, "state"].tolist() for r in json.loads(text)]
+    counts = pd.DataFrame(reports, columns=COUNT_COLUMNS).assign(kind="count")
+    counts["instance"] = counts["instance"].astype("Int32")
+    return pd.concat([output[~packed], counts], ignore_index=True)
 
 
 def merge_partial_states(
@@ -141,12 +164,13 @@ class RoutedBatchWriter:
         output.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        output = batch.toPandas()
+        output = unpacked_partials(batch.toPandas())
         partials = latest_partials_of_batch(output)
         tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
         partials.to_parquet(tmp, index=False)
         moved = output[output["kind"] == "moved"]
-        if len(moved):
+        packed = output.loc[output["kind"] == "moves", "state"].tolist()
+        if len(moved) or packed:
             moves = (
                 {
                     "operator": row["stage"],
@@ -160,10 +184,11 @@ class RoutedBatchWriter:
                 for row in moved.to_dict("records")
             )
             key = str(batch_id).encode()
+            values = itertools.chain(move_records(moves), (text.encode() for text in packed))
             _send(
                 self.bootstrap_servers,
                 self.migration_topic,
-                ((key, value) for value in move_records(moves)),
+                ((key, value) for value in values),
                 self.delivery,
             )
         invalid = output[output["kind"] == "invalid"]

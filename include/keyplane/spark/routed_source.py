@@ -34,6 +34,12 @@ also reading its share of the evict and install rows,
   "after your last tuples, hand your state to ``target_rk``";
 * ``install`` — the moved states that the previous batch wrote to the
   migration topic: "add this state before your first tuple".
+* ``evicts`` and ``installs`` — the same moves, many to a row: with the
+  ``handoff`` option ``per-instance`` (the JVM stages), one row per stage and
+  instance lists that instance's moves as JSON, and travels in a control
+  group that runs before (installs) or after (evictions) every routed key's
+  group (:func:`install_groups`, :func:`evict_groups`). A moved key then
+  costs its stage no group call of its own.
 * ``invalid`` — a record that is not a valid event, with the reason, so the
   sink can dead-letter it and nothing is silently dropped.
 
@@ -68,7 +74,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -100,6 +106,15 @@ SOURCE_NAME = "keyplane-routed-events"
 OPERATORS = ("A", "B")
 CONTROL_PREFIX = "\x00"
 """Starts every grouping value that is not a key's routed key."""
+CLOSING_PREFIX = "\U0010ffff"
+"""Starts the control groups that sort after every routed key (the last code point:
+Spark calls a stateful operator's groups in the order of their grouping values)."""
+
+Handoff = Literal["per-key", "per-instance"]
+"""How a rollout's moves reach the stages: one row per moved routed key, which the
+key's own group handles (the Python stages), or one row per stage and instance,
+which a control group handles for all its keys (the JVM stages)."""
+HANDOFF_MODES: tuple[Handoff, ...] = get_args(Handoff)
 
 ROUTED_INPUT_SCHEMA = (
     "kind STRING, stage STRING, seq LONG, a STRING, b STRING, ts TIMESTAMP, ra STRING, "
@@ -155,10 +170,32 @@ def control_group(stage: str, about: str, parallelism: int) -> str:
     return control_groups(stage, parallelism)[spark_partition(about, parallelism)]
 
 
-@functools.cache
 def control_groups(stage: str, parallelism: int) -> tuple[str, ...]:
     """The control groups of ``stage``, the i-th salted onto instance i."""
-    prefix = f"{CONTROL_PREFIX}{stage}"
+    return _salted_groups(f"{CONTROL_PREFIX}{stage}", parallelism)
+
+
+def install_groups(stage: str, parallelism: int) -> tuple[str, ...]:
+    """Where ``stage`` installs a batch's moved-in states, per instance, before any key's group.
+
+    The group's value starts with :data:`CONTROL_PREFIX`, which sorts first, so
+    a moved-in state is in place before its key's first tuple of the batch.
+    Stage-B installs pass through stage A under the same value.
+    """
+    return _salted_groups(f"{CONTROL_PREFIX}install-{stage}", parallelism)
+
+
+def evict_groups(stage: str, parallelism: int) -> tuple[str, ...]:
+    """Where ``stage`` evicts a batch's moved-out states, per instance, after every key's group.
+
+    The group's value starts with :data:`CLOSING_PREFIX`, which sorts last, so
+    an evicted state holds every tuple its key had in the switch batch.
+    """
+    return _salted_groups(f"{CLOSING_PREFIX}evict-{stage}", parallelism)
+
+
+@functools.cache
+def _salted_groups(prefix: str, parallelism: int) -> tuple[str, ...]:
     return tuple(
         routed_key(prefix, find_salt(prefix, instance, parallelism))
         for instance in range(parallelism)
@@ -190,6 +227,7 @@ class EvictPartition(InputPartition):
     parallelism: int
     marker: int
     forward: Forward = "pairs"
+    handoff: Handoff = "per-key"
 
 
 @dataclass(frozen=True)
@@ -199,6 +237,7 @@ class MigrationPartition(InputPartition):
     records: OffsetRange
     parallelism: int
     forward: Forward = "pairs"
+    handoff: Handoff = "per-key"
 
 
 HandOff = EvictPartition | MigrationPartition
@@ -418,8 +457,11 @@ def _combined(events: pa.Table, version_b: int, to_b: _StageBRoutes) -> pa.Recor
 
 
 def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
-    """One evict row per state move in this share (000 §3.4)."""
+    """One evict row per state move in this share (000 §3.4), or one per instance."""
     if not p.moves:
+        return
+    if p.handoff == "per-instance":
+        yield _evicts_per_instance(p)
         return
     keys = [move.key for move in p.moves]
     sources = [move.source for move in p.moves]
@@ -436,16 +478,40 @@ def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
         yield _rows(p.forward, len(p.moves), b=keys, rb=sources, ra=groups, **common)
 
 
+def _evicts_per_instance(p: EvictPartition) -> pa.RecordBatch:
+    """An ``evicts`` row per instance the share's moves leave: ``[key, source, target]`` each."""
+    by_instance: dict[int, list[list[str]]] = {}
+    for move in p.moves:
+        instance = spark_partition(move.source, p.parallelism)
+        by_instance.setdefault(instance, []).append([move.key, move.source, move.target])
+    instances = sorted(by_instance)
+    groups = [evict_groups(p.operator, p.parallelism)[i] for i in instances]
+    return _rows(
+        p.forward,
+        len(instances),
+        kind=["evicts"] * len(instances),
+        stage=[p.operator] * len(instances),
+        ra=groups,
+        rb=groups if p.operator == "B" else [None] * len(instances),
+        state=[json.dumps(by_instance[i], separators=(",", ":")) for i in instances],
+        marker=[p.marker] * len(instances),
+    )
+
+
 def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
     """Install rows for the states the previous batch handed over.
 
-    A stage-A move is installed in the group of its target routed key; a
-    stage-B move travels through stage A in the control group of its
-    target's instance, with the target in ``rb``.
+    Per key: a stage-A move is installed in the group of its target routed
+    key; a stage-B move travels through stage A in the control group of its
+    target's instance, with the target in ``rb``. Per instance: one
+    ``installs`` row per stage and target instance.
     """
     for records in read_range(p.records):
         moves = [m for value in records.column("value").to_pylist() for m in moves_of(value)]
         if not moves:
+            continue
+        if p.handoff == "per-instance":
+            yield _installs_per_instance(moves, p)
             continue
         to_a = [m["operator"] == "A" for m in moves]
         targets = [m["target"] for m in moves]
@@ -469,6 +535,29 @@ def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
         )
 
 
+def _installs_per_instance(moves: list[dict[str, Any]], p: MigrationPartition) -> pa.RecordBatch:
+    """An ``installs`` row per stage and target instance:
+    ``[key, source, target, count, state, marker]`` each."""
+    by_group: dict[tuple[str, int], list[list[Any]]] = {}
+    for m in moves:
+        instance = spark_partition(m["target"], p.parallelism)
+        by_group.setdefault((m["operator"], instance), []).append(
+            [m["key"], m["source"], m["target"], int(m["count"]), m["state"], int(m["marker"])]
+        )
+    order = sorted(by_group)
+    stages = [stage for stage, _ in order]
+    groups = [install_groups(stage, p.parallelism)[i] for stage, i in order]
+    return _rows(
+        p.forward,
+        len(order),
+        kind=["installs"] * len(order),
+        stage=stages,
+        ra=groups,
+        rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
+        state=[json.dumps(by_group[g], separators=(",", ":")) for g in order],
+    )
+
+
 def _required(options: Mapping[str, str], name: str) -> str:
     value = options.get(name.lower())
     if not value:
@@ -484,6 +573,17 @@ def _forward(options: Mapping[str, str]) -> Forward:
             return mode
     raise KafkaSourceOptionError(
         f"option 'forward' is one of {', '.join(FORWARD_MODES)}, got {raw!r}"
+    )
+
+
+def _handoff(options: Mapping[str, str]) -> Handoff:
+    """The ``handoff`` option (default ``per-key``), refused in one line if unknown."""
+    raw = options.get("handoff", "per-key")
+    for mode in HANDOFF_MODES:
+        if raw == mode:
+            return mode
+    raise KafkaSourceOptionError(
+        f"option 'handoff' is one of {', '.join(HANDOFF_MODES)}, got {raw!r}"
     )
 
 
@@ -519,6 +619,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.max_event_bytes = _max_event_bytes(options)
         self.max_partitions = max_partitions_option(options)
         self.forward = _forward(options)
+        self.handoff = _handoff(options)
         self._channel: ControlChannel | None = None
         self._unusable: dict[int, str] = {}
         self._latest: PartitionOffsets | None = None
@@ -715,6 +816,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                     self.parallelism,
                     end["plan"],
                     self.forward,
+                    self.handoff,
                 )
                 for share in range(shares)
             ]
@@ -725,7 +827,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                     self.bootstrap_servers, self.migration_topic, int(part), begin, int(stop)
                 )
                 handoffs += [
-                    MigrationPartition(piece, self.parallelism, self.forward)
+                    MigrationPartition(piece, self.parallelism, self.forward, self.handoff)
                     for piece in split_range(kafka, shares)
                 ]
         if not events:
@@ -829,6 +931,7 @@ def read_routed_events(
     max_event_bytes: int | None = None,
     max_partitions: int | None = None,
     forward: Forward = "pairs",
+    handoff: Handoff = "per-key",
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
@@ -836,7 +939,7 @@ def read_routed_events(
     record; larger ones are dead-lettered as ``oversized``. ``max_partitions``
     bounds the tasks that read a batch (:class:`~keyplane.spark.kafka_source.ReadTask`;
     default: one per events partition). ``forward`` is what stage A will send
-    stage B (module docstring).
+    stage B, and ``handoff`` how its stages take a rollout's moves (module docstring).
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
@@ -849,6 +952,7 @@ def read_routed_events(
         .option("state.partitions", str(state_partitions))
         .option("initial.version", str(initial_version))
         .option("forward", forward)
+        .option("handoff", handoff)
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))

@@ -8,12 +8,18 @@ import java.sql.Timestamp;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
+import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.core.type.TypeReference;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.function.MapFunction;
+import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.statefulprocessor.ImplicitGroupingKeyTracker$;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
@@ -39,6 +45,14 @@ import scala.jdk.javaapi.CollectionConverters;
  * and {@code pair} rows of {@code ROUTED_OUTPUT_SCHEMA}. A group's state lives in Spark's own
  * keyed state store as (encoded state, count, marker), as the Python stages keep it.
  *
+ * <p>A rollout's moves arrive per instance, not per routed key: one {@code installs} row in an
+ * opening control group (it sorts before every routed key) and one {@code evicts} row in a
+ * closing one (it sorts after), each holding a list of moves ({@code keyplane.spark.routed_source},
+ * "per-instance" hand-offs). The group installs or evicts every listed routed key's state by
+ * pointing the state store at that key ({@link #atKey}). A routed key's own group would cost a
+ * group call for each moved key, twice per move; see {@link Stage#handleInputRows} for why the
+ * order of the groups makes this exact.
+ *
  * <p>Why a second implementation: PySpark serves each state call of a Python {@code
  * transformWithState} with a socket round trip to the executor's JVM, about 0.46 ms per group on
  * the reference machine, five times what a key of Spark's own count costs (docs/benchmarks.md,
@@ -49,6 +63,12 @@ public final class RoutedStages {
   private RoutedStages() {}
 
   static final String CONTROL_PREFIX = "\u0000";
+  /** U+10FFFF: grouping values that start with it sort after every routed key. */
+  static final String CLOSING_PREFIX = "\uDBFF\uDFFF";
+  static final ObjectMapper JSON = new ObjectMapper();
+  static final TypeReference<List<List<Object>>> MOVES = new TypeReference<>() {};
+  /** {@code keyplane.kafka.migration_topic.MAX_RECORD_BYTES}: a packed record's budget. */
+  static final int MAX_RECORD_BYTES = 256 * 1024;
   /** This JVM's executor, looked up once: a host name lookup may be slow. */
   static final String EXECUTOR = executorId();
   static final int TOP_PAIRS_PER_GROUP = 3;
@@ -124,6 +144,8 @@ public final class RoutedStages {
   /** Where a stage's rows are read from: column positions, looked up once per schema. */
   static final class Columns {
     final int kind, a, b, ra, rb, ia, ea, n, ts, sourceRk, targetRk, count, state, marker, detail;
+    /** The source's {@code stage} column; stage A's rows for B have none (-1). */
+    final int stage;
     final int pad;
 
     Columns(StructType schema) {
@@ -142,6 +164,7 @@ public final class RoutedStages {
       state = schema.fieldIndex("state");
       marker = schema.fieldIndex("marker");
       detail = schema.fieldIndex("detail");
+      stage = index(schema, "stage");
       pad = index(schema, "pad");
     }
 
@@ -172,23 +195,219 @@ public final class RoutedStages {
       executor = EXECUTOR;
     }
 
+    /** "A" or "B": which of a rollout's {@code installs} and {@code evicts} rows are this stage's. */
+    abstract String name();
+
+    /** Whether a routed key's group ran in this task: installs must come before any. */
+    private transient boolean keysHandled;
+
+    /** Whether this task evicted: no routed key's group may run after that. */
+    private transient boolean evicted;
+
     /**
-     * A control group's rows each pass on as they are (reserved grouping values, see the routed
-     * source's {@code control_group}); a routed key's rows go to {@link #handleGroup}.
+     * A routed key's rows go to {@link #handleGroup}. A control group's rows (reserved grouping
+     * values, see the routed source's {@code control_group}) pass on as they are, except this
+     * stage's own {@code installs} and {@code evicts}.
+     *
+     * <p>Why per-instance moves are exact (000 §3.4): Spark sorts a stateful operator's input by
+     * grouping value and calls the groups of a task in that order. An opening group runs first,
+     * so a moved-in state is in place before its key's first tuple adds to it; a closing group
+     * runs last, so an evicted state holds every tuple of the switch batch. Should a Spark release
+     * ever call the groups in another order, the task fails here rather than count wrong.
      */
     @Override
     public final scala.collection.Iterator<Row> handleInputRows(
         String group, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
       List<Row> out = new ArrayList<>();
-      if (group.startsWith(CONTROL_PREFIX)) {
-        while (rows.hasNext()) {
-          out.add(control(rows.next()));
+      boolean opening = group.startsWith(CONTROL_PREFIX);
+      boolean closing = group.startsWith(CLOSING_PREFIX);
+      if (!opening && !closing) {
+        if (evicted) {
+          throw outOfOrder(group);
         }
-      } else {
+        keysHandled = true;
         handleGroup(group, rows, out);
+        return CollectionConverters.asScala(out.iterator());
+      }
+      // A target's installs may come in several rows (one per migration record), and
+      // installed() takes a marker once per call: so one call takes them all.
+      List<List<Object>> installs = new ArrayList<>();
+      Map<Long, List<List<Object>>> evictions = new TreeMap<>();
+      while (rows.hasNext()) {
+        Row row = rows.next();
+        Columns c = columns(row);
+        String kind = row.getString(c.kind);
+        boolean mine = c.stage < 0 || name().equals(row.getString(c.stage));
+        if (mine && "installs".equals(kind)) {
+          if (!opening || keysHandled) {
+            throw outOfOrder(group);
+          }
+          installs.addAll(moves(row.getString(c.state)));
+        } else if (mine && "evicts".equals(kind)) {
+          if (!closing) {
+            throw outOfOrder(group);
+          }
+          evictions
+              .computeIfAbsent(row.getLong(c.marker), m -> new ArrayList<>())
+              .addAll(moves(row.getString(c.state)));
+        } else {
+          out.add(control(row));
+        }
+      }
+      if (!installs.isEmpty()) {
+        installAll(group, installs, out);
+      }
+      for (Map.Entry<Long, List<List<Object>>> batch : evictions.entrySet()) {
+        evicted = true;
+        evictAll(group, batch.getValue(), batch.getKey(), out);
       }
       return CollectionConverters.asScala(out.iterator());
     }
+
+    private IllegalStateException outOfOrder(String group) {
+      return new IllegalStateException(
+          "stage "
+              + name()
+              + ": transformWithState called group "
+              + group.replace(CLOSING_PREFIX, "<closing>").replace(CONTROL_PREFIX, "<opening>")
+              + " out of grouping-value order; per-instance hand-offs need opening control groups"
+              + " first and closing ones last (run the job with --stage-engine python)");
+    }
+
+    private static List<List<Object>> moves(String payload) {
+      try {
+        return JSON.readValue(payload, MOVES);
+      } catch (JsonProcessingException e) {
+        throw new IllegalArgumentException("a hand-off row's moves are not a JSON list", e);
+      }
+    }
+
+    /** Points this task's state calls at {@code routedKey}'s group (Spark's own tracker). */
+    static void atKey(String routedKey) {
+      ImplicitGroupingKeyTracker$.MODULE$.setImplicitKey(routedKey);
+    }
+
+    /**
+     * Installs a batch's moved-in states, {@code [key, source, target, count, state, marker]}
+     * each, at their targets: as a routed key's group does with {@code install} rows, one target
+     * at a time. The tombstones and partials they report leave as one {@code partials} row
+     * ({@link #partials}): a row each cost the stages and the sink more than the installs.
+     */
+    private void installAll(String group, List<List<Object>> moves, List<Row> out) {
+      Map<String, List<Install>> byTarget = new LinkedHashMap<>();
+      Map<String, String> keyOf = new HashMap<>();
+      for (List<Object> move : moves) {
+        String target = (String) move.get(2);
+        keyOf.put(target, (String) move.get(0));
+        byTarget
+            .computeIfAbsent(target, t -> new ArrayList<>())
+            .add(
+                new Install(
+                    (String) move.get(1),
+                    (String) move.get(4),
+                    ((Number) move.get(3)).longValue(),
+                    ((Number) move.get(5)).longValue()));
+      }
+      int instance = TaskContext.getPartitionId();
+      List<List<Object>> reported = new ArrayList<>();
+      try {
+        for (Map.Entry<String, List<Install>> entry : byTarget.entrySet()) {
+          String target = entry.getKey();
+          String key = keyOf.get(target);
+          atKey(target);
+          List<String> sources = new ArrayList<>();
+          Held held = installed(held(), entry.getValue(), sources);
+          if (sources.isEmpty()) {
+            continue;
+          }
+          store(held);
+          for (String source : sources) {
+            reported.add(Arrays.asList(name(), key, source, null, 0L, "0"));
+          }
+          reported.add(
+              Arrays.asList(
+                  name(), key, target, instance, held.count(), Long.toString(held.state())));
+        }
+      } finally {
+        atKey(group);
+      }
+      if (!reported.isEmpty()) {
+        out.add(partials(json(reported), reported.size()));
+      }
+    }
+
+    static String json(Object value) {
+      try {
+        return JSON.writeValueAsString(value);
+      } catch (JsonProcessingException e) {
+        throw new IllegalStateException("cannot write a hand-off's JSON", e);
+      }
+    }
+
+    /**
+     * Evicts a switch batch's moved-out states, {@code [key, source, target]} each: as a routed
+     * key's group does with an {@code evict} row, after every tuple of the batch has counted. The
+     * states leave as {@code moves} rows, each a migration-topic record ({@code
+     * keyplane.kafka.migration_topic}) that the sink sends as it is.
+     */
+    private void evictAll(String group, List<List<Object>> moves, long marker, List<Row> out) {
+      Set<String> done = new HashSet<>();
+      List<String> record = new ArrayList<>();
+      int size = 0;
+      try {
+        for (List<Object> move : moves) {
+          String source = (String) move.get(1);
+          if (!done.add(source)) {
+            continue;
+          }
+          atKey(source);
+          Held held = held();
+          if (held.count() > 0) {
+            Map<String, Object> moved = new LinkedHashMap<>();
+            moved.put("operator", name());
+            moved.put("key", move.get(0));
+            moved.put("source", source);
+            moved.put("target", move.get(2));
+            moved.put("count", held.count());
+            moved.put("state", Long.toString(held.state()));
+            moved.put("marker", marker);
+            String text = json(moved);
+            if (!record.isEmpty() && size + text.length() > MAX_RECORD_BYTES) {
+              out.add(movesRow(record));
+              record = new ArrayList<>();
+              size = 0;
+            }
+            record.add(text);
+            size += text.length() + 1;
+          }
+          clear();
+        }
+      } finally {
+        atKey(group);
+      }
+      if (!record.isEmpty()) {
+        out.add(movesRow(record));
+      }
+    }
+
+    private Row movesRow(List<String> record) {
+      return moves("{\"moves\":[" + String.join(",", record) + "]}", record.size());
+    }
+
+    /** A migration-topic record of {@code n} moved states, for the sink to send as it is. */
+    abstract Row moves(String record, long n);
+
+    /** {@code n} reports ([stage, key, routed key, instance, count, state] each), as one row. */
+    abstract Row partials(String reports, long n);
+
+    /** The zero a routed key reports once its state moved into another (never counted twice). */
+    abstract Row tombstone(String key, String source, int instance);
+
+    /** A routed key's partial: the tuples it holds and its encoded state. */
+    abstract Row partial(String key, String routed, int instance, Held held);
+
+    /** A routed key's state on its way to {@code target}, for the migration topic. */
+    abstract Row moved(String key, String routed, int instance, Held held, String target, long marker);
 
     /** A row of a control group, as it leaves this stage. */
     abstract Row control(Row row);
@@ -281,43 +500,73 @@ public final class RoutedStages {
         keyA = events.isEmpty() ? firstOther : events.get(0).getString(columns.a);
       }
       int instance = TaskContext.getPartitionId();
-      String reportGroup = controlGroupsA[instance];
       List<String> sources = new ArrayList<>();
       Held held = installed(held(), installs, sources);
       for (String source : sources) {
-        out.add(report("report", keyA, source, null, 0, "0", reportGroup, null, null));
+        out.add(tombstone(keyA, source, instance));
       }
       long added = 0;
       for (Row row : events) {
         added += row.getLong(columns.n);
       }
-      long state = held.state() + added;
-      long count = held.count() + added;
-      String text = Long.toString(state);
+      Held now = new Held(held.state() + added, held.count() + added, held.marker());
       if (!installs.isEmpty() || !events.isEmpty()) {
-        out.add(report("report", keyA, group, instance, count, text, reportGroup, null, null));
+        out.add(partial(keyA, group, instance, now));
       }
       if (!events.isEmpty()) {
         toStageB(group, keyA, events, instance, out);
       }
       if (evict != null) {
-        if (count > 0) {
+        if (now.count() > 0) {
           out.add(
-              report(
-                  "moved",
+              moved(
                   keyA,
                   group,
-                  null,
-                  count,
-                  text,
-                  reportGroup,
+                  instance,
+                  now,
                   evict.getString(columns.targetRk),
                   evict.getLong(columns.marker)));
         }
         clear();
       } else if (!installs.isEmpty() || !events.isEmpty()) {
-        store(new Held(state, count, held.marker()));
+        store(now);
       }
+    }
+
+    @Override
+    String name() {
+      return "A";
+    }
+
+    @Override
+    Row tombstone(String key, String source, int instance) {
+      return report("report", key, source, null, 0, "0", controlGroupsA[instance], null, null);
+    }
+
+    @Override
+    Row partial(String key, String routed, int instance, Held held) {
+      String text = Long.toString(held.state());
+      return report(
+          "report", key, routed, instance, held.count(), text, controlGroupsA[instance], null, null);
+    }
+
+    @Override
+    Row moved(String key, String routed, int instance, Held held, String target, long marker) {
+      String text = Long.toString(held.state());
+      return report(
+          "moved", key, routed, null, held.count(), text, controlGroupsA[instance], target, marker);
+    }
+
+    @Override
+    Row moves(String record, long n) {
+      int instance = TaskContext.getPartitionId();
+      return report("moves", null, null, null, n, record, controlGroupsA[instance], null, null);
+    }
+
+    @Override
+    Row partials(String reports, long n) {
+      int instance = TaskContext.getPartitionId();
+      return report("partials", null, null, null, n, reports, controlGroupsA[instance], null, null);
     }
 
     /**
@@ -445,11 +694,9 @@ public final class RoutedStages {
       int instance = TaskContext.getPartitionId();
       List<String> sources = new ArrayList<>();
       Held held = installed(held(), installs, sources);
-      long state = held.state() + added;
-      long count = held.count() + added;
-      String text = Long.toString(state);
+      Held now = new Held(held.state() + added, held.count() + added, held.marker());
       for (String source : sources) {
-        out.add(output("count", "B", keyB, source, null, 0L, "0", null, null, null, null, null));
+        out.add(tombstone(keyB, source, instance));
       }
       for (Map.Entry<List<Object>, Long> hop : hops.entrySet()) {
         List<Object> from = hop.getKey();
@@ -462,18 +709,52 @@ public final class RoutedStages {
       for (String a : pairOrder.subList(0, Math.min(TOP_PAIRS_PER_GROUP, pairOrder.size()))) {
         out.add(pairRow(keyB, a, instance, pairs.get(a)));
       }
-      out.add(output("count", "B", keyB, group, instance, count, text, null, null, null, null, null));
+      out.add(partial(keyB, group, instance, now));
       if (evict == null) {
-        store(new Held(state, count, held.marker()));
+        store(now);
       } else {
-        if (count > 0) {
+        if (now.count() > 0) {
           out.add(
-              output(
-                  "moved", "B", keyB, group, null, count, text, evict.getString(columns.targetRk),
-                  evict.getLong(columns.marker), null, null, null));
+              moved(
+                  keyB, group, instance, now, evict.getString(columns.targetRk),
+                  evict.getLong(columns.marker)));
         }
         clear();
       }
+    }
+
+    @Override
+    String name() {
+      return "B";
+    }
+
+    @Override
+    Row tombstone(String key, String source, int instance) {
+      return output("count", "B", key, source, null, 0L, "0", null, null, null, null, null);
+    }
+
+    @Override
+    Row partial(String key, String routed, int instance, Held held) {
+      String text = Long.toString(held.state());
+      return output(
+          "count", "B", key, routed, instance, held.count(), text, null, null, null, null, null);
+    }
+
+    @Override
+    Row moved(String key, String routed, int instance, Held held, String target, long marker) {
+      String text = Long.toString(held.state());
+      return output(
+          "moved", "B", key, routed, null, held.count(), text, target, marker, null, null, null);
+    }
+
+    @Override
+    Row moves(String record, long n) {
+      return output("moves", "B", null, null, null, n, record, null, null, null, null, null);
+    }
+
+    @Override
+    Row partials(String reports, long n) {
+      return output("partials", "B", null, null, null, n, reports, null, null, null, null, null);
     }
 
     private Row output(
@@ -514,6 +795,9 @@ public final class RoutedStages {
       String ra = row.getString(c.ra);
       long count = row.getLong(c.count);
       String state = row.getString(c.state);
+      if ("moves".equals(kind) || "partials".equals(kind)) {
+        return output(kind, "A", null, null, null, count, state, null, null, null, null, null);
+      }
       if ("report".equals(kind)) {
         Integer ia = row.isNullAt(c.ia) ? null : row.getInt(c.ia);
         return output("count", "A", a, ra, ia, count, state, null, null, null, null, null);
