@@ -22,9 +22,14 @@ Reported per order:
 * the throughput dip (goal ≤ 10 %) over the switch and install batches, the
   two that move state, and over all batches from the ACK to MIGRATED(B):
   one minus the baseline's summed durations of those batches over the
-  rollout's. Also, as this bench measured before it had a baseline, against
-  the mean of the rollout job's own batches before the ACK, which mixes in
-  how batch costs drift over a run (the first batches warm the JVM up);
+  rollout's. Then the same, with each job's pace taken out: two processes
+  running the same batches differ by up to a fifth before any rollout (JIT
+  and GC luck), so the rollout's seconds are scaled by how fast its job ran
+  the batches before the ACK against the baseline's
+  (a difference in differences). Also, as this bench measured before it had
+  a baseline, against the mean of the rollout job's own batches before the
+  ACK, which mixes in how batch costs drift over a run (the first batches
+  warm the JVM up);
 * the seconds the switch and install batches took beyond the baseline's
   (what the moves cost, whatever the batch size), and how they split over
   the Spark stages that read the source and run A and B, from each job's
@@ -201,7 +206,9 @@ def measure(
     migrated = installs["B"]
     switches = {installs[op] - 1 for op in installs}
     seconds = batch_seconds(metrics)
-    before = [seconds[b] for b in seconds if 0 < b < acked]
+    before_ids = [b for b in seconds if 0 < b < acked]
+    before = [seconds[b] for b in before_ids]
+    pace = summed(baseline, before_ids) / summed(seconds, before_ids)
     during = list(range(acked, migrated + 1))
     moving = sorted(switches | set(installs.values()))
     sums_moving = (summed(seconds, moving), summed(baseline, moving))
@@ -232,6 +239,9 @@ def measure(
         # (rollout, baseline) summed seconds of the same batches.
         "sums_during": (summed(seconds, during), summed(baseline, during)),
         "sums_moving": sums_moving,
+        # The same, the rollout's seconds at the baseline's pace before the ACK.
+        "paced_moving": (sums_moving[0] * pace, sums_moving[1]),
+        "pace": pace,
         "exact": job.exact,
         "parts": extra_by_part(job, no_rollout, moving, sums_moving[0] - sums_moving[1]),
         "table": batches,
@@ -321,6 +331,15 @@ def main() -> None:
         row(
             "throughput dip, ACK → MIGRATED(B), vs the same batches without a rollout",
             pooled("sums_during"),
+        ),
+        row(
+            "the rollout job's pace before the ACK, against the baseline's (1.00: as fast)",
+            runs(lambda r: f"{r['pace']:.2f}"),
+        ),
+        row(
+            "throughput dip, switch and install batches, vs the same batches without a "
+            "rollout, each job at its own pace before the ACK",
+            pooled("paced_moving"),
         ),
         row(
             "seconds the switch and install batches took beyond the same batches without "

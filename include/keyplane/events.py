@@ -40,6 +40,9 @@ _REQUIRED_FIELDS: tuple[tuple[str, type], ...] = (
     ("b", str),
     ("ts", int),
 )
+RESERVED_KEY_STARTS = ("\x00", "\U0010ffff")
+"""What no key may start with: the routed job's control groups do (NUL sorts before
+every key, U+10FFFF after), so such a key would share their grouping values."""
 _FIELDS_SCHEMA = pa.schema(
     [("seq", pa.int64()), ("a", pa.string()), ("b", pa.string()), ("ts", pa.int64())]
 )
@@ -129,6 +132,9 @@ def parse_event(
     for field, kind in _REQUIRED_FIELDS:
         if not isinstance(event.get(field), kind) or isinstance(event.get(field), bool):
             return None, f"schema: field {field!r} missing or not {kind.__name__}"
+    for field in ("a", "b"):
+        if event[field].startswith(RESERVED_KEY_STARTS):
+            return None, f"schema: field {field!r} starts with a reserved character (NUL, U+10FFFF)"
     return event, None
 
 
@@ -165,6 +171,10 @@ def _complete(table: pa.Table) -> pa.ChunkedArray:
     valid = pc.is_valid(table.column("seq"))
     for name in ("a", "b", "ts"):
         valid = pc.and_(valid, pc.is_valid(table.column(name)))
+    for name in ("a", "b"):
+        for start in RESERVED_KEY_STARTS:
+            reserved = pc.fill_null(pc.starts_with(table.column(name), start), False)
+            valid = pc.and_(valid, pc.invert(reserved))
     return valid
 
 

@@ -27,6 +27,7 @@ def test_loads_locality_and_top_pairs_from_hand_made_rows_pure() -> None:
             {"kind": "pair", "key": "b1", "detail": "a1", "instance": 0, "n": 25},
             {"kind": "pair", "key": "b2", "detail": "a9", "instance": 0, "n": 40},
             {"kind": "moved"},
+            {"kind": "moves", "count": 250},  # a packed migration record of the JVM stages
             {"kind": "invalid"},
             {"kind": "invalid"},
         ]
@@ -39,7 +40,7 @@ def test_loads_locality_and_top_pairs_from_hand_made_rows_pure() -> None:
     # Idle instances count in the mean, as in paper 000's imbalance.
     assert metrics.imbalance("B") == 40 / 20
     assert [(p.a, p.b, p.n) for p in metrics.top_pairs[0]] == [("a9", "b2", 40), ("a1", "b1", 25)]
-    assert (metrics.moved_states, metrics.invalid_events) == (1, 2)
+    assert (metrics.moved_states, metrics.invalid_events) == (251, 2)
 
 
 def test_an_empty_batch_has_no_locality_and_no_imbalance_pure() -> None:

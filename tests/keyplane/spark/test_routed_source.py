@@ -23,6 +23,8 @@ from keyplane.spark.routed_source import (
     RoutedEventsPartition,
     RoutedEventsReader,
     control_group,
+    evict_groups,
+    install_groups,
     read_events,
     read_evictions,
     read_installs,
@@ -47,6 +49,8 @@ def test_a_valid_event_parses_pure() -> None:
         (json.dumps({"seq": "1", "a": "x", "b": "y", "ts": 5}).encode(), "field 'seq'"),
         (json.dumps({"seq": True, "a": "x", "b": "y", "ts": 5}).encode(), "field 'seq'"),
         (b"\xff\xfe", "not JSON"),
+        (json.dumps({"seq": 1, "a": "\x00B#2", "b": "y", "ts": 5}).encode(), "reserved"),
+        (json.dumps({"seq": 1, "a": "x", "b": "\U0010ffffe", "ts": 5}).encode(), "reserved"),
         (b"{" + b" " * MAX_EVENT_BYTES + b"}", "oversized"),
     ],
 )
@@ -59,6 +63,20 @@ def test_invalid_records_say_why_pure(raw: bytes | None, reason: str) -> None:
 def test_control_groups_cannot_collide_with_keys_pure() -> None:
     assert control_group("B", "k", 4).startswith("\x00")
     assert control_group("A", "k", 4) != control_group("B", "k", 4)
+
+
+def test_install_groups_sort_before_every_key_and_evict_groups_after_pure() -> None:
+    """Spark calls a stateful operator's groups in the order of their grouping values
+    (UTF-8 bytes): installs must run before any key's tuples, evictions after them."""
+    keys = ["", "a", "\x01", "zz#3", "\uffff", "\U0010fffe#1", "日本#0"]
+    for stage in ("A", "B"):
+        for instance, (first, last) in enumerate(
+            zip(install_groups(stage, 4), evict_groups(stage, 4), strict=True)
+        ):
+            assert spark_partition(first, 4) == spark_partition(last, 4) == instance
+            for key in keys:
+                assert first.encode() < key.encode() < last.encode() or key == ""
+    assert len(set(install_groups("A", 4)) | set(install_groups("B", 4))) == 8
 
 
 def test_control_rows_share_one_group_per_instance_pure() -> None:
@@ -354,3 +372,75 @@ def test_install_rows_carry_each_moved_state_to_its_target_pure(
         {"kind": "install", "stage": "B", "a": None, "b": "m", "ra": control_group("B", "m#1", 4),
          "rb": "m#1", "source_rk": "m", "count": 2, "state": "2", "marker": 7},
     ]  # fmt: skip
+
+
+def test_per_instance_evicts_list_each_instances_moves_once_pure(tmp_path: Path) -> None:
+    """The JVM stages' hand-off: one ``evicts`` row per stage and instance a share's
+    moves leave, in that instance's closing group, listing ``[key, source, target]``."""
+    _, v1, v2 = _rollout_store(tmp_path)
+    for op in ("A", "B"):
+        moves = state_moves(v1, v2, op, 4)
+        rows = [
+            row
+            for share in range(3)
+            for batch in read_evictions(
+                EvictPartition(op, moves[share::3], 4, 7, "pairs", "per-instance")
+            )
+            for row in pa.Table.from_batches([batch]).to_pylist()
+        ]
+        assert all(r["kind"] == "evicts" and r["stage"] == op and r["marker"] == 7 for r in rows)
+        assert len(rows) <= 3 * 4
+        listed = []
+        for r in rows:
+            instance = evict_groups(op, 4).index(r["ra"])
+            # Stage-B rows pass stage A under the same closing group, then group by rb.
+            assert r["rb"] == (r["ra"] if op == "B" else None)
+            for key, source, target in json.loads(r["state"]):
+                assert spark_partition(source, 4) == instance
+                listed.append((key, source, target))
+        assert sorted(listed) == sorted((m.key, m.source, m.target) for m in moves)
+
+
+def test_per_instance_installs_go_to_their_targets_instance_pure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    moves = [
+        {"operator": op, "key": f"k{i}", "source": f"k{i}", "target": f"k{i}#{i % 5}",
+         "count": i + 1, "state": str(i + 1), "marker": 7}
+        for i in range(40)
+        for op in ("A", "B")
+    ]  # fmt: skip
+    values = list(move_records(moves))
+    monkeypatch.setattr(
+        routed_source, "read_range", lambda part: iter([pa.table({"value": values})])
+    )
+    kafka = OffsetRange("127.0.0.1:1", "migration", 0, 0, len(values))
+    partition = MigrationPartition(kafka, 4, "pairs", "per-instance")
+    rows = pa.Table.from_batches(list(read_installs(partition))).to_pylist()
+
+    assert {r["kind"] for r in rows} == {"installs"}
+    listed = []
+    for r in rows:
+        instance = install_groups(r["stage"], 4).index(r["ra"])
+        assert r["rb"] == (r["ra"] if r["stage"] == "B" else None)
+        fields = ("key", "source", "target", "count", "state", "marker")
+        for move in json.loads(r["state"]):
+            assert spark_partition(move[2], 4) == instance
+            listed.append({"operator": r["stage"], **dict(zip(fields, move, strict=True))})
+
+    def by_key(m: dict) -> tuple[str, str]:
+        return m["operator"], m["key"]
+
+    assert sorted(listed, key=by_key) == sorted(moves, key=by_key)
+
+
+def test_an_unknown_handoff_mode_is_refused_in_one_line_pure(tmp_path: Path) -> None:
+    options = {
+        "kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "e", "control.topic": "c",
+        "migration.topic": "m", "routing.store": str(tmp_path), "state.partitions": "4",
+        "initial.version": "1",
+    }  # fmt: skip
+    assert RoutedEventsReader(options).handoff == "per-key"
+    assert RoutedEventsReader({**options, "handoff": "per-instance"}).handoff == "per-instance"
+    with pytest.raises(KafkaSourceOptionError, match="'handoff' is one of per-key, per-instance"):
+        RoutedEventsReader({**options, "handoff": "batched"})

@@ -422,11 +422,12 @@ public final class RoutedStages {
       return columns;
     }
 
+    /** The group's state, or the empty one: one state-store lookup ({@code get} is null if none). */
     Held held() {
-      if (!stored.exists()) {
+      Tuple3<String, Long, Long> value = stored.get();
+      if (value == null) {
         return new Held(0, 0, -1);
       }
-      Tuple3<String, Long, Long> value = stored.get();
       return new Held(Long.parseLong(value._1()), value._2(), value._3());
     }
 

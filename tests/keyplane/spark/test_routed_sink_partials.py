@@ -1,0 +1,41 @@
+"""The sink reads the JVM stages' packed install reports as the rows they pack (pure pandas)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from keyplane.spark.routed_sink import latest_partials_of_batch, unpacked_partials
+
+
+def test_a_partials_row_reads_as_its_count_rows_pure() -> None:
+    reports = [
+        ["A", "k", "k#1", None, 0, "0"],  # the tombstone of the routed key that moved out
+        ["A", "k", "k#2", 3, 40, "40"],  # the install's partial
+        ["B", "m", "m#0", 1, 7, "7"],
+    ]
+    output = pd.DataFrame(
+        [
+            {"kind": "count", "stage": "A", "key": "k", "routed_key": "k#2", "instance": 3,
+             "count": 45, "state": "45"},  # the key's tuples of the batch, after its install
+            {"kind": "partials", "stage": "A", "count": 3, "state": json.dumps(reports)},
+            {"kind": "hop", "instance": 0, "n": 5},
+        ]
+    )  # fmt: skip
+    rows = unpacked_partials(output)
+
+    assert "partials" not in set(rows["kind"])
+    assert (rows["kind"] == "count").sum() == 4 and (rows["kind"] == "hop").sum() == 1
+    latest = latest_partials_of_batch(rows)
+    got = latest[["stage", "routed_key", "instance", "count"]].to_dict("records")
+    assert got == [
+        {"stage": "A", "routed_key": "k#1", "instance": None, "count": 0},
+        {"stage": "A", "routed_key": "k#2", "instance": 3, "count": 45},
+        {"stage": "B", "routed_key": "m#0", "instance": 1, "count": 7},
+    ]
+
+
+def test_output_without_packed_rows_is_returned_as_it_is_pure() -> None:
+    output = pd.DataFrame([{"kind": "count", "stage": "A", "key": "k", "count": 1}])
+    assert unpacked_partials(output) is output
