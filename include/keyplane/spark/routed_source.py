@@ -74,7 +74,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -115,6 +115,7 @@ Handoff = Literal["per-key", "per-instance"]
 key's own group handles (the Python stages), or one row per stage and instance,
 which a control group handles for all its keys (the JVM stages)."""
 HANDOFF_MODES: tuple[Handoff, ...] = get_args(Handoff)
+_Mode = TypeVar("_Mode", bound=str)
 
 ROUTED_INPUT_SCHEMA = (
     "kind STRING, stage STRING, seq LONG, a STRING, b STRING, ts TIMESTAMP, ra STRING, "
@@ -567,24 +568,21 @@ def _required(options: Mapping[str, str], name: str) -> str:
 
 def _forward(options: Mapping[str, str]) -> Forward:
     """The ``forward`` option (default ``pairs``), refused in one line if unknown."""
-    raw = options.get("forward", "pairs")
-    for mode in FORWARD_MODES:
-        if raw == mode:
-            return mode
-    raise KafkaSourceOptionError(
-        f"option 'forward' is one of {', '.join(FORWARD_MODES)}, got {raw!r}"
-    )
+    return _one_of(options, "forward", FORWARD_MODES)
 
 
 def _handoff(options: Mapping[str, str]) -> Handoff:
     """The ``handoff`` option (default ``per-key``), refused in one line if unknown."""
-    raw = options.get("handoff", "per-key")
-    for mode in HANDOFF_MODES:
+    return _one_of(options, "handoff", HANDOFF_MODES)
+
+
+def _one_of(options: Mapping[str, str], name: str, modes: tuple[_Mode, ...]) -> _Mode:
+    """Option ``name``, one of ``modes`` (default: the first)."""
+    raw = options.get(name, modes[0])
+    for mode in modes:
         if raw == mode:
             return mode
-    raise KafkaSourceOptionError(
-        f"option 'handoff' is one of {', '.join(HANDOFF_MODES)}, got {raw!r}"
-    )
+    raise KafkaSourceOptionError(f"option {name!r} is one of {', '.join(modes)}, got {raw!r}")
 
 
 def _max_event_bytes(options: Mapping[str, str]) -> int:
