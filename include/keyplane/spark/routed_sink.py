@@ -84,8 +84,8 @@ def unpacked_partials(output: pd.DataFrame) -> pd.DataFrame:
     """``output`` with each ``partials`` row replaced by the ``count`` rows it packs.
 
     The JVM stages report a batch's installs per instance, one row for
-    thousands of tombstones and partials: a row each cost the stages and the
-    sink more than the installs themselves (docs/benchmarks.md, "A live
+    thousands of tombstones and partials, so that those reports do not each
+    cross stage B's shuffle and the collect (docs/benchmarks.md, "A live
     reconfiguration that moves 10k keys").
     """
     packed = output["kind"] == "partials"

@@ -110,11 +110,11 @@ CLOSING_PREFIX = "\U0010ffff"
 """Starts the control groups that sort after every routed key (the last code point:
 Spark calls a stateful operator's groups in the order of their grouping values)."""
 
-Handoff = Literal["per-key", "per-instance"]
+HandoffMode = Literal["per-key", "per-instance"]
 """How a rollout's moves reach the stages: one row per moved routed key, which the
 key's own group handles (the Python stages), or one row per stage and instance,
 which a control group handles for all its keys (the JVM stages)."""
-HANDOFF_MODES: tuple[Handoff, ...] = get_args(Handoff)
+HANDOFF_MODES: tuple[HandoffMode, ...] = get_args(HandoffMode)
 _Mode = TypeVar("_Mode", bound=str)
 
 ROUTED_INPUT_SCHEMA = (
@@ -228,7 +228,7 @@ class EvictPartition(InputPartition):
     parallelism: int
     marker: int
     forward: Forward = "pairs"
-    handoff: Handoff = "per-key"
+    handoff: HandoffMode = "per-key"
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,7 @@ class MigrationPartition(InputPartition):
     records: OffsetRange
     parallelism: int
     forward: Forward = "pairs"
-    handoff: Handoff = "per-key"
+    handoff: HandoffMode = "per-key"
 
 
 HandOff = EvictPartition | MigrationPartition
@@ -571,7 +571,7 @@ def _forward(options: Mapping[str, str]) -> Forward:
     return _one_of(options, "forward", FORWARD_MODES)
 
 
-def _handoff(options: Mapping[str, str]) -> Handoff:
+def _handoff(options: Mapping[str, str]) -> HandoffMode:
     """The ``handoff`` option (default ``per-key``), refused in one line if unknown."""
     return _one_of(options, "handoff", HANDOFF_MODES)
 
@@ -929,7 +929,7 @@ def read_routed_events(
     max_event_bytes: int | None = None,
     max_partitions: int | None = None,
     forward: Forward = "pairs",
-    handoff: Handoff = "per-key",
+    handoff: HandoffMode = "per-key",
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 

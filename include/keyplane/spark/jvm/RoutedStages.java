@@ -291,7 +291,7 @@ public final class RoutedStages {
      * Installs a batch's moved-in states, {@code [key, source, target, count, state, marker]}
      * each, at their targets: as a routed key's group does with {@code install} rows, one target
      * at a time. The tombstones and partials they report leave as one {@code partials} row
-     * ({@link #partials}): a row each cost the stages and the sink more than the installs.
+     * ({@link #partials}) rather than a row each through stage B and the sink.
      */
     private void installAll(String group, List<List<Object>> moves, List<Row> out) {
       Map<String, List<Install>> byTarget = new LinkedHashMap<>();
