@@ -15,8 +15,10 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.core.json.JsonWriteFeature;
 import com.fasterxml.jackson.core.type.TypeReference;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.json.JsonMapper;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.statefulprocessor.ImplicitGroupingKeyTracker$;
@@ -65,7 +67,12 @@ public final class RoutedStages {
   static final String CONTROL_PREFIX = "\u0000";
   /** U+10FFFF: grouping values that start with it sort after every routed key. */
   static final String CLOSING_PREFIX = "\uDBFF\uDFFF";
-  static final ObjectMapper JSON = new ObjectMapper();
+  /**
+   * Writes non-ASCII as escapes, as Python's {@code json.dumps} does, so that a JSON text's length
+   * is its size in bytes and a packed record keeps to {@link #MAX_RECORD_BYTES}.
+   */
+  static final ObjectMapper JSON =
+      JsonMapper.builder().enable(JsonWriteFeature.ESCAPE_NON_ASCII).build();
   static final TypeReference<List<List<Object>>> MOVES = new TypeReference<>() {};
   /** {@code keyplane.kafka.migration_topic.MAX_RECORD_BYTES}: a packed record's budget. */
   static final int MAX_RECORD_BYTES = 256 * 1024;
