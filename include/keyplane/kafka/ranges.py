@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from keyplane.kafka.security import client_config
+from keyplane.kafka.consumers import lent_consumer
 
 RECORD_SCHEMA = pa.schema(
     [
@@ -118,18 +118,19 @@ def read_range(
     Raises TimeoutError when no record arrives for ``idle_timeout_s``
     before the range's end: a partition that stops short (truncated, or a
     broker that lost records) is an error, never a silently shorter read.
+    The consumer is the process's (:mod:`keyplane.kafka.consumers`), so a
+    worker that reads many ranges connects once.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(
-        **client_config(r.bootstrap_servers),
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-        fetch_max_bytes=64 * 1024 * 1024,
-    )
     tp = TopicPartition(r.topic, r.partition)
     poll_ms = max(50, min(1000, int(idle_timeout_s * 1000)))
-    try:
+    with lent_consumer(
+        r.bootstrap_servers,
+        r.topic,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    ) as consumer:
         consumer.assign([tp])
         consumer.seek(tp, r.start)
         cols: dict[str, list[Any]] = {name: [] for name in RECORD_SCHEMA.names}
@@ -161,8 +162,6 @@ def read_range(
             if len(cols["offset"]) >= batch_rows or position >= r.end:
                 yield _to_batch(cols, r)
                 cols = {name: [] for name in RECORD_SCHEMA.names}
-    finally:
-        consumer.close()
 
 
 def _to_batch(cols: dict[str, list[Any]], r: OffsetRange) -> pa.RecordBatch:
