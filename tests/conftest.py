@@ -124,6 +124,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """
     import psutil
 
+    from keyplane.kafka.consumers import close_idle
+
+    close_idle()  # the process's idle lent consumers stay open on purpose; not a leak
     named = _close_open_kafka_clients()
 
     spark_owned = _spark_gateway_pids()

@@ -473,3 +473,90 @@ def test_forwarding_tuples_keeps_counts_exact_through_a_locality_table_split_and
     report = compare_counts(truth, read_output(settings.output))
     assert report.expected_events == warm.n_events + main.n_events
     assert report.exact, report
+
+
+@pytest.mark.integration
+def test_keys_outside_ascii_move_exactly_through_the_jvm_stages_per_instance_hand_off(
+    spark, broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    """Cyrillic, CJK, accented and astral-plane keys: the JVM stages evict them in packed
+    migration records (JSON with non-ASCII escaped, so a record's length is its size in
+    bytes), the source regroups them per target instance, and the stages install them."""
+    from keyplane.kafka.admin import ensure_topic
+    from keyplane.kafka.migration_topic import read_moves
+    from keyplane.kafka.producer import make_producer
+
+    names = ["ключ", "鍵", "🔑", "naïve", "Ωmega\u00a0x"]
+    keys_a = [f"{name}-{i}" for name in names for i in range(8)]
+    keys_b = [f"{name}/b" for name in names]
+
+    def events(first: int, count: int) -> list[dict[str, object]]:
+        return [
+            {"seq": seq, "a": keys_a[seq % 40], "b": keys_b[seq % 5], "ts": 1_700_000_000_000}
+            for seq in range(first, first + count)
+        ]
+
+    def produce(batch: list[dict[str, object]]) -> None:
+        producer = make_producer(broker)
+        for i, event in enumerate(batch):
+            producer.send(topic_name, value=json.dumps(event).encode(), partition=i % 2)
+        producer.flush()
+        producer.close()
+
+    ensure_topic(broker, topic_name, 2)
+    store = tmp_path / "routing"
+    v1 = RoutingConfig.all_hash(P, ("A", "B"))
+    v2 = RoutingConfig(
+        version=2,
+        parent_version=1,
+        created_by="manual",
+        operators={
+            "A": OperatorRouting(parallelism=P, table=moved_off_hash(keys_a, P)),
+            "B": OperatorRouting(parallelism=P, table=moved_off_hash(keys_b, P)),
+        },
+    )
+    save(v1, store)
+    before, after = events(0, 800), events(800, 400)
+    produce(before)
+    settings = _settings(broker, topic_name, tmp_path, routing_store=store, stage_engine="jvm")
+    query = start_counts_query(spark, settings)
+    try:
+        query.processAllAvailable()
+        save(v2, store)
+        with ControlChannel(broker, settings.control_topic) as channel:
+            controller = Controller(channel, tmp_path / "controller.json", store)
+            assert controller.rollout(2, timeout_s=300).version == 2
+        produce(after)
+        query.processAllAvailable()
+        assert query.exception() is None
+        plan = query._jsq.explainInternal(False)
+    finally:
+        query.stop()
+    assert re.findall(r"TransformWithState(?:InPySpark)?\b", plan) == ["TransformWithState"] * 2
+
+    moved = read_moves(broker, settings.migration_topic)
+    assert sorted((m["operator"], m["key"]) for m in moved) == sorted(
+        [("A", key) for key in keys_a] + [("B", key) for key in keys_b]
+    )
+    latest = latest_partials(read_partials(settings.output))
+    live = latest[latest["count"] > 0]
+    for stage, keys in (("A", keys_a), ("B", keys_b)):
+        table = routed_key_table(v2.operators[stage])
+        rows = live[live["stage"] == stage]
+        assert sorted(rows["key"]) == sorted(keys)
+        for key, routed, instance in rows[["key", "routed_key", "instance"]].itertuples(
+            index=False
+        ):
+            assert routed in table.route(key) and instance == table.instance_of(routed)
+    truth = (
+        pd.DataFrame(
+            [("A", e["a"]) for e in before + after] + [("B", e["b"]) for e in before + after],
+            columns=["stage", "key"],
+        )
+        .value_counts()
+        .rename("count")
+        .reset_index()
+    )
+    report = compare_counts(truth, read_output(settings.output))
+    assert report.expected_events == len(before) + len(after)
+    assert report.exact, report
