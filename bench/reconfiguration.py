@@ -52,14 +52,14 @@ from typing import Any, Literal
 
 from _harness import batch_stage_seconds, emit, event_log_env, private_broker, read_topic
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.config import RoutingConfig, save
 from keyplane.controller import Controller
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
 from keyplane.protocol import Reconfiguration
 from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
-from keyplane.testing import moved_off_hash, routed_job_topics
+from keyplane.testing import moved_off_hash_config, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -267,15 +267,7 @@ def main() -> None:
     moved_a = a_keys.head(args.moved_keys).tolist()
 
     v1 = RoutingConfig.all_hash(P, ("A", "B"))
-    v2 = RoutingConfig(
-        version=2,
-        parent_version=1,
-        created_by="manual",
-        operators={
-            "A": OperatorRouting(parallelism=P, table=moved_off_hash(moved_a, P)),
-            "B": OperatorRouting(parallelism=P, table=moved_off_hash(b_keys, P)),
-        },
-    )
+    v2 = moved_off_hash_config(2, {"A": moved_a, "B": b_keys}, P)
     with private_broker() as (bootstrap, tmp):
         produce_workload(spec, bootstrap, "reconf", partitions=8)
         store = tmp / "store"

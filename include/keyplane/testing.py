@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypedDict
@@ -70,6 +70,24 @@ def moved_off_hash(keys: Iterable[str], parallelism: int, shift: int = 1) -> dic
     if shift % parallelism == 0:
         raise ValueError(f"shift {shift} moves no key over {parallelism} instances")
     return {key: (spark_partition(key, parallelism) + shift) % parallelism for key in keys}
+
+
+def moved_off_hash_config(
+    version: int, keys: Mapping[str, Iterable[str]], parallelism: int
+) -> config_store.RoutingConfig:
+    """Version ``version`` (a child of the one before) whose tables move each operator's
+    ``keys`` off their hash instance (:func:`moved_off_hash`); no hot keys."""
+    return config_store.RoutingConfig(
+        version=version,
+        parent_version=version - 1,
+        created_by="manual",
+        operators={
+            operator: config_store.OperatorRouting(
+                parallelism=parallelism, table=moved_off_hash(moved, parallelism)
+            )
+            for operator, moved in keys.items()
+        },
+    )
 
 
 def start_job_process(settings: CountsJobSettings, log: Path) -> subprocess.Popen[bytes]:

@@ -8,7 +8,7 @@ import pytest
 
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings
-from keyplane.testing import moved_off_hash, routed_job_topics
+from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_topics
 
 
 def test_routed_job_topics_are_settings_keywords_and_disjoint_between_jobs(
@@ -46,3 +46,11 @@ def test_moved_off_hash_moves_every_key_by_its_shift(shift: int) -> None:
 def test_moved_off_hash_refuses_a_shift_that_moves_nothing() -> None:
     with pytest.raises(ValueError, match="moves no key"):
         moved_off_hash(["k1"], 4, 8)
+
+
+def test_moved_off_hash_config_moves_every_listed_key_of_each_operator_pure() -> None:
+    config = moved_off_hash_config(3, {"A": ["k1", "k2"], "B": ["m"]}, 4)
+    assert (config.version, config.parent_version) == (3, 2)
+    assert config.operators["A"].table == moved_off_hash(["k1", "k2"], 4)
+    assert config.operators["B"].table == moved_off_hash(["m"], 4)
+    assert all(not routing.hot_keys for routing in config.operators.values())

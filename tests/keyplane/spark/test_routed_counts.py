@@ -14,6 +14,7 @@ import json
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from keyplane.spark.routed_counts import (
     take_installs,
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
-from keyplane.testing import moved_off_hash, routed_job_topics
+from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_topics
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import PairsWorkload, ZipfEvolvingWorkload
 
@@ -101,6 +102,33 @@ def _run_to_end(spark, settings: CountsJobSettings) -> list[str]:
         query.processAllAvailable()
         plan = query._jsq.explainInternal(False)
         return re.findall(r"TransformWithState(?:InPySpark)?\b", plan)
+    finally:
+        query.stop()
+
+
+def _run_with_rollout(
+    spark,
+    broker: str,
+    settings: CountsJobSettings,
+    tmp_path: Path,
+    config: RoutingConfig,
+    then: Callable[[], object],
+) -> list[str]:
+    """Run the job over the topic, roll ``config`` out through the controller, call
+    ``then`` (to send more events), run to the end; the plan's stateful operators."""
+    store = settings.routing_store
+    assert store is not None
+    query = start_counts_query(spark, settings)
+    try:
+        query.processAllAvailable()
+        save(config, store)
+        with ControlChannel(broker, settings.control_topic) as channel:
+            controller = Controller(channel, tmp_path / "controller.json", store)
+            assert controller.rollout(config.version, timeout_s=300).version == config.version
+        then()
+        query.processAllAvailable()
+        assert query.exception() is None
+        return re.findall(r"TransformWithState(?:InPySpark)?\b", query._jsq.explainInternal(False))
     finally:
         query.stop()
 
@@ -438,22 +466,14 @@ def test_forwarding_tuples_keeps_counts_exact_through_a_locality_table_split_and
     save(v1, store)
     assert produce_workload(warm, broker, topic_name, partitions=2) == warm.n_events
     settings = _settings(broker, topic_name, tmp_path, routing_store=store, forward="tuples")
-    query = start_counts_query(spark, settings)
-    try:
-        query.processAllAvailable()
-        save(v2, store)
-        with ControlChannel(broker, settings.control_topic) as channel:
-            assert (
-                Controller(channel, tmp_path / "controller.json", store)
-                .rollout(2, timeout_s=300)
-                .version
-                == 2
-            )
-        assert produce_workload(main, broker, topic_name, partitions=2) == main.n_events
-        query.processAllAvailable()
-        assert query.exception() is None
-    finally:
-        query.stop()
+    _run_with_rollout(
+        spark,
+        broker,
+        settings,
+        tmp_path,
+        v2,
+        lambda: produce_workload(main, broker, topic_name, partitions=2),
+    )
 
     # Every key's state, split ones included, lives where v2 puts it.
     latest = latest_partials(read_partials(settings.output))
@@ -506,33 +526,13 @@ def test_keys_outside_ascii_move_exactly_through_the_jvm_stages_per_instance_han
     ensure_topic(broker, topic_name, 2)
     store = tmp_path / "routing"
     v1 = RoutingConfig.all_hash(P, ("A", "B"))
-    v2 = RoutingConfig(
-        version=2,
-        parent_version=1,
-        created_by="manual",
-        operators={
-            "A": OperatorRouting(parallelism=P, table=moved_off_hash(keys_a, P)),
-            "B": OperatorRouting(parallelism=P, table=moved_off_hash(keys_b, P)),
-        },
-    )
+    v2 = moved_off_hash_config(2, {"A": keys_a, "B": keys_b}, P)
     save(v1, store)
     before, after = events(0, 800), events(800, 400)
     produce(before)
     settings = _settings(broker, topic_name, tmp_path, routing_store=store, stage_engine="jvm")
-    query = start_counts_query(spark, settings)
-    try:
-        query.processAllAvailable()
-        save(v2, store)
-        with ControlChannel(broker, settings.control_topic) as channel:
-            controller = Controller(channel, tmp_path / "controller.json", store)
-            assert controller.rollout(2, timeout_s=300).version == 2
-        produce(after)
-        query.processAllAvailable()
-        assert query.exception() is None
-        plan = query._jsq.explainInternal(False)
-    finally:
-        query.stop()
-    assert re.findall(r"TransformWithState(?:InPySpark)?\b", plan) == ["TransformWithState"] * 2
+    operators = _run_with_rollout(spark, broker, settings, tmp_path, v2, lambda: produce(after))
+    assert operators == ["TransformWithState"] * 2
 
     moved = read_moves(broker, settings.migration_topic)
     assert sorted((m["operator"], m["key"]) for m in moved) == sorted(
