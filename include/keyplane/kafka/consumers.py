@@ -3,20 +3,24 @@
 Why a pool. Every bounded read in keyplane (:func:`keyplane.kafka.ranges.read_range`)
 assigns itself one partition, seeks, reads and stops; a fresh kafka-python
 consumer for each read pays a connection, an API-version probe and a
-metadata request first, 7-15 ms on the reference machine, more than reading
-a few thousand records. A source task reads several ranges per micro-batch
-(events, and during a rollout the migration topic's), and Spark reuses its
-Python workers, so the same process would open and close a consumer per range
-at every batch. Lent from here, a worker's consumer connects once.
+metadata request first: 4.6 ms of the 12.6 ms a range took on the reference
+machine (docs/benchmarks.md, "One consumer per worker and topic"). A source
+task reads several ranges per micro-batch (events, and during a rollout the
+migration topic's), and Spark reuses its Python workers, so the same process
+would open and close a consumer per range at every batch. Lent from here, a
+worker's consumer connects once.
 
 A lent consumer is its borrower's alone: the pool hands out an idle consumer
 of the same topic or makes a new one. It is lent for one topic because
 kafka-python keeps metadata only for the topics a consumer is assigned: a
 consumer moved to another topic waits out a metadata refresh backoff,
 about 100 ms, before its first fetch. The borrower assigns the partitions
-it reads and seeks (an assignment replaces the last borrower's, and with it
-every position and high watermark). A borrower that fails closes the
-consumer instead of returning it (its state is unknown).
+it reads and seeks to where it starts. It must not rely on fetch state it did
+not set: kafka-python keeps a partition's state (position, high watermark)
+when a consumer is assigned the same partitions again, and records fetched
+for the last borrower are dropped only because their offsets no longer match
+the position. A borrower that fails closes the consumer instead of
+returning it (its state is unknown).
 Consumers are per process: a forked child (Spark's Python workers are forked
 from a daemon) never uses its parent's sockets, it starts a pool of its own.
 """
