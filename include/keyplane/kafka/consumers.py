@@ -100,8 +100,9 @@ def _give_back(key: _Key, consumer: KafkaConsumer) -> None:
     with _lock:
         _forget_if_forked()
         _idle.append((key, consumer))
-        closing = [c for _, c in _idle[:-MAX_IDLE]]
-        del _idle[:-MAX_IDLE]
+        excess = max(0, len(_idle) - MAX_IDLE)
+        closing = [c for _, c in _idle[:excess]]
+        del _idle[:excess]
     for stale in closing:
         stale.close()
 

@@ -117,3 +117,14 @@ def test_a_forked_process_does_not_inherit_its_parents_consumers(
     child.join(timeout=30)
     assert queue.get(timeout=5) == 0
     assert consumers.idle_count() == 1
+
+
+@pytest.mark.integration
+def test_with_no_idle_consumers_allowed_every_read_opens_and_closes_its_own(
+    broker: str, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumers, "MAX_IDLE", 0)
+    _produce(broker, topic_name, 4)
+    assert _values(broker, topic_name, 0, 4)
+    assert _values(broker, topic_name, 1, 3)
+    assert consumers.idle_count() == 0
