@@ -74,7 +74,8 @@ def lent_consumer(bootstrap_servers: str, topic: str, **settings: Any) -> Iterat
 def close_idle() -> None:
     """Close every idle consumer of this process (at exit, and for tests)."""
     with _lock:
-        consumers = [c for _, c in _idle] if _owner == os.getpid() else []
+        _forget_if_forked()
+        consumers = [c for _, c in _idle]
         _idle.clear()
     for consumer in consumers:
         consumer.close()
