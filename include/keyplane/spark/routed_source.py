@@ -83,7 +83,14 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
-from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward, decode_events, parse_event
+from keyplane.events import (
+    FORWARD_MODES,
+    MAX_EVENT_BYTES,
+    RESERVED_KEY_STARTS,
+    Forward,
+    decode_events,
+    parse_event,
+)
 from keyplane.handoff import LeastLoadedRoutes, StateMove, VersionedTables
 from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
@@ -104,11 +111,11 @@ if TYPE_CHECKING:
 
 SOURCE_NAME = "keyplane-routed-events"
 OPERATORS = ("A", "B")
-CONTROL_PREFIX = "\x00"
-"""Starts every grouping value that is not a key's routed key."""
-CLOSING_PREFIX = "\U0010ffff"
-"""Starts the control groups that sort after every routed key (the last code point:
-Spark calls a stateful operator's groups in the order of their grouping values)."""
+CONTROL_PREFIX, CLOSING_PREFIX = RESERVED_KEY_STARTS
+"""What the grouping values that are not a key's routed key start with: NUL, and, for
+the control groups that sort after every routed key, U+10FFFF (the last code point:
+Spark calls a stateful operator's groups in the order of their grouping values). No
+event key may start with either (:data:`keyplane.events.RESERVED_KEY_STARTS`)."""
 
 HandoffMode = Literal["per-key", "per-instance"]
 """How a rollout's moves reach the stages: one row per moved routed key, which the
