@@ -25,6 +25,9 @@ Every record sent to a topic is checked for delivery
 past the producer's delivery timeout, the batch fails with
 :class:`~keyplane.kafka.producer.DeliveryError` rather than committing with
 records lost, and is replayed when the job restarts from its checkpoint.
+The sink sends through one producer for the query's life
+(:class:`~keyplane.kafka.producer.LongLivedProducer`), which a failed send
+replaces.
 A replayed batch sends its moved states again; installs are idempotent per
 (marker, source), so a duplicate changes nothing. Its results and dead
 letters are sent again too (at least once on those topics).
@@ -47,13 +50,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from keyplane.aggregates import KeyedAggregate, merge_encoded
 from keyplane.batchmetrics import BatchMetrics, traffic_metrics
 from keyplane.kafka.migration_topic import move_records
-from keyplane.kafka.producer import (
-    SAFE_DELIVERY,
-    Delivery,
-    DeliveryError,
-    make_producer,
-    send_confirmed,
-)
+from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, LongLivedProducer
 from keyplane.partials import latest_partials
 from keyplane.spark.progress import progress_of
 
@@ -125,20 +122,6 @@ def _json(records: Iterable[tuple[str, Any]]) -> Iterator[tuple[bytes, bytes]]:
         yield key.encode(), json.dumps(value, default=str, separators=(",", ":")).encode()
 
 
-def _send(
-    bootstrap_servers: str,
-    topic: str,
-    records: Iterable[tuple[bytes, bytes]],
-    delivery: Delivery = SAFE_DELIVERY,
-) -> int:
-    """Send ``records`` to ``topic``; raise :class:`DeliveryError` if any is lost."""
-    producer = make_producer(bootstrap_servers, delivery)
-    try:
-        return send_confirmed(producer, topic, records)
-    finally:
-        producer.close(timeout=10)
-
-
 class RoutedBatchWriter:
     """The routed job's ``foreachBatch`` function (see the module docstring)."""
 
@@ -161,6 +144,8 @@ class RoutedBatchWriter:
         self.results_topic = results_topic
         self.parallelism = parallelism
         self.metrics: dict[int, BatchMetrics] = {}
+        self.producer = LongLivedProducer(bootstrap_servers, delivery)
+        """Every topic's sends, one producer for the query's life (the listener closes it)."""
         output.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -185,26 +170,17 @@ class RoutedBatchWriter:
             )
             key = str(batch_id).encode()
             values = itertools.chain(move_records(moves), (text.encode() for text in packed))
-            _send(
-                self.bootstrap_servers,
-                self.migration_topic,
-                ((key, value) for value in values),
-                self.delivery,
-            )
+            self.producer.send(self.migration_topic, ((key, value) for value in values))
         invalid = output[output["kind"] == "invalid"]
         if len(invalid):
-            _send(
-                self.bootstrap_servers,
+            self.producer.send(
                 self.dead_letter_topic,
                 _json((str(batch_id), json.loads(detail)) for detail in invalid["detail"].tolist()),
-                self.delivery,
             )
         if self.results_topic and len(partials):
-            _send(
-                self.bootstrap_servers,
+            self.producer.send(
                 self.results_topic,
                 _json((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
-                self.delivery,
             )
         tmp.rename(self.output / f"batch-{batch_id:08d}.parquet")
         self.metrics[batch_id] = traffic_metrics(
@@ -234,7 +210,7 @@ class MetricsListener(StreamingQueryListener):
         self.writer = writer
         self.topic = topic
         self.run_id: str | None = None
-        self._producer: Any = None
+        self.producer = LongLivedProducer(writer.bootstrap_servers, writer.delivery)
 
     @classmethod
     def attach(
@@ -276,18 +252,14 @@ class MetricsListener(StreamingQueryListener):
         """
         value = record.model_dump_json().encode()
         for attempt in (1, 2):
-            if self._producer is None:
-                self._producer = make_producer(self.writer.bootstrap_servers, self.writer.delivery)
             try:
-                send_confirmed(self._producer, self.topic, [(str(record.batch_id).encode(), value)])
+                self.producer.send(self.topic, [(str(record.batch_id).encode(), value)])
                 return True
             except (KafkaError, DeliveryError) as error:
                 log.warning(
                     "metrics record of batch %d not delivered (attempt %d): %s",
                     record.batch_id, attempt, error,
                 )  # fmt: skip
-                self._producer.close(timeout=1)
-                self._producer = None
         return False
 
     def record(self, raw_progress: dict[str, Any]) -> BatchMetrics | None:
@@ -314,6 +286,5 @@ class MetricsListener(StreamingQueryListener):
     def onQueryTerminated(self, event: Any) -> None:
         if str(event.runId) != self.run_id:
             return
-        if self._producer is not None:
-            self._producer.close(timeout=10)
-            self._producer = None
+        self.producer.close()
+        self.writer.producer.close()

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import keyplane.kafka.producer
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.kafka.producer import SAFE_DELIVERY
-from keyplane.spark import routed_sink
 from keyplane.spark.routed_sink import MetricsListener
 
 
@@ -26,7 +26,7 @@ class Writer:
 def listener_with_fake_producers(
     fake_producers: Any, *delivers: int | None
 ) -> tuple[MetricsListener, list[Any]]:
-    made = fake_producers(routed_sink, *delivers)
+    made = fake_producers(keyplane.kafka.producer, *delivers)
     return MetricsListener(Writer(), "job.metrics"), made  # type: ignore[arg-type]
 
 

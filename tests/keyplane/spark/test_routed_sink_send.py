@@ -3,7 +3,9 @@
 A record the producer gives up on (the broker down longer than its delivery
 timeout) fails only its future; ``flush`` returns normally. A sink that did
 not check the futures let the micro-batch commit with those records lost.
-Now the batch fails with :class:`DeliveryError`, and Spark replays it.
+Now the batch fails with :class:`DeliveryError`, and Spark replays it. The
+routed sink sends every batch through one kept producer, which a failure
+closes so that the next send starts on a new one.
 """
 
 from __future__ import annotations
@@ -15,31 +17,44 @@ import pytest
 from pyspark.sql import Row
 
 import keyplane.kafka.producer
-from keyplane.kafka.producer import SAFE_DELIVERY, DeliveryError
+from keyplane.kafka.producer import SAFE_DELIVERY, DeliveryError, LongLivedProducer
 from keyplane.spark import routed_sink
 from keyplane.spark.kafka_sink import _send_partition
 
 RECORDS = [("k1", {"n": 1}), ("k2", {"n": 2}), ("k3", {"n": 3})]
 
 
-def test_send_with_fake_producer_returns_the_count_when_all_are_delivered(
+def test_sends_with_fake_producers_share_one_producer_and_return_their_counts(
     fake_producers: Any,
 ) -> None:
-    made = fake_producers(routed_sink, None)
-    assert routed_sink._send("broker:9092", "job.results", routed_sink._json(iter(RECORDS))) == 3
+    made = fake_producers(keyplane.kafka.producer, None)
+    sends = LongLivedProducer("broker:9092")
+    assert sends.send("job.results", routed_sink._json(iter(RECORDS))) == 3
+    assert sends.send("job.migration", routed_sink._json(iter(RECORDS[:1]))) == 1
     [producer] = made
-    assert [json.loads(value) for _, value in producer.sent] == [v for _, v in RECORDS]
+    assert [(topic, json.loads(value)) for topic, value in producer.sent] == [
+        *(("job.results", v) for _, v in RECORDS),
+        ("job.migration", RECORDS[0][1]),
+    ]
+    assert not producer.closed
+    sends.close()
     assert producer.closed
 
 
-def test_send_with_fake_producer_raises_when_a_delivery_fails(fake_producers: Any) -> None:
-    made = fake_producers(routed_sink, 2)
+def test_a_failed_send_with_fake_producers_raises_closes_and_the_next_send_gets_a_new_producer(
+    fake_producers: Any,
+) -> None:
+    made = fake_producers(keyplane.kafka.producer, 2, None)
+    sends = LongLivedProducer("broker:9092")
     with pytest.raises(DeliveryError, match=r"1 of 3 records to topic 'job.migration'") as raised:
-        routed_sink._send("broker:9092", "job.migration", routed_sink._json(iter(RECORDS)))
+        sends.send("job.migration", routed_sink._json(iter(RECORDS)))
     assert "unknown producer id" in str(raised.value)
     assert isinstance(raised.value, RuntimeError)
-    [producer] = made
-    assert producer.closed
+    [broken] = made
+    assert broken.closed
+    assert sends.send("job.migration", routed_sink._json(iter(RECORDS))) == 3
+    broken, replacement = made
+    assert len(replacement.sent) == 3 and not replacement.closed
 
 
 def test_kafka_sink_partition_with_fake_producer_sends_every_row(fake_producers: Any) -> None:
