@@ -219,10 +219,14 @@ def measure(
         roles += [f"{op} install" for op in installs if installs[op] == batch]
         return ", ".join(roles)
 
+    def parts(stages: dict[int, dict[str, float]], batch: int) -> str:
+        return " / ".join(f"{stages.get(batch, {}).get(part, 0.0):.2f}" for part in PARTS)
+
     batches = [
         f"| {m['plan']} | {role(m['plan'])} | "
         f"{', '.join(f'{op} v{v}' for op, v in sorted(m['versions'].items()))} | "
         f"{m['rows']:,} | {m['duration_ms'] / 1000:.1f} | {baseline[m['plan']]:.1f} | "
+        f"{parts(job.stages, m['plan'])} | {parts(no_rollout.stages, m['plan'])} | "
         f"{m['moved_states']:,} |"
         for m in metrics
         # A record with no rows is a batch Spark ran only to advance the watermark
@@ -359,8 +363,9 @@ def main() -> None:
             "",
             f"{order}, first run:",
             "",
-            "| batch | rollout | routing | rows | batch s | baseline s | states moved out |",
-            "|---:|---|---|---:|---:|---:|---:|",
+            "| batch | rollout | routing | rows | batch s | baseline s "
+            "| source / A / B s | baseline's | states moved out |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|",
             *results[order][0]["table"],
         ]
     emit("\n".join(lines), args.out)

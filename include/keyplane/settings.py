@@ -20,6 +20,13 @@ events pad to 20 kB at most). Here rather than in :mod:`keyplane.events`, so
 that reading the settings imports no Arrow."""
 
 
+NO_TRAP_JIT_OPTIONS = "-XX:PerMethodTrapLimit=0"
+"""HotSpot options with which C2 compiles rarely taken branches instead of trapping on them:
+a rollout's extra work fell by about a fifth, every batch's rose by about 3 %
+(:func:`keyplane.spark.session.jit_options` says why). Here, like
+:data:`MAX_EVENT_BYTES`, so that reading the settings imports no Spark."""
+
+
 class Settings(BaseSettings):
     """Process-wide settings, read once from ``KEYPLANE_*`` variables."""
 
@@ -63,6 +70,13 @@ class Settings(BaseSettings):
         "connector (needs spark-sql-kafka on the classpath).",
     )
     spark_master: str = "local[2]"
+    jvm_jit_options: str = Field(
+        default="",
+        description="HotSpot options for the Spark driver and executors, before any "
+        "extraJavaOptions of the job's own. Empty (the default): the JVM's own. "
+        f"'{NO_TRAP_JIT_OPTIONS}' trades about 3 % of every batch for a fifth of a "
+        "rollout's extra work (docs/benchmarks.md).",
+    )
     max_event_bytes: int = Field(
         default=MAX_EVENT_BYTES,
         ge=1,

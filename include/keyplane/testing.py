@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 from keyplane import config as config_store
 from keyplane.aggregates import RunningCount
+from keyplane.kafka.broker import EmbeddedBroker, port_is_free
 from keyplane.kafka.control import ControlChannel
 from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
 from keyplane.routedkeys import spark_partition
@@ -34,6 +36,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def crash_broker(broker: EmbeddedBroker, timeout_s: float = 30.0) -> None:
+    """SIGKILL the embedded broker alone, as a crash would, and wait until its port is free.
+
+    On ``s3`` storage the local S3 server keeps running, so the broker's
+    next ``start`` finds every record it acknowledged.
+    """
+    state = broker.status()
+    if state is None:
+        raise RuntimeError(f"the broker in {broker.home} is not running")
+    os.killpg(state.pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while broker.status() is not None or not port_is_free(broker.port):
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the killed broker still holds port {broker.port} after {timeout_s} s"
+            )
+        time.sleep(0.05)
 
 
 class RoutedJobTopics(TypedDict):

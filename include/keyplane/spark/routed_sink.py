@@ -26,8 +26,10 @@ past the producer's delivery timeout, the batch fails with
 :class:`~keyplane.kafka.producer.DeliveryError` rather than committing with
 records lost, and is replayed when the job restarts from its checkpoint.
 The sink sends through one producer for the query's life
-(:class:`~keyplane.kafka.producer.LongLivedProducer`), which a failed send
-replaces.
+(:class:`~keyplane.kafka.producer.LongLivedProducer`); a send that fails is
+tried once more through a new producer before the batch fails, so a broker
+restart, which leaves an idempotent producer's id unknown to the broker,
+costs no batch.
 A replayed batch sends its moved states again; installs are idempotent per
 (marker, source), so a duplicate changes nothing. Its results and dead
 letters are sent again too (at least once on those topics).
@@ -242,25 +244,20 @@ class MetricsListener(StreamingQueryListener):
     def publish(self, record: BatchMetrics) -> bool:
         """Send ``record`` and wait for the broker's acknowledgement; False if it was lost.
 
-        The producer lives as long as the query, but a broker restart can
-        leave it unable to deliver (an idempotent producer whose id the
-        broker no longer knows fails every later send). A failed send
-        therefore replaces the producer and tries once more, so one restart
-        costs at most one record, never all the records after it. The
-        metrics topic is advisory (the checkpoint and the sink's topics carry
-        the job's state), so a lost record is logged, not raised into Spark.
+        The producer lives as long as the query, and a broker restart can
+        leave it unable to deliver; :class:`LongLivedProducer` then sends
+        once more through a new one, so one restart costs at most one
+        record, never all the records after it. The metrics topic is
+        advisory (the checkpoint and the sink's topics carry the job's
+        state), so a lost record is logged, not raised into Spark.
         """
         value = record.model_dump_json().encode()
-        for attempt in (1, 2):
-            try:
-                self.producer.send(self.topic, [(str(record.batch_id).encode(), value)])
-                return True
-            except (KafkaError, DeliveryError) as error:
-                log.warning(
-                    "metrics record of batch %d not delivered (attempt %d): %s",
-                    record.batch_id, attempt, error,
-                )  # fmt: skip
-        return False
+        try:
+            self.producer.send(self.topic, [(str(record.batch_id).encode(), value)])
+        except (KafkaError, DeliveryError) as error:
+            log.warning("metrics record of batch %d not delivered: %s", record.batch_id, error)
+            return False
+        return True
 
     def record(self, raw_progress: dict[str, Any]) -> BatchMetrics | None:
         """The metrics record of the batch ``raw_progress`` reports (None if it wrote nothing)."""

@@ -8,6 +8,7 @@ import sys
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
+from keyplane.settings import Settings
 from keyplane.spark.jvm import available_jar
 
 CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
@@ -17,6 +18,30 @@ FILE_SYSTEM_CHECKPOINT_MANAGERS = (
 )
 """Spark's checkpoint file manager over the ``FileSystem`` API, by its name in Spark 4.3 and
 in earlier releases (the class moved to a ``checkpointing`` package)."""
+
+
+def jit_options() -> str:
+    """HotSpot options for the driver and executors: ``KEYPLANE_JVM_JIT_OPTIONS``, else none.
+
+    Why a job may want :data:`keyplane.settings.NO_TRAP_JIT_OPTIONS`: C2
+    compiles a hot method on its profile and replaces each branch the
+    profile never saw taken with an uncommon trap (``unstable_if``). A
+    rollout's hand-off rows are rows the job's hot code never saw: non-null
+    columns that every event row leaves null, JSON strings long enough to
+    grow the row buffer, control-group values outside the Basic Multilingual
+    Plane. In the switch batch they tripped those traps in Spark's generated
+    projections and in the shuffle's sort: 33 deoptimizations in the stage
+    that reads the source and 34 in stage A, against 0 to 3 per stage in
+    other batches (Java Flight Recorder). Each sends a hot method back to
+    the interpreter, and C2 compiles it again while the batch runs, on the
+    cores the tasks use (1.07 s of compilation in that stage against
+    0.27-0.35 s). With no trap budget C2 compiles those branches from the
+    start: the source stage's share of a rollout's extra time fell from
+    0.10-0.18 s to 0.02-0.04 s. But C2's code is then a little slower
+    everywhere, about 3 % of every batch, so it is not the default
+    (docs/benchmarks.md, "A live reconfiguration that moves 10k keys").
+    """
+    return Settings().jvm_jit_options
 
 
 def build_session(
@@ -31,7 +56,10 @@ def build_session(
     Without ``PYSPARK_PYTHON`` Spark would start workers with whatever
     ``python3`` is first on PATH, which does not have keyplane installed.
     The session carries the jar of keyplane's JVM stages where it can be had
-    (:mod:`keyplane.spark.jvm`); ``spark.jars`` in ``extra`` adds to it.
+    (:mod:`keyplane.spark.jvm`); ``spark.jars`` in ``extra`` adds to it. Its
+    JVMs run with :func:`jit_options`; ``spark.driver.extraJavaOptions`` and
+    ``spark.executor.extraJavaOptions`` in ``extra`` add to them (the driver's
+    apply only if this call starts the JVM).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -53,6 +81,11 @@ def build_session(
         .config("spark.driver.memory", "2g")
     )
     settings = dict(extra or {})
+    jit = jit_options()
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        options = " ".join(filter(None, [jit, settings.get(key)]))
+        if options:
+            settings[key] = options
     jar = available_jar()
     if jar is not None:
         settings["spark.jars"] = ",".join(filter(None, [str(jar), settings.get("spark.jars")]))

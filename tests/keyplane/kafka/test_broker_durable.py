@@ -6,9 +6,6 @@ Real tansu on a real local S3 server (localbucket). The same scenario on
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +14,8 @@ from kafka.structs import OffsetAndMetadata
 
 from keyplane.cli import main
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks, partitions_of
-from keyplane.kafka.broker import BrokerStorage, EmbeddedBroker, port_is_free
-from keyplane.testing import free_port
+from keyplane.kafka.broker import BrokerStorage, EmbeddedBroker
+from keyplane.testing import crash_broker, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -61,17 +58,6 @@ def _read_back(bootstrap: str) -> tuple[list[int], dict[int, int | None]]:
     return sorted(values), committed
 
 
-def _kill_broker_process(broker: EmbeddedBroker) -> None:
-    """SIGKILL the broker alone, as a crash would; the S3 server keeps running."""
-    state = broker.status()
-    assert state is not None
-    os.killpg(state.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while broker.status() is not None or not port_is_free(broker.port):
-        assert time.monotonic() < deadline, "the killed broker still holds its port after 30 s"
-        time.sleep(0.05)
-
-
 def test_s3_storage_survives_a_broker_crash_and_a_full_stop(tmp_path: Path) -> None:
     broker = EmbeddedBroker(tmp_path, free_port(), storage="s3")
     first = broker.start()
@@ -81,7 +67,7 @@ def test_s3_storage_survives_a_broker_crash_and_a_full_stop(tmp_path: Path) -> N
         server = broker.local_s3.status()
         assert server is not None
 
-        _kill_broker_process(broker)
+        crash_broker(broker)
         second = broker.start()
         assert broker.local_s3.status() == server, "the running S3 server is reused"
         assert _read_back(second.bootstrap_servers) == (list(range(N_RECORDS)), COMMITTED)

@@ -31,6 +31,7 @@ from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
 from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
 from keyplane.testing import (
+    crash_broker,
     free_port,
     moved_off_hash,
     routed_job_topics,
@@ -48,11 +49,7 @@ OUTAGE_S = 3.0
 
 def _crash_and_restart(broker: EmbeddedBroker) -> None:
     """SIGKILL the broker process, leave it down for ``OUTAGE_S``, start it on the same port."""
-    state = broker.status()
-    assert state is not None
-    os.killpg(state.pid, signal.SIGKILL)
-    while broker.status() is not None:
-        time.sleep(0.05)
+    crash_broker(broker)
     time.sleep(OUTAGE_S)
     broker.start()
 

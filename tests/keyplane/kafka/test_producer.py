@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from keyplane.kafka.admin import ensure_topic, high_watermarks
-from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, WorkloadTrickle, make_producer
+from keyplane.kafka.broker import EmbeddedBroker
+from keyplane.kafka.producer import (
+    SAFE_DELIVERY,
+    Delivery,
+    LongLivedProducer,
+    WorkloadTrickle,
+    make_producer,
+)
+from keyplane.kafka.ranges import OffsetRange, read_range
+from keyplane.testing import crash_broker, free_port
 from keyplane.workloads import PairsWorkload
 
 
@@ -71,3 +81,31 @@ def test_a_trickle_raises_its_error_when_finished(broker: str, topic_name: str) 
     with pytest.raises(ValueError, match="no second chunk"):
         trickle.finish()
     assert sum(high_watermarks(broker, topic_name).values()) == 20
+
+
+@pytest.mark.integration
+def test_a_long_lived_producer_delivers_across_a_broker_crash(tmp_path: Path) -> None:
+    """The sink's kept producer, after the broker was SIGKILLed and started again on ``s3``.
+
+    Every record sent before the crash and after the restart is on the topic.
+    (In this run the kept producer itself delivers after the restart; when a
+    broker refuses it, the send goes out again through a new producer, which
+    the fake-producer tests of the routed sink check.)
+    """
+    broker = EmbeddedBroker(tmp_path, free_port(), storage="s3")
+    bootstrap = broker.start().bootstrap_servers
+    sends = LongLivedProducer(bootstrap)
+    try:
+        ensure_topic(bootstrap, "kept", 1)
+        assert sends.send("kept", [(b"k", b"%d" % i) for i in range(3)]) == 3
+        crash_broker(broker)
+        broker.start()
+        assert sends.send("kept", [(b"k", b"%d" % i) for i in range(3, 6)]) == 3
+        assert sends.send("kept", [(b"k", b"6")]) == 1
+        end = high_watermarks(bootstrap, "kept")[0]
+        read = read_range(OffsetRange(bootstrap, "kept", 0, 0, end))
+        values = [int(v) for batch in read for v in batch.column("value").to_pylist()]
+    finally:
+        sends.close()
+        broker.stop()
+    assert sorted(set(values)) == list(range(7))

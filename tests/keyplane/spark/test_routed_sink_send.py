@@ -4,8 +4,8 @@ A record the producer gives up on (the broker down longer than its delivery
 timeout) fails only its future; ``flush`` returns normally. A sink that did
 not check the futures let the micro-batch commit with those records lost.
 Now the batch fails with :class:`DeliveryError`, and Spark replays it. The
-routed sink sends every batch through one kept producer, which a failure
-closes so that the next send starts on a new one.
+routed sink sends every batch through one kept producer; a send that fails
+goes out once more through a new producer before the batch fails.
 """
 
 from __future__ import annotations
@@ -41,20 +41,30 @@ def test_sends_with_fake_producers_share_one_producer_and_return_their_counts(
     assert producer.closed
 
 
-def test_a_failed_send_with_fake_producers_raises_closes_and_the_next_send_gets_a_new_producer(
+def test_a_failed_send_with_fake_producers_goes_out_again_through_a_new_producer(
     fake_producers: Any,
 ) -> None:
     made = fake_producers(keyplane.kafka.producer, 2, None)
     sends = LongLivedProducer("broker:9092")
-    with pytest.raises(DeliveryError, match=r"1 of 3 records to topic 'job.migration'") as raised:
+    assert sends.send("job.migration", routed_sink._json(iter(RECORDS))) == 3
+    broken, replacement = made
+    assert broken.closed and len(broken.sent) == 2
+    assert [json.loads(value) for _, value in replacement.sent] == [v for _, v in RECORDS]
+    assert not replacement.closed
+    assert sends.send("job.migration", routed_sink._json(iter(RECORDS[:1]))) == 1
+    assert len(made) == 2, "the replacement is kept for the next send"
+
+
+def test_a_send_that_two_fake_producers_cannot_deliver_raises_and_closes_both(
+    fake_producers: Any,
+) -> None:
+    made = fake_producers(keyplane.kafka.producer, 2, 0)
+    sends = LongLivedProducer("broker:9092")
+    with pytest.raises(DeliveryError, match=r"3 of 3 records to topic 'job.migration'") as raised:
         sends.send("job.migration", routed_sink._json(iter(RECORDS)))
     assert "unknown producer id" in str(raised.value)
     assert isinstance(raised.value, RuntimeError)
-    [broken] = made
-    assert broken.closed
-    assert sends.send("job.migration", routed_sink._json(iter(RECORDS))) == 3
-    broken, replacement = made
-    assert len(replacement.sent) == 3 and not replacement.closed
+    assert len(made) == 2 and all(producer.closed for producer in made)
 
 
 def test_kafka_sink_partition_with_fake_producer_sends_every_row(fake_producers: Any) -> None:
