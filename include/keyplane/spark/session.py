@@ -37,8 +37,8 @@ def jit_options() -> str:
     cores the tasks use (1.07 s of compilation in that stage against
     0.27-0.35 s). With no trap budget C2 compiles those branches from the
     start: the source stage's share of a rollout's extra time fell from
-    0.10-0.18 s to 0.02-0.04 s. But C2's code is then a little slower
-    everywhere, about 3 % of every batch, so it is not the default
+    0.10-0.18 s to 0.02-0.04 s. But C2's code may then be a little slower
+    everywhere, 1-3 % of every batch, so it is not the default
     (docs/benchmarks.md, "A live reconfiguration that moves 10k keys").
     """
     return Settings().jvm_jit_options

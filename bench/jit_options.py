@@ -1,0 +1,103 @@
+"""What ``KEYPLANE_JVM_JIT_OPTIONS`` costs a job that does not reconfigure: steady batch seconds.
+
+The routed job runs on a backlog with no rollout, once with the JVM's own
+JIT settings and once with ``--options`` (by default keyplane's
+``NO_TRAP_JIT_OPTIONS``), taking turns, ``--repeats`` times. Both read the
+same events in batch *n*, so the summed seconds of the same steady batches
+(all but each run's first two) compare the two settings side by side. What
+the options save a rollout is measured by ``bench/reconfiguration.py`` run
+with the variable set (docs/benchmarks.md).
+
+    python bench/jit_options.py [--repeats 3] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+
+from _harness import emit, private_broker, run_job
+
+from keyplane.config import RoutingConfig, save
+from keyplane.kafka.producer import produce_workload
+from keyplane.settings import NO_TRAP_JIT_OPTIONS
+from keyplane.spark.counts_job import CountsJobSettings
+from keyplane.testing import routed_job_topics
+from keyplane.workloads import ZipfEvolvingWorkload
+
+P = 4
+FIRST_STEADY_BATCH = 2
+"""Batches 0 and 1 start the JVM and warm it up."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=20_000)
+    parser.add_argument("--options", default=NO_TRAP_JIT_OPTIONS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    spec = ZipfEvolvingWorkload(
+        n_events=args.events, n_keys=20_000, exponent=0.6, shifts=(0.9,), seed=12
+    )
+    variants = {"JVM defaults": "", args.options: args.options}
+    default_name = "JVM defaults"
+    seconds: dict[str, list[dict[int, float]]] = {name: [] for name in variants}
+    with private_broker() as (bootstrap, tmp):
+        produce_workload(spec, bootstrap, "jit", partitions=8)
+        store = tmp / "store"
+        save(RoutingConfig.all_hash(P, ("A", "B")), store)
+        for run in range(args.repeats):
+            for index, (name, options) in enumerate(variants.items()):
+                work = tmp / f"{index}-{run}"
+                settings = CountsJobSettings(
+                    bootstrap_servers=bootstrap,
+                    events_topic="jit",
+                    checkpoint=work / "ck",
+                    output=work / "out",
+                    shuffle_partitions=P,
+                    max_offsets_per_trigger=args.batch,
+                    stop_at_offset_total=args.events,
+                    routing_store=store,
+                    routing_version=1,
+                    **routed_job_topics(f"jit-{index}-{run}"),
+                )
+                env = {**os.environ, "KEYPLANE_JVM_JIT_OPTIONS": options}
+                seconds[name].append(
+                    {
+                        p["batch_id"]: p["duration_ms"] / 1000
+                        for p in run_job(settings, env)
+                        if p["rows"] and p["batch_id"] >= FIRST_STEADY_BATCH
+                    }
+                )
+
+    def steady(name: str) -> list[float]:
+        return [s for run in seconds[name] for s in run.values()]
+
+    default = sum(steady(default_name))
+    lines = [
+        f"events: {args.events:,} zipf-evolving (20,000 keys, s = 0.6), {args.batch:,} per "
+        f"batch, {P} instances, local[2], no rollout; {args.repeats} run(s) of each setting, "
+        f"taking turns; steady batches: from batch {FIRST_STEADY_BATCH}",
+        "",
+        "| KEYPLANE_JVM_JIT_OPTIONS | steady batches | mean s | median s | summed s | "
+        "vs JVM defaults |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in variants:
+        values = steady(name)
+        label = "(empty)" if name == default_name else name
+        lines.append(
+            f"| {label} | {len(values)} | {statistics.mean(values):.3f} | "
+            f"{statistics.median(values):.3f} | {sum(values):.2f} | "
+            f"{sum(values) / default:.3f}× |"
+        )
+    emit("\n".join(lines), args.out)
+
+
+if __name__ == "__main__":
+    main()
