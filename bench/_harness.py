@@ -25,7 +25,7 @@ from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.spark.counts_job import CountsJobSettings, job_command
 from keyplane.spark.progress import PROGRESS_PREFIX
-from keyplane.testing import free_port
+from keyplane.testing import free_port, routed_job_topics
 
 # Control messages are signed; a benchmark run signs with a key of its own.
 os.environ.setdefault("KEYPLANE_CONTROL_KEY", secrets.token_hex(16))
@@ -42,6 +42,32 @@ def private_broker() -> Iterator[tuple[str, Path]]:
             yield bootstrap, tmp
         finally:
             broker.stop()
+
+
+def routed_on_backlog(
+    bootstrap: str,
+    topic: str,
+    work: Path,
+    store: Path,
+    *,
+    parallelism: int,
+    batch: int,
+    events: int,
+) -> CountsJobSettings:
+    """The routed job on v1 of ``store``, reading ``topic``'s backlog ``batch`` events a
+    batch until ``events``, its checkpoint, output and topics its own (named after ``work``)."""
+    return CountsJobSettings(
+        bootstrap_servers=bootstrap,
+        events_topic=topic,
+        checkpoint=work / "ck",
+        output=work / "out",
+        shuffle_partitions=parallelism,
+        max_offsets_per_trigger=batch,
+        stop_at_offset_total=events,
+        routing_store=store,
+        routing_version=1,
+        **routed_job_topics(f"{topic}-{work.name}"),
+    )
 
 
 def run_job(settings: CountsJobSettings, env: dict[str, str] | None = None) -> list[dict[str, Any]]:

@@ -18,13 +18,11 @@ import os
 import statistics
 from pathlib import Path
 
-from _harness import emit, private_broker, run_job
+from _harness import emit, private_broker, routed_on_backlog, run_job
 
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
 from keyplane.settings import NO_TRAP_JIT_OPTIONS
-from keyplane.spark.counts_job import CountsJobSettings
-from keyplane.testing import routed_job_topics
 from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
@@ -53,18 +51,14 @@ def main() -> None:
         save(RoutingConfig.all_hash(P, ("A", "B")), store)
         for run in range(args.repeats):
             for index, (name, options) in enumerate(variants.items()):
-                work = tmp / f"{index}-{run}"
-                settings = CountsJobSettings(
-                    bootstrap_servers=bootstrap,
-                    events_topic="jit",
-                    checkpoint=work / "ck",
-                    output=work / "out",
-                    shuffle_partitions=P,
-                    max_offsets_per_trigger=args.batch,
-                    stop_at_offset_total=args.events,
-                    routing_store=store,
-                    routing_version=1,
-                    **routed_job_topics(f"jit-{index}-{run}"),
+                settings = routed_on_backlog(
+                    bootstrap,
+                    "jit",
+                    tmp / f"{index}-{run}",
+                    store,
+                    parallelism=P,
+                    batch=args.batch,
+                    events=args.events,
                 )
                 env = {**os.environ, "KEYPLANE_JVM_JIT_OPTIONS": options}
                 seconds[name].append(

@@ -50,7 +50,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from _harness import batch_stage_seconds, emit, event_log_env, private_broker, read_topic
+from _harness import (
+    batch_stage_seconds,
+    emit,
+    event_log_env,
+    private_broker,
+    read_topic,
+    routed_on_backlog,
+)
 
 from keyplane.config import RoutingConfig, save
 from keyplane.controller import Controller
@@ -58,8 +65,8 @@ from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
 from keyplane.protocol import Reconfiguration
-from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
-from keyplane.testing import moved_off_hash_config, routed_job_topics
+from keyplane.spark.counts_job import job_command, read_output
+from keyplane.testing import moved_off_hash_config
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -111,18 +118,8 @@ def run_on_backlog(
 ) -> JobRun:
     """Run one job over the whole backlog; after 3 batches roll v2 out in ``order`` (if any)."""
     work = tmp / name
-    topics = routed_job_topics(f"reconf-{name}")
-    settings = CountsJobSettings(
-        bootstrap_servers=bootstrap,
-        events_topic="reconf",
-        checkpoint=work / "ck",
-        output=work / "out",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=args.batch,
-        stop_at_offset_total=args.events,
-        routing_store=store,
-        routing_version=1,
-        **topics,
+    settings = routed_on_backlog(
+        bootstrap, "reconf", work, store, parallelism=P, batch=args.batch, events=args.events
     )
     work.mkdir(parents=True)
     log = (work / "job.log").open("w")
@@ -140,7 +137,7 @@ def run_on_backlog(
                 raise RuntimeError((work / "job.log").read_text()[-3000:])
             time.sleep(0.2)
         started = time.monotonic()
-        with ControlChannel(bootstrap, topics["control_topic"]) as channel:
+        with ControlChannel(bootstrap, settings.control_topic) as channel:
             controller = Controller(channel, work / "controller.json", store)
             roll_out(controller, order)
             wall = time.monotonic() - started
@@ -148,10 +145,10 @@ def run_on_backlog(
     if job.wait(timeout=1800) != 0:
         raise RuntimeError((work / "job.log").read_text()[-3000:])
     return JobRun(
-        metrics=read_topic(bootstrap, topics["metrics_topic"]),
+        metrics=read_topic(bootstrap, settings.metrics_topic),
         rollout=last,
         wall_s=wall,
-        moved_states=count_moved_states(bootstrap, topics["migration_topic"]),
+        moved_states=count_moved_states(bootstrap, settings.migration_topic),
         exact=compare_counts(truth, read_output(work / "out")).exact,
         stages=batch_stage_seconds(work / "events"),
     )
