@@ -25,11 +25,11 @@ Every record sent to a topic is checked for delivery
 past the producer's delivery timeout, the batch fails with
 :class:`~keyplane.kafka.producer.DeliveryError` rather than committing with
 records lost, and is replayed when the job restarts from its checkpoint.
-The sink sends through one producer for the query's life
-(:class:`~keyplane.kafka.producer.LongLivedProducer`); a send that fails is
-tried once more through a new producer before the batch fails, so a broker
-restart, which leaves an idempotent producer's id unknown to the broker,
-costs no batch.
+The sink sends through one producer for the query's run
+(:class:`~keyplane.kafka.producer.LongLivedProducer`); a send that fails,
+for example because the broker no longer knows an idempotent producer's id
+after a restart, is tried once more through a new producer before the
+batch fails.
 A replayed batch sends its moved states again; installs are idempotent per
 (marker, source), so a duplicate changes nothing. Its results and dead
 letters are sent again too (at least once on those topics).
@@ -147,7 +147,7 @@ class RoutedBatchWriter:
         self.parallelism = parallelism
         self.metrics: dict[int, BatchMetrics] = {}
         self.producer = LongLivedProducer(bootstrap_servers, delivery)
-        """Every topic's sends, one producer for the query's life (the listener closes it)."""
+        """Every topic's sends, one producer for the query's run (the listener closes it)."""
         output.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -222,7 +222,9 @@ class MetricsListener(StreamingQueryListener):
         listener.run_id = str(query.runId)
         previous = cls._attached.pop(str(query.id), None)
         if previous is not None:
+            # Its run has ended; removed first, it may never hear the termination.
             spark.streams.removeListener(previous)
+            previous.close()
         spark.streams.addListener(listener)
         cls._attached[str(query.id)] = listener
         return listener
@@ -283,5 +285,9 @@ class MetricsListener(StreamingQueryListener):
     def onQueryTerminated(self, event: Any) -> None:
         if str(event.runId) != self.run_id:
             return
+        self.close()
+
+    def close(self) -> None:
+        """Close this run's producers: the listener's and its sink's."""
         self.producer.close()
         self.writer.producer.close()

@@ -8,12 +8,13 @@ lost. The listener must replace such a producer, not keep using it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import keyplane.kafka.producer
 from keyplane.batchmetrics import BatchMetrics
-from keyplane.kafka.producer import SAFE_DELIVERY
+from keyplane.kafka.producer import SAFE_DELIVERY, LongLivedProducer
 from keyplane.spark.routed_sink import MetricsListener
 
 
@@ -21,6 +22,20 @@ from keyplane.spark.routed_sink import MetricsListener
 class Writer:
     bootstrap_servers: str = "broker:9092"
     delivery: Any = SAFE_DELIVERY
+    producer: LongLivedProducer = field(default_factory=lambda: LongLivedProducer("broker:9092"))
+
+
+@dataclass
+class Streams:
+    """A session's ``streams`` as the listener uses it (fake: pure logic)."""
+
+    listeners: list[Any] = field(default_factory=list)
+
+    def addListener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def removeListener(self, listener: Any) -> None:
+        self.listeners.remove(listener)
 
 
 def listener_with_fake_producers(
@@ -50,3 +65,27 @@ def test_a_record_that_two_producers_cannot_deliver_is_reported_lost_fake_produc
     listener, made = listener_with_fake_producers(fake_producers, 0, 0)
     assert listener.publish(BatchMetrics(batch_id=7)) is False
     assert len(made) == 2 and all(p.closed for p in made)
+
+
+def test_a_new_run_of_the_query_closes_the_previous_runs_producers_fake_producers(
+    fake_producers: Any,
+) -> None:
+    """Removed before it hears its run end, the previous listener would leave both open."""
+    made = fake_producers(keyplane.kafka.producer, None, None, None)
+    spark = SimpleNamespace(streams=Streams())
+    query = SimpleNamespace(id="query-restarted", runId="run-1")
+    writer = Writer()
+    try:
+        first = MetricsListener.attach(spark, query, writer, "job.metrics")  # type: ignore[arg-type]
+        assert first.publish(BatchMetrics(batch_id=1))
+        assert writer.producer.send("job.migration", [(b"1", b"moves")]) == 1
+        assert len(made) == 2 and not any(p.closed for p in made)
+
+        query.runId = "run-2"
+        second = MetricsListener.attach(spark, query, Writer(), "job.metrics")  # type: ignore[arg-type]
+        assert spark.streams.listeners == [second]
+        assert all(p.closed for p in made)
+        assert second.publish(BatchMetrics(batch_id=2))
+        assert len(made) == 3 and not made[2].closed
+    finally:
+        MetricsListener._attached.pop("query-restarted", None)
