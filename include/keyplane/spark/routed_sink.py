@@ -139,8 +139,6 @@ class RoutedBatchWriter:
         delivery: Delivery = SAFE_DELIVERY,
     ) -> None:
         self.output = output
-        self.delivery = delivery
-        self.bootstrap_servers = bootstrap_servers
         self.migration_topic = migration_topic
         self.dead_letter_topic = dead_letter_topic
         self.results_topic = results_topic
@@ -212,7 +210,8 @@ class MetricsListener(StreamingQueryListener):
         self.writer = writer
         self.topic = topic
         self.run_id: str | None = None
-        self.producer = LongLivedProducer(writer.bootstrap_servers, writer.delivery)
+        sink = writer.producer
+        self.producer = LongLivedProducer(sink.bootstrap_servers, sink.delivery)
 
     @classmethod
     def attach(

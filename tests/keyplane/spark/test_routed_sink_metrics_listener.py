@@ -20,9 +20,9 @@ from keyplane.spark.routed_sink import MetricsListener
 
 @dataclass
 class Writer:
-    bootstrap_servers: str = "broker:9092"
-    delivery: Any = SAFE_DELIVERY
-    producer: LongLivedProducer = field(default_factory=lambda: LongLivedProducer("broker:9092"))
+    producer: LongLivedProducer = field(
+        default_factory=lambda: LongLivedProducer("broker:9092", SAFE_DELIVERY)
+    )
 
 
 @dataclass
