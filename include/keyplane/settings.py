@@ -77,6 +77,12 @@ class Settings(BaseSettings):
         f"'{NO_TRAP_JIT_OPTIONS}' trades up to 3 % of every batch for a fifth of a "
         "rollout's extra work (docs/benchmarks.md).",
     )
+    handoff_primers: bool = Field(
+        default=True,
+        description="Whether each batch of the routed job's JVM stages carries empty hand-off "
+        "rows, so that the JVM compiles the hand-off rows' paths before a rollout needs them "
+        "(keyplane.spark.routed_source.primer_rows). Off only to measure what they save.",
+    )
     max_event_bytes: int = Field(
         default=MAX_EVENT_BYTES,
         ge=1,

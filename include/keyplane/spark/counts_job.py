@@ -154,6 +154,12 @@ class CountsJobSettings(BaseModel):
         "a Python worker's memory. Default KEYPLANE_MAX_EVENT_BYTES, the bound the "
         "statistics use too.",
     )
+    handoff_primers: bool = Field(
+        default_factory=lambda: Settings().handoff_primers,
+        description="With the JVM stages, each batch carries empty hand-off rows so that a "
+        "rollout finds their code compiled (keyplane.spark.routed_source.primer_rows). "
+        "Default KEYPLANE_HANDOFF_PRIMERS (on).",
+    )
     read_tasks: int | None = Field(
         default=None,
         ge=1,
@@ -406,6 +412,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         forward=settings.forward,
         # The JVM stages take a rollout's moves per instance (routed_source).
         handoff="per-instance" if engine == "jvm" else "per-key",
+        primers=settings.handoff_primers,
     ).withWatermark("ts", "1 minute")
     writer = RoutedBatchWriter(
         output=settings.output,

@@ -43,6 +43,12 @@ also reading its share of the evict and install rows,
 * ``invalid`` — a record that is not a valid event, with the reason, so the
   sink can dead-letter it and nothing is silently dropped.
 
+With ``per-instance`` hand-offs, every batch also carries *primers*
+(:func:`primer_rows`): an ``evicts`` and an ``installs`` row per stage and
+instance, each with an empty list of moves. They change no state. They are
+there so that the JVM's compiler has seen the hand-off rows' shape long
+before a rollout sends real ones (docs/benchmarks.md, "The JIT's traps").
+
 The ``forward`` option (:data:`keyplane.events.Forward`) says what stage A
 sends stage B. ``pairs`` (the default): one row per (field-1 routed key,
 field-2 key) and batch, with a weight, so the event's padding is parsed and
@@ -291,6 +297,8 @@ class RoutedEventsPartition(InputPartition):
     prepared: int | None = None
     """A version the job has acknowledged and not yet routes on: the task loads its
     tables ahead (:func:`read_events`)."""
+    primers: bool = False
+    """Whether this task reads the batch's :func:`primer_rows` before its events."""
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}
@@ -528,6 +536,53 @@ def _evicts_per_instance(p: EvictPartition) -> pa.RecordBatch:
     )
 
 
+PRIMER_BYTES = 4096
+"""How long a primer's list of moves is, padded with spaces: longer than the row
+buffers Spark's generated code starts with, so the primer takes their ``grow``
+branch as a real hand-off row does."""
+
+
+@functools.cache
+def primer_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
+    """An empty ``evicts`` and ``installs`` row per stage and instance: they move nothing.
+
+    Why every batch carries them. HotSpot's C2 compiles a branch that its
+    profile never saw taken as a trap. Before the first rollout, no row of
+    the job's hot paths (Spark's generated projections, ``processNext``,
+    ``createExternalRow``, the shuffle's sort, UTF-8 coding) has the
+    hand-off columns set, a string of kilobytes, or a grouping value outside
+    the BMP (the closing groups' U+10FFFF). So the switch and install batches
+    hit each of those traps: the method falls back to the interpreter and is
+    compiled again, on the cores the batch's tasks need. That cost the
+    switch batch 0.1-0.2 s at 20,000 events and 0.5-0.7 s at 500,000
+    (docs/benchmarks.md, "The JIT's traps"). With primers, every batch takes
+    those branches, so they are compiled from the first batches on and a
+    rollout finds them ready. HotSpot's ``-XX:PerMethodTrapLimit=0`` does the
+    same for every method of the JVM, at a cost to every batch.
+
+    The lists are empty JSON lists (``[]`` and :data:`PRIMER_BYTES` of
+    padding), so a stage installs and evicts nothing
+    (``RoutedStages.Stage.handleInputRows``). Stage B's primers pass through
+    stage A's control groups as its real hand-off rows do.
+    """
+    order = [(stage, i) for stage in OPERATORS for i in range(parallelism)]
+    installs = [install_groups(stage, parallelism)[i] for stage, i in order]
+    evicts = [evict_groups(stage, parallelism)[i] for stage, i in order]
+    empty = "[]".ljust(PRIMER_BYTES)
+    stages = [stage for stage, _ in order] * 2
+    groups = installs + evicts
+    return _rows(
+        forward,
+        len(groups),
+        kind=["installs"] * len(installs) + ["evicts"] * len(evicts),
+        stage=stages,
+        ra=groups,
+        rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
+        state=[empty] * len(groups),
+        marker=[None] * len(installs) + [-1] * len(evicts),
+    )
+
+
 def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
     """Install rows for the states the previous batch handed over.
 
@@ -614,6 +669,14 @@ def _one_of(options: Mapping[str, str], name: str, modes: tuple[_Mode, ...]) -> 
     raise KafkaSourceOptionError(f"option {name!r} is one of {', '.join(modes)}, got {raw!r}")
 
 
+def _flag(options: Mapping[str, str], name: str, *, default: bool) -> bool:
+    """Boolean option ``name``: ``true`` or ``false``, refused in one line otherwise."""
+    raw = options.get(name, str(default).lower())
+    if raw not in ("true", "false"):
+        raise KafkaSourceOptionError(f"option {name!r} is true or false, got {raw!r}")
+    return raw == "true"
+
+
 def _max_event_bytes(options: Mapping[str, str]) -> int:
     raw = options.get("max.event.bytes")
     if raw is None:
@@ -647,6 +710,9 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.max_partitions = max_partitions_option(options)
         self.forward = _forward(options)
         self.handoff = _handoff(options)
+        # Only the JVM stages take per-instance rows; the option is checked either way.
+        primers = _flag(options, "handoff.primers", default=True)
+        self.primers = primers and self.handoff == "per-instance"
         self._channel: ControlChannel | None = None
         self._unusable: dict[int, str] = {}
         self._latest: PartitionOffsets | None = None
@@ -859,6 +925,8 @@ class RoutedEventsReader(DataSourceStreamReader):
                 ]
         if not events:
             return list(handoffs)
+        if self.primers:
+            events[0] = dataclasses.replace(events[0], primers=True)
         tasks = spread_handoffs(events, handoffs)
         sizes = [p.events.end - p.events.start for p in events]
         return grouped_into_tasks(tasks, sizes, self.max_partitions)
@@ -902,6 +970,8 @@ class RoutedEventsReader(DataSourceStreamReader):
             for part in partition.parts:
                 yield from self.read(part)
         elif isinstance(partition, RoutedEventsPartition):
+            if partition.primers:
+                yield primer_rows(partition.forward, partition.parallelism)
             yield from read_events(partition)
             for handoff in partition.handoffs:
                 yield from self.read(handoff)
@@ -959,6 +1029,7 @@ def read_routed_events(
     max_partitions: int | None = None,
     forward: Forward = "pairs",
     handoff: HandoffMode = "per-key",
+    primers: bool = True,
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
@@ -966,7 +1037,9 @@ def read_routed_events(
     record; larger ones are dead-lettered as ``oversized``. ``max_partitions``
     bounds the tasks that read a batch (:class:`~keyplane.spark.kafka_source.ReadTask`;
     default: one per events partition). ``forward`` is what stage A will send
-    stage B, and ``handoff`` how its stages take a rollout's moves (module docstring).
+    stage B, and ``handoff`` how its stages take a rollout's moves (module docstring);
+    with ``per-instance`` hand-offs, ``primers`` says whether each batch carries
+    :func:`primer_rows`.
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
@@ -980,6 +1053,7 @@ def read_routed_events(
         .option("initial.version", str(initial_version))
         .option("forward", forward)
         .option("handoff", handoff)
+        .option("handoff.primers", str(primers).lower())
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))

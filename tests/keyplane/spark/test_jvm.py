@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import zipfile
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from keyplane.aggregates import RunningCount, ValueCounts
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
-from keyplane.spark import jvm
+from keyplane.spark import jvm, routed_source
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
 from keyplane.spark.routed_counts import (
     ENGINE_RECORD,
@@ -153,3 +157,55 @@ def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
     report = compare_counts(truth, read_output(tmp_path / "output"))
     assert report.expected_events == first.n_events + second.n_events
     assert report.exact, report
+
+
+@pytest.mark.integration
+def test_the_stages_take_primers_and_change_nothing(spark, tmp_path: Path) -> None:
+    """A micro-batch with the primers gives the JVM stages' output without them, row for
+    row: a moved state leaves with its count, every key counts exactly, and the empty
+    hand-off rows add no row (:func:`keyplane.spark.routed_source.primer_rows`)."""
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    events = routed_source._rows(
+        "pairs", 3, kind=["event"] * 3, a=["x", "y", "x"], b=["p", "q", "q"],
+        ra=["x", "y", "x"], rb=["p", "q", "q"], vb=pa.array([1] * 3, pa.int32()),
+        n=[2, 1, 3], ts=[moment] * 3,
+    )  # fmt: skip
+    evicts = next(
+        routed_source.read_evictions(
+            routed_source.EvictPartition("A", (("x", "x", "x#1"),), 4, 7, "pairs", "per-instance")
+        )
+    )
+
+    def output(batches: list[pa.RecordBatch], name: str) -> list[tuple]:
+        inputs = tmp_path / name / "in"
+        inputs.mkdir(parents=True)
+        pq.write_table(pa.Table.from_batches(batches), inputs / "part-0.parquet")
+        rows = (
+            spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
+            .parquet(str(inputs))
+            .withWatermark("ts", "1 minute")
+        )
+        query = (
+            jvm.routed_running_counts_jvm(rows, 4, tuples=False)
+            .drop("executor", "upstream_executor")
+            .writeStream.format("memory")
+            .queryName(name)
+            .option("checkpointLocation", str(tmp_path / name / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        return sorted(tuple(row) for row in spark.table(name).collect())
+
+    plain = output([events, evicts], "plain")
+    primed = output([routed_source.primer_rows("pairs", 4), events, evicts], "primed")
+
+    assert primed == plain
+    [moved] = [row for row in plain if row[0] == "moves"]
+    [state] = json.loads(moved[6])["moves"]
+    assert (state["key"], state["target"], state["count"], state["marker"]) == ("x", "x#1", 5, 7)
+    assert {(row[1], row[2], row[5]) for row in plain if row[0] == "count"} >= {
+        ("A", "y", 1),
+        ("B", "p", 2),
+        ("B", "q", 4),
+    }

@@ -18,6 +18,7 @@ from keyplane.routedkeys import RoutedKeyTable, spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
 from keyplane.spark.routed_source import (
+    PRIMER_BYTES,
     EvictPartition,
     MigrationPartition,
     RoutedEventsPartition,
@@ -25,6 +26,7 @@ from keyplane.spark.routed_source import (
     control_group,
     evict_groups,
     install_groups,
+    primer_rows,
     read_events,
     read_evictions,
     read_installs,
@@ -445,3 +447,56 @@ def test_an_unknown_handoff_mode_is_refused_in_one_line_pure(tmp_path: Path) -> 
     assert RoutedEventsReader({**options, "handoff": "per-instance"}).handoff == "per-instance"
     with pytest.raises(KafkaSourceOptionError, match="'handoff' is one of per-key, per-instance"):
         RoutedEventsReader({**options, "handoff": "batched"})
+
+
+@pytest.mark.parametrize(
+    ("options", "primed"),
+    [
+        ({"handoff": "per-instance"}, True),
+        ({"handoff": "per-instance", "handoff.primers": "false"}, False),
+        ({"handoff": "per-key"}, False),
+        ({"handoff": "per-key", "handoff.primers": "true"}, False),
+    ],
+)
+def test_per_instance_batches_carry_one_set_of_primers_in_their_first_task_pure(
+    options: dict[str, str], primed: bool, tmp_path: Path
+) -> None:
+    """With the JVM stages' hand-offs, every batch with events carries the primers once,
+    in its first task, rollout or not, unless ``handoff.primers`` is false; the Python
+    stages' batches carry none."""
+    store, _, _ = _rollout_store(tmp_path)
+    reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store), **options})
+    switches = [{"operator": "A", "from_version": 1, "to_version": 2}]
+    start = _offsets({"0": 0, "1": 0, "2": 0}, {"0": 0}, [])
+    for end in (
+        _offsets({"0": 5, "1": 5, "2": 5}, {"0": 0}, []),
+        _offsets({"0": 5, "1": 5, "2": 5}, {"0": 0}, switches),
+    ):
+        parts = reader.partitions(start, end)
+        assert [isinstance(p, RoutedEventsPartition) and p.primers for p in parts] == [
+            primed,
+            False,
+            False,
+        ]
+    with pytest.raises(KafkaSourceOptionError, match=r"'handoff\.primers' is true or false"):
+        RoutedEventsReader({**OPTIONS, "routing.store": str(store), "handoff.primers": "yes"})
+
+
+def test_primers_are_empty_hand_off_rows_for_every_stage_and_instance_pure() -> None:
+    """An ``installs`` row in each opening group and an ``evicts`` row in each closing
+    group of both stages, each listing no move, its list padded to ``PRIMER_BYTES``."""
+    rows = pa.Table.from_batches([primer_rows("pairs", 4)]).to_pylist()
+
+    for kind, groups in (("installs", install_groups), ("evicts", evict_groups)):
+        mine = [r for r in rows if r["kind"] == kind]
+        assert sorted((r["stage"], r["ra"]) for r in mine) == sorted(
+            (stage, group) for stage in ("A", "B") for group in groups(stage, 4)
+        )
+        for r in mine:
+            assert json.loads(r["state"]) == []
+            assert len(r["state"]) == PRIMER_BYTES
+            # Stage-B rows pass stage A under the same group, as real hand-off rows do.
+            assert r["rb"] == (r["ra"] if r["stage"] == "B" else None)
+            assert (r["marker"] is None) == (kind == "installs")
+    assert len(rows) == 2 * 2 * 4
+    assert "pad" in primer_rows("tuples", 4).schema.names

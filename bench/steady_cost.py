@@ -1,14 +1,21 @@
-"""What ``KEYPLANE_JVM_JIT_OPTIONS`` costs a job that does not reconfigure: steady batch seconds.
+"""What keyplane's two remedies for the JIT's traps cost a job that does not reconfigure.
 
-The routed job runs on a backlog with no rollout, once with the JVM's own
-JIT settings and once with ``--options`` (by default keyplane's
-``NO_TRAP_JIT_OPTIONS``), taking turns, ``--repeats`` times. Both read the
-same events in batch *n*, so the summed seconds of the same steady batches
-(all but each run's first two) compare the two settings side by side. What
-the options save a rollout is measured by ``bench/reconfiguration.py`` run
-with the variable set (docs/benchmarks.md).
+The routed job (JVM stages) runs on a backlog with no rollout in three
+settings, taking turns, ``--repeats`` times:
 
-    python bench/jit_options.py [--repeats 3] [--out FILE]
+* keyplane's defaults: every batch carries the hand-off primers
+  (``keyplane.spark.routed_source.primer_rows``), the JVM keeps its own
+  JIT settings;
+* no primers (``KEYPLANE_HANDOFF_PRIMERS=false``);
+* no primers, and ``KEYPLANE_JVM_JIT_OPTIONS`` set to ``--options`` (by
+  default keyplane's ``NO_TRAP_JIT_OPTIONS``).
+
+All read the same events in batch *n*, so the summed seconds of the same
+steady batches (all but each run's first two) compare the settings side by
+side. What each saves a rollout is measured by ``bench/reconfiguration.py``
+run with the variables set (docs/benchmarks.md, "The JIT's traps").
+
+    python bench/steady_cost.py [--repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -42,15 +49,22 @@ def main() -> None:
     spec = ZipfEvolvingWorkload(
         n_events=args.events, n_keys=20_000, exponent=0.6, shifts=(0.9,), seed=12
     )
-    variants = {"JVM defaults": "", args.options: args.options}
-    default_name = "JVM defaults"
+    variants = {
+        "keyplane's defaults (primers)": {},
+        "no primers": {"KEYPLANE_HANDOFF_PRIMERS": "false"},
+        f"no primers, {args.options}": {
+            "KEYPLANE_HANDOFF_PRIMERS": "false",
+            "KEYPLANE_JVM_JIT_OPTIONS": args.options,
+        },
+    }
+    default_name = next(iter(variants))
     seconds: dict[str, list[dict[int, float]]] = {name: [] for name in variants}
     with private_broker() as (bootstrap, tmp):
         produce_workload(spec, bootstrap, "jit", partitions=8)
         store = tmp / "store"
         save(RoutingConfig.all_hash(P, ("A", "B")), store)
         for run in range(args.repeats):
-            for index, (name, options) in enumerate(variants.items()):
+            for index, (name, variables) in enumerate(variants.items()):
                 settings = routed_on_backlog(
                     bootstrap,
                     "jit",
@@ -60,7 +74,12 @@ def main() -> None:
                     batch=args.batch,
                     events=args.events,
                 )
-                env = {**os.environ, "KEYPLANE_JVM_JIT_OPTIONS": options}
+                env = {
+                    **os.environ,
+                    "KEYPLANE_HANDOFF_PRIMERS": "true",
+                    "KEYPLANE_JVM_JIT_OPTIONS": "",
+                    **variables,
+                }
                 seconds[name].append(
                     {
                         p["batch_id"]: p["duration_ms"] / 1000
@@ -78,15 +97,13 @@ def main() -> None:
         f"batch, {P} instances, local[2], no rollout; {args.repeats} run(s) of each setting, "
         f"taking turns; steady batches: from batch {FIRST_STEADY_BATCH}",
         "",
-        "| KEYPLANE_JVM_JIT_OPTIONS | steady batches | mean s | median s | summed s | "
-        "vs JVM defaults |",
+        "| setting | steady batches | mean s | median s | summed s | vs keyplane's defaults |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name in variants:
         values = steady(name)
-        label = "(empty)" if name == default_name else name
         lines.append(
-            f"| {label} | {len(values)} | {statistics.mean(values):.3f} | "
+            f"| {name} | {len(values)} | {statistics.mean(values):.3f} | "
             f"{statistics.median(values):.3f} | {sum(values):.2f} | "
             f"{sum(values) / default:.3f}× |"
         )
