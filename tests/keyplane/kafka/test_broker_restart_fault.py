@@ -131,10 +131,12 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
             wait_while_job_runs(
                 moved_state_written, "A's moved state", job, log, timeout_s=600, poll_s=0.05
             )
-            _crash_and_restart(embedded)
+            # Checked before the crash: once the broker is back, the job may send
+            # MIGRATED before this process reads the topic again, as it should.
             controller.poll()
             in_flight = controller.state.current if controller.state else None
             assert in_flight is not None and "A" not in in_flight.migrated, "crash before MIGRATED"
+            _crash_and_restart(embedded)
             controller.wait_migrated("A", timeout_s=600)
             controller.propagate("B")
             controller.wait_migrated("B", timeout_s=600)

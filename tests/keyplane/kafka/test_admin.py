@@ -1,0 +1,47 @@
+"""Offset queries on the embedded broker, whose ListOffsets does not report the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer
+
+from keyplane.kafka.admin import ensure_topic, high_watermarks
+from keyplane.kafka.consumers import close_idle
+from keyplane.kafka.producer import make_producer
+
+
+@pytest.mark.integration
+def test_high_watermarks_asked_again_and_again_stay_exact_through_one_kept_consumer(
+    broker: str, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the job's driver asks at every batch boundary: each answer is every partition's
+    end after the records sent before it, though the kept consumer still holds the
+    previous answer's watermarks (records go in batches of several, so the broker's
+    ListOffsets is short of the end), and the calls open one consumer, not two each."""
+    ensure_topic(broker, topic_name, 2)
+    close_idle()
+    opened: list[KafkaConsumer] = []
+    real_init = KafkaConsumer.__init__
+
+    def counting_init(self: KafkaConsumer, *args: Any, **kwargs: Any) -> None:
+        opened.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(KafkaConsumer, "__init__", counting_init)
+    producer = make_producer(broker)
+    sent = {0: 0, 1: 0}
+    try:
+        for round_ in range(8):
+            for partition, n in ((0, round_ % 3 * 4), (1, 5 if round_ % 2 else 0)):
+                for i in range(n):
+                    producer.send(topic_name, value=b"%d" % i, partition=partition)
+                sent[partition] += n
+            producer.flush()
+            assert high_watermarks(broker, topic_name) == sent, f"round {round_}"
+    finally:
+        producer.close(timeout=10)
+        close_idle()
+    assert sent[0] > 0 and sent[1] > 0
+    assert len(opened) == 1
