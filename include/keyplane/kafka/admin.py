@@ -17,7 +17,6 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
-from keyplane.kafka.consumers import lent_consumer
 from keyplane.kafka.security import client_config
 
 
@@ -45,34 +44,19 @@ def partitions_of(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -
     """The topic's partition ids; TopicError when it does not exist."""
     consumer = KafkaConsumer(**client_config(bootstrap_servers))
     try:
-        return _partitions(consumer, bootstrap_servers, topic, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            parts = consumer.partitions_for_topic(topic)
+            if parts:
+                return sorted(parts)
+            if time.monotonic() > deadline:
+                raise TopicError(
+                    f"topic {topic!r} does not exist on {bootstrap_servers}; "
+                    "create it with `keyplane topic create`"
+                )
+            time.sleep(0.2)
     finally:
         consumer.close()
-
-
-def _partitions(
-    consumer: KafkaConsumer, bootstrap_servers: str, topic: str, timeout_s: float = 10.0
-) -> list[int]:
-    """The topic's partition ids from ``consumer``'s metadata, waited for up to ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        parts = consumer.partitions_for_topic(topic)
-        if parts:
-            return sorted(parts)
-        if time.monotonic() > deadline:
-            raise TopicError(
-                f"topic {topic!r} does not exist on {bootstrap_servers}; "
-                "create it with `keyplane topic create`"
-            )
-        time.sleep(0.2)
-
-
-_WATERMARK_FETCH = {
-    "fetch_max_bytes": 1024,
-    "max_partition_fetch_bytes": 1024,
-    "fetch_max_wait_ms": 50,
-}
-"""A watermark query's fetches: one small record, and a short wait at an empty end."""
 
 
 def high_watermarks(
@@ -80,24 +64,21 @@ def high_watermarks(
 ) -> dict[int, int]:
     """The next offset to be written in each partition (the high watermark).
 
-    The job's driver asks at every micro-batch boundary, and a rollout's
-    controller at every poll of the control topic, so the query
-    borrows one of the process's kept consumers
-    (:func:`keyplane.kafka.consumers.lent_consumer`): two new clients per call
-    cost the driver tens of milliseconds of CPU per batch. A kept consumer
-    still holds the watermark of its last fetch, which may be older than the
-    partition's last records, so a watermark counts only once this call has
-    read the record before the reported end: the fetch that brought it also
-    brought the watermark.
-
     The broker answers a fetch at the end of an empty partition only after
     ``fetch_max_wait_ms``; waiting 50 ms instead of the default 500, and
-    polling as often, keeps the query cheap.
+    polling as often, keeps this query cheap enough for the job's driver to
+    call at every micro-batch boundary (keyplane.kafka.control).
     """
-    with lent_consumer(bootstrap_servers, topic, **_WATERMARK_FETCH) as consumer:
-        if partitions is None:
-            partitions = _partitions(consumer, bootstrap_servers, topic)
-        all_tps = [TopicPartition(topic, p) for p in partitions]
+    parts = partitions if partitions is not None else partitions_of(bootstrap_servers, topic)
+    consumer = KafkaConsumer(
+        **client_config(bootstrap_servers),
+        enable_auto_commit=False,
+        fetch_max_bytes=1024,
+        max_partition_fetch_bytes=1024,
+        fetch_max_wait_ms=50,
+    )
+    try:
+        all_tps = [TopicPartition(topic, p) for p in parts]
         reported: Mapping[TopicPartition, int] = consumer.end_offsets(all_tps)
         # A partition whose reported end is 0 has never held a batch (any broker
         # reports at least the last batch's start + 1 otherwise): its mark is 0,
@@ -113,15 +94,15 @@ def high_watermarks(
         while len(marks) < len(all_tps):
             consumer.poll(timeout_ms=50, max_records=1)
             for tp in tps:
-                # Past reported - 1, this call's fetch gave the record there, and
-                # with it the watermark; an earlier fetch's is not read.
                 hw = consumer.highwater(tp)
-                if hw is not None and consumer.position(tp) >= reported[tp]:
+                if hw is not None:
                     marks[tp.partition] = hw
             if time.monotonic() > deadline:
                 missing = [tp.partition for tp in tps if tp.partition not in marks]
                 raise TopicError(f"no high watermark for {topic} partitions {missing}")
         return marks
+    finally:
+        consumer.close()
 
 
 def earliest_offsets(
