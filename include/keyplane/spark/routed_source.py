@@ -102,7 +102,13 @@ from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
-from keyplane.routedkeys import RoutedKeyTable, find_salt, routed_key, spark_partition
+from keyplane.routedkeys import (
+    RoutedKeyTable,
+    find_salt,
+    routed_key,
+    spark_partition,
+    spark_partitions,
+)
 from keyplane.spark.kafka_source import (
     KafkaSourceOptionError,
     ReadTask,
@@ -519,8 +525,8 @@ def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
 def _evicts_per_instance(p: EvictPartition) -> pa.RecordBatch:
     """An ``evicts`` row per instance the share's moves leave: ``[key, source, target]`` each."""
     by_instance: dict[int, list[list[str]]] = {}
-    for key, source, target in p.moves:
-        instance = spark_partition(source, p.parallelism)
+    instances_of = spark_partitions([source for _, source, _ in p.moves], p.parallelism)
+    for (key, source, target), instance in zip(p.moves, instances_of.tolist(), strict=True):
         by_instance.setdefault(instance, []).append([key, source, target])
     instances = sorted(by_instance)
     groups = [evict_groups(p.operator, p.parallelism)[i] for i in instances]
@@ -624,8 +630,8 @@ def _installs_per_instance(moves: list[dict[str, Any]], p: MigrationPartition) -
     """An ``installs`` row per stage and target instance:
     ``[key, source, target, count, state, marker]`` each."""
     by_group: dict[tuple[str, int], list[list[Any]]] = {}
-    for m in moves:
-        instance = spark_partition(m["target"], p.parallelism)
+    instances = spark_partitions([m["target"] for m in moves], p.parallelism).tolist()
+    for m, instance in zip(moves, instances, strict=True):
         by_group.setdefault((m["operator"], instance), []).append(
             [m["key"], m["source"], m["target"], int(m["count"]), m["state"], int(m["marker"])]
         )
