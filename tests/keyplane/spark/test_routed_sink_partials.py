@@ -39,3 +39,23 @@ def test_a_partials_row_reads_as_its_count_rows_pure() -> None:
 def test_output_without_packed_rows_is_returned_as_it_is_pure() -> None:
     output = pd.DataFrame([{"kind": "count", "stage": "A", "key": "k", "count": 1}])
     assert unpacked_partials(output) is output
+
+
+def test_latest_partials_keep_the_order_of_the_batch_output_pure() -> None:
+    """The batch file's rows come in the output's order, which a replay repeats:
+    no sort over the text columns (docs/benchmarks.md, "This version's changes")."""
+    output = pd.DataFrame(
+        [
+            {"kind": "count", "stage": "B", "key": "z", "routed_key": "z#0", "instance": 2,
+             "count": 1, "state": "1"},
+            {"kind": "count", "stage": "A", "key": "m", "routed_key": "m#1", "instance": 1,
+             "count": 2, "state": "2"},
+            {"kind": "count", "stage": "B", "key": "z", "routed_key": "z#0", "instance": 2,
+             "count": 3, "state": "3"},  # the same routed key again, later and larger
+            {"kind": "count", "stage": "A", "key": "a", "routed_key": "a#0", "instance": 0,
+             "count": 4, "state": "4"},
+        ]
+    )  # fmt: skip
+    latest = latest_partials_of_batch(output)
+    assert latest["routed_key"].tolist() == ["m#1", "z#0", "a#0"]
+    assert latest["count"].tolist() == [2, 3, 4]
