@@ -46,6 +46,7 @@ import argparse
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -65,30 +66,43 @@ from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
 from keyplane.protocol import Reconfiguration
+from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import job_command, read_output
 from keyplane.testing import moved_off_hash_config
 from keyplane.verification import compare_counts, expected_counts
+from keyplane.waves import split_into_waves
 from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
-Order = Literal["together", "one-by-one"]
-ORDERS: tuple[Order, ...] = ("together", "one-by-one")
+Order = Literal["together", "one-by-one", "in waves"]
+ORDERS: tuple[Order, ...] = ("together", "one-by-one", "in waves")
 TIMEOUT_S = 300
 PARTS = ("scan", "A", "B")
 """The Spark stages of a batch (bench/_harness.batch_stage_seconds)."""
 
 
-def roll_out(controller: Controller, order: Order) -> None:
-    """Roll v2 out in ``order``: the controller's own rollout, or the paper's."""
-    if order == "together":
-        controller.rollout(2, timeout_s=TIMEOUT_S)
-        return
-    controller.prepare(2)
-    controller.wait_ack(TIMEOUT_S)
-    for operator in ("A", "B"):
-        controller.propagate(operator)
-        controller.wait_migrated(operator, TIMEOUT_S)
-    controller.done()
+def roll_out(controller: Controller, order: Order, waves: Sequence[int]) -> list[Reconfiguration]:
+    """Roll v2 out in ``order`` (the controller's own rollout, the paper's, or the
+    controller's rollout of each version of ``waves`` in turn); each rollout's record."""
+    done: list[Reconfiguration] = []
+
+    def finished() -> None:
+        assert controller.state is not None and controller.state.last is not None
+        done.append(controller.state.last)
+
+    if order == "one-by-one":
+        controller.prepare(2)
+        controller.wait_ack(TIMEOUT_S)
+        for operator in ("A", "B"):
+            controller.propagate(operator)
+            controller.wait_migrated(operator, TIMEOUT_S)
+        controller.done()
+        finished()
+        return done
+    for version in waves if order == "in waves" else (2,):
+        controller.rollout(version, timeout_s=TIMEOUT_S)
+        finished()
+    return done
 
 
 @dataclass(frozen=True)
@@ -97,8 +111,8 @@ class JobRun:
 
     metrics: list[dict[str, Any]]
     """The job's metrics records, one per batch."""
-    rollout: Reconfiguration | None
-    """The controller's last rollout; None for the no-rollout job."""
+    rollouts: list[Reconfiguration]
+    """The controller's rollouts, in order (several for waves); none for the no-rollout job."""
     wall_s: float
     """The rollout's wall time; 0 for the no-rollout job."""
     moved_states: int
@@ -115,6 +129,7 @@ def run_on_backlog(
     args: argparse.Namespace,
     truth: Any,
     order: Order | None,
+    waves: Sequence[int] = (),
 ) -> JobRun:
     """Run one job over the whole backlog; after 3 batches roll v2 out in ``order`` (if any)."""
     work = tmp / name
@@ -129,7 +144,7 @@ def run_on_backlog(
         stderr=subprocess.STDOUT,
         env=event_log_env(work / "events"),
     )
-    last: Reconfiguration | None = None
+    rollouts: list[Reconfiguration] = []
     wall = 0.0
     if order is not None:
         while len(list((work / "out").glob("batch-*.parquet"))) < 3:
@@ -139,14 +154,13 @@ def run_on_backlog(
         started = time.monotonic()
         with ControlChannel(bootstrap, settings.control_topic) as channel:
             controller = Controller(channel, work / "controller.json", store)
-            roll_out(controller, order)
+            rollouts = roll_out(controller, order, waves)
             wall = time.monotonic() - started
-            last = controller.state.last if controller.state else None
     if job.wait(timeout=1800) != 0:
         raise RuntimeError((work / "job.log").read_text()[-3000:])
     return JobRun(
         metrics=read_topic(bootstrap, settings.metrics_topic),
-        rollout=last,
+        rollouts=rollouts,
         wall_s=wall,
         moved_states=count_moved_states(bootstrap, settings.migration_topic),
         exact=compare_counts(truth, read_output(work / "out")).exact,
@@ -192,28 +206,40 @@ def measure(
     store: Path,
     args: argparse.Namespace,
     truth: Any,
+    waves: Sequence[int],
 ) -> dict[str, Any]:
     """Run the job on the backlog, roll v2 out in ``order`` after 3 batches, and measure."""
-    job = run_on_backlog(f"{order}-{run}", bootstrap, tmp, store, args, truth, order)
-    last, metrics = job.rollout, job.metrics
+    job = run_on_backlog(
+        f"{order.replace(' ', '-')}-{run}", bootstrap, tmp, store, args, truth, order, waves
+    )
+    metrics = job.metrics
     baseline = batch_seconds(no_rollout.metrics)
-    assert last is not None and last.ack is not None and last.ack.batch_id is not None
-    acked = last.ack.batch_id
-    installs = {op: m.batch_id for op, m in last.migrated.items() if m.batch_id is not None}
-    migrated = installs["B"]
-    switches = {installs[op] - 1 for op in installs}
+    acks = [r.ack.batch_id for r in job.rollouts if r.ack is not None]
+    assert acks and None not in acks, f"a rollout has no ACK batch: {job.rollouts}"
+    acked = min(b for b in acks if b is not None)
+    # Per operator, the batch of each rollout's MIGRATED: its install batch.
+    installs = {
+        op: sorted(
+            b
+            for r in job.rollouts
+            if op in r.migrated and (b := r.migrated[op].batch_id) is not None
+        )
+        for op in ("A", "B")
+    }
+    migrated = installs["B"][-1]
+    switches = {b - 1 for op in installs for b in installs[op]}
     seconds = batch_seconds(metrics)
     before_ids = [b for b in seconds if 0 < b < acked]
     before = [seconds[b] for b in before_ids]
     pace = summed(baseline, before_ids) / summed(seconds, before_ids)
     during = list(range(acked, migrated + 1))
-    moving = sorted(switches | set(installs.values()))
+    moving = sorted(switches | {b for op in installs for b in installs[op]})
     sums_moving = (summed(seconds, moving), summed(baseline, moving))
 
     def role(batch: int) -> str:
-        roles = ["ACK"] if batch == acked else []
-        roles += [f"{op} switch" for op in installs if installs[op] - 1 == batch]
-        roles += [f"{op} install" for op in installs if installs[op] == batch]
+        roles = ["ACK"] if batch in acks else []
+        roles += [f"{op} switch" for op in installs if batch + 1 in installs[op]]
+        roles += [f"{op} install" for op in installs if batch in installs[op]]
         return ", ".join(roles)
 
     def parts(stages: dict[int, dict[str, float]], batch: int) -> str:
@@ -232,6 +258,7 @@ def measure(
     ]
     return {
         "batches": migrated - acked + 1,
+        "rollouts": len(job.rollouts),
         "wall": job.wall_s,
         "moved": job.moved_states,
         "before": statistics.mean(before),
@@ -242,6 +269,7 @@ def measure(
         "sums_moving": sums_moving,
         # The same, the rollout's seconds at the baseline's pace before the ACK.
         "paced_moving": (sums_moving[0] * pace, sums_moving[1]),
+        "paced_during": (summed(seconds, during) * pace, summed(baseline, during)),
         "pace": pace,
         "exact": job.exact,
         "parts": extra_by_part(job, no_rollout, moving, sums_moving[0] - sums_moving[1]),
@@ -255,7 +283,16 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--moved-keys", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=20_000)
-    parser.add_argument("--repeats", type=int, default=1, help="runs of the three jobs")
+    parser.add_argument(
+        "--max-moves-per-wave",
+        type=int,
+        default=2_600,
+        help="the most keys a wave of the `in waves` rollout moves",
+    )
+    parser.add_argument(
+        "--orders", nargs="+", choices=ORDERS, default=list(ORDERS), help="rollout orders to run"
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the jobs")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -269,25 +306,41 @@ def main() -> None:
 
     v1 = RoutingConfig.all_hash(P, ("A", "B"))
     v2 = moved_off_hash_config(2, {"A": moved_a, "B": b_keys}, P)
+    # The same target as v2, in waves numbered from 3 (the first a child of v1).
+    waves = split_into_waves(
+        v1, v2.model_copy(update={"version": 3}), spark_partition, args.max_moves_per_wave
+    )
     with private_broker() as (bootstrap, tmp):
         produce_workload(spec, bootstrap, "reconf", partitions=8)
         store = tmp / "store"
         save(v1, store)
         save(v2, store)
+        for wave in waves:
+            save(wave, store)
         baselines_exact = []
-        results: dict[Order, list[dict[str, Any]]] = {order: [] for order in ORDERS}
+        results: dict[Order, list[dict[str, Any]]] = {order: [] for order in args.orders}
         for run in range(args.repeats):
             no_rollout = run_on_backlog(
                 f"no-rollout-{run}", bootstrap, tmp, store, args, truth, None
             )
             baselines_exact.append(no_rollout.exact)
-            for order in ORDERS:
+            for order in args.orders:
                 results[order].append(
-                    measure(order, run, no_rollout, bootstrap, tmp, store, args, truth)
+                    measure(
+                        order,
+                        run,
+                        no_rollout,
+                        bootstrap,
+                        tmp,
+                        store,
+                        args,
+                        truth,
+                        [wave.version for wave in waves],
+                    )
                 )
 
     def row(label: str, cell: Any) -> str:
-        return f"| {label} | " + " | ".join(cell(results[order]) for order in ORDERS) + " |"
+        return f"| {label} | " + " | ".join(cell(results[order]) for order in args.orders) + " |"
 
     def runs(value: Any) -> Any:
         """A cell: the value of each run, separated by slashes."""
@@ -309,8 +362,8 @@ def main() -> None:
         f"keys and {len(b_keys)} stage-B keys; {args.repeats} run(s) of the three jobs "
         "(cells with several values: one per run)",
         "",
-        "| measure | " + " | ".join(ORDERS) + " |",
-        "|---|" + "---:|" * len(ORDERS),
+        "| measure | " + " | ".join(args.orders) + " |",
+        "|---|" + "---:|" * len(args.orders),
         row(
             "micro-batches ACK → MIGRATED(B) (+1 applies DONE)",
             runs(lambda r: f"{r['batches']} (+1)"),
@@ -335,6 +388,11 @@ def main() -> None:
             pooled("paced_moving"),
         ),
         row(
+            "throughput dip, ACK → MIGRATED(B), vs the same batches without a rollout, "
+            "each job at its own pace before the ACK",
+            pooled("paced_during"),
+        ),
+        row(
             "seconds the switch and install batches took beyond the same batches without "
             "a rollout (the moves' cost, whatever the batch size)",
             runs(lambda r: f"{r['sums_moving'][0] - r['sums_moving'][1]:+.1f}"),
@@ -355,7 +413,7 @@ def main() -> None:
         "",
         f"The no-rollout jobs' counts exact: {' / '.join(map(str, baselines_exact))}.",
     ]
-    for order in ORDERS:
+    for order in args.orders:
         lines += [
             "",
             f"{order}, first run:",

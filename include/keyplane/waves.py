@@ -1,0 +1,120 @@
+"""Rollouts in waves: one large reconfiguration as a chain of smaller ones.
+
+A rollout's moved states cost the stateful stages work in the two batches
+that switch and install them: each moved state is read, evicted, shipped and
+installed through Spark's keyed state store, one key at a time (paper 000
+§3.4). That work does not shrink, but it can be spread: a rollout that
+moves 10,000 keys at once slows its two batches by about a fifth
+(docs/benchmarks.md, "A live reconfiguration that moves 10k keys"), while the
+same moves in waves of a few thousand keys each cost each wave's batches a
+share of it, and the job's throughput dips less for longer.
+
+A wave is an ordinary configuration: the old one with a share of the moves
+applied. Each wave is published, validated and rolled out like any other
+version (PREPARE → ACK → PROPAGATE → MIGRATED → DONE), so waves need nothing
+new in the job or the protocol, and a job killed between waves runs a valid
+configuration. The last wave routes exactly as the target.
+
+Every operator's moves are dealt over the waves in the same proportion, so
+each wave carries a share of every stage's work. A rescale cannot be split:
+it changes the hash fallback of every key at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.migration import Fallback, KeyMove, plan_migration
+
+
+def wave_count(moves_per_operator: list[int], max_moves_per_wave: int) -> int:
+    """The fewest waves that deal each operator's moves evenly, at most
+    ``max_moves_per_wave`` moved keys in any wave (each operator's share rounded up)."""
+    if max_moves_per_wave < 1:
+        raise ValueError(f"max_moves_per_wave must be at least 1, not {max_moves_per_wave}")
+    waves = max(1, math.ceil(sum(moves_per_operator) / max_moves_per_wave))
+    while sum(math.ceil(n / waves) for n in moves_per_operator) > max_moves_per_wave:
+        waves += 1
+    return waves
+
+
+def _with_moves(
+    old: OperatorRouting, new: OperatorRouting, moves: list[KeyMove]
+) -> OperatorRouting:
+    """``old`` with each of ``moves`` routed as ``new`` routes it."""
+    table = dict(old.table)
+    hot_keys = dict(old.hot_keys)
+    for move in moves:
+        table.pop(move.key, None)
+        hot_keys.pop(move.key, None)
+        if move.key in new.table:
+            table[move.key] = new.table[move.key]
+        elif move.key in new.hot_keys:
+            hot_keys[move.key] = new.hot_keys[move.key]
+    return OperatorRouting.model_validate(
+        {**old.model_dump(), "table": table, "hot_keys": hot_keys}
+    )
+
+
+def split_into_waves(
+    old: RoutingConfig,
+    new: RoutingConfig,
+    fallback: Fallback,
+    max_moves_per_wave: int,
+) -> tuple[RoutingConfig, ...]:
+    """The configurations that take a job from ``old`` to ``new`` in waves.
+
+    Each wave moves at most ``max_moves_per_wave`` keys (a hot key split or
+    merged counts as one). The waves are numbered from ``new.version`` on,
+    each the parent of the next, the first a child of ``old``; the last
+    routes every key as ``new`` does and carries its placement. With no more
+    moves than one wave holds, the result is ``new`` alone.
+
+    Raises ``ValueError`` when an operator's parallelism or active instances
+    differ between ``old`` and ``new`` (a rescale moves in one wave), or when
+    ``new.version`` is not newer than ``old.version``.
+    """
+    if new.version <= old.version:
+        raise ValueError(f"version {new.version} must be newer than {old.version}")
+    plan = plan_migration(old, new, fallback)
+    waves = wave_count([len(m.moves) for m in plan.operators], max_moves_per_wave)
+    if waves == 1:
+        return (new,)
+    rescaled = [
+        name
+        for name in plan.operator_order
+        if old.operators[name].active != new.operators[name].active
+        or old.operators[name].parallelism != new.operators[name].parallelism
+    ]
+    if rescaled:
+        raise ValueError(
+            f"operators {rescaled} change their instances: a rescale moves every key's "
+            "hash instance at once, so it rolls out in one wave"
+        )
+    configs = []
+    for wave in range(1, waves):
+        operators = {}
+        for name in new.operators:
+            moves = plan.operator(name).moves
+            # The first ⌈wave·n/waves⌉ moves: every operator's share grows evenly.
+            done = math.ceil(wave * len(moves) / waves)
+            operators[name] = _with_moves(
+                old.operators[name], new.operators[name], list(moves[:done])
+            )
+        configs.append(_wave(new, wave, old.version, operators))
+    return (*configs, _wave(new, waves, old.version, new.operators))
+
+
+def _wave(
+    new: RoutingConfig, wave: int, old_version: int, operators: dict[str, OperatorRouting]
+) -> RoutingConfig:
+    """Wave ``wave`` (from 1) of the rollout to ``new``: numbered from ``new.version``."""
+    version = new.version + wave - 1
+    return RoutingConfig(
+        version=version,
+        parent_version=old_version if wave == 1 else version - 1,
+        created_at=new.created_at,
+        created_by=new.created_by,
+        operators=operators,
+    )
