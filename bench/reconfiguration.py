@@ -3,12 +3,15 @@
 The routed job runs on a backlog, so every batch takes ``--batch`` events and
 a batch's duration is the job's cost for them. After a few batches the
 controller rolls out v2, which moves ``--moved-keys`` stage-A keys and every
-stage-B key to other instances. Two orders of paper 000 §3.4, side by side
-in one run, each on a job of its own over the same topic:
+stage-B key to other instances. Three rollouts, side by side in one run,
+each on a job of its own over the same topic:
 
 * ``together`` (keyplane's rollout): PREPARE → ACK → PROPAGATE A, PROPAGATE B
   → MIGRATED A, MIGRATED B → DONE; both stages switch in one batch;
-* ``one-by-one`` (the paper's order): PROPAGATE B only after MIGRATED A.
+* ``one-by-one`` (paper 000 §3.4's order): PROPAGATE B only after MIGRATED A;
+* ``in waves``: the same moves as a chain of versions that each move at most
+  ``--max-moves-per-wave`` keys (:mod:`keyplane.waves`), each rolled out
+  ``together``, one after the other.
 
 A third job, first in the run, reads the same topic with no rollout: the
 baseline. Every job reads the same events in batch *n* (same backlog, same
@@ -17,8 +20,8 @@ differ only by the rollout's work.
 
 Reported per order:
 
-* micro-batches from the job's ACK to its MIGRATED for B (the batch ids the
-  job stamps on its replies), plus the batch that applies DONE;
+* micro-batches from the job's (first) ACK to its (last) MIGRATED for B (the
+  batch ids the job stamps on its replies), plus the batch that applies DONE;
 * the throughput dip (goal ≤ 10 %) over the switch and install batches, the
   two that move state, and over all batches from the ACK to MIGRATED(B):
   one minus the baseline's summed durations of those batches over the
@@ -37,7 +40,8 @@ Reported per order:
 * every batch from the last one before the ACK to the first after MIGRATED,
   with the baseline's duration of the same batch.
 
-    python bench/reconfiguration.py [--events 200000] [--moved-keys 10000] [--out FILE]
+    python bench/reconfiguration.py [--events 500000] [--moved-keys 10000]
+        [--max-moves-per-wave 2600] [--orders ...] [--repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -279,7 +283,8 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=200_000)
+    # 25 batches: room for the waves' 12 batches after the first 3.
+    parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--moved-keys", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=20_000)
@@ -359,7 +364,9 @@ def main() -> None:
     lines = [
         f"events: {args.events:,} zipf-evolving ({args.keys:,} keys, s = 0.6), "
         f"{args.batch:,} per batch, {P} instances, local[2]; v2 moves {len(moved_a):,} stage-A "
-        f"keys and {len(b_keys)} stage-B keys; {args.repeats} run(s) of the three jobs "
+        f"keys and {len(b_keys)} stage-B keys; {args.repeats} run(s) of the "
+        f"{1 + len(args.orders)} jobs; "
+        f"in waves: {len(waves)} waves of at most {args.max_moves_per_wave:,} moved keys "
         "(cells with several values: one per run)",
         "",
         "| measure | " + " | ".join(args.orders) + " |",

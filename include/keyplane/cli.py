@@ -37,8 +37,10 @@ from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answ
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.protocol import ProtocolError
+from keyplane.routedkeys import spark_partition
 from keyplane.settings import Settings
 from keyplane.signing import MissingKeyError
+from keyplane.waves import split_into_waves
 from keyplane.workloads import GeoTagsWorkload, PairsWorkload, ZipfEvolvingWorkload
 
 WORKLOADS: dict[str, type[BaseModel]] = {
@@ -300,6 +302,8 @@ def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
     """
     config = _read_config_file(args.file)
     store: Path = args.store or settings.config_store
+    if args.max_moves_per_wave is not None and config.parent_version is not None:
+        return _publish_in_waves(settings, args, config, store)
     _save_published(config, store, args.file)
     if config.parent_version is None:
         print(f"v{config.version} is an initial configuration: start the job on it")
@@ -329,6 +333,50 @@ def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
             )
             return 130
     print(f"v{result.version} is active (from v{result.previous_version}, {result.total_s:.2f} s)")
+    return 0
+
+
+def _publish_in_waves(
+    settings: Settings, args: argparse.Namespace, config: RoutingConfig, store: Path
+) -> int:
+    """Store FILE's reconfiguration as waves of at most ``--max-moves-per-wave`` moved keys
+    each (:mod:`keyplane.waves`), numbered from FILE's version on, and roll them out in turn.
+
+    Like a single version, both halves repeat safely: the waves are computed
+    the same way again, and the rollout skips the waves the job already runs.
+    """
+    assert config.parent_version is not None
+    if args.no_wait:
+        raise CliError("--no-wait sends one PREPARE; it cannot follow waves")
+    try:
+        parent = config_store.load(store, config.parent_version)
+    except config_store.ConfigStoreError as exc:
+        raise CliError(f"cannot split {args.file} into waves: {exc}") from None
+    try:
+        waves = split_into_waves(parent, config, spark_partition, args.max_moves_per_wave)
+    except ValueError as exc:
+        raise CliError(f"cannot split {args.file} into waves: {exc}") from None
+    for wave in waves:
+        _save_published(wave, store, args.file)
+    versions = [wave.version for wave in waves]
+    print(
+        f"v{config.version} of {args.file} rolls out in {len(waves)} wave(s): "
+        f"v{versions[0]}..v{versions[-1]}, at most {args.max_moves_per_wave:,} moved keys each"
+    )
+    with _control_channel(settings) as channel:
+        controller = _controller(settings, channel, store)
+        try:
+            with _StepDisplay() as display:
+                results = controller.rollout_waves(
+                    versions, timeout_s=args.timeout, on_step=display
+                )
+        except RolloutTimeout as exc:
+            state = controller.state
+            active = "" if state is None else f"; the job runs v{state.active_version}"
+            print(f"keyplane: {exc}{active}", file=sys.stderr)
+            return 1
+    seconds = sum(result.total_s for result in results)
+    print(f"v{versions[-1]} is active, routing as {args.file} ({seconds:.2f} s of rollouts)")
     return 0
 
 
@@ -783,6 +831,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=120.0,
         help="seconds to wait for each reply of the job before aborting (default: 120)",
+    )
+    publish.add_argument(
+        "--max-moves-per-wave",
+        type=_count,
+        metavar="N",
+        help="roll the change out in waves that each move at most N keys, numbered from "
+        "FILE's version on: a smaller dip in throughput over more micro-batches",
     )
     publish.add_argument(
         "--no-wait",

@@ -575,6 +575,31 @@ class Controller:
         assert last is not None and last.version == version
         return RolloutResult(version, last.base, last.checksum, tuple(timings))
 
+    def rollout_waves(
+        self,
+        versions: Sequence[int],
+        *,
+        timeout_s: float,
+        on_step: Callable[[RolloutProgress], None] | None = None,
+    ) -> list[RolloutResult]:
+        """Roll out each of ``versions``, the waves of one reconfiguration, in turn.
+
+        Waves (:func:`keyplane.waves.split_into_waves`) spread a large
+        rollout's moved states over more micro-batches, so each batch pays a
+        share. Called again after an interruption, it skips the waves the
+        job already runs past and resumes the one in flight; a timeout aborts
+        the wave in flight and leaves the job on the last finished wave, a
+        valid configuration. Returns the result of each wave it rolled out or
+        found finished.
+        """
+        results = []
+        for version in versions:
+            state = self.state
+            if state is not None and state.active_version > version:
+                continue
+            results.append(self.rollout(version, timeout_s=timeout_s, on_step=on_step))
+        return results
+
     def _aborted(self, timeout: RolloutTimeout) -> RolloutTimeout:
         """Abort after a missing reply, and say so in the error."""
         try:

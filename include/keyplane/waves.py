@@ -15,8 +15,8 @@ version (PREPARE → ACK → PROPAGATE → MIGRATED → DONE), so waves need not
 new in the job or the protocol, and a job killed between waves runs a valid
 configuration. The last wave routes exactly as the target.
 
-Every operator's moves are dealt over the waves in the same proportion, so
-each wave carries a share of every stage's work. A rescale cannot be split:
+Every operator's moves are dealt over the waves in proportion, so each
+wave carries a share of every stage's work. A rescale cannot be split:
 it changes the hash fallback of every key at once.
 """
 
@@ -25,18 +25,30 @@ from __future__ import annotations
 import math
 
 from keyplane.config import OperatorRouting, RoutingConfig
-from keyplane.migration import Fallback, KeyMove, plan_migration
+from keyplane.migration import Fallback, KeyMove, MigrationPlan, plan_migration
 
 
-def wave_count(moves_per_operator: list[int], max_moves_per_wave: int) -> int:
-    """The fewest waves that deal each operator's moves evenly, at most
-    ``max_moves_per_wave`` moved keys in any wave (each operator's share rounded up)."""
+def wave_count(moves: int, max_moves_per_wave: int) -> int:
+    """How many waves carry ``moves`` moved keys, at most ``max_moves_per_wave`` each."""
     if max_moves_per_wave < 1:
         raise ValueError(f"max_moves_per_wave must be at least 1, not {max_moves_per_wave}")
-    waves = max(1, math.ceil(sum(moves_per_operator) / max_moves_per_wave))
-    while sum(math.ceil(n / waves) for n in moves_per_operator) > max_moves_per_wave:
-        waves += 1
-    return waves
+    return max(1, math.ceil(moves / max_moves_per_wave))
+
+
+def _interleaved(plan: MigrationPlan) -> list[tuple[str, KeyMove]]:
+    """Every operator's moves in one sequence, each operator's spread evenly along it.
+
+    The i-th of an operator's n moves sits at (i + ½)/n, so any stretch of
+    the sequence holds every operator's moves in proportion: a wave cut from
+    it carries a share of every stage's work, not stage A's first and B's last.
+    """
+    placed = [
+        ((index + 0.5) / len(migration.moves), order, migration.operator, move)
+        for order, migration in enumerate(plan.operators)
+        for index, move in enumerate(migration.moves)
+    ]
+    placed.sort(key=lambda item: (item[0], item[1]))
+    return [(operator, move) for _, _, operator, move in placed]
 
 
 def _with_moves(
@@ -72,15 +84,13 @@ def split_into_waves(
     moves than one wave holds, the result is ``new`` alone.
 
     Raises ``ValueError`` when an operator's parallelism or active instances
-    differ between ``old`` and ``new`` (a rescale moves in one wave), or when
-    ``new.version`` is not newer than ``old.version``.
+    differ between ``old`` and ``new`` (a rescale moves in one wave: publish
+    it without waves), or when ``new.version`` is not newer than
+    ``old.version``.
     """
     if new.version <= old.version:
         raise ValueError(f"version {new.version} must be newer than {old.version}")
     plan = plan_migration(old, new, fallback)
-    waves = wave_count([len(m.moves) for m in plan.operators], max_moves_per_wave)
-    if waves == 1:
-        return (new,)
     rescaled = [
         name
         for name in plan.operator_order
@@ -92,16 +102,22 @@ def split_into_waves(
             f"operators {rescaled} change their instances: a rescale moves every key's "
             "hash instance at once, so it rolls out in one wave"
         )
+    waves = wave_count(plan.cost.keys, max_moves_per_wave)
+    if waves == 1:
+        return (new,)
+    sequence = _interleaved(plan)
     configs = []
     for wave in range(1, waves):
-        operators = {}
-        for name in new.operators:
-            moves = plan.operator(name).moves
-            # The first ⌈wave·n/waves⌉ moves: every operator's share grows evenly.
-            done = math.ceil(wave * len(moves) / waves)
-            operators[name] = _with_moves(
-                old.operators[name], new.operators[name], list(moves[:done])
+        # Waves of ⌈n/waves⌉ or one fewer moves; each wave applies all moves before its end.
+        done = sequence[: math.ceil(wave * len(sequence) / waves)]
+        operators = {
+            name: _with_moves(
+                old.operators[name],
+                new.operators[name],
+                [move for operator, move in done if operator == name],
             )
+            for name in new.operators
+        }
         configs.append(_wave(new, wave, old.version, operators))
     return (*configs, _wave(new, waves, old.version, new.operators))
 

@@ -230,6 +230,107 @@ def test_config_publish_rolls_out_to_the_running_job_step_by_step(
 
 
 @pytest.mark.integration
+def test_config_publish_in_waves_rolls_each_wave_out_and_repeats_safely(
+    tmp_path: Path,
+    broker: str,
+    topic_name: str,
+    control_key: str,
+    routing_store: Path,
+    protocol_only_job: Callable[[], ProtocolOnlyJob],
+) -> None:
+    """v4, a child of the v1 the job runs, moves 4 keys: in waves of 2, it is stored as
+    v4 and v5 and rolled out one after the other. The same command again finds v4 done and
+    v5 active (as a repeated single publish does), and does not go back to v4."""
+    job = protocol_only_job()
+    v1 = config_store.load(routing_store, 1)
+    a, b = v1.operators["A"], v1.operators["B"]
+    target = v1.model_copy(
+        update={
+            "version": 4,
+            "parent_version": 1,
+            "created_by": "manual",
+            "operators": {
+                "A": a.model_copy(update={"table": {"eu": 1 - a.table["eu"], "us": a.table["eu"]}}),
+                "B": b.model_copy(
+                    update={"table": {"#spark": (b.table["#spark"] + 1) % 3, "#flink": 2}}
+                ),
+            },
+        }
+    )
+    file = tmp_path / "v4.json"
+    file.write_text(target.model_dump_json())
+    command = ("config", "publish", str(file), "--store", str(routing_store))
+    options = ("--max-moves-per-wave", "2", "--timeout", "60")
+    env = _control_env(broker, topic_name, control_key)
+
+    first = _keyplane(tmp_path, *command, *options, env=env)
+    again = _keyplane(tmp_path, *command, *options, env=env)
+
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    assert [line.split(" (checksum")[0] for line in lines[:2]] == [
+        f"v4 stored in {routing_store}",
+        f"v5 stored in {routing_store}",
+    ]
+    assert lines[2] == (f"v4 of {file} rolls out in 2 wave(s): v4..v5, at most 2 moved keys each")
+    steps = [line.rsplit(maxsplit=2)[0] for line in lines[3:-1]]
+    assert [step for step in steps if step.startswith(("PREPARE", "DONE"))] == [
+        "PREPARE v4 → ACK",
+        "DONE v4",
+        "PREPARE v5 → ACK",
+        "DONE v5",
+    ]
+    assert lines[-1].startswith(f"v5 is active, routing as {file} (")
+    assert job.wait_until(lambda state: state.active_version == 5)
+    assert config_store.load(routing_store, 5).operators == target.operators
+    wave = config_store.load(routing_store, 4)
+    assert wave.parent_version == 1
+    moved = sum(wave.operators[name].table != v1.operators[name].table for name in ("A", "B"))
+    assert moved == 2  # each operator has one of its two moves in the first wave
+    assert again.returncode == 0, again.stderr
+    assert "PREPARE v4" not in again.stdout  # the wave the job runs past is skipped
+    assert job.wait_until(lambda state: state.active_version == 5)
+    assert again.stdout.splitlines()[-1].startswith(f"v5 is active, routing as {file}")
+
+
+def test_config_publish_in_waves_refuses_a_rescale_in_one_line(
+    tmp_path: Path, routing_store: Path
+) -> None:
+    v1 = config_store.load(routing_store, 1)
+    rescaled = v1.model_copy(
+        update={
+            "version": 4,
+            "parent_version": 1,
+            "created_by": "scale",
+            "operators": {
+                **v1.operators,
+                "B": v1.operators["B"].model_copy(update={"parallelism": 4}),
+            },
+        }
+    )
+    file = tmp_path / "v4.json"
+    file.write_text(rescaled.model_dump_json())
+
+    result = _keyplane(
+        tmp_path,
+        "config",
+        "publish",
+        str(file),
+        "--store",
+        str(routing_store),
+        "--max-moves-per-wave",
+        "1",
+    )
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"keyplane: cannot split {file} into waves: operators ['B'] change their instances: "
+        "a rescale moves every key's hash instance at once, so it rolls out in one wave\n"
+    )
+    assert config_store.stored_versions(routing_store) == [1, 2, 3]
+
+
+@pytest.mark.integration
 def test_config_publish_without_a_job_times_out_in_one_line_and_aborts(
     tmp_path: Path, broker: str, topic_name: str, control_key: str, routing_store: Path
 ) -> None:
