@@ -13,10 +13,11 @@ each on a job of its own over the same topic:
   ``--max-moves-per-wave`` keys (:mod:`keyplane.waves`), each rolled out
   ``together``, one after the other.
 
-A third job, first in the run, reads the same topic with no rollout: the
-baseline. Every job reads the same events in batch *n* (same backlog, same
-``--batch``), so a batch of a rollout and the same batch of the baseline
-differ only by the rollout's work.
+One more job reads the same topic with no rollout: the baseline. Every job
+reads the same events in batch *n* (same backlog, same ``--batch``), so a
+batch of a rollout and the same batch of the baseline differ only by the
+rollout's work. The jobs run one at a time; with ``--repeats``, each run
+starts with another of them, so that no job always runs first.
 
 Reported per order:
 
@@ -201,21 +202,8 @@ def extra_by_part(
     return out
 
 
-def measure(
-    order: Order,
-    run: int,
-    no_rollout: JobRun,
-    bootstrap: str,
-    tmp: Path,
-    store: Path,
-    args: argparse.Namespace,
-    truth: Any,
-    waves: Sequence[int],
-) -> dict[str, Any]:
-    """Run the job on the backlog, roll v2 out in ``order`` after 3 batches, and measure."""
-    job = run_on_backlog(
-        f"{order.replace(' ', '-')}-{run}", bootstrap, tmp, store, args, truth, order, waves
-    )
+def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
+    """What ``job``'s rollout cost against ``no_rollout``, the same batches without one."""
     metrics = job.metrics
     baseline = batch_seconds(no_rollout.metrics)
     acks = [r.ack.batch_id for r in job.rollouts if r.ack is not None]
@@ -324,25 +312,26 @@ def main() -> None:
             save(wave, store)
         baselines_exact = []
         results: dict[Order, list[dict[str, Any]]] = {order: [] for order in args.orders}
+        jobs: list[Order | None] = [None, *args.orders]
         for run in range(args.repeats):
-            no_rollout = run_on_backlog(
-                f"no-rollout-{run}", bootstrap, tmp, store, args, truth, None
-            )
-            baselines_exact.append(no_rollout.exact)
-            for order in args.orders:
-                results[order].append(
-                    measure(
-                        order,
-                        run,
-                        no_rollout,
-                        bootstrap,
-                        tmp,
-                        store,
-                        args,
-                        truth,
-                        [wave.version for wave in waves],
-                    )
+            # Each run starts with another job, so no job always runs first.
+            shift = run % len(jobs)
+            ran: dict[Order | None, JobRun] = {}
+            for order in jobs[shift:] + jobs[:shift]:
+                name = "no-rollout" if order is None else order.replace(" ", "-")
+                ran[order] = run_on_backlog(
+                    f"{name}-{run}",
+                    bootstrap,
+                    tmp,
+                    store,
+                    args,
+                    truth,
+                    order,
+                    [wave.version for wave in waves],
                 )
+            baselines_exact.append(ran[None].exact)
+            for order in args.orders:
+                results[order].append(measure(ran[order], ran[None]))
 
     def row(label: str, cell: Any) -> str:
         return f"| {label} | " + " | ".join(cell(results[order]) for order in args.orders) + " |"
