@@ -375,6 +375,16 @@ def _publish_in_waves(
             active = "" if state is None else f"; the job runs v{state.active_version}"
             print(f"keyplane: {exc}{active}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            in_flight = controller.in_flight
+            if in_flight is None:
+                raise
+            print(
+                f"keyplane: interrupted; wave v{in_flight} is still rolling out: run this "
+                "command again to resume the waves, or `keyplane config abort`",
+                file=sys.stderr,
+            )
+            return 130
     seconds = sum(result.total_s for result in results)
     print(f"v{versions[-1]} is active, routing as {args.file} ({seconds:.2f} s of rollouts)")
     return 0
