@@ -316,6 +316,14 @@ def main() -> None:
     waves = split_into_waves(
         v1, v2.model_copy(update={"version": 3}), spark_partition, args.max_moves_per_wave
     )
+    # 3 batches before the first ACK, 3 per wave, the DONE batch and one to spare.
+    needed = 3 + 3 * len(waves) + 2
+    if "in waves" in args.orders and args.events // args.batch < needed:
+        parser.error(
+            f"--events {args.events} gives {args.events // args.batch} batches of {args.batch}; "
+            f"{len(waves)} waves need {needed}: raise --events, or --max-moves-per-wave, "
+            "or leave 'in waves' out of --orders"
+        )
     with private_broker() as (bootstrap, tmp):
         produce_workload(spec, bootstrap, "reconf", partitions=8)
         store = tmp / "store"
