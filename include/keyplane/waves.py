@@ -3,14 +3,14 @@
 A rollout's moved states cost the stateful stages work in the two batches
 that switch and install them: each moved state is read, evicted, shipped and
 installed through Spark's keyed state store, one key at a time (paper 000
-§3.4). That work does not shrink, but it can be spread: a rollout that
-moves 10,000 keys at once slows its two batches by about a fifth
-(docs/benchmarks.md, "A live reconfiguration that moves 10k keys"), while the
-same moves in waves of a few thousand keys each cost each wave's batches a
-share of it, and the job's throughput dips less for longer.
+§3.4). That work does not shrink (each wave even adds a little of its own),
+but it can be spread: a rollout that moves 10,000 keys at once slows its two
+batches by about a fifth, and the same moves in four waves of 2,550 slow
+each wave's batches by about a tenth, over 12 batches instead of 3
+(docs/benchmarks.md, "Rollouts in waves").
 
 A wave is an ordinary configuration: the old one with a share of the moves
-applied. Each wave is published, validated and rolled out like any other
+applied. Each wave is stored (checksummed) and rolled out like any other
 version (PREPARE → ACK → PROPAGATE → MIGRATED → DONE), so waves need nothing
 new in the job or the protocol, and a job killed between waves runs a valid
 configuration. The last wave routes exactly as the target.
