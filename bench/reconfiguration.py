@@ -234,6 +234,7 @@ def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
     during = list(range(acked, migrated + 1))
     moving = sorted(switches | {b for op in installs for b in installs[op]})
     sums_moving = (summed(seconds, moving), summed(baseline, moving))
+    sums_during = (summed(seconds, during), summed(baseline, during))
 
     def role(batch: int) -> str:
         roles = ["ACK"] if batch in acks else []
@@ -257,25 +258,21 @@ def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
     ]
     return {
         "batches": migrated - acked + 1,
-        "rollouts": len(job.rollouts),
         "wall": job.wall_s,
         "moved": job.moved_states,
         "before": statistics.mean(before),
         "during": statistics.mean(seconds[b] for b in during),
         "moving": statistics.mean(seconds[b] for b in moving),
         # (rollout, baseline) summed seconds of the same batches.
-        "sums_during": (summed(seconds, during), summed(baseline, during)),
+        "sums_during": sums_during,
         "sums_moving": sums_moving,
         # The same, the rollout's seconds at the baseline's pace before the ACK.
         "paced_moving": (sums_moving[0] * pace, sums_moving[1]),
-        "paced_during": (summed(seconds, during) * pace, summed(baseline, during)),
+        "paced_during": (sums_during[0] * pace, sums_during[1]),
         "pace": pace,
         "pace_outside": pace_outside,
         "paced_outside_moving": (sums_moving[0] * pace_outside, sums_moving[1]),
-        "paced_outside_during": (
-            summed(seconds, during) * pace_outside,
-            summed(baseline, during),
-        ),
+        "paced_outside_during": (sums_during[0] * pace_outside, sums_during[1]),
         "exact": job.exact,
         "parts": extra_by_part(job, no_rollout, moving, sums_moving[0] - sums_moving[1]),
         "table": batches,
