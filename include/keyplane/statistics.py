@@ -57,6 +57,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from keyplane.batchmetrics import BatchMetrics
@@ -445,6 +446,20 @@ def write_snapshot(
     return final
 
 
+def read_frame(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """One parquet file as a frame, read by path on the calling thread.
+
+    Not ``pd.read_parquet``: pandas hands pyarrow an open Python file, and
+    pyarrow then decodes on its thread pool. A short-lived process (a
+    ``keyplane`` command) that did so can abort at interpreter exit, after
+    its output is printed, with "terminate called without an active
+    exception" while Arrow tears the pool down (apache/arrow#34314, #50482).
+    A path and ``use_threads=False`` keep both out; the files are small.
+    """
+    table = pq.ParquetFile(path).read(columns=list(columns) if columns else None, use_threads=False)
+    return table.to_pandas(use_threads=False)
+
+
 def read_snapshot(root: Path | str, run_id: str) -> Snapshot:
     """Load a snapshot; ``FileNotFoundError`` when the run has none (yet)."""
     folder = snapshot_folder(root, run_id)
@@ -454,10 +469,10 @@ def read_snapshot(root: Path | str, run_id: str) -> Snapshot:
     return Snapshot(
         path=folder,
         manifest=SnapshotManifest.model_validate_json(manifest_path.read_text()),
-        frequencies=pd.read_parquet(folder / FREQUENCIES),
-        pairs=pd.read_parquet(folder / PAIRS),
-        instance_loads=pd.read_parquet(folder / INSTANCE_LOADS),
-        traffic=pd.read_parquet(folder / TRAFFIC),
+        frequencies=read_frame(folder / FREQUENCIES),
+        pairs=read_frame(folder / PAIRS),
+        instance_loads=read_frame(folder / INSTANCE_LOADS),
+        traffic=read_frame(folder / TRAFFIC),
     )
 
 

@@ -420,16 +420,14 @@ def key_weights(snapshots: Path, runs: Sequence[RunRecords]) -> dict[str, dict[s
     Configurations store no frequencies, so the snapshot the newest plan was
     computed from is the best record of how heavy a hot or moved key is.
     """
-    import pandas as pd
-
-    from keyplane.statistics import FREQUENCIES
+    from keyplane.statistics import FREQUENCIES, read_frame
 
     for run in reversed(runs):
         path = snapshots / run.run_id / FREQUENCIES
         if not path.is_file():
             continue
         try:
-            frame = pd.read_parquet(path, columns=["stage", "key", "count"])
+            frame = read_frame(path, columns=["stage", "key", "count"])
         except (OSError, ValueError):
             continue
         weights: dict[str, dict[str, float]] = {}

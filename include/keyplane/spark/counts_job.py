@@ -73,6 +73,7 @@ from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge
 from keyplane.spark.routed_source import OPERATORS, read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
+from keyplane.statistics import read_frame
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +237,7 @@ def read_partials(output: Path) -> pd.DataFrame:
     if not files:
         return pd.DataFrame({"stage": [], "key": [], "count": [], "batch": []})
     frames = [
-        pd.read_parquet(f).assign(batch=int(f.name.removeprefix("batch-").split(".")[0]))
-        for f in files
+        read_frame(f).assign(batch=int(f.name.removeprefix("batch-").split(".")[0])) for f in files
     ]
     return pd.concat(frames, ignore_index=True)
 
