@@ -22,7 +22,14 @@ from keyplane import config as config_store
 from keyplane.aggregates import AggregateSpecError
 from keyplane.config import RoutingConfig
 from keyplane.config_report import render_config, render_diff
-from keyplane.controller import Controller, ControllerError, RolloutProgress, RolloutTimeout
+from keyplane.controller import (
+    Controller,
+    ControllerError,
+    ControllerFile,
+    RolloutProgress,
+    RolloutTimeout,
+    read_controller_file,
+)
 from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES
 from keyplane.jobprocess import (
     START_TIMEOUT_S,
@@ -256,7 +263,7 @@ def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
 
 
 def _controller(settings: Settings, channel: ControlChannel, store: Path) -> Controller:
-    return Controller(channel, settings.home / "controller.json", store)
+    return Controller(channel, settings.controller_state, store)
 
 
 def _control_channel(settings: Settings) -> ControlChannel:
@@ -345,22 +352,25 @@ def _publish_in_waves(
     Like a single version, both halves repeat safely: the waves are computed
     the same way again, and the rollout skips the waves the job already runs.
     """
-    assert config.parent_version is not None
     if args.no_wait:
         raise CliError("--no-wait sends one PREPARE; it cannot follow waves")
+    base = _wave_base(config, store, read_controller_file(settings.controller_state))
+    if base != config.parent_version:
+        print(
+            f"the job runs v{base}, not {args.file}'s parent v{config.parent_version}: "
+            f"the waves start from v{base}"
+        )
     try:
-        parent = config_store.load(store, config.parent_version)
-    except config_store.ConfigStoreError as exc:
-        raise CliError(f"cannot split {args.file} into waves: {exc}") from None
-    try:
-        waves = split_into_waves(parent, config, spark_partition, args.max_moves_per_wave)
-    except ValueError as exc:
+        waves = split_into_waves(
+            config_store.load(store, base), config, spark_partition, args.max_moves_per_wave
+        )
+    except (config_store.ConfigStoreError, ValueError) as exc:
         raise CliError(f"cannot split {args.file} into waves: {exc}") from None
     for wave in waves:
         _save_published(wave, store, args.file)
     versions = [wave.version for wave in waves]
     print(
-        f"v{config.version} of {args.file} rolls out in {len(waves)} wave(s): "
+        f"v{config.version} of {args.file} rolls out from v{base} in {len(waves)} wave(s): "
         f"v{versions[0]}..v{versions[-1]}, at most {args.max_moves_per_wave:,} moved keys each"
     )
     with _control_channel(settings) as channel:
@@ -388,6 +398,27 @@ def _publish_in_waves(
     seconds = sum(result.total_s for result in results)
     print(f"v{versions[-1]} is active, routing as {args.file} ({seconds:.2f} s of rollouts)")
     return 0
+
+
+def _wave_base(config: RoutingConfig, store: Path, saved: ControllerFile | None) -> int:
+    """The version FILE's waves are planned from: the one the job runs.
+
+    The waves' hand-offs are computed from the version the job runs, so
+    planning from it sizes each wave by the moves still to do: after an
+    aborted wave, FILE published again under a new version carries on from
+    the last wave the job finished rather than re-planning moves already made.
+    Once FILE's first wave is stored, its parent is the base, so the same
+    command again computes the same waves and resumes them.
+    """
+    assert config.parent_version is not None
+    if config_store.version_path(store, config.version).exists():
+        stored = config_store.load(store, config.version)
+        if stored.parent_version is not None:
+            return stored.parent_version
+    active = None if saved is None else saved.protocol.active_version
+    if active is not None and active < config.version:
+        return active
+    return config.parent_version
 
 
 def cmd_config_abort(settings: Settings, args: argparse.Namespace) -> int:

@@ -563,7 +563,7 @@ class JobProcess:
                 )
         rollout = rollout_problem = None
         try:
-            rollout = read_rollout(self.settings.home / "controller.json")
+            rollout = read_rollout(self.settings.controller_state)
         except JobError as exc:
             rollout_problem = str(exc)
         return JobStatus(

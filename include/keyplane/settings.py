@@ -97,6 +97,12 @@ class Settings(BaseSettings):
         variable moves all of keyplane's state together."""
         return self.home / "configs"
 
+    @property
+    def controller_state(self) -> Path:
+        """The controller's state file: the protocol state of the last rollout, which
+        ``keyplane config`` commands, the DAGs and ``keyplane job status`` share."""
+        return self.home / "controller.json"
+
     def resolved_bootstrap_servers(self) -> str:
         """The configured servers, else the embedded broker's loopback address."""
         return self.bootstrap_servers or f"127.0.0.1:{self.broker_port}"

@@ -81,7 +81,12 @@ def split_into_waves(
     merged counts as one). The waves are numbered from ``new.version`` on,
     each the parent of the next, the first a child of ``old``; the last
     routes every key as ``new`` does and carries its placement. With no more
-    moves than one wave holds, the result is ``new`` alone.
+    moves than one wave holds, the result is ``new`` alone, as a child of
+    ``old``.
+
+    ``old`` is best the version the job runs, which need not be ``new``'s
+    parent: after an aborted wave, say, the job runs the last wave it
+    finished, and waves planned from there carry only the moves still to do.
 
     Raises ``ValueError`` when an operator's parallelism or active instances
     differ between ``old`` and ``new`` (a rescale moves in one wave: publish
@@ -104,7 +109,7 @@ def split_into_waves(
         )
     waves = wave_count(plan.cost.keys, max_moves_per_wave)
     if waves == 1:
-        return (new,)
+        return (_wave(new, 1, old.version, new.operators),)
     sequence = _interleaved(plan)
     configs = []
     for wave in range(1, waves):

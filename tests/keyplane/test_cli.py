@@ -272,7 +272,9 @@ def test_config_publish_in_waves_rolls_each_wave_out_and_repeats_safely(
         f"v4 stored in {routing_store}",
         f"v5 stored in {routing_store}",
     ]
-    assert lines[2] == (f"v4 of {file} rolls out in 2 wave(s): v4..v5, at most 2 moved keys each")
+    assert lines[2] == (
+        f"v4 of {file} rolls out from v1 in 2 wave(s): v4..v5, at most 2 moved keys each"
+    )
     steps = [line.rsplit(maxsplit=2)[0] for line in lines[3:-1]]
     assert [step for step in steps if step.startswith(("PREPARE", "DONE"))] == [
         "PREPARE v4 → ACK",
@@ -291,6 +293,81 @@ def test_config_publish_in_waves_rolls_each_wave_out_and_repeats_safely(
     assert "PREPARE v4" not in again.stdout  # the wave the job runs past is skipped
     assert job.wait_until(lambda state: state.active_version == 5)
     assert again.stdout.splitlines()[-1].startswith(f"v5 is active, routing as {file}")
+
+
+@pytest.mark.integration
+def test_config_publish_in_waves_plans_from_the_version_the_job_runs(
+    tmp_path: Path,
+    broker: str,
+    topic_name: str,
+    control_key: str,
+    routing_store: Path,
+    protocol_only_job: Callable[[], ProtocolOnlyJob],
+) -> None:
+    """The job already runs v2 when v4, written as a child of v1, is published in waves of
+    2: from v1 it would move 3 keys in 2 waves, but from v2 only B's "#spark" is left to
+    move, so it rolls out in one wave, stored as v4 with v2 as its parent."""
+    job = protocol_only_job()
+    env = _control_env(broker, topic_name, control_key)
+    v2 = _config_file(tmp_path, routing_store, 2)
+    assert (
+        _keyplane(
+            tmp_path,
+            "config",
+            "publish",
+            str(v2),
+            "--store",
+            str(routing_store),
+            "--timeout",
+            "60",
+            env=env,
+        ).returncode
+        == 0
+    )
+    assert job.wait_until(lambda state: state.active_version == 2)
+    v1, after_v2 = config_store.load(routing_store, 1), config_store.load(routing_store, 2)
+    b = after_v2.operators["B"]
+    target = v1.model_copy(
+        update={
+            "version": 4,
+            "parent_version": 1,
+            "created_by": "manual",
+            "operators": {
+                "A": after_v2.operators["A"],
+                "B": b.model_copy(update={"table": {"#spark": (b.table["#spark"] + 1) % 3}}),
+            },
+        }
+    )
+    file = tmp_path / "v4.json"
+    file.write_text(target.model_dump_json())
+
+    result = _keyplane(
+        tmp_path,
+        "config",
+        "publish",
+        str(file),
+        "--store",
+        str(routing_store),
+        "--max-moves-per-wave",
+        "2",
+        "--timeout",
+        "60",
+        env=env,
+    )
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"the job runs v2, not {file}'s parent v1: the waves start from v2"
+    assert lines[2] == (
+        f"v4 of {file} rolls out from v2 in 1 wave(s): v4..v4, at most 2 moved keys each"
+    )
+    prepares = [line.rsplit(maxsplit=2)[0] for line in lines if line.startswith("PREPARE")]
+    assert prepares == ["PREPARE v4 → ACK"]
+    stored = config_store.load(routing_store, 4)
+    assert stored.parent_version == 2
+    assert stored.operators == target.operators
+    assert config_store.stored_versions(routing_store) == [1, 2, 3, 4]
+    assert job.wait_until(lambda state: state.active_version == 4)
 
 
 def test_config_publish_in_waves_refuses_a_rescale_in_one_line(

@@ -79,6 +79,25 @@ def test_one_wave_when_the_moves_fit_returns_the_target_itself_pure() -> None:
     assert split_into_waves(OLD, NEW, crc_fallback, 15) == (NEW,)
 
 
+def test_waves_planned_from_a_later_version_start_there_and_carry_only_what_is_left_pure() -> (
+    None
+):
+    """The job runs the first of four waves (an abort stopped the second, say): the same
+    target, re-published as v9, is planned from that wave, not from NEW's parent."""
+    first = split_into_waves(OLD, NEW, crc_fallback, 4)[0]
+    again = NEW.model_copy(update={"version": 9})
+
+    waves = split_into_waves(first, again, crc_fallback, 4)
+
+    assert [w.version for w in waves] == [9, 10, 11]
+    assert [w.parent_version for w in waves] == [2, 9, 10]
+    assert plan_migration(first, again, crc_fallback).cost.keys == 15 - 4
+    assert waves[-1].operators == NEW.operators
+
+    single = split_into_waves(first, again, crc_fallback, 15)
+    assert single == (again.model_copy(update={"parent_version": 2}),)
+
+
 def test_waves_chain_versions_and_end_on_the_targets_routing_pure() -> None:
     waves = split_into_waves(OLD, NEW, crc_fallback, 4)
     assert [w.version for w in waves] == list(range(2, 2 + len(waves)))
