@@ -50,6 +50,8 @@ from keyplane.kafka.security import kafka_security
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from keyplane.kafka.admin import HighWatermarks
+
 SOURCE_NAME = "keyplane-kafka"
 
 KAFKA_SCHEMA = (
@@ -137,16 +139,21 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self.max_rows is not None and self.max_rows < 1:
             raise KafkaSourceOptionError(f"maxOffsetsPerTrigger must be >= 1, got {max_rows}")
         self.max_partitions = max_partitions_option(options)
+        self._watermarks: HighWatermarks | None = None
 
     def _marks(self) -> PartitionOffsets:
-        from keyplane.kafka.admin import high_watermarks
+        from keyplane.kafka.admin import HighWatermarks
 
+        if self._watermarks is None:
+            self._watermarks = HighWatermarks(self.bootstrap_servers)
         return {
-            topic: {
-                str(p): off for p, off in high_watermarks(self.bootstrap_servers, topic).items()
-            }
+            topic: {str(p): off for p, off in self._watermarks.of(topic).items()}
             for topic in self.topics
         }
+
+    def stop(self) -> None:
+        if self._watermarks is not None:
+            self._watermarks.close()
 
     def _earliest(self) -> PartitionOffsets:
         from keyplane.kafka.admin import earliest_offsets

@@ -119,6 +119,7 @@ from keyplane.spark.kafka_source import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from keyplane.kafka.admin import HighWatermarks
     from keyplane.kafka.control import ControlChannel
 
 SOURCE_NAME = "keyplane-routed-events"
@@ -720,6 +721,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         primers = _flag(options, "handoff.primers", default=True)
         self.primers = primers and self.handoff == "per-instance"
         self._channel: ControlChannel | None = None
+        self._watermarks: HighWatermarks | None = None
         self._unusable: dict[int, str] = {}
         self._latest: PartitionOffsets | None = None
 
@@ -733,9 +735,11 @@ class RoutedEventsReader(DataSourceStreamReader):
         return self._channel
 
     def _marks(self, topic: str) -> dict[str, int]:
-        from keyplane.kafka.admin import high_watermarks
+        from keyplane.kafka.admin import HighWatermarks
 
-        return {str(p): off for p, off in high_watermarks(self.bootstrap_servers, topic).items()}
+        if self._watermarks is None:
+            self._watermarks = HighWatermarks(self.bootstrap_servers)
+        return {str(p): off for p, off in self._watermarks.of(topic).items()}
 
     def _earliest(self, topic: str) -> dict[str, int]:
         from keyplane.kafka.admin import earliest_offsets
@@ -968,6 +972,8 @@ class RoutedEventsReader(DataSourceStreamReader):
     def stop(self) -> None:
         if self._channel is not None:
             self._channel.close()
+        if self._watermarks is not None:
+            self._watermarks.close()
 
     # -- executor side -------------------------------------------------------
 

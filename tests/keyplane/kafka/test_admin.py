@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyplane.kafka.admin import ensure_topic, high_watermarks
+from keyplane.kafka.admin import HighWatermarks, ensure_topic, high_watermarks
 from keyplane.kafka.producer import make_producer
 
 
@@ -29,3 +29,32 @@ def test_high_watermarks_asked_again_and_again_are_each_partitions_end(
     finally:
         producer.close(timeout=10)
     assert sent[0] > 0 and sent[1] > 0
+
+
+@pytest.mark.integration
+def test_one_long_lived_high_watermarks_is_never_behind_the_records_sent(
+    broker: str, topic_name: str
+) -> None:
+    """The same rounds through one :class:`HighWatermarks`, as the job's driver keeps it:
+    its consumer remembers the watermark of its last fetch, which must never be taken for
+    the end once more records are in (rounds that send) nor lost when none are (rounds
+    that do not). A second topic on the same instance keeps its own answers."""
+    other = f"{topic_name}-other"
+    ensure_topic(broker, topic_name, 2)
+    ensure_topic(broker, other, 1)
+    producer = make_producer(broker)
+    sent = {0: 0, 1: 0}
+    try:
+        with HighWatermarks(broker) as marks:
+            for round_ in range(10):
+                for partition, n in ((0, round_ % 3 * 4), (1, 5 if round_ % 2 else 0)):
+                    for i in range(n):
+                        producer.send(topic_name, value=b"%d" % i, partition=partition)
+                    sent[partition] += n
+                producer.send(other, value=b"x", partition=0)
+                producer.flush()
+                assert marks.of(topic_name) == sent, f"round {round_}"
+                assert marks.of(other) == {0: round_ + 1}, f"round {round_}"
+                assert marks.of(topic_name, [1]) == {1: sent[1]}, f"round {round_}"
+    finally:
+        producer.close(timeout=10)
