@@ -77,6 +77,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -722,6 +723,8 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.primers = primers and self.handoff == "per-instance"
         self._channel: ControlChannel | None = None
         self._watermarks: HighWatermarks | None = None
+        self._planner: ThreadPoolExecutor | None = None
+        self._planning: tuple[tuple[int, int], Future[None]] | None = None
         self._unusable: dict[int, str] = {}
         self._latest: PartitionOffsets | None = None
 
@@ -857,11 +860,7 @@ class RoutedEventsReader(DataSourceStreamReader):
             self.channel().send(replies)
         prepared = protocol.pending_version
         if prepared is not None:
-            # Plan the hand-offs while the controller is still to PROPAGATE:
-            # the switch batch then finds its moves computed (000 §3.4, PREPARE).
-            tables = tables_for(self.store, self.parallelism)
-            for operator in OPERATORS:
-                tables.moves(operator, protocol.active_version, prepared)
+            self._plan_handoffs(protocol.active_version, prepared)
         return {
             "plan": plan,
             "events": events,
@@ -879,6 +878,32 @@ class RoutedEventsReader(DataSourceStreamReader):
             # The acknowledged version the tasks load ahead of its switch.
             "prepared": prepared,
         }
+
+    def _plan_handoffs(self, active: int, prepared: int) -> None:
+        """Plan the hand-offs to ``prepared`` while the controller is still to PROPAGATE.
+
+        The switch batch then finds its moves computed (000 §3.4, PREPARE).
+        They are planned on a thread of their own, which overlaps the batch
+        that acknowledges: done in ``latestOffset``, 10,000 moves held that
+        batch's start back by about 0.1 s (docs/benchmarks.md, "A wave's fixed
+        cost"). :meth:`partitions` waits for them before it reads them.
+        """
+        if self._planning is not None and self._planning[0] == (active, prepared):
+            return
+        tables = tables_for(self.store, self.parallelism)
+
+        def plan() -> None:
+            for operator in OPERATORS:
+                tables.moves(operator, active, prepared)
+
+        if self._planner is None:
+            self._planner = ThreadPoolExecutor(1, thread_name_prefix="keyplane-handoffs")
+        self._planning = ((active, prepared), self._planner.submit(plan))
+
+    def _handoffs_planned(self) -> None:
+        """Wait for the hand-offs being planned, if any; raise what planning raised."""
+        if self._planning is not None:
+            self._planning[1].result()
 
     def _events_end(self, start: PartitionOffsets, limit: ReadLimit) -> PartitionOffsets:
         marks = {self.events_topic: self._marks(self.events_topic)}
@@ -909,6 +934,8 @@ class RoutedEventsReader(DataSourceStreamReader):
         shares = max(1, len(events))
         handoffs: list[HandOff] = []
         tables = tables_for(self.store, self.parallelism)
+        if end["switch"]:
+            self._handoffs_planned()
         for raw in end["switch"]:
             switch = Switch(**raw)
             moves = tables.moves(switch.operator, switch.from_version, switch.to_version)
@@ -974,6 +1001,8 @@ class RoutedEventsReader(DataSourceStreamReader):
             self._channel.close()
         if self._watermarks is not None:
             self._watermarks.close()
+        if self._planner is not None:
+            self._planner.shutdown(wait=False, cancel_futures=True)
 
     # -- executor side -------------------------------------------------------
 

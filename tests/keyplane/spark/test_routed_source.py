@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
-from keyplane.handoff import VersionedTables, routed_key_table, state_moves
+from keyplane.handoff import StateMove, VersionedTables, routed_key_table, state_moves
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.ranges import OffsetRange
 from keyplane.routedkeys import RoutedKeyTable, spark_partition
@@ -303,6 +304,46 @@ def test_tasks_load_an_acknowledged_version_ahead_of_its_switch_pure(
     assert [(r["a"], r["n"]) for r in rows] == [("a1", 1)]  # routed on v1 all the same
     ahead = [(2, "A"), (2, "B")] if prepared else []
     assert sorted(tables.loaded) == [(1, "A"), (1, "B"), *ahead]
+
+
+class _GatedTables(VersionedTables):
+    """The driver's table cache, whose hand-off planning waits for a gate to open."""
+
+    def __init__(self, store: Path, parallelism: int) -> None:
+        super().__init__(store, parallelism)
+        self.gate = threading.Event()
+        self.planned: list[tuple[str, int, int]] = []
+
+    def _moves(self, operator: str, from_version: int, to_version: int) -> tuple[StateMove, ...]:
+        assert self.gate.wait(timeout=30)
+        self.planned.append((operator, from_version, to_version))
+        return super()._moves(operator, from_version, to_version)
+
+
+def test_the_driver_plans_an_acknowledged_versions_handoffs_off_the_batchs_path_pure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the boundary that acknowledges v2 the driver starts planning v1 → v2's moves and
+    returns at once (the batch need not wait); later boundaries of the same rollout start
+    nothing new; the switch batch's partitions wait for the plan and carry its moves."""
+    store, v1, v2 = _rollout_store(tmp_path)
+    tables = _GatedTables(store, 4)
+    monkeypatch.setattr(routed_source, "tables_for", lambda store, parallelism: tables)
+    reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store)})
+
+    reader._plan_handoffs(1, 2)  # the gate is shut: planning cannot have finished
+    reader._plan_handoffs(1, 2)
+    assert tables.planned == []
+    tables.gate.set()
+    switches = [{"operator": "A", "from_version": 1, "to_version": 2}]
+    parts = reader.partitions(
+        _offsets({"0": 0}, {"0": 0}, []), _offsets({"0": 1}, {"0": 0}, switches)
+    )
+    reader.stop()
+
+    assert tables.planned == [("A", 1, 2), ("B", 1, 2)]  # once each, on the planning thread
+    evicted = [move for part in parts for share in part.handoffs for move in share.moves]
+    assert len(evicted) == len(state_moves(v1, v2, "A", 4)) == 300
 
 
 def test_a_batch_reads_in_at_most_max_partitions_tasks_each_range_and_share_once_pure(
