@@ -230,14 +230,23 @@ class VersionedTables:
     def _config(self, version: int) -> RoutingConfig:
         return config_store.load(self.store, version)
 
-    def _table(self, version: int, operator: str) -> RoutedKeyTable:
+    def routing(self, version: int, operator: str) -> OperatorRouting:
+        """``operator``'s routing in a stored version, checked against the query's partitions.
+
+        Everything a table could refuse short of building it: the store's
+        checksums and the configuration's own invariants (:func:`keyplane.config.load`),
+        and the instance count, which Spark fixes for the checkpoint's life.
+        """
         routing = operator_routing(self.config(version), operator, self.parallelism)
         if routing.parallelism != self.parallelism:
             raise ValueError(
                 f"v{version} routes {operator} over {routing.parallelism} instances, but "
                 f"the query has {self.parallelism} state partitions"
             )
-        return routed_key_table(routing)
+        return routing
+
+    def _table(self, version: int, operator: str) -> RoutedKeyTable:
+        return routed_key_table(self.routing(version, operator))
 
     def _moves(self, operator: str, from_version: int, to_version: int) -> tuple[StateMove, ...]:
         """:func:`state_moves` between two stored versions, computed once per process:

@@ -764,7 +764,8 @@ class RoutedEventsReader(DataSourceStreamReader):
             found = config_store.checksum(self.store, version)
             tables = tables_for(self.store, self.parallelism)
             for operator in OPERATORS:
-                tables.table(version, operator)
+                # Its tables are built with its hand-offs, off the batch's path.
+                tables.routing(version, operator)
         except (config_store.ConfigStoreError, ValueError, KeyError, TypeError, OSError) as error:
             # One line, so that the refusal stays one line of the driver's log.
             self._unusable[version] = " ".join(f"{type(error).__name__}: {error}".split())
