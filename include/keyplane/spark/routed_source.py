@@ -884,10 +884,11 @@ class RoutedEventsReader(DataSourceStreamReader):
         """Plan the hand-offs to ``prepared`` while the controller is still to PROPAGATE.
 
         The switch batch then finds its moves computed (000 §3.4, PREPARE).
-        They are planned on a thread of their own, which overlaps the batch
-        that acknowledges: done in ``latestOffset``, 10,000 moves held that
-        batch's start back by about 0.1 s (docs/benchmarks.md, "A wave's fixed
-        cost"). :meth:`partitions` waits for them before it reads them.
+        The version's tables are built and its moves planned on a thread of
+        their own, which overlaps the batch that acknowledges: done in
+        ``latestOffset``, 10,000 moves held that batch's start back by about
+        0.27 s (docs/benchmarks.md, "The ACK batch, since").
+        :meth:`partitions` waits for them before it reads them.
         """
         if self._planning is not None and self._planning[0] == (active, prepared):
             return
