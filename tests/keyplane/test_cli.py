@@ -126,6 +126,21 @@ def _config_file(directory: Path, store: Path, version: int) -> Path:
     return path
 
 
+def _publish_in_waves(
+    home: Path,
+    config: config_store.RoutingConfig,
+    store: Path,
+    max_moves: int,
+    env: dict[str, str] | None = None,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """Write ``config`` out as a file and publish it in waves of at most ``max_moves``."""
+    file = home / f"v{config.version}.json"
+    file.write_text(config.model_dump_json())
+    command = ("config", "publish", str(file), "--store", str(store))
+    options = ("--max-moves-per-wave", str(max_moves), "--timeout", "60")
+    return file, _keyplane(home, *command, *options, env=env)
+
+
 @pytest.mark.parametrize(
     ("contents", "expected"),
     [
@@ -257,14 +272,10 @@ def test_config_publish_in_waves_rolls_each_wave_out_and_repeats_safely(
             },
         }
     )
-    file = tmp_path / "v4.json"
-    file.write_text(target.model_dump_json())
-    command = ("config", "publish", str(file), "--store", str(routing_store))
-    options = ("--max-moves-per-wave", "2", "--timeout", "60")
     env = _control_env(broker, topic_name, control_key)
 
-    first = _keyplane(tmp_path, *command, *options, env=env)
-    again = _keyplane(tmp_path, *command, *options, env=env)
+    file, first = _publish_in_waves(tmp_path, target, routing_store, 2, env)
+    _, again = _publish_in_waves(tmp_path, target, routing_store, 2, env)
 
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
@@ -338,22 +349,8 @@ def test_config_publish_in_waves_plans_from_the_version_the_job_runs(
             },
         }
     )
-    file = tmp_path / "v4.json"
-    file.write_text(target.model_dump_json())
 
-    result = _keyplane(
-        tmp_path,
-        "config",
-        "publish",
-        str(file),
-        "--store",
-        str(routing_store),
-        "--max-moves-per-wave",
-        "2",
-        "--timeout",
-        "60",
-        env=env,
-    )
+    file, result = _publish_in_waves(tmp_path, target, routing_store, 2, env)
 
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -385,19 +382,8 @@ def test_config_publish_in_waves_refuses_a_rescale_in_one_line(
             },
         }
     )
-    file = tmp_path / "v4.json"
-    file.write_text(rescaled.model_dump_json())
 
-    result = _keyplane(
-        tmp_path,
-        "config",
-        "publish",
-        str(file),
-        "--store",
-        str(routing_store),
-        "--max-moves-per-wave",
-        "1",
-    )
+    file, result = _publish_in_waves(tmp_path, rescaled, routing_store, 1)
 
     assert result.returncode == 2
     assert result.stderr == (

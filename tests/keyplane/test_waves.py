@@ -79,9 +79,7 @@ def test_one_wave_when_the_moves_fit_returns_the_target_itself_pure() -> None:
     assert split_into_waves(OLD, NEW, crc_fallback, 15) == (NEW,)
 
 
-def test_waves_planned_from_a_later_version_start_there_and_carry_only_what_is_left_pure() -> (
-    None
-):
+def test_waves_planned_from_a_later_version_start_there_and_carry_only_what_is_left_pure() -> None:
     """The job runs the first of four waves (an abort stopped the second, say): the same
     target, re-published as v9, is planned from that wave, not from NEW's parent."""
     first = split_into_waves(OLD, NEW, crc_fallback, 4)[0]

@@ -44,19 +44,26 @@ def partitions_of(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -
     """The topic's partition ids; TopicError when it does not exist."""
     consumer = KafkaConsumer(**client_config(bootstrap_servers))
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            parts = consumer.partitions_for_topic(topic)
-            if parts:
-                return sorted(parts)
-            if time.monotonic() > deadline:
-                raise TopicError(
-                    f"topic {topic!r} does not exist on {bootstrap_servers}; "
-                    "create it with `keyplane topic create`"
-                )
-            time.sleep(0.2)
+        return _partitions(consumer, bootstrap_servers, topic, timeout_s)
     finally:
         consumer.close()
+
+
+def _partitions(
+    consumer: KafkaConsumer, bootstrap_servers: str, topic: str, timeout_s: float = 10.0
+) -> list[int]:
+    """``topic``'s partition ids as ``consumer`` learns them; TopicError when it does not exist."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return sorted(parts)
+        if time.monotonic() > deadline:
+            raise TopicError(
+                f"topic {topic!r} does not exist on {bootstrap_servers}; "
+                "create it with `keyplane topic create`"
+            )
+        time.sleep(0.2)
 
 
 def high_watermarks(
@@ -108,25 +115,14 @@ class HighWatermarks:
             self._consumers[topic] = consumer
         return consumer
 
-    def _partitions(
-        self, consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0
-    ) -> list[int]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            parts = consumer.partitions_for_topic(topic)
-            if parts:
-                return sorted(parts)
-            if time.monotonic() > deadline:
-                raise TopicError(
-                    f"topic {topic!r} does not exist on {self.bootstrap_servers}; "
-                    "create it with `keyplane topic create`"
-                )
-            time.sleep(0.2)
-
     def of(self, topic: str, partitions: list[int] | None = None) -> dict[int, int]:
         """``topic``'s high watermark in each partition (of ``partitions``, else all)."""
         consumer = self._consumer(topic)
-        parts = partitions if partitions is not None else self._partitions(consumer, topic)
+        parts = (
+            partitions
+            if partitions is not None
+            else _partitions(consumer, self.bootstrap_servers, topic)
+        )
         all_tps = [TopicPartition(topic, p) for p in parts]
         reported: Mapping[TopicPartition, int] = consumer.end_offsets(all_tps)
         # A partition whose reported end is 0 has never held a batch (any broker
