@@ -116,7 +116,20 @@ class HighWatermarks:
         return consumer
 
     def of(self, topic: str, partitions: list[int] | None = None) -> dict[int, int]:
-        """``topic``'s high watermark in each partition (of ``partitions``, else all)."""
+        """``topic``'s high watermark in each partition (of ``partitions``, else all).
+
+        A query that fails closes its consumer, so the next one starts afresh
+        rather than from a consumer left in an unknown state.
+        """
+        try:
+            return self._of(topic, partitions)
+        except BaseException:
+            consumer = self._consumers.pop(topic, None)
+            if consumer is not None:
+                consumer.close()
+            raise
+
+    def _of(self, topic: str, partitions: list[int] | None) -> dict[int, int]:
         consumer = self._consumer(topic)
         parts = (
             partitions
