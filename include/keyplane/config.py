@@ -35,6 +35,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from keyplane.parquet_files import read_table
+
 CreatedBy = Literal["initial", "schedule", "manual", "rollback", "scale"]
 
 MANIFEST_NAME = "manifest.json"
@@ -432,8 +434,8 @@ def load(
         )
     operators: dict[str, OperatorRouting] = {}
     for entry in body["operators"]:
-        table = _read_parquet(folder / entry["table_file"])
-        hot = _read_parquet(folder / entry["hot_keys_file"])
+        table = read_table(folder / entry["table_file"]).to_pydict()
+        hot = read_table(folder / entry["hot_keys_file"]).to_pydict()
         placement = entry["placement"]
         operators[entry["name"]] = OperatorRouting(
             parallelism=entry["parallelism"],
@@ -451,13 +453,3 @@ def load(
         created_by=body["created_by"],
         operators=operators,
     )
-
-
-def _read_parquet(path: Path) -> dict[str, list[Any]]:
-    """One table file's columns.
-
-    ``ParquetFile`` rather than ``pq.read_table``: the latter imports
-    ``pyarrow.dataset``, which costs every fresh Spark Python worker that
-    routes a batch up to a second before its first row.
-    """
-    return pq.ParquetFile(path).read().to_pydict()

@@ -57,11 +57,11 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.parquet_files import read_frame
 from keyplane.routedkeys import spark_partitions
 
 MANIFEST_NAME = "manifest.json"
@@ -444,20 +444,6 @@ def write_snapshot(
         if staging.exists():
             shutil.rmtree(staging)
     return final
-
-
-def read_frame(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """One parquet file as a frame, read by path on the calling thread.
-
-    Not ``pd.read_parquet``: pandas hands pyarrow an open Python file, and
-    pyarrow then decodes on its thread pool. A short-lived process (a
-    ``keyplane`` command) that did so can abort at interpreter exit, after
-    its output is printed, with "terminate called without an active
-    exception" while Arrow tears the pool down (apache/arrow#34314, #50482).
-    A path and ``use_threads=False`` keep both out; the files are small.
-    """
-    table = pq.ParquetFile(path).read(columns=list(columns) if columns else None, use_threads=False)
-    return table.to_pandas(use_threads=False)
 
 
 def read_snapshot(root: Path | str, run_id: str) -> Snapshot:

@@ -420,7 +420,8 @@ def key_weights(snapshots: Path, runs: Sequence[RunRecords]) -> dict[str, dict[s
     Configurations store no frequencies, so the snapshot the newest plan was
     computed from is the best record of how heavy a hot or moved key is.
     """
-    from keyplane.statistics import FREQUENCIES, read_frame
+    from keyplane.parquet_files import read_frame
+    from keyplane.statistics import FREQUENCIES
 
     for run in reversed(runs):
         path = snapshots / run.run_id / FREQUENCIES
