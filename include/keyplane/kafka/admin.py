@@ -95,9 +95,8 @@ class HighWatermarks:
     since (on tansu, the new last batch starts at or after it).
     """
 
-    def __init__(self, bootstrap_servers: str, *, metadata_max_age_ms: int = 10_000) -> None:
+    def __init__(self, bootstrap_servers: str) -> None:
         self.bootstrap_servers = bootstrap_servers
-        self._metadata_max_age_ms = metadata_max_age_ms
         self._consumers: dict[str, KafkaConsumer] = {}
 
     def _consumer(self, topic: str) -> KafkaConsumer:
@@ -109,8 +108,8 @@ class HighWatermarks:
                 fetch_max_bytes=1024,
                 max_partition_fetch_bytes=1024,
                 fetch_max_wait_ms=50,
-                # New partitions of a topic show within this long.
-                metadata_max_age_ms=self._metadata_max_age_ms,
+                # New partitions of a topic show within 10 s.
+                metadata_max_age_ms=10_000,
             )
             self._consumers[topic] = consumer
         return consumer
