@@ -140,7 +140,8 @@ def run_on_backlog(
     order: Order | None,
     waves: Sequence[int] = (),
 ) -> JobRun:
-    """Run one job over the whole backlog; after 3 batches roll v2 out in ``order`` (if any)."""
+    """Run one job over the whole backlog; after ``args.warmup_batches`` batches roll v2 out
+    in ``order`` (if any)."""
     work = tmp / name
     settings = routed_on_backlog(
         bootstrap, "reconf", work, store, parallelism=P, batch=args.batch, events=args.events
@@ -156,7 +157,7 @@ def run_on_backlog(
     rollouts: list[Reconfiguration] = []
     wall = 0.0
     if order is not None:
-        while len(list((work / "out").glob("batch-*.parquet"))) < 3:
+        while len(list((work / "out").glob("batch-*.parquet"))) < args.warmup_batches:
             if job.poll() is not None:
                 raise RuntimeError((work / "job.log").read_text()[-3000:])
             time.sleep(0.2)
@@ -295,6 +296,12 @@ def main() -> None:
     parser.add_argument(
         "--orders", nargs="+", choices=ORDERS, default=list(ORDERS), help="rollout orders to run"
     )
+    parser.add_argument(
+        "--warmup-batches",
+        type=int,
+        default=3,
+        help="batches each job runs before the rollout starts",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs of the jobs")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -313,8 +320,8 @@ def main() -> None:
     waves = split_into_waves(
         v1, v2.model_copy(update={"version": 3}), spark_partition, args.max_moves_per_wave
     )
-    # 3 batches before the first ACK, 3 per wave, the DONE batch and one to spare.
-    needed = 3 + 3 * len(waves) + 2
+    # The warm-up batches before the first ACK, 3 per wave, the DONE batch and one to spare.
+    needed = args.warmup_batches + 3 * len(waves) + 2
     if "in waves" in args.orders and args.events // args.batch < needed:
         parser.error(
             f"--events {args.events} gives {args.events // args.batch} batches of {args.batch}; "
