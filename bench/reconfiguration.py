@@ -1,7 +1,9 @@
 """A live reconfiguration that moves 10k keys: how many micro-batches it takes, what it costs.
 
 The routed job runs on a backlog, so every batch takes ``--batch`` events and
-a batch's duration is the job's cost for them. After a few batches the
+a batch's duration is the job's cost for them. After ``--warmup-batches``
+batches (3 by default; a JVM keeps compiling the job's code for tens of
+batches, docs/benchmarks.md, "Where a rollout's CPU goes") the
 controller rolls out v2, which moves ``--moved-keys`` stage-A keys and every
 stage-B key to other instances. Three rollouts, side by side in one run,
 each on a job of its own over the same topic:
@@ -46,7 +48,8 @@ Reported per order:
   with the baseline's duration of the same batch.
 
     python bench/reconfiguration.py [--events 500000] [--moved-keys 10000]
-        [--max-moves-per-wave 2600] [--orders ...] [--repeats 3] [--out FILE]
+        [--max-moves-per-wave 2600] [--warmup-batches 3] [--orders ...] [--repeats 3]
+        [--out FILE]
 """
 
 from __future__ import annotations

@@ -98,21 +98,9 @@ def unpacked_partials(output: pd.DataFrame) -> pd.DataFrame:
     if not packed.any():
         return output
     reports = [r for text in output.loc[packed, "state"].tolist() for r in json.loads(text)]
-    if not reports:
-        # Only the empty rows that answer primers (RoutedStages).
-        return output[~packed].reset_index(drop=True)
     counts = pd.DataFrame(reports, columns=COUNT_COLUMNS).assign(kind="count")
     counts["instance"] = counts["instance"].astype("Int32")
     return pd.concat([output[~packed], counts], ignore_index=True)
-
-
-def packed_moves(output: pd.DataFrame) -> list[str]:
-    """The migration records the JVM stages packed (``moves`` rows), to send as they are.
-
-    A ``moves`` row that packs no state answers a primer
-    (``RoutedStages.Stage.handleInputRows``): it has nothing to send.
-    """
-    return output.loc[(output["kind"] == "moves") & (output["count"] > 0), "state"].tolist()
 
 
 def merge_partial_states(
@@ -173,7 +161,7 @@ class RoutedBatchWriter:
         tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
         partials.to_parquet(tmp, index=False)
         moved = output[output["kind"] == "moved"]
-        packed = packed_moves(output)
+        packed = output.loc[output["kind"] == "moves", "state"].tolist()
         if len(moved) or packed:
             moves = (
                 {

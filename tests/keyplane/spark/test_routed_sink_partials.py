@@ -1,5 +1,4 @@
-"""The sink reads the JVM stages' packed rows: install reports as the rows they pack, and
-migration records to send as they are, the primers' empty answers left out (pure pandas)."""
+"""The sink reads the JVM stages' packed install reports as the rows they pack (pure pandas)."""
 
 from __future__ import annotations
 
@@ -7,10 +6,7 @@ import json
 
 import pandas as pd
 
-from keyplane.spark.routed_sink import latest_partials_of_batch, packed_moves, unpacked_partials
-
-PRIMER = "[]".ljust(4096)
-"""The payload of a primer, which the JVM stages answer with an empty row of the same."""
+from keyplane.spark.routed_sink import latest_partials_of_batch, unpacked_partials
 
 
 def test_a_partials_row_reads_as_its_count_rows_pure() -> None:
@@ -43,24 +39,6 @@ def test_a_partials_row_reads_as_its_count_rows_pure() -> None:
 def test_output_without_packed_rows_is_returned_as_it_is_pure() -> None:
     output = pd.DataFrame([{"kind": "count", "stage": "A", "key": "k", "count": 1}])
     assert unpacked_partials(output) is output
-
-
-def test_the_empty_rows_that_answer_primers_add_no_count_and_send_nothing_pure() -> None:
-    record = json.dumps({"moves": [{"operator": "A", "key": "k", "count": 2}]})
-    output = pd.DataFrame(
-        [
-            {"kind": "count", "stage": "A", "key": "k", "routed_key": "k#0", "instance": 0,
-             "count": 2, "state": "2"},
-            {"kind": "partials", "stage": "A", "count": 0, "state": PRIMER},
-            {"kind": "partials", "stage": "B", "count": 0, "state": PRIMER},
-            {"kind": "moves", "stage": "A", "count": 0, "state": PRIMER},
-            {"kind": "moves", "stage": "A", "count": 1, "state": record},
-        ]
-    )  # fmt: skip
-    rows = unpacked_partials(output)
-    assert rows["kind"].tolist() == ["count", "moves", "moves"]
-    assert latest_partials_of_batch(rows)["routed_key"].tolist() == ["k#0"]
-    assert packed_moves(output) == [record]
 
 
 def test_latest_partials_keep_the_order_of_the_batch_output_pure() -> None:

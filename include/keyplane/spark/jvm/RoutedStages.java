@@ -221,14 +221,6 @@ public final class RoutedStages {
      * so a moved-in state is in place before its key's first tuple adds to it; a closing group
      * runs last, so an evicted state holds every tuple of the switch batch. Should a Spark release
      * ever call the groups in another order, the task fails here rather than count wrong.
-     *
-     * <p>A primer (an {@code installs} or {@code evicts} row listing no move) is answered with an
-     * empty {@code partials} or {@code moves} row of the same payload, which the sink drops. Why:
-     * a rollout's own output rows are the first with those kinds set and with long strings, so
-     * without them the rollout's batches tripped the uncommon traps C2 had left in Spark's
-     * generated serializers of this operator's output ({@code serializefromobject}, 3.2-3.5 kB
-     * of bytecode each) and in stage B's input path, and C2 compiled them again during those
-     * batches (a JIT log of a job 60 batches old; docs/benchmarks.md, "The JIT's traps").
      */
     @Override
     public final scala.collection.Iterator<Row> handleInputRows(
@@ -257,22 +249,14 @@ public final class RoutedStages {
           if (!opening || keysHandled) {
             throw outOfOrder(group);
           }
-          String payload = row.getString(c.state);
-          List<List<Object>> listed = moves(payload);
-          if (listed.isEmpty()) {
-            out.add(partials(payload, 0));
-          }
-          installs.addAll(listed);
+          installs.addAll(moves(row.getString(c.state)));
         } else if (mine && "evicts".equals(kind)) {
           if (!closing) {
             throw outOfOrder(group);
           }
-          String payload = row.getString(c.state);
-          List<List<Object>> listed = moves(payload);
-          if (listed.isEmpty()) {
-            out.add(moves(payload, 0));
-          }
-          evictions.computeIfAbsent(row.getLong(c.marker), m -> new ArrayList<>()).addAll(listed);
+          evictions
+              .computeIfAbsent(row.getLong(c.marker), m -> new ArrayList<>())
+              .addAll(moves(row.getString(c.state)));
         } else {
           out.add(control(row));
         }
