@@ -13,6 +13,9 @@ Every ten minutes (or by hand, with Params):
 5. ``backtest`` scores it against the current version on the snapshot's
    hold-out, ``decide`` publishes only when the gain repays the migration (a
    dry run stops here);
+   with ``max_moves_per_wave``, ``compute_configuration`` stores the change
+   as waves and ``roll_out_waves`` rolls out all but the last, one after the
+   other, so each wave's micro-batches carry a share of the moved state;
 6. the rollout of paper 000 §3.4: ``publish`` (PREPARE) → ``await_ack`` →
    ``migrate_A`` → ``migrate_B`` → ``await_migrated_A`` →
    ``await_migrated_B`` → ``done`` (asset ``keyplane_routing_configuration``),
@@ -79,6 +82,13 @@ PARAMS = {
         description="Instances per operator (null: the running job's).",
     ),
     "max_table_entries": Param(None, type=["null", "integer"], minimum=0),
+    "max_moves_per_wave": Param(
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        description="Roll out in waves that each move at most this many keys, to spread the "
+        "state moves over more micro-batches (null: one rollout).",
+    ),
     "min_gain": Param(0.01, type="number", minimum=0.0, maximum=1.0),
     "migration_cost": Param(0.05, type="number", minimum=0.0, maximum=1.0),
     "min_total_count": Param(10_000, type="integer", minimum=0),
@@ -145,6 +155,7 @@ with DAG(
             parallelism=params["parallelism"],
             window=params["window"],
             max_table_entries=params["max_table_entries"],
+            max_moves_per_wave=params["max_moves_per_wave"],
         )
         return tasks.compute_configuration(deployment(), dagparts.run_id(), plan)
 
@@ -174,6 +185,13 @@ with DAG(
             deployment(), dagparts.run_id(), rule, dry_run=bool(params["dry_run"])
         )
         return bool(record["publish"])
+
+    @task
+    def roll_out_waves() -> dict[str, Any]:
+        from keyplane.orchestration import tasks
+
+        timeout_s = float(dagparts.params()["reply_timeout_s"])
+        return tasks.roll_out_waves(deployment(), dagparts.run_id(), timeout_s=timeout_s)
 
     @task
     def publish() -> dict[str, Any]:
@@ -247,6 +265,7 @@ with DAG(
         >> validate_configuration()
         >> backtest()
         >> decide()
+        >> roll_out_waves()
         >> published
         >> ack
     )

@@ -114,6 +114,7 @@ def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> No
         "validate_configuration",
         "backtest",
         "decide",
+        "roll_out_waves",
         "publish",
         "await_ack",
         "migrate_A",
@@ -148,6 +149,8 @@ def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> No
         {"parallelism": 0},
         {"dry_run": "yes"},
         {"verify_batches": 0},
+        {"max_moves_per_wave": 0},
+        {"max_moves_per_wave": 2.5},
     ],
 )
 def test_params_schema_rejects_bad_values(dag: Any, override: dict[str, Any]) -> None:
@@ -177,6 +180,7 @@ def test_params_defaults_are_the_librarys_defaults(dag: Any) -> None:
     assert resolved["operators"] == list(plan.operators)
     assert resolved["parallelism"] == plan.parallelism
     assert resolved["max_table_entries"] == plan.max_table_entries
+    assert resolved["max_moves_per_wave"] == plan.max_moves_per_wave
     assert resolved["decay"] == statistics.decay
     assert resolved["holdout_fraction"] == statistics.holdout_fraction
     assert resolved["min_gain"] == rule.min_gain

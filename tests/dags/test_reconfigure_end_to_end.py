@@ -3,14 +3,16 @@
 The routed job (its own process, all-hash v1) counts a correlated pairs
 workload (paper 000 §4.2) while more events keep arriving. One run of
 ``keyplane_reconfigure`` then collects statistics with Spark, validates them,
-plans v2 (METIS tables, FISH hot keys), validates it with Great
-Expectations, backtests it, decides to publish, rolls it out over the control
-topic (PREPARE → ACK → PROPAGATE A → MIGRATED A → PROPAGATE B → MIGRATED B →
-DONE) with deferred waits, and verifies the job's first batches on v2. Every
-count stays exact. Then a deliberately bad configuration (one instance given
-three times the average load) is rejected by Great Expectations and never
-reaches the job; the run's ``publish`` and ``migrate_A``, run again with
-``airflow tasks test``, change nothing.
+plans a new version (METIS tables, FISH hot keys) stored as waves of at most
+``max_moves_per_wave`` moved keys, validates it with Great Expectations,
+backtests it, decides to publish, rolls the waves out one after the other and
+the last over the DAG's own tasks (PREPARE → ACK → PROPAGATE A → MIGRATED A →
+PROPAGATE B → MIGRATED B → DONE, with deferred waits), and verifies the job's
+first batches on the last. Every count stays exact. Then a deliberately bad
+configuration (one instance given three times the average load) is rejected
+by Great Expectations and never reaches the job; the run's
+``roll_out_waves``, ``publish`` and ``migrate_A``, run again with ``airflow
+tasks test``, change nothing.
 
 A second, forced run then meets a flash hot key (001 §1) that arrives right
 after its statistics were taken: every event carries one key, so the version
@@ -22,6 +24,7 @@ ends on the previous routing with every count exact.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -38,8 +41,10 @@ from keyplane.controller import ControllerFile
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
+from keyplane.migration import plan_migration
 from keyplane.orchestration import dagrun, tasks
 from keyplane.orchestration.deployment import Deployment
+from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
 from keyplane.verification import compare_counts, expected_counts
@@ -51,6 +56,7 @@ P = 4
 BUSY_S = 900
 """The longest wait for the job's batches: generous, since a CI machine may be busy."""
 REPO = Path(__file__).resolve().parents[2]
+MAX_MOVES_PER_WAVE = 40
 
 
 def _airflow_setup(tmp_path: Path, broker: str, settings: CountsJobSettings) -> dagrun.AirflowSetup:
@@ -124,7 +130,12 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
             "verify_batches": 3,
             "reply_timeout_s": 600,
         }
-        run = dagrun.dag_test(setup, conf, log=tmp_path / "airflow.log", timeout_s=BUSY_S * 2)
+        run = dagrun.dag_test(
+            setup,
+            {**conf, "max_moves_per_wave": MAX_MOVES_PER_WAVE},
+            log=tmp_path / "airflow.log",
+            timeout_s=BUSY_S * 2,
+        )
         assert run.returncode == 0 and run.state == "success", run.output[-6000:]
 
         deployment = Deployment.from_environment(broker)
@@ -144,10 +155,15 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         assert manifest.n_events >= 4_000 and manifest.job_version == 1
         folder = stats.snapshot_folder(deployment.snapshots, manifest.run_id)
         proposal = json.loads((folder / tasks.PROPOSAL).read_text())
-        assert (proposal["version"], proposal["parent_version"]) == (2, 1)
+        new, waves = int(proposal["version"]), list(proposal["waves"])
+        assert proposal["parent_version"] == 1 and waves and waves == list(range(2, new))
+        chain = [config_store.load(store, v) for v in (1, *waves, new)]
+        for old, wave in itertools.pairwise(chain):
+            assert 1 <= plan_migration(old, wave, spark_partition).cost.keys <= MAX_MOVES_PER_WAVE
+        assert run.task("roll_out_waves").state == "success"
         assert json.loads((folder / tasks.DECISION).read_text())["publish"]
         state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
-        assert state.protocol.active_version == 2
+        assert state.protocol.active_version == new
         assert state.protocol.last is not None and state.protocol.last.finish is not None
         assert state.protocol.last.finish.type == "DONE"
         assert set(state.protocol.last.migrated) == {"A", "B"}
@@ -161,26 +177,27 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         cut = len(a_keys) * 3 // 4
         table = {k: 0 for k in a_keys[:cut]} | {k: 1 + i % 3 for i, k in enumerate(a_keys[cut:])}
         bad = RoutingConfig(
-            version=3,
-            parent_version=2,
+            version=new + 1,
+            parent_version=new,
             created_by="manual",
             operators={
                 "A": OperatorRouting(parallelism=P, table=table),
-                "B": config_store.load(store, 2).operators["B"],
+                "B": config_store.load(store, new).operators["B"],
             },
         )
         config_store.save(bad, store)
         with pytest.raises(tasks.StepError, match="failed validation") as rejected:
-            tasks.validate_configuration(deployment, manifest.run_id, version=3)
+            tasks.validate_configuration(deployment, manifest.run_id, version=bad.version)
         assert "max/mean within α" in str(rejected.value)
         with pytest.raises(tasks.StepError, match="never published"):
-            tasks._require_validated(deployment, 3)
+            tasks._require_validated(deployment, bad.version)
 
         # publish and migrate_A of the finished run, run again: the same messages with the
-        # same ids, which the job ignores; it stays on v2 and replies nothing new.
+        # same ids, which the job ignores; it stays on the new version and replies nothing
+        # new. roll_out_waves sends nothing: the job runs past every wave.
         sent = _message_ids(broker, settings.control_topic)
         mark = tasks.metrics_end(deployment)
-        for task_id in ("publish", "migrate_A"):
+        for task_id in ("roll_out_waves", "publish", "migrate_A"):
             again = subprocess.run(
                 [dagrun.airflow_command(), "tasks", "test", dagrun.DAG_ID, task_id, run.run_id],
                 env=setup.environment(),
@@ -198,10 +215,10 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         wait_while_job_runs(
             lambda: len(batches_since(mark)) >= 3, "batches", job, job_log, timeout_s=BUSY_S
         )
-        assert all(v == {"A": 2, "B": 2} for v in batches_since(mark))
+        assert all(v == {"A": new, "B": new} for v in batches_since(mark))
         assert _message_ids(broker, settings.control_topic) == resent
         state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
-        assert state.protocol.active_version == 2 and state.protocol.current is None
+        assert state.protocol.active_version == new and state.protocol.current is None
 
         # A forced run; a flash hot key arrives once its statistics are taken.
         def on_task(record: dagrun.TaskRecord) -> None:
@@ -222,20 +239,25 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         assert "and was rolled back" in forced.output
         forced_folder = stats.snapshot_folder(deployment.snapshots, forced.run_id)
         regressed = json.loads((forced_folder / tasks.VERIFICATION).read_text())
-        assert regressed["regressed"] and regressed["version"] == 4, regressed
+        assert regressed["regressed"] and regressed["version"] == new + 2, regressed
         assert "imbalance rose" in regressed["reason"]
         assert regressed["after"]["imbalance"] >= 2.0 > 1.5 * regressed["before"]["imbalance"]
         rollback = json.loads((forced_folder / tasks.ROLLBACK).read_text())
-        assert (rollback["version"], rollback["restores"], rollback["replaces"]) == (5, 2, 4)
-        assert config_store.load(store, 5).operators == config_store.load(store, 2).operators
+        restored = new + 3
+        assert (rollback["version"], rollback["restores"], rollback["replaces"]) == (
+            restored,
+            new,
+            new + 2,
+        )
+        assert config_store.load(store, restored).operators == chain[-1].operators
         state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
-        assert state.protocol.active_version == 5 and state.protocol.current is None
+        assert state.protocol.active_version == restored and state.protocol.current is None
         rolled_back = json.loads((forced_folder / "rollback_rollout.json").read_text())
         back = {int(p): int(o) for p, o in rolled_back["metrics_start"].items()}
         wait_while_job_runs(
-            lambda: len(batches_since(back)) >= 2, "batches on v5", job, job_log, timeout_s=BUSY_S
+            lambda: len(batches_since(back)) >= 2, "batches", job, job_log, timeout_s=BUSY_S
         )
-        assert all(v == {"A": 5, "B": 5} for v in batches_since(back))
+        assert all(v == {"A": restored, "B": restored} for v in batches_since(back))
 
         producer.finish()
         total = sum(high_watermarks(broker, topic_name).values())
@@ -257,13 +279,19 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
     assert report.exact, report
     with ControlChannel(broker, settings.control_topic) as channel:
         messages = channel.read(0).messages
-    assert all(message.config_version != 3 for _, message in messages)
-    assert {m.type for _, m in messages if m.config_version == 2} >= {
-        "PREPARE",
-        "ACK",
-        "PROPAGATE",
-        "MIGRATED",
-        "DONE",
-    }
+    assert all(message.config_version != bad.version for _, message in messages)
+    for version in (*waves, new):
+        assert {m.type for _, m in messages if m.config_version == version} >= {
+            "PREPARE",
+            "ACK",
+            "PROPAGATE",
+            "MIGRATED",
+            "DONE",
+        }
+    done = [m.config_version for _, m in messages if m.type == "DONE"]
+    assert list(dict.fromkeys(done))[: len(waves) + 1] == [*waves, new]
     routed = tasks.read_metrics(deployment, {0: 0})
-    assert all(3 not in record.versions.values() for record in routed)
+    assert all(bad.version not in record.versions.values() for record in routed)
+    # Every wave ran micro-batches of its own, in order: the job never skipped one.
+    seen = list(dict.fromkeys(record.versions["A"] for record in routed if record.versions))
+    assert seen[: len(waves) + 2] == [1, *waves, new]

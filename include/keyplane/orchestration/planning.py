@@ -97,7 +97,9 @@ class PlanParams:
     re-plan (the others keep their current routing); ``parallelism`` the
     instance count (None: the current one); ``window`` the history policy;
     ``max_table_entries`` the routing table budget per operator (None: every
-    key of the statistics); ``d_min`` FISH's fewest instances per hot key.
+    key of the statistics); ``d_min`` FISH's fewest instances per hot key;
+    ``max_moves_per_wave`` the most keys one version may move (None: the
+    whole change in one version; else :mod:`keyplane.waves` splits it).
     """
 
     alpha: float = 1.03
@@ -107,8 +109,11 @@ class PlanParams:
     max_table_entries: int | None = None
     d_min: int = 2
     seed: int = 0
+    max_moves_per_wave: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_moves_per_wave is not None and self.max_moves_per_wave < 1:
+            raise ValueError(f"max_moves_per_wave must be ≥ 1, got {self.max_moves_per_wave}")
         if not (math.isfinite(self.alpha) and self.alpha >= 1.0):
             raise ValueError(f"alpha must be ≥ 1, got {self.alpha}")
         unknown = set(self.operators) - set(STAGE_COLUMN)

@@ -183,7 +183,13 @@ def active_version(deployment: Deployment, manifest: stats.SnapshotManifest | No
 
 
 class Proposal(BaseModel):
-    """What :func:`compute_configuration` decided for a run; the later steps read it."""
+    """What :func:`compute_configuration` decided for a run; the later steps read it.
+
+    ``version`` routes as the plan. ``waves`` are the versions rolled out
+    before it, in order, when the run splits its moves into waves
+    (:mod:`keyplane.waves`); each is the parent of the next, the first a
+    child of ``parent_version`` and the last the parent of ``version``.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -198,6 +204,7 @@ class Proposal(BaseModel):
     predicted_imbalance: dict[str, float]
     hot_keys: dict[str, int]
     table_sizes: dict[str, int]
+    waves: tuple[int, ...] = ()
 
 
 def compute_configuration(
@@ -206,8 +213,11 @@ def compute_configuration(
     """Plan a new version from the snapshot and store it, child of the active version.
 
     METIS routing tables (000 §3.3, :func:`keyplane.locality.build_plan`) and
-    FISH hot keys (001 §4.1.2). Retried, it returns the version it stored the
-    first time instead of storing another.
+    FISH hot keys (001 §4.1.2). With ``params.max_moves_per_wave``, the
+    change is stored as waves that each move at most that many keys, the
+    last routing as the plan (:func:`keyplane.waves.split_into_waves`), so
+    the rollout spreads its moved states over more micro-batches. Retried,
+    it returns the versions it stored the first time instead of storing more.
     """
     folder = _folder(deployment, run_id)
     existing = folder / PROPOSAL
@@ -222,7 +232,11 @@ def compute_configuration(
     plan = planning.plan_configuration(
         snapshot.pairs, snapshot.frequencies, current, params, version=latest + 1
     )
-    saved = config_store.save(plan.config, deployment.routing_store)
+    stored = [
+        config_store.save(config, deployment.routing_store)
+        for config in _waves(current, plan.config, params.max_moves_per_wave)
+    ]
+    saved = stored[-1]
     proposal = Proposal(
         version=saved.version,
         parent_version=parent,
@@ -235,8 +249,24 @@ def compute_configuration(
         predicted_imbalance=plan.predicted_imbalance,
         hot_keys=plan.hot_keys,
         table_sizes={name: len(r.table) for name, r in plan.config.operators.items()},
+        waves=tuple(wave.version for wave in stored[:-1]),
     )
     return _write_once(existing, proposal.model_dump(mode="json"))
+
+
+def _waves(
+    current: RoutingConfig, planned: RoutingConfig, max_moves_per_wave: int | None
+) -> tuple[RoutingConfig, ...]:
+    """``planned`` alone, or as waves of at most ``max_moves_per_wave`` moved keys each."""
+    if max_moves_per_wave is None:
+        return (planned,)
+    from keyplane.routedkeys import spark_partition
+    from keyplane.waves import split_into_waves
+
+    try:
+        return split_into_waves(current, planned, spark_partition, max_moves_per_wave)
+    except ValueError as exc:
+        raise StepError(f"v{planned.version} cannot roll out in waves: {exc}") from None
 
 
 def _proposal(deployment: Deployment, run_id: str) -> tuple[Proposal, RoutingConfig]:
@@ -264,7 +294,11 @@ def validate_configuration(
     key loads the suites route through the configuration
     (:func:`keyplane.quality.predicted_instance_loads`), so a configuration
     that overloads an instance fails whatever its plan claimed. ``version``
-    defaults to the run's proposal.
+    defaults to the run's proposal. When the proposal passes and rolls out
+    in waves, each wave before it is recorded as validated with that reason:
+    a wave routes every key either as the active version or as the proposal
+    does, and it is a step on the way to a configuration that passed, not a
+    plan of its own (as a rollback is recorded, :func:`prepare_rollback`).
     """
     from keyplane.quality import (
         OperatorPrediction,
@@ -314,6 +348,15 @@ def validate_configuration(
         raise StepError(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
+    if config.version == proposal.version:
+        for number, wave in enumerate(proposal.waves, start=1):
+            record_validation(
+                deployment,
+                wave,
+                True,
+                f"wave {number} of {len(proposal.waves) + 1} towards v{proposal.version}, "
+                "which passed validation",
+            )
     return record
 
 
@@ -442,8 +485,62 @@ def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
         raise StepError(f"the decision was not to publish: {decision['reason']}")
     version = int(decision["version"])
     _require_validated(deployment, version)
-    parent = int(_read(folder / PROPOSAL, "the proposal")["parent_version"])
+    proposal, _ = _proposal(deployment, run_id)
+    parent = proposal.waves[-1] if proposal.waves else proposal.parent_version
     return publish_version(deployment, version, parent)
+
+
+def roll_out_waves(deployment: Deployment, run_id: str, *, timeout_s: float) -> dict[str, Any]:
+    """Roll out the proposal's waves before its last version, one after the other.
+
+    Each wave is a whole rollout (000 §3.4: PREPARE → ACK → PROPAGATE →
+    MIGRATED → DONE) through :meth:`keyplane.controller.Controller.rollout_waves`;
+    the last version then goes through the DAG's own ``publish`` and rollout
+    tasks, and ``verify`` judges it against the version before the waves.
+    The waves run in one task because their number is the plan's: Airflow
+    cannot chain a varying number of task groups one after another. Retried,
+    it sends nothing for the waves the job already runs and resumes the one
+    in flight; a missing reply aborts that wave, which leaves the job on the
+    last finished one, a valid configuration.
+    """
+    from keyplane.controller import RolloutProgress
+
+    folder = _folder(deployment, run_id)
+    decision = _read(folder / DECISION, "the decision")
+    if not decision["publish"]:
+        raise StepError(f"the decision was not to publish: {decision['reason']}")
+    proposal, _ = _proposal(deployment, run_id)
+    if not proposal.waves:
+        return {"waves": []}
+    for wave in proposal.waves:
+        _require_validated(deployment, wave)
+
+    def report(progress: RolloutProgress) -> None:
+        if progress.finished:
+            log.info(
+                "step %d/%d %s: %.2f s",
+                progress.index + 1,
+                progress.total,
+                progress.label,
+                progress.elapsed_s,
+            )
+
+    with controller(deployment) as control:
+        state = control.state
+        if state is not None and state.active_version not in (
+            proposal.parent_version,
+            *proposal.waves,
+            proposal.version,
+        ):
+            _require_planned_on_active(state, proposal.waves[0], proposal.parent_version)
+        # Waves the job already runs are skipped, not re-sent as a repeated CLI rollout is.
+        to_do = [w for w in proposal.waves if state is None or w > state.active_version]
+        results = control.rollout_waves(to_do, timeout_s=timeout_s, on_step=report)
+    return {
+        "waves": list(proposal.waves),
+        "rolled_out": [result.version for result in results],
+        "seconds": round(sum(result.total_s for result in results), 3),
+    }
 
 
 def publish_version(deployment: Deployment, version: int, parent: int) -> dict[str, Any]:

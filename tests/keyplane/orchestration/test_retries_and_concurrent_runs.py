@@ -17,6 +17,7 @@ without Spark (the Spark side of duplicates and reordering is in
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -177,3 +178,84 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
         ("MIGRATED", "A"),
         ("MIGRATED", "B"),
     ]
+
+
+def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_flight(
+    broker: str, topic_name: str, tmp_path: Path
+) -> None:
+    """``max_moves_per_wave``: ``compute_configuration`` stores the change as waves,
+    ``validate_configuration`` passes them with the plan, ``roll_out_waves`` rolls
+    all but the last out one after the other (resuming a wave a killed try left in
+    flight, and changing nothing when retried once more), and the last goes through
+    ``publish`` and the DAG's own rollout steps."""
+    from keyplane.migration import plan_migration
+    from keyplane.routedkeys import spark_partition
+
+    deployment = Deployment.under(
+        tmp_path,
+        bootstrap_servers=broker,
+        events_topic=f"{topic_name}.events",
+        metrics_topic=f"{topic_name}.metrics",
+        control_topic=f"{topic_name}.control",
+        routing_store=tmp_path / "configs",
+    )
+    store = deployment.routing_store
+    v1 = RoutingConfig.all_hash(P, ("A", "B"))
+    config_store.save(v1, store)
+    _write_snapshot(deployment, SCHEDULED, seed=3)
+    params = planning.PlanParams(alpha=1.1, max_moves_per_wave=10)
+    proposal = tasks.compute_configuration(deployment, SCHEDULED, params)
+    assert tasks.compute_configuration(deployment, SCHEDULED, params) == proposal
+    waves, version = list(proposal["waves"]), int(proposal["version"])
+    assert len(waves) >= 2 and [*waves, version] == list(range(2, version + 1))
+
+    # Each wave moves at most 10 keys; the last routes as one version planned at once.
+    snapshot = stats.read_snapshot(deployment.snapshots, SCHEDULED)
+    at_once = planning.plan_configuration(
+        snapshot.pairs, snapshot.frequencies, v1, planning.PlanParams(alpha=1.1), version=2
+    ).config
+    chain = [v1, *(config_store.load(store, v) for v in [*waves, version])]
+    for old, new in itertools.pairwise(chain):
+        assert new.parent_version == old.version
+        assert 1 <= plan_migration(old, new, spark_partition).cost.keys <= 10
+    assert chain[-1].operators == at_once.operators
+
+    tasks.validate_configuration(deployment, SCHEDULED)
+    for wave in waves:
+        tasks._require_validated(deployment, wave)
+    tasks.backtest(deployment, SCHEDULED)
+    assert tasks.decide(deployment, SCHEDULED, planning.DecisionRule(), dry_run=False)["publish"]
+
+    channel = ControlChannel(broker, deployment.control_topic)
+    channel.ensure()
+    with ProtocolOnlyJob(channel, store, ("A", "B"), 1) as job:
+        # A first try killed right after it sent the first wave's PREPARE.
+        tasks.publish_version(deployment, waves[0], 1)
+        rolled = tasks.roll_out_waves(deployment, SCHEDULED, timeout_s=60)
+        assert rolled["rolled_out"] == waves
+        assert job.wait_until(lambda s: s.active_version == waves[-1] and s.pending is None)
+        with ControlChannel(broker, deployment.control_topic) as reader:
+            before_retry = len(reader.read(0).messages)
+        assert tasks.roll_out_waves(deployment, SCHEDULED, timeout_s=60)["rolled_out"] == []
+        with ControlChannel(broker, deployment.control_topic) as reader:
+            assert len(reader.read(0).messages) == before_retry
+
+        # The last version: the DAG's publish → ACK → PROPAGATE → MIGRATED → DONE.
+        assert tasks.publish(deployment, SCHEDULED)["version"] == version
+        _eventually(lambda: tasks.reply_arrived(deployment, "ack"), "the ACK")
+        for operator in ("A", "B"):
+            tasks.propagate(deployment, operator)
+            _eventually(
+                lambda op=operator: tasks.reply_arrived(deployment, "migrated", op),
+                f"MIGRATED {operator}",
+            )
+        assert tasks.done(deployment, SCHEDULED)["version"] == version
+        assert job.wait_until(lambda s: s.active_version == version and s.pending is None)
+
+    with ControlChannel(broker, deployment.control_topic) as reader:
+        read = reader.read(0)
+    assert read.rejected == ()
+    done = [m.config_version for _, m in read.messages if m.type == "DONE"]
+    assert list(dict.fromkeys(done)) == [*waves, version]
+    acks = {m.config_version for _, m in read.messages if m.type == "ACK"}
+    assert acks == {*waves, version}
