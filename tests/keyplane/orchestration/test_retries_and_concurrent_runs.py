@@ -45,6 +45,17 @@ SCHEDULED = "scheduled__2026-11-03T12:00:00+00:00"
 MANUAL = "manual__2026-11-03T12:00:05+00:00"
 
 
+def _deployment(tmp_path: Path, broker: str, topic_name: str) -> Deployment:
+    return Deployment.under(
+        tmp_path,
+        bootstrap_servers=broker,
+        events_topic=f"{topic_name}.events",
+        metrics_topic=f"{topic_name}.metrics",
+        control_topic=f"{topic_name}.control",
+        routing_store=tmp_path / "configs",
+    )
+
+
 def _write_snapshot(deployment: Deployment, run_id: str, seed: int) -> None:
     """A statistics snapshot of a job on v1 whose stage-A keys pair with few B keys."""
     rng = np.random.default_rng(seed)
@@ -90,14 +101,7 @@ def _eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60)
 def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
-    deployment = Deployment.under(
-        tmp_path,
-        bootstrap_servers=broker,
-        events_topic=f"{topic_name}.events",
-        metrics_topic=f"{topic_name}.metrics",
-        control_topic=f"{topic_name}.control",
-        routing_store=tmp_path / "configs",
-    )
+    deployment = _deployment(tmp_path, broker, topic_name)
     config_store.save(
         RoutingConfig.all_hash(P, ("A", "B")),
         deployment.routing_store,
@@ -191,14 +195,7 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
     from keyplane.migration import plan_migration
     from keyplane.routedkeys import spark_partition
 
-    deployment = Deployment.under(
-        tmp_path,
-        bootstrap_servers=broker,
-        events_topic=f"{topic_name}.events",
-        metrics_topic=f"{topic_name}.metrics",
-        control_topic=f"{topic_name}.control",
-        routing_store=tmp_path / "configs",
-    )
+    deployment = _deployment(tmp_path, broker, topic_name)
     store = deployment.routing_store
     v1 = RoutingConfig.all_hash(P, ("A", "B"))
     config_store.save(v1, store)
