@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
+from kafka.errors import KafkaTimeoutError
 
 from keyplane.kafka.admin import HighWatermarks, ensure_topic, high_watermarks
+from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import make_producer
+from keyplane.testing import crash_broker, free_port
 
 
 @pytest.mark.integration
@@ -58,3 +64,42 @@ def test_one_long_lived_high_watermarks_is_never_behind_the_records_sent(
                 assert marks.of(topic_name, [1]) == {1: sent[1]}, f"round {round_}"
     finally:
         producer.close(timeout=10)
+
+
+def _produce(broker: str, topic: str, n: int) -> None:
+    producer = make_producer(broker)
+    try:
+        for i in range(n):
+            producer.send(topic, value=b"%d" % i, partition=0)
+        producer.flush()
+    finally:
+        producer.close(timeout=10)
+
+
+@pytest.mark.integration
+def test_a_query_that_fails_while_the_broker_is_down_leaves_the_next_one_exact(
+    tmp_path: Path,
+) -> None:
+    """A broker down for longer than a request's timeout: the driver's query fails with
+    Kafka's timeout error, in about that time, rather than hanging its batch boundary,
+    and once the broker is back (same port, records kept) the next query on the same
+    :class:`HighWatermarks` counts the records sent before the crash and after it."""
+    embedded = EmbeddedBroker(tmp_path / "broker", free_port(), storage="s3")
+    broker = embedded.start().bootstrap_servers
+    topic = "offsets"
+    try:
+        ensure_topic(broker, topic, 1)
+        _produce(broker, topic, 4)
+        with HighWatermarks(broker) as marks:
+            assert marks.of(topic) == {0: 4}
+            crash_broker(embedded)
+            started = time.monotonic()
+            with pytest.raises(KafkaTimeoutError):
+                marks.of(topic)
+            assert time.monotonic() - started < 60
+            embedded.start()
+            _produce(broker, topic, 3)
+            assert marks.of(topic) == {0: 7}
+            assert marks.of(topic, [0]) == {0: 7}
+    finally:
+        embedded.stop()
