@@ -331,11 +331,16 @@ def build_rows(
     site when one is given.
     """
     by_version: dict[int, RunRecords] = {}
+    # A run in waves stores versions before its proposal's; they belong to its run but
+    # carry no decision of their own (the run decided on the whole change).
+    wave_of: dict[int, RunRecords] = {}
     rollbacks: dict[int, Mapping[str, Any]] = {}
     for records_of_run in runs:
         proposal, rolled = records_of_run.proposal, records_of_run.rollback
         if proposal is not None and "version" in proposal:
             by_version[int(proposal["version"])] = records_of_run
+            for wave in proposal.get("waves", ()):
+                wave_of[int(wave)] = records_of_run
         if rolled is not None and "version" in rolled:
             by_version.setdefault(int(rolled["version"]), records_of_run)
             rollbacks[int(rolled["version"])] = rolled
@@ -406,12 +411,16 @@ def build_rows(
                 decision=None if decision is None else decision.get("reason"),
                 migration=migration,
                 rollback=rollback,
-                run_id=None if run is None else run.run_id,
+                run_id=run.run_id if run is not None else _run_id(wave_of.get(version)),
                 data_docs=docs,
                 problem=loaded if isinstance(loaded, str) else None,
             )
         )
     return rows
+
+
+def _run_id(run: RunRecords | None) -> str | None:
+    return None if run is None else run.run_id
 
 
 def key_weights(snapshots: Path, runs: Sequence[RunRecords]) -> dict[str, dict[str, float]]:

@@ -144,6 +144,35 @@ def test_pure_timeline_rows_from_hand_made_records() -> None:
     assert by[5].problem == "unreadable: checksum mismatch" and by[5].created_at is None
 
 
+def test_pure_waves_rows_name_their_run_and_leave_the_decision_to_the_last() -> None:
+    configs: dict[int, RoutingConfig | str] = {
+        1: _config(1, None, "initial"),
+        2: _config(2, 1, "schedule"),
+        3: _config(3, 2, "schedule"),
+        4: _config(4, 3, "schedule"),
+    }
+    validations = {
+        2: {"success": True, "summary": "wave 1 of 3 towards v4, which passed validation"},
+        3: {"success": True, "summary": "wave 2 of 3 towards v4, which passed validation"},
+        4: {"success": True, "summary": "all passed"},
+    }
+    run = RunRecords(
+        run_id="run-w",
+        proposal={"version": 4, "parent_version": 1, "waves": [2, 3]},
+        backtest=None,
+        decision={"version": 4, "publish": True, "gain": 0.4, "cost": 0.05, "reason": "ok"},
+        rollout={"version": 4},
+        verification=None,
+        rollback=None,
+    )
+    rows = build_rows(configs, validations, [run], _controller(4, 3), [])
+    by = {r.version: r for r in rows}
+    assert [by[v].run_id for v in (1, 2, 3, 4)] == [None, "run-w", "run-w", "run-w"]
+    assert [by[v].status for v in (2, 3, 4)] == ["superseded", "superseded", "active"]
+    assert by[2].gain is None and by[2].decision is None and by[2].validation == "passed"
+    assert by[4].gain == pytest.approx(0.4) and by[4].decision == "ok"
+
+
 def test_pure_backtest_gain_follows_the_decision_rule() -> None:
     record = RUNS[0].backtest
     assert record is not None
