@@ -511,7 +511,7 @@ def roll_out_waves(deployment: Deployment, run_id: str, *, timeout_s: float) -> 
         raise StepError(f"the decision was not to publish: {decision['reason']}")
     proposal, _ = _proposal(deployment, run_id)
     if not proposal.waves:
-        return {"waves": []}
+        return {"waves": [], "rolled_out": [], "seconds": 0.0}
     for wave in proposal.waves:
         _require_validated(deployment, wave)
 
