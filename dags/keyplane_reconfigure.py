@@ -15,7 +15,8 @@ Every ten minutes (or by hand, with Params):
    dry run stops here);
    with ``max_moves_per_wave``, ``compute_configuration`` stores the change
    as waves and ``roll_out_waves`` rolls out all but the last, one after the
-   other, so each wave's micro-batches carry a share of the moved state;
+   other with deferred waits, so each wave's micro-batches carry a share of
+   the moved state;
 6. the rollout of paper 000 §3.4: ``publish`` (PREPARE) → ``await_ack`` →
    ``migrate_A`` → ``migrate_B`` → ``await_migrated_A`` →
    ``await_migrated_B`` → ``done`` (asset ``keyplane_routing_configuration``),
@@ -43,7 +44,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from keyplane.orchestration import dagparts
 from keyplane.orchestration.dagparts import CONFIGURATION_ASSET, rollout_chain
 from keyplane.orchestration.deployment import SPARK_CONN_ID, deployment
-from keyplane.orchestration.triggers import AwaitRolloutOperator
+from keyplane.orchestration.triggers import AwaitRolloutOperator, RollOutWavesOperator
 
 STATISTICS_JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "key_statistics.py"
 STATISTICS_ASSET = Asset(name="keyplane_statistics_snapshot")
@@ -187,13 +188,6 @@ with DAG(
         return bool(record["publish"])
 
     @task
-    def roll_out_waves() -> dict[str, Any]:
-        from keyplane.orchestration import tasks
-
-        timeout_s = float(dagparts.params()["reply_timeout_s"])
-        return tasks.roll_out_waves(deployment(), dagparts.run_id(), timeout_s=timeout_s)
-
-    @task
     def publish() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
@@ -265,7 +259,7 @@ with DAG(
         >> validate_configuration()
         >> backtest()
         >> decide()
-        >> roll_out_waves()
+        >> RollOutWavesOperator(task_id="roll_out_waves", timeout_s="{{ params.reply_timeout_s }}")
         >> published
         >> ack
     )

@@ -108,7 +108,7 @@ def test_schedule_runs_and_retries(dag: Any) -> None:
 
 
 def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> None:
-    from keyplane.orchestration.triggers import AwaitRolloutOperator
+    from keyplane.orchestration.triggers import AwaitRolloutOperator, RollOutWavesOperator
 
     order = [
         "validate_configuration",
@@ -132,6 +132,7 @@ def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> No
     ]
     assert len(waits) == 7
     assert all(isinstance(t, AwaitRolloutOperator) for t in waits)
+    assert isinstance(dag.get_task("roll_out_waves"), RollOutWavesOperator)
     assert dag.get_task("collect_statistics").task_type == "SparkSubmitOperator"
     outlets = {a.name for t in dag.tasks for a in t.outlets}
     assert outlets == {"keyplane_statistics_snapshot", "keyplane_routing_configuration"}

@@ -490,57 +490,71 @@ def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
     return publish_version(deployment, version, parent)
 
 
-def roll_out_waves(deployment: Deployment, run_id: str, *, timeout_s: float) -> dict[str, Any]:
-    """Roll out the proposal's waves before its last version, one after the other.
+def advance_waves(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """Send what the proposal's waves need next; say which reply to await, if any.
 
-    Each wave is a whole rollout (000 §3.4: PREPARE → ACK → PROPAGATE →
-    MIGRATED → DONE) through :meth:`keyplane.controller.Controller.rollout_waves`;
-    the last version then goes through the DAG's own ``publish`` and rollout
-    tasks, and ``verify`` judges it against the version before the waves.
-    The waves run in one task because their number is the plan's: Airflow
-    cannot chain a varying number of task groups one after another. Retried,
-    it sends nothing for the waves the job already runs and resumes the one
-    in flight; a missing reply aborts that wave, which leaves the job on the
-    last finished one, a valid configuration.
+    The waves before the proposal's last version roll out one after the
+    other, each a whole rollout (000 §3.4: PREPARE → ACK → PROPAGATE every
+    operator → every MIGRATED → DONE); the last version then goes through
+    the DAG's own ``publish`` and rollout tasks, and ``verify`` judges it
+    against the version before the waves. Each call reads the job's replies,
+    takes every step they allow (finishing a wave and preparing the next),
+    and returns ``wait``: ``"ack"``, ``"migrated"`` (of ``operator``) or
+    None once every wave is done, for
+    :class:`~keyplane.orchestration.triggers.RollOutWavesOperator` to defer
+    on. Its steps follow from the controller's state file alone, so a call
+    after a crash, a retry or a lost trigger resumes where the waves stand
+    and sends nothing for waves the job already runs.
     """
-    from keyplane.controller import RolloutProgress
-
     folder = _folder(deployment, run_id)
     decision = _read(folder / DECISION, "the decision")
     if not decision["publish"]:
         raise StepError(f"the decision was not to publish: {decision['reason']}")
     proposal, _ = _proposal(deployment, run_id)
-    if not proposal.waves:
-        return {"waves": [], "rolled_out": [], "seconds": 0.0}
-    for wave in proposal.waves:
+    waves = list(proposal.waves)
+
+    def step(
+        wait: str | None, version: int | None = None, operator: str | None = None
+    ) -> dict[str, Any]:
+        return {"waves": waves, "version": version, "wait": wait, "operator": operator}
+
+    if not waves:
+        return step(None)
+    for wave in waves:
         _require_validated(deployment, wave)
-
-    def report(progress: RolloutProgress) -> None:
-        if progress.finished:
-            log.info(
-                "step %d/%d %s: %.2f s",
-                progress.index + 1,
-                progress.total,
-                progress.label,
-                progress.elapsed_s,
-            )
-
     with controller(deployment) as control:
+        control.poll()
         state = control.state
         if state is not None and state.active_version not in (
             proposal.parent_version,
-            *proposal.waves,
+            *waves,
             proposal.version,
         ):
-            _require_planned_on_active(state, proposal.waves[0], proposal.parent_version)
-        # Waves the job already runs are skipped, not re-sent as a repeated CLI rollout is.
-        to_do = [w for w in proposal.waves if state is None or w > state.active_version]
-        results = control.rollout_waves(to_do, timeout_s=timeout_s, on_step=report)
-    return {
-        "waves": list(proposal.waves),
-        "rolled_out": [result.version for result in results],
-        "seconds": round(sum(result.total_s for result in results), 3),
-    }
+            _require_planned_on_active(state, waves[0], proposal.parent_version)
+        while True:
+            state = control.state
+            pending = [w for w in waves if state is None or w > state.active_version]
+            if not pending:
+                return step(None)
+            wave = pending[0]
+            number = f"wave {waves.index(wave) + 1} of {len(waves) + 1}"
+            current = None if state is None else state.current
+            if current is None or current.version != wave:
+                control.prepare(wave)
+                log.info("PREPARE v%d (%s)", wave, number)
+                return step("ack", wave)
+            if current.ack is None:
+                return step("ack", wave)
+            operators = control.operators_for(wave)
+            unsent = [name for name in operators if name not in current.propagated]
+            if unsent:
+                control.propagate_all(unsent)
+                log.info("PROPAGATE v%d to %s (%s)", wave, ", ".join(unsent), number)
+            missing = [name for name in operators if name not in current.migrated]
+            if missing:
+                return step("migrated", wave, missing[0])
+            control.done()
+            log.info("DONE v%d (%s)", wave, number)
 
 
 def publish_version(deployment: Deployment, version: int, parent: int) -> dict[str, Any]:

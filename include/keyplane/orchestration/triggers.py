@@ -10,6 +10,8 @@ the triggerer's event loop never blocks, and fires once the reply is in or
 the deadline has passed. :class:`AwaitRolloutOperator` checks once, defers
 on the trigger if it must wait, and on a missing reply aborts the rollout
 (the job returns to its active version) before it fails.
+:class:`RollOutWavesOperator` rolls out a run's waves the same way: it sends
+what the waves need next and defers on the same trigger for each reply.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
@@ -183,12 +185,72 @@ class AwaitRolloutOperator(BaseOperator):
             return event
         detail = event.get("message") or f"not within {self.timeout_s} s"
         if self.kind in ("ack", "migrated"):
-            from keyplane.orchestration import tasks
-            from keyplane.orchestration.deployment import deployment
-
-            tasks.abort(deployment())
-            raise AirflowException(
-                f"no {self._what()} from the job ({detail}); the rollout was aborted and the "
-                "job is back on its active version. Is the job running? `keyplane job status`"
-            )
+            _abort_and_fail(self._what(), detail)
         raise AirflowException(f"no {self._what()} ({detail})")
+
+
+def _abort_and_fail(what: str, detail: str) -> NoReturn:
+    """ABORT the rollout in flight after a missing reply, then fail the task saying so."""
+    from keyplane.orchestration import tasks
+    from keyplane.orchestration.deployment import deployment
+
+    tasks.abort(deployment())
+    raise AirflowException(
+        f"no {what} from the job ({detail}); the rollout was aborted and the "
+        "job is back on its active version. Is the job running? `keyplane job status`"
+    )
+
+
+class RollOutWavesOperator(BaseOperator):
+    """Roll out a run's waves before its last version, each wait deferred.
+
+    The number of waves is the plan's, known only when the run has planned,
+    and Airflow cannot chain a varying number of task groups one after
+    another; so one task walks them. Each time it runs (first, and after
+    every reply) it calls :func:`keyplane.orchestration.tasks.advance_waves`,
+    which sends what the waves need next, and defers on
+    :class:`RolloutWaitTrigger` for the reply that step awaits: the worker
+    slot is free while the job migrates, as with the DAG's other waits. A
+    missing reply aborts the wave in flight, so the job stays on the last
+    finished wave, a complete version, and the task fails.
+    """
+
+    template_fields = ("timeout_s",)
+
+    def __init__(self, *, timeout_s: Any = 300, poll_interval_s: float = 0.5, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        return self._advance(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") != "ok":
+            _abort_and_fail("reply to the wave in flight", event.get("message") or "timeout")
+        return self._advance(context)
+
+    def _advance(self, context: Any) -> dict[str, Any]:
+        from keyplane.orchestration import tasks
+        from keyplane.orchestration.deployment import deployment
+
+        target = deployment()
+        run_id = str(context["run_id"])
+        step = tasks.advance_waves(target, run_id)
+        if step["wait"] is None:
+            self.log.info("every wave before the last is active: %s", step["waves"])
+            return step
+        timeout = float(self.timeout_s)
+        self.defer(
+            trigger=RolloutWaitTrigger(
+                deployment=target.model_dump(mode="json"),
+                kind=step["wait"],
+                deadline=time.time() + timeout,
+                operator=step["operator"],
+                run_id=run_id,
+                poll_interval_s=self.poll_interval_s,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=timeout + 60),
+        )
+        raise AssertionError("defer() raises TaskDeferred")

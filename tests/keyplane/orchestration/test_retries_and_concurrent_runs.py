@@ -188,10 +188,10 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
     """``max_moves_per_wave``: ``compute_configuration`` stores the change as waves,
-    ``validate_configuration`` passes them with the plan, ``roll_out_waves`` rolls
-    all but the last out one after the other (resuming a wave a killed try left in
-    flight, and changing nothing when retried once more), and the last goes through
-    ``publish`` and the DAG's own rollout steps."""
+    ``validate_configuration`` passes them with the plan, ``advance_waves`` (the
+    ``roll_out_waves`` task's steps) rolls all but the last out one after the other
+    (resuming a wave a killed try left in flight, and sending nothing when called once
+    more), and the last goes through ``publish`` and the DAG's own rollout steps."""
     from keyplane.migration import plan_migration
     from keyplane.routedkeys import spark_partition
 
@@ -226,14 +226,22 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
     channel = ControlChannel(broker, deployment.control_topic)
     channel.ensure()
     with ProtocolOnlyJob(channel, store, ("A", "B"), 1) as job:
-        # A first try killed right after it sent the first wave's PREPARE.
+        # A first try killed right after it sent the first wave's PREPARE; then the
+        # operator's loop: each call sends what the waves need next, then its reply is awaited.
         tasks.publish_version(deployment, waves[0], 1)
-        rolled = tasks.roll_out_waves(deployment, SCHEDULED, timeout_s=60)
-        assert rolled["rolled_out"] == waves
+        steps = []
+        while (step := tasks.advance_waves(deployment, SCHEDULED))["wait"] is not None:
+            steps.append((step["version"], step["wait"], step["operator"]))
+            _eventually(
+                lambda s=step: tasks.reply_arrived(deployment, s["wait"], s["operator"]),
+                f"{step['wait']} of v{step['version']}",
+            )
+        assert [v for v, wait, _ in steps if wait == "ack"] == waves
+        assert {v for v, wait, _ in steps if wait == "migrated"} == set(waves)
         assert job.wait_until(lambda s: s.active_version == waves[-1] and s.pending is None)
         with ControlChannel(broker, deployment.control_topic) as reader:
             before_retry = len(reader.read(0).messages)
-        assert tasks.roll_out_waves(deployment, SCHEDULED, timeout_s=60)["rolled_out"] == []
+        assert tasks.advance_waves(deployment, SCHEDULED)["wait"] is None
         with ControlChannel(broker, deployment.control_topic) as reader:
             assert len(reader.read(0).messages) == before_retry
 
