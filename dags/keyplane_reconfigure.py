@@ -33,7 +33,6 @@ is parsed. See docs/orchestration.md.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,11 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from keyplane.orchestration import dagparts
-from keyplane.orchestration.dagparts import CONFIGURATION_ASSET, rollout_chain
+from keyplane.orchestration.dagparts import (
+    CONFIGURATION_ASSET,
+    ROLLOUT_DAG_ARGS,
+    rollout_chain,
+)
 from keyplane.orchestration.deployment import SPARK_CONN_ID, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator, RollOutWavesOperator
 
@@ -101,15 +104,10 @@ PARAMS = {
 with DAG(
     dag_id="keyplane_reconfigure",
     description="Statistics → routing plan → GX → backtest → live rollout → verify/rollback",
-    schedule=timedelta(minutes=10),
-    start_date=datetime(2026, 1, 1, tzinfo=UTC),
-    catchup=False,
-    max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=20)},
-    dagrun_timeout=timedelta(minutes=60),
     tags=["keyplane", "reconfiguration", "spark"],
     params=PARAMS,
     doc_md=__doc__,
+    **ROLLOUT_DAG_ARGS,
 ) as dag:
 
     @task

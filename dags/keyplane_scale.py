@@ -27,12 +27,17 @@ docs/orchestration.md, "Scaling".
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from keyplane.orchestration.dagparts import CONFIGURATION_ASSET, params, rollout_chain, run_id
+from keyplane.orchestration.dagparts import (
+    CONFIGURATION_ASSET,
+    ROLLOUT_DAG_ARGS,
+    params,
+    rollout_chain,
+    run_id,
+)
 from keyplane.orchestration.deployment import OPERATORS, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
 
@@ -82,15 +87,10 @@ PARAMS = {
 with DAG(
     dag_id="keyplane_scale",
     description="Metrics → Stela decision → scaled configuration → GX → live rollout → verify",
-    schedule=timedelta(minutes=10),
-    start_date=datetime(2026, 1, 1, tzinfo=UTC),
-    catchup=False,
-    max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=20)},
-    dagrun_timeout=timedelta(minutes=60),
     tags=["keyplane", "scaling"],
     params=PARAMS,
     doc_md=__doc__,
+    **ROLLOUT_DAG_ARGS,
 ) as dag:
 
     @task.short_circuit

@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
@@ -47,6 +47,7 @@ from keyplane.protocol import ProtocolError
 from keyplane.routedkeys import spark_partition
 from keyplane.settings import Settings
 from keyplane.signing import MissingKeyError
+from keyplane.validation_errors import first_problem
 from keyplane.waves import split_into_waves
 from keyplane.workloads import GeoTagsWorkload, PairsWorkload, ZipfEvolvingWorkload
 
@@ -241,9 +242,7 @@ def _read_config_file(path: Path) -> RoutingConfig:
     try:
         return RoutingConfig.model_validate_json(text)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        problem = f"{where}: {first['msg']}" if where else first["msg"]
+        problem = first_problem(exc)
         raise CliError(f"{path} is not a valid routing configuration: {problem}") from None
 
 
@@ -893,37 +892,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _version(text: str) -> int:
-    """A version number as stored: an integer from 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a version (an integer from 1)")
-    return value
+_Number = TypeVar("_Number", int, float)
 
 
-def _count(text: str) -> int:
-    """A positive integer."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
+def _positive(parse: Callable[[str], _Number], what: str) -> Callable[[str], _Number]:
+    """An argparse type: ``parse``'s value of the text if it is above zero, else an error
+    naming ``what`` the argument must be."""
+
+    def convert(text: str) -> _Number:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return convert
 
 
-def _seconds(text: str) -> float:
-    """A positive duration in seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
+_version = _positive(int, "a version (an integer from 1)")
+_count = _positive(int, "a positive integer")
+_seconds = _positive(float, "a positive number of seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -933,9 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings()
         return int(args.func(settings, args))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "input"
-        print(f"keyplane: invalid {where}: {first['msg']}", file=sys.stderr)
+        print(f"keyplane: invalid {first_problem(exc, 'input')}", file=sys.stderr)
     except (
         AggregateSpecError,
         BrokerError,

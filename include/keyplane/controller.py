@@ -57,6 +57,7 @@ from keyplane.protocol import (
     Reconfiguration,
     utc_now,
 )
+from keyplane.validation_errors import first_problem
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +170,8 @@ def read_controller_file(path: Path) -> ControllerFile | None:
     try:
         return ControllerFile.model_validate_json(text)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "file"
         raise ControllerError(
-            f"{path} is not a controller state file ({where}: {first['msg']}); "
+            f"{path} is not a controller state file ({first_problem(exc, 'file')}); "
             "restore it, or move it aside to start from the job's current version"
         ) from None
 

@@ -74,6 +74,7 @@ from keyplane.processes import (
 from keyplane.protocol import Reconfiguration
 from keyplane.settings import Settings
 from keyplane.signing import control_key
+from keyplane.validation_errors import first_problem
 
 if TYPE_CHECKING:
     from keyplane.spark.counts_job import BatchProgress, CountsJobSettings
@@ -313,10 +314,8 @@ class JobProcess:
         try:
             return JobRecord.model_validate_json(text)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "file"
             raise JobError(
-                f"{self.pid_file} is not a job pid file ({where}: {first['msg']}); "
+                f"{self.pid_file} is not a job pid file ({first_problem(exc, 'file')}); "
                 "if no job is running, remove it"
             ) from None
 

@@ -65,6 +65,7 @@ from uuid import UUID, uuid4, uuid5
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from keyplane.signing import canonical_json, sign, verify
+from keyplane.validation_errors import describe_error
 
 MessageType = Literal["PREPARE", "ACK", "PROPAGATE", "MIGRATED", "DONE", "ABORT"]
 Sender = Literal["controller", "job"]
@@ -233,10 +234,7 @@ def decode(raw: bytes, key: bytes | str | None = None) -> ControlMessage:
     try:
         return ControlMessage.model_validate_json(canonical_json(data), strict=True)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'message'}: {error['msg']}"
-            for error in exc.errors()
-        )
+        problems = "; ".join(describe_error(error, "message") for error in exc.errors())
         raise InvalidMessage("schema", problems) from None
 
 

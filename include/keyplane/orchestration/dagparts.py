@@ -10,6 +10,7 @@ the steps import the rest when they run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset, get_current_context, task
@@ -19,6 +20,19 @@ from keyplane.orchestration.triggers import AwaitRolloutOperator
 
 #: The published configuration: both DAGs update it when a rollout is DONE.
 CONFIGURATION_ASSET = Asset(name="keyplane_routing_configuration")
+
+#: The DAG arguments both DAGs share. One run at a time: the controller drives
+#: one rollout at a time, and a second run would only find the first's in
+#: flight. Every step is idempotent (a retried task sends nothing new), so
+#: retries are safe; no catch-up, since a run plans from the newest statistics.
+ROLLOUT_DAG_ARGS: dict[str, Any] = {
+    "schedule": timedelta(minutes=10),
+    "start_date": datetime(2026, 1, 1, tzinfo=UTC),
+    "catchup": False,
+    "max_active_runs": 1,
+    "default_args": {"retries": 2, "retry_delay": timedelta(seconds=20)},
+    "dagrun_timeout": timedelta(minutes=60),
+}
 
 
 def params() -> dict[str, Any]:
