@@ -43,7 +43,11 @@ Reported per order:
 * the seconds the switch and install batches took beyond the baseline's
   (what the moves cost, whatever the batch size), and how they split over
   the Spark stages that read the source and run A and B, from each job's
-  Spark event log, and the rest of the batch (planning, the sink, commits);
+  Spark event log, and the rest of the batch, split in turn by the phases
+  of Spark's progress report that the job's metrics records carry
+  (``phases_ms``): asking for offsets, planning, the driver's share of
+  ``addBatch`` (what it took beyond the stages: scheduling, the sink), the
+  offset and commit logs, and what no phase accounts for;
 * every batch from the last one before the ACK to the first after MIGRATED,
   with the baseline's duration of the same batch.
 
@@ -91,6 +95,15 @@ ORDERS: tuple[Order, ...] = ("together", "one-by-one", "in waves")
 TIMEOUT_S = 300
 PARTS = ("scan", "A", "B")
 """The Spark stages of a batch (bench/_harness.batch_stage_seconds)."""
+DRIVER_PARTS = ("offsets", "planning", "addBatch beyond the stages", "logs", "other")
+"""The rest of a batch, by Spark's phases (its metrics record's ``phases_ms``)."""
+_PHASE_PARTS = {
+    "latestOffset": "offsets",
+    "getBatch": "offsets",
+    "queryPlanning": "planning",
+    "walCommit": "logs",
+    "commitOffsets": "logs",
+}
 
 
 def roll_out(controller: Controller, order: Order, waves: Sequence[int]) -> list[Reconfiguration]:
@@ -210,6 +223,39 @@ def extra_by_part(
     return out
 
 
+def driver_parts(
+    metrics: list[dict[str, Any]], stages: dict[int, dict[str, float]]
+) -> dict[int, dict[str, float]]:
+    """Per batch, the seconds outside the stages of :data:`PARTS`, by :data:`DRIVER_PARTS`.
+
+    ``addBatch`` runs the batch's Spark jobs and the sink, so what it took
+    beyond the stages is the driver's share of it (scheduling, the sink's
+    own work); ``other`` is what no phase accounts for. The parts add up to
+    the batch's duration less its stages.
+    """
+    out: dict[int, dict[str, float]] = {}
+    for m in metrics:
+        if not m["rows"]:
+            continue  # a batch with no rows repeats the last plan (batch_seconds)
+        parts = dict.fromkeys(DRIVER_PARTS, 0.0)
+        phases = m.get("phases_ms", {})
+        for phase, ms in phases.items():
+            if phase != "addBatch":
+                parts[_PHASE_PARTS.get(phase, "other")] += ms / 1000
+        stage_s = sum(stages.get(m["plan"], {}).get(part, 0.0) for part in PARTS)
+        parts["addBatch beyond the stages"] = phases.get("addBatch", 0) / 1000 - stage_s
+        parts["other"] += m["duration_ms"] / 1000 - stage_s - sum(parts.values())
+        out[m["plan"]] = parts
+    return out
+
+
+def extra_by_driver_part(rollout: JobRun, baseline: JobRun, batches: list[int]) -> dict[str, float]:
+    """What ``batches`` took in ``rollout`` beyond ``baseline`` outside the stages, by part."""
+    mine = driver_parts(rollout.metrics, rollout.stages)
+    theirs = driver_parts(baseline.metrics, baseline.stages)
+    return {part: sum(mine[b][part] - theirs[b][part] for b in batches) for part in DRIVER_PARTS}
+
+
 def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
     """What ``job``'s rollout cost against ``no_rollout``, the same batches without one."""
     metrics = job.metrics
@@ -279,6 +325,7 @@ def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
         "paced_outside_during": (sums_during[0] * pace_outside, sums_during[1]),
         "exact": job.exact,
         "parts": extra_by_part(job, no_rollout, moving, sums_moving[0] - sums_moving[1]),
+        "driver_parts": extra_by_driver_part(job, no_rollout, moving),
         "table": batches,
     }
 
@@ -438,6 +485,10 @@ def main() -> None:
         row(
             "of which reading the source ; stage A ; stage B ; the rest (Spark's event log)",
             runs(lambda r: " ; ".join(f"{r['parts'][p]:+.2f}" for p in (*PARTS, "rest"))),
+        ),
+        row(
+            "of which the rest: " + " ; ".join(DRIVER_PARTS) + " (Spark's progress reports)",
+            runs(lambda r: " ; ".join(f"{r['driver_parts'][p]:+.2f}" for p in DRIVER_PARTS)),
         ),
         row(
             "throughput dip, switch and install batches, vs the batches before the ACK",

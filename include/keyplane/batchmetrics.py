@@ -49,6 +49,11 @@ class BatchMetrics(BaseModel):
     rows: int = 0
     rows_per_s: float = 0.0
     duration_ms: int = 0
+    phases_ms: dict[str, int] = Field(
+        default_factory=dict,
+        description="Spark's phase → its milliseconds in this batch (latestOffset, "
+        "queryPlanning, addBatch, walCommit, commitOffsets, ...): where duration_ms went",
+    )
     input_lag: int = 0
     load: dict[str, dict[int, int]] = Field(
         default_factory=dict, description="operator → instance → tuples processed"

@@ -66,6 +66,20 @@ def records_read(query: StreamingQuery) -> int:
     return sum(progress_of(p).rows for p in query.recentProgress)
 
 
+def phases_ms(p: dict[str, Any]) -> dict[str, int]:
+    """Where a batch's time went: Spark's ``durationMs`` by phase, the whole left out.
+
+    ``triggerExecution`` is the batch's whole duration (``duration_ms``); the
+    others are its phases, timed on the driver: asking the source for its
+    offsets (``latestOffset``), planning (``queryPlanning``), running the
+    batch's Spark jobs and the sink (``addBatch``), and writing the offset
+    and commit logs (``walCommit``, ``commitOffsets``). A slow batch's phases
+    tell an operator whether the driver or the tasks took the time.
+    """
+    durations = p.get("durationMs") or {}
+    return {name: int(ms) for name, ms in durations.items() if name != "triggerExecution"}
+
+
 def progress_of(p: dict[str, Any]) -> BatchProgress:
     source = p["sources"][0] if p.get("sources") else {}
     end_offset = source.get("endOffset")

@@ -54,7 +54,7 @@ from keyplane.batchmetrics import BatchMetrics, traffic_metrics
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, LongLivedProducer
 from keyplane.partials import latest_partials
-from keyplane.spark.progress import progress_of
+from keyplane.spark.progress import phases_ms, progress_of
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +283,7 @@ class MetricsListener(StreamingQueryListener):
                 "rows": progress.rows,
                 "rows_per_s": progress.rows_per_s,
                 "duration_ms": progress.duration_ms,
+                "phases_ms": phases_ms(raw_progress),
                 "input_lag": progress.lag,
                 "rejected_control": offset.get("rejected", {}),
             }

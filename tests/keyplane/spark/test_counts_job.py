@@ -20,7 +20,7 @@ from keyplane.spark.counts_job import (
     read_tasks,
     stop_between_batches,
 )
-from keyplane.spark.progress import progress_of
+from keyplane.spark.progress import phases_ms, progress_of
 
 
 def _progress(end: object, latest: object) -> dict[str, object]:
@@ -50,6 +50,26 @@ def test_a_routed_batch_counts_the_records_its_offset_says_it_read_not_its_rows(
     assert (p.rows, p.rows_per_s, p.committed) == (500, 250.0, 400)
     report["sources"][0]["numInputRows"] = 0  # type: ignore[index]
     assert progress_of(report).rows == 0
+
+
+def test_a_batchs_phases_are_its_durations_without_the_whole() -> None:
+    report = _progress(json.dumps({"t": {"0": 5}}), None)
+    report["durationMs"] = {
+        "triggerExecution": 2000,
+        "latestOffset": 40,
+        "queryPlanning": 60,
+        "addBatch": 1800,
+        "walCommit": 30,
+        "commitOffsets": 25,
+    }
+    assert phases_ms(report) == {
+        "latestOffset": 40,
+        "queryPlanning": 60,
+        "addBatch": 1800,
+        "walCommit": 30,
+        "commitOffsets": 25,
+    }
+    assert phases_ms({"batchId": 0}) == {}
 
 
 def test_null_latest_offset_after_restart_counts_as_no_lag() -> None:
