@@ -168,6 +168,11 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
     assert metrics[-1]["versions"] == {"A": 3, "B": 3}
     assert any(m["versions"] == {"A": 1, "B": 1} and m["rows"] > 0 for m in metrics)
     assert sum(m["rows"] for m in metrics if m["versions"] == {"A": 3, "B": 3}) > 0
+    # Each record tells where its batch's time went, within the batch's duration.
+    for m in metrics:
+        phases = m["phases_ms"]
+        assert {"latestOffset", "queryPlanning", "addBatch", "walCommit"} <= set(phases), m
+        assert 0 < phases["addBatch"] and sum(phases.values()) <= m["duration_ms"], m
 
     # Every key's state lives where v3 puts it, as the operators themselves report.
     latest = latest_partials(read_partials(settings.output))
