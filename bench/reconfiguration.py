@@ -295,11 +295,15 @@ def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
     def parts(stages: dict[int, dict[str, float]], batch: int) -> str:
         return " / ".join(f"{stages.get(batch, {}).get(part, 0.0):.2f}" for part in PARTS)
 
+    beyond = "addBatch beyond the stages"
+    own_driver = driver_parts(metrics, job.stages)
+    base_driver = driver_parts(no_rollout.metrics, no_rollout.stages)
     batches = [
         f"| {m['plan']} | {role(m['plan'])} | "
         f"{', '.join(f'{op} v{v}' for op, v in sorted(m['versions'].items()))} | "
         f"{m['rows']:,} | {m['duration_ms'] / 1000:.1f} | {baseline[m['plan']]:.1f} | "
         f"{parts(job.stages, m['plan'])} | {parts(no_rollout.stages, m['plan'])} | "
+        f"{own_driver[m['plan']][beyond]:.2f} / {base_driver[m['plan']][beyond]:.2f} | "
         f"{m['moved_states']:,} |"
         for m in metrics
         # A record with no rows is a batch Spark ran only to advance the watermark
@@ -508,8 +512,9 @@ def main() -> None:
             f"{order}, first run:",
             "",
             "| batch | rollout | routing | rows | batch s | baseline s "
-            "| source / A / B s | baseline's | states moved out |",
-            "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+            "| source / A / B s | baseline's | addBatch beyond the stages s, rollout / baseline "
+            "| states moved out |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
             *results[order][0]["table"],
         ]
     emit("\n".join(lines), args.out)
