@@ -27,6 +27,8 @@ from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobSt
 from keyplane.routedkeys import spark_partition
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from keyplane.aggregates import KeyedAggregate
     from keyplane.spark.counts_job import CountsJobSettings
 
@@ -94,21 +96,143 @@ def moved_off_hash(keys: Iterable[str], parallelism: int, shift: int = 1) -> dic
 
 
 def moved_off_hash_config(
-    version: int, keys: Mapping[str, Iterable[str]], parallelism: int
+    version: int,
+    keys: Mapping[str, Iterable[str]],
+    parallelism: int,
+    *,
+    shifts: Mapping[str, int] | None = None,
+    hot_keys: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None,
 ) -> config_store.RoutingConfig:
-    """Version ``version`` (a child of the one before) whose tables move each operator's
-    ``keys`` off their hash instance (:func:`moved_off_hash`); no hot keys."""
+    """Version ``version`` whose tables move each operator's ``keys`` off their hash
+    instance (:func:`moved_off_hash`, by the operator's entry in ``shifts``, else 1), and
+    split the operator's entries in ``hot_keys`` over the instances given.
+
+    Version 1 is an initial configuration; any other is the child of the one
+    before. A test states the moves and splits it checks, not the configuration's
+    bookkeeping.
+    """
+    shifts = shifts or {}
+    hot_keys = hot_keys or {}
     return config_store.RoutingConfig(
         version=version,
-        parent_version=version - 1,
-        created_by="manual",
+        parent_version=None if version == 1 else version - 1,
+        created_by="initial" if version == 1 else "manual",
         operators={
             operator: config_store.OperatorRouting(
-                parallelism=parallelism, table=moved_off_hash(moved, parallelism)
+                parallelism=parallelism,
+                table=moved_off_hash(moved, parallelism, shifts.get(operator, 1)),
+                hot_keys=dict(hot_keys.get(operator, {})),
             )
             for operator, moved in keys.items()
         },
     )
+
+
+def stage_keys_by_count(truth: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """Stage A's and stage B's keys in ``truth`` (``stage, key, count``), most counted first.
+
+    Ties keep ``truth``'s order (a stable sort), so the same workload always
+    gives the same lists: a test picks the keys its configurations move or
+    split by rank (the hottest, the next few), and every run picks the same.
+    """
+    by_count = truth.sort_values("count", ascending=False, kind="mergesort")
+    a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
+    b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
+    return a_keys, b_keys
+
+
+def routed_job_settings(
+    bootstrap_servers: str,
+    topic: str,
+    work: Path,
+    *,
+    parallelism: int,
+    batch: int,
+    trigger: str,
+    version: int | None = None,
+    **fields: Any,
+) -> CountsJobSettings:
+    """The routed job reading ``topic`` over ``parallelism`` state partitions, at most
+    ``batch`` events a micro-batch, one every ``trigger`` (``"1 second"``), starting a
+    new checkpoint on ``version`` of its store (default the latest).
+
+    Everything it writes or reads besides the broker lives in ``work``: the
+    checkpoint (``work/checkpoint``), the output (``work/output``) and the
+    routing store (``work/routing``), where the test saves the configurations
+    it rolls out. Its protocol topics are its own (:func:`routed_job_topics` of
+    ``topic``), so jobs sharing a broker keep apart. ``fields`` are any other
+    settings, or ones to change (``routing_store=None``: the plain job, not
+    routed). Every setting is set explicitly, so
+    :func:`~keyplane.spark.counts_job.job_command` passes each to the job's
+    process.
+    """
+    from keyplane.spark.counts_job import CountsJobSettings
+
+    values: dict[str, Any] = {
+        "checkpoint": work / "checkpoint",
+        "output": work / "output",
+        "routing_store": work / "routing",
+    }
+    if version is not None:
+        values["routing_version"] = version
+    return CountsJobSettings(
+        bootstrap_servers=bootstrap_servers,
+        events_topic=topic,
+        shuffle_partitions=parallelism,
+        max_offsets_per_trigger=batch,
+        trigger_interval=trigger,
+        **(values | fields),
+        **routed_job_topics(topic),
+    )
+
+
+def paired_tuple_counts(
+    n_keys: int, seed: int, hot: Mapping[str, int] | None = None
+) -> pd.DataFrame:
+    """A window's tuple counts (``a, b, holdout, n``) in which each A key pairs with one B key.
+
+    Stage-A key ``a`` (``"0"`` … ``n_keys - 1``) meets B key ``1000 + a mod
+    n_keys/2`` in 200 to 399 tuples (times its factor in ``hot``), 80 % of them
+    in the window and 20 % in the holdout; so two A keys share each B key and a
+    plan can co-locate them. Random but fixed by ``seed``: a synthetic input
+    for :func:`write_statistics_snapshot`.
+    """
+    import numpy as np
+    import pandas as pd
+
+    hot = hot or {}
+    rng = np.random.default_rng(seed)
+    rows = []
+    for a in range(n_keys):
+        n = int(rng.integers(200, 400)) * hot.get(str(a), 1)
+        b = str(1000 + a % (n_keys // 2))
+        rows += [(str(a), b, False, int(n * 0.8)), (str(a), b, True, int(n * 0.2))]
+    return pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
+
+
+def write_statistics_snapshot(snapshots: Path, run_id: str, grouped: pd.DataFrame) -> None:
+    """Write run ``run_id``'s statistics snapshot from ``grouped`` (``a, b, holdout, n``),
+    as the statistics job would for a job on v1 with one metrics record.
+
+    The DAG's later steps (validation, planning, backtest, decision) read
+    only the snapshot, so a test can drive them, or fill a dashboard's home,
+    without running Spark.
+    """
+    from keyplane import statistics as stats
+    from keyplane.batchmetrics import BatchMetrics
+
+    total = int(grouped["n"].sum())
+    manifest, frames = stats.build_snapshot(
+        run_id=run_id,
+        grouped=grouped,
+        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
+        events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
+        metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
+        previous=None,
+        config=None,
+        settings=stats.StatisticsSettings(),
+    )
+    stats.write_snapshot(snapshots, manifest, **frames)
 
 
 def start_job_process(settings: CountsJobSettings, log: Path) -> subprocess.Popen[bytes]:

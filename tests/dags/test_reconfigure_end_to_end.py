@@ -46,7 +46,7 @@ from keyplane.orchestration import dagrun, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, read_output
-from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
+from keyplane.testing import routed_job_settings, start_job_process, wait_while_job_runs
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import PairsWorkload
 
@@ -88,17 +88,8 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         RoutingConfig.all_hash(P, ("A", "B")),
         store,
     )
-    settings = CountsJobSettings(
-        bootstrap_servers=broker,
-        events_topic=topic_name,
-        checkpoint=tmp_path / "checkpoint",
-        output=tmp_path / "output",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=2_000,
-        trigger_interval="1 second",
-        routing_store=store,
-        routing_version=1,
-        **routed_job_topics(topic_name),
+    settings = routed_job_settings(
+        broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="1 second", version=1
     )
     job_log = tmp_path / "job.log"
     job = start_job_process(settings, job_log)

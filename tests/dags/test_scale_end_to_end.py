@@ -39,8 +39,8 @@ from keyplane.kafka.producer import WorkloadTrickle, produce_workload
 from keyplane.orchestration import dagrun, scale_steps, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.partials import latest_partials
-from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
-from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
+from keyplane.spark.counts_job import read_output, read_partials
+from keyplane.testing import routed_job_settings, start_job_process, wait_while_job_runs
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import PairsWorkload
 
@@ -88,17 +88,8 @@ def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_
         RoutingConfig.all_hash(P, ("A", "B")),
         store,
     )
-    settings = CountsJobSettings(
-        bootstrap_servers=broker,
-        events_topic=topic_name,
-        checkpoint=tmp_path / "checkpoint",
-        output=tmp_path / "output",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=2_000,
-        trigger_interval="1 second",
-        routing_store=store,
-        routing_version=1,
-        **routed_job_topics(topic_name),
+    settings = routed_job_settings(
+        broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="1 second", version=1
     )
     setup = dagrun.AirflowSetup(
         airflow_home=tmp_path / "airflow",

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from keyplane.routedkeys import spark_partition
-from keyplane.spark.counts_job import CountsJobSettings
-from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_topics
+from keyplane.spark.counts_job import CountsJobSettings, job_command
+from keyplane.statistics import read_snapshot
+from keyplane.testing import (
+    moved_off_hash,
+    moved_off_hash_config,
+    paired_tuple_counts,
+    routed_job_settings,
+    routed_job_topics,
+    stage_keys_by_count,
+    write_statistics_snapshot,
+)
 
 
 def test_routed_job_topics_are_settings_keywords_and_disjoint_between_jobs(
@@ -54,3 +64,71 @@ def test_moved_off_hash_config_moves_every_listed_key_of_each_operator_pure() ->
     assert config.operators["A"].table == moved_off_hash(["k1", "k2"], 4)
     assert config.operators["B"].table == moved_off_hash(["m"], 4)
     assert all(not routing.hot_keys for routing in config.operators.values())
+
+
+def test_moved_off_hash_config_shifts_per_operator_splits_hot_keys_and_starts_at_v1_pure() -> None:
+    config = moved_off_hash_config(
+        1, {"A": ["k1"], "B": ["m1", "m2"]}, 4, shifts={"B": 2}, hot_keys={"A": {"h": (0, 2)}}
+    )
+    assert (config.version, config.parent_version, config.created_by) == (1, None, "initial")
+    assert list(config.operators) == ["A", "B"]
+    assert config.operators["A"].table == moved_off_hash(["k1"], 4)
+    assert config.operators["A"].hot_keys == {"h": (0, 2)}
+    assert config.operators["B"].table == moved_off_hash(["m1", "m2"], 4, 2)
+    assert config.operators["B"].hot_keys == {}
+
+
+def test_stage_keys_by_count_ranks_each_stage_and_keeps_ties_in_order_pure() -> None:
+    truth = pd.DataFrame(
+        {
+            "stage": ["A", "A", "A", "B", "B"],
+            "key": ["a1", "a2", "a3", "b1", "b2"],
+            "count": [5, 9, 5, 1, 2],
+        }
+    )
+    assert stage_keys_by_count(truth) == (["a2", "a1", "a3"], ["b2", "b1"])
+
+
+def test_routed_job_settings_keep_everything_in_the_work_directory_pure(tmp_path: Path) -> None:
+    settings = routed_job_settings(
+        "127.0.0.1:9092", "orders", tmp_path, parallelism=3, batch=500, trigger="2 seconds"
+    )
+    assert (settings.checkpoint, settings.output, settings.routing_store) == (
+        tmp_path / "checkpoint",
+        tmp_path / "output",
+        tmp_path / "routing",
+    )
+    assert (settings.shuffle_partitions, settings.max_offsets_per_trigger) == (3, 500)
+    assert (settings.trigger_interval, settings.routing_version) == ("2 seconds", None)
+    assert settings.control_topic == routed_job_topics("orders")["control_topic"]
+    command = job_command(settings)
+    assert "--trigger-interval" in command and "--routing-version" not in command
+
+    pace = {"parallelism": 3, "batch": 500, "trigger": "0 seconds"}
+    on_v2 = routed_job_settings("127.0.0.1:9092", "orders", tmp_path, version=2, **pace)
+    plain = routed_job_settings("127.0.0.1:9092", "orders", tmp_path, routing_store=None, **pace)
+    assert (on_v2.routing_version, plain.routing_store) == (2, None)
+
+
+def test_paired_tuple_counts_pair_two_a_keys_with_each_b_key_pure() -> None:
+    plain = paired_tuple_counts(8, seed=1)
+    hot = paired_tuple_counts(8, seed=1, hot={"3": 10})
+
+    assert list(plain.columns) == ["a", "b", "holdout", "n"]
+    assert plain.groupby("b")["a"].nunique().tolist() == [2, 2, 2, 2]
+    assert plain.groupby("holdout")["n"].sum()[True] < plain.groupby("holdout")["n"].sum()[False]
+    assert plain.equals(paired_tuple_counts(8, seed=1))
+    window = plain[~plain["holdout"]].set_index("a")["n"]
+    hot_window = hot[~hot["holdout"]].set_index("a")["n"]
+    assert hot_window.drop("3").equals(window.drop("3"))
+    assert hot_window["3"] > 9 * window["3"]
+
+
+def test_write_statistics_snapshot_is_read_back_for_its_run(tmp_path: Path) -> None:
+    grouped = paired_tuple_counts(8, seed=1)
+
+    write_statistics_snapshot(tmp_path, "manual__1", grouped)
+
+    snapshot = read_snapshot(tmp_path, "manual__1")
+    assert snapshot.manifest.run_id == "manual__1"
+    assert snapshot.manifest.events.end_total == int(grouped["n"].sum())

@@ -25,11 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
 from keyplane import config as config_store
-from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics, PairCount
 from keyplane.config import RoutingConfig
 from keyplane.orchestration import planning, tasks
@@ -59,28 +55,6 @@ class PreparedHome:
             "KEYPLANE_CONTROL_TOPIC": self.deployment.control_topic,
             "KEYPLANE_CONTROL_KEY": CONTROL_KEY,
         }
-
-
-def _snapshot(deployment: Deployment) -> None:
-    rng = np.random.default_rng(5)
-    rows = []
-    for a in range(48):
-        n = int(rng.integers(200, 400)) * (30 if str(a) == HOT_KEY else 1)
-        b = str(1000 + a % 24)
-        rows += [(str(a), b, False, int(n * 0.8)), (str(a), b, True, int(n * 0.2))]
-    grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
-    total = int(grouped["n"].sum())
-    manifest, frames = stats.build_snapshot(
-        run_id=RUN,
-        grouped=grouped,
-        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
-        events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
-        metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
-        previous=None,
-        config=None,
-        settings=stats.StatisticsSettings(),
-    )
-    stats.write_snapshot(deployment.snapshots, manifest, **frames)
 
 
 def _batch(batch_id: int, versions: dict[str, int], locality: float, skew: float) -> BatchMetrics:
@@ -117,7 +91,11 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
     from keyplane.kafka.admin import ensure_topic
     from keyplane.kafka.control import ControlChannel
     from keyplane.kafka.producer import make_producer
-    from keyplane.testing import ProtocolOnlyJob
+    from keyplane.testing import (
+        ProtocolOnlyJob,
+        paired_tuple_counts,
+        write_statistics_snapshot,
+    )
 
     suffix = home.name.replace("_", "-")
     deployment = Deployment.under(
@@ -132,7 +110,7 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
         RoutingConfig.all_hash(P, ("A", "B")),
         deployment.routing_store,
     )
-    _snapshot(deployment)
+    write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(48, 5, {HOT_KEY: 30}))
     tasks.validate_statistics(deployment, RUN, min_total_count=1_000)
     proposal = tasks.compute_configuration(deployment, RUN, planning.PlanParams(alpha=1.1))
     assert proposal["version"] == 2, proposal

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.config import RoutingConfig, save
 from keyplane.controller import Controller
 from keyplane.handoff import routed_key_table
 from keyplane.jobprocess import read_metrics_topic, read_rollout
@@ -29,12 +29,13 @@ from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
-from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
+from keyplane.spark.counts_job import read_output, read_partials
 from keyplane.testing import (
     crash_broker,
     free_port,
-    moved_off_hash,
-    routed_job_topics,
+    moved_off_hash_config,
+    routed_job_settings,
+    stage_keys_by_count,
     start_job_process,
     wait_while_job_runs,
 )
@@ -65,39 +66,22 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
         )
         assert produce_workload(spec, bootstrap, topic, partitions=2) == spec.n_events
         truth = expected_counts(spec)
-        by_count = truth.sort_values("count", ascending=False, kind="mergesort")
-        a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
-        b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
+        a_keys, b_keys = stage_keys_by_count(truth)
         store = tmp_path / "routing"
         save(
             RoutingConfig.all_hash(P, ("A", "B")),
             store,
         )
-        v2 = RoutingConfig(
-            version=2,
-            parent_version=1,
-            created_by="manual",
-            operators={
-                "A": OperatorRouting(
-                    parallelism=P,
-                    table=moved_off_hash(a_keys[1:8], P),
-                    hot_keys={a_keys[0]: (0, 2)},
-                ),
-                "B": OperatorRouting(parallelism=P, table=moved_off_hash(b_keys[:4], P, 2)),
-            },
+        v2 = moved_off_hash_config(
+            2,
+            {"A": a_keys[1:8], "B": b_keys[:4]},
+            P,
+            shifts={"B": 2},
+            hot_keys={"A": {a_keys[0]: (0, 2)}},
         )
         save(v2, store)
-        settings = CountsJobSettings(
-            bootstrap_servers=bootstrap,
-            events_topic=topic,
-            checkpoint=tmp_path / "checkpoint",
-            output=tmp_path / "output",
-            shuffle_partitions=P,
-            max_offsets_per_trigger=1_000,
-            trigger_interval="2 seconds",
-            routing_store=store,
-            routing_version=1,
-            **routed_job_topics(topic),
+        settings = routed_job_settings(
+            bootstrap, topic, tmp_path, parallelism=P, batch=1_000, trigger="2 seconds", version=1
         )
         log = tmp_path / "job.log"
         output = settings.output

@@ -24,19 +24,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from keyplane import config as config_store
 from keyplane import statistics as stats
-from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
 from keyplane.controller import ControllerError
 from keyplane.kafka.control import ControlChannel
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.testing import ProtocolOnlyJob
+from keyplane.testing import ProtocolOnlyJob, paired_tuple_counts, write_statistics_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -58,27 +55,7 @@ def _deployment(tmp_path: Path, broker: str, topic_name: str) -> Deployment:
 
 def _write_snapshot(deployment: Deployment, run_id: str, seed: int) -> None:
     """A statistics snapshot of a job on v1 whose stage-A keys pair with few B keys."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for a in range(60):
-        n = int(rng.integers(200, 400))
-        rows += [
-            (str(a), str(1000 + a % 30), False, int(n * 0.8)),
-            (str(a), str(1000 + a % 30), True, int(n * 0.2)),
-        ]
-    grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
-    total = int(grouped["n"].sum())
-    manifest, frames = stats.build_snapshot(
-        run_id=run_id,
-        grouped=grouped,
-        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
-        events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
-        metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
-        previous=None,
-        config=None,
-        settings=stats.StatisticsSettings(),
-    )
-    stats.write_snapshot(deployment.snapshots, manifest, **frames)
+    write_statistics_snapshot(deployment.snapshots, run_id, paired_tuple_counts(60, seed))
 
 
 def _plan_and_decide(deployment: Deployment, run_id: str) -> int:

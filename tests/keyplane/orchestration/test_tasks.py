@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from keyplane import config as config_store
 from keyplane import statistics as stats
-from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
+from keyplane.testing import paired_tuple_counts, write_statistics_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -38,30 +36,6 @@ def _deployment(tmp_path: Path) -> Deployment:
     )
 
 
-def _write_snapshot(deployment: Deployment) -> None:
-    rng = np.random.default_rng(3)
-    rows = []
-    for a in range(60):
-        n = int(rng.integers(200, 400))
-        rows += [
-            (str(a), str(1000 + a % 30), False, int(n * 0.8)),
-            (str(a), str(1000 + a % 30), True, int(n * 0.2)),
-        ]
-    grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
-    total = int(grouped["n"].sum())
-    manifest, frames = stats.build_snapshot(
-        run_id=RUN,
-        grouped=grouped,
-        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
-        events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
-        metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
-        previous=None,
-        config=None,
-        settings=stats.StatisticsSettings(),
-    )
-    stats.write_snapshot(deployment.snapshots, manifest, **frames)
-
-
 def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
     tmp_path: Path,
 ) -> None:
@@ -70,7 +44,7 @@ def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
         RoutingConfig.all_hash(P, ("A", "B")),
         deployment.routing_store,
     )
-    _write_snapshot(deployment)
+    write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
 
     checked = tasks.validate_statistics(deployment, RUN, min_total_count=1_000)
     assert "all" in checked["summary"]

@@ -43,10 +43,11 @@ from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import make_producer, produce_workload
 from keyplane.protocol import ControlMessage, encode
-from keyplane.spark.counts_job import CountsJobSettings, read_output
+from keyplane.spark.counts_job import read_output
 from keyplane.testing import (
     moved_off_hash,
-    routed_job_topics,
+    routed_job_settings,
+    stage_keys_by_count,
     start_job_process,
     wait_while_job_runs,
 )
@@ -123,9 +124,7 @@ def test_the_job_refuses_forged_stale_and_unloadable_control_messages_and_stays_
 ) -> None:
     spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=16_000, seed=13)
     truth = expected_counts(spec)
-    by_count = truth.sort_values("count", ascending=False, kind="mergesort")
-    a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
-    b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
+    a_keys, b_keys = stage_keys_by_count(truth)
     store = tmp_path / "routing"
     save(_plain(1, None), store)
     save(_plain(2, 1, moved_off_hash(a_keys[:6], P)), store)
@@ -166,17 +165,8 @@ def test_the_job_refuses_forged_stale_and_unloadable_control_messages_and_stays_
     )
     save(v6, store)
 
-    settings = CountsJobSettings(
-        bootstrap_servers=broker,
-        events_topic=topic_name,
-        checkpoint=tmp_path / "checkpoint",
-        output=tmp_path / "output",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=2_000,
-        trigger_interval="1 second",
-        routing_store=store,
-        routing_version=2,
-        **routed_job_topics(topic_name),
+    settings = routed_job_settings(
+        broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="1 second", version=2
     )
     log = tmp_path / "job.log"
     producer = threading.Thread(

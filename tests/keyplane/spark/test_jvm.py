@@ -25,7 +25,7 @@ from keyplane.spark.routed_counts import (
     recorded_engine,
     resolve_engine,
 )
-from keyplane.testing import routed_job_topics
+from keyplane.testing import routed_job_settings
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -122,17 +122,14 @@ def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
     )
 
     def settings(engine: StageEngine) -> CountsJobSettings:
-        return CountsJobSettings(
-            bootstrap_servers=broker,
-            events_topic=topic_name,
-            checkpoint=tmp_path / "checkpoint",
-            output=tmp_path / "output",
-            shuffle_partitions=4,
-            max_offsets_per_trigger=2_000,
-            trigger_interval="0 seconds",
-            routing_store=store,
+        return routed_job_settings(
+            broker,
+            topic_name,
+            tmp_path,
+            parallelism=4,
+            batch=2_000,
+            trigger="0 seconds",
             stage_engine=engine,
-            **routed_job_topics(topic_name),
         )
 
     def run(engine: StageEngine) -> str:

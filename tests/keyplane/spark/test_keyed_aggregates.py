@@ -36,7 +36,7 @@ from keyplane.spark.counts_job import (
     read_results,
     start_counts_query,
 )
-from keyplane.testing import moved_off_hash, routed_job_topics
+from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_settings
 from keyplane.workloads import GeoTagsWorkload
 
 P = 4
@@ -65,17 +65,11 @@ def test_value_counts_stay_exact_through_a_split_and_a_live_state_move(
     a_keys = [key for stage, key in by_size if stage == "A"]
     b_keys = [key for stage, key in by_size if stage == "B"]
     store = tmp_path / "routing"
-    v1 = RoutingConfig(
-        version=1,
-        created_by="initial",
-        operators={
-            "A": OperatorRouting(
-                parallelism=P, table=moved_off_hash(a_keys[1:4], P), hot_keys={a_keys[0]: (0, 1, 3)}
-            ),
-            "B": OperatorRouting(
-                parallelism=P, table=moved_off_hash(b_keys[1:4], P), hot_keys={b_keys[0]: (1, 2, 3)}
-            ),
-        },
+    v1 = moved_off_hash_config(
+        1,
+        {"A": a_keys[1:4], "B": b_keys[1:4]},
+        P,
+        hot_keys={"A": {a_keys[0]: (0, 1, 3)}, "B": {b_keys[0]: (1, 2, 3)}},
     )
     v2 = RoutingConfig(
         version=2,
@@ -91,18 +85,15 @@ def test_value_counts_stay_exact_through_a_split_and_a_live_state_move(
         },
     )
     save(v1, store)
-    settings = CountsJobSettings(
-        bootstrap_servers=broker,
-        events_topic=topic_name,
-        checkpoint=tmp_path / "checkpoint",
-        output=tmp_path / "output",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=1_000,
-        trigger_interval="0 seconds",
-        routing_store=store,
+    settings = routed_job_settings(
+        broker,
+        topic_name,
+        tmp_path,
+        parallelism=P,
+        batch=1_000,
+        trigger="0 seconds",
         stage_a_aggregate="keyplane.aggregates:ValueCounts",
         stage_b_aggregate="keyplane.aggregates:ValueCounts",
-        **routed_job_topics(topic_name),
     )
     assert produce_workload(before, broker, topic_name, partitions=2) == before.n_events
     query = start_counts_query(spark, settings)

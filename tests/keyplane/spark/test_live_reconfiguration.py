@@ -28,31 +28,21 @@ from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import produce_workload
 from keyplane.partials import latest_partials
 from keyplane.spark.counts_job import (
-    CountsJobSettings,
     read_output,
     read_partials,
     start_counts_query,
 )
 from keyplane.spark.progress import records_read
-from keyplane.testing import moved_off_hash, routed_job_topics
+from keyplane.testing import (
+    moved_off_hash,
+    moved_off_hash_config,
+    routed_job_settings,
+    stage_keys_by_count,
+)
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
-
-
-def _settings(broker: str, topic: str, tmp_path: Path) -> CountsJobSettings:
-    return CountsJobSettings(
-        bootstrap_servers=broker,
-        events_topic=topic,
-        checkpoint=tmp_path / "checkpoint",
-        output=tmp_path / "output",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=2_000,
-        trigger_interval="0 seconds",
-        routing_store=tmp_path / "routing",
-        **routed_job_topics(topic),
-    )
 
 
 def _records(broker: str, topic: str) -> list[dict]:
@@ -88,26 +78,18 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
 ) -> None:
     spec = ZipfEvolvingWorkload(n_keys=400, exponent=1.2, n_categories=12, n_events=40_000, seed=9)
     truth = expected_counts(spec)
-    by_count = truth.sort_values("count", ascending=False, kind="mergesort")
-    a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
-    b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
-    settings = _settings(broker, topic_name, tmp_path)
-    store = settings.routing_store
-    assert store is not None
+    a_keys, b_keys = stage_keys_by_count(truth)
+    store = tmp_path / "routing"
+    settings = routed_job_settings(
+        broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="0 seconds"
+    )
 
     v1 = RoutingConfig.all_hash(P, ("A", "B"))
-    v2 = RoutingConfig(
-        version=2,
-        parent_version=1,
-        created_by="manual",
-        operators={
-            "A": OperatorRouting(
-                parallelism=P, table=moved_off_hash(a_keys[1:9], P), hot_keys={a_keys[0]: (0, 1, 3)}
-            ),
-            "B": OperatorRouting(
-                parallelism=P, table=moved_off_hash(b_keys[1:4], P), hot_keys={b_keys[0]: (1, 2, 3)}
-            ),
-        },
+    v2 = moved_off_hash_config(
+        2,
+        {"A": a_keys[1:9], "B": b_keys[1:4]},
+        P,
+        hot_keys={"A": {a_keys[0]: (0, 1, 3)}, "B": {b_keys[0]: (1, 2, 3)}},
     )
     v3 = RoutingConfig(
         version=3,

@@ -62,7 +62,9 @@ from keyplane.protocol import Reconfiguration
 from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
 from keyplane.testing import (
     moved_off_hash,
-    routed_job_topics,
+    moved_off_hash_config,
+    routed_job_settings,
+    stage_keys_by_count,
     start_job_process,
     wait_while_job_runs,
 )
@@ -265,40 +267,26 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         n_keys=300, exponent=1.2, n_categories=12, n_events=SLICES * 2 * BATCH_EVENTS, seed=11
     )
     truth = expected_counts(spec)
-    by_count = truth.sort_values("count", ascending=False, kind="mergesort")
-    a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
-    b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
+    a_keys, b_keys = stage_keys_by_count(truth)
     store = tmp_path / "routing"
     save(
         RoutingConfig.all_hash(P, ("A", "B")),
         store,
     )
-    v2 = RoutingConfig(
-        version=2,
-        parent_version=1,
-        created_by="manual",
-        operators={
-            "A": OperatorRouting(
-                parallelism=P,
-                table=moved_off_hash(a_keys[1:8], P),
-                hot_keys={a_keys[0]: (0, 2)},
-            ),
-            "B": OperatorRouting(parallelism=P, table=moved_off_hash(b_keys[:4], P, 2)),
-        },
+    v2 = moved_off_hash_config(
+        2,
+        {"A": a_keys[1:8], "B": b_keys[:4]},
+        P,
+        shifts={"B": 2},
+        hot_keys={"A": {a_keys[0]: (0, 2)}},
     )
     save(v2, store)
-    v3 = RoutingConfig(
-        version=3,
-        parent_version=2,
-        created_by="manual",
-        operators={
-            "A": OperatorRouting(parallelism=P, table=moved_off_hash(a_keys[:6], P, 3)),
-            "B": OperatorRouting(
-                parallelism=P,
-                table=moved_off_hash(b_keys[4:8], P),
-                hot_keys={b_keys[0]: (1, 3)},
-            ),
-        },
+    v3 = moved_off_hash_config(
+        3,
+        {"A": a_keys[:6], "B": b_keys[4:8]},
+        P,
+        shifts={"A": 3},
+        hot_keys={"B": {b_keys[0]: (1, 3)}},
     )
     v3_file = tmp_path / "v3.json"
     v3_file.write_text(v3.model_dump_json(), encoding="utf-8")
@@ -314,19 +302,16 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         ),
         store,
     )
-    settings = CountsJobSettings(
-        bootstrap_servers=broker,
-        events_topic=topic_name,
-        checkpoint=tmp_path / "checkpoint",
-        output=tmp_path / "output",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=BATCH_EVENTS,
+    settings = routed_job_settings(
+        broker,
+        topic_name,
+        tmp_path,
+        parallelism=P,
+        batch=BATCH_EVENTS,
         # A batch at most every 2 s; the runs killed mid hand-off wait longer
         # (HANDOFF_TRIGGER), so that the moved state sits on the topic a while.
-        trigger_interval="2 seconds",
-        routing_store=store,
-        routing_version=1,
-        **routed_job_topics(topic_name),
+        trigger="2 seconds",
+        version=1,
     )
     checkpoint = settings.checkpoint
     job = KilledJob(settings, tmp_path / "job.log")

@@ -18,21 +18,20 @@ from typing import Any
 
 import pytest
 
-from keyplane.config import OperatorRouting, RoutingConfig, UnknownVersionError, save
+from keyplane.config import RoutingConfig, UnknownVersionError, save
 from keyplane.controller import Controller
 from keyplane.jobprocess import read_metrics_topic
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.counts_job import (
-    CountsJobSettings,
     QueryRestarts,
     RestartStopped,
     read_output,
 )
 from keyplane.testing import (
     FAIL_ONCE_DIR_ENV,
-    moved_off_hash,
-    routed_job_topics,
+    moved_off_hash_config,
+    routed_job_settings,
     start_job_process,
     wait_while_job_runs,
 )
@@ -110,32 +109,18 @@ def test_a_batch_that_fails_mid_rollout_is_replayed_and_counts_stay_exact(
     a_keys = truth.loc[truth["stage"] == "A"].nlargest(8, "count")["key"].tolist()
     store = tmp_path / "routing"
     save(RoutingConfig.all_hash(P, ("A", "B")), store)
-    save(
-        RoutingConfig(
-            version=2,
-            parent_version=1,
-            created_by="manual",
-            operators={
-                "A": OperatorRouting(parallelism=P, table=moved_off_hash(a_keys, P)),
-                "B": OperatorRouting(parallelism=P),
-            },
-        ),
-        store,
-    )
-    settings = CountsJobSettings(
-        bootstrap_servers=broker,
-        events_topic=topic,
-        checkpoint=tmp_path / "checkpoint",
-        output=tmp_path / "output",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=1_000,
-        trigger_interval="1 second",
-        routing_store=store,
-        routing_version=1,
+    save(moved_off_hash_config(2, {"A": a_keys, "B": []}, P), store)
+    settings = routed_job_settings(
+        broker,
+        topic,
+        tmp_path,
+        parallelism=P,
+        batch=1_000,
+        trigger="1 second",
+        version=1,
         stage_a_aggregate="keyplane.testing:FailsOnceWhenArmed",
         restarts=2,
         restart_delay_s=1,
-        **routed_job_topics(topic),
     )
     failure = tmp_path / "failure"
     failure.mkdir()

@@ -45,7 +45,7 @@ from keyplane.spark.routed_counts import (
     take_installs,
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
-from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_topics
+from keyplane.testing import moved_off_hash_config, routed_job_settings, stage_keys_by_count
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import PairsWorkload, ZipfEvolvingWorkload
 
@@ -143,19 +143,17 @@ def _settings(
     max_event_bytes: int | None = None,
 ) -> CountsJobSettings:
     routed_only = {} if max_event_bytes is None else {"max_event_bytes": max_event_bytes}
-    return CountsJobSettings(
-        bootstrap_servers=broker,
-        events_topic=topic,
-        checkpoint=tmp_path / "checkpoint",
-        output=tmp_path / "output",
-        shuffle_partitions=P,
-        max_offsets_per_trigger=1_000,
-        trigger_interval="0 seconds",
-        routing_store=routing_store,
+    return routed_job_settings(
+        broker,
+        topic,
+        tmp_path,
+        parallelism=P,
+        batch=1_000,
+        trigger="0 seconds",
         forward=forward,
         stage_engine=stage_engine,
         **routed_only,
-        **routed_job_topics(topic),
+        routing_store=routing_store,
     )
 
 
@@ -168,21 +166,13 @@ def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
     spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=4_000, seed=5)
     assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
     truth = expected_counts(spec)
-    by_count = truth.sort_values("count", ascending=False, kind="mergesort")
-    a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
-    b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
+    a_keys, b_keys = stage_keys_by_count(truth)
     hot_a, hot_b = a_keys[0], b_keys[0]
-    config = RoutingConfig(
-        version=1,
-        created_by="initial",
-        operators={
-            "A": OperatorRouting(
-                parallelism=P, table=moved_off_hash(a_keys[1:9], P), hot_keys={hot_a: (0, 1, 3)}
-            ),
-            "B": OperatorRouting(
-                parallelism=P, table=moved_off_hash(b_keys[1:5], P), hot_keys={hot_b: (1, 2, 3)}
-            ),
-        },
+    config = moved_off_hash_config(
+        1,
+        {"A": a_keys[1:9], "B": b_keys[1:5]},
+        P,
+        hot_keys={"A": {hot_a: (0, 1, 3)}, "B": {hot_b: (1, 2, 3)}},
     )
     save(config, tmp_path / "routing")
     settings = _settings(
