@@ -434,8 +434,12 @@ def main() -> None:
         f"{args.batch:,} per batch, {P} instances, local[2]; v2 moves {len(moved_a):,} stage-A "
         f"keys and {len(b_keys)} stage-B keys; {args.repeats} run(s) of the "
         f"{1 + len(args.orders)} jobs; "
-        f"in waves: {len(waves)} waves of at most {args.max_moves_per_wave:,} moved keys "
-        "(cells with several values: one per run)",
+        + (
+            f"in waves: {len(waves)} waves of at most {args.max_moves_per_wave:,} moved keys "
+            if "in waves" in args.orders
+            else ""
+        )
+        + "(cells with several values: one per run)",
         "",
         "| measure | " + " | ".join(args.orders) + " |",
         "|---|" + "---:|" * len(args.orders),
