@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
-import pandas as pd
 from _harness import emit, read_topic
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
@@ -61,7 +60,7 @@ from keyplane.spark.counts_job import CountsJobSettings, read_output, start_coun
 from keyplane.spark.progress import records_read
 from keyplane.spark.session import build_session
 from keyplane.testing import free_port, routed_job_topics
-from keyplane.verification import compare_counts, expected_counts
+from keyplane.verification import compare_counts, expected_counts_of
 from keyplane.workloads import PadFill, PairsWorkload
 
 EXECUTORS = 3
@@ -201,8 +200,7 @@ def run_variant(
     rows = sum(m["rows"] for m in measured)
     seconds = sum(m["duration_ms"] for m in measured) / 1000
     window = main.n_events
-    truth = pd.concat([expected_counts(warm), expected_counts(main)])
-    truth = truth.groupby(["stage", "key"], as_index=False)["count"].sum()
+    truth = expected_counts_of((warm, main))
     exact = compare_counts(truth, read_output(settings.output)).exact
     return {
         "remote": remote,

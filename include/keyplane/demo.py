@@ -59,7 +59,7 @@ from keyplane.spark.counts_job import (
     read_output,
 )
 from keyplane.testing import routed_job_topics
-from keyplane.verification import CountReport, compare_counts, expected_counts
+from keyplane.verification import CountReport, compare_counts, expected_counts_of
 from keyplane.workloads import WorkloadSpec
 
 Echo = Callable[[str], None]
@@ -261,11 +261,7 @@ def run_demo(
             if job.wait(timeout=300) != 0:
                 raise RuntimeError(f"streaming job failed (exit {job.returncode}); see {log_path}")
             follower.join(timeout=30)
-        truth = (
-            pd.concat([expected_counts(s) for s in sent])
-            .groupby(["stage", "key"], as_index=False)
-            .agg(count=("count", "sum"))
-        )
+        truth = expected_counts_of(sent)
         report = compare_counts(truth, read_output(run_dir / "output"))
         moved = count_moved_states(bootstrap, topics["migration_topic"])
         result = _result(

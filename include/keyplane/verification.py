@@ -7,7 +7,7 @@ recomputed from the spec instead of being trusted from the job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,20 @@ def expected_counts(spec: WorkloadSpec, n_events: int | None = None) -> pd.DataF
             pd.DataFrame({"stage": stage, "key": [key_name(int(k)) for k in keys], "count": counts})
         )
     return pd.concat(frames, ignore_index=True)
+
+
+def expected_counts_of(specs: Iterable[WorkloadSpec]) -> pd.DataFrame:
+    """Ground truth ``stage, key, count`` of several workloads sent to one topic.
+
+    A test or a demo often sends a warm-up, then the workload it measures,
+    or one workload per phase of a rollout; the job counts them all, so the
+    truth is their counts summed per stage and key.
+    """
+    frames = [expected_counts(spec) for spec in specs]
+    if not frames:
+        return pd.DataFrame({"stage": [], "key": [], "count": []}).astype({"count": "int64"})
+    together = pd.concat(frames, ignore_index=True)
+    return together.groupby(["stage", "key"], as_index=False).agg(count=("count", "sum"))
 
 
 @dataclass(frozen=True)

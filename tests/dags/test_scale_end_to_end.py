@@ -28,7 +28,6 @@ import statistics
 import subprocess
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from keyplane import config as config_store
@@ -41,7 +40,7 @@ from keyplane.orchestration.deployment import Deployment
 from keyplane.partials import latest_partials
 from keyplane.spark.counts_job import read_output, read_partials
 from keyplane.testing import routed_job_settings, start_job_process, wait_while_job_runs
-from keyplane.verification import compare_counts, expected_counts
+from keyplane.verification import compare_counts, expected_counts_of
 from keyplane.workloads import PairsWorkload
 
 pytestmark = pytest.mark.integration
@@ -270,11 +269,7 @@ def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_
             job.send_signal(signal.SIGTERM)
         assert job.wait(timeout=120) == 0, job_log.read_text()[-3000:]
 
-    truth = (
-        pd.concat([expected_counts(spec) for spec in (before, *producer.specs)])
-        .groupby(["stage", "key"], as_index=False)["count"]
-        .sum()
-    )
+    truth = expected_counts_of((before, *producer.specs))
     report = compare_counts(truth, read_output(settings.output))
     assert report.expected_events == total
     assert report.exact, report

@@ -7,7 +7,6 @@ import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -26,7 +25,7 @@ from keyplane.spark.routed_counts import (
     resolve_engine,
 )
 from keyplane.testing import routed_job_settings
-from keyplane.verification import compare_counts, expected_counts
+from keyplane.verification import compare_counts, expected_counts_of
 from keyplane.workloads import ZipfEvolvingWorkload
 
 
@@ -149,8 +148,7 @@ def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
     with pytest.raises(StageEngineError, match="keeps its engine for life"):
         run("jvm")
     assert "TransformWithStateInPySpark" in run("auto")
-    truth = pd.concat([expected_counts(first), expected_counts(second)])
-    truth = truth.groupby(["stage", "key"], as_index=False)["count"].sum()
+    truth = expected_counts_of((first, second))
     report = compare_counts(truth, read_output(tmp_path / "output"))
     assert report.expected_events == first.n_events + second.n_events
     assert report.exact, report

@@ -46,7 +46,7 @@ from keyplane.spark.routed_counts import (
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
 from keyplane.testing import moved_off_hash_config, routed_job_settings, stage_keys_by_count
-from keyplane.verification import compare_counts, expected_counts
+from keyplane.verification import compare_counts, expected_counts, expected_counts_of
 from keyplane.workloads import PairsWorkload, ZipfEvolvingWorkload
 
 P = 4
@@ -478,8 +478,7 @@ def test_forwarding_tuples_keeps_counts_exact_through_a_locality_table_split_and
             assert instance == table.instance_of(routed), (stage, key, routed, instance)
         for key, instances in v2.operators[stage].hot_keys.items():
             assert set(rows.loc[rows["key"] == key, "instance"]) == set(instances)
-    truth = pd.concat([expected_counts(warm), expected_counts(main)])
-    truth = truth.groupby(["stage", "key"], as_index=False)["count"].sum()
+    truth = expected_counts_of((warm, main))
     report = compare_counts(truth, read_output(settings.output))
     assert report.expected_events == warm.n_events + main.n_events
     assert report.exact, report
