@@ -59,7 +59,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Self, get_args
+from typing import Any, Literal, Self, TypeVar, get_args
 from uuid import UUID, uuid4, uuid5
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -273,6 +273,17 @@ def _check_operators(operators: Sequence[str]) -> tuple[str, ...]:
     return names
 
 
+_State = TypeVar("_State", bound=BaseModel)
+
+
+def _restored(model: type[_State], data: Mapping[str, Any], what: str) -> _State:
+    """``data`` validated as ``model``, or ``ValueError`` naming ``what`` it should have been."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"not a valid {what}: {exc}") from None
+
+
 def _require_aware(now: datetime) -> None:
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("times must be timezone-aware")
@@ -458,10 +469,7 @@ class JobProtocol:
         Raises ``ValueError`` naming what is wrong if ``data`` is not a
         consistent job checkpoint.
         """
-        try:
-            state = JobState.model_validate(data)
-        except ValidationError as exc:
-            raise ValueError(f"not a valid job protocol checkpoint: {exc}") from None
+        state = _restored(JobState, data, "job protocol checkpoint")
         protocol = cls.__new__(cls)
         protocol._init(state, lookup_checksum, clock)
         return protocol
@@ -1047,10 +1055,7 @@ class ControllerProtocol:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, clock: Clock = utc_now) -> ControllerProtocol:
         """Restore the state written by :meth:`to_dict` (raises ``ValueError`` if invalid)."""
-        try:
-            state = ControllerState.model_validate(data)
-        except ValidationError as exc:
-            raise ValueError(f"not a valid controller protocol state: {exc}") from None
+        state = _restored(ControllerState, data, "controller protocol state")
         protocol = cls.__new__(cls)
         protocol._init(state, clock)
         return protocol
