@@ -433,13 +433,13 @@ def main() -> None:
         f"events: {args.events:,} zipf-evolving ({args.keys:,} keys, s = 0.6), "
         f"{args.batch:,} per batch, {P} instances, local[2]; v2 moves {len(moved_a):,} stage-A "
         f"keys and {len(b_keys)} stage-B keys; {args.repeats} run(s) of the "
-        f"{1 + len(args.orders)} jobs; "
+        f"{1 + len(args.orders)} jobs"
         + (
-            f"in waves: {len(waves)} waves of at most {args.max_moves_per_wave:,} moved keys "
+            f"; in waves: {len(waves)} waves of at most {args.max_moves_per_wave:,} moved keys"
             if "in waves" in args.orders
             else ""
         )
-        + "(cells with several values: one per run)",
+        + " (cells with several values: one per run)",
         "",
         "| measure | " + " | ".join(args.orders) + " |",
         "|---|" + "---:|" * len(args.orders),
