@@ -239,21 +239,23 @@ def driver_parts(
             continue  # a batch with no rows repeats the last plan (batch_seconds)
         parts = dict.fromkeys(DRIVER_PARTS, 0.0)
         phases = m.get("phases_ms", {})
-        for phase, ms in phases.items():
-            if phase != "addBatch":
-                parts[_PHASE_PARTS.get(phase, "other")] += ms / 1000
+        for phase, part in _PHASE_PARTS.items():
+            parts[part] += phases.get(phase, 0) / 1000
         stage_s = sum(stages.get(m["plan"], {}).get(part, 0.0) for part in PARTS)
         parts["addBatch beyond the stages"] = phases.get("addBatch", 0) / 1000 - stage_s
-        parts["other"] += m["duration_ms"] / 1000 - stage_s - sum(parts.values())
+        parts["other"] = m["duration_ms"] / 1000 - stage_s - sum(parts.values())
         out[m["plan"]] = parts
     return out
 
 
-def extra_by_driver_part(rollout: JobRun, baseline: JobRun, batches: list[int]) -> dict[str, float]:
-    """What ``batches`` took in ``rollout`` beyond ``baseline`` outside the stages, by part."""
-    mine = driver_parts(rollout.metrics, rollout.stages)
-    theirs = driver_parts(baseline.metrics, baseline.stages)
-    return {part: sum(mine[b][part] - theirs[b][part] for b in batches) for part in DRIVER_PARTS}
+def extra_by_driver_part(
+    rollout: dict[int, dict[str, float]], baseline: dict[int, dict[str, float]], batches: list[int]
+) -> dict[str, float]:
+    """What ``batches`` took in ``rollout`` beyond ``baseline`` outside the stages, by part
+    (both :func:`driver_parts`)."""
+    return {
+        part: sum(rollout[b][part] - baseline[b][part] for b in batches) for part in DRIVER_PARTS
+    }
 
 
 def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
@@ -329,7 +331,7 @@ def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
         "paced_outside_during": (sums_during[0] * pace_outside, sums_during[1]),
         "exact": job.exact,
         "parts": extra_by_part(job, no_rollout, moving, sums_moving[0] - sums_moving[1]),
-        "driver_parts": extra_by_driver_part(job, no_rollout, moving),
+        "driver_parts": extra_by_driver_part(own_driver, base_driver, moving),
         "table": batches,
     }
 
