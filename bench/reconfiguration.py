@@ -84,7 +84,7 @@ from keyplane.kafka.producer import produce_workload
 from keyplane.protocol import Reconfiguration
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import job_command, read_output
-from keyplane.testing import moved_off_hash_config
+from keyplane.testing import moved_off_hash_config, stage_keys_by_count
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.waves import split_into_waves
 from keyplane.workloads import ZipfEvolvingWorkload
@@ -366,9 +366,8 @@ def main() -> None:
         n_events=args.events, n_keys=args.keys, exponent=0.6, shifts=(0.9,), seed=12
     )
     truth = expected_counts(spec)
-    a_keys = truth.loc[truth["stage"] == "A"].sort_values("count", ascending=False)["key"]
-    b_keys = truth.loc[truth["stage"] == "B", "key"].tolist()
-    moved_a = a_keys.head(args.moved_keys).tolist()
+    a_keys, b_keys = stage_keys_by_count(truth)
+    moved_a = a_keys[: args.moved_keys]
 
     v1 = RoutingConfig.all_hash(P, ("A", "B"))
     v2 = moved_off_hash_config(2, {"A": moved_a, "B": b_keys}, P)

@@ -44,7 +44,12 @@ from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.spark.progress import PROGRESS_PREFIX
-from keyplane.testing import moved_off_hash, routed_job_topics, start_job_process
+from keyplane.testing import (
+    moved_off_hash,
+    routed_job_topics,
+    stage_keys_by_count,
+    start_job_process,
+)
 from keyplane.verification import CountReport, compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -162,9 +167,8 @@ def main() -> None:
         n_events=n_events, n_keys=args.keys, exponent=0.8, shifts=(0.5,), seed=31
     )
     truth = expected_counts(spec)
-    a_keys = truth.loc[truth["stage"] == "A"].sort_values("count", ascending=False)["key"]
-    hot_a = a_keys.head(args.moved_keys).tolist()
-    b_keys = truth.loc[truth["stage"] == "B", "key"].tolist()
+    a_keys, b_keys = stage_keys_by_count(truth)
+    hot_a = a_keys[: args.moved_keys]
 
     if args.render_from is not None:
         raw = json.loads(args.render_from.read_text())
