@@ -142,15 +142,11 @@ def main() -> None:
             routing_version=1,
             **topics,
         )
-        setup = dagrun.AirflowSetup(
+        setup = dagrun.AirflowSetup.for_job(
+            settings,
             airflow_home=tmp / "airflow",
-            dags_folder=REPO / "dags",
-            bootstrap_servers=bootstrap,
             keyplane_home=tmp / "keyplane",
-            routing_store=store,
-            events_topic=topic,
-            metrics_topic=topics["metrics_topic"],
-            control_topic=topics["control_topic"],
+            dags_folder=REPO / "dags",
             statistics_master="local[2]",
             control_key=os.environ[KEY_ENV_VAR],
         )

@@ -177,15 +177,22 @@ def run_demo(
     # The job and the DAG sign and check control messages with one key (keyplane.signing);
     # without a configured one, the run makes its own.
     key = os.environ.get(KEY_ENV_VAR) or secrets.token_hex(16)
-    setup = dagrun.AirflowSetup(
-        airflow_home=home / "airflow",
-        dags_folder=REPO / "dags",
+    job_settings = CountsJobSettings(
         bootstrap_servers=bootstrap,
-        keyplane_home=run_dir / "keyplane",
-        routing_store=store,
         events_topic=topic,
-        metrics_topic=topics["metrics_topic"],
-        control_topic=topics["control_topic"],
+        checkpoint=run_dir / "checkpoint",
+        output=run_dir / "output",
+        shuffle_partitions=instances,
+        max_offsets_per_trigger=max_offsets_per_trigger,
+        routing_store=store,
+        routing_version=1,
+        **topics,
+    )
+    setup = dagrun.AirflowSetup.for_job(
+        job_settings,
+        airflow_home=home / "airflow",
+        keyplane_home=run_dir / "keyplane",
+        dags_folder=REPO / "dags",
         control_key=key,
     )
     halves = [
@@ -212,20 +219,6 @@ def run_demo(
         echo(f"workload {spec.kind}: {spec.n_events:,} events (two halves), seed {spec.seed}")
         echo(f"airflow  {setup.airflow_home} (SQLite): airflow db migrate")
         dagrun.migrate_database(setup)
-        job_settings = CountsJobSettings(
-            bootstrap_servers=bootstrap,
-            events_topic=topic,
-            checkpoint=run_dir / "checkpoint",
-            output=run_dir / "output",
-            shuffle_partitions=instances,
-            max_offsets_per_trigger=max_offsets_per_trigger,
-            routing_store=store,
-            routing_version=1,
-            control_topic=topics["control_topic"],
-            migration_topic=topics["migration_topic"],
-            metrics_topic=topics["metrics_topic"],
-            dead_letter_topic=topics["dead_letter_topic"],
-        )
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, KEY_ENV_VAR: key}
         with log_path.open("w") as log:
             job = subprocess.Popen(

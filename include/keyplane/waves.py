@@ -7,7 +7,7 @@ installed through Spark's keyed state store, one key at a time (paper 000
 but it can be spread: a rollout that moves 10,000 keys at once slows its two
 batches by about a fifth, and the same moves in four waves of 2,550 slow
 each wave's batches by about a tenth, over 12 batches instead of 3
-(docs/benchmarks.md, "Rollouts in waves").
+(docs/reconfiguration-record.md, "Rollouts in waves").
 
 A wave is an ordinary configuration: the old one with a share of the moves
 applied. Each wave is stored (checksummed) and rolled out like any other

@@ -44,7 +44,7 @@ from keyplane.migration import plan_migration
 from keyplane.orchestration import dagrun, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routedkeys import spark_partition
-from keyplane.spark.counts_job import CountsJobSettings, read_output
+from keyplane.spark.counts_job import read_output
 from keyplane.testing import routed_job_settings, start_job_process, wait_while_job_runs
 from keyplane.verification import compare_counts, expected_counts_of
 from keyplane.workloads import PairsWorkload
@@ -56,20 +56,6 @@ BUSY_S = 900
 """The longest wait for the job's batches: generous, since a CI machine may be busy."""
 REPO = Path(__file__).resolve().parents[2]
 MAX_MOVES_PER_WAVE = 40
-
-
-def _airflow_setup(tmp_path: Path, broker: str, settings: CountsJobSettings) -> dagrun.AirflowSetup:
-    assert settings.routing_store is not None
-    return dagrun.AirflowSetup(
-        airflow_home=tmp_path / "airflow",
-        dags_folder=REPO / "dags",
-        bootstrap_servers=broker,
-        keyplane_home=tmp_path / "keyplane-home",
-        routing_store=settings.routing_store,
-        events_topic=settings.events_topic,
-        metrics_topic=settings.metrics_topic,
-        control_topic=settings.control_topic,
-    )
 
 
 def _message_ids(broker: str, topic: str) -> list[str]:
@@ -92,7 +78,12 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
     )
     job_log = tmp_path / "job.log"
     job = start_job_process(settings, job_log)
-    setup = _airflow_setup(tmp_path, broker, settings)
+    setup = dagrun.AirflowSetup.for_job(
+        settings,
+        airflow_home=tmp_path / "airflow",
+        keyplane_home=tmp_path / "keyplane-home",
+        dags_folder=REPO / "dags",
+    )
     # Events keep arriving while the DAG runs, so the new version has batches to
     # verify; once ``hot`` is set, every event carries the one key 1 (a flash hot key).
     hot = threading.Event()

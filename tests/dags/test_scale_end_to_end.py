@@ -90,15 +90,11 @@ def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_
     settings = routed_job_settings(
         broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="1 second", version=1
     )
-    setup = dagrun.AirflowSetup(
+    setup = dagrun.AirflowSetup.for_job(
+        settings,
         airflow_home=tmp_path / "airflow",
-        dags_folder=REPO / "dags",
-        bootstrap_servers=broker,
         keyplane_home=tmp_path / "keyplane-home",
-        routing_store=store,
-        events_topic=settings.events_topic,
-        metrics_topic=settings.metrics_topic,
-        control_topic=settings.control_topic,
+        dags_folder=REPO / "dags",
     )
     job_log = tmp_path / "job.log"
     job = start_job_process(settings, job_log)

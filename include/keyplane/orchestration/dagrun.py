@@ -23,12 +23,15 @@ from collections.abc import Callable, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane.orchestration.deployment import Deployment
 from keyplane.signing import KEY_ENV_VAR
+
+if TYPE_CHECKING:
+    from keyplane.spark.counts_job import CountsJobSettings
 
 DAG_ID = "keyplane_reconfigure"
 _END_TASK = re.compile(r"\[DAG TEST\] end task task_id=(\S+)")
@@ -53,6 +56,35 @@ class AirflowSetup(BaseModel):
     control_key: str | None = Field(
         default=None, repr=False, description="HMAC key shared with the job (else inherited)."
     )
+
+    @classmethod
+    def for_job(
+        cls,
+        job: CountsJobSettings,
+        *,
+        airflow_home: Path,
+        keyplane_home: Path,
+        dags_folder: Path,
+        **fields: Any,
+    ) -> AirflowSetup:
+        """The setup whose DAG runs reconfigure ``job``: its broker, routing store and
+        topics, so that the DAG's tasks and the job cannot disagree on them.
+
+        Raises ``ValueError`` if ``job`` is not routed (no routing store to publish to).
+        """
+        if job.routing_store is None:
+            raise ValueError("the job is not routed: its settings name no routing_store")
+        return cls(
+            airflow_home=airflow_home,
+            dags_folder=dags_folder,
+            keyplane_home=keyplane_home,
+            bootstrap_servers=job.bootstrap_servers,
+            routing_store=job.routing_store,
+            events_topic=job.events_topic,
+            metrics_topic=job.metrics_topic,
+            control_topic=job.control_topic,
+            **fields,
+        )
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The variables of docs/orchestration.md ("Connections and environment")."""

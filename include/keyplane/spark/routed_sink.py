@@ -91,8 +91,7 @@ def unpacked_partials(output: pd.DataFrame) -> pd.DataFrame:
 
     The JVM stages report a batch's installs per instance, one row for
     thousands of tombstones and partials, so that those reports do not each
-    cross stage B's shuffle and the collect (docs/benchmarks.md, "A live
-    reconfiguration that moves 10k keys").
+    cross stage B's shuffle and the collect (docs/reconfiguration-record.md).
     """
     packed = output["kind"] == "partials"
     if not packed.any():

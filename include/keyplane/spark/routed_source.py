@@ -47,7 +47,7 @@ With ``per-instance`` hand-offs, every batch also carries *primers*
 (:func:`primer_rows`): an ``evicts`` and an ``installs`` row per stage and
 instance, each with an empty list of moves. They change no state. They are
 there so that the JVM's compiler has seen the hand-off rows' shape long
-before a rollout sends real ones (docs/benchmarks.md, "The JIT's traps").
+before a rollout sends real ones (docs/reconfiguration-record.md, "The JIT's traps").
 
 The ``forward`` option (:data:`keyplane.events.Forward`) says what stage A
 sends stage B. ``pairs`` (the default): one row per (field-1 routed key,
@@ -563,7 +563,7 @@ def primer_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     hit each of those traps: the method falls back to the interpreter and is
     compiled again, on the cores the batch's tasks need. That cost the
     switch batch 0.1-0.2 s at 20,000 events and 0.5-0.7 s at 500,000
-    (docs/benchmarks.md, "The JIT's traps"). With primers, every batch takes
+    (docs/reconfiguration-record.md, "The JIT's traps"). With primers, every batch takes
     those branches, so they are compiled from the first batches on and a
     rollout finds them ready. HotSpot's ``-XX:PerMethodTrapLimit=0`` does the
     same for every method of the JVM, at a cost to every batch.
@@ -887,7 +887,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         The version's tables are built and its moves planned on a thread of
         their own, which overlaps the batch that acknowledges: done in
         ``latestOffset``, 10,000 moves held that batch's start back by about
-        0.27 s (docs/benchmarks.md, "The ACK batch, since").
+        0.27 s (docs/reconfiguration-record.md, "The ACK batch, since").
         :meth:`partitions` waits for them before it reads them.
         """
         if self._planning is not None and self._planning[0] == (active, prepared):

@@ -8,6 +8,7 @@ import pytest
 
 from keyplane.orchestration.dagrun import AirflowSetup
 from keyplane.orchestration.deployment import Deployment
+from keyplane.testing import routed_job_settings
 
 
 def setup_in(tmp_path: Path) -> AirflowSetup:
@@ -52,3 +53,48 @@ def test_a_deployment_of_its_own_keeps_topics_and_store_and_moves_state_folders(
         tmp_path / "alone" / "controller.json",
         tmp_path / "alone" / "gx",
     }
+
+
+def test_the_setup_for_a_job_reconfigures_that_jobs_broker_store_and_topics(
+    tmp_path: Path,
+) -> None:
+    job = routed_job_settings(
+        "127.0.0.1:19092", "orders", tmp_path, parallelism=4, batch=100, trigger="1 second"
+    )
+    setup = AirflowSetup.for_job(
+        job,
+        airflow_home=tmp_path / "airflow",
+        keyplane_home=tmp_path / "keyplane",
+        dags_folder=tmp_path / "dags",
+        statistics_master="local[2]",
+    )
+
+    deployment = setup.deployment()
+    assert setup.bootstrap_servers == "127.0.0.1:19092"
+    assert setup.routing_store == tmp_path / "routing"
+    assert (deployment.events_topic, deployment.metrics_topic, deployment.control_topic) == (
+        "orders",
+        "orders.metrics",
+        "orders.control",
+    )
+    assert setup.statistics_master == "local[2]"
+
+
+def test_the_setup_for_a_job_that_is_not_routed_is_refused(tmp_path: Path) -> None:
+    job = routed_job_settings(
+        "127.0.0.1:19092",
+        "orders",
+        tmp_path,
+        parallelism=4,
+        batch=100,
+        trigger="1 second",
+        routing_store=None,
+    )
+
+    with pytest.raises(ValueError, match="not routed"):
+        AirflowSetup.for_job(
+            job,
+            airflow_home=tmp_path / "airflow",
+            keyplane_home=tmp_path / "keyplane",
+            dags_folder=tmp_path / "dags",
+        )
