@@ -80,8 +80,11 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
             hot_keys={"A": {a_keys[0]: (0, 2)}},
         )
         save(v2, store)
+        # A trigger well above a batch's duration, even on a loaded machine, leaves the
+        # crash a window between the switch batch (moved state written) and the install
+        # batch (MIGRATED); with 2 seconds a slow batch closed it.
         settings = routed_job_settings(
-            bootstrap, topic, tmp_path, parallelism=P, batch=1_000, trigger="2 seconds", version=1
+            bootstrap, topic, tmp_path, parallelism=P, batch=1_000, trigger="5 seconds", version=1
         )
         log = tmp_path / "job.log"
         output = settings.output
