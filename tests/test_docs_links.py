@@ -7,6 +7,7 @@ hand-off), and sections move as they grow; a broken link is found here, not by a
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from pathlib import Path
@@ -36,8 +37,12 @@ def heading_anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@functools.cache
 def anchors_of(path: Path) -> set[str]:
-    """Every heading's anchor in ``path``; a repeated one gets ``-1``, ``-2``, … as on GitHub."""
+    """Every heading's anchor in ``path``; a repeated one gets ``-1``, ``-2``, … as on GitHub.
+
+    Cached: a document links to the same few files many times.
+    """
     seen: Counter[str] = Counter()
     anchors = set()
     for line in _prose_lines(path.read_text()):
