@@ -42,7 +42,7 @@ def ensure_topic(bootstrap_servers: str, name: str, partitions: int) -> int:
 
 def partitions_of(bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -> list[int]:
     """The topic's partition ids; TopicError when it does not exist."""
-    consumer = KafkaConsumer(**client_config(bootstrap_servers))
+    consumer = KafkaConsumer(**client_config(bootstrap_servers), enable_auto_commit=False)
     try:
         return _partitions(consumer, bootstrap_servers, topic, timeout_s)
     finally:
@@ -177,7 +177,7 @@ def earliest_offsets(
 ) -> dict[int, int]:
     """The first retained offset of each partition (of ``partitions``, else all)."""
     parts = partitions if partitions is not None else partitions_of(bootstrap_servers, topic)
-    consumer = KafkaConsumer(**client_config(bootstrap_servers))
+    consumer = KafkaConsumer(**client_config(bootstrap_servers), enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for p in parts]
         return {tp.partition: off for tp, off in consumer.beginning_offsets(tps).items()}

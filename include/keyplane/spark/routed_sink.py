@@ -99,7 +99,12 @@ def unpacked_partials(output: pd.DataFrame) -> pd.DataFrame:
     reports = [r for text in output.loc[packed, "state"].tolist() for r in json.loads(text)]
     counts = pd.DataFrame(reports, columns=COUNT_COLUMNS).assign(kind="count")
     counts["instance"] = counts["instance"].astype("Int32")
-    return pd.concat([output[~packed], counts], ignore_index=True)
+    rest = output[~packed]
+    if rest.empty:
+        # A batch whose output is only install reports (moves, no events): concatenating
+        # an empty frame is deprecated in pandas, and would only contribute its columns.
+        return counts.reindex(columns=output.columns.union(counts.columns, sort=False))
+    return pd.concat([rest, counts], ignore_index=True)
 
 
 def merge_partial_states(

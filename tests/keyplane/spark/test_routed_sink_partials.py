@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pandas as pd
 
@@ -34,6 +35,25 @@ def test_a_partials_row_reads_as_its_count_rows_pure() -> None:
         {"stage": "A", "routed_key": "k#2", "instance": 3, "count": 45},
         {"stage": "B", "routed_key": "m#0", "instance": 1, "count": 7},
     ]
+
+
+def test_output_of_packed_rows_only_keeps_its_columns_without_a_warning_pure() -> None:
+    """A batch with installs and no events: pandas deprecates concatenating an empty frame."""
+    reports = [["A", "k", "k#2", 3, 40, "40"], ["A", "k", "k#1", None, 0, "0"]]
+    output = pd.DataFrame(
+        [{"kind": "partials", "stage": "A", "key": None, "routed_key": None, "instance": None,
+          "count": 2, "state": json.dumps(reports), "target": None}]
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = unpacked_partials(output)
+
+    assert list(rows.columns) == list(output.columns)
+    assert rows[["routed_key", "instance", "count"]].to_dict("records") == [
+        {"routed_key": "k#2", "instance": 3, "count": 40},
+        {"routed_key": "k#1", "instance": None, "count": 0},
+    ]
+    assert set(rows["kind"]) == {"count"}
 
 
 def test_output_without_packed_rows_is_returned_as_it_is_pure() -> None:
