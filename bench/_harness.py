@@ -113,13 +113,6 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
-def emit(text: str, out: Path | None) -> None:
-    """Print the result table and, with ``--out``, keep it as a file."""
-    print(text)
-    if out is not None:
-        out.write_text(text + "\n")
-
-
 def event_log_env(log_dir: Path) -> dict[str, str]:
     """Environment for :func:`run_job` under which Spark writes its event log to ``log_dir``.
 

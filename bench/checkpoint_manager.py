@@ -21,7 +21,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from _harness import emit, event_log_env, private_broker, run_job
+from _harness import event_log_env, private_broker, run_job
+from _output import emit
 
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.counts_job import CountsJobSettings

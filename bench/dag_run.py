@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _harness import emit, private_broker
+from _harness import private_broker
+from _output import emit
 
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.admin import ensure_topic, high_watermarks

@@ -18,6 +18,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+from _output import emit
 
 from keyplane.locality import HistoryPolicy, PairHistory, PairStatistics, build_plan, evaluate
 from keyplane.workloads import GeoTagsWorkload
@@ -77,9 +78,7 @@ def main() -> None:
         )
     rows.append(f"| hash | – | {hashed:.3f} | | | |")
     table = "\n".join(rows)
-    print(table)
-    if args.out is not None:
-        args.out.write_text(table + "\n")
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ from _costly_aggregate import SPEC as COSTLY_SPEC
 from _costly_aggregate import WORK_ENV, micros_per_tuple
 from _harness import (
     batch_stage_seconds,
-    emit,
     event_log_env,
     percentile,
     private_broker,
@@ -58,6 +57,7 @@ from _harness import (
     run_job,
     steady_rate,
 )
+from _output import emit
 
 from keyplane import statistics as stats
 from keyplane.config import OperatorRouting, RoutingConfig, save

@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
-from _harness import emit, read_topic
+from _harness import read_topic
+from _output import emit
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller

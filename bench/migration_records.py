@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import emit, private_broker
+from _harness import private_broker
+from _output import emit
 
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.migration_topic import move_records, read_moves

@@ -20,7 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from _harness import emit, private_broker
+from _harness import private_broker
+from _output import emit
 
 from keyplane.kafka.admin import HighWatermarks, ensure_topic, high_watermarks
 from keyplane.kafka.producer import make_producer

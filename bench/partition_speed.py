@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _output import emit
 
 from keyplane.locality import PairStatistics, aggregate_pairs, build_plan, evaluate
 
@@ -80,9 +81,7 @@ def main() -> None:
         f"| {plan.predicted_locality:.3f} | {hashed.locality:.3f} |",
     ]
     table = "\n".join(rows)
-    print(table)
-    if args.out is not None:
-        args.out.write_text(table + "\n")
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
-from _harness import emit, private_broker
+from _harness import private_broker
+from _output import emit
 
 from keyplane.kafka import consumers
 from keyplane.kafka.admin import ensure_topic

@@ -69,12 +69,12 @@ from typing import Any, Literal
 
 from _harness import (
     batch_stage_seconds,
-    emit,
     event_log_env,
     private_broker,
     read_topic,
     routed_on_backlog,
 )
+from _output import emit
 
 from keyplane.config import RoutingConfig, save
 from keyplane.controller import Controller

@@ -28,7 +28,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from _harness import emit, private_broker, run_job, steady_rate
+from _harness import private_broker, run_job, steady_rate
+from _output import emit
 
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.counts_job import CountsJobSettings

@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _harness import emit, percentile, private_broker, read_topic, run_job, steady_rate
+from _harness import percentile, private_broker, read_topic, run_job, steady_rate
+from _output import emit
 
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.producer import produce_workload

@@ -35,8 +35,10 @@ import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
+from _output import emit
 
 from keyplane.elasticity import (
     Operator,
@@ -230,7 +232,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few random draws (smoke run)")
     parser.add_argument("--draws", type=int, default=500, help="random rate draws per shape")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="also write the markdown tables to this file")
+    parser.add_argument("--out", type=Path, help="also write the markdown tables to this file")
     args = parser.parse_args()
     draws = 20 if args.quick else args.draws
 
@@ -278,10 +280,7 @@ def main() -> None:
         )
 
     table = "\n".join(lines)
-    print(table)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(table + "\n")
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pymetis
+from _output import emit
 
 from keyplane.placement import (
     NodeAssignment,
@@ -157,7 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller cases, one seed")
     parser.add_argument("--seeds", type=int, default=3, help="matrices per case")
-    parser.add_argument("--out", help="also write the markdown table to this file")
+    parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
     args = parser.parse_args()
     seeds = 1 if args.quick else args.seeds
 
@@ -209,10 +211,7 @@ def main() -> None:
             f"| −{100.0 * reduction:.0f} % | {statistics.fmean(millis):.0f} |"
         )
     table = "\n".join(lines)
-    print(table)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(table + "\n")
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _output import emit
 
 from keyplane.baselines import HashPartitioner
 from keyplane.hotkeys import FishPartitioner
@@ -94,9 +95,7 @@ def main() -> None:
         ],
         rows,
     )
-    print(table)
-    if args.out is not None:
-        args.out.write_text(table + "\n")
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import psutil
-from _harness import emit, percentile, private_broker
+from _harness import percentile, private_broker
+from _output import emit
 
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.controller import Controller, RolloutTimeout

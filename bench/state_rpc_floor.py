@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from _harness import emit
+from _output import emit
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 

@@ -25,7 +25,8 @@ import os
 import statistics
 from pathlib import Path
 
-from _harness import emit, private_broker, routed_on_backlog, run_job
+from _harness import private_broker, routed_on_backlog, run_job
+from _output import emit
 
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
