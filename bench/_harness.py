@@ -113,22 +113,33 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
-def event_log_env(log_dir: Path) -> dict[str, str]:
-    """Environment for :func:`run_job` under which Spark writes its event log to ``log_dir``.
+def spark_conf_env(conf_dir: Path, conf: dict[str, str]) -> dict[str, str]:
+    """Environment for :func:`run_job` under which the job's Spark configuration holds ``conf``.
 
     The job builds its session through ``spark-submit``, which reads
-    ``spark-defaults.conf`` from ``SPARK_CONF_DIR``; the job's own code is
-    untouched.
+    ``spark-defaults.conf`` from ``SPARK_CONF_DIR``, as a user's settings
+    would be; the job's own code is untouched.
     """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    conf_dir = log_dir / "conf"
-    conf_dir.mkdir(exist_ok=True)
+    conf_dir.mkdir(parents=True, exist_ok=True)
     (conf_dir / "spark-defaults.conf").write_text(
-        f"spark.eventLog.enabled true\nspark.eventLog.dir {log_dir.as_uri()}\n"
-        # One plain JSON-lines file per application (Spark 4 rolls and compresses by default).
-        "spark.eventLog.rolling.enabled false\nspark.eventLog.compress false\n"
+        "".join(f"{key} {value}\n" for key, value in conf.items())
     )
     return {**os.environ, "SPARK_CONF_DIR": str(conf_dir)}
+
+
+def event_log_env(log_dir: Path) -> dict[str, str]:
+    """Environment for :func:`run_job` under which Spark writes its event log to ``log_dir``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return spark_conf_env(
+        log_dir / "conf",
+        {
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": log_dir.as_uri(),
+            # One plain JSON-lines file per application (Spark 4 rolls and compresses by default).
+            "spark.eventLog.rolling.enabled": "false",
+            "spark.eventLog.compress": "false",
+        },
+    )
 
 
 STATEFUL_SCOPE = "TransformWithState"
