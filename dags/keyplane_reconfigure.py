@@ -40,6 +40,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, Asset, Param, TaskGroup, task
 from airflow.sdk.exceptions import AirflowFailException
 
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagparts
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
@@ -51,7 +52,6 @@ from keyplane.orchestration.triggers import AwaitRolloutOperator, RollOutWavesOp
 
 STATISTICS_JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "key_statistics.py"
 STATISTICS_ASSET = Asset(name="keyplane_statistics_snapshot")
-OPERATORS = ("A", "B")
 
 PARAMS = {
     "force": Param(False, type="boolean", description="Publish even when the gain is too small."),

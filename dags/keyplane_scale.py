@@ -31,6 +31,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
+from keyplane.operators import OPERATORS
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     ROLLOUT_DAG_ARGS,
@@ -38,7 +39,7 @@ from keyplane.orchestration.dagparts import (
     rollout_chain,
     run_id,
 )
-from keyplane.orchestration.deployment import OPERATORS, deployment
+from keyplane.orchestration.deployment import deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
 
 PARAMS = {

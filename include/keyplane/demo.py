@@ -47,8 +47,9 @@ from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun, planning, tasks
-from keyplane.orchestration.deployment import OPERATORS, Deployment
+from keyplane.orchestration.deployment import Deployment
 from keyplane.settings import Settings
 from keyplane.signing import KEY_ENV_VAR
 from keyplane.spark.counts_job import (

@@ -57,6 +57,7 @@ import pandas as pd
 
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.hotkeys import FishSettings
+from keyplane.operators import OPERATORS
 from keyplane.routedkeys import spark_partitions
 from keyplane.settings import Settings
 
@@ -96,7 +97,6 @@ SUMMARY_COLUMNS = (
     "load_max_over_mean",
 )
 
-STAGES = ("A", "B")
 KINDS = ("table", "hot")
 
 _INDEX_COLUMNS: dict[str, list[str]] = {
@@ -337,7 +337,7 @@ def _statistics_expectations() -> list[Expectation]:
         ),
         e.ExpectColumnValuesToBeInSet(
             column="stage",
-            value_set=list(STAGES),
+            value_set=list(OPERATORS),
             description="Statistics describe stage A or stage B.",
         ),
         e.ExpectColumnValuesToBeBetween(

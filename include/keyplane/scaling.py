@@ -66,14 +66,12 @@ from keyplane.elasticity import (
     stela_scale_out,
 )
 from keyplane.handoff import routed_key_table
+from keyplane.operators import OPERATORS
 from keyplane.routedkeys import fold_instance, spark_partition, spark_partitions
 from keyplane.statistics import instance_shares
 
 ScaleMode = Literal["auto", "out", "in"]
 ScaleAction = Literal["out", "in", "none"]
-
-OPERATORS: tuple[str, ...] = ("A", "B")
-"""The routed job's stateful operators, upstream first: A → B."""
 
 
 @dataclass(frozen=True)

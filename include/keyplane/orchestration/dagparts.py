@@ -15,7 +15,8 @@ from typing import Any
 
 from airflow.sdk import Asset, get_current_context, task
 
-from keyplane.orchestration.deployment import OPERATORS, deployment
+from keyplane.operators import OPERATORS
+from keyplane.orchestration.deployment import deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
 
 #: The published configuration: both DAGs update it when a rollout is DONE.

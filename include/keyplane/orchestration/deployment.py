@@ -17,12 +17,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from keyplane.operators import OPERATORS
 from keyplane.settings import MAX_EVENT_BYTES, Settings
 
 KAFKA_CONN_ID = "keyplane_kafka"
 SPARK_CONN_ID = "spark_default"
-OPERATORS: tuple[str, ...] = ("A", "B")
-"""The routed job's stateful operators, upstream first (000 §3.4 migrates in this order)."""
 
 
 class Deployment(BaseModel):

@@ -30,6 +30,7 @@ import pandas as pd
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
+from keyplane.operators import OPERATORS
 from keyplane.routedkeys import fold_instance
 from keyplane.scaling import routed_shares
 from keyplane.statistics import STAGE_COLUMN
@@ -103,7 +104,7 @@ class PlanParams:
     """
 
     alpha: float = 1.03
-    operators: tuple[str, ...] = ("A", "B")
+    operators: tuple[str, ...] = OPERATORS
     parallelism: int | None = None
     window: HistoryWindow = "decay"
     max_table_entries: int | None = None

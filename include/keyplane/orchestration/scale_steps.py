@@ -30,9 +30,10 @@ from pydantic import BaseModel, ConfigDict
 from keyplane import config as config_store
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.scaling import OPERATORS, ScaleRequest, decide_scaling
+from keyplane.scaling import ScaleRequest, decide_scaling
 
 log = logging.getLogger(__name__)
 

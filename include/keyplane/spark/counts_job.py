@@ -55,6 +55,7 @@ from keyplane.config import RoutingConfig
 from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
+from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
 from keyplane.partials import merge_partials
 from keyplane.settings import Settings
@@ -71,7 +72,7 @@ from keyplane.spark.routed_counts import (
     routed_running_counts,
 )
 from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge_partial_states
-from keyplane.spark.routed_source import OPERATORS, read_routed_events
+from keyplane.spark.routed_source import read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
 

@@ -102,6 +102,7 @@ from keyplane.handoff import LeastLoadedRoutes, StateMove, VersionedTables
 from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range
+from keyplane.operators import OPERATORS
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
 from keyplane.routedkeys import (
     RoutedKeyTable,
@@ -124,7 +125,6 @@ if TYPE_CHECKING:
     from keyplane.kafka.control import ControlChannel
 
 SOURCE_NAME = "keyplane-routed-events"
-OPERATORS = ("A", "B")
 CONTROL_PREFIX, CLOSING_PREFIX = RESERVED_KEY_STARTS
 """What the grouping values that are not a key's routed key start with: NUL, and, for
 the control groups that sort after every routed key, U+10FFFF (the last code point:
