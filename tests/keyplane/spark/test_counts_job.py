@@ -1,4 +1,4 @@
-"""Progress parsing and stopping of the counting job (pure: Spark's progress JSON, a fake query)."""
+"""Progress, stopping and session settings of the counting job (pure: progress JSON, fakes)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from typing import cast
 
 import pytest
 from pydantic import ValidationError
+from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from keyplane.events import MAX_EVENT_BYTES
 from keyplane.spark.counts_job import (
+    NO_DATA_BATCHES_KEY,
     CountsJobSettings,
+    _no_batches_without_data,
     job_command,
     parse_settings,
     read_tasks,
@@ -198,3 +201,21 @@ def test_stop_gives_up_waiting_after_the_grace_with_a_fake_query() -> None:
     stop_between_batches(query, grace_s=0.2, poll_s=0.01)  # type: ignore[arg-type]
     assert query.stopped_after is not None and query.stopped_after > 1
     assert time.monotonic() - started >= 0.2
+
+
+@pytest.mark.parametrize(
+    ("started_with", "set_to"), [({}, "false"), ({NO_DATA_BATCHES_KEY: "true"}, None)]
+)
+def test_batches_without_input_are_off_unless_the_user_set_them_with_a_fake_session(
+    started_with: dict[str, str], set_to: str | None
+) -> None:
+    """The job turns Spark's batches without input off; a user's ``--conf`` stands."""
+    sql_conf: dict[str, str] = {}
+    session = SimpleNamespace(
+        sparkContext=SimpleNamespace(
+            getConf=lambda: SparkConf(loadDefaults=False).setAll(list(started_with.items()))
+        ),
+        conf=SimpleNamespace(set=sql_conf.__setitem__),
+    )
+    _no_batches_without_data(cast(SparkSession, session))
+    assert sql_conf.get(NO_DATA_BATCHES_KEY) == set_to
