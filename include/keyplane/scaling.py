@@ -241,7 +241,7 @@ def measure_window(
                 max_parallelism=parallelism,
             )
         )
-    dag = OperatorDag(tuple(operators), (Stream("A", "B"),))
+    dag = OperatorDag(tuple(operators), tuple(Stream(*edge) for edge in pairwise(OPERATORS)))
     count = len(usable)
     return WindowMeasurement(
         dag=dag,

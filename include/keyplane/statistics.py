@@ -61,6 +61,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
 from keyplane.routedkeys import spark_partitions
 
@@ -502,7 +503,7 @@ def build_snapshot(
     raw = window.assign(count=window["train"] + window["holdout"])
     traffic = (
         traffic_matrix(raw, config)
-        if config is not None and {"A", "B"} <= set(config.operators) and not raw.empty
+        if config is not None and set(OPERATORS) <= set(config.operators) and not raw.empty
         else pd.DataFrame({c: pd.Series(dtype=np.int64) for c in TRAFFIC_COLUMNS})
     )
     manifest = SnapshotManifest(
