@@ -10,8 +10,9 @@ fills, once as keyplane runs it and once with the setting true in the
 Spark configuration (``spark-defaults.conf``, as a user would set it),
 taking turns. The sender starts once the job's first batch is done. Each
 run's batches after the first are read from its metrics topic, one record
-per batch: how many ran, how many read no events, and how long they took in
-all.
+per batch: how many ran, how many read no events, how long they took in
+all, and how long each chunk waited, from the broker's acknowledgement to
+the end of the batch that finished reading it.
 
     python bench/live_batches.py [--chunks 30] [--chunk-events 1000] [--pause 2.0]
                                  [--repeats 2] [--out FILE]
@@ -20,12 +21,22 @@ all.
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _harness import private_broker, read_topic, routed_on_backlog, run_job, spark_conf_env
+from _harness import (
+    percentile,
+    private_broker,
+    read_topic,
+    routed_on_backlog,
+    run_job,
+    spark_conf_env,
+)
 from _output import emit
 
 from keyplane.config import RoutingConfig, save
@@ -46,16 +57,24 @@ def send_chunk(bootstrap: str, topic: str, chunk: int, events: int) -> None:
     produce_workload(spec, bootstrap, topic, partitions=2)
 
 
-def send_live(bootstrap: str, topic: str, metrics_topic: str, args: argparse.Namespace) -> None:
-    """Chunks 1.. of the topic, ``--pause`` apart, once the job's first batch (chunk 0) is done."""
+def send_live(
+    bootstrap: str, topic: str, metrics_topic: str, args: argparse.Namespace, sent: list[float]
+) -> None:
+    """Chunks 1.. of the topic, ``--pause`` apart, once the job's first batch (chunk 0) is
+    done; ``sent`` receives the time each chunk was acknowledged (epoch seconds)."""
     deadline = time.monotonic() + 300
     while not _published(bootstrap, metrics_topic):
         if time.monotonic() > deadline:
             raise TimeoutError("the job ran no batch in 300 s")
         time.sleep(0.5)
+    # A random part of each pause spreads the chunks over the trigger's interval: with
+    # fixed pauses they arrive at one phase of it, and that phase, not the setting,
+    # would decide how long they wait. Every run draws the same pauses.
+    jitter = random.Random(0)
     for chunk in range(1, args.chunks):
         send_chunk(bootstrap, topic, chunk, args.chunk_events)
-        time.sleep(args.pause)
+        sent.append(time.time())
+        time.sleep(args.pause + jitter.random())
 
 
 def _published(bootstrap: str, topic: str) -> bool:
@@ -76,8 +95,9 @@ def one_run(bootstrap: str, work: Path, args: argparse.Namespace, conf: dict[str
         bootstrap, topic, work, store, parallelism=P, batch=100_000, events=total
     )
     send_chunk(bootstrap, topic, 0, args.chunk_events)
+    sent: list[float] = []
     sender = threading.Thread(
-        target=send_live, args=(bootstrap, topic, settings.metrics_topic, args)
+        target=send_live, args=(bootstrap, topic, settings.metrics_topic, args, sent)
     )
     sender.start()
     run_job(settings, spark_conf_env(work / "conf", conf) if conf else None)
@@ -87,19 +107,38 @@ def one_run(bootstrap: str, work: Path, args: argparse.Namespace, conf: dict[str
     read = sum(r["rows"] for r in batches.values())
     if read != total:
         raise RuntimeError(f"{work.name}: the job read {read} events of {total}")
+    latencies = chunk_latencies(list(batches.values()), sent, args.chunk_events)
     del batches[min(batches)]  # the first starts the JVM and reads chunk 0
     return {
         "batches": len(batches),
         "empty": sum(1 for r in batches.values() if r["rows"] == 0),
         "seconds": sum(r["duration_ms"] for r in batches.values()) / 1000,
+        "latencies": latencies,
     }
+
+
+def chunk_latencies(records: list[dict[str, Any]], sent: list[float], events: int) -> list[float]:
+    """Seconds from each chunk's acknowledgement to the end of the batch that finished reading
+    it: chunk i (from 1) is read once the batches have read (i + 1) chunks' events."""
+    ends: list[tuple[int, float]] = []
+    read = 0
+    for r in sorted(records, key=lambda r: r["batch_id"]):
+        read += r["rows"]
+        started = datetime.fromisoformat(r["started_at"]).timestamp()
+        ends.append((read, started + r["duration_ms"] / 1000))
+    return [
+        next(end for total, end in ends if total >= (chunk + 2) * events) - at
+        for chunk, at in enumerate(sent)
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=30)
     parser.add_argument("--chunk-events", type=int, default=1_000)
-    parser.add_argument("--pause", type=float, default=2.0, help="seconds between chunks")
+    parser.add_argument(
+        "--pause", type=float, default=2.0, help="seconds between chunks, plus 0-1 s at random"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -110,19 +149,22 @@ def main() -> None:
                 runs[variant].append(one_run(bootstrap, tmp / f"r{repeat}v{i}", args, conf))
                 print(variant, runs[variant][-1], flush=True)
     summed = {v: sum(r["seconds"] for r in rs) for v, rs in runs.items()}
+    waits = {v: [w for r in rs for w in r["latencies"]] for v, rs in runs.items()}
     keyplane, spark_default = VARIANTS
     lines = [
         f"events: {args.chunks} chunks of {args.chunk_events:,} zipf-evolving events, "
-        f"{args.pause:g} s apart, into a 2-partition topic; the routed job ({P} instances, "
-        f"local[2], 1-second trigger) reads them live; {args.repeats} run(s) of each "
-        "setting, taking turns; every event read once",
+        f"{args.pause:g}-{args.pause + 1:g} s apart, into a 2-partition topic; "
+        f"the routed job ({P} instances, local[2], 1-second trigger) reads them live; "
+        f"{args.repeats} run(s) of each setting, taking turns; every event read once",
         "",
-        "| setting | batches (runs) | of them without events | summed batch s (runs) |",
-        "|---|---:|---:|---:|",
+        "| setting | batches (runs) | of them without events | summed batch s (runs) "
+        "| chunk to counted, median s | p90 s |",
+        "|---|---:|---:|---:|---:|---:|",
         *(
             f"| {variant} | {', '.join(str(r['batches']) for r in rs)} "
             f"| {', '.join(str(r['empty']) for r in rs)} "
-            f"| {summed[variant]:.1f} ({', '.join(format(r['seconds'], '.1f') for r in rs)}) |"
+            f"| {summed[variant]:.1f} ({', '.join(format(r['seconds'], '.1f') for r in rs)}) "
+            f"| {statistics.median(waits[variant]):.2f} | {percentile(waits[variant], 90):.2f} |"
             for variant, rs in runs.items()
         ),
         "",

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import cast
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 TOP_PAIRS_PER_INSTANCE = 5
 
@@ -44,6 +44,11 @@ class BatchMetrics(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     batch_id: int
+    started_at: AwareDatetime | None = Field(
+        default=None,
+        description="when the batch started (Spark's progress timestamp); None in records "
+        "written before this field",
+    )
     plan: int | None = None
     versions: dict[str, int] = Field(default_factory=dict)
     rows: int = 0

@@ -41,6 +41,7 @@ import itertools
 import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -277,11 +278,14 @@ class MetricsListener(StreamingQueryListener):
         measured = self.writer.metrics.pop(progress.batch_id, None)
         if measured is None:
             return None
+        started = raw_progress.get("timestamp")
         sources = raw_progress.get("sources") or [{}]
         end = sources[0].get("endOffset")
         offset = json.loads(end) if isinstance(end, str) else (end or {})
         return measured.model_copy(
             update={
+                # model_copy does not validate: the timestamp is parsed here.
+                "started_at": datetime.fromisoformat(started) if started else None,
                 "plan": offset.get("plan"),
                 "versions": offset.get("routing", {}),
                 "rows": progress.rows,

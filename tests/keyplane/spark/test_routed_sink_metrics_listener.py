@@ -8,7 +8,9 @@ lost. The listener must replace such a producer, not keep using it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +25,7 @@ class Writer:
     producer: LongLivedProducer = field(
         default_factory=lambda: LongLivedProducer("broker:9092", SAFE_DELIVERY)
     )
+    metrics: dict[int, BatchMetrics] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,3 +92,41 @@ def test_a_new_run_of_the_query_closes_the_previous_runs_producers_fake_producer
         assert len(made) == 3 and not made[2].closed
     finally:
         MetricsListener._attached.pop("query-restarted", None)
+
+
+def test_a_record_joins_the_sinks_measures_with_the_batchs_progress_fake_writer() -> None:
+    """What the sink measured, with the progress report's figures, start time and routing."""
+    writer = Writer()
+    writer.metrics[7] = BatchMetrics(batch_id=7, hops=10, local_hops=4)
+    listener = MetricsListener(writer, "job.metrics")  # type: ignore[arg-type]
+    progress = {
+        "batchId": 7,
+        "timestamp": "2026-11-29T09:52:22.244Z",
+        "numInputRows": 30,
+        "durationMs": {"triggerExecution": 2000, "addBatch": 1500},
+        "sources": [
+            {
+                "endOffset": json.dumps(
+                    {
+                        "plan": 6,
+                        "events": {"t": {"0": 900}},
+                        "routing": {"A": 2, "B": 1},
+                        "read": 300,
+                    }
+                ),
+                "latestOffset": None,
+                "numInputRows": 30,
+            }
+        ],
+    }
+
+    record = listener.record(progress)
+
+    assert record is not None
+    assert record.started_at == datetime(2026, 11, 29, 9, 52, 22, 244_000, tzinfo=UTC)
+    assert (record.plan, record.versions, record.rows) == (6, {"A": 2, "B": 1}, 300)
+    assert (record.duration_ms, record.phases_ms) == (2000, {"addBatch": 1500})
+    assert (record.hops, record.local_hops) == (10, 4)
+    assert listener.record(progress) is None  # once per batch
+    again = BatchMetrics.model_validate_json(record.model_dump_json())
+    assert again.started_at == record.started_at
