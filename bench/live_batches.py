@@ -42,6 +42,7 @@ from _output import emit
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.spark.counts_job import NO_DATA_BATCHES_KEY
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -88,7 +89,7 @@ def one_run(bootstrap: str, work: Path, args: argparse.Namespace, conf: dict[str
     """One live run of the routed job; its batches as its metrics topic reports them."""
     topic = f"live-{work.name}"
     store = work / "routing"
-    save(RoutingConfig.all_hash(P, ("A", "B")), store)
+    save(RoutingConfig.all_hash(P, OPERATORS), store)
     ensure_topic(bootstrap, topic, 2)
     total = args.chunks * args.chunk_events
     settings = routed_on_backlog(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 import urllib.request
@@ -58,9 +59,8 @@ from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.locality import PairStatistics, build_plan
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
-from keyplane.spark.progress import records_read
 from keyplane.spark.session import build_session
-from keyplane.testing import free_port, routed_job_topics
+from keyplane.testing import free_port, routed_job_topics, wait_for_records
 from keyplane.verification import compare_counts, expected_counts_of
 from keyplane.workloads import PadFill, PairsWorkload
 
@@ -174,10 +174,7 @@ def run_variant(
     )
     query = start_counts_query(spark, settings)
     try:
-        while records_read(query) < warm.n_events:
-            if query.exception() is not None:
-                raise RuntimeError(str(query.exception()))
-            time.sleep(0.2)
+        wait_for_records(query, warm.n_events, timeout_s=math.inf)
         if variant == "locality":
             config = locality_config(warm, read_topic(bootstrap, topics["metrics_topic"]))
             save(config, store)

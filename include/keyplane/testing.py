@@ -25,9 +25,11 @@ from keyplane.kafka.broker import EmbeddedBroker, port_is_free
 from keyplane.kafka.control import ControlChannel
 from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
 from keyplane.routedkeys import spark_partition
+from keyplane.spark.progress import records_read
 
 if TYPE_CHECKING:
     import pandas as pd
+    from pyspark.sql.streaming import StreamingQuery
 
     from keyplane.aggregates import KeyedAggregate
     from keyplane.spark.counts_job import CountsJobSettings
@@ -265,6 +267,23 @@ def wait_while_job_runs(
             raise AssertionError(f"job exited while waiting for {what}:\n{log.read_text()[-3000:]}")
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll_s)
+
+
+def wait_for_records(
+    query: StreamingQuery, records: int, *, timeout_s: float = 120, poll_s: float = 0.2
+) -> None:
+    """Poll until ``query`` has read ``records`` events; fail with its error if it stopped.
+
+    The in-process twin of :func:`wait_while_job_runs`, for a query started
+    on the test's own session.
+    """
+    deadline = time.monotonic() + timeout_s
+    while records_read(query) < records:
+        if query.exception() is not None:
+            raise AssertionError(f"the query failed while reading: {query.exception()}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"the query read fewer than {records} events in {timeout_s} s")
         time.sleep(poll_s)
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 import pytest
+from pyspark.sql.streaming import StreamingQuery
 
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, job_command
@@ -17,6 +19,7 @@ from keyplane.testing import (
     routed_job_settings,
     routed_job_topics,
     stage_keys_by_count,
+    wait_for_records,
     write_statistics_snapshot,
 )
 
@@ -132,3 +135,39 @@ def test_write_statistics_snapshot_is_read_back_for_its_run(tmp_path: Path) -> N
     snapshot = read_snapshot(tmp_path, "manual__1")
     assert snapshot.manifest.run_id == "manual__1"
     assert snapshot.manifest.events.end_total == int(grouped["n"].sum())
+
+
+class FakeQuery:
+    """A streaming query that reads ``per_poll`` events a poll until ``fails_after`` polls."""
+
+    def __init__(self, per_poll: int, fails_after: int | None = None) -> None:
+        self.per_poll, self.fails_after, self.polls = per_poll, fails_after, 0
+
+    @property
+    def recentProgress(self) -> list[dict[str, object]]:
+        self.polls += 1
+        return [{"batchId": i, "numInputRows": self.per_poll} for i in range(self.polls)]
+
+    def exception(self) -> Exception | None:
+        failed = self.fails_after is not None and self.polls >= self.fails_after
+        return RuntimeError("stage A failed") if failed else None
+
+
+def test_wait_for_records_returns_once_the_query_has_read_them_with_a_fake_query() -> None:
+    query = FakeQuery(per_poll=100)
+    wait_for_records(cast(StreamingQuery, query), 450, poll_s=0)
+    assert query.polls == 5
+
+
+def test_wait_for_records_fails_with_the_querys_error_with_a_fake_query() -> None:
+    query = FakeQuery(per_poll=100, fails_after=2)
+    with pytest.raises(AssertionError, match="stage A failed"):
+        wait_for_records(cast(StreamingQuery, query), 1_000, poll_s=0)
+    assert query.polls == 2
+
+
+def test_wait_for_records_gives_up_after_its_timeout_with_a_fake_query() -> None:
+    query = FakeQuery(per_poll=0)
+    with pytest.raises(AssertionError, match=r"fewer than 10 events in 0\.05 s"):
+        wait_for_records(cast(StreamingQuery, query), 10, timeout_s=0.05, poll_s=0.01)
+    assert query.polls > 1

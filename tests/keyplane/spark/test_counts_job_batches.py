@@ -14,9 +14,10 @@ import pytest
 
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.spark.counts_job import read_output, start_counts_query
-from keyplane.spark.progress import progress_of, records_read
-from keyplane.testing import routed_job_settings
+from keyplane.spark.progress import progress_of
+from keyplane.testing import routed_job_settings, wait_for_records
 from keyplane.verification import compare_counts, expected_counts_of
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -32,7 +33,7 @@ def test_a_live_routed_job_runs_no_batch_without_new_events(
         broker, topic_name, tmp_path, parallelism=4, batch=10_000, trigger="0 seconds"
     )
     assert settings.routing_store is not None
-    save(RoutingConfig.all_hash(4, ("A", "B")), settings.routing_store)
+    save(RoutingConfig.all_hash(4, OPERATORS), settings.routing_store)
     specs = [
         ZipfEvolvingWorkload(n_keys=60, n_categories=6, n_events=EVENTS_PER_CHUNK, seed=chunk)
         for chunk in range(CHUNKS)
@@ -43,11 +44,7 @@ def test_a_live_routed_job_runs_no_batch_without_new_events(
         for chunk, spec in enumerate(specs):
             if chunk:
                 produce_workload(spec, broker, topic_name, partitions=2)
-            deadline = time.monotonic() + 120
-            while records_read(query) < (chunk + 1) * EVENTS_PER_CHUNK:
-                assert query.exception() is None, query.exception()
-                assert time.monotonic() < deadline, "the job did not read the chunk in 120 s"
-                time.sleep(0.2)
+            wait_for_records(query, (chunk + 1) * EVENTS_PER_CHUNK)
             time.sleep(2)  # time for a batch without input to run, were there one
         reports = list(query.recentProgress)
     finally:

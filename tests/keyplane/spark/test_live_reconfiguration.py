@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -32,12 +31,12 @@ from keyplane.spark.counts_job import (
     read_partials,
     start_counts_query,
 )
-from keyplane.spark.progress import records_read
 from keyplane.testing import (
     moved_off_hash,
     moved_off_hash_config,
     routed_job_settings,
     stage_keys_by_count,
+    wait_for_records,
 )
 from keyplane.verification import compare_counts, expected_counts
 from keyplane.workloads import ZipfEvolvingWorkload
@@ -60,16 +59,6 @@ def _records(broker: str, topic: str) -> list[dict]:
         return out
     finally:
         consumer.close()
-
-
-def _wait_for_rows(query, rows: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if records_read(query) >= rows:
-            return
-        assert query.exception() is None, query.exception()
-        time.sleep(0.2)
-    raise AssertionError(f"the job processed fewer than {rows} rows in {timeout_s} s")
 
 
 @pytest.mark.integration
@@ -120,7 +109,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
     query = start_counts_query(spark, settings)
     run_id = query.runId
     try:
-        _wait_for_rows(query, 4_000)
+        wait_for_records(query, 4_000)
         with ControlChannel(broker, settings.control_topic) as channel:
             controller = Controller(channel, tmp_path / "controller.json", store)
             for config in (v2, v3):
