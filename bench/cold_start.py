@@ -25,6 +25,7 @@ from _output import emit
 
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
 from keyplane.workloads import ZipfEvolvingWorkload
@@ -40,7 +41,7 @@ def one_start(bootstrap: str, tmp: Path, index: int, timeout_s: float = 600.0) -
         ZipfEvolvingWorkload(n_keys=200, n_events=2_000, seed=index), bootstrap, topic, partitions=2
     )
     store = tmp / f"routing-{index}"
-    save(RoutingConfig.all_hash(4, ("A", "B")), store)
+    save(RoutingConfig.all_hash(4, OPERATORS), store)
     checkpoint = tmp / f"checkpoint-{index}"
     settings = CountsJobSettings(
         bootstrap_servers=bootstrap,

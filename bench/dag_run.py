@@ -44,6 +44,7 @@ from _output import emit
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun
 from keyplane.orchestration.tasks import statistics_job_args
 from keyplane.signing import KEY_ENV_VAR
@@ -130,7 +131,7 @@ def main() -> None:
             ensure_topic(bootstrap, topic, 8)
             arrival = f"arriving at {args.pace:,.0f} events/s while the job runs"
         store = tmp / "store"
-        save(RoutingConfig.all_hash(P, ("A", "B")), store)
+        save(RoutingConfig.all_hash(P, OPERATORS), store)
         topics = routed_job_topics(topic)
         settings = CountsJobSettings(
             bootstrap_servers=bootstrap,

@@ -63,6 +63,7 @@ from keyplane import statistics as stats
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.events import FORWARD_MODES, key_name
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.orchestration.planning import PlanParams, plan_configuration
 from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.testing import routed_job_topics
@@ -98,7 +99,7 @@ def planned_config(spec: ZipfEvolvingWorkload, seen: int, alpha: float) -> Routi
     plan = plan_configuration(
         frames["pairs"],
         frames["frequencies"],
-        RoutingConfig.all_hash(P, ("A", "B")),
+        RoutingConfig.all_hash(P, OPERATORS),
         PlanParams(alpha=alpha),
         version=2,
     )
@@ -112,7 +113,7 @@ def initial_config(variant: str, hot_a: str, hot_b: str) -> RoutingConfig:
         version=1,
         created_by="initial",
         operators={
-            name: OperatorRouting(parallelism=P, hot_keys=hot.get(name, {})) for name in ("A", "B")
+            name: OperatorRouting(parallelism=P, hot_keys=hot.get(name, {})) for name in OPERATORS
         },
     )
 
@@ -192,13 +193,13 @@ def pooled(runs: list[Run]) -> dict[str, Any]:
     """A variant's figures over all its runs' steady batches."""
     durations = [d for run in runs for d in run.durations]
     imbalance = {}
-    for stage in ("A", "B"):
+    for stage in OPERATORS:
         per_instance = [sum(run.load[stage].get(str(i), 0) for run in runs) for i in range(P)]
         imbalance[stage] = max(per_instance) / (sum(per_instance) / P)
     return {
         "p50": percentile(durations, 50),
         "p99": percentile(durations, 99),
-        "stage_p99": {name: p99_stage(runs, name) for name in ("A", "B")},
+        "stage_p99": {name: p99_stage(runs, name) for name in OPERATORS},
         "rate": statistics.mean(run.rate for run in runs),
         "imbalance": imbalance,
     }

@@ -58,6 +58,7 @@ from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
 from keyplane.locality import PairStatistics, build_plan
+from keyplane.operators import OPERATORS
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
 from keyplane.spark.session import build_session
 from keyplane.testing import free_port, routed_job_topics, wait_for_records
@@ -125,7 +126,7 @@ def locality_config(warm: PairsWorkload, metrics: list[dict[str, Any]]) -> Routi
     batch = next(iter(warm.batches(chunk_size=warm.n_events)))
     pairs = PairStatistics(batch.a, batch.b, np.ones(batch.a.size))
     plan = build_plan(pairs, EXECUTORS, alpha=1.1)
-    executors = sorted({e for op in ("A", "B") for e in placement(metrics, op).values()})
+    executors = sorted({e for op in OPERATORS for e in placement(metrics, op).values()})
     operators = {}
     for name, table in (("A", plan.table_a), ("B", plan.table_b)):
         where = placement(metrics, name)
@@ -156,7 +157,7 @@ def run_variant(
     produce_workload(warm, bootstrap, topic, partitions=EXECUTORS * 2)
     store = tmp / f"store-{variant}"
     save(
-        RoutingConfig.all_hash(P, ("A", "B")),
+        RoutingConfig.all_hash(P, OPERATORS),
         store,
     )
     topics = routed_job_topics(variant)

@@ -81,6 +81,7 @@ from keyplane.controller import Controller
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.protocol import Reconfiguration
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import job_command, read_output
@@ -118,7 +119,7 @@ def roll_out(controller: Controller, order: Order, waves: Sequence[int]) -> list
     if order == "one-by-one":
         controller.prepare(2)
         controller.wait_ack(TIMEOUT_S)
-        for operator in ("A", "B"):
+        for operator in OPERATORS:
             controller.propagate(operator)
             controller.wait_migrated(operator, TIMEOUT_S)
         controller.done()
@@ -272,7 +273,7 @@ def measure(job: JobRun, no_rollout: JobRun) -> dict[str, Any]:
             for r in job.rollouts
             if op in r.migrated and (b := r.migrated[op].batch_id) is not None
         )
-        for op in ("A", "B")
+        for op in OPERATORS
     }
     migrated = installs["B"][-1]
     switches = {b - 1 for op in installs for b in installs[op]}
@@ -369,7 +370,7 @@ def main() -> None:
     a_keys, b_keys = stage_keys_by_count(truth)
     moved_a = a_keys[: args.moved_keys]
 
-    v1 = RoutingConfig.all_hash(P, ("A", "B"))
+    v1 = RoutingConfig.all_hash(P, OPERATORS)
     v2 = moved_off_hash_config(2, {"A": moved_a, "B": b_keys}, P)
     # The same target as v2, in waves numbered from 3 (the first a child of v1).
     waves = split_into_waves(

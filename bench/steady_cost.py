@@ -30,6 +30,7 @@ from _output import emit
 
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.settings import NO_TRAP_JIT_OPTIONS
 from keyplane.workloads import ZipfEvolvingWorkload
 
@@ -63,7 +64,7 @@ def main() -> None:
     with private_broker() as (bootstrap, tmp):
         produce_workload(spec, bootstrap, "jit", partitions=8)
         store = tmp / "store"
-        save(RoutingConfig.all_hash(P, ("A", "B")), store)
+        save(RoutingConfig.all_hash(P, OPERATORS), store)
         for run in range(args.repeats):
             for index, (name, variables) in enumerate(variants.items()):
                 settings = routed_on_backlog(

@@ -41,6 +41,7 @@ from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
 from keyplane.migration import plan_migration
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routedkeys import spark_partition
@@ -70,7 +71,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
     assert produce_workload(before, broker, topic_name, partitions=2) == before.n_events
     store = tmp_path / "routing"
     config_store.save(
-        RoutingConfig.all_hash(P, ("A", "B")),
+        RoutingConfig.all_hash(P, OPERATORS),
         store,
     )
     settings = routed_job_settings(

@@ -35,6 +35,7 @@ from keyplane.config import RoutingConfig
 from keyplane.controller import ControllerFile
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun, scale_steps, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.partials import latest_partials
@@ -84,7 +85,7 @@ def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_
     assert produce_workload(before, broker, topic_name, partitions=2) == before.n_events
     store = tmp_path / "routing"
     config_store.save(
-        RoutingConfig.all_hash(P, ("A", "B")),
+        RoutingConfig.all_hash(P, OPERATORS),
         store,
     )
     settings = routed_job_settings(
@@ -248,14 +249,14 @@ def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_
         assert state.protocol.last.finish.type == "DONE"
         verification = json.loads((auto_folder / tasks.VERIFICATION).read_text())
         assert verification["ok"] and verification["batches"] == 2
-        for name in ("A", "B"):
+        for name in OPERATORS:
             assert set(verification["busy_instances"][name]) <= set(v3.operators[name].active)
 
         producer.finish()
         total = sum(high_watermarks(broker, topic_name).values())
         assert total == before.n_events + sum(spec.n_events for spec in producer.specs)
         wait_while_job_runs(lambda: counted(total), "every event", job, job_log, timeout_s=600)
-        for name in ("A", "B"):
+        for name in OPERATORS:
             assert _instances_holding_state(settings.output, name) == set(
                 v3.operators[name].active
             ), name

@@ -23,11 +23,11 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from keyplane.operators import OPERATORS
 from keyplane.protocol import ControllerProtocol, ControlMessage, JobProtocol
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 STORE = {v: hashlib.sha256(f"manifest v{v}".encode()).hexdigest() for v in (1, 2)}
-OPS = ("A", "B")
 
 
 def fixed_clock() -> datetime:
@@ -61,8 +61,8 @@ def boundary(
 
 def prepared() -> tuple[ControllerProtocol, JobProtocol, list[ControlMessage], ControlMessage]:
     """A controller and a job at plan 1, v2 prepared and acknowledged; the topic so far."""
-    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
-    job = JobProtocol(OPS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
+    controller = ControllerProtocol(OPERATORS, 1, STORE[1], clock=fixed_clock)
+    job = JobProtocol(OPERATORS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
     topic: list[ControlMessage] = []
     boundary(job, controller, [], 0)
     topic.append(controller.prepare(2, STORE[2]))
@@ -125,8 +125,8 @@ def test_a_propagate_read_before_a_replanned_install_switches_in_it_with_a_fixed
 
 def test_a_next_step_for_an_operator_never_switched_is_still_ignored() -> None:
     """Only an install already in transit makes a step wait; a step out of order is dropped."""
-    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
-    job = JobProtocol(OPS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
+    controller = ControllerProtocol(OPERATORS, 1, STORE[1], clock=fixed_clock)
+    job = JobProtocol(OPERATORS, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
     boundary(job, controller, [controller.prepare(2, STORE[2])], 0)
     out_of_order_b = ControlMessage(
         type="PROPAGATE",

@@ -15,6 +15,7 @@ import pytest
 from keyplane import config as config_store
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.kafka.control import ControlChannel
+from keyplane.operators import OPERATORS
 from keyplane.testing import ProtocolOnlyJob
 
 CONTROL_KEY = "controller-tests-key-0123456789abcdef"
@@ -59,7 +60,7 @@ def protocol_only_job(
     def start() -> ProtocolOnlyJob:
         channel = ControlChannel(broker, topic_name, key=CONTROL_KEY)
         channel.ensure()
-        job = ProtocolOnlyJob(channel, routing_store, ("A", "B"), 1).__enter__()
+        job = ProtocolOnlyJob(channel, routing_store, OPERATORS, 1).__enter__()
         started.append(job)
         return job
 

@@ -17,6 +17,7 @@ from keyplane import config as config_store
 from keyplane.cli import _job_process, build_parser
 from keyplane.cli import main as cli_main
 from keyplane.kafka.admin import high_watermarks
+from keyplane.operators import OPERATORS
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import job_command, parse_settings
 from keyplane.testing import ProtocolOnlyJob, free_port
@@ -298,7 +299,7 @@ def test_config_publish_in_waves_rolls_each_wave_out_and_repeats_safely(
     assert config_store.load(routing_store, 5).operators == target.operators
     wave = config_store.load(routing_store, 4)
     assert wave.parent_version == 1
-    moved = sum(wave.operators[name].table != v1.operators[name].table for name in ("A", "B"))
+    moved = sum(wave.operators[name].table != v1.operators[name].table for name in OPERATORS)
     assert moved == 2  # each operator has one of its two moves in the first wave
     assert again.returncode == 0, again.stderr
     assert "PREPARE v4" not in again.stdout  # the wave the job runs past is skipped

@@ -43,6 +43,7 @@ from keyplane.jobprocess import (
 )
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import make_producer, produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.processes import alive, start_detached
 from keyplane.protocol import ControllerProtocol
 from keyplane.settings import Settings
@@ -606,7 +607,7 @@ def test_read_rollout_summarises_the_controller_state_without_kafka(tmp_path: Pa
     state_file = tmp_path / "controller.json"
     assert read_rollout(state_file) is None
 
-    protocol = ControllerProtocol(("A", "B"), 1, "sum-v1")
+    protocol = ControllerProtocol(OPERATORS, 1, "sum-v1")
     _controller_file(state_file, protocol)
     idle = read_rollout(state_file)
     protocol.prepare(2, "sum-v2")

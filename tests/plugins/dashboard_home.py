@@ -28,6 +28,7 @@ from pathlib import Path
 from keyplane import config as config_store
 from keyplane.batchmetrics import BatchMetrics, PairCount
 from keyplane.config import RoutingConfig
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
 
@@ -60,7 +61,7 @@ class PreparedHome:
 def _batch(batch_id: int, versions: dict[str, int], locality: float, skew: float) -> BatchMetrics:
     """One batch of 4 000 A→B tuples; ``skew`` is the share instance 0 carries on top of even."""
     base = 1000
-    load = {op: {i: base for i in range(P)} for op in ("A", "B")}
+    load = {op: {i: base for i in range(P)} for op in OPERATORS}
     load["A"][0] = int(base * (1 + skew))
     hops = sum(load["A"].values())
     return BatchMetrics(
@@ -71,7 +72,7 @@ def _batch(batch_id: int, versions: dict[str, int], locality: float, skew: float
         duration_ms=800,
         input_lag=max(0, 3000 - 150 * batch_id),
         load=load,
-        executors={op: {i: f"exec-{i % 2}" for i in range(P)} for op in ("A", "B")},
+        executors={op: {i: f"exec-{i % 2}" for i in range(P)} for op in OPERATORS},
         hops=hops,
         local_hops=int(hops * locality),
         top_pairs={0: [PairCount(a=HOT_KEY, b="1007", n=400)]},
@@ -107,7 +108,7 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
         routing_store=home / "configs",
     )
     config_store.save(
-        RoutingConfig.all_hash(P, ("A", "B")),
+        RoutingConfig.all_hash(P, OPERATORS),
         deployment.routing_store,
     )
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(48, 5, {HOT_KEY: 30}))
@@ -125,7 +126,7 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
         job_channel = ControlChannel(bootstrap_servers, deployment.control_topic, key=CONTROL_KEY)
         job_channel.ensure()
         with (
-            ProtocolOnlyJob(job_channel, deployment.routing_store, ("A", "B"), 1),
+            ProtocolOnlyJob(job_channel, deployment.routing_store, OPERATORS, 1),
             ControlChannel(bootstrap_servers, deployment.control_topic, key=CONTROL_KEY) as ours,
         ):
             Controller(ours, deployment.controller_state, deployment.routing_store).rollout(

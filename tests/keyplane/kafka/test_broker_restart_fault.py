@@ -28,6 +28,7 @@ from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.partials import latest_partials
 from keyplane.spark.counts_job import read_output, read_partials
 from keyplane.testing import (
@@ -69,7 +70,7 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
         a_keys, b_keys = stage_keys_by_count(truth)
         store = tmp_path / "routing"
         save(
-            RoutingConfig.all_hash(P, ("A", "B")),
+            RoutingConfig.all_hash(P, OPERATORS),
             store,
         )
         v2 = moved_off_hash_config(
@@ -151,7 +152,7 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
     assert report.exact, report
     latest = latest_partials(read_partials(output))
     live = latest[latest["count"] > 0]
-    for stage in ("A", "B"):
+    for stage in OPERATORS:
         table = routed_key_table(v2.operators[stage])
         for key, routed, instance in live.loc[
             live["stage"] == stage, ["key", "routed_key", "instance"]

@@ -9,6 +9,7 @@ import pytest
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning
 
 P = 4
@@ -18,7 +19,7 @@ def _hash_config(version: int = 1) -> RoutingConfig:
     return RoutingConfig(
         version=version,
         created_by="initial",
-        operators={name: OperatorRouting(parallelism=P) for name in ("A", "B")},
+        operators={name: OperatorRouting(parallelism=P) for name in OPERATORS},
     )
 
 

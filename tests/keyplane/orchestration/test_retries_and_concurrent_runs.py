@@ -31,6 +31,7 @@ from keyplane import statistics as stats
 from keyplane.config import RoutingConfig
 from keyplane.controller import ControllerError
 from keyplane.kafka.control import ControlChannel
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.testing import ProtocolOnlyJob, paired_tuple_counts, write_statistics_snapshot
@@ -80,7 +81,7 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
 ) -> None:
     deployment = _deployment(tmp_path, broker, topic_name)
     config_store.save(
-        RoutingConfig.all_hash(P, ("A", "B")),
+        RoutingConfig.all_hash(P, OPERATORS),
         deployment.routing_store,
     )
     # Both runs take their statistics and plan before either publishes.
@@ -94,7 +95,7 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
 
     channel = ControlChannel(broker, deployment.control_topic)
     channel.ensure()
-    with ProtocolOnlyJob(channel, deployment.routing_store, ("A", "B"), 1) as job:
+    with ProtocolOnlyJob(channel, deployment.routing_store, OPERATORS, 1) as job:
         # Both runs' publish at the same moment.
         start = threading.Barrier(2)
         outcomes: dict[str, Any] = {}
@@ -124,7 +125,7 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
         first = outcomes[winner]
         assert tasks.publish(deployment, winner) == first
         _eventually(lambda: tasks.reply_arrived(deployment, "ack"), "the ACK")
-        for operator in ("A", "B"):
+        for operator in OPERATORS:
             once = tasks.propagate(deployment, operator)
             assert tasks.propagate(deployment, operator) == once
             _eventually(
@@ -174,7 +175,7 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
 
     deployment = _deployment(tmp_path, broker, topic_name)
     store = deployment.routing_store
-    v1 = RoutingConfig.all_hash(P, ("A", "B"))
+    v1 = RoutingConfig.all_hash(P, OPERATORS)
     config_store.save(v1, store)
     _write_snapshot(deployment, SCHEDULED, seed=3)
     params = planning.PlanParams(alpha=1.1, max_moves_per_wave=10)
@@ -202,7 +203,7 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
 
     channel = ControlChannel(broker, deployment.control_topic)
     channel.ensure()
-    with ProtocolOnlyJob(channel, store, ("A", "B"), 1) as job:
+    with ProtocolOnlyJob(channel, store, OPERATORS, 1) as job:
         # A first try killed right after it sent the first wave's PREPARE; then the
         # operator's loop: each call sends what the waves need next, then its reply is awaited.
         tasks.publish_version(deployment, waves[0], 1)
@@ -225,7 +226,7 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
         # The last version: the DAG's publish → ACK → PROPAGATE → MIGRATED → DONE.
         assert tasks.publish(deployment, SCHEDULED)["version"] == version
         _eventually(lambda: tasks.reply_arrived(deployment, "ack"), "the ACK")
-        for operator in ("A", "B"):
+        for operator in OPERATORS:
             tasks.propagate(deployment, operator)
             _eventually(
                 lambda op=operator: tasks.reply_arrived(deployment, "migrated", op),

@@ -15,6 +15,7 @@ import pytest
 from keyplane import config as config_store
 from keyplane import statistics as stats
 from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.testing import paired_tuple_counts, write_statistics_snapshot
@@ -41,7 +42,7 @@ def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
 ) -> None:
     deployment = _deployment(tmp_path)
     config_store.save(
-        RoutingConfig.all_hash(P, ("A", "B")),
+        RoutingConfig.all_hash(P, OPERATORS),
         deployment.routing_store,
     )
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))

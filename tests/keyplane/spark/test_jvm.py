@@ -14,6 +14,7 @@ import pytest
 from keyplane.aggregates import RunningCount, ValueCounts
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.spark import jvm, routed_source
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
 from keyplane.spark.routed_counts import (
@@ -115,7 +116,7 @@ def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
         RoutingConfig(
             version=1,
             created_by="initial",
-            operators={op: OperatorRouting(parallelism=4) for op in ("A", "B")},
+            operators={op: OperatorRouting(parallelism=4) for op in OPERATORS},
         ),
         store,
     )

@@ -25,6 +25,7 @@ from keyplane.handoff import routed_key_table
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.partials import latest_partials
 from keyplane.spark.counts_job import (
     read_output,
@@ -73,7 +74,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
         broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="0 seconds"
     )
 
-    v1 = RoutingConfig.all_hash(P, ("A", "B"))
+    v1 = RoutingConfig.all_hash(P, OPERATORS)
     v2 = moved_off_hash_config(
         2,
         {"A": a_keys[1:9], "B": b_keys[1:4]},
@@ -148,7 +149,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
     # Every key's state lives where v3 puts it, as the operators themselves report.
     latest = latest_partials(read_partials(settings.output))
     live = latest[latest["count"] > 0]
-    for stage in ("A", "B"):
+    for stage in OPERATORS:
         table = routed_key_table(v3.operators[stage])
         rows = live[live["stage"] == stage]
         assert len(rows) > (50 if stage == "A" else 8)

@@ -57,6 +57,7 @@ from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.offsets import total_rows
 from keyplane.kafka.producer import make_producer
+from keyplane.operators import OPERATORS
 from keyplane.partials import latest_partials
 from keyplane.protocol import Reconfiguration
 from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
@@ -270,7 +271,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     a_keys, b_keys = stage_keys_by_count(truth)
     store = tmp_path / "routing"
     save(
-        RoutingConfig.all_hash(P, ("A", "B")),
+        RoutingConfig.all_hash(P, OPERATORS),
         store,
     )
     v2 = moved_off_hash_config(
@@ -497,7 +498,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
 
     latest = latest_partials(read_partials(settings.output))
     live = latest[latest["count"] > 0]
-    for stage in ("A", "B"):
+    for stage in OPERATORS:
         table = routed_key_table(v3.operators[stage])
         for key, routed, instance in live.loc[
             live["stage"] == stage, ["key", "routed_key", "instance"]

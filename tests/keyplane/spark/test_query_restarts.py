@@ -23,6 +23,7 @@ from keyplane.controller import Controller
 from keyplane.jobprocess import read_metrics_topic
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.spark.counts_job import (
     QueryRestarts,
     RestartStopped,
@@ -108,7 +109,7 @@ def test_a_batch_that_fails_mid_rollout_is_replayed_and_counts_stay_exact(
     truth = expected_counts(spec)
     a_keys = truth.loc[truth["stage"] == "A"].nlargest(8, "count")["key"].tolist()
     store = tmp_path / "routing"
-    save(RoutingConfig.all_hash(P, ("A", "B")), store)
+    save(RoutingConfig.all_hash(P, OPERATORS), store)
     save(moved_off_hash_config(2, {"A": a_keys, "B": []}, P), store)
     settings = routed_job_settings(
         broker,

@@ -29,6 +29,7 @@ from keyplane.events import Forward
 from keyplane.handoff import routed_key_table
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.partials import latest_partials, merge_partials
 from keyplane.routedkeys import spark_partition
 from keyplane.spark.counts_job import (
@@ -189,12 +190,12 @@ def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
             >= 2
         )
     # Each routed key's state lives on exactly one instance, the one its hash selects.
-    tables = {stage: routed_key_table(config.operators[stage]) for stage in ("A", "B")}
+    tables = {stage: routed_key_table(config.operators[stage]) for stage in OPERATORS}
     placements = partials.groupby(["stage", "routed_key"], as_index=False)["instance"].agg(set)
     for stage, routed, instances in placements.itertuples(index=False):
         assert instances == {tables[stage].instance_of(routed)}, (stage, routed, instances)
 
-    for stage in ("A", "B"):
+    for stage in OPERATORS:
         routing = config.operators[stage]
         table = routed_key_table(routing)
         rows = partials[partials["stage"] == stage]
@@ -339,7 +340,7 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
         RoutingConfig(
             version=1,
             created_by="initial",
-            operators={s: OperatorRouting(parallelism=P) for s in ("A", "B")},
+            operators={s: OperatorRouting(parallelism=P) for s in OPERATORS},
         ),
         tmp_path / "routing",
     )
@@ -468,7 +469,7 @@ def test_forwarding_tuples_keeps_counts_exact_through_a_locality_table_split_and
     # Every key's state, split ones included, lives where v2 puts it.
     latest = latest_partials(read_partials(settings.output))
     live = latest[latest["count"] > 0]
-    for stage in ("A", "B"):
+    for stage in OPERATORS:
         table = routed_key_table(v2.operators[stage])
         rows = live[live["stage"] == stage]
         assert len(rows) >= 40
@@ -514,7 +515,7 @@ def test_keys_outside_ascii_move_exactly_through_the_jvm_stages_per_instance_han
 
     ensure_topic(broker, topic_name, 2)
     store = tmp_path / "routing"
-    v1 = RoutingConfig.all_hash(P, ("A", "B"))
+    v1 = RoutingConfig.all_hash(P, OPERATORS)
     v2 = moved_off_hash_config(2, {"A": keys_a, "B": keys_b}, P)
     save(v1, store)
     before, after = events(0, 800), events(800, 400)

@@ -15,6 +15,7 @@ from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
 from keyplane.handoff import StateMove, VersionedTables, routed_key_table, state_moves
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.ranges import OffsetRange
+from keyplane.operators import OPERATORS
 from keyplane.routedkeys import RoutedKeyTable, spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
@@ -72,7 +73,7 @@ def test_install_groups_sort_before_every_key_and_evict_groups_after_pure() -> N
     """Spark calls a stateful operator's groups in the order of their grouping values
     (UTF-8 bytes): installs must run before any key's tuples, evictions after them."""
     keys = ["", "a", "\x01", "zz#3", "\uffff", "\U0010fffe#1", "日本#0"]
-    for stage in ("A", "B"):
+    for stage in OPERATORS:
         for instance, (first, last) in enumerate(
             zip(install_groups(stage, 4), evict_groups(stage, 4), strict=True)
         ):
@@ -109,7 +110,7 @@ def _read_stand_in_records(
             for vs, first in chunks
         ),
     )
-    save(RoutingConfig.all_hash(4, ("A", "B")), tmp_path / "routing")
+    save(RoutingConfig.all_hash(4, OPERATORS), tmp_path / "routing")
     kafka = OffsetRange("127.0.0.1:1", "events", 0, 0, len(values))
     partition = RoutedEventsPartition(
         kafka, str(tmp_path / "routing"), 4, 1, 1, MAX_EVENT_BYTES, forward
@@ -205,7 +206,7 @@ def test_rows_take_the_least_loaded_stage_b_route_of_their_key_pure() -> None:
 def _rollout_store(tmp_path: Path) -> tuple[Path, RoutingConfig, RoutingConfig]:
     """v1 all-hash; v2 moves 300 stage-A keys and 20 stage-B keys off their hash instance."""
     store = tmp_path / "routing"
-    v1 = RoutingConfig.all_hash(4, ("A", "B"))
+    v1 = RoutingConfig.all_hash(4, OPERATORS)
     off_hash = {
         "A": moved_off_hash([f"a{i}" for i in range(300)], 4),
         "B": moved_off_hash([f"b{i}" for i in range(20)], 4),
@@ -249,7 +250,7 @@ def test_a_rollouts_evict_and_install_rows_ride_in_the_events_tasks_pure(tmp_pat
     assert all(isinstance(p, RoutedEventsPartition) for p in parts)
     assert [p.events.partition for p in parts] == [0, 1]  # partition 2 has nothing new
     handoffs = [h for p in parts for h in p.handoffs]
-    for op in ("A", "B"):
+    for op in OPERATORS:
         shares = [h for h in handoffs if isinstance(h, EvictPartition) and h.operator == op]
         # The driver deals the switch's moves out: each once, the shares even.
         planned = [move for h in shares for move in h.moves]
@@ -422,7 +423,7 @@ def test_per_instance_evicts_list_each_instances_moves_once_pure(tmp_path: Path)
     """The JVM stages' hand-off: one ``evicts`` row per stage and instance a share's
     moves leave, in that instance's closing group, listing ``[key, source, target]``."""
     _, v1, v2 = _rollout_store(tmp_path)
-    for op in ("A", "B"):
+    for op in OPERATORS:
         moves = state_moves(v1, v2, op, 4)
         rows = [
             row
@@ -452,7 +453,7 @@ def test_per_instance_installs_go_to_their_targets_instance_pure(
         {"operator": op, "key": f"k{i}", "source": f"k{i}", "target": f"k{i}#{i % 5}",
          "count": i + 1, "state": str(i + 1), "marker": 7}
         for i in range(40)
-        for op in ("A", "B")
+        for op in OPERATORS
     ]  # fmt: skip
     values = list(move_records(moves))
     monkeypatch.setattr(
@@ -531,7 +532,7 @@ def test_primers_are_empty_hand_off_rows_for_every_stage_and_instance_pure() -> 
     for kind, groups in (("installs", install_groups), ("evicts", evict_groups)):
         mine = [r for r in rows if r["kind"] == kind]
         assert sorted((r["stage"], r["ra"]) for r in mine) == sorted(
-            (stage, group) for stage in ("A", "B") for group in groups(stage, 4)
+            (stage, group) for stage in OPERATORS for group in groups(stage, 4)
         )
         for r in mine:
             assert json.loads(r["state"]) == []
