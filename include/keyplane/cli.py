@@ -43,6 +43,7 @@ from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
+from keyplane.progressbars import progress_bar
 from keyplane.protocol import ProtocolError
 from keyplane.routedkeys import spark_partition
 from keyplane.settings import Settings
@@ -150,7 +151,7 @@ def cmd_topic(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
     spec = _spec_from_args(args.workload, args)
     topic = args.topic or settings.events_topic
-    with tqdm(
+    with progress_bar(
         total=spec.n_events, desc=f"generate {args.workload}", unit="ev", unit_scale=True
     ) as bar:
         sent = produce_workload(

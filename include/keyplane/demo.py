@@ -50,6 +50,7 @@ from keyplane.kafka.producer import WorkloadTrickle, produce_workload
 from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun, planning, tasks
 from keyplane.orchestration.deployment import Deployment
+from keyplane.progressbars import progress_bar
 from keyplane.settings import Settings
 from keyplane.signing import KEY_ENV_VAR
 from keyplane.spark.counts_job import (
@@ -283,7 +284,7 @@ def run_demo(
 def _produce(
     spec: WorkloadSpec, bootstrap: str, topic: str, partitions: int, rate: float | None
 ) -> None:
-    with tqdm(total=spec.n_events, desc="produce", unit="ev", unit_scale=True) as bar:
+    with progress_bar(total=spec.n_events, desc="produce", unit="ev", unit_scale=True) as bar:
         produce_workload(
             spec, bootstrap, topic, partitions=partitions, rate=rate, on_progress=bar.update
         )
