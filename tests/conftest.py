@@ -54,6 +54,23 @@ def spark() -> Iterator[object]:
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def _no_idle_consumers_outlive_their_test() -> Iterator[None]:
+    """Close the consumers a test's reads left idle in this process's pool.
+
+    The pool (keyplane.kafka.consumers) keeps them for the next read, which
+    in a test process may belong to another test and another broker. An
+    idle consumer of a broker its test has stopped reconnects forever on a
+    thread of its own, drawing its back-off jitter from the ``random``
+    module while later tests run (Hypothesis warns when that happens during
+    its draws), so each test starts with an empty pool.
+    """
+    yield
+    from keyplane.kafka.consumers import close_idle
+
+    close_idle()
+
+
 @pytest.fixture
 def topic_name(request: pytest.FixtureRequest) -> str:
     return "t-" + request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:80]

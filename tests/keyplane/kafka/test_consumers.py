@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -14,13 +13,6 @@ from keyplane.kafka import consumers
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import make_producer
 from keyplane.kafka.ranges import OffsetRange, read_range
-
-
-@pytest.fixture(autouse=True)
-def empty_pool() -> Iterator[None]:
-    consumers.close_idle()
-    yield
-    consumers.close_idle()
 
 
 def _produce(broker: str, topic: str, count: int) -> None:
