@@ -212,7 +212,10 @@ class MetricsListener(StreamingQueryListener):
 
     It hears one *run* of the query: a query started again from its
     checkpoint keeps its id and gets a new run, and attaching the new run's
-    listener removes the old run's.
+    listener removes the old run's. Attaching also removes the listeners of
+    the session's queries that are no longer active: a driver that stops a
+    query itself (``query.stop()``) would otherwise keep its listener
+    registered, hearing every later query's events, for the session's life.
     """
 
     _attached: ClassVar[dict[str, MetricsListener]] = {}
@@ -222,6 +225,8 @@ class MetricsListener(StreamingQueryListener):
         self.writer = writer
         self.topic = topic
         self.run_id: str | None = None
+        self.spark: SparkSession | None = None
+        """The session whose listener bus it is on (set by :meth:`attach`)."""
         sink = writer.producer
         self.producer = LongLivedProducer(sink.bootstrap_servers, sink.delivery)
 
@@ -231,14 +236,25 @@ class MetricsListener(StreamingQueryListener):
     ) -> MetricsListener:
         listener = cls(writer, topic)
         listener.run_id = str(query.runId)
+        listener.spark = spark
         previous = cls._attached.pop(str(query.id), None)
         if previous is not None:
             # Its run has ended; removed first, it may never hear the termination.
             spark.streams.removeListener(previous)
             previous.close()
+        cls._detach_stopped(spark)
         spark.streams.addListener(listener)
         cls._attached[str(query.id)] = listener
         return listener
+
+    @classmethod
+    def _detach_stopped(cls, spark: SparkSession) -> None:
+        """Remove and close the listeners of ``spark``'s queries that are no longer active."""
+        for query_id, listener in list(cls._attached.items()):
+            if listener.spark is spark and spark.streams.get(query_id) is None:
+                del cls._attached[query_id]
+                spark.streams.removeListener(listener)
+                listener.close()
 
     def onQueryStarted(self, event: Any) -> None:
         pass

@@ -33,9 +33,13 @@ class Streams:
     """A session's ``streams`` as the listener uses it (fake: pure logic)."""
 
     listeners: list[Any] = field(default_factory=list)
+    active: set[str] = field(default_factory=set)
 
     def addListener(self, listener: Any) -> None:
         self.listeners.append(listener)
+
+    def get(self, query_id: str) -> object | None:
+        return object() if query_id in self.active else None
 
     def removeListener(self, listener: Any) -> None:
         self.listeners.remove(listener)
@@ -75,7 +79,7 @@ def test_a_new_run_of_the_query_closes_the_previous_runs_producers_fake_producer
 ) -> None:
     """Removed before it hears its run end, the previous listener would leave both open."""
     made = fake_producers(keyplane.kafka.producer, None, None, None)
-    spark = SimpleNamespace(streams=Streams())
+    spark = SimpleNamespace(streams=Streams(active={"query-restarted"}))
     query = SimpleNamespace(id="query-restarted", runId="run-1")
     writer = Writer()
     try:
@@ -92,6 +96,53 @@ def test_a_new_run_of_the_query_closes_the_previous_runs_producers_fake_producer
         assert len(made) == 3 and not made[2].closed
     finally:
         MetricsListener._attached.pop("query-restarted", None)
+
+
+def test_a_new_query_removes_the_listeners_of_the_sessions_stopped_queries_fake_producers(
+    fake_producers: Any,
+) -> None:
+    """A query its caller stopped keeps no listener once another query of the session starts."""
+    made = fake_producers(keyplane.kafka.producer, None, None, None, None, None, None)
+    spark = SimpleNamespace(streams=Streams(active={"q-stopped", "q-running"}))
+    other_session = SimpleNamespace(streams=Streams())
+    try:
+        stopped = MetricsListener.attach(
+            spark,  # type: ignore[arg-type]
+            SimpleNamespace(id="q-stopped", runId="r1"),  # type: ignore[arg-type]
+            Writer(),  # type: ignore[arg-type]
+            "job.metrics",
+        )
+        running = MetricsListener.attach(
+            spark,  # type: ignore[arg-type]
+            SimpleNamespace(id="q-running", runId="r2"),  # type: ignore[arg-type]
+            Writer(),  # type: ignore[arg-type]
+            "job.metrics",
+        )
+        elsewhere = MetricsListener.attach(
+            other_session,  # type: ignore[arg-type]
+            SimpleNamespace(id="q-elsewhere", runId="r3"),  # type: ignore[arg-type]
+            Writer(),  # type: ignore[arg-type]
+            "job.metrics",
+        )
+        for listener in (stopped, running, elsewhere):
+            assert listener.publish(BatchMetrics(batch_id=1))
+        assert len(made) == 3 and not any(p.closed for p in made)
+
+        spark.streams.active.discard("q-stopped")  # the caller ran query.stop()
+        newest = MetricsListener.attach(
+            spark,  # type: ignore[arg-type]
+            SimpleNamespace(id="q-new", runId="r4"),  # type: ignore[arg-type]
+            Writer(),  # type: ignore[arg-type]
+            "job.metrics",
+        )
+        assert spark.streams.listeners == [running, newest]
+        assert other_session.streams.listeners == [elsewhere]
+        assert made[0].closed and not made[1].closed and not made[2].closed
+        assert set(MetricsListener._attached) >= {"q-running", "q-elsewhere", "q-new"}
+        assert "q-stopped" not in MetricsListener._attached
+    finally:
+        for query_id in ("q-stopped", "q-running", "q-elsewhere", "q-new"):
+            MetricsListener._attached.pop(query_id, None)
 
 
 def test_a_record_joins_the_sinks_measures_with_the_batchs_progress_fake_writer() -> None:
