@@ -8,8 +8,7 @@ like any user aggregate), while spending the configured work per tuple.
 from __future__ import annotations
 
 import hashlib
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -17,18 +16,14 @@ import pytest
 from keyplane.aggregates import RunningCount, load_aggregate
 from keyplane.testing import check_aggregate_laws
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.fixture
-def costly(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def costly(
+    monkeypatch: pytest.MonkeyPatch, bench_module: Callable[[str], ModuleType]
+) -> ModuleType:
     """The module, imported from ``bench/`` as the job imports it (by its spec's name)."""
-    monkeypatch.syspath_prepend(str(BENCH))
     monkeypatch.setenv("KEYPLANE_BENCH_TUPLE_WORK", "3")
-    sys.modules.pop("_costly_aggregate", None)
-    import _costly_aggregate
-
-    return _costly_aggregate
+    return bench_module("_costly_aggregate")
 
 
 def test_costly_count_loads_by_its_spec_and_counts_like_the_running_count_pure(

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 PLAIN = "throughput dip, switch and install batches, vs the same batches without a rollout"
 OWN_PACE = (
@@ -25,12 +23,8 @@ RESULT = f"""events: ... 3 run(s) of the 2 jobs
 
 
 @pytest.fixture
-def dips(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCH))
-    sys.modules.pop("dip_confidence", None)
-    import dip_confidence
-
-    return dip_confidence
+def dips(bench_module: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_module("dip_confidence")
 
 
 def test_each_runs_value_is_read_not_the_pooled_one_pure(dips: ModuleType) -> None:
