@@ -37,18 +37,15 @@ also reading its share of the evict and install rows,
 * ``evicts`` and ``installs`` — the same moves, many to a row: with the
   ``handoff`` option ``per-instance`` (the JVM stages), one row per stage and
   instance lists that instance's moves as JSON, and travels in a control
-  group that runs before every routed key's group (:func:`opening_groups`);
-  an ``evicts`` row with an empty list in a group that runs after them all
-  (:func:`closing_groups`) ends the hand-off. A moved key then costs its
-  stage no group call of its own: its own group, if it has tuples, makes
-  the move, and the closing group makes the rest.
+  group that runs before (installs) or after (evictions) every routed key's
+  group (:func:`install_groups`, :func:`evict_groups`). A moved key then
+  costs its stage no group call of its own.
 * ``invalid`` — a record that is not a valid event, with the reason, so the
   sink can dead-letter it and nothing is silently dropped.
 
 With ``per-instance`` hand-offs, every batch also carries *primers*
-(:func:`primer_rows`): an ``installs`` row per stage and instance in its
-opening group and an ``evicts`` row in its closing one, each with an empty
-list of moves. They change no state. They are
+(:func:`primer_rows`): an ``evicts`` and an ``installs`` row per stage and
+instance, each with an empty list of moves. They change no state. They are
 there so that the JVM's compiler has seen the hand-off rows' shape long
 before a rollout sends real ones (docs/reconfiguration-record.md, "The JIT's traps").
 
@@ -200,22 +197,21 @@ def control_groups(stage: str, parallelism: int) -> tuple[str, ...]:
     return _salted_groups(f"{CONTROL_PREFIX}{stage}", parallelism)
 
 
-def opening_groups(stage: str, parallelism: int) -> tuple[str, ...]:
-    """Where ``stage`` learns a batch's moves, per instance, before any key's group.
+def install_groups(stage: str, parallelism: int) -> tuple[str, ...]:
+    """Where ``stage`` installs a batch's moved-in states, per instance, before any key's group.
 
     The group's value starts with :data:`CONTROL_PREFIX`, which sorts first, so
-    a moved-in state is merged before its key's first tuple of the batch adds to
-    it. Stage-B rows pass through stage A under the same value.
+    a moved-in state is in place before its key's first tuple of the batch.
+    Stage-B installs pass through stage A under the same value.
     """
     return _salted_groups(f"{CONTROL_PREFIX}install-{stage}", parallelism)
 
 
-def closing_groups(stage: str, parallelism: int) -> tuple[str, ...]:
-    """Where ``stage`` ends a batch's hand-off, per instance, after every key's group.
+def evict_groups(stage: str, parallelism: int) -> tuple[str, ...]:
+    """Where ``stage`` evicts a batch's moved-out states, per instance, after every key's group.
 
-    The group's value starts with :data:`CLOSING_PREFIX`, which sorts last, so a
-    state evicted there holds every tuple its key had in the switch batch, and the
-    moves whose keys had no group of their own are made there.
+    The group's value starts with :data:`CLOSING_PREFIX`, which sorts last, so
+    an evicted state holds every tuple its key had in the switch batch.
     """
     return _salted_groups(f"{CLOSING_PREFIX}evict-{stage}", parallelism)
 
@@ -529,47 +525,22 @@ def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
 
 
 def _evicts_per_instance(p: EvictPartition) -> pa.RecordBatch:
-    """An ``evicts`` row per instance the share's moves leave, ``[key, source, target]`` each,
-    in its opening group, and an empty one in its closing group."""
+    """An ``evicts`` row per instance the share's moves leave: ``[key, source, target]`` each."""
     by_instance: dict[int, list[list[str]]] = {}
     instances_of = spark_partitions([source for _, source, _ in p.moves], p.parallelism)
     for (key, source, target), instance in zip(p.moves, instances_of.tolist(), strict=True):
         by_instance.setdefault(instance, []).append([key, source, target])
     instances = sorted(by_instance)
-    lists = [json.dumps(by_instance[i], separators=(",", ":")) for i in instances]
-    order = [(p.operator, i) for i in instances]
-    return _handoff_rows(p.forward, p.parallelism, "evicts", order, lists, p.marker)
-
-
-def _handoff_rows(
-    forward: Forward,
-    parallelism: int,
-    kind: Literal["installs", "evicts"],
-    order: Sequence[tuple[str, int]],
-    lists: Sequence[str],
-    marker: int,
-) -> pa.RecordBatch:
-    """``kind`` rows listing each (stage, instance)'s moves in its opening group, and an
-    ``evicts`` row of no moves in its closing group, which ends the hand-off there.
-    ``marker`` is the switch's, for evictions (an install's is in its list).
-
-    The JVM stages make a listed move in its key's own group if the key has tuples in
-    the batch, and the rest in the closing group; a task that lists moves and sees
-    no closing group fails rather than lose them (``RoutedStages.Stage.close``).
-    """
-    stages = [stage for stage, _ in order] * 2
-    groups = [opening_groups(stage, parallelism)[i] for stage, i in order] + [
-        closing_groups(stage, parallelism)[i] for stage, i in order
-    ]
+    groups = [evict_groups(p.operator, p.parallelism)[i] for i in instances]
     return _rows(
-        forward,
-        len(groups),
-        kind=[kind] * len(order) + ["evicts"] * len(order),
-        stage=stages,
+        p.forward,
+        len(instances),
+        kind=["evicts"] * len(instances),
+        stage=[p.operator] * len(instances),
         ra=groups,
-        rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
-        state=[*lists, *["[]"] * len(order)],
-        marker=[marker if kind == "evicts" else None] * len(order) + [marker] * len(order),
+        rb=groups if p.operator == "B" else [None] * len(instances),
+        state=[json.dumps(by_instance[i], separators=(",", ":")) for i in instances],
+        marker=[p.marker] * len(instances),
     )
 
 
@@ -603,8 +574,8 @@ def primer_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     stage A's control groups as its real hand-off rows do.
     """
     order = [(stage, i) for stage in OPERATORS for i in range(parallelism)]
-    installs = [opening_groups(stage, parallelism)[i] for stage, i in order]
-    evicts = [closing_groups(stage, parallelism)[i] for stage, i in order]
+    installs = [install_groups(stage, parallelism)[i] for stage, i in order]
+    evicts = [evict_groups(stage, parallelism)[i] for stage, i in order]
     empty = "[]".ljust(PRIMER_BYTES)
     stages = [stage for stage, _ in order] * 2
     groups = installs + evicts
@@ -667,8 +638,17 @@ def _installs_per_instance(moves: list[dict[str, Any]], p: MigrationPartition) -
             [m["key"], m["source"], m["target"], int(m["count"]), m["state"], int(m["marker"])]
         )
     order = sorted(by_group)
-    lists = [json.dumps(by_group[g], separators=(",", ":")) for g in order]
-    return _handoff_rows(p.forward, p.parallelism, "installs", order, lists, marker=-1)
+    stages = [stage for stage, _ in order]
+    groups = [install_groups(stage, p.parallelism)[i] for stage, i in order]
+    return _rows(
+        p.forward,
+        len(order),
+        kind=["installs"] * len(order),
+        stage=stages,
+        ra=groups,
+        rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
+        state=[json.dumps(by_group[g], separators=(",", ":")) for g in order],
+    )
 
 
 def _required(options: Mapping[str, str], name: str) -> str:

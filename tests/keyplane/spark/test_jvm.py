@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,12 +10,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyspark.errors import StreamingQueryException
 
 from keyplane.aggregates import RunningCount, ValueCounts
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
-from keyplane.kafka.ranges import OffsetRange
 from keyplane.operators import OPERATORS
 from keyplane.spark import jvm, routed_source
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
@@ -208,106 +205,3 @@ def test_the_stages_take_primers_and_change_nothing(spark, tmp_path: Path) -> No
         ("B", "p", 2),
         ("B", "q", 4),
     }
-
-
-def _run_batches(spark, batches: list[list[pa.RecordBatch]], root: Path) -> list[list[tuple]]:
-    """The JVM stages' output rows of each micro-batch, one input file per batch."""
-    inputs = root / "in"
-    inputs.mkdir(parents=True)
-    for i, batch in enumerate(batches):
-        path = inputs / f"part-{i}.parquet"
-        pq.write_table(pa.Table.from_batches(batch), path)
-        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the source's file order
-    rows = (
-        spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(inputs))
-        .withWatermark("ts", "1 minute")
-    )
-    seen: list[list[tuple]] = []
-    query = (
-        jvm.routed_running_counts_jvm(rows, 4, tuples=False)
-        .drop("executor", "upstream_executor")
-        .writeStream.foreachBatch(lambda df, _: seen.append([tuple(r) for r in df.collect()]))
-        .option("checkpointLocation", str(root / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return seen
-
-
-def _events(a: list[str], ra: list[str], n: list[int]) -> pa.RecordBatch:
-    moment = datetime(2026, 1, 1, tzinfo=UTC)
-    return routed_source._rows(
-        "pairs", len(a), kind=["event"] * len(a), a=a, b=["p"] * len(a), ra=ra,
-        rb=["p"] * len(a), vb=pa.array([1] * len(a), pa.int32()), n=n, ts=[moment] * len(a),
-    )  # fmt: skip
-
-
-def _stage_a_counts(rows: list[tuple]) -> dict[str, int]:
-    """Stage A's partials of one batch by routed key: its own rows and the packed ones."""
-    counts = {row[3]: row[5] for row in rows if row[0] == "count" and row[1] == "A"}
-    for row in rows:
-        if row[0] == "partials" and row[1] == "A":
-            counts.update({routed: count for _, _, routed, _, count, _ in json.loads(row[6])})
-    return counts
-
-
-@pytest.mark.integration
-def test_listed_moves_are_made_in_their_keys_groups_or_at_the_close(spark, tmp_path: Path) -> None:
-    """A per-instance hand-off moves a key with tuples in the batch in its own group and
-    one without in the closing group, with the same result: the evicted states hold every
-    tuple of the switch batch, the installed ones add to the target's tuples, the sources
-    are tombstoned, and a replayed install changes nothing (000 §3.4)."""
-    moves = (("x", "x", "x#1"), ("z", "z", "z#1"))
-    evicts = next(
-        routed_source.read_evictions(
-            routed_source.EvictPartition("A", moves, 4, 7, "pairs", "per-instance")
-        )
-    )
-    kafka = OffsetRange("127.0.0.1:1", "migration", 0, 0, 0)
-    installs = routed_source._installs_per_instance(
-        [
-            {"operator": "A", "key": "x", "source": "x", "target": "x#1", "count": 6,
-             "state": "6", "marker": 7},
-            {"operator": "A", "key": "z", "source": "z", "target": "z#1", "count": 3,
-             "state": "3", "marker": 7},
-        ],
-        routed_source.MigrationPartition(kafka, 4, "pairs", "per-instance"),
-    )  # fmt: skip
-
-    first, switch, install, replay = _run_batches(
-        spark,
-        [
-            [_events(["x", "z"], ["x", "z"], [2, 3])],
-            [_events(["x"], ["x"], [4]), evicts],  # z has no tuple: moved at the close
-            [_events(["x"], ["x#1"], [5]), installs],  # z#1 has none: installed at the close
-            [_events(["x", "z"], ["x#1", "z#1"], [1, 1]), installs],  # a replayed install
-        ],
-        tmp_path,
-    )
-
-    assert _stage_a_counts(first) == {"x": 2, "z": 3}
-    [record] = [row for row in switch if row[0] == "moves" and row[1] == "A"]
-    left = {m["source"]: (m["target"], m["count"], m["state"], m["marker"])
-            for m in json.loads(record[6])["moves"]}  # fmt: skip
-    assert left == {"x": ("x#1", 6, "6", 7), "z": ("z#1", 3, "3", 7)}
-    assert _stage_a_counts(install) == {"x#1": 11, "z#1": 3, "x": 0, "z": 0}
-    assert _stage_a_counts(replay) == {"x#1": 12, "z#1": 4}
-
-
-@pytest.mark.integration
-def test_a_task_that_lists_moves_without_a_closing_group_fails(spark, tmp_path: Path) -> None:
-    """Moves listed in an opening group and never closed would lose the states of keys
-    without tuples: the task fails and says why, rather than count wrong."""
-    evicts = next(
-        routed_source.read_evictions(
-            routed_source.EvictPartition("A", (("z", "z", "z#1"),), 4, 7, "pairs", "per-instance")
-        )
-    )
-    opening_only = evicts.filter(pa.array([r.startswith("\x00") for r in evicts["ra"].to_pylist()]))
-    assert opening_only.num_rows == 1
-
-    with pytest.raises(StreamingQueryException, match="ran no closing group"):
-        _run_batches(spark, [[_events(["z"], ["z"], [3])], [opening_only]], tmp_path)

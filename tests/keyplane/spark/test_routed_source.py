@@ -25,9 +25,9 @@ from keyplane.spark.routed_source import (
     MigrationPartition,
     RoutedEventsPartition,
     RoutedEventsReader,
-    closing_groups,
     control_group,
-    opening_groups,
+    evict_groups,
+    install_groups,
     primer_rows,
     read_events,
     read_evictions,
@@ -69,18 +69,18 @@ def test_control_groups_cannot_collide_with_keys_pure() -> None:
     assert control_group("A", "k", 4) != control_group("B", "k", 4)
 
 
-def test_opening_groups_sort_before_every_key_and_closing_groups_after_pure() -> None:
+def test_install_groups_sort_before_every_key_and_evict_groups_after_pure() -> None:
     """Spark calls a stateful operator's groups in the order of their grouping values
     (UTF-8 bytes): installs must run before any key's tuples, evictions after them."""
     keys = ["", "a", "\x01", "zz#3", "\uffff", "\U0010fffe#1", "日本#0"]
     for stage in OPERATORS:
         for instance, (first, last) in enumerate(
-            zip(opening_groups(stage, 4), closing_groups(stage, 4), strict=True)
+            zip(install_groups(stage, 4), evict_groups(stage, 4), strict=True)
         ):
             assert spark_partition(first, 4) == spark_partition(last, 4) == instance
             for key in keys:
                 assert first.encode() < key.encode() < last.encode() or key == ""
-    assert len(set(opening_groups("A", 4)) | set(opening_groups("B", 4))) == 8
+    assert len(set(install_groups("A", 4)) | set(install_groups("B", 4))) == 8
 
 
 def test_control_rows_share_one_group_per_instance_pure() -> None:
@@ -419,29 +419,9 @@ def test_install_rows_carry_each_moved_state_to_its_target_pure(
     ]  # fmt: skip
 
 
-def _listed_and_closed(rows: list[dict], kind: str) -> list[tuple[dict, int]]:
-    """The ``kind`` rows that list moves, each with its instance, after checking that each
-    sits in its opening group and has an empty ``evicts`` row in the closing group of
-    the same stage and instance: without that the JVM stages would fail the task."""
-    listing = [r for r in rows if r["ra"] in opening_groups(r["stage"], 4)]
-    closing = [r for r in rows if r["ra"] in closing_groups(r["stage"], 4)]
-    assert len(listing) + len(closing) == len(rows)
-    assert {r["kind"] for r in listing} == {kind}
-    assert {(r["kind"], r["state"]) for r in closing} == {("evicts", "[]")}
-    instances = [(r, opening_groups(r["stage"], 4).index(r["ra"])) for r in listing]
-    assert sorted((r["stage"], i) for r, i in instances) == sorted(
-        (r["stage"], closing_groups(r["stage"], 4).index(r["ra"])) for r in closing
-    )
-    for r in rows:
-        # Stage-B rows pass stage A under the same group, then group by rb.
-        assert r["rb"] == (r["ra"] if r["stage"] == "B" else None)
-    return instances
-
-
 def test_per_instance_evicts_list_each_instances_moves_once_pure(tmp_path: Path) -> None:
     """The JVM stages' hand-off: one ``evicts`` row per stage and instance a share's
-    moves leave, in that instance's opening group, listing ``[key, source, target]``,
-    and an empty one in its closing group, which ends the hand-off."""
+    moves leave, in that instance's closing group, listing ``[key, source, target]``."""
     _, v1, v2 = _rollout_store(tmp_path)
     for op in OPERATORS:
         moves = state_moves(v1, v2, op, 4)
@@ -454,9 +434,12 @@ def test_per_instance_evicts_list_each_instances_moves_once_pure(tmp_path: Path)
             for row in pa.Table.from_batches([batch]).to_pylist()
         ]
         assert all(r["kind"] == "evicts" and r["stage"] == op and r["marker"] == 7 for r in rows)
-        assert len(rows) <= 2 * 3 * 4
+        assert len(rows) <= 3 * 4
         listed = []
-        for r, instance in _listed_and_closed(rows, "evicts"):
+        for r in rows:
+            instance = evict_groups(op, 4).index(r["ra"])
+            # Stage-B rows pass stage A under the same closing group, then group by rb.
+            assert r["rb"] == (r["ra"] if op == "B" else None)
             for key, source, target in json.loads(r["state"]):
                 assert spark_partition(source, 4) == instance
                 listed.append((key, source, target))
@@ -480,9 +463,11 @@ def test_per_instance_installs_go_to_their_targets_instance_pure(
     partition = MigrationPartition(kafka, 4, "pairs", "per-instance")
     rows = pa.Table.from_batches(list(read_installs(partition))).to_pylist()
 
+    assert {r["kind"] for r in rows} == {"installs"}
     listed = []
-    for r, instance in _listed_and_closed(rows, "installs"):
-        assert r["marker"] is None  # an install's marker is in its list
+    for r in rows:
+        instance = install_groups(r["stage"], 4).index(r["ra"])
+        assert r["rb"] == (r["ra"] if r["stage"] == "B" else None)
         fields = ("key", "source", "target", "count", "state", "marker")
         for move in json.loads(r["state"]):
             assert spark_partition(move[2], 4) == instance
@@ -544,7 +529,7 @@ def test_primers_are_empty_hand_off_rows_for_every_stage_and_instance_pure() -> 
     group of both stages, each listing no move, its list padded to ``PRIMER_BYTES``."""
     rows = pa.Table.from_batches([primer_rows("pairs", 4)]).to_pylist()
 
-    for kind, groups in (("installs", opening_groups), ("evicts", closing_groups)):
+    for kind, groups in (("installs", install_groups), ("evicts", evict_groups)):
         mine = [r for r in rows if r["kind"] == kind]
         assert sorted((r["stage"], r["ra"]) for r in mine) == sorted(
             (stage, group) for stage in OPERATORS for group in groups(stage, 4)

@@ -8,9 +8,11 @@ import java.sql.Timestamp;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
 import com.fasterxml.jackson.core.JsonProcessingException;
 import com.fasterxml.jackson.core.json.JsonWriteFeature;
@@ -45,14 +47,13 @@ import scala.jdk.javaapi.CollectionConverters;
  * and {@code pair} rows of {@code ROUTED_OUTPUT_SCHEMA}. A group's state lives in Spark's own
  * keyed state store as (encoded state, count, marker), as the Python stages keep it.
  *
- * <p>A rollout's moves arrive per instance, not per routed key: {@code installs} and {@code
- * evicts} rows in an opening control group (it sorts before every routed key), each holding a
- * list of moves, and a row in a closing one (it sorts after) that ends the hand-off ({@code
- * keyplane.spark.routed_source}, "per-instance" hand-offs). A moved key with tuples in the batch
- * takes its install or eviction in its own group call, which reads and writes its state anyway;
- * the closing group moves the rest by pointing the state store at their keys ({@link #atKey}).
- * A routed key's own group row per move would cost a group call for each moved key, twice per
- * move; see {@link Stage#handleInputRows} for why the order of the groups makes this exact.
+ * <p>A rollout's moves arrive per instance, not per routed key: one {@code installs} row in an
+ * opening control group (it sorts before every routed key) and one {@code evicts} row in a
+ * closing one (it sorts after), each holding a list of moves ({@code keyplane.spark.routed_source},
+ * "per-instance" hand-offs). The group installs or evicts every listed routed key's state by
+ * pointing the state store at that key ({@link #atKey}). A routed key's own group would cost a
+ * group call for each moved key, twice per move; see {@link Stage#handleInputRows} for why the
+ * order of the groups makes this exact.
  *
  * <p>Why a second implementation: PySpark serves each state call of a Python {@code
  * transformWithState} with a socket round trip to the executor's JVM, about 0.46 ms per group on
@@ -184,58 +185,7 @@ public final class RoutedStages {
     }
   }
 
-  /** Where a moved-out state goes: its key, the target routed key and the switch's marker. */
-  record Evict(String key, String target, long marker) {}
-
-  /**
-   * A task's per-instance hand-off, as its opening group listed it: the moved-in states by target
-   * routed key, the moved-out ones by source, and what the moves report.
-   *
-   * <p>Why moves wait for their keys' own groups (000 §3.4). A moved key that has tuples in the
-   * batch has a group call anyway, which reads its state and writes it back. Installing or
-   * evicting there costs the move no state call of its own; done apart, in a control group, a
-   * move costs a read and a write more. In a rollout the moved keys are the heavy ones, which
-   * have tuples in nearly every batch. The closing group then moves only the states of keys
-   * without tuples in the batch, and packs what all the moves report.
-   */
-  static final class Handoff {
-    final Map<String, List<Install>> installs = new HashMap<>();
-    final Map<String, String> keyOfTarget = new HashMap<>();
-    final Map<String, Evict> evictions = new LinkedHashMap<>();
-    /** The moved-out states, as migration-topic JSON, in the order they left. */
-    final List<String> movedOut = new ArrayList<>();
-    /** Tombstones and partials, [stage, key, routed key, instance, count, state] each. */
-    final List<List<Object>> reported = new ArrayList<>();
-
-    void listInstalls(List<List<Object>> moves) {
-      for (List<Object> move : moves) {
-        String target = (String) move.get(2);
-        keyOfTarget.put(target, (String) move.get(0));
-        installs
-            .computeIfAbsent(target, t -> new ArrayList<>())
-            .add(
-                new Install(
-                    (String) move.get(1),
-                    (String) move.get(4),
-                    ((Number) move.get(3)).longValue(),
-                    ((Number) move.get(5)).longValue()));
-      }
-    }
-
-    /** The first listing of a source wins, as a routed key's state can leave only once. */
-    void listEvictions(List<List<Object>> moves, long marker) {
-      for (List<Object> move : moves) {
-        evictions.putIfAbsent(
-            (String) move.get(1), new Evict((String) move.get(0), (String) move.get(2), marker));
-      }
-    }
-
-    boolean pending() {
-      return !installs.isEmpty() || !evictions.isEmpty();
-    }
-  }
-
-  /** What both stages share: the value state and the hand-off's steps (000 §3.4). */
+  /** What both stages share: the value state and the hand-off's install step (000 §3.4). */
   abstract static class Stage extends StatefulProcessor<String, Row, Row> {
     private transient ValueState<Tuple3<String, Long, Long>> stored;
     transient Columns columns;
@@ -255,27 +205,22 @@ public final class RoutedStages {
     /** "A" or "B": which of a rollout's {@code installs} and {@code evicts} rows are this stage's. */
     abstract String name();
 
-    /** Whether a routed key's group ran in this task: installs must be listed before any. */
+    /** Whether a routed key's group ran in this task: installs must come before any. */
     private transient boolean keysHandled;
 
-    /** Whether this task's closing group ran: no routed key's group may run after it. */
-    private transient boolean closed;
-
-    /** This task's hand-off, from its opening group to its closing one; null if none. */
-    private transient Handoff handoff;
+    /** Whether this task evicted: no routed key's group may run after that. */
+    private transient boolean evicted;
 
     /**
-     * A routed key's rows go to {@link #handleGroup}, with the moves listed for it. A control
-     * group's rows (reserved grouping values, see the routed source's {@code control_group}) pass
-     * on as they are, except this stage's own {@code installs} and {@code evicts}.
+     * A routed key's rows go to {@link #handleGroup}. A control group's rows (reserved grouping
+     * values, see the routed source's {@code control_group}) pass on as they are, except this
+     * stage's own {@code installs} and {@code evicts}.
      *
      * <p>Why per-instance moves are exact (000 §3.4): Spark sorts a stateful operator's input by
-     * grouping value and calls the groups of a task in that order. The opening group runs first
-     * and lists the moves, so a moved-in state is merged before its key's first tuple adds to it,
-     * in the key's own group; the closing group runs last, so a state evicted there, or at the
-     * end of its key's own group, holds every tuple of the switch batch. Should a Spark release
-     * ever call the groups in another order, or end a task without its closing group, the task
-     * fails here rather than count wrong.
+     * grouping value and calls the groups of a task in that order. An opening group runs first,
+     * so a moved-in state is in place before its key's first tuple adds to it; a closing group
+     * runs last, so an evicted state holds every tuple of the switch batch. Should a Spark release
+     * ever call the groups in another order, the task fails here rather than count wrong.
      */
     @Override
     public final scala.collection.Iterator<Row> handleInputRows(
@@ -284,19 +229,17 @@ public final class RoutedStages {
       boolean opening = group.startsWith(CONTROL_PREFIX);
       boolean closing = group.startsWith(CLOSING_PREFIX);
       if (!opening && !closing) {
-        if (closed) {
+        if (evicted) {
           throw outOfOrder(group);
         }
         keysHandled = true;
-        if (handoff == null) {
-          handleGroup(group, rows, out, null, null);
-        } else {
-          handleGroup(
-              group, rows, out, handoff.installs.remove(group), handoff.evictions.remove(group));
-        }
+        handleGroup(group, rows, out);
         return CollectionConverters.asScala(out.iterator());
       }
-      boolean listed = false;
+      // A target's installs may come in several rows (one per migration record), and
+      // installed() takes a marker once per call: so one call takes them all.
+      List<List<Object>> installs = new ArrayList<>();
+      Map<Long, List<List<Object>>> evictions = new TreeMap<>();
       while (rows.hasNext()) {
         Row row = rows.next();
         Columns c = columns(row);
@@ -306,97 +249,26 @@ public final class RoutedStages {
           if (!opening || keysHandled) {
             throw outOfOrder(group);
           }
-          handoff().listInstalls(moves(row.getString(c.state)));
-          listed = true;
+          installs.addAll(moves(row.getString(c.state)));
         } else if (mine && "evicts".equals(kind)) {
-          if (keysHandled && !closing) {
+          if (!closing) {
             throw outOfOrder(group);
           }
-          handoff().listEvictions(moves(row.getString(c.state)), row.getLong(c.marker));
-          listed = true;
+          evictions
+              .computeIfAbsent(row.getLong(c.marker), m -> new ArrayList<>())
+              .addAll(moves(row.getString(c.state)));
         } else {
           out.add(control(row));
         }
       }
-      if (closing && listed) {
-        closed = true;
-        finish(group, out);
+      if (!installs.isEmpty()) {
+        installAll(group, installs, out);
+      }
+      for (Map.Entry<Long, List<List<Object>>> batch : evictions.entrySet()) {
+        evicted = true;
+        evictAll(group, batch.getValue(), batch.getKey(), out);
       }
       return CollectionConverters.asScala(out.iterator());
-    }
-
-    private Handoff handoff() {
-      if (handoff == null) {
-        handoff = new Handoff();
-      }
-      return handoff;
-    }
-
-    /**
-     * Moves the states whose keys had no group in this batch, then writes what every move of the
-     * task reports: the moved-out states as migration-topic records ({@code moves} rows), the
-     * tombstones and partials as one {@code partials} row.
-     */
-    private void finish(String group, List<Row> out) {
-      Handoff done = handoff;
-      handoff = null;
-      int instance = TaskContext.getPartitionId();
-      try {
-        for (Map.Entry<String, List<Install>> entry : done.installs.entrySet()) {
-          String target = entry.getKey();
-          atKey(target);
-          List<String> sources = new ArrayList<>();
-          Held held = installed(held(), entry.getValue(), sources);
-          if (sources.isEmpty()) {
-            continue;
-          }
-          store(held);
-          String key = done.keyOfTarget.get(target);
-          tombstones(done, key, sources, instance);
-          done.reported.add(
-              Arrays.asList(
-                  name(), key, target, instance, held.count(), Long.toString(held.state())));
-        }
-        for (Map.Entry<String, Evict> entry : done.evictions.entrySet()) {
-          atKey(entry.getKey());
-          moveOut(done, entry.getKey(), entry.getValue(), held());
-        }
-      } finally {
-        atKey(group);
-      }
-      List<String> record = new ArrayList<>();
-      int size = 0;
-      for (String text : done.movedOut) {
-        if (!record.isEmpty() && size + text.length() > MAX_RECORD_BYTES) {
-          out.add(movesRow(record));
-          record = new ArrayList<>();
-          size = 0;
-        }
-        record.add(text);
-        size += text.length() + 1;
-      }
-      if (!record.isEmpty()) {
-        out.add(movesRow(record));
-      }
-      if (!done.reported.isEmpty()) {
-        out.add(partials(json(done.reported), done.reported.size()));
-      }
-    }
-
-    /** A task that ends with moves listed and not made would lose state: it fails instead. */
-    @Override
-    public void close() {
-      if (handoff != null && handoff.pending()) {
-        throw new IllegalStateException(
-            "stage "
-                + name()
-                + ": a task listed "
-                + handoff.installs.size()
-                + " install(s) and "
-                + handoff.evictions.size()
-                + " eviction(s) but ran no closing group; the routed source sends one with every"
-                + " per-instance hand-off");
-      }
     }
 
     private IllegalStateException outOfOrder(String group) {
@@ -423,72 +295,52 @@ public final class RoutedStages {
     }
 
     /**
-     * {@code held} with the moved-in states merged: a routed key's {@code install} rows
-     * ({@code rowInstalls}, whose tombstones leave as rows of their own) and the installs the
-     * opening group listed for it ({@code listed}, whose tombstones the closing group packs).
+     * Installs a batch's moved-in states, {@code [key, source, target, count, state, marker]}
+     * each, at their targets: as a routed key's group does with {@code install} rows, one target
+     * at a time. The tombstones and partials they report leave as one {@code partials} row
+     * ({@link #partials}) rather than a row each through stage B and the sink.
      */
-    Held arrived(
-        Held held, List<Install> rowInstalls, List<Install> listed, String key, List<Row> out) {
+    private void installAll(String group, List<List<Object>> moves, List<Row> out) {
+      Map<String, List<Install>> byTarget = new LinkedHashMap<>();
+      Map<String, String> keyOf = new HashMap<>();
+      for (List<Object> move : moves) {
+        String target = (String) move.get(2);
+        keyOf.put(target, (String) move.get(0));
+        byTarget
+            .computeIfAbsent(target, t -> new ArrayList<>())
+            .add(
+                new Install(
+                    (String) move.get(1),
+                    (String) move.get(4),
+                    ((Number) move.get(3)).longValue(),
+                    ((Number) move.get(5)).longValue()));
+      }
       int instance = TaskContext.getPartitionId();
-      List<String> sources = new ArrayList<>();
-      if (listed == null) {
-        Held now = installed(held, rowInstalls, sources);
-        for (String source : sources) {
-          out.add(tombstone(key, source, instance));
+      List<List<Object>> reported = new ArrayList<>();
+      try {
+        for (Map.Entry<String, List<Install>> entry : byTarget.entrySet()) {
+          String target = entry.getKey();
+          String key = keyOf.get(target);
+          atKey(target);
+          List<String> sources = new ArrayList<>();
+          Held held = installed(held(), entry.getValue(), sources);
+          if (sources.isEmpty()) {
+            continue;
+          }
+          store(held);
+          for (String source : sources) {
+            reported.add(Arrays.asList(name(), key, source, null, 0L, "0"));
+          }
+          reported.add(
+              Arrays.asList(
+                  name(), key, target, instance, held.count(), Long.toString(held.state())));
         }
-        return now;
+      } finally {
+        atKey(group);
       }
-      Held now = installed(held, listed, sources);
-      tombstones(handoff, key, sources, instance);
-      return now;
-    }
-
-    private void tombstones(Handoff into, String key, List<String> sources, int instance) {
-      for (String source : sources) {
-        into.reported.add(Arrays.asList(name(), key, source, null, 0L, "0"));
+      if (!reported.isEmpty()) {
+        out.add(partials(json(reported), reported.size()));
       }
-    }
-
-    /**
-     * Ends a routed key's group: its state stays ({@code keep}), or leaves for its target, by an
-     * {@code evict} row of its own ({@code evictRow}: a {@code moved} row) or as the opening group
-     * listed it ({@code listed}: packed into the closing group's records).
-     */
-    void settle(String group, String key, Held now, boolean keep, Row evictRow, Evict listed,
-        List<Row> out) {
-      if (listed != null) {
-        moveOut(handoff, group, listed, now);
-      } else if (evictRow != null) {
-        if (now.count() > 0) {
-          out.add(
-              moved(
-                  key,
-                  group,
-                  TaskContext.getPartitionId(),
-                  now,
-                  evictRow.getString(columns.targetRk),
-                  evictRow.getLong(columns.marker)));
-        }
-        clear();
-      } else if (keep) {
-        store(now);
-      }
-    }
-
-    /** Evicts the state at the current key: a migration-topic entry, unless it is empty. */
-    private void moveOut(Handoff into, String source, Evict evict, Held held) {
-      if (held.count() > 0) {
-        Map<String, Object> moved = new LinkedHashMap<>();
-        moved.put("operator", name());
-        moved.put("key", evict.key());
-        moved.put("source", source);
-        moved.put("target", evict.target());
-        moved.put("count", held.count());
-        moved.put("state", Long.toString(held.state()));
-        moved.put("marker", evict.marker());
-        into.movedOut.add(json(moved));
-      }
-      clear();
     }
 
     static String json(Object value) {
@@ -496,6 +348,52 @@ public final class RoutedStages {
         return JSON.writeValueAsString(value);
       } catch (JsonProcessingException e) {
         throw new IllegalStateException("cannot write a hand-off's JSON", e);
+      }
+    }
+
+    /**
+     * Evicts a switch batch's moved-out states, {@code [key, source, target]} each: as a routed
+     * key's group does with an {@code evict} row, after every tuple of the batch has counted. The
+     * states leave as {@code moves} rows, each a migration-topic record ({@code
+     * keyplane.kafka.migration_topic}) that the sink sends as it is.
+     */
+    private void evictAll(String group, List<List<Object>> moves, long marker, List<Row> out) {
+      Set<String> done = new HashSet<>();
+      List<String> record = new ArrayList<>();
+      int size = 0;
+      try {
+        for (List<Object> move : moves) {
+          String source = (String) move.get(1);
+          if (!done.add(source)) {
+            continue;
+          }
+          atKey(source);
+          Held held = held();
+          if (held.count() > 0) {
+            Map<String, Object> moved = new LinkedHashMap<>();
+            moved.put("operator", name());
+            moved.put("key", move.get(0));
+            moved.put("source", source);
+            moved.put("target", move.get(2));
+            moved.put("count", held.count());
+            moved.put("state", Long.toString(held.state()));
+            moved.put("marker", marker);
+            String text = json(moved);
+            if (!record.isEmpty() && size + text.length() > MAX_RECORD_BYTES) {
+              out.add(movesRow(record));
+              record = new ArrayList<>();
+              size = 0;
+            }
+            record.add(text);
+            size += text.length() + 1;
+          }
+          clear();
+        }
+      } finally {
+        atKey(group);
+      }
+      if (!record.isEmpty()) {
+        out.add(movesRow(record));
       }
     }
 
@@ -521,16 +419,8 @@ public final class RoutedStages {
     /** A row of a control group, as it leaves this stage. */
     abstract Row control(Row row);
 
-    /**
-     * A routed key's rows of one batch: its output rows go to {@code out}. {@code listed} and
-     * {@code leaving} are the installs and the eviction the opening group listed for it, if any.
-     */
-    abstract void handleGroup(
-        String group,
-        scala.collection.Iterator<Row> rows,
-        List<Row> out,
-        List<Install> listed,
-        Evict leaving);
+    /** A routed key's rows of one batch: its output rows go to {@code out}. */
+    abstract void handleGroup(String group, scala.collection.Iterator<Row> rows, List<Row> out);
 
     Columns columns(Row row) {
       if (columns == null) {
@@ -594,12 +484,7 @@ public final class RoutedStages {
     }
 
     @Override
-    void handleGroup(
-        String group,
-        scala.collection.Iterator<Row> rows,
-        List<Row> out,
-        List<Install> listed,
-        Evict leaving) {
+    void handleGroup(String group, scala.collection.Iterator<Row> rows, List<Row> out) {
       List<Install> installs = new ArrayList<>();
       List<Row> events = new ArrayList<>();
       Row evict = null;
@@ -623,20 +508,37 @@ public final class RoutedStages {
         keyA = events.isEmpty() ? firstOther : events.get(0).getString(columns.a);
       }
       int instance = TaskContext.getPartitionId();
-      Held held = arrived(held(), installs, listed, keyA, out);
+      List<String> sources = new ArrayList<>();
+      Held held = installed(held(), installs, sources);
+      for (String source : sources) {
+        out.add(tombstone(keyA, source, instance));
+      }
       long added = 0;
       for (Row row : events) {
         added += row.getLong(columns.n);
       }
       Held now = new Held(held.state() + added, held.count() + added, held.marker());
-      boolean changed = !installs.isEmpty() || listed != null || !events.isEmpty();
-      if (changed) {
+      if (!installs.isEmpty() || !events.isEmpty()) {
         out.add(partial(keyA, group, instance, now));
       }
       if (!events.isEmpty()) {
         toStageB(group, keyA, events, instance, out);
       }
-      settle(group, keyA, now, changed, evict, leaving, out);
+      if (evict != null) {
+        if (now.count() > 0) {
+          out.add(
+              moved(
+                  keyA,
+                  group,
+                  instance,
+                  now,
+                  evict.getString(columns.targetRk),
+                  evict.getLong(columns.marker)));
+        }
+        clear();
+      } else if (!installs.isEmpty() || !events.isEmpty()) {
+        store(now);
+      }
     }
 
     @Override
@@ -770,12 +672,7 @@ public final class RoutedStages {
   /** Stage B: the running count per routed key of field 2, with the traffic it received. */
   static final class StageB extends Stage {
     @Override
-    void handleGroup(
-        String group,
-        scala.collection.Iterator<Row> rows,
-        List<Row> out,
-        List<Install> listed,
-        Evict leaving) {
+    void handleGroup(String group, scala.collection.Iterator<Row> rows, List<Row> out) {
       List<Install> installs = new ArrayList<>();
       Row evict = null;
       String keyB = null;
@@ -803,8 +700,12 @@ public final class RoutedStages {
         }
       }
       int instance = TaskContext.getPartitionId();
-      Held held = arrived(held(), installs, listed, keyB, out);
+      List<String> sources = new ArrayList<>();
+      Held held = installed(held(), installs, sources);
       Held now = new Held(held.state() + added, held.count() + added, held.marker());
+      for (String source : sources) {
+        out.add(tombstone(keyB, source, instance));
+      }
       for (Map.Entry<List<Object>, Long> hop : hops.entrySet()) {
         List<Object> from = hop.getKey();
         out.add(
@@ -817,7 +718,17 @@ public final class RoutedStages {
         out.add(pairRow(keyB, a, instance, pairs.get(a)));
       }
       out.add(partial(keyB, group, instance, now));
-      settle(group, keyB, now, true, evict, leaving, out);
+      if (evict == null) {
+        store(now);
+      } else {
+        if (now.count() > 0) {
+          out.add(
+              moved(
+                  keyB, group, instance, now, evict.getString(columns.targetRk),
+                  evict.getLong(columns.marker)));
+        }
+        clear();
+      }
     }
 
     @Override
