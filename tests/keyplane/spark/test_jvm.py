@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from keyplane.aggregates import RunningCount, ValueCounts
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
+from keyplane.kafka.ranges import OffsetRange
 from keyplane.operators import OPERATORS
 from keyplane.spark import jvm, routed_source
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
@@ -25,6 +28,7 @@ from keyplane.spark.routed_counts import (
     recorded_engine,
     resolve_engine,
 )
+from keyplane.spark.routed_sink import latest_partials_of_batch, unpacked_partials
 from keyplane.testing import routed_job_settings
 from keyplane.verification import compare_counts, expected_counts_of
 from keyplane.workloads import ZipfEvolvingWorkload
@@ -205,3 +209,88 @@ def test_the_stages_take_primers_and_change_nothing(spark, tmp_path: Path) -> No
         ("B", "p", 2),
         ("B", "q", 4),
     }
+
+
+def _outputs_by_batch(spark, batches: list[list[pa.RecordBatch]], root: Path) -> list[pd.DataFrame]:
+    """The JVM stages' output of each micro-batch, one input file per batch."""
+    inputs = root / "in"
+    inputs.mkdir(parents=True)
+    for i, batch in enumerate(batches):
+        path = inputs / f"part-{i}.parquet"
+        pq.write_table(pa.Table.from_batches(batch), path)
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source's order
+    rows = (
+        spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(inputs))
+        .withWatermark("ts", "1 minute")
+    )
+    seen: list[pd.DataFrame] = []
+    query = (
+        jvm.routed_running_counts_jvm(rows, 4, tuples=False)
+        .writeStream.foreachBatch(lambda df, _: seen.append(df.toPandas()))
+        .option("checkpointLocation", str(root / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return seen
+
+
+def _events(a: list[str], ra: list[str], n: list[int]) -> pa.RecordBatch:
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    return routed_source._rows(
+        "pairs", len(a), kind=["event"] * len(a), a=a, b=["p"] * len(a), ra=ra,
+        rb=["p"] * len(a), vb=pa.array([1] * len(a), pa.int32()), n=n, ts=[moment] * len(a),
+    )  # fmt: skip
+
+
+def _stage_a_partials(output: pd.DataFrame) -> dict[str, int]:
+    """Stage A's latest partial per routed key in one batch, as the sink reads them."""
+    partials = latest_partials_of_batch(unpacked_partials(output))
+    mine = partials[partials["stage"] == "A"]
+    return dict(zip(mine["routed_key"], mine["count"], strict=True))
+
+
+@pytest.mark.integration
+def test_per_instance_moves_hold_every_tuple_and_install_once(spark, tmp_path: Path) -> None:
+    """A per-instance hand-off over four micro-batches, for a moved key with tuples in
+    the switch and install batches and one without: the evicted states hold every tuple
+    of the switch batch, the installed ones add to the target's tuples, the sources
+    report their zero, and an install replayed with the same marker changes nothing
+    (000 §3.4)."""
+    moves = (("x", "x", "x#1"), ("z", "z", "z#1"))
+    evicts = next(
+        routed_source.read_evictions(
+            routed_source.EvictPartition("A", moves, 4, 7, "pairs", "per-instance")
+        )
+    )
+    kafka = OffsetRange("127.0.0.1:1", "migration", 0, 0, 0)
+    installs = routed_source._installs_per_instance(
+        [
+            {"operator": "A", "key": "x", "source": "x", "target": "x#1", "count": 6,
+             "state": "6", "marker": 7},
+            {"operator": "A", "key": "z", "source": "z", "target": "z#1", "count": 3,
+             "state": "3", "marker": 7},
+        ],
+        routed_source.MigrationPartition(kafka, 4, "pairs", "per-instance"),
+    )  # fmt: skip
+
+    first, switch, install, replay = _outputs_by_batch(
+        spark,
+        [
+            [_events(["x", "z"], ["x", "z"], [2, 3])],
+            [_events(["x"], ["x"], [4]), evicts],
+            [_events(["x"], ["x#1"], [5]), installs],
+            [_events(["x", "z"], ["x#1", "z#1"], [1, 1]), installs],
+        ],
+        tmp_path,
+    )
+
+    assert _stage_a_partials(first) == {"x": 2, "z": 3}
+    [record] = switch.loc[(switch["kind"] == "moves") & (switch["stage"] == "A"), "state"]
+    left = {m["source"]: (m["target"], m["count"], m["state"], m["marker"])
+            for m in json.loads(record)["moves"]}  # fmt: skip
+    assert left == {"x": ("x#1", 6, "6", 7), "z": ("z#1", 3, "3", 7)}
+    assert _stage_a_partials(install) == {"x#1": 11, "z#1": 3, "x": 0, "z": 0}
+    assert _stage_a_partials(replay) == {"x#1": 12, "z#1": 4}
