@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import Row
 
 from keyplane.aggregates import RunningCount, ValueCounts
 from keyplane.config import OperatorRouting, RoutingConfig, save
@@ -159,17 +160,61 @@ def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
     assert report.exact, report
 
 
+def _outputs_by_batch(spark, batches: list[list[pa.RecordBatch]], root: Path) -> list[list[Row]]:
+    """The JVM stages' output rows of each micro-batch, one input file per batch, without
+    the executor columns (the same in every run of one process)."""
+    inputs = root / "in"
+    inputs.mkdir(parents=True)
+    for i, batch in enumerate(batches):
+        path = inputs / f"part-{i}.parquet"
+        pq.write_table(pa.Table.from_batches(batch), path)
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source's order
+    rows = (
+        spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(inputs))
+        .withWatermark("ts", "1 minute")
+    )
+    seen: list[list[Row]] = []
+    query = (
+        jvm.routed_running_counts_jvm(rows, 4, tuples=False)
+        .drop("executor", "upstream_executor")
+        .writeStream.foreachBatch(lambda df, _: seen.append(df.collect()))
+        .option("checkpointLocation", str(root / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return seen
+
+
+def _events(
+    a: list[str], ra: list[str], n: list[int], b: list[str] | None = None
+) -> pa.RecordBatch:
+    """Routed-source ``event`` rows: field 1 ``a`` on stage-A routed key ``ra``, weighing
+    ``n``; field 2 ``b`` (all ``p`` unless given), stage B by hash."""
+    b = ["p"] * len(a) if b is None else b
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    return routed_source._rows(
+        "pairs", len(a), kind=["event"] * len(a), a=a, b=b, ra=ra, rb=b,
+        vb=pa.array([1] * len(a), pa.int32()), n=n, ts=[moment] * len(a),
+    )  # fmt: skip
+
+
+def _stage_a_partials(rows: list[Row]) -> dict[str, int]:
+    """Stage A's latest partial per routed key in one batch, as the sink reads them."""
+    output = pd.DataFrame([row.asDict() for row in rows])
+    partials = latest_partials_of_batch(unpacked_partials(output))
+    mine = partials[partials["stage"] == "A"]
+    return dict(zip(mine["routed_key"], mine["count"], strict=True))
+
+
 @pytest.mark.integration
 def test_the_stages_take_primers_and_change_nothing(spark, tmp_path: Path) -> None:
     """A micro-batch with the primers gives the JVM stages' output without them, row for
     row: a moved state leaves with its count, every key counts exactly, and the empty
     hand-off rows add no row (:func:`keyplane.spark.routed_source.primer_rows`)."""
-    moment = datetime(2026, 1, 1, tzinfo=UTC)
-    events = routed_source._rows(
-        "pairs", 3, kind=["event"] * 3, a=["x", "y", "x"], b=["p", "q", "q"],
-        ra=["x", "y", "x"], rb=["p", "q", "q"], vb=pa.array([1] * 3, pa.int32()),
-        n=[2, 1, 3], ts=[moment] * 3,
-    )  # fmt: skip
+    events = _events(["x", "y", "x"], ["x", "y", "x"], [2, 1, 3], b=["p", "q", "q"])
     evicts = next(
         routed_source.read_evictions(
             routed_source.EvictPartition("A", (("x", "x", "x#1"),), 4, 7, "pairs", "per-instance")
@@ -177,25 +222,8 @@ def test_the_stages_take_primers_and_change_nothing(spark, tmp_path: Path) -> No
     )
 
     def output(batches: list[pa.RecordBatch], name: str) -> list[tuple]:
-        inputs = tmp_path / name / "in"
-        inputs.mkdir(parents=True)
-        pq.write_table(pa.Table.from_batches(batches), inputs / "part-0.parquet")
-        rows = (
-            spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
-            .parquet(str(inputs))
-            .withWatermark("ts", "1 minute")
-        )
-        query = (
-            jvm.routed_running_counts_jvm(rows, 4, tuples=False)
-            .drop("executor", "upstream_executor")
-            .writeStream.format("memory")
-            .queryName(name)
-            .option("checkpointLocation", str(tmp_path / name / "ck"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        return sorted(tuple(row) for row in spark.table(name).collect())
+        [rows] = _outputs_by_batch(spark, [batches], tmp_path / name)
+        return sorted(tuple(row) for row in rows)
 
     plain = output([events, evicts], "plain")
     primed = output([routed_source.primer_rows("pairs", 4), events, evicts], "primed")
@@ -209,47 +237,6 @@ def test_the_stages_take_primers_and_change_nothing(spark, tmp_path: Path) -> No
         ("B", "p", 2),
         ("B", "q", 4),
     }
-
-
-def _outputs_by_batch(spark, batches: list[list[pa.RecordBatch]], root: Path) -> list[pd.DataFrame]:
-    """The JVM stages' output of each micro-batch, one input file per batch."""
-    inputs = root / "in"
-    inputs.mkdir(parents=True)
-    for i, batch in enumerate(batches):
-        path = inputs / f"part-{i}.parquet"
-        pq.write_table(pa.Table.from_batches(batch), path)
-        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source's order
-    rows = (
-        spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(inputs))
-        .withWatermark("ts", "1 minute")
-    )
-    seen: list[pd.DataFrame] = []
-    query = (
-        jvm.routed_running_counts_jvm(rows, 4, tuples=False)
-        .writeStream.foreachBatch(lambda df, _: seen.append(df.toPandas()))
-        .option("checkpointLocation", str(root / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return seen
-
-
-def _events(a: list[str], ra: list[str], n: list[int]) -> pa.RecordBatch:
-    moment = datetime(2026, 1, 1, tzinfo=UTC)
-    return routed_source._rows(
-        "pairs", len(a), kind=["event"] * len(a), a=a, b=["p"] * len(a), ra=ra,
-        rb=["p"] * len(a), vb=pa.array([1] * len(a), pa.int32()), n=n, ts=[moment] * len(a),
-    )  # fmt: skip
-
-
-def _stage_a_partials(output: pd.DataFrame) -> dict[str, int]:
-    """Stage A's latest partial per routed key in one batch, as the sink reads them."""
-    partials = latest_partials_of_batch(unpacked_partials(output))
-    mine = partials[partials["stage"] == "A"]
-    return dict(zip(mine["routed_key"], mine["count"], strict=True))
 
 
 @pytest.mark.integration
@@ -288,7 +275,7 @@ def test_per_instance_moves_hold_every_tuple_and_install_once(spark, tmp_path: P
     )
 
     assert _stage_a_partials(first) == {"x": 2, "z": 3}
-    [record] = switch.loc[(switch["kind"] == "moves") & (switch["stage"] == "A"), "state"]
+    [record] = [row.state for row in switch if row.kind == "moves" and row.stage == "A"]
     left = {m["source"]: (m["target"], m["count"], m["state"], m["marker"])
             for m in json.loads(record)["moves"]}  # fmt: skip
     assert left == {"x": ("x#1", 6, "6", 7), "z": ("z#1", 3, "3", 7)}

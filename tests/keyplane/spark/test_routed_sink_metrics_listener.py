@@ -98,6 +98,12 @@ def test_a_new_run_of_the_query_closes_the_previous_runs_producers_fake_producer
         MetricsListener._attached.pop("query-restarted", None)
 
 
+def _attach(spark: Any, query_id: str, run_id: str) -> MetricsListener:
+    """A listener attached for a new run of query ``query_id`` with a writer of its own."""
+    query = SimpleNamespace(id=query_id, runId=run_id)
+    return MetricsListener.attach(spark, query, Writer(), "job.metrics")
+
+
 def test_a_new_query_removes_the_listeners_of_the_sessions_stopped_queries_fake_producers(
     fake_producers: Any,
 ) -> None:
@@ -106,35 +112,15 @@ def test_a_new_query_removes_the_listeners_of_the_sessions_stopped_queries_fake_
     spark = SimpleNamespace(streams=Streams(active={"q-stopped", "q-running"}))
     other_session = SimpleNamespace(streams=Streams())
     try:
-        stopped = MetricsListener.attach(
-            spark,  # type: ignore[arg-type]
-            SimpleNamespace(id="q-stopped", runId="r1"),  # type: ignore[arg-type]
-            Writer(),  # type: ignore[arg-type]
-            "job.metrics",
-        )
-        running = MetricsListener.attach(
-            spark,  # type: ignore[arg-type]
-            SimpleNamespace(id="q-running", runId="r2"),  # type: ignore[arg-type]
-            Writer(),  # type: ignore[arg-type]
-            "job.metrics",
-        )
-        elsewhere = MetricsListener.attach(
-            other_session,  # type: ignore[arg-type]
-            SimpleNamespace(id="q-elsewhere", runId="r3"),  # type: ignore[arg-type]
-            Writer(),  # type: ignore[arg-type]
-            "job.metrics",
-        )
+        stopped = _attach(spark, "q-stopped", "r1")
+        running = _attach(spark, "q-running", "r2")
+        elsewhere = _attach(other_session, "q-elsewhere", "r3")
         for listener in (stopped, running, elsewhere):
             assert listener.publish(BatchMetrics(batch_id=1))
         assert len(made) == 3 and not any(p.closed for p in made)
 
         spark.streams.active.discard("q-stopped")  # the caller ran query.stop()
-        newest = MetricsListener.attach(
-            spark,  # type: ignore[arg-type]
-            SimpleNamespace(id="q-new", runId="r4"),  # type: ignore[arg-type]
-            Writer(),  # type: ignore[arg-type]
-            "job.metrics",
-        )
+        newest = _attach(spark, "q-new", "r4")
         assert spark.streams.listeners == [running, newest]
         assert other_session.streams.listeners == [elsewhere]
         assert made[0].closed and not made[1].closed and not made[2].closed
