@@ -14,6 +14,8 @@ lint: bootstrap
 	.venv/bin/mypy include
 	# The entry points and benches, against the installed keyplane package.
 	.venv/bin/mypy dags plugins spark_jobs bench
+	# The tests, each file as its path names it (tests/bench and tests/keyplane/spark both have a conftest).
+	.venv/bin/mypy --explicit-package-bases tests
 
 test: lint
 	@scripts/install-browser

@@ -267,8 +267,8 @@ def check_kafka_kraft(compose: Compose) -> list[str]:
             problems.append(f"{name}: KAFKA_CONTROLLER_LISTENER_NAMES is not set")
         voters = {}
         for voter in env.get("KAFKA_CONTROLLER_QUORUM_VOTERS", "").split(","):
-            node, _, address = voter.partition("@")
-            voters[node.strip()] = address.strip()
+            node, _, voter_address = voter.partition("@")
+            voters[node.strip()] = voter_address.strip()
         if "controller" in roles:
             address = voters.get(str(env.get("KAFKA_NODE_ID", "")))
             if address is None:
@@ -1068,6 +1068,11 @@ def set_env(compose: Compose, name: str, key: str, value: str) -> None:
     svc(compose, name)["environment"][key] = value
 
 
+def set_airflow_env(compose: Compose, key: str, value: str) -> None:
+    for name in airflow_services(compose):
+        set_env(compose, name, key, value)
+
+
 def replace_token(compose: Compose, name: str, old: str, new: str, nth: int = 0) -> None:
     command = svc(compose, name)["command"]
     index = [i for i, token in enumerate(command) if token == old][nth]
@@ -1557,22 +1562,13 @@ def test_airflow_database_check_rejects_broken_urls(
             "airflow-scheduler: does not wait for the init service",
         ),
         (
-            lambda c: [
-                set_env(
-                    c,
-                    n,
-                    "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
-                    "http://localhost:8080/execution/",
-                )
-                for n in airflow_services(c)
-            ],
+            lambda c: set_airflow_env(
+                c, "AIRFLOW__CORE__EXECUTION_API_SERVER_URL", "http://localhost:8080/execution/"
+            ),
             "the execution API URL does not reach the api-server",
         ),
         (
-            lambda c: [
-                set_env(c, n, "AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
-                for n in airflow_services(c)
-            ],
+            lambda c: set_airflow_env(c, "AIRFLOW__CORE__EXECUTOR", "CeleryExecutor"),
             "only LocalExecutor runs without a Celery broker",
         ),
     ],

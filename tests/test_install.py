@@ -79,6 +79,7 @@ def test_compiled_zip_runs_its_bytecode_and_never_a_stale_one(tmp_path: Path) ->
         assert sorted(zf.namelist()) == ["broken.py", "mod.py", "mod.pyc"]
         stale_pyc = zf.read("mod.pyc")
     module = _load(archive, "mod")
+    assert module.__file__ is not None
     assert (module.VALUE, Path(module.__file__).name) == (1, "mod.pyc")
 
     changed = tmp_path / "changed.zip"

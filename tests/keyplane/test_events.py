@@ -62,7 +62,7 @@ def test_encoded_events_are_valid_and_decode_to_their_keys_in_order() -> None:
         start=10, a=np.array([3, 1, 3]), b=np.array([7, 7, 2]), pad=np.array([0, 5, 0])
     )
     values = list(encode_batch(batch, ts_ms=1_000))
-    assert [parse_event(v)[0]["seq"] for v in values] == [10, 11, 12]  # type: ignore[index]
+    assert [parse_event(v)[0]["seq"] for v in values] == [10, 11, 12]
     assert keys(values) == [("3", "7"), ("1", "7"), ("3", "2")]
 
 
@@ -88,8 +88,7 @@ def test_decoding_whole_events_takes_a_batch_only_when_parse_event_takes_every_v
     else:
         assert table is not None
         assert table.to_pylist() == [
-            {name: event[name] for name in ("seq", "a", "b", "ts")}  # type: ignore[index]
-            for event in parsed
+            {name: event[name] for name in ("seq", "a", "b", "ts")} for event in parsed
         ]
 
 

@@ -286,4 +286,4 @@ def test_history_policy_rejects_bad_decay() -> None:
     with pytest.raises(ValueError, match="decay"):
         HistoryPolicy(decay=0.0)
     with pytest.raises(ValueError, match="mode"):
-        HistoryPolicy(mode="forever")  # type: ignore[arg-type]
+        HistoryPolicy(mode="forever")

@@ -58,7 +58,7 @@ def command(
     kind: str, version: int, base: int | None, operator: str | None = None
 ) -> ControlMessage:
     return ControlMessage(
-        type=kind,  # type: ignore[arg-type]
+        type=kind,
         config_version=version,
         previous_version=base,
         operator=operator,
@@ -986,7 +986,7 @@ def test_redelivering_a_message_sequence_applies_only_what_ordering_held_back(
     # may apply those messages and no others; each pass can unblock one
     # more operator, so the passes settle within one per operator.
     job = restored(chaos.job)
-    held_back = set()
+    held_back: set[str] = set()
     known = set(chaos.reply_ids)
     for delivery in range(len(PROPERTY_OPS)):
         reactions = [(message, job.react(message, at)) for message in sequence]

@@ -41,7 +41,7 @@ def _config(version: int, parent: int | None, by: str, hot: bool = False) -> Rou
         version=version,
         parent_version=parent,
         created_at=T0 + timedelta(minutes=version),
-        created_by=by,  # type: ignore[arg-type]
+        created_by=by,
         operators={
             "A": OperatorRouting(
                 parallelism=3,
@@ -234,8 +234,8 @@ def _png_size(data: bytes) -> tuple[int, int]:
 @pytest.mark.parametrize("name", list(PLOTS))
 def test_pure_plots_render_pngs_with_and_without_points(name: str) -> None:
     records = [_batch(i, {"A": 1 + (i >= 3), "B": 1 + (i >= 4)}) for i in range(6)]
-    full = render_png(name, dm.points(records))  # type: ignore[arg-type]
-    empty = render_png(name, [])  # type: ignore[arg-type]
+    full = render_png(name, dm.points(records))
+    empty = render_png(name, [])
     assert _png_size(full) == (640, 320) and _png_size(empty) == (640, 320)
     assert len(full) > 5_000
 

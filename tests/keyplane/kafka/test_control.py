@@ -23,7 +23,7 @@ KEY = b"control-channel-tests-0123456789abcdef"
 
 def command(kind: str, version: int, operator: str | None = None) -> ControlMessage:
     return ControlMessage(
-        type=kind,  # type: ignore[arg-type]
+        type=kind,
         config_version=version,
         previous_version=version - 1,
         operator=operator,

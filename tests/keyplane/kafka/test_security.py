@@ -101,7 +101,7 @@ def test_inconsistent_settings_are_refused_naming_the_variable(
     settings: dict[str, str], named: str
 ) -> None:
     with pytest.raises(ValidationError, match=named):
-        KafkaSecurity(**settings)  # type: ignore[arg-type]
+        KafkaSecurity(**settings)
 
 
 def test_client_config_adds_the_process_settings_to_the_servers(

@@ -17,6 +17,7 @@ without Spark (the Spark side of duplicates and reordering is in
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -129,7 +130,7 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
             once = tasks.propagate(deployment, operator)
             assert tasks.propagate(deployment, operator) == once
             _eventually(
-                lambda op=operator: tasks.reply_arrived(deployment, "migrated", op),
+                functools.partial(tasks.reply_arrived, deployment, "migrated", operator),
                 f"MIGRATED {operator}",
             )
         finished = tasks.done(deployment, winner)
@@ -211,7 +212,7 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
         while (step := tasks.advance_waves(deployment, SCHEDULED))["wait"] is not None:
             steps.append((step["version"], step["wait"], step["operator"]))
             _eventually(
-                lambda s=step: tasks.reply_arrived(deployment, s["wait"], s["operator"]),
+                functools.partial(tasks.reply_arrived, deployment, step["wait"], step["operator"]),
                 f"{step['wait']} of v{step['version']}",
             )
         assert [v for v, wait, _ in steps if wait == "ack"] == waves
@@ -229,7 +230,7 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
         for operator in OPERATORS:
             tasks.propagate(deployment, operator)
             _eventually(
-                lambda op=operator: tasks.reply_arrived(deployment, "migrated", op),
+                functools.partial(tasks.reply_arrived, deployment, "migrated", operator),
                 f"MIGRATED {operator}",
             )
         assert tasks.done(deployment, SCHEDULED)["version"] == version

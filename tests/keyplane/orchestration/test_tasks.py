@@ -63,7 +63,7 @@ def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
         decision
     )
     # Planned in one version: no waves to roll out, and nothing sent (there is no broker).
-    no_waves = {"waves": [], "version": None, "wait": None, "operator": None}
+    no_waves: dict[str, object] = {"waves": [], "version": None, "wait": None, "operator": None}
     assert tasks.advance_waves(deployment, RUN) == no_waves
 
     # One instance given 3x the average load: every stage-A key on instance 0.

@@ -32,4 +32,4 @@ def test_heterogeneous_service_times_per_instance() -> None:
 )
 def test_invalid_configs_fail_at_construction(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ClusterConfig(**kwargs)  # type: ignore[arg-type]
+        ClusterConfig(**kwargs)

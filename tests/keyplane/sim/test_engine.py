@@ -149,7 +149,7 @@ def test_rejects_mismatched_router_and_missing_field_with_fake_router() -> None:
     with pytest.raises(ValueError, match="outside"):
         simulate(trace, [Stage(FakeTableRouter([5], 2))], cluster)
     with pytest.raises(TypeError, match="Partitioner"):
-        Stage(object())  # type: ignore[arg-type]
+        Stage(object())
 
 
 def zipf_trace(n: int = 20_000, n_keys: int = 2_000, seed: int = 0) -> Trace:

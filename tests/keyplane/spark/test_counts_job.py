@@ -191,14 +191,14 @@ def test_stop_waits_for_the_running_batch_only_with_a_fake_query(
     backlog: bool, last_batch: int | None
 ) -> None:
     query = FakeQuery(busy_reads=3, last_batch=last_batch, backlog=backlog)
-    stop_between_batches(query, grace_s=60, poll_s=0)  # type: ignore[arg-type]
+    stop_between_batches(query, grace_s=60, poll_s=0)
     assert query.stopped_after == 4
 
 
 def test_stop_gives_up_waiting_after_the_grace_with_a_fake_query() -> None:
     query = FakeQuery(busy_reads=float("inf"), backlog=True)
     started = time.monotonic()
-    stop_between_batches(query, grace_s=0.2, poll_s=0.01)  # type: ignore[arg-type]
+    stop_between_batches(query, grace_s=0.2, poll_s=0.01)
     assert query.stopped_after is not None and query.stopped_after > 1
     assert time.monotonic() - started >= 0.2
 

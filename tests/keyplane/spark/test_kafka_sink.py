@@ -25,7 +25,7 @@ def test_rows_arrive_keyed_and_complete(spark, broker: str, topic_name: str) -> 
     tps = [TopicPartition(topic_name, p) for p in marks]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
-    got = {}
+    got: dict[str, int] = {}
     while len(got) < 500:
         for records in consumer.poll(timeout_ms=2000).values():
             for r in records:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -51,7 +52,7 @@ def _records(broker: str, topic: str) -> list[dict]:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
-        out = []
+        out: list[dict[str, Any]] = []
         for _ in range(20):
             batch = consumer.poll(timeout_ms=500).get(tp, [])
             if not batch and out:

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -357,7 +358,7 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
     tp = TopicPartition(dead_letters, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
-    records = []
+    records: list[dict[str, Any]] = []
     while len(records) < len(bad):
         records += [json.loads(r.value) for r in consumer.poll(timeout_ms=1000).get(tp, [])]
     consumer.close()

@@ -49,7 +49,7 @@ def listener_with_fake_producers(
     fake_producers: Any, *delivers: int | None
 ) -> tuple[MetricsListener, list[Any]]:
     made = fake_producers(keyplane.kafka.producer, *delivers)
-    return MetricsListener(Writer(), "job.metrics"), made  # type: ignore[arg-type]
+    return MetricsListener(Writer(), "job.metrics"), made
 
 
 def test_a_producer_that_stops_delivering_is_replaced_and_the_record_sent_again_fake_producers(
@@ -83,13 +83,13 @@ def test_a_new_run_of_the_query_closes_the_previous_runs_producers_fake_producer
     query = SimpleNamespace(id="query-restarted", runId="run-1")
     writer = Writer()
     try:
-        first = MetricsListener.attach(spark, query, writer, "job.metrics")  # type: ignore[arg-type]
+        first = MetricsListener.attach(spark, query, writer, "job.metrics")
         assert first.publish(BatchMetrics(batch_id=1))
         assert writer.producer.send("job.migration", [(b"1", b"moves")]) == 1
         assert len(made) == 2 and not any(p.closed for p in made)
 
         query.runId = "run-2"
-        second = MetricsListener.attach(spark, query, Writer(), "job.metrics")  # type: ignore[arg-type]
+        second = MetricsListener.attach(spark, query, Writer(), "job.metrics")
         assert spark.streams.listeners == [second]
         assert all(p.closed for p in made)
         assert second.publish(BatchMetrics(batch_id=2))
@@ -135,7 +135,7 @@ def test_a_record_joins_the_sinks_measures_with_the_batchs_progress_fake_writer(
     """What the sink measured, with the progress report's figures, start time and routing."""
     writer = Writer()
     writer.metrics[7] = BatchMetrics(batch_id=7, hops=10, local_hops=4)
-    listener = MetricsListener(writer, "job.metrics")  # type: ignore[arg-type]
+    listener = MetricsListener(writer, "job.metrics")
     progress = {
         "batchId": 7,
         "timestamp": "2026-11-29T09:52:22.244Z",
