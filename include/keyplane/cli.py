@@ -7,6 +7,7 @@ line that says what went wrong and how to fix it.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -241,10 +242,45 @@ def _read_config_file(path: Path) -> RoutingConfig:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise CliError(f"cannot read {path}: {reason}") from None
     try:
-        return RoutingConfig.model_validate_json(text)
-    except ValidationError as exc:
-        problem = first_problem(exc)
+        config = RoutingConfig.model_validate_json(text)
+        json.loads(text, object_pairs_hook=_without_repeated_names)
+    except ValueError as exc:
+        problem = first_problem(exc) if isinstance(exc, ValidationError) else str(exc)
         raise CliError(f"{path} is not a valid routing configuration: {problem}") from None
+    return config
+
+
+def _without_repeated_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refusing a name given twice: JSON parsers keep the last
+    one without a word, so ``{"A": {...}, "A": {...}}`` would lose an operator's routing."""
+    members: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in members:
+            raise ValueError(f"{name!r} is given twice in one object")
+        members[name] = value
+    return members
+
+
+def _check_parent(config: RoutingConfig, store: Path, path: Path) -> None:
+    """Refuse, before anything is stored, a child that cannot replace its parent.
+
+    A stored version never changes, so a child stored with a missing parent
+    or other operators would keep its version number unusable for good.
+    """
+    assert config.parent_version is not None
+    try:
+        parent = config_store.load(store, config.parent_version)
+    except config_store.UnknownVersionError:
+        raise CliError(
+            f"{path} names parent_version {config.parent_version}, which {store} does not hold; "
+            "publish the parent first, or name a stored version"
+        ) from None
+    try:
+        config_store.check_same_operators(parent, config)
+    except ValueError as exc:
+        raise CliError(
+            f"{path} cannot replace its parent v{config.parent_version}: {exc}"
+        ) from None
 
 
 def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
@@ -311,6 +347,8 @@ def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
     store: Path = args.store or settings.config_store
     if args.max_moves_per_wave is not None and config.parent_version is not None:
         return _publish_in_waves(settings, args, config, store)
+    if config.parent_version is not None:
+        _check_parent(config, store, args.file)
     _save_published(config, store, args.file)
     if config.parent_version is None:
         print(f"v{config.version} is an initial configuration: start the job on it")
@@ -938,6 +976,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keyplane: {exc}", file=sys.stderr)
     except config_store.ConfigStoreError as exc:
         print(_config_error_line(exc), file=sys.stderr)
+    except OSError as exc:
+        # A path that is a file where a directory belongs, a full disk, no permission.
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"keyplane: {exc.strerror or exc}{where}", file=sys.stderr)
     except KafkaError as exc:
         print(
             f"keyplane: Kafka did not answer ({type(exc).__name__}: {exc}); "

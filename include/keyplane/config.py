@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from keyplane.parquet_files import read_table
 
@@ -41,8 +41,19 @@ CreatedBy = Literal["initial", "schedule", "manual", "rollback", "scale"]
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
-_VERSION_DIRECTORY = re.compile(r"^v(\d{6})$")
+_VERSION_DIRECTORY = re.compile(r"^v(\d{6,})$")
 _MAX_REPORTED = 5
+
+
+def _not_a_boolean(value: Any) -> Any:
+    """JSON's ``true`` is not the integer 1: pydantic would read it as one."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {str(value).lower()}")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_not_a_boolean)]
+"""An integer field of a configuration file: a number, never a boolean."""
 
 
 def _listing(items: list[str]) -> str:
@@ -71,7 +82,7 @@ class OperatorRouting(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    parallelism: int = Field(ge=1)
+    parallelism: Count = Field(ge=1)
     table: dict[str, int] = Field(default_factory=dict)
     hot_keys: dict[str, tuple[int, ...]] = Field(default_factory=dict)
     placement: dict[int, str] | None = None
@@ -156,8 +167,8 @@ class RoutingConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: int = Field(ge=1)
-    parent_version: int | None = Field(default=None, ge=1)
+    version: Count = Field(ge=1)
+    parent_version: Count | None = Field(default=None, ge=1)
     created_at: AwareDatetime = Field(default_factory=lambda: datetime.now(UTC))
     created_by: CreatedBy
     operators: dict[str, OperatorRouting]
@@ -191,6 +202,20 @@ class RoutingConfig(BaseModel):
         )
 
 
+def check_same_operators(old: RoutingConfig, new: RoutingConfig) -> None:
+    """Raise ``ValueError`` unless ``new`` routes exactly ``old``'s operators.
+
+    A migration moves each operator's keys from its old instances to its new
+    ones (000 §3.4); an operator routed by only one of the two has nothing
+    to move from or to, and the running job's stages are fixed.
+    """
+    if set(old.operators) != set(new.operators):
+        raise ValueError(
+            "old and new configurations must route the same operators: "
+            f"{sorted(old.operators)} vs {sorted(new.operators)}"
+        )
+
+
 class ConfigStoreError(Exception):
     """A configuration could not be saved or loaded as asked."""
 
@@ -205,6 +230,14 @@ class ChecksumMismatchError(ConfigStoreError):
 
 class VersionConflictError(ConfigStoreError):
     """A different configuration is already stored under this version."""
+
+
+class UnsupportedFormatError(ConfigStoreError):
+    """A stored version is in a store format this keyplane does not read (a newer one).
+
+    Reading it anyway would drop what a newer format added without a word;
+    a job refuses the version instead, and stays on the one it runs.
+    """
 
 
 @dataclass(frozen=True)
@@ -383,9 +416,18 @@ def _read_manifest(root: Path, version: int) -> dict[str, Any]:
             f"{_listing([str(v) for v in known]) if known else 'none'}"
         )
     try:
-        manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as error:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ChecksumMismatchError(f"{manifest_path} is not valid JSON: {error}") from error
+    if not isinstance(manifest, dict):
+        raise ChecksumMismatchError(
+            f"{manifest_path} is not a manifest: a JSON {type(manifest).__name__}, not an object"
+        )
+    if manifest.get("format") != FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"{manifest_path} is in store format {manifest.get('format')!r}, and this keyplane "
+            f"reads format {FORMAT_VERSION} only"
+        )
     return manifest
 
 
@@ -432,6 +474,18 @@ def load(
         raise ConfigStoreError(
             f"{folder / MANIFEST_NAME} describes version {body.get('version')}, not {version}"
         )
+    try:
+        return _config_of(body, folder)
+    except (KeyError, TypeError, AttributeError, pa.ArrowException) as error:
+        # The checksums matched: these files were written this way, not damaged later.
+        raise ConfigStoreError(
+            f"{folder} is not a configuration this keyplane can read "
+            f"({type(error).__name__}: {error})"
+        ) from None
+
+
+def _config_of(body: dict[str, Any], folder: Path) -> RoutingConfig:
+    """The configuration a verified manifest ``body`` describes, its files in ``folder``."""
     operators: dict[str, OperatorRouting] = {}
     for entry in body["operators"]:
         table = read_table(folder / entry["table_file"]).to_pydict()

@@ -167,6 +167,12 @@ def read_controller_file(path: Path) -> ControllerFile | None:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ControllerError(
+            f"cannot read the controller state file {path} ({reason}); "
+            "restore it, or move it aside to start from the job's current version"
+        ) from None
     try:
         return ControllerFile.model_validate_json(text)
     except ValidationError as exc:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.config import OperatorRouting, RoutingConfig, check_same_operators
 
 Fallback = Callable[[str, int], int]
 """``fallback(key, parallelism)``: the instance hashing gives a key (Spark's
@@ -202,11 +202,7 @@ def _migrate_operator(
 def _resolve_order(
     old: RoutingConfig, new: RoutingConfig, operator_order: Sequence[str] | None
 ) -> list[str]:
-    if set(old.operators) != set(new.operators):
-        raise ValueError(
-            "old and new configurations must route the same operators: "
-            f"{sorted(old.operators)} vs {sorted(new.operators)}"
-        )
+    check_same_operators(old, new)
     order = list(new.operators) if operator_order is None else list(operator_order)
     if sorted(order) != sorted(new.operators):
         raise ValueError(

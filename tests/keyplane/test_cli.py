@@ -153,8 +153,24 @@ def _publish_in_waves(
             "{file} is not a valid routing configuration: operators.A.parallelism: "
             "Input should be greater than or equal to 1",
         ),
+        (
+            '{"version": 1, "created_by": "initial", '
+            '"operators": {"A": {"parallelism": 2}, "A": {"parallelism": 3}}}',
+            "{file} is not a valid routing configuration: 'A' is given twice in one object",
+        ),
+        (
+            '{"version": 1, "created_by": "initial", "operators": {"A": {"parallelism": true}}}',
+            "{file} is not a valid routing configuration: operators.A.parallelism: "
+            "Value error, expected an integer, got true",
+        ),
+        (
+            '{"version": 2, "parent_version": 1, "created_by": "manual", '
+            '"operators": {"A": {"parallelism": 2}}}',
+            "{file} names parent_version 1, which {store} does not hold; publish the parent "
+            "first, or name a stored version",
+        ),
     ],
-    ids=["missing", "not-json", "invalid-field"],
+    ids=["missing", "not-json", "invalid-field", "repeated-name", "boolean", "parent-missing"],
 )
 def test_config_publish_of_a_bad_file_is_one_line_and_exit_2(
     tmp_path: Path, contents: str | None, expected: str
@@ -167,8 +183,41 @@ def test_config_publish_of_a_bad_file_is_one_line_and_exit_2(
 
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert result.stderr.startswith("keyplane: " + expected.format(file=file))
+    assert result.stderr.startswith(
+        "keyplane: " + expected.format(file=file, store=tmp_path / "configs")
+    )
     assert not (tmp_path / "configs").exists()
+
+
+def test_config_publish_refuses_a_child_of_other_operators_and_stores_nothing(
+    tmp_path: Path, routing_store: Path
+) -> None:
+    child = config_store.load(routing_store, 3).model_dump(mode="json")
+    child.update(version=4, parent_version=3)
+    child["operators"] = {"C": child["operators"]["A"]}
+    file = tmp_path / "other_operators.json"
+    file.write_text(json.dumps(child))
+
+    result = _keyplane(tmp_path, "config", "publish", str(file), "--store", str(routing_store))
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"keyplane: {file} cannot replace its parent v3: old and new configurations must "
+        "route the same operators: ['A', 'B'] vs ['C']\n"
+    )
+    assert config_store.stored_versions(routing_store) == [1, 2, 3]
+
+
+def test_a_store_path_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    file = tmp_path / "v1.json"
+    file.write_text(config_store.RoutingConfig.all_hash(2, OPERATORS).model_dump_json())
+    not_a_directory = tmp_path / "a_file"
+    not_a_directory.write_text("")
+
+    result = _keyplane(tmp_path, "config", "publish", str(file), "--store", str(not_a_directory))
+
+    assert result.returncode == 2
+    assert result.stderr == f"keyplane: File exists: {not_a_directory}\n"
 
 
 def test_config_publish_stores_idempotently_and_refuses_a_changed_version(

@@ -18,9 +18,11 @@ from pydantic import ValidationError
 from keyplane import config as config_module
 from keyplane.config import (
     ChecksumMismatchError,
+    ConfigStoreError,
     OperatorRouting,
     RoutingConfig,
     UnknownVersionError,
+    UnsupportedFormatError,
     VersionConflictError,
     checksum,
     latest_version,
@@ -83,6 +85,59 @@ def test_a_modified_manifest_is_rejected_naming_the_manifest(tmp_path: Path) -> 
 
     with pytest.raises(ChecksumMismatchError, match=r"manifest\.json"):
         load(tmp_path, 2)
+
+
+def _rewrite_manifest(folder: Path, change: Any) -> None:
+    """Apply ``change`` to the manifest's body and record the matching checksum, as a
+    writer of that manifest would have (a tampered one is the test above)."""
+    manifest_path = folder / "manifest.json"
+    body = json.loads(manifest_path.read_text())
+    del body["checksum"]
+    change(body)
+    body["checksum"] = config_module._body_checksum(body)
+    manifest_path.write_text(json.dumps(body))
+
+
+def test_a_newer_store_format_is_refused_not_read_in_part(tmp_path: Path) -> None:
+    saved = save(example_config(), tmp_path)
+    _rewrite_manifest(saved.path, lambda body: body.update(format=2, shards=["a", "b"]))
+
+    with pytest.raises(UnsupportedFormatError, match=r"store format 2, .* reads format 1 only"):
+        load(tmp_path, 2)
+    with pytest.raises(UnsupportedFormatError):
+        checksum(tmp_path, 2)
+
+
+def test_a_manifest_checksummed_but_without_its_files_names_the_version(tmp_path: Path) -> None:
+    saved = save(example_config(), tmp_path)
+    _rewrite_manifest(saved.path, lambda body: body["operators"][0].pop("table_file"))
+
+    with pytest.raises(ConfigStoreError, match=r"v000002 is not a configuration .* 'table_file'"):
+        load(tmp_path, 2)
+
+
+@pytest.mark.parametrize(
+    ("contents", "message"),
+    [(b"\xff\xfe", "is not valid JSON"), (b"[]", "not a manifest: a JSON list")],
+    ids=["not-utf-8", "a-list"],
+)
+def test_a_manifest_that_is_not_an_object_is_a_clear_error(
+    tmp_path: Path, contents: bytes, message: str
+) -> None:
+    saved = save(example_config(), tmp_path)
+    (saved.path / "manifest.json").write_bytes(contents)
+
+    with pytest.raises(ChecksumMismatchError, match=message):
+        load(tmp_path, 2)
+
+
+def test_versions_past_six_digits_are_listed_and_loaded(tmp_path: Path) -> None:
+    save(example_config(999_999, None), tmp_path)
+    save(example_config(1_000_000, 999_999), tmp_path)
+
+    assert stored_versions(tmp_path) == [999_999, 1_000_000]
+    assert latest_version(tmp_path) == 1_000_000
+    assert load(tmp_path, 1_000_000) == example_config(1_000_000, 999_999)
 
 
 def test_an_unexpected_published_checksum_is_rejected(tmp_path: Path) -> None:
@@ -168,6 +223,7 @@ def test_latest_version_ignores_unfinished_directories(tmp_path: Path) -> None:
         ({"hot_keys": {"k": (0, 9)}}, r"outside \[0, 4\)"),
         ({"placement": {0: "e", 1: "e"}}, "executor for each instance 0..3"),
         ({"parallelism": 0}, "greater than or equal to 1"),
+        ({"parallelism": True}, "expected an integer, got true"),
     ],
 )
 def test_operator_invariant_violations_are_rejected(fields: dict[str, Any], message: str) -> None:
@@ -185,6 +241,7 @@ def test_operator_invariant_violations_are_rejected(fields: dict[str, Any], mess
         ({"operators": {}}, "at least one operator"),
         ({"created_at": datetime(2026, 1, 1)}, "timezone"),
         ({"created_by": "cron"}, "'initial', 'schedule'"),
+        ({"version": True, "parent_version": None, "created_by": "initial"}, "got true"),
     ],
 )
 def test_config_invariant_violations_are_rejected(fields: dict[str, Any], message: str) -> None:

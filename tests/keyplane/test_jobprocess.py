@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -624,11 +624,23 @@ def test_read_rollout_summarises_the_controller_state_without_kafka(tmp_path: Pa
     assert (aborted.active_version, aborted.last_version, aborted.last_outcome) == (1, 2, "ABORT")
 
 
-def test_an_unreadable_controller_file_is_a_status_problem_not_a_failure(tmp_path: Path) -> None:
-    (tmp_path / "controller.json").write_text("{}")
+@pytest.mark.parametrize(
+    ("write", "problem"),
+    [
+        (lambda path: path.write_text("{}"), "is not a controller state file"),
+        (lambda path: path.write_bytes(b"\xff\xfe"), "cannot read the controller state file"),
+        (lambda path: path.mkdir(), "cannot read the controller state file"),
+    ],
+    ids=["not-the-model", "not-utf-8", "a-directory"],
+)
+def test_an_unreadable_controller_file_is_a_status_problem_not_a_failure(
+    tmp_path: Path, write: Callable[[Path], object], problem: str
+) -> None:
+    write(tmp_path / "controller.json")
 
     status = JobProcess(Settings(home=tmp_path)).status(read_metrics=False)
 
     assert status.rollout is None
     assert status.rollout_problem is not None
-    assert "is not a controller state file" in status.rollout_problem
+    assert problem in status.rollout_problem
+    assert "move it aside" in status.rollout_problem
