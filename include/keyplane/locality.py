@@ -16,7 +16,9 @@ within an imbalance bound α (000 §3.1):
    several instances, or pinned to the least loaded instance on request.
 3. Keep the most valuable keys within the table budget: first by the pair
    weight they can make local, then by frequency. Other keys use the hash
-   fallback (000 §3.3), which fixes their instance.
+   fallback (000 §3.3), which fixes their instance: the caller says where
+   (``hash_parts``; by default the simulator's hash model), so that a plan
+   for a Spark job counts them where Spark's hash puts them.
 4. Partition the table keys with METIS (000 §3.3), target part sizes set to the
    capacity the hashed keys leave on each instance.
 5. METIS balances one constraint only (pymetis passes one weight per vertex),
@@ -39,7 +41,7 @@ with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -53,6 +55,9 @@ from keyplane.partitioner import KeyArray, TimeArray, WorkerArray
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+HashParts = Callable[[bool, npt.NDArray[np.int64]], npt.NDArray[np.int64]]
+"""Where the hash fallback puts keys outside the table: given whether the keys
+are stage A's and their ids, the instance (part) of each."""
 
 HeavyKeyPolicy = Literal["split", "pin"]
 HistoryMode = Literal["reset", "decay"]
@@ -581,12 +586,15 @@ def build_plan(
     max_table_entries: int | None = None,
     seed: int = 0,
     heavy_key_policy: HeavyKeyPolicy = "split",
+    hash_parts: HashParts | None = None,
 ) -> LocalityPlan:
     """Routing tables for stages A and B from one window of pair statistics (000 §3.3).
 
     Guarantee (``split`` policy): on ``pairs`` the predicted per-stage
-    imbalance is ≤ ``alpha``. See the module docstring for the steps and for
-    what the balance counts.
+    imbalance is ≤ ``alpha``, with the keys left out of the table (under
+    ``max_table_entries``) where ``hash_parts`` puts them; by default
+    :func:`keyplane.baselines.hash_worker`, the simulator's hash. See the
+    module docstring for the steps and for what the balance counts.
     """
     settings = PlanSettings(n_instances, alpha, max_table_entries, seed, heavy_key_policy)
     n = settings.n_instances
@@ -605,12 +613,15 @@ def build_plan(
 
     placement = np.full(graph.keys.size, -1, dtype=np.int64)
     hashed = ~heavy & ~tabled
-    placement[hashed] = hash_worker(graph.keys[hashed], n)
     fixed_loads: dict[bool, FloatArray] = {}
     stage_totals: dict[bool, float] = {}
     for stage_is_a in (True, False):
         stage = graph.stage(stage_is_a)
         stage_hashed = stage[hashed[stage]]
+        keys = graph.keys[stage_hashed]
+        placement[stage_hashed] = (
+            hash_worker(keys, n) if hash_parts is None else hash_parts(stage_is_a, keys)
+        )
         fixed_loads[stage_is_a] = _weighted_counts(
             placement[stage_hashed], graph.weight[stage_hashed], n
         )

@@ -58,7 +58,7 @@ import pandas as pd
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.hotkeys import FishSettings
 from keyplane.operators import OPERATORS
-from keyplane.routedkeys import spark_partitions
+from keyplane.routedkeys import fallback_instances
 from keyplane.settings import Settings
 
 if TYPE_CHECKING:
@@ -224,13 +224,16 @@ def stage_key_loads(statistics: pd.DataFrame, stage: str) -> dict[str, float]:
 def predicted_instance_loads(
     routing: OperatorRouting, key_loads: Mapping[str, float]
 ) -> FloatArray:
-    """Each instance's load when ``key_loads`` is routed as the job will route it.
+    """Each *active* instance's load when ``key_loads`` is routed as the job will route it.
 
     A table key loads its instance (000 §3.3). A hot key's load is spread
     evenly over its d instances: with equal capacities, picking the least
     waiting of the d candidates (001 §4.2) evens them out. Any other key takes
-    the hash fallback, which in Spark is ``pmod(hash(key), P)``
-    (``keyplane.routedkeys``). Instances outside ``[0, P)`` are not counted:
+    the hash fallback, which in Spark is ``pmod(hash(key), P)``, folded onto
+    the active instances when the operator is scaled in
+    (:func:`keyplane.routedkeys.fallback_instances`). A released instance
+    holds no keys by design (003 §5.3) and is left out, so max/mean compares
+    the instances that work. Instances outside ``[0, P)`` are not counted:
     the keys suite reports those routes.
     """
     p = routing.parallelism
@@ -251,8 +254,9 @@ def predicted_instance_loads(
             fallback_keys.append(key)
             fallback_loads.append(load)
     if fallback_keys:
-        np.add.at(loads, spark_partitions(fallback_keys, p), np.asarray(fallback_loads))
-    return loads
+        folded = fallback_instances(fallback_keys, p, routing.active_instances)
+        np.add.at(loads, folded, np.asarray(fallback_loads))
+    return loads[[i for i in routing.active if 0 <= i < p]]
 
 
 def _max_over_mean(loads: FloatArray) -> float:

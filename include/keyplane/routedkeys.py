@@ -417,6 +417,21 @@ def fold_instance(natural: int, active: Sequence[int], n: int) -> int:
     return allowed[inactive_rank % len(allowed)]
 
 
+def fallback_instances(
+    keys: Sequence[str], n: int, active: Sequence[int] | None = None
+) -> npt.NDArray[np.int64]:
+    """The instance the hash fallback sends each of ``keys`` to, as the job routes them.
+
+    ``pmod(hash(key), n)``, folded onto ``active`` when the operator is scaled
+    in (:func:`fold_instance`); ``None`` means every instance is active.
+    """
+    natural = spark_partitions(keys, n)
+    if active is None:
+        return natural
+    fold = np.array([fold_instance(g, active, n) for g in range(n)], dtype=np.int64)
+    return fold[natural]
+
+
 class RoutedKeyTable:
     """Grouping values for a routing table and hot keys over ``n_instances`` partitions.
 

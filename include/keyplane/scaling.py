@@ -67,7 +67,12 @@ from keyplane.elasticity import (
 )
 from keyplane.handoff import routed_key_table
 from keyplane.operators import OPERATORS
-from keyplane.routedkeys import fold_instance, spark_partition, spark_partitions
+from keyplane.routedkeys import (
+    fallback_instances,
+    fold_instance,
+    spark_partition,
+    spark_partitions,
+)
 from keyplane.statistics import instance_shares
 
 ScaleMode = Literal["auto", "out", "in"]
@@ -551,13 +556,12 @@ def routed_shares(routing: OperatorRouting, keys: Sequence[str]) -> npt.NDArray[
     if routing.active_instances is None or not keys:
         return shares
     p = routing.parallelism
-    fold = np.array([fold_instance(g, routing.active_instances, p) for g in range(p)])
     rows = np.array(
         [i for i, k in enumerate(keys) if k not in routing.table and k not in routing.hot_keys],
         dtype=np.int64,
     )
     if rows.size:
-        natural = spark_partitions([keys[i] for i in rows], p)
-        shares[rows, natural] = 0.0
-        shares[rows, fold[natural]] = 1.0
+        fallback_keys = [keys[i] for i in rows]
+        shares[rows, spark_partitions(fallback_keys, p)] = 0.0
+        shares[rows, fallback_instances(fallback_keys, p, routing.active_instances)] = 1.0
     return shares

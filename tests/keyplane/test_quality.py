@@ -34,7 +34,7 @@ from keyplane.quality import (
     validate_configuration,
     validate_statistics,
 )
-from keyplane.routedkeys import spark_partition
+from keyplane.routedkeys import fold_instance, spark_partition
 
 if TYPE_CHECKING:
     from great_expectations.data_context import FileDataContext
@@ -158,6 +158,22 @@ def test_config_frames_flatten_routed_keys_and_route_loads_like_the_job() -> Non
     assert row["locality_change"] == pytest.approx(0.1)
     assert (row["table_size"], row["hot_keys"]) == (2, 1)
     assert pd.isna(row["table_budget"])
+
+
+def test_a_scaled_in_operator_is_balanced_over_its_active_instances_with_folded_fallback() -> None:
+    # Instances 2 and 3 are released: their natural keys fold onto 0 and 1
+    # (003 §5.3), and the released instances, idle by design, are not imbalance.
+    routing = OperatorRouting(parallelism=4, table={"t": 1}, active_instances=(0, 1))
+    loads = {"t": 10.0, **{f"k{i}": 1.0 for i in range(40)}}
+    expected = np.array([0.0, 10.0])
+    for i in range(40):
+        expected[fold_instance(spark_partition(f"k{i}", 4), (0, 1), 4)] += 1.0
+    config, predictions = single_operator(routing, loads)
+
+    _, summary = config_frames(config, predictions)
+
+    np.testing.assert_allclose(predicted_instance_loads(routing, loads), expected)
+    assert summary.iloc[0]["load_max_over_mean"] == pytest.approx(expected.max() / expected.mean())
 
 
 @pytest.mark.integration

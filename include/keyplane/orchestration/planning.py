@@ -12,9 +12,9 @@ computed by routing the snapshot's keys exactly as the job routes them
 (:func:`keyplane.statistics.instance_shares`: table entry, hot key spread
 over its d instances, else Spark's hash), so the new and the current
 configuration are scored by the same ruler. :func:`keyplane.locality.build_plan`
-is given no table budget by default, so every key it sees is tabled and its
-own hash model (``baselines.hash_worker``, not Spark's Murmur3) never decides
-where a key of the snapshot goes.
+is given no table budget by default, so every key it sees is tabled; with
+``max_table_entries`` it is given the job's own hash fallback for the keys it
+leaves out (:func:`_hash_parts`), so its balance is the job's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import math
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -31,9 +31,12 @@ import pandas as pd
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
 from keyplane.operators import OPERATORS
-from keyplane.routedkeys import fold_instance
+from keyplane.routedkeys import fallback_instances, fold_instance, spark_partitions
 from keyplane.scaling import routed_shares
 from keyplane.statistics import STAGE_COLUMN
+
+if TYPE_CHECKING:
+    from keyplane.locality import HashParts
 
 Column = Literal["train", "holdout", "count"]
 HistoryWindow = Literal["decay", "reset"]
@@ -237,6 +240,32 @@ def _active_parts(
     }
 
 
+def _hash_parts(
+    codecs: Mapping[str, KeyCodec], instance_of: Mapping[str, list[int]], parts: int, n: int
+) -> HashParts:
+    """Where the job's hash fallback puts each key of a stage, as the planner's parts.
+
+    With a table budget the planner leaves keys to the fallback and counts
+    their load where it lands, so it must land where Spark's hash sends it,
+    not where a model of a hash would: otherwise the plan's predicted balance
+    is not the job's. With ``n`` parts, part ``g`` is state partition ``g``,
+    which each operator folds onto its active instances as its fallback does,
+    so a key's part is its natural partition. With fewer, part ``j`` is the
+    ``j``-th shared active instance (:func:`_active_parts`).
+    """
+    part_of: dict[bool, np.ndarray] = {}
+    for stage_is_a, stage in ((True, "A"), (False, "B")):
+        keys = list(codecs[stage].keys)
+        if parts == n:
+            part_of[stage_is_a] = spark_partitions(keys, n)
+        else:
+            active = instance_of[stage]
+            rank = np.full(n, -1, dtype=np.int64)
+            rank[active] = np.arange(len(active))
+            part_of[stage_is_a] = rank[fallback_instances(keys, n, active)]
+    return lambda stage_is_a, ids: part_of[stage_is_a][ids]
+
+
 def plan_configuration(
     pairs: pd.DataFrame,
     frequencies: pd.DataFrame,
@@ -306,6 +335,7 @@ def plan_configuration(
         alpha=params.alpha,
         max_table_entries=params.max_table_entries,
         seed=params.seed,
+        hash_parts=_hash_parts(codecs, instance_of, parts, n),
     )
     tables = {"A": plan.table_a, "B": plan.table_b}
     heavy = {"A": plan.heavy_keys_a, "B": plan.heavy_keys_b}

@@ -207,6 +207,22 @@ class Proposal(BaseModel):
     waves: tuple[int, ...] = ()
 
 
+def _changed_operators(config: RoutingConfig, parent: RoutingConfig) -> RoutingConfig:
+    """``config`` with only the operators whose routing differs from ``parent``'s.
+
+    A run that re-plans some operators (the ``operators`` Param) keeps the
+    others as they run; validating those would fail the run for a balance it
+    did not set and cannot change. A version that changes nothing is judged
+    whole.
+    """
+    changed = {
+        name: routing
+        for name, routing in config.operators.items()
+        if routing != parent.operators.get(name)
+    }
+    return config.model_copy(update={"operators": changed}) if changed else config
+
+
 def compute_configuration(
     deployment: Deployment, run_id: str, params: planning.PlanParams
 ) -> dict[str, Any]:
@@ -293,8 +309,10 @@ def validate_configuration(
     which :func:`publish` requires. The snapshot's training weights are the
     key loads the suites route through the configuration
     (:func:`keyplane.quality.predicted_instance_loads`), so a configuration
-    that overloads an instance fails whatever its plan claimed. ``version``
-    defaults to the run's proposal. When the proposal passes and rolls out
+    that overloads an instance fails whatever its plan claimed. Only the
+    operators the version changes are judged (:func:`_changed_operators`),
+    each over its active instances. ``version`` defaults to the run's
+    proposal. When the proposal passes and rolls out
     in waves, each wave before it is recorded as validated with that reason:
     a wave routes every key either as the active version or as the proposal
     does, and it is a step on the way to a configuration that passed, not a
@@ -319,8 +337,9 @@ def validate_configuration(
     current = config_store.load(deployment.routing_store, proposal.parent_version)
     locality_new = planning.locality(config, snapshot.pairs, pair_w)
     locality_current = planning.locality(current, snapshot.pairs, pair_w)
+    judged = _changed_operators(config, current)
     predictions = {}
-    for name, routing in config.operators.items():
+    for name, routing in judged.operators.items():
         key_loads = planning.stage_loads(snapshot.frequencies, name, column)
         planned = proposal.predicted_imbalance.get(name)
         if config.version != proposal.version or planned is None:
@@ -334,7 +353,7 @@ def validate_configuration(
             key_loads=key_loads,
         )
     result = run_suites(
-        config,
+        judged,
         predictions,
         context=quality_context(deployment.gx_root),
         settings=QualitySettings(locality_tolerance=locality_tolerance),

@@ -233,3 +233,33 @@ def test_scaled_fallback_is_counted_where_the_job_routes_it() -> None:
     routing = OperatorRouting(parallelism=P, active_instances=(0,))
     keys = {f"k{i}": 1.0 for i in range(50)}
     assert planning.instance_loads(routing, keys).tolist() == [50.0]
+
+
+@pytest.mark.parametrize("budget", [0, 5, 10])
+@pytest.mark.parametrize(
+    "current",
+    [_hash_config(), _scaled_config((1, 3), (1, 3)), _scaled_config((0, 1, 2, 3), (0, 2))],
+    ids=["unscaled", "scaled-shared", "scaled-apart"],
+)
+def test_with_a_table_budget_the_predicted_balance_is_the_jobs(
+    current: RoutingConfig, budget: int
+) -> None:
+    # Keys left out of the table are counted where Spark's hash puts them, so
+    # the plan's figure is the job's; with hot keys it is the conservative one
+    # (it leaves their spread load out, module docstring of keyplane.locality).
+    pairs, frequencies = _snapshot()
+    plan = planning.plan_configuration(
+        pairs,
+        frequencies,
+        current,
+        planning.PlanParams(alpha=1.1, max_table_entries=budget),
+        version=current.version + 1,
+    )
+    for name, routing in plan.config.operators.items():
+        assert len(routing.table) <= budget
+        job = planning.imbalance(planning.instance_loads(routing, plan.key_loads[name]))
+        assert job <= 1.1 + 1e-9
+        if routing.hot_keys:
+            assert job <= plan.predicted_imbalance[name] + 1e-9
+        else:
+            assert job == pytest.approx(plan.predicted_imbalance[name])

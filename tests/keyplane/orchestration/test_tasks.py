@@ -87,3 +87,49 @@ def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
     with pytest.raises(tasks.StepError, match="never published"):
         tasks._require_validated(deployment, 3)
     assert not deployment.controller_state.exists()
+
+
+def _planned_and_validated(
+    tmp_path: Path, current: RoutingConfig, params: planning.PlanParams
+) -> dict[str, object]:
+    """Store ``current`` as the running version, plan from a snapshot, validate the plan."""
+    deployment = _deployment(tmp_path)
+    config_store.save(current, deployment.routing_store)
+    write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
+    tasks.compute_configuration(deployment, RUN, params)
+    return tasks.validate_configuration(deployment, RUN)
+
+
+def test_an_operator_the_run_did_not_replan_is_not_judged(tmp_path: Path) -> None:
+    # B runs a table that puts every key on instance 0, far over α; the run
+    # re-plans A only, so B's balance is not this run's to judge.
+    snapshot_keys = paired_tuple_counts(60, 3)["b"].astype(str).unique()
+    current = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={
+            "A": OperatorRouting(parallelism=P),
+            "B": OperatorRouting(parallelism=P, table=dict.fromkeys(snapshot_keys, 0)),
+        },
+    )
+
+    record = _planned_and_validated(
+        tmp_path, current, planning.PlanParams(alpha=1.1, operators=("A",))
+    )
+
+    assert record["success"], record["summary"]
+
+
+def test_a_scaled_in_job_is_judged_on_its_active_instances(tmp_path: Path) -> None:
+    # Instances 2 and 3 are released (003 §5.3): idle by design, not imbalance.
+    current = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={
+            name: OperatorRouting(parallelism=P, active_instances=(0, 1)) for name in OPERATORS
+        },
+    )
+
+    record = _planned_and_validated(tmp_path, current, planning.PlanParams(alpha=1.1))
+
+    assert record["success"], record["summary"]
