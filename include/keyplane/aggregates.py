@@ -149,21 +149,38 @@ def canonical_spec(spec: str | None) -> str | None:
     return None if spec == DEFAULT_AGGREGATE_SPEC else spec
 
 
+def _cause(error: Exception) -> str:
+    """``error`` in one line: the first line of its message, after its type unless it is an
+    ImportError, whose message ("No module named 'x'") says enough on its own."""
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else ""
+    if isinstance(error, ImportError) and message:
+        return message
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
 def load_aggregate(spec: str) -> KeyedAggregate[Any]:
     """The aggregate ``module:attr`` names: an instance, or a class built with no arguments.
 
     Checked at the boundary (job start), so that a typo fails there with one
     line rather than inside a Spark task: the import, the attribute, the six
-    methods, and that ``zero()`` survives ``encode``/``decode`` as text.
+    methods, and that ``zero()`` survives ``encode``/``decode`` as text. The
+    user's module runs here, so whatever it raises while it is imported or
+    its class is built (an error of its own, a syntax error) is an
+    :class:`AggregateSpecError` too, not a traceback.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise AggregateSpecError(f"aggregate {spec!r}: expected 'module:attr'")
+    if module_name.startswith("."):
+        raise AggregateSpecError(
+            f"aggregate {spec!r}: {module_name!r} is a relative module name; name it in full"
+        )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:
         raise AggregateSpecError(
-            f"aggregate {spec!r}: cannot import {module_name!r}: {exc}"
+            f"aggregate {spec!r}: cannot import {module_name!r}: {_cause(exc)}"
         ) from exc
     try:
         target = getattr(module, attr)
@@ -172,9 +189,10 @@ def load_aggregate(spec: str) -> KeyedAggregate[Any]:
     if isinstance(target, type):
         try:
             target = target()
-        except TypeError as exc:
+        except Exception as exc:
             raise AggregateSpecError(
-                f"aggregate {spec!r}: the class must build with no arguments: {exc}"
+                f"aggregate {spec!r}: {attr}() failed (the class must build with no "
+                f"arguments): {_cause(exc)}"
             ) from exc
     missing = [m for m in REQUIRED_METHODS if not callable(getattr(target, m, None))]
     if missing:

@@ -836,8 +836,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     job_start.add_argument(
         "--restart-delay",
-        type=_seconds,
-        help="wait this long before each restart, so that a broker can return (default: 10)",
+        type=_seconds_or_zero,
+        help="wait this long before each restart, so that a broker can return; 0: restart at "
+        "once (default: 10)",
     )
     job_start.add_argument(
         "--timeout",
@@ -934,16 +935,18 @@ def build_parser() -> argparse.ArgumentParser:
 _Number = TypeVar("_Number", int, float)
 
 
-def _positive(parse: Callable[[str], _Number], what: str) -> Callable[[str], _Number]:
-    """An argparse type: ``parse``'s value of the text if it is above zero, else an error
-    naming ``what`` the argument must be."""
+def _positive(
+    parse: Callable[[str], _Number], what: str, *, or_zero: bool = False
+) -> Callable[[str], _Number]:
+    """An argparse type: ``parse``'s value of the text if it is above zero (or zero, when
+    ``or_zero``), else an error naming ``what`` the argument must be."""
 
     def convert(text: str) -> _Number:
         try:
             value = parse(text)
         except ValueError:
             value = None
-        if value is None or not value > 0:
+        if value is None or not (value >= 0 if or_zero else value > 0):
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
         return value
 
@@ -953,6 +956,7 @@ def _positive(parse: Callable[[str], _Number], what: str) -> Callable[[str], _Nu
 _version = _positive(int, "a version (an integer from 1)")
 _count = _positive(int, "a positive integer")
 _seconds = _positive(float, "a positive number of seconds")
+_seconds_or_zero = _positive(float, "a number of seconds, 0 or more", or_zero=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

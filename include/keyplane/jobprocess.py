@@ -125,9 +125,15 @@ class JobRecord(BaseModel):
         """Each stage's ``module:attr`` as the job's command line names it; None: the default.
 
         Read from the recorded command, the job's own settings, so that
-        ``status`` needs neither PySpark nor the user's module to say it.
+        ``status`` needs neither PySpark nor the user's module to say it. The
+        job's flags are ``--flag=value``; a job launched by an earlier keyplane,
+        still running, has them as ``--flag value``, so both spellings are read.
         """
         flags = dict(zip(self.command, self.command[1:], strict=False))
+        for arg in self.command:
+            flag, equals, value = arg.partition("=")
+            if flag.startswith("--") and equals:
+                flags[flag] = value
         return {stage: canonical_spec(flags.get(flag)) for stage, flag in AGGREGATE_FLAGS.items()}
 
 

@@ -7,10 +7,12 @@ Kafka in the distributed deployment (``docker-compose.yml``).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_EVENT_BYTES = 64 * 1024
@@ -27,6 +29,52 @@ a rollout's extra work fell by about a fifth, every batch's may rise by 1-3 %
 :data:`MAX_EVENT_BYTES`, so that reading the settings imports no Spark."""
 
 
+_HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")
+
+
+def _address_problem(address: str) -> str | None:
+    """What is wrong with one ``host:port`` of a bootstrap list, None if nothing."""
+    match = _HOST_PORT.fullmatch(address)
+    if match is None:
+        return "is not host:port (an IPv6 address as [address]:port)"
+    if match["ipv6"] is not None:
+        try:
+            ipaddress.IPv6Address(match["ipv6"])
+        except ValueError:
+            return f"has {match['ipv6']!r} in brackets, which is not an IPv6 address"
+    if not 1 <= int(match["port"]) <= 65535:
+        return f"has port {int(match['port'])}, not one of 1..65535"
+    return None
+
+
+def check_bootstrap_servers(servers: str) -> str:
+    """``servers`` if it is a comma-separated list of ``host:port``, else a one-line ValueError.
+
+    Why here: a Kafka client parses the list only when it connects, and fails
+    on a bad port with a bare ``int()`` error in the middle of a command. Every
+    address needs its port, since Kafka's Java clients (the Spark job's JVM
+    source) refuse one without; an IPv6 address goes in brackets,
+    ``[::1]:9092``, because its own colons would hide the port.
+    """
+    addresses = [address.strip() for address in servers.split(",")]
+    for address in addresses:
+        problem = _address_problem(address)
+        if problem is not None:
+            within = f" in {servers!r}" if len(addresses) > 1 else ""
+            raise ValueError(f"{address!r}{within} {problem}")
+    return servers
+
+
+def _blank_is_unset(value: object) -> object:
+    """``KEYPLANE_BOOTSTRAP_SERVERS=`` (set, but empty) means unset, as it always has."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
+BootstrapServers = Annotated[str, AfterValidator(check_bootstrap_servers)]
+"""Kafka bootstrap servers, ``host:port[,host:port...]``, checked where they enter:
+the environment, the Airflow connection, the job's command line."""
+
+
 class Settings(BaseSettings):
     """Process-wide settings, read once from ``KEYPLANE_*`` variables."""
 
@@ -36,9 +84,10 @@ class Settings(BaseSettings):
         default=Path("var"),
         description="State directory: broker pid file, checkpoints, configuration store.",
     )
-    bootstrap_servers: str | None = Field(
+    bootstrap_servers: Annotated[BootstrapServers | None, BeforeValidator(_blank_is_unset)] = Field(
         default=None,
-        description="Kafka bootstrap servers. Unset: the embedded broker's address.",
+        description="Kafka bootstrap servers, host:port[,host:port...] (IPv6 as "
+        "[address]:port). Unset or empty: the embedded broker's address.",
     )
     broker_port: int = Field(default=19092, ge=1, le=65535)
     broker_storage: Literal["memory", "s3"] = Field(

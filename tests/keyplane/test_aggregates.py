@@ -9,7 +9,9 @@ on any batches, and the checker must reject aggregates that break each law
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,3 +150,52 @@ def test_load_aggregate_refuses_a_bad_spec_in_one_line(spec: str, message: str) 
     with pytest.raises(AggregateSpecError, match=re.escape(message)) as raised:
         load_aggregate(spec)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "message"),
+    [
+        (
+            "fake_aggregates_raising",
+            'raise RuntimeError("no database\\nsecond line")\n',
+            "cannot import 'fake_aggregates_raising': RuntimeError: no database",
+        ),
+        (
+            "fake_aggregates_bad_syntax",
+            "def broken(:\n",
+            "cannot import 'fake_aggregates_bad_syntax': SyntaxError: ",
+        ),
+        (
+            "fake_aggregates_silent",
+            'raise ValueError("")\n',
+            "cannot import 'fake_aggregates_silent': ValueError",
+        ),
+        (
+            "fake_aggregates_failing_class",
+            "class Agg:\n    def __init__(self):\n        raise KeyError('region')\n",
+            "Agg() failed (the class must build with no arguments): KeyError: 'region'",
+        ),
+    ],
+)
+def test_load_aggregate_refuses_a_fake_module_that_fails_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, source: str, message: str
+) -> None:
+    """The user's module runs at the boundary: whatever it raises is told in one line."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(AggregateSpecError) as raised:
+            load_aggregate(f"{module}:Agg")
+    finally:
+        sys.modules.pop(module, None)
+    assert str(raised.value).startswith(f"aggregate '{module}:Agg': {message}")
+    assert "\n" not in str(raised.value)
+
+
+def test_load_aggregate_refuses_a_relative_module_name_in_one_line() -> None:
+    with pytest.raises(AggregateSpecError) as raised:
+        load_aggregate(".aggregates:RunningCount")
+    assert str(raised.value) == (
+        "aggregate '.aggregates:RunningCount': '.aggregates' is a relative module name; "
+        "name it in full"
+    )

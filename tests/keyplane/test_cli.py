@@ -559,6 +559,23 @@ def test_job_start_without_kafka_is_one_line_naming_the_fix(tmp_path: Path) -> N
     assert not (tmp_path / "job" / "job.pid").exists()
 
 
+@pytest.mark.parametrize(
+    ("command", "servers"),
+    [(("job", "start"), "h:x"), (("job", "status"), "a:b:c"), (("status",), "h:")],
+)
+def test_a_malformed_bootstrap_address_is_one_line_and_exit_2(
+    tmp_path: Path, command: tuple[str, ...], servers: str
+) -> None:
+    result = _keyplane(tmp_path, *command, env={"KEYPLANE_BOOTSTRAP_SERVERS": servers})
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"keyplane: invalid bootstrap_servers: Value error, {servers!r} is not host:port "
+        "(an IPv6 address as [address]:port)\n"
+    )
+    assert not (tmp_path / "job").exists()
+
+
 def test_job_start_rejects_a_bad_option_value(tmp_path: Path) -> None:
     result = _keyplane(tmp_path, "job", "start", "--shuffle-partitions", "0")
 
@@ -578,8 +595,13 @@ def test_job_start_passes_the_stage_aggregates_to_the_job(
     command = job_command(job.job_settings())
 
     assert job.aggregates == {"A": None, "B": "keyplane.aggregates:ValueCounts"}
-    assert command[-2:] == ["--stage-b-aggregate", "keyplane.aggregates:ValueCounts"]
-    assert "--stage-a-aggregate" not in command
+    assert command[-1] == "--stage-b-aggregate=keyplane.aggregates:ValueCounts"
+    assert "--stage-a-aggregate" not in _flags(command)
+
+
+def _flags(command: list[str]) -> set[str]:
+    """The flags a job command line sets, each ``--flag=value`` by its ``--flag``."""
+    return {arg.partition("=")[0] for arg in command[3:]}
 
 
 def _job_start_command(home: Path, *flags: str) -> list[str]:
@@ -588,12 +610,20 @@ def _job_start_command(home: Path, *flags: str) -> list[str]:
     return job_command(_job_process(Settings(home=home), args).job_settings())
 
 
+def test_job_start_passes_a_value_that_starts_with_a_dash_to_the_job(tmp_path: Path) -> None:
+    """The job's own parser would take ``--master -x`` for two flags once it was launched."""
+    command = _job_start_command(tmp_path, "--master=-x")
+
+    assert "--master=-x" in command
+    assert parse_settings(command[3:]).master == "-x"
+
+
 def test_job_start_passes_the_forward_mode_to_the_job_and_refuses_an_unknown_one(
     tmp_path: Path,
 ) -> None:
     command = functools.partial(_job_start_command, tmp_path)
-    assert command("--forward", "tuples")[-2:] == ["--forward", "tuples"]
-    assert "--forward" not in command()  # the default stays the job's own default
+    assert command("--forward", "tuples")[-1] == "--forward=tuples"
+    assert "--forward" not in _flags(command())  # the default stays the job's own default
     result = _keyplane(tmp_path, "job", "start", "--forward", "tuple")
     assert result.returncode == 2
     assert "argument --forward: invalid choice: 'tuple'" in result.stderr
@@ -604,8 +634,8 @@ def test_job_start_passes_the_event_size_bound_to_the_job_and_refuses_zero(
     tmp_path: Path,
 ) -> None:
     command = functools.partial(_job_start_command, tmp_path)
-    assert command("--max-event-bytes", "4096")[-2:] == ["--max-event-bytes", "4096"]
-    assert "--max-event-bytes" not in command()  # the default stays the job's own default
+    assert command("--max-event-bytes", "4096")[-1] == "--max-event-bytes=4096"
+    assert "--max-event-bytes" not in _flags(command())  # the default stays the job's own
     assert parse_settings(command("--max-event-bytes", "4096")[3:]).max_event_bytes == 4096
     result = _keyplane(tmp_path, "job", "start", "--max-event-bytes", "0")
     assert result.returncode == 2
@@ -617,14 +647,27 @@ def test_job_start_passes_restarts_to_the_job_and_refuses_a_negative_count(
     tmp_path: Path,
 ) -> None:
     command = functools.partial(_job_start_command, tmp_path)
-    assert command("--restarts", "3")[-2:] == ["--restarts", "3"]
-    assert command("--restarts", "3", "--restart-delay", "2")[-4:] == [
-        "--restarts", "3", "--restart-delay-s", "2.0",
+    assert command("--restarts", "3")[-1] == "--restarts=3"
+    assert command("--restarts", "3", "--restart-delay", "2")[-2:] == [
+        "--restarts=3", "--restart-delay-s=2.0",
     ]  # fmt: skip
-    assert "--restarts" not in command()  # the default stays the job's own default
+    assert "--restarts" not in _flags(command())  # the default stays the job's own default
     result = _keyplane(tmp_path, "job", "start", "--restarts", "-1")
     assert result.returncode != 0
     assert "restarts must be 0 or more, not -1" in result.stderr
+    assert not (tmp_path / "job" / "job.pid").exists()
+
+
+def test_job_start_accepts_a_restart_delay_of_zero_and_refuses_a_negative_one(
+    tmp_path: Path,
+) -> None:
+    """Zero restarts a failed query at once, as the job itself allows."""
+    command = _job_start_command(tmp_path, "--restarts", "1", "--restart-delay", "0")
+    assert command[-1] == "--restart-delay-s=0.0"
+    assert parse_settings(command[3:]).restart_delay_s == 0.0
+    result = _keyplane(tmp_path, "job", "start", "--restart-delay", "-1")
+    assert result.returncode == 2
+    assert "argument --restart-delay: '-1' is not a number of seconds, 0 or more" in result.stderr
     assert not (tmp_path / "job" / "job.pid").exists()
 
 
@@ -652,6 +695,31 @@ def test_job_start_with_an_unloadable_aggregate_is_one_line_and_starts_nothing(
     )
     assert missing_out.out == not_one_out.out == ""
     assert not (tmp_path / "job").exists()
+
+
+def test_job_start_with_an_aggregate_module_that_raises_or_a_relative_name_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's module runs in the CLI: what it raises is the user's error, not a bug."""
+    module = "cli_test_raising_aggregates"
+    (tmp_path / f"{module}.py").write_text('raise RuntimeError("no database")\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI adds the working directory
+    monkeypatch.setenv("KEYPLANE_HOME", str(tmp_path / "home"))
+
+    raising = cli_main(["job", "start", "--stage-a-aggregate", f"{module}:Agg"])
+    raising_err = capsys.readouterr().err
+    relative = cli_main(["job", "start", "--stage-b-aggregate", ".rel:Agg"])
+    relative_err = capsys.readouterr().err
+
+    assert raising == relative == 2
+    assert raising_err == (
+        f"keyplane: aggregate '{module}:Agg': cannot import '{module}': RuntimeError: no database\n"
+    )
+    assert relative_err == (
+        "keyplane: aggregate '.rel:Agg': '.rel' is a relative module name; name it in full\n"
+    )
+    assert not (tmp_path / "home" / "job").exists()
 
 
 def test_job_start_finds_an_aggregate_module_in_the_working_directory(

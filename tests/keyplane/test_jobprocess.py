@@ -300,12 +300,19 @@ def test_stage_aggregates_reach_the_job_command_line_and_its_record(tmp_path: Pa
 
     parsed = parse_settings(command[3:])
 
-    assert command[command.index("--stage-b-aggregate") + 1] == VALUE_COUNTS
-    assert "--stage-a-aggregate" not in command
+    assert f"--stage-b-aggregate={VALUE_COUNTS}" in command
+    assert not any(arg.startswith("--stage-a-aggregate") for arg in command)
     assert (parsed.stage_a_aggregate, parsed.stage_b_aggregate) == (None, VALUE_COUNTS)
     assert type(parsed.aggregates()["B"]).__name__ == "ValueCounts"
     assert record.aggregates() == {"A": None, "B": VALUE_COUNTS}
     assert _record(1).aggregates() == {"A": None, "B": None}
+
+
+def test_a_record_of_a_job_launched_with_separate_flag_values_still_names_its_aggregates() -> None:
+    """A job an earlier keyplane launched, still running, has ``--flag value`` arguments."""
+    earlier = (*JOB_COMMAND, "--stage-a-aggregate", VALUE_COUNTS, "--forward", "tuples")
+
+    assert _record(1, earlier).aggregates() == {"A": VALUE_COUNTS, "B": None}
 
 
 @pytest.mark.parametrize(

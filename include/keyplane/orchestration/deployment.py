@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane.operators import OPERATORS
-from keyplane.settings import MAX_EVENT_BYTES, Settings
+from keyplane.settings import MAX_EVENT_BYTES, BootstrapServers, Settings
 
 KAFKA_CONN_ID = "keyplane_kafka"
 SPARK_CONN_ID = "spark_default"
@@ -30,7 +30,7 @@ class Deployment(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     home: Path
-    bootstrap_servers: str = Field(min_length=1)
+    bootstrap_servers: BootstrapServers
     events_topic: str
     metrics_topic: str
     control_topic: str

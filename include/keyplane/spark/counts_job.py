@@ -58,7 +58,7 @@ from keyplane.kafka.producer import Delivery
 from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
 from keyplane.partials import merge_partials
-from keyplane.settings import Settings
+from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
@@ -84,7 +84,7 @@ class CountsJobSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bootstrap_servers: str
+    bootstrap_servers: BootstrapServers
     events_topic: str = "keyplane.events"
     results_topic: str | None = None
     checkpoint: Path
@@ -466,11 +466,13 @@ def job_command(settings: CountsJobSettings) -> list[str]:
 
     Only the fields set explicitly become flags, so the child's defaults (for
     example ``KEYPLANE_KAFKA_SOURCE``) apply to the rest; :func:`main` parses
-    the flags back into the same settings.
+    the flags back into the same settings. Each is one ``--flag=value``
+    argument: argparse would take a separate value that starts with ``-``
+    (a topic ``-events``, a master ``-x``) for a flag of its own.
     """
     cmd = [sys.executable, "-m", "keyplane.spark.counts_job"]
     for name, value in settings.model_dump(exclude_unset=True, exclude_none=True).items():
-        cmd += ["--" + name.replace("_", "-"), str(value)]
+        cmd.append(f"--{name.replace('_', '-')}={value}")
     return cmd
 
 
@@ -718,6 +720,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         type=int,
         help="the routed job's bound on one event's record; a larger one is dead-lettered "
         f"(default: KEYPLANE_MAX_EVENT_BYTES or {MAX_EVENT_BYTES:,})",
+    )
+    parser.add_argument(
+        "--handoff-primers",
+        choices=["True", "False"],
+        help="whether each batch of the JVM stages carries empty hand-off rows "
+        "(default: KEYPLANE_HANDOFF_PRIMERS or True)",
     )
     parser.add_argument(
         "--read-tasks",
