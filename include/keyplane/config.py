@@ -449,7 +449,12 @@ def load(
     folder = version_path(root, version)
     manifest = _read_manifest(root, version)
     body = {key: value for key, value in manifest.items() if key != "checksum"}
-    files: dict[str, str] = body.get("files", {})
+    files = body.get("files", {})
+    if not isinstance(files, dict):
+        raise ChecksumMismatchError(
+            f"{folder / MANIFEST_NAME} lists its files as a JSON {type(files).__name__}, "
+            "not an object of name → SHA-256"
+        )
     for name, expected in sorted(files.items()):
         path = folder / name
         if not path.is_file():

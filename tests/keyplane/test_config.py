@@ -118,8 +118,12 @@ def test_a_manifest_checksummed_but_without_its_files_names_the_version(tmp_path
 
 @pytest.mark.parametrize(
     ("contents", "message"),
-    [(b"\xff\xfe", "is not valid JSON"), (b"[]", "not a manifest: a JSON list")],
-    ids=["not-utf-8", "a-list"],
+    [
+        (b"\xff\xfe", "is not valid JSON"),
+        (b"[]", "not a manifest: a JSON list"),
+        (b'{"format": 1, "files": []}', "lists its files as a JSON list"),
+    ],
+    ids=["not-utf-8", "a-list", "files-a-list"],
 )
 def test_a_manifest_that_is_not_an_object_is_a_clear_error(
     tmp_path: Path, contents: bytes, message: str
