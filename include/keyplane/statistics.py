@@ -44,6 +44,7 @@ job (``spark_jobs/key_statistics.py``) only reads Kafka and groups.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -64,6 +65,8 @@ from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
 from keyplane.routedkeys import spark_partitions
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 FREQUENCIES = "frequencies.parquet"
@@ -202,12 +205,27 @@ def next_window(
     """The window a run reads: from the previous run's end (else earliest) to ``latest``.
 
     A partition the previous run did not know starts at its earliest offset;
-    an end that retention moved past starts at the earliest still kept.
+    an end that retention moved past starts at the earliest still kept. A
+    partition whose latest offset is below the previous end was recreated or
+    reset (offsets never go back otherwise): its records are new ones, so it
+    starts at its earliest offset too, with a warning, rather than skipping
+    them until the offsets pass the old end.
     """
     start: dict[int, int] = {}
     for partition in latest:
         known = None if previous is None else previous.end.get(partition)
         first = int(earliest.get(partition, 0))
+        if known is not None and int(latest[partition]) < int(known):
+            log.warning(
+                "topic %s, partition %d: latest offset %d is below the last run's end %d; "
+                "the topic was recreated or reset, so it is read from its earliest offset %d",
+                topic,
+                partition,
+                int(latest[partition]),
+                int(known),
+                first,
+            )
+            known = None
         start[partition] = first if known is None else max(int(known), first)
     end = {p: max(int(off), start[p]) for p, off in latest.items()}
     return TopicWindow(topic=topic, start=start, end=end)

@@ -29,6 +29,16 @@ def test_next_window_starts_where_the_previous_ended_and_new_partitions_at_earli
     assert second.records == 5
 
 
+def test_a_recreated_topic_is_read_from_its_earliest_offset_not_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = stats.next_window("t", None, {0: 0, 1: 0}, {0: 1000, 1: 40})
+    # Partition 0 was recreated: its offsets restart below the last run's end.
+    second = stats.next_window("t", first, {0: 0, 1: 0}, {0: 500, 1: 60})
+    assert (second.start, second.end, second.records) == ({0: 0, 1: 40}, {0: 500, 1: 60}, 520)
+    assert "partition 0: latest offset 500 is below the last run's end 1000" in caplog.text
+
+
 def test_holdout_is_the_newest_fraction_of_each_partition() -> None:
     window = stats.TopicWindow(topic="t", start={0: 0, 1: 100}, end={0: 10, 1: 150})
     starts = stats.holdout_starts(window, 0.2)
