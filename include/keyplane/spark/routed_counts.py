@@ -81,6 +81,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.aggregates import KeyedAggregate, RunningCount
+from keyplane.batchmetrics import TOP_PAIRS_PER_INSTANCE
 from keyplane.events import Forward
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
@@ -99,7 +100,12 @@ ROUTED_OUTPUT_SCHEMA = (
     "upstream_executor STRING, detail STRING"
 )
 STATE_SCHEMA = "state STRING, count LONG, marker LONG"
-TOP_PAIRS_PER_GROUP = 3
+TOP_PAIRS_PER_GROUP = TOP_PAIRS_PER_INSTANCE
+"""Pairs a stage-B group reports per batch: as many as the metrics keep per instance.
+
+The instance's heaviest pairs (:func:`keyplane.batchmetrics.traffic_metrics`)
+can all belong to one B key, so a group that reported fewer would let a
+lighter pair of another key take their place."""
 
 T = TypeVar("T")
 

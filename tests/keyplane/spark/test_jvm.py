@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,14 +16,22 @@ import pytest
 from pyspark.sql import Row
 
 from keyplane.aggregates import RunningCount, ValueCounts
+from keyplane.batchmetrics import TOP_PAIRS_PER_INSTANCE, traffic_metrics
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
 from keyplane.kafka.ranges import OffsetRange
 from keyplane.operators import OPERATORS
+from keyplane.routedkeys import spark_partition
 from keyplane.spark import jvm, routed_source
-from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
+from keyplane.spark.counts_job import (
+    NO_DATA_BATCHES_KEY,
+    CountsJobSettings,
+    read_output,
+    start_counts_query,
+)
 from keyplane.spark.routed_counts import (
     ENGINE_RECORD,
+    TOP_PAIRS_PER_GROUP,
     StageEngine,
     StageEngineError,
     record_engine,
@@ -87,6 +96,12 @@ def test_engine_choice_pure() -> None:
         resolve_engine("jvm", other, None, jvm_loaded=True)
     with pytest.raises(StageEngineError, match="no keyplane JVM stages"):
         resolve_engine("jvm", None, None, jvm_loaded=False)
+
+
+def test_both_engines_report_as_many_pairs_per_group_pure() -> None:
+    declared = re.search(r"int TOP_PAIRS_PER_GROUP = (\d+);", jvm.SOURCE.read_text())
+    assert declared is not None
+    assert int(declared[1]) == TOP_PAIRS_PER_GROUP == TOP_PAIRS_PER_INSTANCE
 
 
 def test_a_checkpoint_keeps_its_engine_pure(tmp_path: Path) -> None:
@@ -162,7 +177,10 @@ def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
 
 def _outputs_by_batch(spark, batches: list[list[pa.RecordBatch]], root: Path) -> list[list[Row]]:
     """The JVM stages' output rows of each micro-batch, one input file per batch, without
-    the executor columns (the same in every run of one process)."""
+    the executor columns (the same in every run of one process). Without the input's
+    "no-data" batches, as the job runs them (:data:`NO_DATA_BATCHES_KEY`): whether an
+    earlier test's job set it must not decide which batch is which."""
+    spark.conf.set(NO_DATA_BATCHES_KEY, "false")
     inputs = root / "in"
     inputs.mkdir(parents=True)
     for i, batch in enumerate(batches):
@@ -281,3 +299,31 @@ def test_per_instance_moves_hold_every_tuple_and_install_once(spark, tmp_path: P
     assert left == {"x": ("x#1", 6, "6", 7), "z": ("z#1", 3, "3", 7)}
     assert _stage_a_partials(install) == {"x#1": 11, "z#1": 3, "x": 0, "z": 0}
     assert _stage_a_partials(replay) == {"x#1": 12, "z#1": 4}
+
+
+@pytest.mark.integration
+def test_an_instances_top_pairs_are_its_heaviest_even_when_one_key_holds_them(
+    spark, tmp_path: Path
+) -> None:
+    """Stage B reports enough pairs per key for the metrics' per-instance top pairs: here
+    the heaviest five all belong to B key ``p``, and a light pair of ``q``, on the same
+    instance, must not take the place of ``p``'s fourth and fifth."""
+    q = next(f"q{i}" for i in range(100) if spark_partition(f"q{i}", 4) == spark_partition("p", 4))
+    partners = [f"a{i}" for i in range(1, 7)]
+    events = _events(
+        [*partners, "c"], [*partners, "c"], [60, 50, 40, 30, 20, 10, 1], b=["p"] * 6 + [q]
+    )
+    [rows] = _outputs_by_batch(spark, [[events]], tmp_path)
+    output = pd.DataFrame([row.asDict() for row in rows]).assign(
+        executor="e", upstream_executor="e"
+    )
+
+    metrics = traffic_metrics(0, output, dict.fromkeys(OPERATORS, 4))
+
+    assert [(p.a, p.b, p.n) for p in metrics.top_pairs[spark_partition("p", 4)]] == [
+        ("a1", "p", 60),
+        ("a2", "p", 50),
+        ("a3", "p", 40),
+        ("a4", "p", 30),
+        ("a5", "p", 20),
+    ]

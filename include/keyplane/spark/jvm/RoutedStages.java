@@ -78,7 +78,11 @@ public final class RoutedStages {
   static final int MAX_RECORD_BYTES = 256 * 1024;
   /** This JVM's executor, looked up once: a host name lookup may be slow. */
   static final String EXECUTOR = executorId();
-  static final int TOP_PAIRS_PER_GROUP = 3;
+  /**
+   * {@code keyplane.spark.routed_counts.TOP_PAIRS_PER_GROUP}: as many as the metrics keep per
+   * instance, since an instance's heaviest pairs can all belong to one B key.
+   */
+  static final int TOP_PAIRS_PER_GROUP = 5;
 
   /** Stage A's rows for stage B: the source's columns that B reads, control fields unpacked. */
   static final StructType STAGE_A_OUTPUT =
