@@ -5,11 +5,14 @@ micro-batch. The statistics job, the DAG steps, ``keyplane job status`` and
 the dashboard all read them through :func:`read_metrics`, over an exact
 offset range (:mod:`keyplane.kafka.ranges`), so they agree on which records
 a window holds. A record that is not metrics (another writer's, or an older
-format) is skipped, never fatal: the topic is a report, not an input.
+format) is skipped, never fatal: the topic is a report, not an input. Skipped
+records are logged, one warning per read, so that loads computed from fewer
+records than the topic holds do not go unnoticed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,6 +20,9 @@ from pydantic import ValidationError
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.kafka.ranges import IDLE_TIMEOUT_S, offset_ranges, read_range
+from keyplane.validation_errors import first_problem
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ def read_metrics(
     TimeoutError as :func:`~keyplane.kafka.ranges.read_range` does.
     """
     out: list[PublishedMetrics] = []
+    skipped: list[str] = []
     for r in offset_ranges(bootstrap_servers, topic, start, end):
         for batch in read_range(r, idle_timeout_s=idle_timeout_s):
             offsets = batch.column("offset").to_pylist()
@@ -58,7 +65,17 @@ def read_metrics(
             ):
                 try:
                     metrics = BatchMetrics.model_validate_json(value or b"")
-                except ValidationError:
+                except ValidationError as error:
+                    skipped.append(
+                        f"partition {r.partition} offset {offset}: {first_problem(error)}"
+                    )
                     continue
                 out.append(PublishedMetrics(metrics, r.partition, offset, micros / 1e6))
+    if skipped:
+        log.warning(
+            "metrics topic %s: skipped %d record(s) that are not metrics records, first %s",
+            topic,
+            len(skipped),
+            skipped[0],
+        )
     return out

@@ -19,7 +19,7 @@ def _record(batch_id: int) -> bytes:
 
 
 def test_records_that_are_not_metrics_are_skipped_and_the_range_is_exact(
-    broker: str, topic_name: str
+    broker: str, topic_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     ensure_topic(broker, topic_name, 1)
     before = time.time()
@@ -39,4 +39,6 @@ def test_records_that_are_not_metrics_are_skipped_and_the_range_is_exact(
         (2, 4, 0),
     ]
     assert all(before - 5 <= r.published_s <= time.time() + 5 for r in records)
+    assert f"metrics topic {topic_name}: skipped 2 record(s)" in caplog.text
+    assert "first partition 0 offset 1: Invalid JSON" in caplog.text
     assert [r.metrics.batch_id for r in read_metrics(broker, topic_name, {0: 1}, {0: 4})] == [1]
