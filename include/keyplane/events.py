@@ -118,15 +118,28 @@ def parse_event(
     refuses, and every reader that counts events (:func:`decode_keys`) counts
     exactly what the job counts. The size is checked before parsing, so an
     oversized record costs no JSON parse and cannot blow up a worker's memory.
+
+    The value is decoded as strict UTF-8 before it is parsed: ``json.loads``
+    of bytes would also take UTF-16, a byte order mark and encoded surrogates.
+    A string with an unpaired surrogate escape (``"\\ud800"``) parses to a
+    ``str`` that no UTF-8 writer accepts, so the first Arrow table built from
+    it would fail the task on every retry; such a record is refused, wherever
+    the string is, as Arrow's JSON reader refuses it.
     """
     if value is None:
         return None, "empty record"
     if len(value) > max_bytes:
         return None, f"oversized: {len(value)} bytes > {max_bytes}"
     try:
-        event = json.loads(value)
+        text = value.decode("utf-8")
+        event = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         return None, f"not JSON: {error}"
+    if "\\u" in text and _holds_lone_surrogate(event):
+        return (
+            None,
+            "not JSON: a string holds an unpaired surrogate escape, which UTF-8 cannot encode",
+        )
     if not isinstance(event, dict):
         return None, "schema: not a JSON object"
     for field, kind in _REQUIRED_FIELDS:
@@ -138,6 +151,57 @@ def parse_event(
     return event, None
 
 
+def _holds_lone_surrogate(event: Any) -> bool:
+    """Whether a string of a parsed JSON value, a name or a value at any depth, holds
+    a surrogate without its pair. Only a ``\\u`` escape can make one in a text decoded
+    as strict UTF-8, so :func:`parse_event` walks only a text with an escape. Walked
+    with a list rather than by recursion, so a value nested as deep as ``json.loads``
+    reaches cannot exceed the recursion limit."""
+    pending = [event]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            pending.extend(node)
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+        elif isinstance(node, str) and not node.isascii():
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
+
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _reads_as_parse_event_does(lines: bytes) -> bool:
+    """Whether Arrow's JSON reader takes ``lines`` as :func:`parse_event` takes each line.
+
+    Arrow copies strings without checking their encoding and skips a byte
+    order mark at the start of each block it parses; :func:`parse_event`
+    refuses both. An ASCII batch, the usual one, has neither, and
+    ``isascii`` tells in a fraction of a millisecond per megabyte. Otherwise
+    Arrow's validator checks the bytes in place: it refuses what Python's
+    strict codec refuses (overlong forms, encoded surrogates, code points
+    past U+10FFFF), without decoding the batch into a ``str`` as large. The
+    search for a mark runs only where its first byte occurs: a multi-byte
+    pattern is searched several times slower than one byte.
+    """
+    if lines.isascii():
+        return True
+    if lines.startswith(_UTF8_BOM) or (_UTF8_BOM[:1] in lines and b"\n" + _UTF8_BOM in lines):
+        return False
+    offsets = pa.py_buffer(np.array([0, len(lines)], dtype=np.int64))
+    text = pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(lines)])
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 def _read_json_lines(values: Sequence[bytes | None], max_bytes: int) -> pa.Table | None:
     """Every value's required fields in one call to Arrow's JSON reader, one line per
     value (:func:`encode_batch` never writes a line break inside an event), null where
@@ -145,15 +209,19 @@ def _read_json_lines(values: Sequence[bytes | None], max_bytes: int) -> pa.Table
 
     Arrow checks the fields' types against an explicit schema and fails the
     whole batch on a mismatch; a value that spans lines, is blank or is
-    oversized does not fit either. A caller then parses the batch value by
-    value with :func:`parse_event`, so a malformed event costs its batch
-    speed and is refused alone.
+    oversized does not fit either, nor does a batch that is not UTF-8 or has
+    a value that starts with a byte order mark
+    (:func:`_reads_as_parse_event_does`). A caller then parses the batch
+    value by value with :func:`parse_event`, so a malformed event costs its
+    batch speed and is refused alone.
     """
     if not all(
         v is None or (len(v) <= max_bytes and b"\n" not in v and b"\r" not in v) for v in values
     ):
         return None
     lines = b"\n".join(v or b"{}" for v in values)
+    if not _reads_as_parse_event_does(lines):
+        return None
     try:
         table = pa_json.read_json(
             io.BytesIO(lines),

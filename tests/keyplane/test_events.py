@@ -44,6 +44,25 @@ ONE_LINE_VALUES: list[bytes | None] = [
     b"\xff\xfe",
     b'{"seq":1,"a":"1","b":"2","ts":5}{"seq":2,"a":"3","b":"4","ts":5}',
     b"   ",
+    # Arrow's reader copies strings as bytes, parse_event reads strict UTF-8: not
+    # UTF-8 in a key or an ignored field, overlong, an encoded surrogate, past
+    # U+10FFFF, cut short; an unpaired surrogate escape, which no UTF-8 holds, in a
+    # key, the padding or a name; a pair, an escaped backslash, valid non-ASCII and a
+    # mark inside a string; a byte order mark, UTF-16.
+    b'{"seq":1,"a":"\xff","b":"2","ts":5}',
+    b'{"seq":1,"a":"1","b":"2","ts":5,"pad":"\xff"}',
+    b'{"seq":1,"a":"\xc0\xaf","b":"2","ts":5}',
+    b'{"seq":1,"a":"\xed\xa0\x80","b":"2","ts":5}',
+    b'{"seq":1,"a":"\xf4\x90\x80\x80","b":"2","ts":5}',
+    b'{"seq":1,"a":"1\xe6\x97","b":"2","ts":5}',
+    b'{"seq":1,"a":"\\ud800","b":"2","ts":5}',
+    b'{"seq":1,"a":"1","b":"\\udc00x","ts":5}',
+    b'{"seq":1,"a":"1","b":"2","ts":5,"pad":"\\ud800\\u0041"}',
+    b'{"seq":1,"a":"1","b":"2","ts":5,"extra":[{"\\udfff":1}]}',
+    b'{"seq":1,"a":"\\ud83d\\ude00","b":"\\\\ud800","ts":5}',
+    b'{"seq":1,"a":"\xe6\x97\xa5\xc3\xa9","b":"\xf0\x9f\x98\x80","ts":5,"pad":"\xef\xbb\xbf"}',
+    b'\xef\xbb\xbf{"seq":1,"a":"1","b":"2","ts":5}',
+    '{"seq":1,"a":"1","b":"2","ts":5}'.encode("utf-16"),
 ]
 
 
@@ -111,6 +130,21 @@ def test_an_event_that_spans_lines_is_one_event_and_an_oversized_one_is_none() -
     oversized = b'{"seq":1,"a":"1","b":"2","ts":5,"pad":"' + b"x" * MAX_EVENT_BYTES + b'"}'
     assert keys([spanning, oversized, GOOD]) == [("x", "y"), (None, None), ("1", "2")]
     assert parse_event(oversized)[1] == f"oversized: {len(oversized)} bytes > {MAX_EVENT_BYTES}"
+
+
+def test_a_byte_order_mark_is_refused_also_where_arrows_reader_skips_it() -> None:
+    """Arrow skips a mark at the start of its input and of each block (1 MiB) it
+    parses; in the middle of a block it refuses the batch. A value of 1,023 bytes
+    puts a block boundary after every 1,024th line."""
+    good = b'{"seq":0,"a":"1","b":"2","ts":5,"pad":"' + b"x" * 982 + b'"}'
+    marked = b'\xef\xbb\xbf{"seq":0,"a":"1","b":"2","ts":5,"pad":"' + b"x" * 979 + b'"}'
+    assert len(good) == len(marked) == 1023
+    assert parse_event(marked)[1] is not None and parse_event(marked[3:])[1] is None
+    for at in [0, *range(1020, 1030)]:
+        values: list[bytes | None] = [good] * 1100
+        values[at] = marked
+        assert keys(values) == [(None, None) if i == at else ("1", "2") for i in range(1100)]
+        assert decode_events(values) is None
 
 
 def test_an_empty_batch_decodes_to_an_empty_table() -> None:

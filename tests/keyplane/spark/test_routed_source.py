@@ -56,6 +56,11 @@ def test_a_valid_event_parses_pure() -> None:
         (json.dumps({"seq": 1, "a": "\x00B#2", "b": "y", "ts": 5}).encode(), "reserved"),
         (json.dumps({"seq": 1, "a": "x", "b": "\U0010ffffe", "ts": 5}).encode(), "reserved"),
         (b"{" + b" " * MAX_EVENT_BYTES + b"}", "oversized"),
+        (b'{"seq":1,"a":"\xed\xa0\x80","b":"y","ts":5}', "not JSON"),
+        (b'{"seq":1,"a":"\\ud800","b":"y","ts":5}', "surrogate"),
+        (b'{"seq":1,"a":"x","b":"y","ts":5,"pad":"\\udc00"}', "surrogate"),
+        (b'\xef\xbb\xbf{"seq":1,"a":"x","b":"y","ts":5}', "not JSON"),
+        ('{"seq":1,"a":"x","b":"y","ts":5}'.encode("utf-16"), "not JSON"),
     ],
 )
 def test_invalid_records_say_why_pure(raw: bytes | None, reason: str) -> None:
@@ -162,6 +167,33 @@ def test_pairs_mode_combines_a_partitions_events_per_routed_key_and_field_2_key_
         assert sorted(got) == [("w", "y", 1, 2.0), ("x", "y", 2, 9.0), ("x", "z", 1, 1.0)]
     else:
         assert got == [(a, b, 1, ts / 1000) for a, b, ts in events]
+
+
+@pytest.mark.parametrize("forward", ["pairs", "tuples"])
+def test_records_that_are_not_utf8_are_dead_lettered_not_a_failed_task_pure(
+    forward: Forward, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of these failed the task on every retry: in the first chunk, a key or a
+    padding (forwarded in ``tuples`` mode) that Arrow cannot write as UTF-8; in the
+    second, which Arrow's reader takes, bytes that are not UTF-8, kept as a key."""
+    bad = {
+        1: b'{"seq":1,"a":"\\ud800","b":"y","ts":1000}',
+        2: b'{"seq":2,"a":"\xed\xa0\x80","b":"y","ts":1000}',
+        3: b'{"seq":3,"a":"x","b":"y","ts":1000,"pad":"\\udc00"}',
+        5: b'{"seq":5,"a":"\xff","b":"y","ts":1000}',
+        6: b'{"seq":6,"a":"x","b":"y","ts":1000,"pad":"\xc0\xaf"}',
+    }
+    values = [
+        bad.get(seq, json.dumps({"seq": seq, "a": "x", "b": "y", "ts": 1000}).encode())
+        for seq in range(8)
+    ]
+    rows = _read_stand_in_records(values, forward, tmp_path, monkeypatch)
+
+    details = [json.loads(r["detail"]) for r in rows if r["kind"] == "invalid"]
+    assert [d["offset"] for d in details] == sorted(bad)
+    assert all(d["reason"].startswith("not JSON") for d in details)
+    assert sum(r["n"] for r in rows if r["kind"] == "event") == len(values) - len(bad)
+    assert {(r["a"], r["b"]) for r in rows if r["kind"] == "event"} == {("x", "y")}
 
 
 OPTIONS = {
