@@ -615,7 +615,7 @@ def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
         _import_from_the_working_directory()
     return JobProcess(
         settings,
-        shuffle_partitions=getattr(args, "shuffle_partitions", 4),
+        shuffle_partitions=getattr(args, "shuffle_partitions", None),
         max_offsets_per_trigger=getattr(args, "max_offsets_per_trigger", None),
         master=getattr(args, "master", None),
         stage_a_aggregate=specs[0],
@@ -792,8 +792,9 @@ def build_parser() -> argparse.ArgumentParser:
     job_start.add_argument(
         "--shuffle-partitions",
         type=_count,
-        default=4,
-        help="instances of each stateful operator; a restart keeps the checkpoint's (default: 4)",
+        help="instances of each stateful operator (default: the checkpoint's on a restart, "
+        "else the newest stored configuration's, else 4); a number that differs from "
+        "either is refused",
     )
     job_start.add_argument(
         "--max-offsets-per-trigger",

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Literal
 from kafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from keyplane import config as config_store
 from keyplane.aggregates import canonical_spec, load_aggregate
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.controller import ControllerError, read_controller_file
@@ -237,7 +238,7 @@ class JobProcess:
         self,
         settings: Settings,
         *,
-        shuffle_partitions: int = 4,
+        shuffle_partitions: int | None = None,
         max_offsets_per_trigger: int | None = None,
         master: str | None = None,
         stage_a_aggregate: str | None = None,
@@ -249,6 +250,8 @@ class JobProcess:
     ) -> None:
         if restarts < 0:
             raise JobError(f"restarts must be 0 or more, not {restarts}")
+        if shuffle_partitions is not None and shuffle_partitions < 1:
+            raise JobError(f"the job needs 1 state partition or more, not {shuffle_partitions}")
         if max_event_bytes is not None and max_event_bytes < 1:
             raise JobError(f"the event size bound must be 1 byte or more, not {max_event_bytes}")
         if restart_delay_s is not None and restart_delay_s < 0:
@@ -263,7 +266,7 @@ class JobProcess:
         self.checkpoint = self.directory / "checkpoint"
         self.output = self.directory / "output"
         self.aggregates_file = self.directory / "aggregates.json"
-        self.shuffle_partitions = shuffle_partitions
+        self.requested_partitions = shuffle_partitions
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.master = master or settings.spark_master
         self.forward = forward
@@ -287,7 +290,7 @@ class JobProcess:
             "checkpoint": self.checkpoint,
             "output": self.output,
             "master": self.master,
-            "shuffle_partitions": self.shuffle_partitions,
+            "shuffle_partitions": self.shuffle_partitions(),
             # The routed source is keyplane's own; KEYPLANE_KAFKA_SOURCE=jvm would fail the job.
             "source": "python",
             "routing_store": s.config_store.resolve(),
@@ -309,6 +312,49 @@ class JobProcess:
         if self.restart_delay_s is not None:
             values["restart_delay_s"] = self.restart_delay_s
         return CountsJobSettings.model_validate(values)
+
+    def shuffle_partitions(self) -> int:
+        """The job's state partitions per operator: the ones asked for, else the ones it must use.
+
+        Spark keeps a checkpoint's ``spark.sql.shuffle.partitions`` for the
+        life of its query, and a stored configuration routes over a fixed
+        number of instances; the job refuses either mismatch, but only after
+        Spark is up. So a restart takes its checkpoint's, a first start the
+        newest stored configuration's (4 with an empty store), and a number
+        asked for that differs is refused here, in one line.
+        """
+        recorded = _checkpoint_partitions(self.checkpoint)
+        if recorded is not None:
+            source = f"the checkpoint {self.checkpoint} runs {recorded}"
+            fix = f"move {self.directory} aside to start afresh"
+        else:
+            recorded, source = self._stored_partitions()
+            fix = "publish a configuration for that many first"
+        asked = self.requested_partitions
+        if asked is None:
+            return recorded or 4
+        if recorded is not None and asked != recorded:
+            raise JobError(
+                f"{source} state partitions per operator, not {asked}; start with "
+                f"--shuffle-partitions {recorded}, or {fix}"
+            )
+        return asked
+
+    def _stored_partitions(self) -> tuple[int | None, str]:
+        """The instances the newest stored configuration routes over, and where that is said."""
+        store = self.settings.config_store
+        try:
+            latest = config_store.latest_version(store)
+            config = None if latest is None else config_store.load(store, latest)
+        except config_store.ConfigStoreError:
+            return None, ""  # the job refuses it itself, with the store's reason
+        if config is None:
+            return None, ""
+        counts = {routing.parallelism for routing in config.operators.values()}
+        if len(counts) != 1:
+            return None, ""
+        (count,) = counts
+        return count, f"v{config.version} in {store} routes over {count}"
 
     # --- the pid file ----------------------------------------------------------------------
 
@@ -701,19 +747,41 @@ def _last_commit(checkpoint: Path) -> int | None:
     return max(ids, default=None)
 
 
+def _last_offset_log_entry(checkpoint: Path) -> list[str] | None:
+    """The lines of the offset log entry of the checkpoint's last committed batch: a
+    version line, a metadata line, then one JSON offset per source. None before the
+    first commit; raises OSError when it cannot be read."""
+    last = _last_commit(checkpoint)
+    if last is None:
+        return None
+    return (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+
+
+def _checkpoint_partitions(checkpoint: Path) -> int | None:
+    """The state partitions of the checkpoint's query: Spark records its
+    ``spark.sql.shuffle.partitions`` in each offset log entry's metadata and runs a
+    restarted query with it. None before the first commit, or when the log cannot be
+    read that way."""
+    try:
+        lines = _last_offset_log_entry(checkpoint)
+        if lines is None:
+            return None
+        return int(json.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"])
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        return None
+
+
 def _committed_events(checkpoint: Path, topic: str) -> int | None:
     """Events of ``topic`` the checkpoint's last committed batch had read through.
 
-    Spark's offset log holds a version line, a metadata line, then one JSON
-    offset per source; the routed source's offset keeps the events' end
-    offsets under ``events``. 0 for a new checkpoint; None when the log
-    cannot be read that way.
+    The routed source's offset keeps the events' end offsets under
+    ``events``. 0 for a new checkpoint; None when the log cannot be read
+    that way.
     """
-    last = _last_commit(checkpoint)
-    if last is None:
-        return 0
     try:
-        lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+        lines = _last_offset_log_entry(checkpoint)
+        if lines is None:
+            return 0
         for line in lines[2:]:
             offset = json.loads(line)
             if isinstance(offset, dict) and isinstance(offset.get("events"), dict):

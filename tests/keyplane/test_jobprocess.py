@@ -10,6 +10,7 @@ names.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from keyplane.aggregates import (
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.cli import main as cli_main
 from keyplane.cli import render_job_status
+from keyplane.config import RoutingConfig, save
 from keyplane.controller import ControllerFile
 from keyplane.events import key_name
 from keyplane.jobprocess import (
@@ -213,6 +215,10 @@ def test_start_status_stop_restart_of_the_routed_job(
     assert last_stop.outcome == "stopped" and last_stop.record == restarted.record
     assert not job.pid_file.exists()
     assert while_down.running is None and while_down.events_waiting == 500
+    # Spark's offset log names the checkpoint's partitions; a restart takes them.
+    assert JobProcess(settings).shuffle_partitions() == 2
+    with pytest.raises(JobError, match="runs 2 state partitions per operator, not 4"):
+        JobProcess(settings, shuffle_partitions=4).shuffle_partitions()
 
 
 @pytest.mark.integration
@@ -289,6 +295,41 @@ def test_job_command_takes_topics_store_and_options_from_settings(tmp_path: Path
     assert (job_settings.master, job_settings.source) == ("local[1]", "python")
     unlimited = JobProcess(settings).job_settings()
     assert "max_offsets_per_trigger" not in unlimited.model_fields_set
+
+
+def _fake_checkpoint(checkpoint: Path, partitions: int) -> None:
+    """A committed batch 0 whose offset log entry records ``partitions``, in the layout
+    Spark writes (the integration test above reads a real one)."""
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "offsets").mkdir()
+    (checkpoint / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    metadata = {"batchWatermarkMs": 0, "conf": {"spark.sql.shuffle.partitions": str(partitions)}}
+    (checkpoint / "offsets" / "0").write_text(f"v1\n{json.dumps(metadata)}\n{{}}\n")
+
+
+def test_partitions_come_from_the_checkpoint_else_the_store_and_a_mismatch_is_refused_fake(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(home=tmp_path)
+    assert JobProcess(settings).shuffle_partitions() == 4
+    assert JobProcess(settings, shuffle_partitions=3).shuffle_partitions() == 3
+
+    save(RoutingConfig.all_hash(2, OPERATORS), settings.config_store)
+    assert JobProcess(settings).shuffle_partitions() == 2
+    with pytest.raises(JobError) as by_store:
+        JobProcess(settings, shuffle_partitions=4).job_settings()
+    assert str(by_store.value) == (
+        f"v1 in {settings.config_store} routes over 2 state partitions per operator, not 4; "
+        "start with --shuffle-partitions 2, or publish a configuration for that many first"
+    )
+
+    job = JobProcess(settings)
+    _fake_checkpoint(job.checkpoint, 8)
+    assert JobProcess(settings).shuffle_partitions() == 8
+    with pytest.raises(
+        JobError, match=r"checkpoint .* runs 8 state partitions per operator, not 2"
+    ):
+        JobProcess(settings, shuffle_partitions=2).shuffle_partitions()
 
 
 def test_stage_aggregates_reach_the_job_command_line_and_its_record(tmp_path: Path) -> None:
