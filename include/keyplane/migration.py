@@ -32,10 +32,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from keyplane.config import OperatorRouting, RoutingConfig, check_same_operators
+from keyplane.routedkeys import fold_instance
 
 Fallback = Callable[[str, int], int]
 """``fallback(key, parallelism)``: the instance hashing gives a key (Spark's
-``pmod(hash(key), P)`` at the edge)."""
+``pmod(hash(key), P)`` at the edge), before :func:`location` folds it onto a
+scaled-in operator's active instances."""
 
 Assignment = Mapping[str, Mapping[str, frozenset[int]]]
 """Operator → key → the instances holding the key's state (or its partials)."""
@@ -48,7 +50,13 @@ class StalePlanError(ValueError):
 
 
 def location(operator: OperatorRouting, key: str, fallback: Fallback) -> tuple[int, ...]:
-    """Where ``key`` lives under ``operator``'s routing: table, hot set, else hash."""
+    """Where ``key`` lives under ``operator``'s routing: table, hot set, else hash.
+
+    The hash instance of a scaled-in operator is folded onto its active
+    instances (:func:`keyplane.routedkeys.fold_instance`), as the job folds
+    it: a key hashed to a released instance lives where the fold puts it, so
+    a plan that stopped at the hash would list moves the job never makes.
+    """
     if key in operator.table:
         return (operator.table[key],)
     if key in operator.hot_keys:
@@ -59,6 +67,8 @@ def location(operator: OperatorRouting, key: str, fallback: Fallback) -> tuple[i
             f"fallback({key!r}, {operator.parallelism}) returned {instance}, "
             f"outside [0, {operator.parallelism})"
         )
+    if operator.active_instances is not None:
+        instance = fold_instance(instance, operator.active_instances, operator.parallelism)
     return (instance,)
 
 

@@ -18,6 +18,7 @@ from keyplane.migration import (
     location,
     plan_migration,
 )
+from keyplane.routedkeys import fallback_instances, spark_partition
 
 CREATED = datetime(2026, 11, 3, tzinfo=UTC)
 
@@ -43,6 +44,22 @@ def test_location_is_table_then_hot_set_then_hash() -> None:
     assert location(operator, "other", crc_fallback) == (crc_fallback("other", 4),)
     with pytest.raises(ValueError, match=r"returned 4, outside \[0, 4\)"):
         location(operator, "other", lambda key, p: p)
+
+
+def test_location_folds_the_hash_of_a_scaled_in_operator_as_the_job_does() -> None:
+    keys = [f"k{i}" for i in range(40)]
+    operator = OperatorRouting(parallelism=4, active_instances=(0, 2))
+    job = fallback_instances(keys, 4, operator.active_instances)
+    assert any(spark_partition(key, 4) in (1, 3) for key in keys)
+    assert [location(operator, key, spark_partition) for key in keys] == [(int(i),) for i in job]
+
+
+def test_scale_in_plans_no_move_for_a_key_the_fold_leaves_in_place() -> None:
+    key = next(f"k{i}" for i in range(100) if spark_partition(f"k{i}", 4) == 2)
+    old = config(1, {"A": OperatorRouting(parallelism=4, table={key: 0})})
+    new = config(2, {"A": OperatorRouting(parallelism=4, active_instances=(0, 1))})
+
+    assert plan_migration(old, new, spark_partition).cost.keys == 0
 
 
 def test_plan_lists_sends_receives_splits_and_merges() -> None:

@@ -11,6 +11,8 @@ unavailable".
 The modules are pure functions over files and records, testable without
 Airflow:
 
+* :mod:`keyplane.dashboard.records`: the JSON records the DAG writes, typed
+  and checked field by field when read;
 * :mod:`keyplane.dashboard.timeline`: the versions, their verdicts, gains,
   migrations and rollbacks, the hot keys and the moved keys;
 * :mod:`keyplane.dashboard.metrics`: the metrics topic, read with a deadline,

@@ -54,10 +54,11 @@ def _when(value: datetime | None) -> str:
 
 
 def _timeline_row(row: VersionRow) -> str:
-    validation = escape(row.validation)
+    validation = "—" if row.validation is None else escape(row.validation)
     if row.validation_summary:
+        verdict = escape(row.validation or "unreadable")
         validation = (
-            f"<details><summary class='{escape(row.validation)}'>{validation}</summary>"
+            f"<details><summary class='{verdict}'>{validation}</summary>"
             f"<pre>{escape(row.validation_summary)}</pre></details>"
         )
     gain = _num(row.gain, "{:+.4f}")
@@ -227,7 +228,9 @@ def render_page(
             f"<h2>Top moved keys of the last migration "
             f"(v{dashboard.moved_from} → v{dashboard.moved_to})</h2>"
         )
-        if dashboard.moved_keys:
+        if dashboard.moved_keys is None:
+            parts.append("<p class='muted' id='moved-keys-unknown'>— (see the problems above)</p>")
+        elif dashboard.moved_keys:
             parts.append(
                 _table(
                     ["operator", "key", "instances", "kind", "weight (last snapshot)"],

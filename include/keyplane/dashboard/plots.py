@@ -6,6 +6,13 @@ micro-batches, coloured by the version the batch routed with, so a rollout
 shows as a change of colour and a regression as a step at that change. A
 batch in the middle of a migration (operators on different versions) is grey.
 
+A deployment that reconfigures on a schedule gathers hundreds of versions.
+Only the newest :data:`LEGEND_VERSIONS` get a colour and a legend entry of
+their own; the older ones share one pale colour and one entry ("and N
+older"). So the colours stay distinct, the legend (beside the axes, never on
+them) stays short, and a plot is a fixed number of matplotlib artists however
+many versions there are, which bounds the time to draw it.
+
 Figures are built with :class:`matplotlib.figure.Figure` and the Agg canvas,
 never pyplot: pyplot keeps global state, and the API server renders from
 several threads.
@@ -15,11 +22,15 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from keyplane.dashboard.metrics import MIGRATING, BatchPoint
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PlotName = Literal["locality", "imbalance", "throughput", "lag"]
 
@@ -58,7 +69,22 @@ PLOTS: dict[PlotName, PlotSpec] = {
     ),
 }
 
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
+_PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+)
+"""One colour per version named in the legend (matplotlib's tab10 without its grey and cyan)."""
+
+LEGEND_VERSIONS = len(_PALETTE)
+"""Versions with a colour and a legend entry of their own: the newest ones."""
+
+_OLDER_COLOUR = "#d6cba6"
 _MIGRATING_COLOUR = "#9a9a9a"
 
 
@@ -76,8 +102,23 @@ def _series(
     return series
 
 
-def render_png(name: PlotName, points: Sequence[BatchPoint], *, dpi: int = 100) -> bytes:
-    """One metric over the batches as a PNG (a labelled empty frame when there are no points)."""
+def _joined(
+    series: dict[int | None, tuple[list[int], list[float]]], versions: Sequence[int]
+) -> tuple[list[float], list[float]]:
+    """The points of ``versions`` as one line, broken (NaN) between versions."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for version in versions:
+        if xs:
+            xs.append(math.nan)
+            ys.append(math.nan)
+        xs.extend(series[version][0])
+        ys.extend(series[version][1])
+    return xs, ys
+
+
+def plot_figure(name: PlotName, points: Sequence[BatchPoint], *, dpi: int = 100) -> Figure:
+    """One metric over the batches (a labelled empty frame when there are no points)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -88,18 +129,42 @@ def render_png(name: PlotName, points: Sequence[BatchPoint], *, dpi: int = 100) 
     axes = figure.add_subplot()
     series = _series(points, spec.value)
     versions = sorted(v for v in series if v is not None)
-    for index, version in enumerate(versions):
+    older, newest = versions[:-LEGEND_VERSIONS], versions[-LEGEND_VERSIONS:]
+    for colour, version in zip(_PALETTE, newest, strict=False):
         xs, ys = series[version]
-        colour = _PALETTE[index % len(_PALETTE)]
         axes.plot(
             xs, ys, marker="o", markersize=3, linewidth=1.2, color=colour, label=f"v{version}"
+        )
+    if older:
+        xs_older, ys_older = _joined(series, older)
+        axes.plot(
+            xs_older,
+            ys_older,
+            marker="o",
+            markersize=2,
+            linewidth=0.8,
+            color=_OLDER_COLOUR,
+            label=f"and {len(older)} older",
+            zorder=1.5,
         )
     if None in series:
         xs, ys = series[None]
         axes.scatter(xs, ys, s=14, color=_MIGRATING_COLOUR, label=MIGRATING, zorder=3)
-    for previous, current in itertools.pairwise(points):
-        if current.version != previous.version:
-            axes.axvline(current.batch_id, color="#555555", linewidth=0.8, linestyle=":")
+    changes = [
+        current.batch_id
+        for previous, current in itertools.pairwise(points)
+        if current.version != previous.version
+    ]
+    if changes:
+        axes.vlines(
+            changes,
+            0,
+            1,
+            transform=axes.get_xaxis_transform(),
+            color="#555555",
+            linewidth=0.8,
+            linestyle=":",
+        )
     if spec.reference is not None and series:
         axes.axhline(
             spec.reference,
@@ -126,7 +191,12 @@ def render_png(name: PlotName, points: Sequence[BatchPoint], *, dpi: int = 100) 
     axes.set_ylabel(spec.ylabel)
     axes.grid(True, alpha=0.3)
     if series:
-        axes.legend(fontsize=8, loc="best")
+        axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return figure
+
+
+def render_png(name: PlotName, points: Sequence[BatchPoint], *, dpi: int = 100) -> bytes:
+    """:func:`plot_figure` as a PNG."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    plot_figure(name, points, dpi=dpi).savefig(buffer, format="png")
     return buffer.getvalue()

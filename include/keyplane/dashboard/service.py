@@ -56,10 +56,15 @@ class DashboardService:
         """The Data Docs file at ``relative``, or None if absent or outside the site.
 
         Resolving and checking containment refuses ``..`` and symlinks that
-        leave the site, so the route cannot serve arbitrary files.
+        leave the site, so the route cannot serve arbitrary files. A path the
+        OS cannot take (a NUL byte, a name too long) names no file either: it
+        is not found rather than a server error.
         """
-        root = self.paths.data_docs.resolve()
-        target = (root / relative).resolve()
-        if not target.is_relative_to(root) or not target.is_file():
+        try:
+            root = self.paths.data_docs.resolve()
+            target = (root / relative).resolve()
+            if not target.is_relative_to(root) or not target.is_file():
+                return None
+        except (OSError, ValueError):
             return None
         return target

@@ -19,13 +19,13 @@ Where each figure comes from (all written by others; read here, never written):
   (``<gx_root>/gx/uncommitted/data_docs/local_site/``), found by the run names
   the DAG gives its validations.
 
-Each reader tolerates missing or broken files: a record that cannot be read
-is reported on its row rather than failing the page.
+Each reader tolerates missing or broken files: a record that cannot be read,
+or a field of the wrong type in it, shows as unknown and adds a problem line
+(:mod:`keyplane.dashboard.records`) rather than failing the page.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,6 +38,15 @@ from keyplane import config as config_store
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
 from keyplane.dashboard.metrics import SwitchWindow, switch_windows
+from keyplane.dashboard.records import (
+    DecisionRecord,
+    ProposalRecord,
+    RollbackRecord,
+    ValidationRecord,
+    check,
+    read_json,
+    read_record,
+)
 from keyplane.protocol import ControllerState, Reconfiguration
 
 TOP_KEYS = 15
@@ -115,7 +124,8 @@ class VersionRow:
     created_at: datetime | None
     created_by: str
     status: Status
-    validation: Literal["passed", "failed", "not validated"]
+    validation: Literal["passed", "failed", "not validated"] | None
+    """None: the validation record holds no readable verdict."""
     validation_summary: str | None
     gain: float | None
     cost: float | None
@@ -129,15 +139,19 @@ class VersionRow:
 
 @dataclass(frozen=True)
 class RunRecords:
-    """The JSON records one DAG run left in its snapshot folder (absent ones are None)."""
+    """The JSON records one DAG run left in its snapshot folder (absent ones are None).
+
+    ``problems`` name the records, and the fields in them, that could not be read.
+    """
 
     run_id: str
-    proposal: Mapping[str, Any] | None
+    proposal: ProposalRecord | None
     backtest: Mapping[str, Any] | None
-    decision: Mapping[str, Any] | None
+    decision: DecisionRecord | None
     rollout: Mapping[str, Any] | None
     verification: Mapping[str, Any] | None
-    rollback: Mapping[str, Any] | None
+    rollback: RollbackRecord | None
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,18 +180,15 @@ class Dashboard:
     rows: tuple[VersionRow, ...]
     active_version: int | None
     hot_keys: tuple[HotKeyRow, ...]
-    moved_keys: tuple[MovedKeyRow, ...]
+    moved_keys: tuple[MovedKeyRow, ...] | None
+    """None: the keys moved by the last migration could not be computed (see ``problems``)."""
     moved_from: int | None
     moved_to: int | None
     problems: tuple[str, ...]
 
 
 def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+    return read_json(path)[0]
 
 
 def read_runs(snapshots: Path) -> list[RunRecords]:
@@ -188,15 +199,21 @@ def read_runs(snapshots: Path) -> list[RunRecords]:
         return []
     runs = []
     for folder in sorted(p for p in snapshots.iterdir() if p.is_dir()):
+        proposal = read_record(ProposalRecord, folder / tasks.PROPOSAL)
+        decision = read_record(DecisionRecord, folder / tasks.DECISION)
+        rollback = read_record(RollbackRecord, folder / tasks.ROLLBACK)
+        backtest, backtest_problem = read_json(folder / tasks.BACKTEST)
+        problems = proposal.problems + decision.problems + rollback.problems
         runs.append(
             RunRecords(
                 run_id=folder.name,
-                proposal=_json(folder / tasks.PROPOSAL),
-                backtest=_json(folder / tasks.BACKTEST),
-                decision=_json(folder / tasks.DECISION),
+                proposal=proposal.record,
+                backtest=backtest,
+                decision=decision.record,
                 rollout=_json(folder / tasks.ROLLOUT),
                 verification=_json(folder / tasks.VERIFICATION),
-                rollback=_json(folder / tasks.ROLLBACK),
+                rollback=rollback.record,
+                problems=problems + (() if backtest_problem is None else (backtest_problem,)),
             )
         )
     return runs
@@ -265,8 +282,8 @@ def _status(
     version: int,
     active: int | None,
     controller: ControllerState | None,
-    validation: Mapping[str, Any] | None,
-    decision: Mapping[str, Any] | None,
+    validation: ValidationRecord | None,
+    decision: DecisionRecord | None,
     replaced_by_rollback: bool,
     ancestors: frozenset[int],
 ) -> Status:
@@ -281,9 +298,10 @@ def _status(
     finish = last.finish if last is not None and last.version == version else None
     if finish is not None and finish.type == "ABORT":
         return "aborted"
-    if validation is not None and not validation.get("success"):
+    # An unreadable verdict or decision (None) says neither yes nor no.
+    if validation is not None and validation.success is False:
         return "refused"
-    if decision is not None and not decision.get("publish"):
+    if decision is not None and decision.publish is False:
         return "not published"
     return "superseded" if version in ancestors else "stored"
 
@@ -318,7 +336,7 @@ def active_version(
 
 def build_rows(
     configs: Mapping[int, RoutingConfig | str],
-    validations: Mapping[int, Mapping[str, Any]],
+    validations: Mapping[int, ValidationRecord],
     runs: Sequence[RunRecords],
     controller: ControllerState | None,
     records: Sequence[BatchMetrics],
@@ -334,20 +352,20 @@ def build_rows(
     # A run in waves stores versions before its proposal's; they belong to its run but
     # carry no decision of their own (the run decided on the whole change).
     wave_of: dict[int, RunRecords] = {}
-    rollbacks: dict[int, Mapping[str, Any]] = {}
+    rollbacks: dict[int, RollbackRecord] = {}
     for records_of_run in runs:
         proposal, rolled = records_of_run.proposal, records_of_run.rollback
-        if proposal is not None and "version" in proposal:
-            by_version[int(proposal["version"])] = records_of_run
-            for wave in proposal.get("waves", ()):
-                wave_of[int(wave)] = records_of_run
-        if rolled is not None and "version" in rolled:
-            by_version.setdefault(int(rolled["version"]), records_of_run)
-            rollbacks[int(rolled["version"])] = rolled
+        if proposal is not None and proposal.version is not None:
+            by_version[proposal.version] = records_of_run
+            for wave in proposal.waves:
+                wave_of[wave] = records_of_run
+        if rolled is not None and rolled.version is not None:
+            by_version.setdefault(rolled.version, records_of_run)
+            rollbacks[rolled.version] = rolled
     replaced = {
-        int(record["replaces"]): (int(version), str(record.get("reason", "")))
+        record.replaces: (version, record.reason or "")
         for version, record in rollbacks.items()
-        if "replaces" in record
+        if record.replaces is not None
     }
     windows = switch_windows(records)
     rollouts: dict[int, Reconfiguration] = {}
@@ -363,7 +381,7 @@ def build_rows(
         is_rollback = version in rollbacks
         decision = run.decision if run is not None and not is_rollback else None
         backtest = run.backtest if run is not None and not is_rollback else None
-        gain = decision.get("gain") if decision is not None else None
+        gain = decision.gain if decision is not None else None
         if gain is None and backtest is not None:
             gain = backtest_gain(backtest)
         migration = None
@@ -377,7 +395,8 @@ def build_rows(
             rollback = f"rolled back by v{by}: {reason}"
         elif is_rollback:
             record = rollbacks[version]
-            rollback = f"restores v{record.get('restores')}: {record.get('reason', '')}"
+            restores = "—" if record.restores is None else f"v{record.restores}"
+            rollback = f"restores {restores}: {record.reason or ''}"
         docs: tuple[DocLink, ...] = ()
         if data_docs_site is not None:
             docs = data_docs_pages(data_docs_site, f"configuration-v{version}")
@@ -386,9 +405,11 @@ def build_rows(
 
                 docs += data_docs_pages(data_docs_site, f"statistics-{safe_run_id(run.run_id)}")
         config = loaded if isinstance(loaded, RoutingConfig) else None
-        verdict: Literal["passed", "failed", "not validated"] = "not validated"
-        if validation is not None:
-            verdict = "passed" if validation.get("success") else "failed"
+        verdict: Literal["passed", "failed", "not validated"] | None = "not validated"
+        if validation is not None and validation.success is not None:
+            verdict = "passed" if validation.success else "failed"
+        elif validation is not None:
+            verdict = None
         rows.append(
             VersionRow(
                 version=version,
@@ -405,10 +426,10 @@ def build_rows(
                     ancestors,
                 ),
                 validation=verdict,
-                validation_summary=None if validation is None else validation.get("summary"),
-                gain=None if gain is None else float(gain),
-                cost=None if decision is None else decision.get("cost"),
-                decision=None if decision is None else decision.get("reason"),
+                validation_summary=None if validation is None else validation.summary,
+                gain=gain,
+                cost=None if decision is None else decision.cost,
+                decision=None if decision is None else decision.reason,
                 migration=migration,
                 rollback=rollback,
                 run_id=run.run_id if run is not None else _run_id(wave_of.get(version)),
@@ -423,22 +444,39 @@ def _run_id(run: RunRecords | None) -> str | None:
     return None if run is None else run.run_id
 
 
-def key_weights(snapshots: Path, runs: Sequence[RunRecords]) -> dict[str, dict[str, float]]:
+_WEIGHT_COLUMNS = ("stage", "key", "count")
+
+
+def key_weights(
+    snapshots: Path, runs: Sequence[RunRecords]
+) -> tuple[dict[str, dict[str, float]], tuple[str, ...]]:
     """Each stage's key weights (``count``) in the newest readable snapshot; empty if none.
 
     Configurations store no frequencies, so the snapshot the newest plan was
-    computed from is the best record of how heavy a hot or moved key is.
+    computed from is the best record of how heavy a hot or moved key is. A
+    newer snapshot that cannot be read, lacks a column or counts in anything
+    but numbers is skipped for an older one, and named in the problems returned.
     """
+    from pandas.api.types import is_numeric_dtype
+
     from keyplane.parquet_files import read_frame
     from keyplane.statistics import FREQUENCIES
 
+    problems: list[str] = []
     for run in reversed(runs):
         path = snapshots / run.run_id / FREQUENCIES
         if not path.is_file():
             continue
         try:
-            frame = read_frame(path, columns=["stage", "key", "count"])
-        except (OSError, ValueError):
+            # Parquet reads skip requested columns the file lacks, so they are checked below.
+            frame = read_frame(path, columns=_WEIGHT_COLUMNS)
+        except (OSError, ValueError) as error:
+            problems.append(f"{path}: unreadable, key weights from an older snapshot: {error}")
+            continue
+        missing = [column for column in _WEIGHT_COLUMNS if column not in frame.columns]
+        if missing or not is_numeric_dtype(frame["count"]):
+            what = f"no column {', '.join(missing)}" if missing else "column count is not numeric"
+            problems.append(f"{path}: {what}, key weights from an older snapshot")
             continue
         weights: dict[str, dict[str, float]] = {}
         sums = frame.groupby(["stage", "key"])["count"].sum()
@@ -446,8 +484,8 @@ def key_weights(snapshots: Path, runs: Sequence[RunRecords]) -> dict[str, dict[s
             sums.index.get_level_values(0), sums.index.get_level_values(1), sums, strict=True
         ):
             weights.setdefault(str(stage), {})[str(key)] = float(count)
-        return weights
-    return {}
+        return weights, tuple(problems)
+    return {}, tuple(problems)
 
 
 def hot_key_rows(
@@ -520,16 +558,25 @@ def load_configs(store: Path) -> dict[int, RoutingConfig | str]:
     return configs
 
 
-def load_validations(store: Path) -> dict[int, dict[str, Any]]:
-    """The validation records next to the store, by version."""
-    found: dict[int, dict[str, Any]] = {}
+def load_validations(store: Path) -> tuple[dict[int, ValidationRecord], tuple[str, ...]]:
+    """The validation records next to the store, by version, and what could not be read."""
+    found: dict[int, ValidationRecord] = {}
+    problems: list[str] = []
     if not store.is_dir():
-        return found
-    for path in store.glob("validation-v*.json"):
-        record = _json(path)
-        if record is not None and isinstance(record.get("version"), int):
-            found[record["version"]] = record
-    return found
+        return found, ()
+    for path in sorted(store.glob("validation-v*.json")):
+        raw, problem = read_json(path)
+        if raw is None:
+            problems.extend(() if problem is None else (problem,))
+            continue
+        checked = check(ValidationRecord, raw, path)
+        problems.extend(checked.problems)
+        record = checked.record
+        if record is not None and record.version is not None:
+            found[record.version] = record
+        elif "version" not in raw:
+            problems.append(f"{path}: field 'version' is missing")
+    return found, tuple(problems)
 
 
 def load_dashboard(paths: DashboardPaths, records: Sequence[BatchMetrics]) -> Dashboard:
@@ -543,37 +590,52 @@ def load_dashboard(paths: DashboardPaths, records: Sequence[BatchMetrics]) -> Da
     if not configs:
         problems.append(f"no configuration stored in {paths.routing_store}")
     runs = read_runs(paths.snapshots)
+    for run in runs:
+        problems.extend(run.problems)
+    validations, validation_problems = load_validations(paths.routing_store)
+    problems.extend(validation_problems)
     controller = read_controller(paths.controller_state)
     if controller is None and paths.controller_state.exists():
         problems.append(f"{paths.controller_state} could not be read")
     rows = build_rows(
         configs,
-        load_validations(paths.routing_store),
+        validations,
         runs,
         controller,
         records,
         paths.data_docs if paths.data_docs.is_dir() else None,
     )
     active = active_version(controller, records, sorted(configs))
-    weights = key_weights(paths.snapshots, runs)
+    weights, weight_problems = key_weights(paths.snapshots, runs)
+    problems.extend(weight_problems)
     hot: list[HotKeyRow] = []
     current = configs.get(active) if active is not None else None
     if isinstance(current, RoutingConfig):
         hot = hot_key_rows(current, weights)
-    moved: list[MovedKeyRow] = []
+    moved: tuple[MovedKeyRow, ...] | None = ()
     pair = last_migration(controller, configs)
     if pair is not None:
         old, new = configs.get(pair[0]), configs.get(pair[1])
         if isinstance(old, RoutingConfig) and isinstance(new, RoutingConfig):
             try:
-                moved = moved_key_rows(old, new, weights)
+                moved = tuple(moved_key_rows(old, new, weights))
             except ValueError as error:
+                moved = None
                 problems.append(f"moved keys of v{pair[0]} → v{pair[1]}: {error}")
+        else:
+            # Without both sides the moves are unknown, which is not "no key moved".
+            moved = None
+            unread = [
+                f"v{version} {'is not stored' if loaded is None else 'could not be read'}"
+                for version, loaded in zip(pair, (old, new), strict=True)
+                if not isinstance(loaded, RoutingConfig)
+            ]
+            problems.append(f"moved keys of v{pair[0]} → v{pair[1]} unknown: {', '.join(unread)}")
     return Dashboard(
         rows=tuple(rows),
         active_version=active,
         hot_keys=tuple(hot),
-        moved_keys=tuple(moved),
+        moved_keys=moved,
         moved_from=None if pair is None else pair[0],
         moved_to=None if pair is None else pair[1],
         problems=tuple(problems),

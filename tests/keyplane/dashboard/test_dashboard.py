@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import struct
 import time
+import warnings
 from datetime import UTC, datetime, timedelta
+from html import escape
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from keyplane import config as config_store
@@ -19,9 +22,16 @@ from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.dashboard import metrics as dm
 from keyplane.dashboard.page import render_page
-from keyplane.dashboard.plots import PLOTS, render_png
+from keyplane.dashboard.plots import LEGEND_VERSIONS, PLOTS, plot_figure, render_png
+from keyplane.dashboard.records import (
+    DecisionRecord,
+    ProposalRecord,
+    RollbackRecord,
+    ValidationRecord,
+)
 from keyplane.dashboard.service import DashboardService
 from keyplane.dashboard.timeline import (
+    Dashboard,
     DashboardPaths,
     RunRecords,
     backtest_gain,
@@ -30,7 +40,9 @@ from keyplane.dashboard.timeline import (
     load_dashboard,
     moved_key_rows,
 )
+from keyplane.handoff import state_moves
 from keyplane.protocol import ControllerState, ControlMessage, Reconfiguration
+from keyplane.routedkeys import spark_partition
 from keyplane.testing import free_port
 
 T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
@@ -101,18 +113,18 @@ def _batch(batch_id: int, versions: dict[str, int], local: int = 50) -> BatchMet
 RUNS = [
     RunRecords(
         run_id="run-1",
-        proposal={"version": 2, "parent_version": 1},
+        proposal=ProposalRecord(version=2),
         backtest={
             "version": 2,
             "new": {"locality": 0.8, "imbalance": {"A": 1.1}},
             "current": {"locality": 0.5, "imbalance": {"A": 1.4}},
         },
-        decision={"version": 2, "publish": True, "gain": 0.6, "cost": 0.03, "reason": "ok"},
+        decision=DecisionRecord(publish=True, gain=0.6, cost=0.03, reason="ok"),
         rollout={"version": 2},
         verification={"version": 2, "regressed": True, "reason": "lag regressed"},
-        rollback={"version": 3, "restores": 1, "replaces": 2, "reason": "lag regressed"},
+        rollback=RollbackRecord(version=3, restores=1, replaces=2, reason="lag regressed"),
     ),
-    RunRecords("run-2", {"version": 4}, None, None, None, None, None),
+    RunRecords("run-2", ProposalRecord(version=4), None, None, None, None, None),
 ]
 
 
@@ -125,9 +137,9 @@ def test_pure_timeline_rows_from_hand_made_records() -> None:
         5: "unreadable: checksum mismatch",
     }
     validations = {
-        2: {"success": True, "summary": "all passed"},
-        3: {"success": True, "summary": "rollback to the routing of v1"},
-        4: {"success": False, "summary": "max/mean within α failed"},
+        2: ValidationRecord(success=True, summary="all passed"),
+        3: ValidationRecord(success=True, summary="rollback to the routing of v1"),
+        4: ValidationRecord(success=False, summary="max/mean within α failed"),
     }
     rows = build_rows(configs, validations, RUNS, _controller(3, 2), [])
     by = {r.version: r for r in rows}
@@ -152,15 +164,15 @@ def test_pure_waves_rows_name_their_run_and_leave_the_decision_to_the_last() -> 
         4: _config(4, 3, "schedule"),
     }
     validations = {
-        2: {"success": True, "summary": "wave 1 of 3 towards v4, which passed validation"},
-        3: {"success": True, "summary": "wave 2 of 3 towards v4, which passed validation"},
-        4: {"success": True, "summary": "all passed"},
+        2: ValidationRecord(success=True, summary="wave 1 of 3 towards v4, which passed"),
+        3: ValidationRecord(success=True, summary="wave 2 of 3 towards v4, which passed"),
+        4: ValidationRecord(success=True, summary="all passed"),
     }
     run = RunRecords(
         run_id="run-w",
-        proposal={"version": 4, "parent_version": 1, "waves": [2, 3]},
+        proposal=ProposalRecord(version=4, waves=(2, 3)),
         backtest=None,
-        decision={"version": 4, "publish": True, "gain": 0.4, "cost": 0.05, "reason": "ok"},
+        decision=DecisionRecord(publish=True, gain=0.4, cost=0.05, reason="ok"),
         rollout={"version": 4},
         verification=None,
         rollback=None,
@@ -240,6 +252,44 @@ def test_pure_plots_render_pngs_with_and_without_points(name: str) -> None:
     assert len(full) > 5_000
 
 
+def _versions_points(versions: int) -> list[dm.BatchPoint]:
+    """Three batches per version, with a migrating batch before each new version."""
+    points: list[dm.BatchPoint] = []
+    for version in range(1, versions + 1):
+        points.append(dm.BatchPoint(len(points), None, 0.3, 1.5, 900.0, 20))
+        points.extend(
+            dm.BatchPoint(len(points), version, 0.5 + version % 5 / 10, 1.2, 1000.0, 10)
+            for _ in range(3)
+        )
+    return points
+
+
+@pytest.mark.parametrize("name", list(PLOTS))
+def test_pure_plot_legend_names_the_newest_versions_in_distinct_colours_beside_the_axes(
+    name: str,
+) -> None:
+    figure = plot_figure(name, _versions_points(40))
+    axes = figure.axes[0]
+    legend = axes.get_legend()
+    labels = [text.get_text() for text in legend.get_texts()]
+    newest = [f"v{v}" for v in range(40 - LEGEND_VERSIONS + 1, 41)]
+    assert labels[: LEGEND_VERSIONS + 1] == [*newest, f"and {40 - LEGEND_VERSIONS} older"]
+    colours = {line.get_color() for line in axes.lines if line.get_label() in newest}
+    assert len(colours) == LEGEND_VERSIONS
+    figure.canvas.draw()
+    assert not legend.get_window_extent().overlaps(axes.get_window_extent())
+
+
+def test_pure_plot_of_a_thousand_versions_is_a_few_artists_and_keeps_its_layout() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figure = plot_figure("locality", _versions_points(1000))
+        png = render_png("locality", _versions_points(1000))
+    axes = figure.axes[0]
+    assert len(axes.lines) + len(axes.collections) <= LEGEND_VERSIONS + 4
+    assert _png_size(png) == (640, 320)
+
+
 def test_pure_page_escapes_keys_and_says_when_metrics_are_unavailable(tmp_path: Path) -> None:
     store = tmp_path / "configs"
     config_store.save(_config(1, None, "initial"), store)
@@ -302,3 +352,167 @@ def test_reading_metrics_from_a_stopped_broker_degrades_quickly() -> None:
     assert not read.available and read.records == ()
     assert "did not answer" in (read.problem or "")
     assert time.monotonic() - started < 5
+
+
+def _home(tmp_path: Path) -> DashboardPaths:
+    """A store with v1 → v2 → v3 (a rollback of v2) and the records of the run that made them."""
+    store = tmp_path / "configs"
+    config_store.save(_config(1, None, "initial"), store)
+    config_store.save(_config(2, 1, "schedule", hot=True), store)
+    config_store.save(_config(3, 2, "rollback"), store)
+    records = {
+        "configs/validation-v000001.json": {"version": 1, "success": False, "summary": "no"},
+        "configs/validation-v000002.json": {"version": 2, "success": True, "summary": "ok"},
+        "statistics/run-1/proposal.json": {"version": 2, "parent_version": 1, "waves": []},
+        "statistics/run-1/decision.json": {
+            "version": 2,
+            "publish": True,
+            "gain": 0.25,
+            "cost": 0.02,
+            "reason": "publish",
+        },
+        "statistics/run-1/rollback.json": {
+            "version": 3,
+            "restores": 1,
+            "replaces": 2,
+            "reason": "lag regressed",
+        },
+    }
+    for name, record in records.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(json.dumps(record))
+    return DashboardPaths(store, tmp_path / "statistics", tmp_path / "controller.json", tmp_path)
+
+
+def _set_field(path: Path, field: str, value: object) -> None:
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, field: value}))
+
+
+def _page(dashboard: Dashboard) -> str:
+    down = dm.MetricsRead((), "not read")
+    return render_page(dashboard, down, [], generated_at=T0, metrics_topic="m", has_data_docs=False)
+
+
+@pytest.mark.parametrize(
+    ("file", "field", "value", "version", "attribute", "shown"),
+    [
+        ("statistics/run-1/decision.json", "gain", "abc", 2, "gain", None),
+        ("statistics/run-1/decision.json", "gain", [1], 2, "gain", None),
+        ("statistics/run-1/decision.json", "gain", float("nan"), 2, "gain", None),
+        ("statistics/run-1/decision.json", "cost", "0.1", 2, "cost", None),
+        ("statistics/run-1/decision.json", "reason", 5, 2, "decision", None),
+        ("statistics/run-1/decision.json", "publish", "false", 2, "gain", 0.25),
+        ("configs/validation-v000002.json", "summary", {"a": 1}, 2, "validation_summary", None),
+        ("configs/validation-v000002.json", "summary", [1], 2, "validation_summary", None),
+        ("configs/validation-v000002.json", "summary", 3, 2, "validation_summary", None),
+        ("configs/validation-v000002.json", "success", "false", 2, "validation", None),
+        ("configs/validation-v000002.json", "success", float("nan"), 2, "validation", None),
+        ("configs/validation-v000001.json", "version", True, 1, "validation", "not validated"),
+        ("statistics/run-1/proposal.json", "version", None, 2, "run_id", None),
+        ("statistics/run-1/proposal.json", "version", "v2", 2, "run_id", None),
+        ("statistics/run-1/proposal.json", "waves", None, 2, "run_id", "run-1"),
+        ("statistics/run-1/proposal.json", "waves", 3, 2, "run_id", "run-1"),
+        ("statistics/run-1/rollback.json", "replaces", None, 2, "rollback", None),
+        (
+            "statistics/run-1/rollback.json",
+            "restores",
+            "v1",
+            3,
+            "rollback",
+            "restores —: lag regressed",
+        ),
+    ],
+)
+def test_pure_a_field_of_the_wrong_type_shows_a_dash_and_a_problem_line(
+    tmp_path: Path,
+    file: str,
+    field: str,
+    value: object,
+    version: int,
+    attribute: str,
+    shown: object,
+) -> None:
+    paths = _home(tmp_path)
+    _set_field(tmp_path / file, field, value)
+    dashboard = load_dashboard(paths, [])
+    row = next(r for r in dashboard.rows if r.version == version)
+    assert getattr(row, attribute) == shown
+    [problem] = dashboard.problems
+    assert f"{file}: field '{field}' is unreadable" in problem
+    assert escape(problem) in _page(dashboard)
+
+
+def _frequencies(path: Path, **columns: list[object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(columns).to_parquet(path, index=False)
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        ({"stage": ["A"], "key": ["<hot>"]}, "no column count"),
+        ({"stage": ["A"], "key": ["<hot>"], "count": ["many"]}, "column count is not numeric"),
+    ],
+)
+def test_pure_a_broken_newer_snapshot_leaves_key_weights_to_an_older_one(
+    tmp_path: Path, broken: dict[str, list[object]], reason: str
+) -> None:
+    paths = _home(tmp_path)
+    older = paths.snapshots / "run-1" / "frequencies.parquet"
+    _frequencies(older, stage=["A", "A"], key=["<hot>", "eu"], count=[900, 10])
+    newer = paths.snapshots / "run-2" / "frequencies.parquet"
+    _frequencies(newer, **broken)
+    dashboard = load_dashboard(paths, [_batch(0, {"A": 2, "B": 2})])
+    assert [(h.key, h.weight) for h in dashboard.hot_keys] == [("<hot>", 900.0)]
+    assert f"{newer}: {reason}, key weights from an older snapshot" in dashboard.problems
+
+
+@pytest.mark.parametrize("relative", ["a\x00b", "x" * 300, "x" * 300 + "/index.html"])
+def test_pure_data_docs_path_the_os_cannot_take_is_not_found(tmp_path: Path, relative: str) -> None:
+    paths = _home(tmp_path)
+    paths.data_docs.mkdir(parents=True)
+    (paths.data_docs / "index.html").write_text("<html></html>")
+    service = DashboardService(paths, dm.CachedMetrics("127.0.0.1:1", "m"))
+    assert service.data_doc("index.html") == (paths.data_docs / "index.html").resolve()
+    assert service.data_doc(relative) is None
+
+
+@pytest.mark.parametrize("broken", [1, 2])
+def test_pure_moved_keys_are_unknown_when_a_side_cannot_be_read(
+    tmp_path: Path, broken: int
+) -> None:
+    store = tmp_path / "configs"
+    config_store.save(_config(1, None, "initial"), store)
+    config_store.save(_config(2, 1, "schedule", hot=True), store)
+    (store / f"v{broken:06d}" / "manifest.json").write_text("{not json")
+    state = tmp_path / "controller.json"
+    state.write_text(json.dumps({"protocol": _controller(2, 1).model_dump(mode="json")}))
+    paths = DashboardPaths(store, tmp_path / "statistics", state, tmp_path)
+    dashboard = load_dashboard(paths, [])
+    assert (dashboard.moved_from, dashboard.moved_to, dashboard.moved_keys) == (1, 2, None)
+    expected = f"moved keys of v1 → v2 unknown: v{broken} could not be read"
+    assert expected in dashboard.problems
+    assert "no key moved" not in _page(dashboard)
+
+
+def test_pure_moved_keys_of_a_scale_in_are_the_moves_the_job_makes() -> None:
+    keys = [f"k{i}" for i in range(100)]
+    folded_in_place = next(k for k in keys if spark_partition(k, 4) == 2)
+    folded_away = next(k for k in keys if spark_partition(k, 4) == 3)
+    table = {folded_in_place: 0, folded_away: 0}
+    old = _scaled(1, OperatorRouting(parallelism=4, table=table))
+    new = _scaled(2, OperatorRouting(parallelism=4, active_instances=(0, 1)))
+    rows = moved_key_rows(old, new, {})
+    assert [(r.key, r.old, r.new) for r in rows] == [(folded_away, (0,), (1,))]
+    assert {move.key for move in state_moves(old, new, "A", 4)} == {folded_away}
+
+
+def _scaled(version: int, routing: OperatorRouting) -> RoutingConfig:
+    return RoutingConfig(
+        version=version,
+        parent_version=None if version == 1 else version - 1,
+        created_at=T0,
+        created_by="initial" if version == 1 else "scale",
+        operators={"A": routing},
+    )
