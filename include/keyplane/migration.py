@@ -104,6 +104,8 @@ class OperatorMigration:
     ``receive[i]`` what it must expect (``reconfiguration_receive``);
     ``opened`` lists (key, instance) pairs that start an empty partial.
     ``examined_keys`` are all the keys whose locations were compared.
+    ``rehashed``: the hash fallback changed (the parallelism or the active
+    instances), so a key outside both tables may have moved too.
     """
 
     operator: str
@@ -114,6 +116,7 @@ class OperatorMigration:
     receive: Mapping[int, tuple[Transfer, ...]]
     opened: tuple[tuple[str, int], ...]
     examined_keys: frozenset[str]
+    rehashed: bool = False
 
     @property
     def moved_keys(self) -> tuple[str, ...]:
@@ -206,6 +209,7 @@ def _migrate_operator(
         receive={instance: tuple(items) for instance, items in sorted(receive.items())},
         opened=tuple(opened),
         examined_keys=frozenset(keys),
+        rehashed=(old.parallelism, old.active) != (new.parallelism, new.active),
     )
 
 
@@ -234,10 +238,11 @@ def plan_migration(
 
     The plan covers every key in either configuration's table or hot keys,
     plus the keys in ``keys`` and ``state_bytes`` per operator. Keys outside
-    both configurations only move when the parallelism (and so the hash
-    fallback) changes: then pass every key holding state, or they are not
-    planned. ``operator_order`` is upstream first; by default it is ``new``'s
-    operator order.
+    both configurations only move when the hash fallback changes (the
+    parallelism, or the active instances a scaled-in operator folds onto):
+    then pass every key holding state, or they are not planned.
+    ``operator_order`` is upstream first; by default it is ``new``'s operator
+    order.
     """
     order = _resolve_order(old, new, operator_order)
     migrations = []
@@ -285,7 +290,7 @@ def apply(plan: MigrationPlan, old_assignment: Assignment) -> dict[str, dict[str
     adds an instance. A key absent from ``old_assignment`` has no state and is
     skipped. A key held elsewhere than the plan expects raises
     :class:`StalePlanError`, as does a key the plan never examined in an
-    operator whose parallelism changes (its hash location may have moved).
+    operator whose hash fallback changes (its hash location may have moved).
     """
     result = {name: dict(holders) for name, holders in old_assignment.items()}
     for migration in plan.operators:
@@ -300,7 +305,7 @@ def apply(plan: MigrationPlan, old_assignment: Assignment) -> dict[str, dict[str
                     f"{migration.operator}: key {key!r} is held by {sorted(instances)}, "
                     f"but the plan moves it from {sorted(move.old)}"
                 )
-        if migration.old_parallelism != migration.new_parallelism:
+        if migration.rehashed:
             unplanned = [key for key in holders if key not in migration.examined_keys]
             _check_unplanned_on_rescale(migration, unplanned)
         working = {key: set(holders[key]) for key in planned if key in holders}
@@ -319,7 +324,8 @@ def _check_unplanned_on_rescale(migration: OperatorMigration, unplanned: list[st
     if unplanned:
         shown = ", ".join(repr(key) for key in unplanned[:5])
         raise StalePlanError(
-            f"{migration.operator}: parallelism changes from {migration.old_parallelism} to "
-            f"{migration.new_parallelism}, but keys {shown} hold state and are not in the "
-            "plan; pass every stateful key to plan_migration(keys=...)"
+            f"{migration.operator}: the hash fallback changes (parallelism "
+            f"{migration.old_parallelism} → {migration.new_parallelism}, or the active "
+            f"instances), but keys {shown} hold state and are not in the plan; pass every "
+            "stateful key to plan_migration(keys=...)"
         )

@@ -160,6 +160,15 @@ def test_apply_rejects_unexamined_keys_when_parallelism_changes() -> None:
         apply(plan, assignment(old, {"A": ["lost"]}, crc_fallback))
 
 
+def test_apply_rejects_unexamined_keys_when_the_active_instances_change() -> None:
+    old = config(1, {"A": OperatorRouting(parallelism=4)})
+    new = config(2, {"A": OperatorRouting(parallelism=4, active_instances=(0, 1))})
+    plan = plan_migration(old, new, spark_partition)
+
+    with pytest.raises(StalePlanError, match="the hash fallback changes"):
+        apply(plan, assignment(old, {"A": ["lost"]}, spark_partition))
+
+
 def test_apply_skips_keys_without_state() -> None:
     old = config(1, {"A": OperatorRouting(parallelism=3, table={"k": 0, "j": 1})})
     new = config(2, {"A": OperatorRouting(parallelism=3, table={"k": 1, "j": 2})})
