@@ -61,6 +61,15 @@ def test_a_valid_event_parses_pure() -> None:
         (b'{"seq":1,"a":"x","b":"y","ts":5,"pad":"\\udc00"}', "surrogate"),
         (b'\xef\xbb\xbf{"seq":1,"a":"x","b":"y","ts":5}', "not JSON"),
         ('{"seq":1,"a":"x","b":"y","ts":5}'.encode("utf-16"), "not JSON"),
+        (
+            b'{"seq":1,"a":"x","b":"y","ts":5,"pad":' + b"[" * 30_000 + b"]" * 30_000 + b"}",
+            "not JSON: nested deeper than 256",
+        ),
+        (b'{"seq":9223372036854775808,"a":"x","b":"y","ts":5}', "schema: field 'seq' out of range"),
+        (b'{"seq":' + b"9" * 5_000 + b',"a":"x","b":"y","ts":5}', "schema: field 'seq'"),
+        (b'{"seq":1,"a":"x","b":"y","ts":9223372036854775808}', "schema: field 'ts' out of range"),
+        (b'{"seq":1,"a":"x","b":"y","ts":1000000000000000}', "schema: field 'ts' out of range"),
+        (b'{"seq":1,"a":"x","b":"y","ts":-62135596800001}', "schema: field 'ts' out of range"),
     ],
 )
 def test_invalid_records_say_why_pure(raw: bytes | None, reason: str) -> None:
@@ -194,6 +203,45 @@ def test_records_that_are_not_utf8_are_dead_lettered_not_a_failed_task_pure(
     assert all(d["reason"].startswith("not JSON") for d in details)
     assert sum(r["n"] for r in rows if r["kind"] == "event") == len(values) - len(bad)
     assert {(r["a"], r["b"]) for r in rows if r["kind"] == "event"} == {("x", "y")}
+
+
+@pytest.mark.parametrize("forward", ["pairs", "tuples"])
+def test_deep_records_and_out_of_range_numbers_are_dead_lettered_not_a_failed_task_pure(
+    forward: Forward, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of these failed the task on every retry: ``json.loads`` recursing past the
+    limit; a ``seq`` or ``ts`` past 64 bits written to a ``LONG`` column; a ``ts``
+    past year 9999 made a ``datetime`` (``tuples``) or a ``TIMESTAMP`` that no
+    ``datetime`` holds (``pairs``). In the second chunk Arrow's reader takes every
+    value, the bad ones included. The first and last milliseconds of the range stay
+    events, in both modes."""
+    deep = b"[" * 30_000 + b"]" * 30_000
+    bad = {
+        1: b'{"seq":1,"a":"x","b":"y","ts":1000,"pad":' + deep + b"}",
+        2: b'{"seq":9223372036854775808,"a":"x","b":"y","ts":1000}',
+        3: b'{"seq":3,"a":"x","b":"y","ts":9223372036854775808}',
+        6: b'{"seq":6,"a":"x","b":"y","ts":1000000000000000}',
+        8: b'{"seq":8,"a":"x","b":"y","ts":1000,"extra":' + b"[" * 256 + b"]" * 256 + b"}",
+    }
+    first_and_last = {4: ("first", -62135596800000), 7: ("last", 253402300799999)}
+    values = []
+    for seq in range(10):
+        a, ts = first_and_last.get(seq, ("x", 1000))
+        good = json.dumps({"seq": seq, "a": a, "b": "y", "ts": ts}).encode()
+        values.append(bad.get(seq, good))
+    rows = _read_stand_in_records(values, forward, tmp_path, monkeypatch)
+
+    details = [json.loads(r["detail"]) for r in rows if r["kind"] == "invalid"]
+    assert [(d["offset"], d["reason"].split(":")[0]) for d in details] == [
+        (1, "not JSON"),
+        (2, "schema"),
+        (3, "schema"),
+        (6, "schema"),
+        (8, "not JSON"),
+    ]
+    events = [r for r in rows if r["kind"] == "event"]
+    assert sum(r["n"] for r in events) == len(values) - len(bad)
+    assert {r["a"]: r["ts"].year for r in events} == {"first": 1, "last": 9999, "x": 1970}
 
 
 OPTIONS = {
