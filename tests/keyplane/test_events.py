@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -127,7 +128,7 @@ ONE_LINE_VALUES: list[bytes | None] = [
 ]
 
 
-def keys(values: list[bytes | None]) -> list[tuple[str | None, str | None]]:
+def keys(values: Sequence[bytes | None]) -> list[tuple[str | None, str | None]]:
     table = decode_keys(values)
     return list(zip(table.column("a").to_pylist(), table.column("b").to_pylist(), strict=True))
 
