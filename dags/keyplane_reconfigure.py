@@ -44,8 +44,9 @@ from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagparts
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
-    ROLLOUT_DAG_ARGS,
+    REPLY_TIMEOUT_MAX_S,
     rollout_chain,
+    rollout_dag_args,
 )
 from keyplane.orchestration.deployment import SPARK_CONN_ID, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator, RollOutWavesOperator
@@ -97,7 +98,7 @@ PARAMS = {
     "migration_cost": Param(0.05, type="number", minimum=0.0, maximum=1.0),
     "min_total_count": Param(10_000, type="integer", minimum=0),
     "verify_batches": Param(5, type="integer", minimum=1, maximum=1000),
-    "reply_timeout_s": Param(300, type="integer", minimum=5, maximum=3600),
+    "reply_timeout_s": Param(300, type="integer", minimum=5, maximum=REPLY_TIMEOUT_MAX_S),
 }
 
 
@@ -107,7 +108,8 @@ with DAG(
     tags=["keyplane", "reconfiguration", "spark"],
     params=PARAMS,
     doc_md=__doc__,
-    **ROLLOUT_DAG_ARGS,
+    # await_ack, await_migrated_A/B, await_new_version_batches, and the rollback's three.
+    **rollout_dag_args(waits=7),
 ) as dag:
 
     @task
@@ -246,7 +248,9 @@ with DAG(
                 f"v{record['version']} regressed ({record['reason']}) and was rolled back"
             )
 
-        rollback_ack, rollback_migrated = rollout_chain("rollback_")
+        rollback_ack, rollback_migrated = rollout_chain(
+            "rollback_", published_by="rollback.prepare_rollback"
+        )
         prepare_rollback() >> rollback_ack
         rollback_migrated >> rollback_done() >> report_rollback()
 

@@ -34,9 +34,10 @@ from airflow.sdk import DAG, Param, task
 from keyplane.operators import OPERATORS
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
-    ROLLOUT_DAG_ARGS,
+    REPLY_TIMEOUT_MAX_S,
     params,
     rollout_chain,
+    rollout_dag_args,
     run_id,
 )
 from keyplane.orchestration.deployment import deployment
@@ -81,7 +82,7 @@ PARAMS = {
         1.2, type="number", minimum=1.0, maximum=4.0, description="Active-instance max/mean bound."
     ),
     "verify_batches": Param(3, type="integer", minimum=1, maximum=1000),
-    "reply_timeout_s": Param(300, type="integer", minimum=5, maximum=3600),
+    "reply_timeout_s": Param(300, type="integer", minimum=5, maximum=REPLY_TIMEOUT_MAX_S),
 }
 
 
@@ -91,7 +92,8 @@ with DAG(
     tags=["keyplane", "scaling"],
     params=PARAMS,
     doc_md=__doc__,
-    **ROLLOUT_DAG_ARGS,
+    # await_ack, await_migrated_A/B and await_new_version_batches.
+    **rollout_dag_args(waits=4),
 ) as dag:
 
     @task.short_circuit

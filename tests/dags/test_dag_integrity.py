@@ -138,6 +138,51 @@ def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> No
     assert outlets == {"keyplane_statistics_snapshot", "keyplane_routing_configuration"}
 
 
+def _waits(dag: Any) -> list[Any]:
+    from keyplane.orchestration.triggers import AwaitRolloutOperator
+
+    return [t for t in dag.tasks if isinstance(t, AwaitRolloutOperator)]
+
+
+def test_every_reply_wait_awaits_the_version_its_own_chain_published(
+    dag: Any, scale_dag: Any
+) -> None:
+    """The waits read their version from the XCom of the task that PREPAREd it: the
+    rollback's waits from ``prepare_rollback``, not from ``publish`` (also upstream)."""
+    chain = ["await_ack", "await_migrated_A", "await_migrated_B"]
+    for defined, publishers in (
+        (dag, {"": "publish", "rollback.rollback_": "rollback.prepare_rollback"}),
+        (scale_dag, {"": "publish"}),
+    ):
+        published = {w.task_id: w.published_by for w in _waits(defined) if w.kind != "metrics"}
+        assert published == {
+            prefix + wait: publisher for prefix, publisher in publishers.items() for wait in chain
+        }
+        for task_id, publisher in published.items():
+            upstream = defined.get_task(task_id).get_flat_relative_ids(upstream=True)
+            assert publisher in upstream, task_id
+
+
+@pytest.mark.parametrize("fixture", ["dag", "scale_dag"])
+def test_a_run_within_its_params_never_reaches_the_run_timeout(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """At ``dagrun_timeout`` the scheduler skips a deferred wait without its abort, so
+    the timeout leaves every wait the longest ``reply_timeout_s`` and the other steps time."""
+    defined = request.getfixturevalue(fixture)
+    longest = timedelta(seconds=defined.params.get_param("reply_timeout_s").schema["maximum"])
+    assert defined.dagrun_timeout > len(_waits(defined)) * longest
+
+
+@pytest.mark.parametrize("fixture", ["dag", "scale_dag"])
+def test_a_failed_run_aborts_its_version_in_flight(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    from keyplane.orchestration.dagparts import abort_run_in_flight
+
+    assert request.getfixturevalue(fixture).on_failure_callback is abort_run_in_flight
+
+
 @pytest.mark.parametrize(
     "override",
     [

@@ -9,11 +9,12 @@ the steps import the rest when they run.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.sdk import Asset, get_current_context, task
+from airflow.sdk import Asset, Context, get_current_context, task
 
 from keyplane.operators import OPERATORS
 from keyplane.orchestration.deployment import deployment
@@ -22,18 +23,63 @@ from keyplane.orchestration.triggers import AwaitRolloutOperator
 #: The published configuration: both DAGs update it when a rollout is DONE.
 CONFIGURATION_ASSET = Asset(name="keyplane_routing_configuration")
 
-#: The DAG arguments both DAGs share. One run at a time: the controller drives
-#: one rollout at a time, and a second run would only find the first's in
-#: flight. Every step is idempotent (a retried task sends nothing new), so
-#: retries are safe; no catch-up, since a run plans from the newest statistics.
-ROLLOUT_DAG_ARGS: dict[str, Any] = {
-    "schedule": timedelta(minutes=10),
-    "start_date": datetime(2026, 1, 1, tzinfo=UTC),
-    "catchup": False,
-    "max_active_runs": 1,
-    "default_args": {"retries": 2, "retry_delay": timedelta(seconds=20)},
-    "dagrun_timeout": timedelta(minutes=60),
-}
+log = logging.getLogger(__name__)
+
+REPLY_TIMEOUT_MAX_S = 3600
+"""The largest ``reply_timeout_s`` Param of either DAG: the longest wait for one reply."""
+
+OTHER_STEPS_TIME = timedelta(hours=1)
+"""What a run's steps other than its waits may take together (Spark, GX, the protocol's sends)."""
+
+
+def abort_run_in_flight(context: Context) -> None:
+    """The DAGs' ``on_failure_callback``: ABORT the run's version if it is still in flight.
+
+    A run can fail with its PREPAREd version in flight and no task left to
+    abort it: at ``dagrun_timeout`` the scheduler marks every unfinished
+    task, a deferred wait included, SKIPPED and calls nothing on its
+    operator (``SchedulerJobRunner._schedule_dag_run``); a task marked
+    failed by hand ends the same way. The version would stay in flight and
+    the next run's ``publish`` fail "still rolling out". Airflow calls a
+    DAG's failure callbacks with at least ``run_id`` in the context (the dag
+    processor's ``_execute_dag_callbacks``; ``dag.test`` runs them inline),
+    so the versions are read from the run's records
+    (:func:`keyplane.orchestration.tasks.run_versions`): a version another
+    run or ``keyplane config publish`` put in flight is left alone.
+    """
+    from keyplane.orchestration import tasks
+
+    target = deployment()
+    run = str(context["run_id"])
+    versions = tasks.run_versions(target, run)
+    aborted = tasks.abort(target, versions) if versions else None
+    if aborted is not None:
+        log.warning("run %s failed with v%d in flight; it was aborted", run, aborted)
+
+
+def rollout_dag_args(waits: int) -> dict[str, Any]:
+    """The DAG arguments both DAGs share, for a DAG with ``waits`` wait tasks in a row.
+
+    One run at a time: the controller drives one rollout at a time, and a
+    second run would only find the first's in flight. Every step is
+    idempotent (a retried task sends nothing new), so retries are safe; no
+    catch-up, since a run plans from the newest statistics.
+    ``dagrun_timeout`` leaves every wait its longest ``reply_timeout_s``
+    (``waits`` × :data:`REPLY_TIMEOUT_MAX_S`) plus :data:`OTHER_STEPS_TIME`:
+    a run that times out ends its deferred waits without their abort (see
+    :func:`abort_run_in_flight`, which makes up for it), so a run within its
+    Params must not reach it. The waves of ``roll_out_waves`` cannot be
+    counted when the DAG is parsed; a run in many waves can reach it.
+    """
+    return {
+        "schedule": timedelta(minutes=10),
+        "start_date": datetime(2026, 1, 1, tzinfo=UTC),
+        "catchup": False,
+        "max_active_runs": 1,
+        "default_args": {"retries": 2, "retry_delay": timedelta(seconds=20)},
+        "dagrun_timeout": waits * timedelta(seconds=REPLY_TIMEOUT_MAX_S) + OTHER_STEPS_TIME,
+        "on_failure_callback": abort_run_in_flight,
+    }
 
 
 def params() -> dict[str, Any]:
@@ -58,17 +104,22 @@ def rollout_chain(
     prefix: str = "",
     operators: Sequence[str] = OPERATORS,
     timeout: str = "{{ params.reply_timeout_s }}",
+    published_by: str = "publish",
 ) -> tuple[Any, Any]:
     """await ACK → PROPAGATE each operator → await each MIGRATED, upstream first.
 
     Every PROPAGATE goes out before the first wait, so that all operators
     switch in the same micro-batch and install in the next (see
     :mod:`keyplane.protocol` for why a micro-batch job may). Returns the
-    first and the last task, to wire before and after. Every wait is
-    deferred to the triggerer (:class:`AwaitRolloutOperator`), which aborts
-    the rollout when the job does not answer within ``timeout`` seconds.
+    first and the last task, to wire before and after: after
+    ``published_by``, the task that PREPAREs, whose returned ``version`` the
+    waits await. Every wait is deferred to the triggerer
+    (:class:`AwaitRolloutOperator`), which aborts that version when the job
+    does not answer within ``timeout`` seconds.
     """
-    first = AwaitRolloutOperator(task_id=f"{prefix}await_ack", kind="ack", timeout_s=timeout)
+    first = AwaitRolloutOperator(
+        task_id=f"{prefix}await_ack", kind="ack", published_by=published_by, timeout_s=timeout
+    )
     last: Any = first
     for operator in operators:
         step = migrate.override(task_id=f"{prefix}migrate_{operator}")(operator)
@@ -79,6 +130,7 @@ def rollout_chain(
             task_id=f"{prefix}await_migrated_{operator}",
             kind="migrated",
             operator=operator,
+            published_by=published_by,
             timeout_s=timeout,
         )
         last >> wait

@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -40,7 +40,7 @@ from keyplane.orchestration import planning
 from keyplane.orchestration.deployment import Deployment
 
 if TYPE_CHECKING:
-    from keyplane.protocol import ControllerState
+    from keyplane.protocol import ControllerState, Reconfiguration
 
 log = logging.getLogger(__name__)
 
@@ -620,36 +620,100 @@ def done_into(deployment: Deployment, record: Path) -> dict[str, Any]:
 
 
 def reply_arrived(
-    deployment: Deployment, kind: Literal["ack", "migrated"], operator: str | None = None
+    deployment: Deployment,
+    kind: Literal["ack", "migrated"],
+    operator: str | None = None,
+    *,
+    version: int | None = None,
 ) -> bool:
     """Whether the job's ACK (or ``operator``'s MIGRATED) for the rollout is in.
 
     One poll of the control topic through the controller, which records the
     replies in its state file: the check a deferrable trigger repeats.
+    ``version`` is the version the wait is for (:func:`awaited_rollout`);
+    None takes the rollout in flight, else the last one.
     """
-    from keyplane.controller import ControllerError
-
     with controller(deployment) as control:
         control.poll()
-        state = control.state
-        if state is None:
-            raise ControllerError("no rollout in flight; prepare a version first")
-        rollout = state.current or state.last
-        if rollout is None:
-            raise ControllerError("no rollout in flight; prepare a version first")
-        if rollout.finish is not None and rollout.finish.type == "ABORT":
-            raise ControllerError(f"v{rollout.version} was aborted")
+        rollout = awaited_rollout(control.state, version)
         if kind == "ack":
             return rollout.ack is not None
         assert operator is not None
         return operator in rollout.migrated
 
 
-def abort(deployment: Deployment) -> None:
-    """ABORT the rollout in flight: the job returns to its active version."""
+def awaited_rollout(state: ControllerState | None, version: int | None) -> Reconfiguration:
+    """The rollout of ``version`` in the controller's state; raise if it cannot be awaited.
+
+    The controller drives one rollout at a time, and ``keyplane config abort``
+    and ``keyplane config publish`` drive the same one as the DAG (they share
+    the state file). A wait that took whatever is in flight would, after an
+    operator aborted the run's v2 and published v3, report v3's ACK as the
+    run's; so a wait names its version, and one that was aborted or replaced
+    by another fails saying so. The rollout in flight is ``state.current``;
+    ``state.last`` is the one finished last, which a wait retried after DONE
+    finds its replies in.
+    """
+    from keyplane.controller import ControllerError
+
+    rollouts = [] if state is None else [r for r in (state.current, state.last) if r is not None]
+    if not rollouts:
+        raise ControllerError("no rollout in flight; prepare a version first")
+    assert state is not None
+    if version is None:
+        rollout = rollouts[0]
+    else:
+        found = [r for r in rollouts if r.version == version]
+        if not found:
+            newest = rollouts[0].version
+            if newest > version:
+                raise ControllerError(f"v{version} is not in flight: superseded by v{newest}")
+            raise ControllerError(f"v{version} is not in flight (v{newest} is the latest rollout)")
+        rollout = found[0]
+    if rollout.finish is not None and rollout.finish.type == "ABORT":
+        now = state.current
+        later = "" if now is None else f"; v{now.version} is in flight now"
+        raise ControllerError(f"v{rollout.version} was aborted{later}")
+    return rollout
+
+
+def abort(deployment: Deployment, versions: Collection[int]) -> int | None:
+    """ABORT the rollout in flight if it is one of ``versions``; return the version aborted.
+
+    The job returns to its active version. A version not in ``versions`` is
+    left alone: it belongs to another run or to ``keyplane config publish``,
+    which share the controller, and aborting it would undo a rollout the
+    caller knows nothing of.
+    """
     with controller(deployment) as control:
-        if control.in_flight is not None:
-            control.abort()
+        in_flight = control.in_flight
+        if in_flight is None or in_flight not in versions:
+            return None
+        control.abort()
+    return int(in_flight)
+
+
+def run_versions(deployment: Deployment, run_id: str) -> tuple[int, ...]:
+    """Every version a DAG run stored to roll out: its waves, its proposal, its rollback.
+
+    Read from the run's records: ``proposal.json`` and ``rollback.json`` in a
+    reconfiguration run's snapshot folder, ``scale_proposal.json`` in a scale
+    run's folder. A caller that knows only the run's id (the DAGs' failure
+    callback, a wave task whose deferral failed) passes them to :func:`abort`
+    so that it aborts only this run's version.
+    """
+    from keyplane.orchestration import scale_steps
+
+    folder = stats.snapshot_folder(deployment.snapshots, run_id)
+    versions: list[int] = []
+    proposal = folder / PROPOSAL
+    if proposal.is_file():
+        record = json.loads(proposal.read_text())
+        versions += [int(v) for v in record.get("waves", ())] + [int(record["version"])]
+    for path in (folder / ROLLBACK, scale_folder(deployment, run_id) / scale_steps.PROPOSAL):
+        if path.is_file():
+            versions.append(int(json.loads(path.read_text())["version"]))
+    return tuple(versions)
 
 
 # --- 5. verification and rollback ---------------------------------------------------------

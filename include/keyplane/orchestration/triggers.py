@@ -12,18 +12,31 @@ on the trigger if it must wait, and on a missing reply aborts the rollout
 (the job returns to its active version) before it fails.
 :class:`RollOutWavesOperator` rolls out a run's waves the same way: it sends
 what the waves need next and defers on the same trigger for each reply.
+
+Every reply is awaited for one version, the one the run published: the
+controller is shared with ``keyplane config abort`` and ``keyplane config
+publish``, so the version in flight when a wait ends need not be the run's.
+A missing reply aborts only the run's own version, and fails the task with
+``AirflowFailException``, which Airflow does not retry: after an ABORT a
+retry could only fail again, less clearly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Mapping
 from datetime import timedelta
 from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    TaskDeferralError,
+    TaskDeferralTimeout,
+)
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from keyplane.orchestration.deployment import Deployment
@@ -38,6 +51,7 @@ def _satisfied(
     run_id: str,
     record: str,
     batches: int,
+    version: int | None = None,
 ) -> bool:
     from keyplane.orchestration import tasks
 
@@ -45,15 +59,47 @@ def _satisfied(
         return tasks.new_version_batches(deployment, run_id, record) >= batches
     if kind not in ("ack", "migrated"):
         raise ValueError(f"unknown wait {kind!r}")
-    return tasks.reply_arrived(deployment, "ack" if kind == "ack" else "migrated", operator)
+    return tasks.reply_arrived(
+        deployment, "ack" if kind == "ack" else "migrated", operator, version=version
+    )
+
+
+def whole_number(value: Any, name: str) -> int:
+    """``value``, a templated field, as an int; fail the task clearly if it is not whole.
+
+    Airflow renders a template such as ``{{ params.verify_batches }}`` to a
+    string, and a Param of type integer accepts ``5.0`` from a run's JSON
+    conf (JSON Schema counts it as an integer), which renders ``"5.0"``:
+    ``int("5.0")`` would raise a bare ValueError. A value that is not whole
+    never becomes whole on a retry, hence ``AirflowFailException``.
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not number.is_integer():
+        raise AirflowFailException(f"{name} must be a whole number, not {value!r}")
+    return int(number)
+
+
+def _deferral_failure(error: AirflowException) -> str:
+    """What Airflow's ``__fail__`` resumption says happened to the trigger."""
+    if isinstance(error, TaskDeferralTimeout):
+        return "the deferral timed out before the trigger fired; is the triggerer running?"
+    reason = error.args[0] if error.args else "unknown"
+    return f"the trigger failed ({getattr(reason, 'value', reason)}); see the triggerer's log"
 
 
 class RolloutWaitTrigger(BaseTrigger):
     """Fires when the awaited reply (or the metrics of ``batches`` batches) is in.
 
     ``kind`` is ``"ack"``, ``"migrated"`` (of ``operator``) or ``"metrics"``.
-    ``deadline`` is a wall-clock time (seconds since the epoch), so a trigger
-    moved to another triggerer keeps its original deadline.
+    ``version`` is the version whose reply is awaited
+    (:func:`keyplane.orchestration.tasks.awaited_rollout`: once it was
+    aborted or superseded, the trigger fires an error rather than take
+    another version's reply). ``deadline`` is a wall-clock time (seconds
+    since the epoch), so a trigger moved to another triggerer keeps its
+    original deadline.
     """
 
     def __init__(
@@ -67,6 +113,7 @@ class RolloutWaitTrigger(BaseTrigger):
         record: str = "rollout.json",
         batches: int = 0,
         poll_interval_s: float = 0.5,
+        version: int | None = None,
     ) -> None:
         super().__init__()
         self.deployment = deployment
@@ -77,6 +124,7 @@ class RolloutWaitTrigger(BaseTrigger):
         self.record = record
         self.batches = batches
         self.poll_interval_s = poll_interval_s
+        self.version = version
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -90,6 +138,7 @@ class RolloutWaitTrigger(BaseTrigger):
                 "record": self.record,
                 "batches": self.batches,
                 "poll_interval_s": self.poll_interval_s,
+                "version": self.version,
             },
         )
 
@@ -107,6 +156,7 @@ class RolloutWaitTrigger(BaseTrigger):
                     self.run_id,
                     self.record,
                     self.batches,
+                    self.version,
                 )
             except Exception as exc:
                 yield TriggerEvent({"status": "error", "polls": polls, "message": str(exc)})
@@ -124,9 +174,11 @@ class AwaitRolloutOperator(BaseOperator):
     """Wait, deferred, for the job's ACK, an operator's MIGRATED, or the new version's batches.
 
     ``kind`` and ``operator`` as for :class:`RolloutWaitTrigger`;
-    ``timeout_s`` bounds the wait. On a missing ACK or MIGRATED the rollout
-    in flight is aborted before the task fails, as ``keyplane config publish``
-    does: a half-propagated version must not stay pending.
+    ``timeout_s`` bounds the wait. An ACK or MIGRATED is awaited for the
+    version in the return value (XCom) of ``published_by``, the run's task
+    that PREPAREd it. On a missing ACK or MIGRATED the run's version, if
+    still in flight, is aborted before the task fails, as ``keyplane config
+    publish`` does: a half-propagated version must not stay pending.
     """
 
     template_fields = ("timeout_s", "batches")
@@ -136,6 +188,7 @@ class AwaitRolloutOperator(BaseOperator):
         *,
         kind: str,
         operator: str | None = None,
+        published_by: str | None = None,
         timeout_s: Any = 300,
         batches: Any = 0,
         record: str = "rollout.json",
@@ -143,26 +196,57 @@ class AwaitRolloutOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if kind in ("ack", "migrated") and published_by is None:
+            raise ValueError(f"a wait for {kind} needs published_by: the task that PREPAREd")
         self.kind = kind
         self.operator = operator
+        self.published_by = published_by
         self.timeout_s = timeout_s
         self.batches = batches
         self.record = record
         self.poll_interval_s = poll_interval_s
 
-    def _what(self) -> str:
+    def _what(self, version: int | None) -> str:
         if self.kind == "metrics":
             return f"{self.batches} batches on the new version"
-        return "ACK" if self.kind == "ack" else f"MIGRATED {self.operator}"
+        reply = "ACK" if self.kind == "ack" else f"MIGRATED {self.operator}"
+        return reply if version is None else f"{reply} of v{version}"
+
+    def _version(self, context: Any) -> int | None:
+        """The version the run's ``published_by`` task PREPAREd; None for a metrics wait.
+
+        Read from XCom each time, not kept on the operator: Airflow resumes a
+        deferred task on a new operator object.
+        """
+        if self.published_by is None:
+            return None
+        published = context["ti"].xcom_pull(task_ids=self.published_by)
+        if not isinstance(published, Mapping) or "version" not in published:
+            raise AirflowFailException(
+                f"{self.published_by} left no version in this run's XCom ({published!r}); "
+                "run it before this wait"
+            )
+        return int(published["version"])
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from keyplane.controller import ControllerError
         from keyplane.orchestration.deployment import deployment
 
+        batches = whole_number(self.batches, "batches")
+        timeout = whole_number(self.timeout_s, "timeout_s")
+        version = self._version(context)
         target = deployment()
         run_id = str(context["run_id"])
-        if _satisfied(target, self.kind, self.operator, run_id, self.record, int(self.batches)):
+        try:
+            arrived = _satisfied(
+                target, self.kind, self.operator, run_id, self.record, batches, version
+            )
+        except ControllerError as refused:
+            if version is None:
+                raise
+            _abort_and_fail(self._what(version), str(refused), {version})
+        if arrived:
             return {"status": "ok", "polls": 0}
-        timeout = float(self.timeout_s)
         self.defer(
             trigger=RolloutWaitTrigger(
                 deployment=target.model_dump(mode="json"),
@@ -171,8 +255,9 @@ class AwaitRolloutOperator(BaseOperator):
                 operator=self.operator,
                 run_id=run_id,
                 record=self.record,
-                batches=int(self.batches),
+                batches=batches,
                 poll_interval_s=self.poll_interval_s,
+                version=version,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 60),
@@ -180,25 +265,51 @@ class AwaitRolloutOperator(BaseOperator):
         raise AssertionError("defer() raises TaskDeferred")
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        version = self._version(context)
         if event.get("status") == "ok":
-            self.log.info("%s arrived after %s polls", self._what(), event.get("polls"))
+            self.log.info("%s arrived after %s polls", self._what(version), event.get("polls"))
             return event
         detail = event.get("message") or f"not within {self.timeout_s} s"
-        if self.kind in ("ack", "migrated"):
-            _abort_and_fail(self._what(), detail)
-        raise AirflowException(f"no {self._what()} ({detail})")
+        if version is not None:
+            _abort_and_fail(self._what(version), detail, {version})
+        raise AirflowException(f"no {self._what(version)} ({detail})")
+
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any
+    ) -> Any:
+        """Abort the run's version when the trigger timed out or failed, then fail.
+
+        Airflow resumes a task whose trigger passed the deferral's timeout
+        (the scheduler's ``check_trigger_timeouts``) or crashed
+        (``Trigger.submit_failure``) with ``next_method="__fail__"``, and
+        ``BaseOperator.resume_execution`` raises ``TaskDeferralTimeout`` or
+        ``TaskDeferralError`` without calling :meth:`execute_complete`: the
+        reply is as missing as after the trigger's own deadline, so it is
+        handled the same way.
+        """
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except (TaskDeferralTimeout, TaskDeferralError) as failed:
+            version = self._version(context)
+            if version is None:
+                raise
+            _abort_and_fail(self._what(version), _deferral_failure(failed), {version})
 
 
-def _abort_and_fail(what: str, detail: str) -> NoReturn:
-    """ABORT the rollout in flight after a missing reply, then fail the task saying so."""
+def _abort_and_fail(what: str, detail: str, versions: Collection[int]) -> NoReturn:
+    """ABORT the run's version if it is in flight after a missing reply; fail, no retry."""
     from keyplane.orchestration import tasks
     from keyplane.orchestration.deployment import deployment
 
-    tasks.abort(deployment())
-    raise AirflowException(
-        f"no {what} from the job ({detail}); the rollout was aborted and the "
-        "job is back on its active version. Is the job running? `keyplane job status`"
-    )
+    aborted = tasks.abort(deployment(), versions) if versions else None
+    if aborted is None:
+        outcome = "no version of this run is in flight, so nothing was aborted"
+    else:
+        outcome = (
+            f"v{aborted} was aborted and the job is back on its active version. "
+            "Is the job running? `keyplane job status`"
+        )
+    raise AirflowFailException(f"no {what} from the job ({detail}); {outcome}")
 
 
 class RollOutWavesOperator(BaseOperator):
@@ -209,10 +320,11 @@ class RollOutWavesOperator(BaseOperator):
     another; so one task walks them. Each time it runs (first, and after
     every reply) it calls :func:`keyplane.orchestration.tasks.advance_waves`,
     which sends what the waves need next, and defers on
-    :class:`RolloutWaitTrigger` for the reply that step awaits: the worker
-    slot is free while the job migrates, as with the DAG's other waits. A
-    missing reply aborts the wave in flight, so the job stays on the last
-    finished wave, a complete version, and the task fails.
+    :class:`RolloutWaitTrigger` for the reply that step awaits, for that
+    wave's version: the worker slot is free while the job migrates, as with
+    the DAG's other waits. A missing reply aborts the wave in flight if it
+    is one of this run's, so the job stays on the last finished wave, a
+    complete version, and the task fails.
     """
 
     template_fields = ("timeout_s",)
@@ -227,20 +339,43 @@ class RollOutWavesOperator(BaseOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") != "ok":
-            _abort_and_fail("reply to the wave in flight", event.get("message") or "timeout")
+            self._fail_wave(context, event.get("message") or "timeout")
         return self._advance(context)
+
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any
+    ) -> Any:
+        """As :meth:`AwaitRolloutOperator.resume_execution`: a trigger that timed out or
+        failed leaves the wave's reply missing, so the wave is aborted and the task fails."""
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except (TaskDeferralTimeout, TaskDeferralError) as failed:
+            self._fail_wave(context, _deferral_failure(failed))
+
+    def _fail_wave(self, context: Any, detail: str) -> NoReturn:
+        """Abort whichever of the run's versions is in flight, and fail.
+
+        The run's versions, not the wave's alone: a new operator object
+        resumes the task, and ``__fail__`` replaces the kwargs a deferral
+        passed on, so the wave is known only from the run's records.
+        """
+        from keyplane.orchestration import tasks
+        from keyplane.orchestration.deployment import deployment
+
+        versions = tasks.run_versions(deployment(), str(context["run_id"]))
+        _abort_and_fail("reply to the wave in flight", detail, versions)
 
     def _advance(self, context: Any) -> dict[str, Any]:
         from keyplane.orchestration import tasks
         from keyplane.orchestration.deployment import deployment
 
+        timeout = whole_number(self.timeout_s, "timeout_s")
         target = deployment()
         run_id = str(context["run_id"])
         step = tasks.advance_waves(target, run_id)
         if step["wait"] is None:
             self.log.info("every wave before the last is active: %s", step["waves"])
             return step
-        timeout = float(self.timeout_s)
         self.defer(
             trigger=RolloutWaitTrigger(
                 deployment=target.model_dump(mode="json"),
@@ -249,6 +384,7 @@ class RollOutWavesOperator(BaseOperator):
                 operator=step["operator"],
                 run_id=run_id,
                 poll_interval_s=self.poll_interval_s,
+                version=step["version"],
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 60),

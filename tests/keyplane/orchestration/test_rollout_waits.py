@@ -1,0 +1,378 @@
+"""The DAGs' deferred waits and their ABORT, run in-process on an in-memory control topic.
+
+What Airflow does around an operator is taken from its source, not run: a
+trigger that times out or fails resumes the task with ``__fail__``; a
+trigger's kwargs are serialised; a run that fails calls the DAG's
+``on_failure_callback`` with its ``run_id``. The controller, the protocol,
+the state file, the configuration store, the trigger and the operators are
+the real ones; the control topic is a list (:class:`FakeControlTopic`) and
+the job's replies are written onto it by hand; the tests on it say "fake".
+The same waits on a real broker and job: ``tests/dags/``, ``-m integration``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+from keyplane import config as config_store
+from keyplane import statistics as stats
+from keyplane.controller import ControllerError
+from keyplane.kafka import control
+from keyplane.kafka.control import ControlRead
+from keyplane.orchestration import dagparts, tasks
+from keyplane.orchestration import deployment as deployment_module
+from keyplane.orchestration.deployment import Deployment
+from keyplane.orchestration.scale_steps import PROPOSAL as SCALE_PROPOSAL
+from keyplane.orchestration.triggers import (
+    AwaitRolloutOperator,
+    RolloutWaitTrigger,
+    RollOutWavesOperator,
+    whole_number,
+)
+from keyplane.protocol import ControlMessage
+from keyplane.testing import moved_off_hash_config
+
+RUN = "scheduled__2026-11-03T12:00:00+00:00"
+OTHER_RUN = "manual__2026-11-03T12:00:05+00:00"
+
+
+class FakeControlTopic:
+    """The control topic as a list: every channel a test opens reads and appends to it."""
+
+    def __init__(self) -> None:
+        self.messages: list[ControlMessage] = []
+
+    def channel(self, bootstrap_servers: str, topic: str, **_: Any) -> FakeControlChannel:
+        return FakeControlChannel(self, topic)
+
+    def sent(self, start: int = 0) -> list[str]:
+        """The messages from ``start`` on, as ``sender:TYPE vN``."""
+        return [f"{m.sender}:{m.type} v{m.config_version}" for m in self.messages[start:]]
+
+
+class FakeControlChannel:
+    """:class:`keyplane.kafka.control.ControlChannel`'s methods the controller calls."""
+
+    def __init__(self, log: FakeControlTopic, topic: str) -> None:
+        self.log = log
+        self.topic = topic
+
+    def ensure(self) -> None:
+        pass
+
+    def end_offset(self) -> int:
+        return len(self.log.messages)
+
+    def send(self, messages: Sequence[ControlMessage]) -> None:
+        self.log.messages.extend(messages)
+
+    def read(self, start: int, end: int | None = None) -> ControlRead:
+        stop = len(self.log.messages) if end is None else end
+        return ControlRead(tuple((i, self.log.messages[i]) for i in range(start, stop)), (), stop)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> FakeControlChannel:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
+class FakeTaskInstance:
+    """The task instance in a task's context, as far as the waits use it: XCom."""
+
+    def __init__(self, xcoms: dict[str, Any]) -> None:
+        self.xcoms = xcoms
+
+    def xcom_pull(self, task_ids: str) -> Any:
+        return self.xcoms.get(task_ids, [])
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
+    """A deployment with v1 (what the job runs) to v4 stored, which the tasks find."""
+    target = Deployment.under(
+        tmp_path,
+        bootstrap_servers="fake:9092",
+        events_topic="events",
+        metrics_topic="metrics",
+        control_topic="control",
+        routing_store=tmp_path / "configs",
+    )
+    for version in (1, 2, 3, 4):
+        keys = {"A": [f"a{version}"], "B": [f"b{version}"]}
+        config_store.save(moved_off_hash_config(version, keys, 4), target.routing_store)
+    monkeypatch.setattr(deployment_module, "deployment", lambda: target)
+    monkeypatch.setattr(dagparts, "deployment", lambda: target)
+    return target
+
+
+@pytest.fixture
+def topic(monkeypatch: pytest.MonkeyPatch) -> FakeControlTopic:
+    log = FakeControlTopic()
+    monkeypatch.setattr(control, "ControlChannel", log.channel)
+    return log
+
+
+def prepare(deployment: Deployment, version: int) -> None:
+    with tasks.controller(deployment) as controller:
+        controller.prepare(version)
+
+
+def reply(topic: FakeControlTopic, deployment: Deployment, kind: str, version: int) -> None:
+    """The job's ACK (or MIGRATED of A) for ``version``, as the job would send it."""
+    topic.messages.append(
+        ControlMessage(
+            type=kind,
+            config_version=version,
+            operator="A" if kind == "MIGRATED" else None,
+            checksum=config_store.checksum(deployment.routing_store, version),
+            sender="job",
+            batch_id=7,
+        )
+    )
+
+
+def in_flight(deployment: Deployment) -> int | None:
+    with tasks.controller(deployment) as controller:
+        return controller.in_flight
+
+
+def write_record(folder: Path, name: str, record: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(record))
+
+
+def context(published: int | None = 2, run_id: str = RUN) -> dict[str, Any]:
+    """A task's context in ``run_id`` whose ``publish`` task returned ``published``."""
+    xcoms = {} if published is None else {"publish": {"version": published, "message_id": "x"}}
+    return {"run_id": run_id, "ti": FakeTaskInstance(xcoms)}
+
+
+@pytest.fixture
+def dag() -> Iterator[DAG]:
+    with DAG("waits", schedule=None) as defined:
+        yield defined
+
+
+def await_migrated_a(dag: DAG) -> AwaitRolloutOperator:
+    return AwaitRolloutOperator(
+        task_id="await_migrated_A",
+        kind="migrated",
+        operator="A",
+        published_by="publish",
+        timeout_s="300",
+        dag=dag,
+    )
+
+
+async def first_event(trigger: RolloutWaitTrigger) -> dict[str, Any]:
+    async for event in trigger.run():
+        return dict(event.payload)
+    raise AssertionError("the trigger fired nothing")
+
+
+def wait_trigger(deployment: Deployment, kind: str, version: int) -> RolloutWaitTrigger:
+    return RolloutWaitTrigger(
+        deployment=deployment.model_dump(mode="json"),
+        kind=kind,
+        operator="A" if kind == "migrated" else None,
+        deadline=time.time() + 0.3,
+        poll_interval_s=0.05,
+        version=version,
+    )
+
+
+# --- a trigger that timed out or failed (Airflow's __fail__) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        (TriggerFailureReason.TRIGGER_TIMEOUT, "timed out"),
+        (TriggerFailureReason.TRIGGER_FAILURE, "trigger failed (Trigger failure)"),
+    ],
+)
+def test_a_wait_resumed_with_fail_aborts_its_version_in_a_fake_topic(
+    deployment: Deployment,
+    topic: FakeControlTopic,
+    dag: DAG,
+    reason: TriggerFailureReason,
+    said: str,
+) -> None:
+    prepare(deployment, 2)
+    wait = await_migrated_a(dag)
+
+    with pytest.raises(AirflowFailException, match="MIGRATED A of v2") as failed:
+        wait.resume_execution(TRIGGER_FAIL_REPR, {"error": reason}, context())
+
+    assert said in str(failed.value) and "v2 was aborted" in str(failed.value)
+    assert topic.sent() == ["controller:PREPARE v2", "controller:ABORT v2"]
+    assert in_flight(deployment) is None
+
+
+def test_a_wave_resumed_with_fail_aborts_the_runs_wave_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic, dag: DAG
+) -> None:
+    folder = stats.snapshot_folder(deployment.snapshots, RUN)
+    write_record(folder, tasks.PROPOSAL, {"version": 3, "waves": [2]})
+    prepare(deployment, 2)
+    waves = RollOutWavesOperator(task_id="roll_out_waves", timeout_s="300", dag=dag)
+
+    failure = {"error": TriggerFailureReason.TRIGGER_TIMEOUT}
+    with pytest.raises(AirflowFailException, match="v2 was aborted"):
+        waves.resume_execution(TRIGGER_FAIL_REPR, failure, context(None))
+
+    assert topic.sent() == ["controller:PREPARE v2", "controller:ABORT v2"]
+
+
+# --- the version a wait belongs to --------------------------------------------------------
+
+
+def test_a_wait_for_an_aborted_version_ignores_the_next_versions_ack_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic, dag: DAG
+) -> None:
+    """The run PREPAREd v2; while its await_ack is deferred an operator runs
+    ``keyplane config abort`` and ``keyplane config publish v3``, and the job ACKs v3."""
+    prepare(deployment, 2)
+    tasks.abort(deployment, {2})
+    prepare(deployment, 3)
+    reply(topic, deployment, "ACK", 3)
+
+    event = asyncio.run(first_event(wait_trigger(deployment, "ack", 2)))
+
+    assert event["status"] == "error"
+    assert event["message"] == "v2 was aborted; v3 is in flight now"
+    sent = len(topic.messages)
+    with pytest.raises(AirflowFailException, match="nothing was aborted"):
+        await_migrated_a(dag).execute_complete(context(), event)
+    assert topic.messages[sent:] == [] and in_flight(deployment) == 3
+
+
+def test_a_wait_for_a_superseded_version_names_the_one_in_flight_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic
+) -> None:
+    for version in (2, 3):
+        prepare(deployment, version)
+        tasks.abort(deployment, {version})
+    prepare(deployment, 4)
+    reply(topic, deployment, "ACK", 4)
+
+    with pytest.raises(ControllerError, match="v2 is not in flight: superseded by v4"):
+        tasks.reply_arrived(deployment, "ack", version=2)
+    assert tasks.reply_arrived(deployment, "ack", version=4)
+
+
+def test_a_timed_out_wait_leaves_a_version_it_does_not_await_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic, dag: DAG
+) -> None:
+    prepare(deployment, 3)
+
+    with pytest.raises(AirflowFailException, match="nothing was aborted"):
+        await_migrated_a(dag).execute_complete(context(published=2), {"status": "timeout"})
+
+    assert topic.sent() == ["controller:PREPARE v3"] and in_flight(deployment) == 3
+
+
+def test_a_deferred_wait_carries_the_published_version_through_serialisation_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic, dag: DAG
+) -> None:
+    prepare(deployment, 2)
+
+    with pytest.raises(TaskDeferred) as deferred:
+        await_migrated_a(dag).execute(context(published=2))
+
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, RolloutWaitTrigger)
+    path, kwargs = trigger.serialize()
+    assert path == "keyplane.orchestration.triggers.RolloutWaitTrigger"
+    rebuilt = RolloutWaitTrigger(**{**json.loads(json.dumps(kwargs)), "deadline": time.time() + 5})
+    assert rebuilt.version == 2
+    reply(topic, deployment, "ACK", 2)
+    tasks.propagate(deployment, "A")
+    reply(topic, deployment, "MIGRATED", 2)
+    assert asyncio.run(first_event(rebuilt))["status"] == "ok"
+
+
+# --- templated numbers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "number"), [("5.0", 5), ("300.0", 300), ("1e3", 1000)])
+def test_a_templated_whole_number_written_as_a_float_converts(value: str, number: int) -> None:
+    """A Param of type integer accepts 5.0, which renders "5.0": not an int literal."""
+    assert whole_number(value, "batches") == number
+
+
+@pytest.mark.parametrize("value", ["5.5", "five", "", None, "nan", "inf"])
+def test_a_templated_number_that_is_not_whole_fails_without_retry(value: object) -> None:
+    with pytest.raises(AirflowFailException, match="batches must be a whole number"):
+        whole_number(value, "batches")
+
+
+def test_a_metrics_wait_rendered_from_a_float_param_defers_with_fake_batch_counts(
+    deployment: Deployment, dag: DAG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``{"verify_batches": 5.0}`` passes the Param's integer schema and renders "5.0"."""
+    monkeypatch.setattr(tasks, "new_version_batches", lambda *_: 4)
+    wait = AwaitRolloutOperator(
+        task_id="await_new_version_batches",
+        kind="metrics",
+        batches="5.0",
+        timeout_s="300.0",
+        dag=dag,
+    )
+
+    with pytest.raises(TaskDeferred) as deferred:
+        wait.execute(context(None))
+
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, RolloutWaitTrigger) and trigger.batches == 5
+    assert deferred.value.timeout is not None and deferred.value.timeout.total_seconds() == 360
+
+
+# --- a missing reply ------------------------------------------------------------------------
+
+
+def test_a_missing_reply_aborts_and_fails_without_retry_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic, dag: DAG
+) -> None:
+    prepare(deployment, 2)
+
+    with pytest.raises(AirflowFailException, match="v2 was aborted"):
+        await_migrated_a(dag).execute_complete(context(), {"status": "timeout", "polls": 3})
+
+    assert topic.sent() == ["controller:PREPARE v2", "controller:ABORT v2"]
+
+
+# --- a run that failed with its version in flight (dagrun_timeout) --------------------------
+
+
+def test_the_failure_callback_aborts_the_runs_version_only_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic
+) -> None:
+    write_record(stats.snapshot_folder(deployment.snapshots, RUN), tasks.PROPOSAL, {"version": 2})
+    write_record(tasks.scale_folder(deployment, OTHER_RUN), SCALE_PROPOSAL, {"version": 3})
+    prepare(deployment, 2)
+
+    dagparts.abort_run_in_flight({"run_id": OTHER_RUN})
+    assert topic.sent() == ["controller:PREPARE v2"]
+    dagparts.abort_run_in_flight({"run_id": RUN})
+    assert topic.sent()[1:] == ["controller:ABORT v2"]
+
+    prepare(deployment, 3)
+    dagparts.abort_run_in_flight({"run_id": RUN})
+    assert topic.sent()[2:] == ["controller:PREPARE v3"]
+    dagparts.abort_run_in_flight({"run_id": OTHER_RUN})
+    assert topic.sent()[3:] == ["controller:ABORT v3"]
