@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -40,7 +41,7 @@ from keyplane.jobprocess import (
     JobStatus,
     describe_aggregates,
 )
-from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
+from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
@@ -65,7 +66,12 @@ class CliError(RuntimeError):
 
 
 def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """One ``--option`` per field of a workload spec, with its description."""
+    """One ``--option`` per field of a workload spec, with its description.
+
+    An option not given is left out of the namespace (``SUPPRESS``), so that
+    the spec's own default applies and ``none`` given to an optional integer
+    (``--flash-every none``) can still reach the spec as None.
+    """
     for name, field in model.model_fields.items():
         if name == "kind":
             continue
@@ -74,37 +80,52 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
         origin = typing.get_origin(annotation)
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         default = field.default
-        help_text = f"{field.description or ''} (default: {default})"
+        bounds = "".join(f", at most {m.le:,}" for m in field.metadata if hasattr(m, "le"))
+        help_text = f"{field.description or ''} (default: {default}{bounds})"
+        unset = argparse.SUPPRESS
         if origin is tuple:
-            parser.add_argument(flag, dest=name, type=float, nargs="+", help=help_text)
+            parser.add_argument(
+                flag, dest=name, type=float, nargs="+", default=unset, help=help_text
+            )
         elif annotation is bool:
             parser.add_argument(
-                flag, dest=name, action=argparse.BooleanOptionalAction, help=help_text
+                flag,
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=unset,
+                help=help_text,
             )
         else:
             scalar = args[0] if args else annotation
             convert: Callable[[str], Any] = str
             if scalar is int:
-                convert = int
+                convert = _int_or_none if type(None) in typing.get_args(annotation) else int
             elif scalar is float:
                 convert = float
-            parser.add_argument(flag, dest=name, type=convert, help=help_text)
+            parser.add_argument(flag, dest=name, type=convert, default=unset, help=help_text)
+
+
+def _int_or_none(text: str) -> int | None:
+    """An argparse type for an optional integer field: ``none`` (any case) is None."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'none'") from None
 
 
 def _spec_from_args(kind: str, args: argparse.Namespace) -> Any:
     model = WORKLOADS[kind]
-    values = {
-        name: getattr(args, name)
-        for name in model.model_fields
-        if name != "kind" and getattr(args, name, None) is not None
-    }
+    given = vars(args)
+    values = {name: given[name] for name in model.model_fields if name != "kind" and name in given}
     return model(kind=kind, **values)
 
 
 def _broker(settings: Settings, args: argparse.Namespace) -> EmbeddedBroker:
     return EmbeddedBroker(
         settings.home,
-        args.port or settings.broker_port,
+        settings.broker_port if args.port is None else args.port,
         storage=args.storage or settings.broker_storage,
         bucket=settings.broker_bucket,
     )
@@ -118,6 +139,9 @@ def _storage_line(state: BrokerState) -> str:
 
 def cmd_broker(settings: Settings, args: argparse.Namespace) -> int:
     broker = _broker(settings, args)
+    running, stale = broker.inspect()
+    if stale is not None:
+        print(stale.describe())
     if args.action == "start":
         state = broker.start()
         print(
@@ -127,7 +151,6 @@ def cmd_broker(settings: Settings, args: argparse.Namespace) -> int:
     elif args.action == "stop":
         print("broker stopped" if broker.stop() else "no broker was running")
     else:
-        running = broker.status()
         if running is None:
             print("broker: not running")
             return 1
@@ -138,10 +161,25 @@ def cmd_broker(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
+    """:func:`ensure_topic`, saying so when the topic exists with another partition count.
+
+    The topic keeps its count (tansu cannot add partitions), so without a
+    word the events would spread over partitions the user did not ask for.
+    """
+    n = ensure_topic(bootstrap, topic, partitions)
+    if n != partitions:
+        print(
+            f"notice: topic {topic} already exists with {n} partitions, not {partitions}; "
+            f"it keeps {n} (for {partitions}, delete it or choose another name)"
+        )
+    return n
+
+
 def cmd_topic(settings: Settings, args: argparse.Namespace) -> int:
     bootstrap = settings.resolved_bootstrap_servers()
     if args.action == "create":
-        n = ensure_topic(bootstrap, args.name, args.partitions)
+        n = _ensure_topic(bootstrap, args.name, args.partitions)
         print(f"topic {args.name}: {n} partitions")
     else:
         marks = high_watermarks(bootstrap, args.name)
@@ -151,13 +189,15 @@ def cmd_topic(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
     spec = _spec_from_args(args.workload, args)
-    topic = args.topic or settings.events_topic
+    topic = settings.events_topic if args.topic is None else args.topic
+    bootstrap = settings.resolved_bootstrap_servers()
+    _ensure_topic(bootstrap, topic, args.partitions)
     with progress_bar(
         total=spec.n_events, desc=f"generate {args.workload}", unit="ev", unit_scale=True
     ) as bar:
         sent = produce_workload(
             spec,
-            settings.resolved_bootstrap_servers(),
+            bootstrap,
             topic,
             partitions=args.partitions,
             rate=args.rate,
@@ -733,7 +773,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker = sub.add_parser("broker", help="start, stop or inspect the embedded Kafka broker")
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument(
-        "--port", type=int, help="loopback port (default: KEYPLANE_BROKER_PORT or 19092)"
+        "--port",
+        type=_port,
+        help="loopback port, 1 to 65535 (default: KEYPLANE_BROKER_PORT or 19092)",
     )
     broker.add_argument(
         "--storage",
@@ -745,9 +787,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     topic = sub.add_parser("topic", help="create a topic or count its records")
     topic.add_argument("action", choices=["create", "describe"])
-    topic.add_argument("name")
+    topic.add_argument("name", type=_topic, help=_TOPIC_NAME_HELP)
     topic.add_argument(
-        "--partitions", type=int, default=8, help="partitions to create (default: 8)"
+        "--partitions",
+        type=_count,
+        default=8,
+        help="partitions to create, 1 or more; an existing topic keeps its own (default: 8)",
     )
     topic.set_defaults(func=cmd_topic)
 
@@ -761,20 +806,28 @@ def build_parser() -> argparse.ArgumentParser:
             k = kinds.add_parser(kind, help=(model.__doc__ or "").strip().splitlines()[0])
             _add_model_options(k, model)
             k.add_argument(
-                "--partitions", type=int, default=8, help="topic partitions (default: 8)"
+                "--partitions",
+                type=_count,
+                default=8,
+                help="topic partitions, 1 or more; an existing topic keeps its own (default: 8)",
             )
             k.add_argument(
                 "--rate",
-                type=float,
+                type=_rate,
                 default=None if name == "generate" else 20_000.0,
-                help="events per second (default: unlimited for generate, 20000 for demo)",
+                help="events per second, a positive number (default: unlimited for generate, "
+                "20000 for demo)",
             )
             if name == "generate":
-                k.add_argument("--topic", help="target topic (default: KEYPLANE_EVENTS_TOPIC)")
+                k.add_argument(
+                    "--topic",
+                    type=_topic,
+                    help=f"target topic, {_TOPIC_NAME_HELP} (default: KEYPLANE_EVENTS_TOPIC)",
+                )
             else:
                 k.add_argument(
                     "--max-offsets-per-trigger",
-                    type=int,
+                    type=_count,
                     default=20_000,
                     help="events per micro-batch at most (default: 20000)",
                 )
@@ -937,25 +990,54 @@ _Number = TypeVar("_Number", int, float)
 
 
 def _positive(
-    parse: Callable[[str], _Number], what: str, *, or_zero: bool = False
+    parse: Callable[[str], _Number],
+    what: str,
+    *,
+    or_zero: bool = False,
+    at_most: _Number | None = None,
 ) -> Callable[[str], _Number]:
     """An argparse type: ``parse``'s value of the text if it is above zero (or zero, when
-    ``or_zero``), else an error naming ``what`` the argument must be."""
+    ``or_zero``) and not above ``at_most``, else an error naming ``what`` the argument
+    must be."""
 
     def convert(text: str) -> _Number:
         try:
             value = parse(text)
         except ValueError:
             value = None
-        if value is None or not (value >= 0 if or_zero else value > 0):
+        if (
+            value is None
+            or not (value >= 0 if or_zero else value > 0)
+            or (at_most is not None and value > at_most)
+        ):
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
         return value
 
     return convert
 
 
+def _finite(text: str) -> float:
+    """``float(text)``, refusing ``inf`` as it does ``nan``: neither is a rate."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not finite")
+    return value
+
+
+def _topic(text: str) -> str:
+    """An argparse type: a topic name Kafka accepts (:func:`check_topic_name`)."""
+    try:
+        return check_topic_name(text)
+    except TopicError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_TOPIC_NAME_HELP = "1 to 249 letters, digits, '.', '_' or '-'"
+
 _version = _positive(int, "a version (an integer from 1)")
 _count = _positive(int, "a positive integer")
+_port = _positive(int, "a port (an integer from 1 to 65535)", at_most=65535)
+_rate = _positive(_finite, "a positive number of events per second")
 _seconds = _positive(float, "a positive number of seconds")
 _seconds_or_zero = _positive(float, "a number of seconds, 0 or more", or_zero=True)
 

@@ -43,10 +43,10 @@ from tqdm import tqdm
 from keyplane import config as config_store
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
-from keyplane.kafka.admin import ensure_topic, high_watermarks
+from keyplane.kafka.admin import check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.migration_topic import count_moved_states
-from keyplane.kafka.producer import WorkloadTrickle, produce_workload
+from keyplane.kafka.producer import WorkloadTrickle, check_workload_options, produce_workload
 from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun, planning, tasks
 from keyplane.orchestration.deployment import Deployment
@@ -155,27 +155,23 @@ def run_demo(
     dag_conf: dict[str, Any] | None = None,
     echo: Echo = tqdm.write,
 ) -> DemoResult:
-    """Run the main job on ``spec`` (half before, half after the reconfiguration)."""
+    """Run the main job on ``spec`` (half before, half after the reconfiguration).
+
+    Every option is checked before anything starts: a bad one found later
+    would leave the demo's broker running and a half-made run directory
+    behind. Everything after the checks runs inside the ``try``, so whatever
+    fails, the broker the demo started is stopped again.
+    """
     started = time.monotonic()
+    check_workload_options(rate, partitions)
     run_id = time.strftime("%Y%m%d-%H%M%S")
     home = settings.home.resolve()
     run_dir = home / "demo" / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    broker = EmbeddedBroker(
-        settings.home,
-        settings.broker_port,
-        storage=settings.broker_storage,
-        bucket=settings.broker_bucket,
-    )
-    own_broker = settings.bootstrap_servers is None and broker.status() is None
-    if own_broker:
-        state = broker.start()
-        echo(f"broker   started embedded broker on {state.bootstrap_servers} (pid {state.pid})")
     bootstrap = settings.resolved_bootstrap_servers()
-    topic = f"{settings.events_topic}.demo-{run_id}"
+    topic = check_topic_name(f"{settings.events_topic}.demo-{run_id}")
     topics = routed_job_topics(topic)
     store = run_dir / "configs"
-    config_store.save(RoutingConfig.all_hash(instances, OPERATORS), store)
+    initial = RoutingConfig.all_hash(instances, OPERATORS)
     # The job and the DAG sign and check control messages with one key (keyplane.signing);
     # without a configured one, the run makes its own.
     key = os.environ.get(KEY_ENV_VAR) or secrets.token_hex(16)
@@ -213,9 +209,21 @@ def run_demo(
         partitions=partitions,
         pause_s=TRICKLE_PAUSE_S,
     )
+    broker = EmbeddedBroker(
+        settings.home,
+        settings.broker_port,
+        storage=settings.broker_storage,
+        bucket=settings.broker_bucket,
+    )
+    own_broker = settings.bootstrap_servers is None and broker.status() is None
     job: subprocess.Popen[str] | None = None
     log_path = run_dir / "job.log"
     try:
+        if own_broker:
+            state = broker.start()
+            echo(f"broker   started embedded broker on {state.bootstrap_servers} (pid {state.pid})")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_store.save(initial, store)
         ensure_topic(bootstrap, topic, partitions)
         echo(f"topic    {topic} ({partitions} partitions), {instances} instances per operator")
         echo(f"workload {spec.kind}: {spec.n_events:,} events (two halves), seed {spec.seed}")
@@ -273,8 +281,7 @@ def run_demo(
         if job is not None and job.poll() is None:
             job.send_signal(signal.SIGTERM)
             job.wait(timeout=120)
-        if own_broker:
-            broker.stop()
+        if own_broker and broker.stop():
             echo("broker   stopped")
     for line in summary_lines(result, run_dir):
         echo(line)

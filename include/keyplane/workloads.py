@@ -29,10 +29,12 @@ from typing import Annotated, Any, Final, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 __all__ = [
+    "MAX_KEYS",
     "MAX_PAD_BYTES",
+    "MAX_REGIONS",
     "EventBatch",
     "FlashEvent",
     "GeoTagsWorkload",
@@ -44,6 +46,17 @@ __all__ = [
 
 MAX_PAD_BYTES: Final = 20_000
 """Largest padding of paper 000 §4.2 ("We vary the padding between 0 and 20kB")."""
+
+MAX_KEYS: Final = 10_000_000
+"""Most keys of one field (``n_keys``, ``n_tags``). Zipf draws and relabellings hold
+an 8-byte table entry per key, 80 MB at this bound; a spec past it would fail
+with a memory error, or numpy's int64 overflow, only once events are drawn
+(after a command has created its topic), so validation refuses it first. Ten
+times the largest key count of the benchmarks (a million)."""
+
+MAX_REGIONS: Final = 100_000
+"""Most regions of a geo-tags stream: each holds ``favourites_per_region`` slots that
+are rehashed for every drift epoch a block spans, so regions cost more than keys."""
 
 _BLOCK: Final = 1 << 16
 """Events per internal block; the unit of seeding, so never change it lightly:
@@ -268,7 +281,9 @@ class PairsWorkload(_StreamSpec):
     """
 
     kind: Literal["pairs"] = "pairs"
-    n_keys: int = Field(default=1_000, ge=1, description="Keys are 1..n_keys in both fields.")
+    n_keys: int = Field(
+        default=1_000, ge=1, le=MAX_KEYS, description="Keys are 1..n_keys in both fields."
+    )
     locality: float = Field(default=0.8, ge=0.0, le=1.0, description="Share of tuples with j == i.")
     pad_min: int = Field(default=0, ge=0, le=MAX_PAD_BYTES, description="Smallest padding, bytes.")
     pad_max: int = Field(default=0, ge=0, le=MAX_PAD_BYTES, description="Largest padding, bytes.")
@@ -331,7 +346,7 @@ class ZipfEvolvingWorkload(_StreamSpec):
     """
 
     kind: Literal["zipf-evolving"] = "zipf-evolving"
-    n_keys: int = Field(default=10_000, ge=1, description="Keys are 0..n_keys-1.")
+    n_keys: int = Field(default=10_000, ge=1, le=MAX_KEYS, description="Keys are 0..n_keys-1.")
     exponent: float = Field(
         default=1.0,
         ge=0.0,
@@ -410,6 +425,11 @@ def _zipf_rank_tables(seed: int, n_keys: int, n_segments: int) -> tuple[NDArray[
     return tuple(tables)
 
 
+def _zero_is_none(value: object) -> object:
+    """``flash_every`` 0 means no flashes, like None: a command line has no None to type."""
+    return None if value == 0 and not isinstance(value, bool) else value
+
+
 class GeoTagsWorkload(_StreamSpec):
     """A (region, hashtag) stream shaped like paper 000's Twitter data set
     (§4.3: routed first by location, then by hashtag; associations between tags
@@ -452,8 +472,8 @@ class GeoTagsWorkload(_StreamSpec):
     """
 
     kind: Literal["geo-tags"] = "geo-tags"
-    n_regions: int = Field(default=50, ge=1, description="Regions (field-1 keys).")
-    n_tags: int = Field(default=10_000, ge=1, description="Hashtags (field-2 keys).")
+    n_regions: int = Field(default=50, ge=1, le=MAX_REGIONS, description="Regions (field-1 keys).")
+    n_tags: int = Field(default=10_000, ge=1, le=MAX_KEYS, description="Hashtags (field-2 keys).")
     region_exponent: float = Field(default=0.8, ge=0.0, le=10.0, description="Region skew.")
     tag_exponent: float = Field(default=1.0, ge=0.0, le=10.0, description="Background tag skew.")
     favourites_per_region: int = Field(default=20, ge=1, description="Favoured tags per region.")
@@ -470,8 +490,8 @@ class GeoTagsWorkload(_StreamSpec):
     stable_favourites: int = Field(
         default=0, ge=0, description="Leading (most likely) favourite slots that never drift."
     )
-    flash_every: int | None = Field(
-        default=250_000, ge=1, description="Events per flash period; None disables flashes."
+    flash_every: Annotated[int | None, BeforeValidator(_zero_is_none)] = Field(
+        default=250_000, ge=1, description="Events per flash period; 0 or None disables flashes."
     )
     flash_duration: int = Field(default=20_000, ge=1, description="Events a flash lasts.")
     flash_regions: int = Field(default=3, ge=1, description="Regions a flash touches.")
@@ -493,9 +513,11 @@ class GeoTagsWorkload(_StreamSpec):
                     f"flash_every ({self.flash_every})"
                 )
             if self.flash_regions > self.n_regions:
+                default = "" if "flash_regions" in self.model_fields_set else ", the default"
                 raise ValueError(
-                    f"flash_regions ({self.flash_regions}) must not exceed "
-                    f"n_regions ({self.n_regions})"
+                    f"flash_regions ({self.flash_regions}{default}) must not exceed "
+                    f"n_regions ({self.n_regions}): lower flash_regions, or set flash_every "
+                    "to 0 to disable flashes"
                 )
         return self
 

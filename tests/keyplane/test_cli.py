@@ -8,24 +8,31 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from keyplane import config as config_store
-from keyplane.cli import _job_process, build_parser
+from keyplane.cli import _job_process, _spec_from_args, build_parser
 from keyplane.cli import main as cli_main
 from keyplane.kafka.admin import high_watermarks
 from keyplane.operators import OPERATORS
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import job_command, parse_settings
 from keyplane.testing import ProtocolOnlyJob, free_port
+from keyplane.workloads import PairsWorkload
 
 
 def _keyplane(
-    home: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None
+    home: Path,
+    *args: str,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    own_session: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """``keyplane ARGS`` in a subprocess; ``own_session`` keeps any signal it sends to
+    its own process group (pid 0) away from the test run's."""
     env = {**os.environ, "KEYPLANE_HOME": str(home), **(env or {})}
     if port is not None:
         env["KEYPLANE_BROKER_PORT"] = str(port)
@@ -35,7 +42,16 @@ def _keyplane(
         text=True,
         env=env,
         timeout=300,
+        start_new_session=own_session,
     )
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The error line with which the parser refuses ``argv`` (exit 2, nothing run)."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
 
 
 def test_every_subcommand_has_help() -> None:
@@ -107,6 +123,257 @@ def test_port_taken_names_the_fix(tmp_path: Path) -> None:
         result = _keyplane(tmp_path, "broker", "start", port=port)
     assert result.returncode == 2
     assert f"port {port} is taken" in result.stderr and "--port" in result.stderr
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated process that leads a process group, as a detached broker would."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_broker_commands_remove_a_pid_file_of_another_program_say_so_and_leave_it_alive(
+    tmp_path: Path, stranger: subprocess.Popen[bytes]
+) -> None:
+    """A pid file without a command line (an older keyplane's) cannot prove its pid is
+    the broker, so it is stale, and the process that holds the pid is not signalled."""
+    path = tmp_path / "broker.json"
+    old = {"pid": stranger.pid, "port": 19092, "storage": "memory://tansu/", "log": "x"}
+    removed = (
+        f"removed the stale pid file {path} of pid {stranger.pid}: it records no command line "
+        "(an older keyplane wrote it), so that process may not be the broker; if it is, stop "
+        f"it with `kill {stranger.pid}`"
+    )
+    port = free_port()
+
+    path.write_text(json.dumps(old))
+    status = _keyplane(tmp_path, "broker", "status", port=port)
+    path.write_text(json.dumps({**old, "command": ["/elsewhere/tansu", "broker"]}))
+    stopped = _keyplane(tmp_path, "broker", "stop", port=port)
+
+    assert (status.returncode, status.stdout.splitlines()) == (1, [removed, "broker: not running"])
+    assert stopped.returncode == 0
+    assert stopped.stdout.splitlines() == [
+        f"removed the stale pid file {path} of pid {stranger.pid}: that pid now runs another "
+        "program, which was left alone",
+        "no broker was running",
+    ]
+    assert stranger.poll() is None
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("action", ["status", "stop"])
+@pytest.mark.parametrize(
+    ("contents", "problem"),
+    [
+        ("", "file: Invalid JSON: EOF while parsing"),
+        ('{"pid": 4000000}', "port: Field required"),
+        ('{"pid": 0, "port": 1, "storage": "m", "log": "l"}', "pid: Input should be greater"),
+        ('{"pid": -1, "port": 1, "storage": "m", "log": "l"}', "pid: Input should be greater"),
+    ],
+    ids=["empty", "partial", "pid-0", "pid-minus-1"],
+)
+def test_a_bad_broker_pid_file_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path, action: str, contents: str, problem: str
+) -> None:
+    path = tmp_path / "broker.json"
+    path.write_text(contents)
+
+    result = _keyplane(tmp_path, "broker", action, port=free_port(), own_session=True)
+
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"keyplane: {path} is not a broker pid file ({problem}")
+    assert result.stderr.endswith("; if no broker is running, remove it\n")
+    assert result.stderr.count("\n") == 1
+    assert path.read_text() == contents
+
+
+@pytest.mark.integration
+def test_status_with_a_truncated_broker_pid_file_is_one_line_naming_it(
+    tmp_path: Path, broker: str
+) -> None:
+    """``status`` reads the embedded broker's pid file once Kafka answers."""
+    path = tmp_path / "broker.json"
+    path.write_text('{"pid": 4000000}')
+
+    result = _keyplane(tmp_path, "status", env={"KEYPLANE_BOOTSTRAP_SERVERS": broker})
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"keyplane: {path} is not a broker pid file (port: Field required); "
+        "if no broker is running, remove it\n"
+    )
+
+
+@pytest.mark.parametrize("port", ["0", "-5", "65536", "70000", "x"])
+def test_broker_port_outside_1_to_65535_is_refused(
+    port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for action in ("start", "stop", "status"):
+        assert _refused(["broker", action, "--port", port], capsys) == (
+            f"keyplane broker: error: argument --port: '{port}' is not a port "
+            "(an integer from 1 to 65535)"
+        )
+    assert build_parser().parse_args(["broker", "start", "--port", "65535"]).port == 65535
+
+
+def test_broker_start_on_a_port_past_65535_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    result = _keyplane(tmp_path, "broker", "start", "--port", "70000")
+
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].endswith(
+        "'70000' is not a port (an integer from 1 to 65535)"
+    )
+    assert not (tmp_path / "broker.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["topic", "create", "t", "--partitions"],
+        ["generate", "pairs", "--partitions"],
+        ["demo", "pairs", "--partitions"],
+        ["demo", "geo-tags", "--max-offsets-per-trigger"],
+    ],
+    ids=["topic", "generate", "demo", "demo-max-offsets"],
+)
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_a_count_below_1_is_refused_before_anything_runs(
+    argv: list[str], value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _refused([*argv, value], capsys).endswith(f"'{value}' is not a positive integer")
+
+
+@pytest.mark.parametrize("command", ["generate", "demo"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "fast"])
+def test_a_rate_that_is_not_a_positive_finite_number_is_refused(
+    command: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _refused([command, "zipf-evolving", "--rate", value], capsys).endswith(
+        f"argument --rate: '{value}' is not a positive number of events per second"
+    )
+    assert build_parser().parse_args([command, "pairs", "--rate", "2.5"]).rate == 2.5
+
+
+@pytest.mark.parametrize("name", ["bad name!", "", "x" * 250, ".."])
+def test_a_topic_name_kafka_refuses_is_refused_before_connecting(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    message = f"{name!r} is not a Kafka topic name: 1 to 249 letters, digits, '.', '_' or '-'"
+    for argv in (
+        ["topic", "create", name],
+        ["topic", "describe", name],
+        ["generate", "pairs", "--topic", name],
+    ):
+        assert message in _refused(argv, capsys)
+
+
+def test_generate_to_an_empty_topic_name_is_exit_2_and_writes_nowhere(tmp_path: Path) -> None:
+    result = _keyplane(tmp_path, "generate", "pairs", "--topic", "", port=free_port())
+
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "keyplane generate pairs: error: argument --topic: '' is not a Kafka topic name: "
+        "1 to 249 letters, digits, '.', '_' or '-' (and not '.' or '..')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["pairs", "--n-keys", "9223372036854775808"],
+            "n_keys: Input should be less than or equal to 10000000",
+        ),
+        (
+            ["zipf-evolving", "--n-keys", str(10**12)],
+            "n_keys: Input should be less than or equal to 10000000",
+        ),
+        (
+            ["geo-tags", "--n-regions", "2"],
+            "input: Value error, flash_regions (3, the default) must not exceed n_regions (2): "
+            "lower flash_regions, or set flash_every to 0 to disable flashes",
+        ),
+    ],
+    ids=["pairs", "zipf", "geo-tags-regions"],
+)
+def test_a_workload_past_its_bounds_is_one_line_before_kafka_is_asked(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    """No broker runs on the port: a check after connecting would say Kafka did not answer."""
+    result = _keyplane(tmp_path, "generate", *argv, port=free_port())
+
+    assert result.returncode == 2
+    assert result.stderr == f"keyplane: invalid {message}\n"
+
+
+@pytest.mark.parametrize("value", ["none", "None", "0"])
+def test_flash_every_none_or_0_disables_flashes_as_the_help_says(value: str) -> None:
+    parse = build_parser().parse_args
+    for command in ("generate", "demo"):
+        disabled = parse([command, "geo-tags", "--flash-every", value])
+        assert _spec_from_args("geo-tags", disabled).flash_every is None
+        assert _spec_from_args("geo-tags", parse([command, "geo-tags"])).flash_every == 250_000
+
+
+def test_flash_every_that_is_neither_an_integer_nor_none_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _refused(["generate", "geo-tags", "--flash-every", "never"], capsys).endswith(
+        "argument --flash-every: 'never' is not an integer or 'none'"
+    )
+
+
+def test_workload_options_not_given_leave_the_specs_own_defaults() -> None:
+    parse = build_parser().parse_args
+    given = parse(["generate", "pairs", "--no-relabel-b", "--n-keys", "7"])
+    assert _spec_from_args("pairs", given) == PairsWorkload(n_keys=7, relabel_b=False)
+    assert _spec_from_args("pairs", parse(["generate", "pairs"])) == PairsWorkload()
+    assert "n_keys" not in vars(parse(["generate", "pairs"]))
+
+
+@pytest.mark.integration
+def test_topic_create_and_generate_say_when_the_topic_keeps_another_partition_count(
+    tmp_path: Path, broker: str, topic_name: str
+) -> None:
+    env = {"KEYPLANE_BOOTSTRAP_SERVERS": broker}
+    notice = (
+        f"notice: topic {topic_name} already exists with 2 partitions, not {{asked}}; it keeps "
+        "2 (for {asked}, delete it or choose another name)"
+    )
+
+    created = _keyplane(tmp_path, "topic", "create", topic_name, "--partitions", "2", env=env)
+    again = _keyplane(tmp_path, "topic", "create", topic_name, "--partitions", "4", env=env)
+    same = _keyplane(tmp_path, "topic", "create", topic_name, "--partitions", "2", env=env)
+    generated = _keyplane(
+        tmp_path,
+        "generate",
+        "pairs",
+        "--n-events",
+        "10",
+        "--topic",
+        topic_name,
+        "--partitions",
+        "3",
+        env=env,
+    )
+
+    assert created.stdout == f"topic {topic_name}: 2 partitions\n"
+    assert again.stdout.splitlines() == [
+        notice.format(asked=4),
+        f"topic {topic_name}: 2 partitions",
+    ]
+    assert same.stdout == created.stdout
+    assert generated.returncode == 0, generated.stderr
+    assert generated.stdout.splitlines() == [
+        notice.format(asked=3),
+        f"sent 10 events to {topic_name}",
+    ]
+    assert high_watermarks(broker, topic_name) == {0: 5, 1: 5}
 
 
 # --- config publish / abort: the controller of paper 000 §3.4 ------------------------------

@@ -1,20 +1,29 @@
-"""The demo's before/after measurement and its summary table (pure logic, no job).
+"""The demo's before/after measurement, its summary table and its set-up (no job).
 
 The demo itself (broker, routed job, ``airflow dags test``) is what
 ``tests/dags/test_reconfigure_end_to_end.py`` runs under test; here the
-figures the summary prints are checked on hand-written metrics records.
+figures the summary prints are checked on hand-written metrics records, and
+the set-up's failures against a fake broker that only records its calls.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from keyplane import config as config_store
+from keyplane import demo
 from keyplane.batchmetrics import BatchMetrics
-from keyplane.demo import DemoResult, Migration, measure_phase, summary_lines
+from keyplane.demo import DemoResult, Migration, measure_phase, run_demo, summary_lines
+from keyplane.kafka.broker import BrokerState
 from keyplane.orchestration.dagrun import DagRunRecord
+from keyplane.settings import Settings
+from keyplane.testing import free_port
 from keyplane.verification import CountReport
+from keyplane.workloads import PairsWorkload
 
 
 def _batch(
@@ -86,3 +95,77 @@ def test_summary_table_shows_before_after_migration_and_the_count_verdict() -> N
     assert "v1 → v2: 1,234 states moved (75% of key weight), 4 batches" in text
     assert "MISMATCH" in text and "duplicated 3" in text
     assert not result.succeeded
+
+
+class FakeBroker:
+    """An embedded broker that records what the demo asked of it and starts nothing."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.calls: list[str] = []
+
+    def status(self) -> None:
+        return None
+
+    def start(self) -> BrokerState:
+        self.calls.append("start")
+        return BrokerState(pid=4_000_000, port=self.port, storage="memory://tansu/", log="x")
+
+    def stop(self) -> bool:
+        self.calls.append("stop")
+        return True
+
+
+@pytest.fixture
+def fake_broker(monkeypatch: pytest.MonkeyPatch) -> list[FakeBroker]:
+    """The fake brokers the demo made, in order, in place of the embedded broker."""
+    made: list[FakeBroker] = []
+
+    def make(home: Path, port: int, **_: object) -> FakeBroker:
+        made.append(FakeBroker(port))
+        return made[-1]
+
+    monkeypatch.setattr(demo, "EmbeddedBroker", make)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"max_offsets_per_trigger": 0}, ValidationError, "max_offsets_per_trigger"),
+        ({"instances": 0}, ValidationError, "parallelism"),
+        ({"partitions": 0}, ValueError, "1 partition or more, not 0"),
+        ({"rate": 0.0}, ValueError, "rate must be a positive, finite number"),
+        ({"rate": float("nan")}, ValueError, "rate must be a positive, finite number"),
+    ],
+    ids=["max-offsets", "instances", "partitions", "rate-0", "rate-nan"],
+)
+def test_demo_with_a_bad_option_starts_no_fake_broker_and_creates_no_run_directory(
+    tmp_path: Path,
+    fake_broker: list[FakeBroker],
+    options: dict[str, Any],
+    error: type[Exception],
+    message: str,
+) -> None:
+    settings = Settings(home=tmp_path, bootstrap_servers=None, broker_port=free_port())
+
+    with pytest.raises(error, match=message):
+        run_demo(PairsWorkload(n_events=10), settings, echo=lambda _: None, **options)
+
+    assert all(broker.calls == [] for broker in fake_broker)
+    assert not (tmp_path / "demo").exists()
+
+
+def test_demo_stops_the_fake_broker_it_started_when_a_later_set_up_step_fails(
+    tmp_path: Path, fake_broker: list[FakeBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(config_store, "save", no_space)
+    settings = Settings(home=tmp_path, bootstrap_servers=None, broker_port=free_port())
+
+    with pytest.raises(OSError, match="No space left"):
+        run_demo(PairsWorkload(n_events=10), settings, echo=lambda _: None)
+
+    assert [broker.calls for broker in fake_broker] == [["start", "stop"]]

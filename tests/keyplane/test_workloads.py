@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from keyplane import workloads
 from keyplane.verification import expected_counts
 from keyplane.workloads import (
     EventBatch,
@@ -286,6 +287,57 @@ def test_geo_without_flashes_or_drift_is_stationary() -> None:
 def test_invalid_specs_raise_clear_validation_errors(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_workload(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"kind": "pairs", "n_keys": 2**63},
+        {"kind": "pairs", "n_keys": 10**12},
+        {"kind": "zipf-evolving", "n_keys": 10**12},
+        {"kind": "geo-tags", "n_tags": 10**12},
+        {"kind": "geo-tags", "n_regions": 10**12},
+    ],
+    ids=["pairs-2**63", "pairs-10**12", "zipf", "geo-tags", "geo-regions"],
+)
+def test_key_counts_past_their_bound_are_refused_before_any_event_is_drawn(
+    raw: dict[str, Any],
+) -> None:
+    with pytest.raises(ValidationError, match="less than or equal to"):
+        parse_workload(raw)
+
+
+def test_the_key_bounds_cover_the_largest_benchmark_and_are_inclusive() -> None:
+    bound = workloads.MAX_KEYS
+    assert bound >= 10 * 1_000_000  # bench/sim_speed.py and bench/reproduce_fish.py: a million
+    assert PairsWorkload(n_keys=bound).n_keys == bound
+    assert ZipfEvolvingWorkload(n_keys=bound).n_keys == bound
+    assert GeoTagsWorkload(n_tags=bound, n_regions=workloads.MAX_REGIONS).n_tags == bound
+    with pytest.raises(ValidationError, match=f"less than or equal to {bound}"):
+        PairsWorkload(n_keys=bound + 1)
+    with pytest.raises(ValidationError, match=f"less than or equal to {workloads.MAX_REGIONS}"):
+        GeoTagsWorkload(n_regions=workloads.MAX_REGIONS + 1)
+
+
+def test_a_flash_period_of_zero_disables_flashes_like_none() -> None:
+    spec = GeoTagsWorkload(n_events=1_000, flash_every=0)
+    assert spec.flash_every is None and spec.flashes(0, 1_000) == []
+    assert parse_workload({"kind": "geo-tags", "flash_every": 0}) == GeoTagsWorkload(
+        flash_every=None
+    )
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        GeoTagsWorkload(flash_every=-1)
+
+
+def test_too_few_regions_for_the_default_flash_regions_says_it_is_the_default() -> None:
+    with pytest.raises(ValidationError) as refused:
+        GeoTagsWorkload(n_regions=2)
+    message = str(refused.value)
+    assert "flash_regions (3, the default) must not exceed n_regions (2)" in message
+    assert "set flash_every to 0" in message
+    with pytest.raises(ValidationError, match=r"flash_regions \(4\) must not exceed"):
+        GeoTagsWorkload(n_regions=2, flash_regions=4)
+    assert GeoTagsWorkload(n_regions=2, flash_every=0).flash_every is None
 
 
 def test_parse_workload_round_trips_every_kind() -> None:

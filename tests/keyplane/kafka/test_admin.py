@@ -8,10 +8,27 @@ from pathlib import Path
 import pytest
 from kafka.errors import KafkaTimeoutError
 
-from keyplane.kafka.admin import HighWatermarks, ensure_topic, high_watermarks
+from keyplane.kafka.admin import (
+    HighWatermarks,
+    TopicError,
+    check_topic_name,
+    ensure_topic,
+    high_watermarks,
+)
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import make_producer
 from keyplane.testing import crash_broker, free_port
+
+
+@pytest.mark.parametrize("name", ["bad name!", "", "a" * 250, ".", "..", "tópico", "a/b"])
+def test_a_name_kafka_refuses_is_refused_before_connecting(name: str) -> None:
+    with pytest.raises(TopicError, match="is not a Kafka topic name: 1 to 249 letters"):
+        ensure_topic(f"127.0.0.1:{free_port()}", name, 1)
+
+
+@pytest.mark.parametrize("name", ["a" * 249, "keyplane.events", "A-b_c.9", "..."])
+def test_check_topic_name_accepts_every_name_kafka_accepts(name: str) -> None:
+    assert check_topic_name(name) == name
 
 
 @pytest.mark.integration

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, EmbeddedBroker, answers_kafka, port_is_free
+from keyplane.kafka.objectstore import LocalS3Server, ObjectStoreError
+from keyplane.processes import alive
 from keyplane.testing import free_port
 
 
@@ -18,8 +23,9 @@ def test_start_status_stop(tmp_path: Path) -> None:
     state = broker.start()
     try:
         assert answers_kafka(state.bootstrap_servers)
-        assert broker.status() == state
-        assert (tmp_path / "broker.json").exists()
+        assert broker.inspect() == (state, None)
+        assert state.command[0].endswith("tansu") and alive(state.pid, state.command)
+        assert EmbeddedBroker(tmp_path, free_port()).status() == state  # read from the file
     finally:
         assert broker.stop() is True
     assert broker.status() is None
@@ -68,3 +74,107 @@ def test_topic_creation_and_high_watermarks(broker: str, topic_name: str) -> Non
     producer.close()
     # tansu's ListOffsets(latest) under-reports; the fetch-based marks are exact.
     assert high_watermarks(broker, topic_name) == {0: 334, 1: 333, 2: 333}
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated process that leads a process group, as a detached broker would."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _pid_file(home: Path, **fields: object) -> Path:
+    path = home / "broker.json"
+    path.write_text(json.dumps({"port": 19092, "storage": "memory://tansu/", "log": "x", **fields}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        (["/somewhere/tansu", "broker"], "that pid now runs another program, which was left alone"),
+        (None, "it records no command line (an older keyplane wrote it), so that process may"),
+    ],
+    ids=["other-command", "no-command"],
+)
+def test_a_pid_file_naming_another_program_is_stale_and_stop_leaves_it_alone(
+    tmp_path: Path,
+    stranger: subprocess.Popen[bytes],
+    command: list[str] | None,
+    reason: str,
+) -> None:
+    fields = {} if command is None else {"command": command}
+    path = _pid_file(tmp_path, pid=stranger.pid, **fields)
+    broker = EmbeddedBroker(tmp_path, free_port())
+
+    running, stale = broker.inspect()
+
+    assert running is None and stale is not None
+    assert stale.describe().startswith(
+        f"removed the stale pid file {path} of pid {stranger.pid}: {reason}"
+    )
+    assert not path.exists()
+    _pid_file(tmp_path, pid=stranger.pid, **fields)
+    assert broker.stop() is False
+    assert stranger.poll() is None
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("pid", [0, 1, -1])
+def test_a_pid_of_one_or_less_is_refused_and_the_file_kept(tmp_path: Path, pid: int) -> None:
+    path = _pid_file(tmp_path, pid=pid, command=["tansu"])
+    with pytest.raises(BrokerError) as refused:
+        EmbeddedBroker(tmp_path, free_port()).status()
+    assert str(refused.value) == (
+        f"{path} is not a broker pid file (pid: Input should be greater than 1); "
+        "if no broker is running, remove it"
+    )
+    assert path.exists()
+
+
+@pytest.mark.parametrize(
+    ("contents", "problem"),
+    [
+        ("", "file: Invalid JSON: EOF while parsing a value at line 1 column 0"),
+        ('{"pid": 4000000', "file: Invalid JSON: EOF while parsing an object at line 1 column 15"),
+        ('{"pid": 4000000}', "port: Field required"),
+        ("[4000000]", "file: Input should be an object"),
+        ('{"pid": "x", "port": 1, "storage": "s", "log": "l"}', "pid: Input should be a valid"),
+    ],
+    ids=["empty", "cut", "partial", "list", "pid-text"],
+)
+def test_a_truncated_or_partial_pid_file_is_one_line_naming_it(
+    tmp_path: Path, contents: str, problem: str
+) -> None:
+    path = tmp_path / "broker.json"
+    path.write_text(contents)
+    broker = EmbeddedBroker(tmp_path, free_port())
+    for action in (broker.status, broker.stop, broker.start):
+        with pytest.raises(BrokerError) as refused:
+            action()
+        assert str(refused.value).startswith(f"{path} is not a broker pid file ({problem}")
+        assert str(refused.value).endswith("; if no broker is running, remove it")
+    assert path.read_text() == contents
+
+
+@pytest.mark.parametrize(
+    "contents", ["", '{"pid": 4000000}', '{"pid": 0, "port": 1, "data": "d", "log": "l"}']
+)
+def test_a_truncated_s3_server_state_file_is_one_line_naming_it(
+    tmp_path: Path, contents: str
+) -> None:
+    path = tmp_path / "s3-server.json"
+    path.write_text(contents)
+    with pytest.raises(ObjectStoreError, match=f"^{path} is not an S3 server state file \\("):
+        LocalS3Server(tmp_path).status()
+    with pytest.raises(BrokerError, match=f"^{path} is not an S3 server state file \\("):
+        EmbeddedBroker(tmp_path, free_port()).stop()
+    assert path.read_text() == contents
+
+
+@pytest.mark.parametrize("port", [0, -5, 65536, 70000])
+def test_a_port_outside_1_to_65535_is_refused(tmp_path: Path, port: int) -> None:
+    with pytest.raises(BrokerError, match=f"port {port} is not one of 1..65535"):
+        EmbeddedBroker(tmp_path, port)

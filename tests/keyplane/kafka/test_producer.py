@@ -15,6 +15,7 @@ from keyplane.kafka.producer import (
     LongLivedProducer,
     WorkloadTrickle,
     make_producer,
+    produce_workload,
 )
 from keyplane.kafka.ranges import OffsetRange, read_range
 from keyplane.testing import crash_broker, free_port
@@ -24,6 +25,25 @@ from keyplane.workloads import PairsWorkload
 def test_idempotence_with_acks_1_is_refused() -> None:
     with pytest.raises(ValueError, match="acks='all'"):
         Delivery(acks="1", idempotent=True)
+
+
+@pytest.mark.parametrize(
+    ("rate", "partitions", "message"),
+    [
+        (0.0, 8, "rate must be a positive, finite number"),
+        (-5.0, 8, "rate must be a positive, finite number"),
+        (float("nan"), 8, "rate must be a positive, finite number"),
+        (float("inf"), 8, "rate must be a positive, finite number"),
+        (None, 0, "1 partition or more, not 0"),
+        (100.0, -1, "1 partition or more, not -1"),
+    ],
+)
+def test_a_rate_or_partition_count_it_cannot_honour_is_refused_before_connecting(
+    rate: float | None, partitions: int, message: str
+) -> None:
+    nobody = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ValueError, match=message):
+        produce_workload(PairsWorkload(n_events=10), nobody, "t", partitions=partitions, rate=rate)
 
 
 @pytest.mark.integration
