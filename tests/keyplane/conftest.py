@@ -6,6 +6,7 @@ protocol of paper 000 §3.4 on the real control topic, without Spark.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,3 +68,12 @@ def protocol_only_job(
     yield start
     for job in started:
         job.__exit__(None, None, None)
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated process that leads a process group, as a detached broker would."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()

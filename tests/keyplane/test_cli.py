@@ -8,7 +8,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -123,15 +123,6 @@ def test_port_taken_names_the_fix(tmp_path: Path) -> None:
         result = _keyplane(tmp_path, "broker", "start", port=port)
     assert result.returncode == 2
     assert f"port {port} is taken" in result.stderr and "--port" in result.stderr
-
-
-@pytest.fixture
-def stranger() -> Iterator[subprocess.Popen[bytes]]:
-    """An unrelated process that leads a process group, as a detached broker would."""
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def test_broker_commands_remove_a_pid_file_of_another_program_say_so_and_leave_it_alive(

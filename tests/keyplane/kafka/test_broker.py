@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,15 +73,6 @@ def test_topic_creation_and_high_watermarks(broker: str, topic_name: str) -> Non
     producer.close()
     # tansu's ListOffsets(latest) under-reports; the fetch-based marks are exact.
     assert high_watermarks(broker, topic_name) == {0: 334, 1: 333, 2: 333}
-
-
-@pytest.fixture
-def stranger() -> Iterator[subprocess.Popen[bytes]]:
-    """An unrelated process that leads a process group, as a detached broker would."""
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def _pid_file(home: Path, **fields: object) -> Path:
