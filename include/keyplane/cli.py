@@ -50,6 +50,7 @@ from keyplane.protocol import ProtocolError
 from keyplane.routedkeys import spark_partition
 from keyplane.settings import Settings
 from keyplane.signing import MissingKeyError
+from keyplane.statefiles import os_reason
 from keyplane.validation_errors import first_problem
 from keyplane.waves import split_into_waves
 from keyplane.workloads import GeoTagsWorkload, PairsWorkload, ZipfEvolvingWorkload
@@ -279,8 +280,7 @@ def _read_config_file(path: Path) -> RoutingConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise CliError(f"cannot read {path}: {reason}") from None
+        raise CliError(f"cannot read {path}: {os_reason(exc)}") from None
     try:
         config = RoutingConfig.model_validate_json(text)
         json.loads(text, object_pairs_hook=_without_repeated_names)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane import config as config_store
 from keyplane.kafka.control import ControlChannel
@@ -57,7 +57,7 @@ from keyplane.protocol import (
     Reconfiguration,
     utc_now,
 )
-from keyplane.validation_errors import first_problem
+from keyplane.statefiles import read_model_file
 
 log = logging.getLogger(__name__)
 
@@ -163,23 +163,13 @@ def read_controller_file(path: Path) -> ControllerFile | None:
 
     Raises :class:`ControllerError` naming the field when the file is not one.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ControllerError(
-            f"cannot read the controller state file {path} ({reason}); "
-            "restore it, or move it aside to start from the job's current version"
-        ) from None
-    try:
-        return ControllerFile.model_validate_json(text)
-    except ValidationError as exc:
-        raise ControllerError(
-            f"{path} is not a controller state file ({first_problem(exc, 'file')}); "
-            "restore it, or move it aside to start from the job's current version"
-        ) from None
+    return read_model_file(
+        path,
+        ControllerFile,
+        what="a controller state file",
+        fix="restore it, or move it aside to start from the job's current version",
+        error=ControllerError,
+    )
 
 
 class Controller:

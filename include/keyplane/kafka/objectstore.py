@@ -21,10 +21,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane.processes import alive, start_detached, stop_detached, write_atomically
-from keyplane.validation_errors import first_problem
+from keyplane.statefiles import read_model_file
 
 
 class ObjectStoreError(RuntimeError):
@@ -106,17 +106,13 @@ class LocalS3Server:
         return None
 
     def _read_state(self) -> LocalS3State | None:
-        try:
-            text = self.state_file.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            return LocalS3State.model_validate_json(text)
-        except ValidationError as exc:
-            raise ObjectStoreError(
-                f"{self.state_file} is not an S3 server state file "
-                f"({first_problem(exc, 'file')}); if no S3 server is running, remove it"
-            ) from None
+        return read_model_file(
+            self.state_file,
+            LocalS3State,
+            what="an S3 server state file",
+            fix="if no S3 server is running, remove it",
+            error=ObjectStoreError,
+        )
 
     def ensure_running(self, timeout_s: float = 20.0) -> LocalS3State:
         """The running server, started first when none is.
