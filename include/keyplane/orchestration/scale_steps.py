@@ -208,15 +208,14 @@ def validate_scaled_configuration(
     config = config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
     parent = config_store.load(deployment.routing_store, proposal.parent_version)
     loads = event_key_loads(deployment)
-    view = RoutingConfig(
-        version=config.version,
-        parent_version=config.parent_version,
-        created_by=config.created_by,
-        operators={
-            name: active_view(routing, loads[name])
-            for name, routing in config.operators.items()
-            if routing != parent.operators.get(name)
-        },
+    changed = tasks.changed_operators(config, parent)
+    view = changed.model_copy(
+        update={
+            "operators": {
+                name: active_view(routing, loads[name])
+                for name, routing in changed.operators.items()
+            }
+        }
     )
     predictions = {
         name: OperatorPrediction(

@@ -207,7 +207,7 @@ class Proposal(BaseModel):
     waves: tuple[int, ...] = ()
 
 
-def _changed_operators(config: RoutingConfig, parent: RoutingConfig) -> RoutingConfig:
+def changed_operators(config: RoutingConfig, parent: RoutingConfig) -> RoutingConfig:
     """``config`` with only the operators whose routing differs from ``parent``'s.
 
     A run that re-plans some operators (the ``operators`` Param) keeps the
@@ -310,7 +310,7 @@ def validate_configuration(
     key loads the suites route through the configuration
     (:func:`keyplane.quality.predicted_instance_loads`), so a configuration
     that overloads an instance fails whatever its plan claimed. Only the
-    operators the version changes are judged (:func:`_changed_operators`),
+    operators the version changes are judged (:func:`changed_operators`),
     each over its active instances. ``version`` defaults to the run's
     proposal. When the proposal passes and rolls out
     in waves, each wave before it is recorded as validated with that reason:
@@ -337,7 +337,7 @@ def validate_configuration(
     current = config_store.load(deployment.routing_store, proposal.parent_version)
     locality_new = planning.locality(config, snapshot.pairs, pair_w)
     locality_current = planning.locality(current, snapshot.pairs, pair_w)
-    judged = _changed_operators(config, current)
+    judged = changed_operators(config, current)
     predictions = {}
     for name, routing in judged.operators.items():
         key_loads = planning.stage_loads(snapshot.frequencies, name, column)
