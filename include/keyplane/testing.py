@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from keyplane.aggregates import KeyedAggregate
+    from keyplane.orchestration.deployment import Deployment
     from keyplane.spark.counts_job import CountsJobSettings
 
 
@@ -210,6 +211,27 @@ def paired_tuple_counts(
         b = str(1000 + a % (n_keys // 2))
         rows += [(str(a), b, False, int(n * 0.8)), (str(a), b, True, int(n * 0.2))]
     return pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
+
+
+def deployment_under(
+    home: Path, bootstrap_servers: str = "127.0.0.1:1", topic_prefix: str = ""
+) -> Deployment:
+    """The DAG steps' deployment in ``home``, its configuration store ``home/configs``.
+
+    The default bootstrap address answers nothing: enough for the steps that
+    only read and write files. ``topic_prefix`` keeps deployments that share a
+    broker apart.
+    """
+    from keyplane.orchestration.deployment import Deployment
+
+    return Deployment.under(
+        home,
+        bootstrap_servers=bootstrap_servers,
+        events_topic=f"{topic_prefix}events",
+        metrics_topic=f"{topic_prefix}metrics",
+        control_topic=f"{topic_prefix}control",
+        routing_store=home / "configs",
+    )
 
 
 def write_statistics_snapshot(snapshots: Path, run_id: str, grouped: pd.DataFrame) -> None:

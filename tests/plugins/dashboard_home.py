@@ -94,19 +94,13 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
     from keyplane.kafka.producer import make_producer
     from keyplane.testing import (
         ProtocolOnlyJob,
+        deployment_under,
         paired_tuple_counts,
         write_statistics_snapshot,
     )
 
     suffix = home.name.replace("_", "-")
-    deployment = Deployment.under(
-        home,
-        bootstrap_servers=bootstrap_servers,
-        events_topic=f"dash-events-{suffix}",
-        metrics_topic=f"dash-metrics-{suffix}",
-        control_topic=f"dash-control-{suffix}",
-        routing_store=home / "configs",
-    )
+    deployment = deployment_under(home, bootstrap_servers, f"dash-{suffix}.")
     config_store.save(
         RoutingConfig.all_hash(P, OPERATORS),
         deployment.routing_store,

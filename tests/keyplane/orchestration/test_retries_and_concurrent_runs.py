@@ -35,24 +35,18 @@ from keyplane.kafka.control import ControlChannel
 from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.testing import ProtocolOnlyJob, paired_tuple_counts, write_statistics_snapshot
+from keyplane.testing import (
+    ProtocolOnlyJob,
+    deployment_under,
+    paired_tuple_counts,
+    write_statistics_snapshot,
+)
 
 pytestmark = pytest.mark.integration
 
 P = 4
 SCHEDULED = "scheduled__2026-11-03T12:00:00+00:00"
 MANUAL = "manual__2026-11-03T12:00:05+00:00"
-
-
-def _deployment(tmp_path: Path, broker: str, topic_name: str) -> Deployment:
-    return Deployment.under(
-        tmp_path,
-        bootstrap_servers=broker,
-        events_topic=f"{topic_name}.events",
-        metrics_topic=f"{topic_name}.metrics",
-        control_topic=f"{topic_name}.control",
-        routing_store=tmp_path / "configs",
-    )
 
 
 def _write_snapshot(deployment: Deployment, run_id: str, seed: int) -> None:
@@ -80,7 +74,7 @@ def _eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60)
 def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
-    deployment = _deployment(tmp_path, broker, topic_name)
+    deployment = deployment_under(tmp_path, broker, f"{topic_name}.")
     config_store.save(
         RoutingConfig.all_hash(P, OPERATORS),
         deployment.routing_store,
@@ -174,7 +168,7 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
     from keyplane.migration import plan_migration
     from keyplane.routedkeys import spark_partition
 
-    deployment = _deployment(tmp_path, broker, topic_name)
+    deployment = deployment_under(tmp_path, broker, f"{topic_name}.")
     store = deployment.routing_store
     v1 = RoutingConfig.all_hash(P, OPERATORS)
     config_store.save(v1, store)

@@ -40,7 +40,7 @@ from keyplane.orchestration.triggers import (
     whole_number,
 )
 from keyplane.protocol import ControlMessage
-from keyplane.testing import moved_off_hash_config
+from keyplane.testing import deployment_under, moved_off_hash_config
 
 RUN = "scheduled__2026-11-03T12:00:00+00:00"
 OTHER_RUN = "manual__2026-11-03T12:00:05+00:00"
@@ -103,14 +103,7 @@ class FakeTaskInstance:
 @pytest.fixture
 def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
     """A deployment with v1 (what the job runs) to v4 stored, which the tasks find."""
-    target = Deployment.under(
-        tmp_path,
-        bootstrap_servers="fake:9092",
-        events_topic="events",
-        metrics_topic="metrics",
-        control_topic="control",
-        routing_store=tmp_path / "configs",
-    )
+    target = deployment_under(tmp_path, bootstrap_servers="fake:9092")
     for version in (1, 2, 3, 4):
         keys = {"A": [f"a{version}"], "B": [f"b{version}"]}
         config_store.save(moved_off_hash_config(version, keys, 4), target.routing_store)

@@ -17,8 +17,7 @@ from keyplane import statistics as stats
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
-from keyplane.orchestration.deployment import Deployment
-from keyplane.testing import paired_tuple_counts, write_statistics_snapshot
+from keyplane.testing import deployment_under, paired_tuple_counts, write_statistics_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -26,21 +25,10 @@ P = 4
 RUN = "manual__2026-11-03T12:00:00+00:00"
 
 
-def _deployment(tmp_path: Path) -> Deployment:
-    return Deployment.under(
-        tmp_path,
-        bootstrap_servers="127.0.0.1:1",
-        events_topic="events",
-        metrics_topic="metrics",
-        control_topic="control",
-        routing_store=tmp_path / "configs",
-    )
-
-
 def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
     tmp_path: Path,
 ) -> None:
-    deployment = _deployment(tmp_path)
+    deployment = deployment_under(tmp_path)
     config_store.save(
         RoutingConfig.all_hash(P, OPERATORS),
         deployment.routing_store,
@@ -93,7 +81,7 @@ def _planned_and_validated(
     tmp_path: Path, current: RoutingConfig, params: planning.PlanParams
 ) -> dict[str, object]:
     """Store ``current`` as the running version, plan from a snapshot, validate the plan."""
-    deployment = _deployment(tmp_path)
+    deployment = deployment_under(tmp_path)
     config_store.save(current, deployment.routing_store)
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
     tasks.compute_configuration(deployment, RUN, params)
