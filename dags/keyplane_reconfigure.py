@@ -197,7 +197,9 @@ with DAG(
     def done() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
-        return tasks.done(deployment(), dagparts.run_id())
+        return tasks.done(
+            deployment(), dagparts.run_id(), version=dagparts.published_version("publish")
+        )
 
     @task.branch
     def verify() -> str | None:
@@ -235,7 +237,12 @@ with DAG(
         def rollback_done() -> dict[str, Any]:
             from keyplane.orchestration import tasks
 
-            return tasks.done(deployment(), dagparts.run_id(), record_name="rollback_rollout.json")
+            return tasks.done(
+                deployment(),
+                dagparts.run_id(),
+                record_name="rollback_rollout.json",
+                version=dagparts.published_version("rollback.prepare_rollback"),
+            )
 
         @task
         def report_rollback() -> None:

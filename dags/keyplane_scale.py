@@ -36,6 +36,7 @@ from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     REPLY_TIMEOUT_MAX_S,
     params,
+    published_version,
     rollout_chain,
     rollout_dag_args,
     run_id,
@@ -140,7 +141,7 @@ with DAG(
     def done() -> dict[str, Any]:
         from keyplane.orchestration import scale_steps
 
-        return scale_steps.done(deployment(), run_id())
+        return scale_steps.done(deployment(), run_id(), published_version("publish"))
 
     @task
     def verify() -> dict[str, Any]:

@@ -39,7 +39,7 @@ import fcntl
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -359,35 +359,70 @@ class Controller:
             self._publish(*messages)
         return messages
 
-    def propagate(self, operator: str) -> ControlMessage:
-        """Send PROPAGATE for ``operator`` once the job acknowledged and its upstream's is out."""
-        [message] = self._after_replies([lambda protocol: protocol.propagate(operator)])
+    def propagate(self, operator: str, *, version: int | None = None) -> ControlMessage:
+        """Send PROPAGATE for ``operator`` once the job acknowledged and its upstream's is out.
+
+        ``version``, if given, is the rollout the caller drives: the step is
+        refused if another is in flight (checked under the lock, with the
+        step), so a retried task of an aborted run never propagates a version
+        an operator published since.
+        """
+        [message] = self._after_replies(
+            [lambda protocol: protocol.propagate(operator, version=version)]
+        )
         return message
 
-    def propagate_all(self, operators: Sequence[str]) -> list[ControlMessage]:
+    def propagate_all(
+        self, operators: Sequence[str], *, version: int | None = None
+    ) -> list[ControlMessage]:
         """Send PROPAGATE for every one of ``operators`` (upstream first) in one publish.
 
         One publish, so the job usually reads them at the same batch boundary
         and switches every operator in the same batch; read at two
         boundaries, the downstream operators switch one batch later.
+        ``version`` as for :meth:`propagate`.
         """
         return self._after_replies(
-            [functools.partial(ControllerProtocol.propagate, operator=name) for name in operators]
+            [
+                functools.partial(ControllerProtocol.propagate, operator=name, version=version)
+                for name in operators
+            ]
         )
 
-    def done(self) -> ControlMessage:
-        """Send DONE once every operator migrated: the new version becomes active."""
-        [message] = self._after_replies([lambda protocol: protocol.done()])
+    def done(self, *, version: int | None = None) -> ControlMessage:
+        """Send DONE once every operator migrated: the new version becomes active.
+
+        ``version`` as for :meth:`propagate`.
+        """
+        [message] = self._after_replies([lambda protocol: protocol.done(version=version)])
         return message
 
     def abort(self) -> ControlMessage:
         """Send ABORT for the rollout in flight: the job goes back to the active version."""
         with self._locked():
-            saved = self._required()
-            protocol = self._protocol(saved)
-            message = protocol.abort()
-            self._save(saved, saved.model_copy(update={"protocol": protocol.state}))
-            self._publish(message)
+            message = self._abort(self._required())
+        return message
+
+    def abort_any_of(self, versions: Collection[int]) -> ControlMessage | None:
+        """ABORT the rollout in flight if it is one of ``versions``; None if it is not.
+
+        For a caller that may abort only its own versions (a DAG run's
+        failure handling): the version in flight is read and aborted under
+        one lock, so a rollout that another process finished and replaced
+        between the two is left alone.
+        """
+        with self._locked():
+            saved = self._load()
+            current = None if saved is None else saved.protocol.current
+            if saved is None or current is None or current.version not in versions:
+                return None
+            return self._abort(saved)
+
+    def _abort(self, saved: ControllerFile) -> ControlMessage:
+        protocol = self._protocol(saved)
+        message = protocol.abort()
+        self._save(saved, saved.model_copy(update={"protocol": protocol.state}))
+        self._publish(message)
         return message
 
     # --- replies -------------------------------------------------------------------------

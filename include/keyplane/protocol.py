@@ -1221,14 +1221,40 @@ class ControllerProtocol:
         _require_aware(now)
         return tuple(wait for wait in self.awaiting() if now - wait.since > timeout)
 
-    def propagate(self, operator: str) -> ControlMessage:
+    def _finished_step(
+        self, version: int, pick: Callable[[Reconfiguration], ControlMessage | None]
+    ) -> ControlMessage:
+        """A step for ``version`` when ``version`` is not the rollout in flight.
+
+        It is either a retry of a step of the last rollout, which returns the
+        message that step sent, or a step for a version that was replaced:
+        an operator aborted it and published another by hand, and the step
+        must not act on theirs.
+        """
+        state = self._state
+        now = (
+            f"v{state.current.version} is in flight"
+            if state.current is not None
+            else "no rollout is in flight"
+        )
+        last = state.last
+        if last is not None and last.version == version:
+            if last.finish is not None and last.finish.type == "ABORT":
+                raise ProtocolError(f"v{version} was aborted; {now}")
+            message = pick(last)
+            if message is not None:
+                return message
+        raise ProtocolError(f"v{version} is not in flight: {now}")
+
+    def propagate(self, operator: str, version: int | None = None) -> ControlMessage:
         """Tell ``operator`` to switch to the new version: the PROPAGATE.
 
         Allowed once the job acknowledged and every upstream operator was
         propagated: 000 §3.4's upstream-first order. The paper also waits for
         the upstream's MIGRATED; a micro-batch barrier makes that unnecessary
         (see the module docstring), so the whole rollout can be propagated at
-        once and every operator switches in the same batch.
+        once and every operator switches in the same batch. With ``version``,
+        the step is for that version's rollout only (see :meth:`_finished_step`).
         """
         state = self._state
         if operator not in state.operators:
@@ -1236,6 +1262,8 @@ class ControllerProtocol:
                 f"unknown operator {operator!r}; operators are {', '.join(state.operators)}"
             )
         current = state.current
+        if version is not None and (current is None or current.version != version):
+            return self._finished_step(version, lambda rollout: rollout.propagated.get(operator))
         if current is None:
             last = state.last
             if last is not None and operator in last.propagated:
@@ -1259,10 +1287,15 @@ class ControllerProtocol:
         self._state = state.model_copy(update={"current": updated})
         return message
 
-    def done(self) -> ControlMessage:
-        """Finish the rollout once every operator migrated: the DONE."""
+    def done(self, version: int | None = None) -> ControlMessage:
+        """Finish the rollout once every operator migrated: the DONE.
+
+        With ``version``, only that version's rollout (see :meth:`_finished_step`).
+        """
         state = self._state
         current = state.current
+        if version is not None and (current is None or current.version != version):
+            return self._finished_step(version, lambda rollout: rollout.finish)
         if current is None:
             last = state.last
             if last is not None and last.finish is not None and last.finish.type == "DONE":

@@ -144,11 +144,12 @@ def _waits(dag: Any) -> list[Any]:
     return [t for t in dag.tasks if isinstance(t, AwaitRolloutOperator)]
 
 
-def test_every_reply_wait_awaits_the_version_its_own_chain_published(
+def test_every_wait_and_migrate_acts_on_the_version_its_own_chain_published(
     dag: Any, scale_dag: Any
 ) -> None:
-    """The waits read their version from the XCom of the task that PREPAREd it: the
-    rollback's waits from ``prepare_rollback``, not from ``publish`` (also upstream)."""
+    """The waits and PROPAGATEs read their version from the XCom of the task that
+    PREPAREd it: the rollback's from ``prepare_rollback``, not from ``publish`` (also
+    upstream)."""
     chain = ["await_ack", "await_migrated_A", "await_migrated_B"]
     for defined, publishers in (
         (dag, {"": "publish", "rollback.rollback_": "rollback.prepare_rollback"}),
@@ -158,7 +159,17 @@ def test_every_reply_wait_awaits_the_version_its_own_chain_published(
         assert published == {
             prefix + wait: publisher for prefix, publisher in publishers.items() for wait in chain
         }
-        for task_id, publisher in published.items():
+        steps = {
+            t.task_id: t.op_args[1]
+            for t in defined.tasks
+            if t.task_id.rsplit(".", 1)[-1].removeprefix("rollback_").startswith("migrate_")
+        }
+        assert steps == {
+            f"{prefix}migrate_{operator}": publisher
+            for prefix, publisher in publishers.items()
+            for operator in ("A", "B")
+        }
+        for task_id, publisher in {**published, **steps}.items():
             upstream = defined.get_task(task_id).get_flat_relative_ids(upstream=True)
             assert publisher in upstream, task_id
 

@@ -722,6 +722,24 @@ def test_controller_refuses_steps_out_of_order() -> None:
         controller.propagate("Z")
 
 
+def test_controller_steps_for_a_version_act_only_on_that_version() -> None:
+    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
+    with pytest.raises(ProtocolError, match="v2 is not in flight: no rollout is in flight"):
+        controller.propagate("A", version=2)
+
+    controller.prepare(3, STORE[3])
+    with pytest.raises(ProtocolError, match="v2 is not in flight: v3 is in flight"):
+        controller.propagate("A", version=2)
+    with pytest.raises(ProtocolError, match="v2 is not in flight: v3 is in flight"):
+        controller.done(version=2)
+    with pytest.raises(ProtocolError, match="not acknowledged"):
+        controller.propagate("A", version=3)
+    controller.abort()
+    with pytest.raises(ProtocolError, match="v3 was aborted; no rollout is in flight"):
+        controller.propagate("A", version=3)
+    assert controller.state.current is None
+
+
 def test_controller_reports_missing_replies_and_timeouts_at_the_time_it_is_given() -> None:
     ticks = iter([T0, T0 + timedelta(minutes=3)])
     controller = ControllerProtocol(OPS, 1, STORE[1], clock=lambda: next(ticks))

@@ -17,6 +17,7 @@ from typing import Any
 from airflow.sdk import Asset, Context, get_current_context, task
 
 from keyplane.operators import OPERATORS
+from keyplane.orchestration import triggers
 from keyplane.orchestration.deployment import deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
 
@@ -92,12 +93,17 @@ def run_id() -> str:
     return str(get_current_context()["run_id"])
 
 
+def published_version(published_by: str) -> int:
+    """The version the running DAG run's task ``published_by`` PREPAREd."""
+    return triggers.published_version(get_current_context(), published_by)
+
+
 @task
-def migrate(operator: str) -> dict[str, Any]:
-    """PROPAGATE the version in flight to ``operator`` (000 §3.4)."""
+def migrate(operator: str, published_by: str) -> dict[str, Any]:
+    """PROPAGATE the version ``published_by`` PREPAREd to ``operator`` (000 §3.4)."""
     from keyplane.orchestration import tasks
 
-    return tasks.propagate(deployment(), operator)
+    return tasks.propagate(deployment(), operator, published_version(published_by))
 
 
 def rollout_chain(
@@ -122,7 +128,7 @@ def rollout_chain(
     )
     last: Any = first
     for operator in operators:
-        step = migrate.override(task_id=f"{prefix}migrate_{operator}")(operator)
+        step = migrate.override(task_id=f"{prefix}migrate_{operator}")(operator, published_by)
         last >> step
         last = step
     for operator in operators:

@@ -254,9 +254,12 @@ def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
     )
 
 
-def done(deployment: Deployment, run_id: str) -> dict[str, Any]:
-    """DONE: the scaled version becomes active; its metrics start here."""
-    return tasks.done_into(deployment, _folder(deployment, run_id) / tasks.ROLLOUT)
+def done(deployment: Deployment, run_id: str, version: int | None = None) -> dict[str, Any]:
+    """DONE: the scaled version becomes active; its metrics start here.
+
+    ``version`` as for :func:`keyplane.orchestration.tasks.propagate`.
+    """
+    return tasks.done_into(deployment, _folder(deployment, run_id) / tasks.ROLLOUT, version)
 
 
 def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, Any]:

@@ -567,12 +567,12 @@ def advance_waves(deployment: Deployment, run_id: str) -> dict[str, Any]:
             operators = control.operators_for(wave)
             unsent = [name for name in operators if name not in current.propagated]
             if unsent:
-                control.propagate_all(unsent)
+                control.propagate_all(unsent, version=wave)
                 log.info("PROPAGATE v%d to %s (%s)", wave, ", ".join(unsent), number)
             missing = [name for name in operators if name not in current.migrated]
             if missing:
                 return step("migrated", wave, missing[0])
-            control.done()
+            control.done(version=wave)
             log.info("DONE v%d (%s)", wave, number)
 
 
@@ -586,10 +586,15 @@ def publish_version(deployment: Deployment, version: int, parent: int) -> dict[s
     return {"version": version, "message_id": str(message.message_id)}
 
 
-def propagate(deployment: Deployment, operator: str) -> dict[str, Any]:
-    """PROPAGATE the version in flight to ``operator`` (after the ACK, upstream first)."""
+def propagate(deployment: Deployment, operator: str, version: int | None = None) -> dict[str, Any]:
+    """PROPAGATE ``version`` to ``operator`` (after the ACK, upstream first).
+
+    ``version`` is the one the run PREPAREd; if another is in flight (the
+    run's was aborted and an operator published one by hand), the step is
+    refused rather than propagating theirs. None: whatever is in flight.
+    """
     with controller(deployment) as control:
-        message = control.propagate(operator)
+        message = control.propagate(operator, version=version)
     return {"version": message.config_version, "operator": operator}
 
 
@@ -601,15 +606,23 @@ def metrics_end(deployment: Deployment) -> dict[int, int]:
     return high_watermarks(deployment.bootstrap_servers, deployment.metrics_topic)
 
 
-def done(deployment: Deployment, run_id: str, record_name: str = ROLLOUT) -> dict[str, Any]:
+def done(
+    deployment: Deployment,
+    run_id: str,
+    record_name: str = ROLLOUT,
+    version: int | None = None,
+) -> dict[str, Any]:
     """Send DONE: the new version becomes active. Records where its metrics begin."""
-    return done_into(deployment, _folder(deployment, run_id) / record_name)
+    return done_into(deployment, _folder(deployment, run_id) / record_name, version)
 
 
-def done_into(deployment: Deployment, record: Path) -> dict[str, Any]:
-    """Send DONE and write the rollout record (version, metrics start) to ``record``."""
+def done_into(deployment: Deployment, record: Path, version: int | None = None) -> dict[str, Any]:
+    """Send DONE and write the rollout record (version, metrics start) to ``record``.
+
+    ``version`` as for :func:`propagate`.
+    """
     with controller(deployment) as control:
-        message = control.done()
+        message = control.done(version=version)
     return _write_once(
         record,
         {
@@ -686,11 +699,8 @@ def abort(deployment: Deployment, versions: Collection[int]) -> int | None:
     caller knows nothing of.
     """
     with controller(deployment) as control:
-        in_flight = control.in_flight
-        if in_flight is None or in_flight not in versions:
-            return None
-        control.abort()
-    return int(in_flight)
+        message = control.abort_any_of(versions)
+    return None if message is None else message.config_version
 
 
 def run_versions(deployment: Deployment, run_id: str) -> tuple[int, ...]:

@@ -82,6 +82,23 @@ def whole_number(value: Any, name: str) -> int:
     return int(number)
 
 
+def published_version(context: Any, published_by: str) -> int:
+    """The version the run's task ``published_by`` PREPAREd, from its XCom.
+
+    Every step after a PREPARE (a wait, a PROPAGATE, the DONE) acts on that
+    version only: one that took whatever is in flight would, after an
+    operator aborted the run's version and published another by hand, drive
+    theirs.
+    """
+    published = context["ti"].xcom_pull(task_ids=published_by)
+    if not isinstance(published, Mapping) or "version" not in published:
+        raise AirflowFailException(
+            f"{published_by} left no version in this run's XCom ({published!r}); "
+            "run it before this step"
+        )
+    return int(published["version"])
+
+
 def _deferral_failure(error: AirflowException) -> str:
     """What Airflow's ``__fail__`` resumption says happened to the trigger."""
     if isinstance(error, TaskDeferralTimeout):
@@ -220,13 +237,7 @@ class AwaitRolloutOperator(BaseOperator):
         """
         if self.published_by is None:
             return None
-        published = context["ti"].xcom_pull(task_ids=self.published_by)
-        if not isinstance(published, Mapping) or "version" not in published:
-            raise AirflowFailException(
-                f"{self.published_by} left no version in this run's XCom ({published!r}); "
-                "run it before this wait"
-            )
-        return int(published["version"])
+        return published_version(context, self.published_by)
 
     def execute(self, context: Any) -> dict[str, Any]:
         from keyplane.controller import ControllerError

@@ -39,7 +39,7 @@ from keyplane.orchestration.triggers import (
     RollOutWavesOperator,
     whole_number,
 )
-from keyplane.protocol import ControlMessage
+from keyplane.protocol import ControlMessage, ProtocolError
 from keyplane.testing import deployment_under, moved_off_hash_config
 
 RUN = "scheduled__2026-11-03T12:00:00+00:00"
@@ -124,13 +124,15 @@ def prepare(deployment: Deployment, version: int) -> None:
         controller.prepare(version)
 
 
-def reply(topic: FakeControlTopic, deployment: Deployment, kind: str, version: int) -> None:
-    """The job's ACK (or MIGRATED of A) for ``version``, as the job would send it."""
+def reply(
+    topic: FakeControlTopic, deployment: Deployment, kind: str, version: int, operator: str = "A"
+) -> None:
+    """The job's ACK (or ``operator``'s MIGRATED) for ``version``, as the job would send it."""
     topic.messages.append(
         ControlMessage(
             type=kind,
             config_version=version,
-            operator="A" if kind == "MIGRATED" else None,
+            operator=operator if kind == "MIGRATED" else None,
             checksum=config_store.checksum(deployment.routing_store, version),
             sender="job",
             batch_id=7,
@@ -347,6 +349,53 @@ def test_a_missing_reply_aborts_and_fails_without_retry_in_a_fake_topic(
         await_migrated_a(dag).execute_complete(context(), {"status": "timeout", "polls": 3})
 
     assert topic.sent() == ["controller:PREPARE v2", "controller:ABORT v2"]
+
+
+# --- the steps between the waits: PROPAGATE and DONE of the run's own version -------------
+
+
+def test_a_retried_migrate_of_an_aborted_version_does_not_propagate_the_next_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic
+) -> None:
+    """The run PREPAREd v2 and the job ACKed it; an operator aborted v2 and published
+    v3 by hand, which the job ACKed too. The run's ``migrate_A``, retried, names v2."""
+    prepare(deployment, 2)
+    reply(topic, deployment, "ACK", 2)
+    tasks.abort(deployment, {2})
+    prepare(deployment, 3)
+    reply(topic, deployment, "ACK", 3)
+    sent = len(topic.messages)
+
+    with pytest.raises(ProtocolError, match="v2 was aborted; v3 is in flight"):
+        tasks.propagate(deployment, "A", 2)
+    with tasks.controller(deployment) as controller, pytest.raises(ProtocolError, match="v2"):
+        controller.done(version=2)
+
+    assert topic.messages[sent:] == [] and in_flight(deployment) == 3
+    assert tasks.propagate(deployment, "A", 3)["version"] == 3
+    assert topic.sent(sent) == ["controller:PROPAGATE v3"]
+
+
+def test_a_step_retried_after_its_rollout_was_done_resends_its_message_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic
+) -> None:
+    """v2 rolled out to DONE and v3 is in flight: a retried PROPAGATE or DONE of v2
+    sends again what it sent (the job ignores the duplicate), and v3 is left alone."""
+    prepare(deployment, 2)
+    reply(topic, deployment, "ACK", 2)
+    with tasks.controller(deployment) as controller:
+        propagated = controller.propagate_all(["A", "B"], version=2)
+        reply(topic, deployment, "MIGRATED", 2, "A")
+        reply(topic, deployment, "MIGRATED", 2, "B")
+        finished = controller.done(version=2)
+        controller.prepare(3)
+        sent = len(topic.messages)
+
+        assert controller.propagate("B", version=2) == propagated[1]
+        assert controller.done(version=2) == finished
+
+    assert topic.messages[sent:] == [propagated[1], finished]
+    assert in_flight(deployment) == 3
 
 
 # --- a run that failed with its version in flight (dagrun_timeout) --------------------------
