@@ -27,9 +27,15 @@ batch, and the frames have different columns):
 
 The last check does not trust the planner's own imbalance figure: it routes
 the statistics' per-key loads through the configuration exactly as the job
-will (table entry, hot-key split, else Spark's hash fallback), so a
+will (:func:`keyplane.routedkeys.predicted_instance_loads`: table entry,
+hot-key split, else Spark's hash fallback, folded when scaled in), so a
 configuration that was mistranslated or tampered with after planning fails
-even when the plan's prediction looks fine.
+even when the plan's prediction looks fine. It shares that routing with the
+planner on purpose: what is independent is the figure, recomputed from the
+configuration as published, not the rules of routing, which are the job's.
+The configuration here may not have passed the model's validation; a route
+to an instance outside ``[0, P)`` carries no load in that recomputation, and
+the keys suite reports it.
 
 Thresholds that change between runs (α lives in the frames; d_min, the
 locality tolerance, the sample minimums and the expected offset window are
@@ -55,10 +61,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.config import RoutingConfig
 from keyplane.hotkeys import FishSettings
 from keyplane.operators import OPERATORS
-from keyplane.routedkeys import fallback_instances
+from keyplane.routedkeys import predicted_instance_loads
 from keyplane.settings import Settings
 
 if TYPE_CHECKING:
@@ -221,44 +227,6 @@ def stage_key_loads(statistics: pd.DataFrame, stage: str) -> dict[str, float]:
     return {str(key): float(count) for key, count in sums.items()}
 
 
-def predicted_instance_loads(
-    routing: OperatorRouting, key_loads: Mapping[str, float]
-) -> FloatArray:
-    """Each *active* instance's load when ``key_loads`` is routed as the job will route it.
-
-    A table key loads its instance (000 §3.3). A hot key's load is spread
-    evenly over its d instances: with equal capacities, picking the least
-    waiting of the d candidates (001 §4.2) evens them out. Any other key takes
-    the hash fallback, which in Spark is ``pmod(hash(key), P)``, folded onto
-    the active instances when the operator is scaled in
-    (:func:`keyplane.routedkeys.fallback_instances`). A released instance
-    holds no keys by design (003 §5.3) and is left out, so max/mean compares
-    the instances that work. Instances outside ``[0, P)`` are not counted:
-    the keys suite reports those routes.
-    """
-    p = routing.parallelism
-    loads = np.zeros(p, dtype=np.float64)
-    fallback_keys: list[str] = []
-    fallback_loads: list[float] = []
-    for key, load in key_loads.items():
-        if key in routing.table:
-            instance = routing.table[key]
-            if 0 <= instance < p:
-                loads[instance] += load
-        elif key in routing.hot_keys:
-            instances = routing.hot_keys[key]
-            for instance in instances:
-                if 0 <= instance < p:
-                    loads[instance] += load / len(instances)
-        else:
-            fallback_keys.append(key)
-            fallback_loads.append(load)
-    if fallback_keys:
-        folded = fallback_instances(fallback_keys, p, routing.active_instances)
-        np.add.at(loads, folded, np.asarray(fallback_loads))
-    return loads[[i for i in routing.active if 0 <= i < p]]
-
-
 def _max_over_mean(loads: FloatArray) -> float:
     total = float(loads.sum())
     if total <= 0.0:
@@ -277,7 +245,7 @@ def config_frames(
     each); ``summary`` has one row per operator (columns
     :data:`SUMMARY_COLUMNS`; ``locality_change`` is predicted minus current
     locality, ``load_max_over_mean`` comes from
-    :func:`predicted_instance_loads`). Pure: no GX involved.
+    :func:`keyplane.routedkeys.predicted_instance_loads`). Pure: no GX involved.
     """
     missing = [name for name in config.operators if name not in predictions]
     unknown = [name for name in predictions if name not in config.operators]

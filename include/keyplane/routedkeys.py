@@ -38,6 +38,12 @@ are dealt round robin over the active ones, as Stela deals the instances of
 released machines (003 §5.3), so every key of one natural partition lands on
 the same active instance, like a Flink key group.
 
+Routed loads. :func:`routed_shares` and :func:`predicted_instance_loads`
+answer, for a whole :class:`keyplane.config.OperatorRouting`, where the keys'
+tuples land when the job routes them as above: they are the one prediction
+of per-instance load that the planner, its backtest, the snapshot's traffic
+matrix and the configuration gate all use, so they cannot disagree on it.
+
 ``P`` must be the number of state partitions of the query, which is
 ``spark.sql.shuffle.partitions`` when the checkpoint was first created; Spark
 keeps it fixed for the life of the checkpoint.
@@ -52,10 +58,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from keyplane.config import OperatorRouting
 
 SEPARATOR = "#"
 """Between the key and its salt. Keys may contain it: the salt follows the last one."""
@@ -430,6 +439,84 @@ def fallback_instances(
         return natural
     fold = np.array([fold_instance(g, active, n) for g in range(n)], dtype=np.int64)
     return fold[natural]
+
+
+def _routes(
+    routing: OperatorRouting, keys: Sequence[str]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """``(row, instance, share)``: each place a key of ``keys`` (by row) sends its tuples.
+
+    A table key sends all of them to its instance (000 §3.3); a hot key sends
+    ``1/d`` to each of its d instances (001 §4.1.2: with equal capacities,
+    taking the least waiting of the d candidates, 001 §4.2, evens them out);
+    any other key takes the hash fallback, folded when scaled in
+    (:func:`fallback_instances`, 003 §5.3). A routing built without
+    validation may name an instance outside ``[0, P)``: that route carries
+    nothing here (the configuration gate's keys suite reports it) instead of
+    failing or, for a negative instance, wrapping onto another one.
+    """
+    p = routing.parallelism
+    rows: list[int] = []
+    instances: list[int] = []
+    shares: list[float] = []
+    fallback_rows: list[int] = []
+    for row, key in enumerate(keys):
+        if key in routing.table:
+            rows.append(row)
+            instances.append(routing.table[key])
+            shares.append(1.0)
+        elif key in routing.hot_keys:
+            spread = routing.hot_keys[key]
+            for instance in spread:
+                rows.append(row)
+                instances.append(instance)
+                shares.append(1.0 / len(spread))
+        else:
+            fallback_rows.append(row)
+    row_array = np.array(rows + fallback_rows, dtype=np.int64)
+    instance_array = np.array(instances, dtype=np.int64)
+    if fallback_rows:
+        fallback = fallback_instances(
+            [keys[row] for row in fallback_rows], p, routing.active_instances
+        )
+        instance_array = np.concatenate([instance_array, fallback])
+    share_array = np.concatenate([np.array(shares), np.ones(len(fallback_rows))])
+    inside = (instance_array >= 0) & (instance_array < p)
+    return row_array[inside], instance_array[inside], share_array[inside]
+
+
+def routed_shares(routing: OperatorRouting, keys: Sequence[str]) -> npt.NDArray[np.float64]:
+    """A ``len(keys) × P`` matrix: the share of each key's tuples on each instance.
+
+    Routed as the job routes them (:func:`_routes`); the per-key form, for
+    figures that pair two operators' routes (locality, the traffic matrix)
+    or compare two routings of one key (the state a rollout moves).
+    """
+    rows, instances, shares = _routes(routing, keys)
+    matrix = np.zeros((len(keys), routing.parallelism), dtype=np.float64)
+    np.add.at(matrix, (rows, instances), shares)
+    return matrix
+
+
+def predicted_instance_loads(
+    routing: OperatorRouting, key_loads: Mapping[str, float]
+) -> npt.NDArray[np.float64]:
+    """Each *active* instance's load when ``key_loads`` is routed as the job will route it.
+
+    The loads whose max/mean 000 §3.1 bounds by α, predicted from the
+    configuration, not measured (:func:`keyplane.statistics.instance_loads`
+    counts the tuples each instance reported). A released instance holds no
+    keys by design (003 §5.3) and is left out, so max/mean compares the
+    instances that work; so is an active instance outside ``[0, P)`` in a
+    routing built without validation. Summed straight from the routes, not
+    through :func:`routed_shares`, so memory grows with the keys, not with
+    keys × P.
+    """
+    p = routing.parallelism
+    weights = np.fromiter(key_loads.values(), dtype=np.float64, count=len(key_loads))
+    rows, instances, shares = _routes(routing, list(key_loads))
+    loads = np.bincount(instances, weights=weights[rows] * shares, minlength=p)
+    return loads[[i for i in routing.active if 0 <= i < p]].astype(np.float64)
 
 
 class RoutedKeyTable:

@@ -49,9 +49,6 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Literal
 
-import numpy as np
-import numpy.typing as npt
-
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting
 from keyplane.elasticity import (
@@ -67,13 +64,7 @@ from keyplane.elasticity import (
 )
 from keyplane.handoff import routed_key_table
 from keyplane.operators import OPERATORS
-from keyplane.routedkeys import (
-    fallback_instances,
-    fold_instance,
-    spark_partition,
-    spark_partitions,
-)
-from keyplane.statistics import instance_shares
+from keyplane.routedkeys import fold_instance, spark_partition
 
 ScaleMode = Literal["auto", "out", "in"]
 ScaleAction = Literal["out", "in", "none"]
@@ -542,26 +533,3 @@ def active_view(routing: OperatorRouting, key_loads: Mapping[str, float]) -> Ope
         table=tabled,
         hot_keys={k: tuple(rank[i] for i in inst) for k, inst in routing.hot_keys.items()},
     )
-
-
-def routed_shares(routing: OperatorRouting, keys: Sequence[str]) -> npt.NDArray[np.float64]:
-    """A ``len(keys) × P`` matrix: the share of each key's tuples on each instance.
-
-    :func:`keyplane.statistics.instance_shares` with the scaled hash fallback:
-    a key without a table or hot-key entry whose natural partition is
-    inactive is counted on the instance it folds onto
-    (:func:`keyplane.routedkeys.fold_instance`), as the job routes it.
-    """
-    shares: npt.NDArray[np.float64] = instance_shares(routing, keys)
-    if routing.active_instances is None or not keys:
-        return shares
-    p = routing.parallelism
-    rows = np.array(
-        [i for i, k in enumerate(keys) if k not in routing.table and k not in routing.hot_keys],
-        dtype=np.int64,
-    )
-    if rows.size:
-        fallback_keys = [keys[i] for i in rows]
-        shares[rows, spark_partitions(fallback_keys, p)] = 0.0
-        shares[rows, fallback_instances(fallback_keys, p, routing.active_instances)] = 1.0
-    return shares

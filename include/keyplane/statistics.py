@@ -17,7 +17,8 @@ stopped to its current end, and the metrics topic likewise, and writes one
 ``traffic.parquet``
     the instance traffic matrix (paper 004 §4: task-to-task traffic): the
     window's tuples per (stage-A instance, stage-B instance) under the routing
-    the job ran (table entry, hot-key split, else Spark's hash).
+    the job ran (table entry, hot-key split, else Spark's hash, folded onto
+    the active instances when scaled in).
 ``manifest.json``
     run id, sequence number, offset ranges of both topics, event count,
     creation time, the decay and hold-out settings, the job's version.
@@ -61,10 +62,10 @@ import pandas as pd
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.config import RoutingConfig
 from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
-from keyplane.routedkeys import spark_partitions
+from keyplane.routedkeys import routed_shares
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +343,13 @@ def fold_frequencies(
 
 
 def instance_loads(records: Iterable[BatchMetrics]) -> pd.DataFrame:
-    """Tuples per operator instance over the window's batches (000 §3.1's loads)."""
+    """Tuples per operator instance over the window's batches (000 §3.1's loads).
+
+    Measured, not predicted: the tuples each instance reported it took.
+    :func:`keyplane.routedkeys.predicted_instance_loads` predicts such loads
+    from a configuration and per-key weights; a measurement is what a
+    prediction is checked against, so the two stay apart.
+    """
     totals: dict[tuple[str, int], int] = {}
     batches: dict[tuple[str, int], int] = {}
     for record in records:
@@ -357,44 +364,21 @@ def instance_loads(records: Iterable[BatchMetrics]) -> pd.DataFrame:
     )
 
 
-def instance_shares(routing: OperatorRouting, keys: Sequence[str]) -> np.ndarray:
-    """A ``len(keys) × P`` matrix: the share of each key's tuples on each instance.
-
-    The job's routing (000 §3.3, 001 §4.1.2): a table key goes to its
-    instance, a hot key spreads evenly over its d instances, any other key
-    takes Spark's hash fallback ``pmod(hash(key), P)``.
-    """
-    p = routing.parallelism
-    shares = np.zeros((len(keys), p))
-    fallback_rows: list[int] = []
-    fallback_keys: list[str] = []
-    for row, key in enumerate(keys):
-        if key in routing.table:
-            shares[row, routing.table[key]] = 1.0
-        elif key in routing.hot_keys:
-            instances = list(routing.hot_keys[key])
-            shares[row, instances] = 1.0 / len(instances)
-        else:
-            fallback_rows.append(row)
-            fallback_keys.append(key)
-    if fallback_keys:
-        shares[fallback_rows, spark_partitions(fallback_keys, p)] = 1.0
-    return shares
-
-
 def traffic_matrix(
     pairs: pd.DataFrame, config: RoutingConfig, column: str = "count"
 ) -> pd.DataFrame:
     """Tuples per (stage-A instance, stage-B instance) of ``pairs`` under ``config``.
 
     The task-to-task traffic matrix of paper 004 §4 (TurboStream consolidates
-    and bisects instances by it). A hot key's tuples spread evenly over its
-    instances, independently on both sides.
+    and bisects instances by it). Each side routes its keys as the job does
+    (:func:`keyplane.routedkeys.routed_shares`: table entry, hot-key split,
+    else the hash fallback, folded when scaled in); a hot key's tuples spread
+    evenly over its instances, independently on both sides.
     """
     routing_a, routing_b = config.operators["A"], config.operators["B"]
     weights = pairs[column].to_numpy(np.float64)
-    share_a = instance_shares(routing_a, pairs["a"].astype(str).tolist())
-    share_b = instance_shares(routing_b, pairs["b"].astype(str).tolist())
+    share_a = routed_shares(routing_a, pairs["a"].astype(str).tolist())
+    share_b = routed_shares(routing_b, pairs["b"].astype(str).tolist())
     matrix = (share_a * weights[:, None]).T @ share_b
     a_index, b_index = np.nonzero(matrix > 0)
     return pd.DataFrame(

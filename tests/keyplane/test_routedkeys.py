@@ -23,15 +23,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from keyplane import routedkeys
+from keyplane import quality, routedkeys
+from keyplane import statistics as stats
+from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.orchestration import planning
 from keyplane.routedkeys import (
     SEPARATOR,
     RoutedKeyTable,
     SaltNotFoundError,
     find_salt,
     find_salts,
+    fold_instance,
     original_key,
+    predicted_instance_loads,
     routed_key,
+    routed_shares,
     spark_hash_long,
     spark_hash_string,
     spark_hash_strings,
@@ -286,6 +292,87 @@ def test_table_rejects_inconsistent_input(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         RoutedKeyTable(n_instances=4, routing=routing, hot_keys=hot_keys)
+
+
+def scaled_routing_and_loads() -> tuple[OperatorRouting, dict[str, float], np.ndarray]:
+    """A scaled-in routing with a table key, a hot key and folded fallback keys.
+
+    Returns the routing, per-key loads and each instance's expected load,
+    worked out key by key from the routing rules (000 §3.3, 001 §4.1.2, 003 §5.3).
+    """
+    p, active = 6, (0, 2, 3, 5)
+    routing = OperatorRouting(
+        parallelism=p, table={"t": 2}, hot_keys={"h": (0, 3, 5)}, active_instances=active
+    )
+    loads = {"t": 7.0, "h": 9.0, **{f"k{i}": 1.0 + i % 5 for i in range(60)}}
+    expected = np.zeros(p)
+    expected[2] += 7.0
+    expected[[0, 3, 5]] += 3.0
+    for i in range(60):
+        expected[fold_instance(spark_partition(f"k{i}", p), active, p)] += 1.0 + i % 5
+    assert any(spark_partition(f"k{i}", p) not in active for i in range(60))
+    return routing, loads, expected
+
+
+def test_routed_shares_route_table_hot_and_folded_fallback_keys() -> None:
+    routing, loads, expected = scaled_routing_and_loads()
+    keys = list(loads)
+
+    shares = routed_shares(routing, keys)
+
+    assert shares.shape == (len(keys), 6)
+    np.testing.assert_allclose(shares.sum(axis=1), 1.0)
+    np.testing.assert_allclose(shares[:, [1, 4]], 0.0)
+    assert shares[0].tolist() == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    np.testing.assert_allclose(shares[1], [1 / 3, 0, 0, 1 / 3, 0, 1 / 3])
+    np.testing.assert_allclose(np.fromiter(loads.values(), float) @ shares, expected)
+
+
+def test_every_caller_predicts_the_same_instance_loads() -> None:
+    """The planner, its locality and backtest, the traffic matrix and the gate share one ruler."""
+    routing, loads, expected = scaled_routing_and_loads()
+    active = list(routing.active)
+    keys = list(loads)
+    weights = np.fromiter(loads.values(), dtype=np.float64)
+    config = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={"A": routing, "B": OperatorRouting(parallelism=6, table={"x": 1})},
+    )
+    pairs = pd.DataFrame({"a": keys, "b": "x", "count": weights})
+    traffic = stats.traffic_matrix(pairs, config).groupby("a_instance")["tuples"].sum()
+    prediction = quality.OperatorPrediction(1.0, 0.5, 0.5, key_loads=loads)
+    _, summary = quality.config_frames(
+        RoutingConfig(version=1, created_by="initial", operators={"A": routing}),
+        {"A": prediction},
+    )
+
+    np.testing.assert_allclose(predicted_instance_loads(routing, loads), expected[active])
+    np.testing.assert_allclose(quality.predicted_instance_loads(routing, loads), expected[active])
+    np.testing.assert_allclose(planning.instance_loads(routing, loads), expected[active])
+    np.testing.assert_allclose((weights @ routed_shares(routing, keys))[active], expected[active])
+    np.testing.assert_allclose(traffic.reindex(range(6), fill_value=0.0), expected)
+    assert summary.iloc[0]["load_max_over_mean"] == pytest.approx(
+        planning.imbalance(expected[active])
+    )
+
+
+def test_a_route_outside_the_instances_carries_no_load() -> None:
+    """A routing built without validation reaches the gate; it must be judged, not crash."""
+    routing = OperatorRouting.model_construct(
+        parallelism=4,
+        table={"in": 1, "above": 4, "below": -1},
+        hot_keys={"h": (0, 9), "empty": ()},
+        placement=None,
+        active_instances=None,
+    )
+    loads = {"in": 1.0, "above": 2.0, "below": 4.0, "h": 8.0, "empty": 16.0}
+
+    shares = routed_shares(routing, list(loads))
+
+    assert predicted_instance_loads(routing, loads).tolist() == [4.0, 1.0, 0.0, 0.0]
+    assert shares.sum(axis=1).tolist() == [1.0, 0.0, 0.0, 0.5, 0.0]
+    assert predicted_instance_loads(routing, {}).tolist() == [0.0] * 4
 
 
 # Against a real SparkSession.

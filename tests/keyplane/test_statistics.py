@@ -12,7 +12,7 @@ import pytest
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
-from keyplane.routedkeys import spark_partition
+from keyplane.routedkeys import fold_instance, spark_partition
 
 SETTINGS = stats.StatisticsSettings(decay=0.5, min_weight=0.5, holdout_fraction=0.2)
 
@@ -135,6 +135,28 @@ def test_traffic_matrix_routes_table_hot_and_hash_fallback() -> None:
     expected[(hashed, 3)] = expected.get((hashed, 3), 0.0) + 1.0
     assert cells == pytest.approx(expected)
     assert traffic["tuples"].sum() == pytest.approx(7.0)
+
+
+def test_traffic_matrix_folds_the_hash_fallback_of_a_scaled_in_operator() -> None:
+    p, active = 4, (0, 1)
+    config = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={
+            "A": OperatorRouting(parallelism=p, active_instances=active),
+            "B": OperatorRouting(parallelism=p, table={"x": 3}),
+        },
+    )
+    keys = [str(i) for i in range(20)]
+    pairs = pd.DataFrame({"a": keys, "b": "x", "count": 1.0})
+    traffic = stats.traffic_matrix(pairs, config)
+    cells = {(r.a_instance, r.b_instance): r.tuples for r in traffic.itertuples()}
+    expected: dict[tuple[int, int], float] = {}
+    for key in keys:
+        cell = (fold_instance(spark_partition(key, p), active, p), 3)
+        expected[cell] = expected.get(cell, 0.0) + 1.0
+    assert any(spark_partition(key, p) not in active for key in keys)
+    assert cells == pytest.approx(expected)
 
 
 def test_snapshot_round_trip_is_write_once(tmp_path: Path) -> None:

@@ -7,14 +7,17 @@ Keys are strings at this boundary (the configuration's and the job's) and
 integer ids inside the algorithms: :class:`KeyCodec` maps one to the other,
 per stage.
 
-How predictions are made. Every figure (locality, per-instance load) is
-computed by routing the snapshot's keys exactly as the job routes them
-(:func:`keyplane.statistics.instance_shares`: table entry, hot key spread
-over its d instances, else Spark's hash), so the new and the current
-configuration are scored by the same ruler. :func:`keyplane.locality.build_plan`
-is given no table budget by default, so every key it sees is tabled; with
-``max_table_entries`` it is given the job's own hash fallback for the keys it
-leaves out (:func:`_hash_parts`), so its balance is the job's.
+How predictions are made. Every figure (locality, per-instance load, state
+moved) is computed by routing the snapshot's keys exactly as the job routes
+them (:func:`keyplane.routedkeys.routed_shares` and
+:func:`~keyplane.routedkeys.predicted_instance_loads`: table entry, hot key
+spread over its d instances, else Spark's hash folded onto the active
+instances), so the new and the current configuration are scored by the same
+ruler, the one the configuration gate checks them with.
+:func:`keyplane.locality.build_plan` is given no table budget by default, so
+every key it sees is tabled; with ``max_table_entries`` it is given the job's
+own hash fallback for the keys it leaves out (:func:`_hash_parts`), so its
+balance is the job's.
 """
 
 from __future__ import annotations
@@ -31,8 +34,13 @@ import pandas as pd
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
 from keyplane.operators import OPERATORS
-from keyplane.routedkeys import fallback_instances, fold_instance, spark_partitions
-from keyplane.scaling import routed_shares
+from keyplane.routedkeys import (
+    fallback_instances,
+    fold_instance,
+    predicted_instance_loads,
+    routed_shares,
+    spark_partitions,
+)
 from keyplane.statistics import STAGE_COLUMN
 
 if TYPE_CHECKING:
@@ -161,19 +169,8 @@ def locality(config: RoutingConfig, pairs: pd.DataFrame, weights: pd.Series) -> 
     return float((local * weights.to_numpy(np.float64)).sum() / total)
 
 
-def instance_loads(routing: OperatorRouting, key_loads: Mapping[str, float]) -> np.ndarray:
-    """Each *active* instance's load when ``key_loads`` is routed by ``routing``.
-
-    A scaled-in operator's released instances hold no keys by design (003
-    §5.3), so they are left out: max/mean compares the instances that work.
-    """
-    keys = list(key_loads)
-    active = list(routing.active)
-    if not keys:
-        return np.zeros(len(active))
-    weights = np.fromiter(key_loads.values(), dtype=np.float64, count=len(keys))
-    loads = np.asarray(weights @ routed_shares(routing, keys), dtype=np.float64)
-    return loads[active]
+instance_loads = predicted_instance_loads
+"""Each active instance's predicted load: :func:`keyplane.routedkeys.predicted_instance_loads`."""
 
 
 def imbalance(loads: np.ndarray) -> float:
