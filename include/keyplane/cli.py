@@ -723,7 +723,9 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     bootstrap = settings.resolved_bootstrap_servers()
     up = answers_kafka(bootstrap, timeout_s=2.0)
     if up:
-        embedded = EmbeddedBroker(settings.home, settings.broker_port).status()
+        embedded, stale = EmbeddedBroker(settings.home, settings.broker_port).inspect()
+        if stale is not None:
+            print(stale.describe())
         detail = "" if embedded is None else f" (embedded, pid {embedded.pid})"
         lines = [_line("broker", f"up at {bootstrap}{detail}")]
     else:
@@ -989,26 +991,30 @@ def build_parser() -> argparse.ArgumentParser:
 _Number = TypeVar("_Number", int, float)
 
 
-def _positive(
+def _bounded(
     parse: Callable[[str], _Number],
     what: str,
     *,
-    or_zero: bool = False,
+    above: _Number | None = None,
+    at_least: _Number | None = None,
     at_most: _Number | None = None,
 ) -> Callable[[str], _Number]:
-    """An argparse type: ``parse``'s value of the text if it is above zero (or zero, when
-    ``or_zero``) and not above ``at_most``, else an error naming ``what`` the argument
-    must be."""
+    """An argparse type: ``parse``'s value of the text if it lies within every bound
+    given, else an error naming ``what`` the argument must be.
+
+    Each bound is a keyword so that a call site reads as the range it accepts
+    (``at_least=1, at_most=65535``), an open end (``above=0.0``) included.
+    """
 
     def convert(text: str) -> _Number:
         try:
             value = parse(text)
         except ValueError:
-            value = None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if (
-            value is None
-            or not (value >= 0 if or_zero else value > 0)
-            or (at_most is not None and value > at_most)
+            (above is not None and not value > above)
+            or (at_least is not None and not value >= at_least)
+            or (at_most is not None and not value <= at_most)
         ):
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
         return value
@@ -1034,12 +1040,12 @@ def _topic(text: str) -> str:
 
 _TOPIC_NAME_HELP = "1 to 249 letters, digits, '.', '_' or '-'"
 
-_version = _positive(int, "a version (an integer from 1)")
-_count = _positive(int, "a positive integer")
-_port = _positive(int, "a port (an integer from 1 to 65535)", at_most=65535)
-_rate = _positive(_finite, "a positive number of events per second")
-_seconds = _positive(float, "a positive number of seconds")
-_seconds_or_zero = _positive(float, "a number of seconds, 0 or more", or_zero=True)
+_version = _bounded(int, "a version (an integer from 1)", at_least=1)
+_count = _bounded(int, "a positive integer", at_least=1)
+_port = _bounded(int, "a port (an integer from 1 to 65535)", at_least=1, at_most=65535)
+_rate = _bounded(_finite, "a positive number of events per second", above=0.0)
+_seconds = _bounded(float, "a positive number of seconds", above=0.0)
+_seconds_or_zero = _bounded(float, "a number of seconds, 0 or more", at_least=0.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

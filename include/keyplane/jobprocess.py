@@ -219,6 +219,16 @@ class JobStatus:
     rollout_problem: str | None = None
 
 
+@dataclass(frozen=True)
+class _PartitionsOnRecord:
+    """A partition count the job must run with, kept with what the refusal of another
+    count says: ``source`` where the count is recorded, ``fix`` how to start afresh."""
+
+    count: int
+    source: str
+    fix: str
+
+
 class JobProcess:
     """Start, stop and inspect the routed job recorded under ``<settings.home>/job``.
 
@@ -323,38 +333,52 @@ class JobProcess:
         newest stored configuration's (4 with an empty store), and a number
         asked for that differs is refused here, in one line.
         """
-        recorded = _checkpoint_partitions(self.checkpoint)
-        if recorded is not None:
-            source = f"the checkpoint {self.checkpoint} runs {recorded}"
-            fix = f"move {self.directory} aside to start afresh"
-        else:
-            recorded, source = self._stored_partitions()
-            fix = "publish a configuration for that many first"
+        recorded = self._partitions_on_record()
         asked = self.requested_partitions
+        if recorded is None:
+            return 4 if asked is None else asked
         if asked is None:
-            return recorded or 4
-        if recorded is not None and asked != recorded:
+            return recorded.count or 4
+        if asked != recorded.count:
             raise JobError(
-                f"{source} state partitions per operator, not {asked}; start with "
-                f"--shuffle-partitions {recorded}, or {fix}"
+                f"{recorded.source} state partitions per operator, not {asked}; start with "
+                f"--shuffle-partitions {recorded.count}, or {recorded.fix}"
             )
         return asked
 
-    def _stored_partitions(self) -> tuple[int | None, str]:
-        """The instances the newest stored configuration routes over, and where that is said."""
+    def _partitions_on_record(self) -> _PartitionsOnRecord | None:
+        """The checkpoint's partitions, else the newest stored configuration's; None when
+        neither records a count the job must run with."""
+        counted = _checkpoint_partitions(self.checkpoint)
+        if counted is not None:
+            return _PartitionsOnRecord(
+                counted,
+                source=f"the checkpoint {self.checkpoint} runs {counted}",
+                fix=f"move {self.directory} aside to start afresh",
+            )
+        return self._stored_partitions()
+
+    def _stored_partitions(self) -> _PartitionsOnRecord | None:
+        """The instances the newest stored configuration routes over, and where that is said;
+        None when the store holds no configuration, cannot be read (the job refuses it
+        itself, with the store's reason) or routes its operators over different counts."""
         store = self.settings.config_store
         try:
             latest = config_store.latest_version(store)
             config = None if latest is None else config_store.load(store, latest)
         except config_store.ConfigStoreError:
-            return None, ""  # the job refuses it itself, with the store's reason
+            return None
         if config is None:
-            return None, ""
+            return None
         counts = {routing.parallelism for routing in config.operators.values()}
         if len(counts) != 1:
-            return None, ""
+            return None
         (count,) = counts
-        return count, f"v{config.version} in {store} routes over {count}"
+        return _PartitionsOnRecord(
+            count,
+            source=f"v{config.version} in {store} routes over {count}",
+            fix="publish a configuration for that many first",
+        )
 
     # --- the pid file ----------------------------------------------------------------------
 

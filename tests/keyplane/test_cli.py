@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -14,7 +15,17 @@ from pathlib import Path
 import pytest
 
 from keyplane import config as config_store
-from keyplane.cli import _job_process, _spec_from_args, build_parser
+from keyplane.cli import (
+    _count,
+    _job_process,
+    _port,
+    _rate,
+    _seconds,
+    _seconds_or_zero,
+    _spec_from_args,
+    _version,
+    build_parser,
+)
 from keyplane.cli import main as cli_main
 from keyplane.kafka.admin import high_watermarks
 from keyplane.operators import OPERATORS
@@ -220,6 +231,33 @@ def test_broker_start_on_a_port_past_65535_is_one_line_not_a_traceback(tmp_path:
         "'70000' is not a port (an integer from 1 to 65535)"
     )
     assert not (tmp_path / "broker.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("convert", "accepted", "refused", "what"),
+    [
+        (_version, {"1": 1, "12": 12}, ["0", "-1", "1.5", "v2"], "a version (an integer from 1)"),
+        (_count, {"1": 1}, ["0", "-3", "2.0"], "a positive integer"),
+        (_port, {"1": 1, "65535": 65535}, ["0", "65536"], "a port (an integer from 1 to 65535)"),
+        (_rate, {"0.5": 0.5}, ["0", "-1", "nan", "inf"], "a positive number of events per second"),
+        (_seconds, {"0.001": 0.001}, ["0", "-0.5", "nan"], "a positive number of seconds"),
+        (_seconds_or_zero, {"0": 0.0, "2.5": 2.5}, ["-1", "nan"], "a number of seconds, 0 or more"),
+    ],
+    ids=["version", "count", "port", "rate", "seconds", "seconds-or-zero"],
+)
+def test_each_number_type_accepts_its_range_and_names_it_when_refusing(
+    convert: Callable[[str], float],
+    accepted: dict[str, float],
+    refused: list[str],
+    what: str,
+) -> None:
+    """The bounds of every number option, up to each end, and the one line that names
+    what the option takes."""
+    assert {text: convert(text) for text in accepted} == accepted
+    for text in refused:
+        with pytest.raises(argparse.ArgumentTypeError) as refusal:
+            convert(text)
+        assert str(refusal.value) == f"{text!r} is not {what}"
 
 
 @pytest.mark.parametrize(
@@ -1029,6 +1067,41 @@ def test_status_with_the_broker_up_and_no_job(tmp_path: Path, broker: str, topic
         f"version      unknown: no record on {topic_name} yet",
         "rollout      none on record",
     ]
+
+
+@pytest.mark.integration
+def test_status_says_when_it_removes_a_stale_broker_pid_file(
+    tmp_path: Path, broker: str, topic_name: str, stranger: subprocess.Popen[bytes]
+) -> None:
+    """``status`` reads the embedded broker's pid file, so it reports removing one as the
+    broker commands do, and leaves the process that holds the pid alone."""
+    path = tmp_path / "broker.json"
+    path.write_text(
+        json.dumps(
+            {
+                "pid": stranger.pid,
+                "port": 19092,
+                "storage": "memory://tansu/",
+                "log": "x",
+                "command": ["/elsewhere/tansu", "broker"],
+            }
+        )
+    )
+    env = {"KEYPLANE_BOOTSTRAP_SERVERS": broker, "KEYPLANE_METRICS_TOPIC": topic_name}
+
+    result = _keyplane(tmp_path, "status", env=env)
+
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f"removed the stale pid file {path} of pid {stranger.pid}: that pid now runs another "
+        "program, which was left alone",
+        f"broker       up at {broker}",
+        "job          not running",
+        f"version      unknown: no record on {topic_name} yet",
+        "rollout      none on record",
+    ]
+    assert not path.exists()
+    assert stranger.poll() is None
 
 
 def test_config_diff_scores_both_versions_on_the_latest_statistics(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from keyplane.aggregates import (
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.cli import main as cli_main
 from keyplane.cli import render_job_status
-from keyplane.config import RoutingConfig, save
+from keyplane.config import RoutingConfig, save, version_path
 from keyplane.controller import ControllerFile
 from keyplane.events import key_name
 from keyplane.jobprocess import (
@@ -330,6 +330,34 @@ def test_partitions_come_from_the_checkpoint_else_the_store_and_a_mismatch_is_re
         JobError, match=r"checkpoint .* runs 8 state partitions per operator, not 2"
     ):
         JobProcess(settings, shuffle_partitions=2).shuffle_partitions()
+
+
+def test_a_store_that_binds_no_partition_count_records_none_and_leaves_the_count_free(
+    tmp_path: Path,
+) -> None:
+    """No configuration, operators over different counts, or a store that cannot be read:
+    nothing is on record, so the count asked for (4 by default) goes through."""
+    settings = Settings(home=tmp_path)
+    hashed = RoutingConfig.all_hash(2, OPERATORS)
+    mixed = RoutingConfig.model_validate(
+        {**hashed.model_dump(), "operators": {"A": {"parallelism": 2}, "B": {"parallelism": 3}}}
+    )
+    seen = [JobProcess(settings)._stored_partitions()]
+    save(mixed, settings.config_store)
+    seen.append(JobProcess(settings)._stored_partitions())
+    free = (
+        JobProcess(settings).shuffle_partitions(),
+        JobProcess(settings, shuffle_partitions=3).shuffle_partitions(),
+    )
+    damaged = Settings(home=tmp_path / "damaged")
+    save(hashed, damaged.config_store)
+    with (version_path(damaged.config_store, 1) / "operator-000.table.parquet").open("ab") as table:
+        table.write(b"x")
+    seen.append(JobProcess(damaged)._stored_partitions())
+
+    assert seen == [None, None, None]
+    assert free == (4, 3)
+    assert JobProcess(damaged, shuffle_partitions=5).shuffle_partitions() == 5
 
 
 def test_stage_aggregates_reach_the_job_command_line_and_its_record(tmp_path: Path) -> None:

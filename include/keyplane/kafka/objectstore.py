@@ -96,11 +96,16 @@ class LocalS3Server:
         self.state_file = self.home / "s3-server.json"
 
     def status(self) -> LocalS3State | None:
-        """The running server's state, or None. A stale state file is removed."""
+        """The running server's state, or None. A stale state file is removed.
+
+        As with the broker's pid file, a state file without a command line (an
+        older keyplane wrote it) cannot tell its server from a process that
+        reused the pid, so it counts as stale: neither reused nor stopped.
+        """
         state = self._read_state()
         if state is None:
             return None
-        if alive(state.pid, state.command or None):
+        if state.command and alive(state.pid, state.command):
             return state
         self.state_file.unlink(missing_ok=True)
         return None

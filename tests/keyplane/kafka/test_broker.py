@@ -164,6 +164,29 @@ def test_a_truncated_s3_server_state_file_is_one_line_naming_it(
     assert path.read_text() == contents
 
 
+@pytest.mark.parametrize(
+    "command", [None, ["/elsewhere/python", "-m", "localbucket"]], ids=["no-command", "other"]
+)
+def test_an_s3_server_state_file_not_naming_its_server_is_stale_and_stop_leaves_it_alone(
+    tmp_path: Path, stranger: subprocess.Popen[bytes], command: list[str] | None
+) -> None:
+    """A state file without a command line (an older keyplane's) cannot prove its pid is
+    the S3 server: it is neither reused nor stopped, as with the broker's pid file."""
+    path = tmp_path / "s3-server.json"
+    fields = {"pid": stranger.pid, "port": 9000, "data": str(tmp_path / "s3"), "log": "x"}
+    state = json.dumps(fields if command is None else {**fields, "command": command})
+
+    path.write_text(state)
+    seen = LocalS3Server(tmp_path).status()
+    removed = not path.exists()
+    path.write_text(state)
+    stopped = EmbeddedBroker(tmp_path, free_port()).stop()
+
+    assert (seen, removed, stopped) == (None, True, False)
+    assert stranger.poll() is None
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("port", [0, -5, 65536, 70000])
 def test_a_port_outside_1_to_65535_is_refused(tmp_path: Path, port: int) -> None:
     with pytest.raises(BrokerError, match=f"port {port} is not one of 1..65535"):
