@@ -217,7 +217,19 @@ def assign_hot_keys(
     ``d`` did not grow keeps its previous tuple without a new lookup.
     Cold keys are absent from the result. The result is ordered hottest
     first.
+
+    Frequencies are counts (001 §4.1.1), so a negative or non-finite one is
+    refused: a negative one would shrink the default ``total`` and make a
+    cold key hot, an infinite one has no share of the stream. A ``previous``
+    entry that does not fit the placement (a worker it lacks, e.g. outside
+    ``[0, n)`` after a scale-in, or the same worker twice) is recomputed,
+    keeping its ``d`` up to ``n``.
     """
+    values = np.fromiter(freqs.values(), dtype=np.float64, count=len(freqs))
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise ValueError("key frequencies must be finite and non-negative")
+    if total is not None and not (math.isfinite(total) and total >= 0):
+        raise ValueError(f"total must be finite and non-negative, got {total}")
     if placement is None:
         placement = make_placement(settings.candidate_selection, n_workers, settings.virtual_nodes)
     elif len(placement) != n_workers:
@@ -226,7 +238,6 @@ def assign_hot_keys(
     if stream_weight <= 0 or not freqs:
         return {}
     keys = np.fromiter(freqs.keys(), dtype=np.int64, count=len(freqs))
-    values = np.fromiter(freqs.values(), dtype=np.float64, count=len(freqs))
     cutoff = settings.hot_threshold(n_workers) * stream_weight
     hot = (values > 0) & (values >= cutoff)
     if not hot.any():
@@ -239,15 +250,25 @@ def assign_hot_keys(
     counts = np.clip(proportional, min(settings.d_min, n_workers), n_workers).astype(np.int64)
     previous = previous or {}
     candidates = placement.candidates
+    workers = frozenset(placement.workers)
     assignment: HotAssignment = {}
     for key, d in zip(keys.tolist(), counts.tolist(), strict=True):
         before = previous.get(key)
-        if before is not None and len(before) >= d:
+        if before is None:
+            assignment[key] = candidates(key, d)
+        elif not _fits(before, workers):
+            assignment[key] = candidates(key, max(d, min(len(before), n_workers)))
+        elif len(before) >= d:
             # prefix stability: the walk for len(before) is before itself
             assignment[key] = tuple(before)
         else:
             assignment[key] = candidates(key, d)
     return assignment
+
+
+def _fits(chosen: Sequence[int], workers: frozenset[int]) -> bool:
+    """Whether ``chosen`` are distinct workers of the placement (so at most ``n`` of them)."""
+    return len(set(chosen)) == len(chosen) and workers.issuperset(chosen)
 
 
 def inferred_waiting_times(
@@ -349,7 +370,8 @@ class FishPartitioner:
     ones are placed, so hot tuples fill the gaps the cold ones leave.
 
     Time is the running maximum of ``times`` (a late tuple does not move the
-    clock back).
+    clock back); a NaN or infinite time is refused, as no interval or epoch
+    can hold it.
     """
 
     name = "fish"
@@ -436,6 +458,8 @@ class FishPartitioner:
         time_arr = np.asarray(times, dtype=np.float64).reshape(-1)
         if key_arr.shape != time_arr.shape:
             raise ValueError(f"keys and times differ in length: {key_arr.size} vs {time_arr.size}")
+        if not np.all(np.isfinite(time_arr)):
+            raise ValueError("times must be finite: they place tuples in intervals and epochs")
         out = np.empty(key_arr.size, dtype=np.int64)
         if key_arr.size == 0:
             return out

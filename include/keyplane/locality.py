@@ -13,7 +13,8 @@ within an imbalance bound α (000 §3.1):
    instance load. A single such key caps the balance: its instance is over the
    bound whatever else it holds, so no partition can meet α. They are returned
    as heavy keys for the hot-key splitter (paper 001 §4.2) to spread over
-   several instances, or pinned to the least loaded instance on request.
+   several instances, or pinned to the least loaded instance on request
+   (as many as the table budget has room for; the others are split).
 3. Keep the most valuable keys within the table budget: first by the pair
    weight they can make local, then by frequency. Other keys use the hash
    fallback (000 §3.3), which fixes their instance: the caller says where
@@ -24,9 +25,10 @@ within an imbalance bound α (000 §3.1):
 5. METIS balances one constraint only (pymetis passes one weight per vertex),
    while α must hold for each stage separately, and METIS may overshoot its own
    tolerance. A greedy pass therefore moves the cheapest keys (locality lost
-   per unit of load moved) out of overloaded instances; when no key fits, the
-   heaviest key of the overloaded instance is handed to the hot-key splitter.
-   This makes the predicted per-stage imbalance ≤ α a guarantee.
+   per unit of load moved) out of overloaded instances; when no key fits, a
+   key of the overloaded instance is handed to the hot-key splitter: the
+   lightest one whose split suffices, else the heaviest. This makes the
+   predicted per-stage imbalance ≤ α a guarantee, for any α ≥ 1 (000 §3.1).
 
 What the balance counts. The load of an instance in a stage is the summed
 weight of that stage's keys placed on it: table keys at their table instance
@@ -66,8 +68,8 @@ _METIS_VERTEX_SCALE = 1_000_000_000
 _METIS_EDGE_SCALE = 1_000_000
 _MIN_PART_TARGET = 1e-6
 _MIN_VERTICES_PER_PART = 2
-# Loads are sums of floats: stop a hair below the bound so that recomputing the
-# loads from scratch (in another order) still lands within α.
+# Loads are sums of floats: a move or a split aims a hair below the bound, so
+# that the recomputed loads land within α and the key is not moved back.
 _BOUND_MARGIN = 1.0 - 1e-12
 
 
@@ -76,12 +78,26 @@ def _weighted_counts(index: npt.ArrayLike, weights: FloatArray, size: int) -> Fl
     return np.bincount(index, weights=weights, minlength=size).astype(np.float64, copy=False)
 
 
+def _stage_loads(placement: npt.NDArray[np.int64], weight: FloatArray, n: int) -> FloatArray:
+    """Instance loads of one stage's keys; unplaced (split) keys, at -1, left out.
+
+    The rebalancer's stop test and the reported imbalance both use this, so
+    they sum the same floats in the same order and agree to the last bit.
+    """
+    return _weighted_counts(placement + 1, weight, n + 1)[1:]
+
+
 def _int64_keys(values: npt.ArrayLike, what: str) -> KeyArray:
+    """Key ids as int64, refusing unsigned ids above the int64 range: the cast
+    would wrap them onto negative ids (2**64 - 1 onto -1), merging two keys."""
     array = np.asarray(values)
     if array.ndim != 1:
         raise ValueError(f"{what} must be a 1-D array, got shape {array.shape}")
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"{what} must hold integer key ids, got dtype {array.dtype}")
+    int64_max = np.iinfo(np.int64).max
+    if array.size and array.dtype.kind == "u" and int(array.max()) > int64_max:
+        raise ValueError(f"{what} must hold key ids within int64, got {int(array.max())}")
     return array.astype(np.int64, copy=False)
 
 
@@ -219,7 +235,8 @@ class LocalityPlan:
 
     ``heavy_keys_a``/``heavy_keys_b`` are the keys too heavy for α, heaviest
     first: with the ``split`` policy they are not in the tables and the hot-key
-    splitter must spread them; with ``pin`` they are in the tables too.
+    splitter must spread them; with ``pin`` those the table budget had room
+    for are in the tables too, and the others are split keys.
     Predictions are measured on the training statistics (see the module
     docstring for what the imbalance counts).
     """
@@ -241,13 +258,12 @@ class LocalityPlan:
 
     def evaluate(self, window: PairStatistics) -> Evaluation:
         """Score the plan on another window, e.g. the next one (held-out)."""
-        split = self.heavy_key_policy == "split"
         return evaluate(
             self.tables,
             window,
             self.n_instances,
-            split_keys_a=self.heavy_keys_a if split else (),
-            split_keys_b=self.heavy_keys_b if split else (),
+            split_keys_a=[key for key in self.heavy_keys_a if key not in self.table_a],
+            split_keys_b=[key for key in self.heavy_keys_b if key not in self.table_b],
         )
 
 
@@ -410,6 +426,10 @@ class _KeyGraph:
     def stage(self, stage_is_a: bool) -> npt.NDArray[np.int64]:
         return np.arange(self.n_a) if stage_is_a else np.arange(self.n_a, self.keys.size)
 
+    def stage_slice(self, stage_is_a: bool) -> slice:
+        """The stage's vertices as a slice: views of per-vertex arrays, no copy."""
+        return slice(0, self.n_a) if stage_is_a else slice(self.n_a, self.keys.size)
+
     def neighbours(self, vertex: int) -> tuple[npt.NDArray[np.int32], FloatArray]:
         start, end = self.adjacency.indptr[vertex], self.adjacency.indptr[vertex + 1]
         return self.adjacency.indices[start:end], self.adjacency.data[start:end]
@@ -518,37 +538,63 @@ class _Rebalancer:
             self.connection[neighbours, target] += weights
 
     def balance_stage(self, stage_is_a: bool) -> None:
+        """Move or split keys until the stage's imbalance is within α (000 §3.1).
+
+        The loads are recomputed from the placement on each round, as
+        :func:`_finish_plan` sums them, and the stop test is the very
+        ``max / mean ≤ α`` it reports: the guarantee then holds exactly, also
+        at α = 1 for a perfect split, and an instance that lost all its keys
+        has no rounding leftover that could pass for load.
+        """
         n = self.settings.n_instances
         alpha = self.settings.alpha
-        stage = self.graph.stage(stage_is_a)
-        weight = self.graph.weight
-        placed = stage[self.placement[stage] >= 0]
-        loads = _weighted_counts(self.placement[placed], weight[placed], n)
+        stage = self.graph.stage_slice(stage_is_a)
+        first = stage.start
+        place = self.placement[stage]
+        weight = self.graph.weight[stage]
         while True:
+            loads = _stage_loads(place, weight, n)
+            if _imbalance(loads) <= alpha:
+                return
             total = float(loads.sum())
             bound = alpha * total / n * _BOUND_MARGIN
             overloaded = int(np.argmax(loads))
-            if total <= 0.0 or loads[overloaded] <= bound:
-                return
             excess = loads[overloaded] - bound
             room: FloatArray = bound - loads
             room[overloaded] = -np.inf
-            on_part = stage[self.placement[stage] == overloaded]
-            movable = on_part[self.tabled[on_part] & (weight[on_part] > 0)]
+            on_part = first + np.flatnonzero((place == overloaded) & (weight > 0))
+            movable = on_part[self.tabled[on_part]]
             move = self._cheapest_move(movable, overloaded, room, excess)
             if move is None:
-                vertex = int(on_part[np.argmax(weight[on_part])])
+                vertex = self._key_to_split(on_part, float(loads[overloaded]), total)
                 self.heavy[vertex] = True
                 self.tabled[vertex] = False
                 self.placement[vertex] = -1
                 self._shift(vertex, overloaded, None)
-                loads[overloaded] -= weight[vertex]
                 continue
             vertex, target = move
             self.placement[vertex] = target
             self._shift(vertex, overloaded, target)
-            loads[overloaded] -= weight[vertex]
-            loads[target] += weight[vertex]
+
+    def _key_to_split(self, on_part: npt.NDArray[np.int64], load: float, total: float) -> int:
+        """The lightest key whose split brings its instance within the bound,
+        else the heaviest key of the instance.
+
+        Splitting a key takes its weight out of the mean as well (module doc),
+        which lowers every instance's bound; the lightest key that suffices
+        lowers it least, so a split on one instance seldom overloads the
+        next. Taking the heaviest key instead made each split push another
+        instance over, until tables emptied and dozens of light keys went to
+        the splitter.
+        """
+        n = self.settings.n_instances
+        alpha = self.settings.alpha
+        weight = self.graph.weight[on_part]
+        clears = load - weight <= alpha * (total - weight) / n * _BOUND_MARGIN
+        if clears.any():
+            candidates = np.flatnonzero(clears)
+            return int(on_part[candidates[np.argmin(weight[candidates])]])
+        return int(on_part[np.argmax(weight)])
 
     def _cheapest_move(
         self,
@@ -633,7 +679,7 @@ def build_plan(
         rebalancer.balance_stage(stage_is_a)
 
     if settings.heavy_key_policy == "pin":
-        _pin_heavy(graph, placement, tabled, heavy, n)
+        _pin_heavy(graph, placement, tabled, heavy, settings)
 
     return _finish_plan(graph, placement, tabled, heavy, settings)
 
@@ -643,15 +689,26 @@ def _pin_heavy(
     placement: npt.NDArray[np.int64],
     tabled: BoolArray,
     heavy: BoolArray,
-    n: int,
+    settings: PlanSettings,
 ) -> None:
-    """Put each heavy key, heaviest first, on its stage's least loaded instance."""
+    """Put heavy keys, heaviest first, on their stage's least loaded instance.
+
+    A pinned key takes a table entry, so at most the entries the table budget
+    has left are pinned; the rest stay split keys. That covers the keys the
+    rebalancer handed to the splitter too: they were not counted when the
+    budget was first reserved for the heavy keys.
+    """
+    n = settings.n_instances
     for stage_is_a in (True, False):
         stage = graph.stage(stage_is_a)
         placed = stage[placement[stage] >= 0]
         loads = _weighted_counts(placement[placed], graph.weight[placed], n)
         stage_heavy = stage[heavy[stage]]
-        for vertex in stage_heavy[np.argsort(-graph.weight[stage_heavy], kind="stable")]:
+        order = stage_heavy[np.argsort(-graph.weight[stage_heavy], kind="stable")]
+        if settings.max_table_entries is not None:
+            room = max(0, settings.max_table_entries - int(tabled[stage].sum()))
+            order = order[:room]
+        for vertex in order:
             target = int(np.argmin(loads))
             placement[vertex] = target
             tabled[vertex] = True
@@ -686,9 +743,8 @@ def _finish_plan(
         return tuple(graph.keys[chosen].tolist())
 
     def imbalance(stage_is_a: bool) -> float:
-        stage = graph.stage(stage_is_a)
-        placed = stage[placement[stage] >= 0]
-        return _imbalance(_weighted_counts(placement[placed], graph.weight[placed], n))
+        stage = graph.stage_slice(stage_is_a)
+        return _imbalance(_stage_loads(placement[stage], graph.weight[stage], n))
 
     return LocalityPlan(
         n_instances=n,

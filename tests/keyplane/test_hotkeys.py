@@ -136,6 +136,25 @@ def test_a_hot_key_keeps_its_workers_when_it_cools_but_stays_hot():
     assert gone == {}
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -4.0])
+def test_assign_hot_keys_refuses_frequencies_that_are_not_counts(bad):
+    # Regression: inf failed deep in the ring ("d must be in [1, 4], got
+    # -9223372036854775808"); -4 shrank the total, so a 0.05 key became hot.
+    with pytest.raises(ValueError, match="frequencies must be finite and non-negative"):
+        assign_hot_keys({1: 5.0, 2: bad, 3: 0.05}, 4, FishSettings())
+    with pytest.raises(ValueError, match="total"):
+        assign_hot_keys({1: 5.0}, 4, FishSettings(), total=bad)
+
+
+@pytest.mark.parametrize("before", [(5, 6, 7), (0, 1, 2, 3), (1, 1)])
+def test_a_previous_assignment_that_does_not_fit_the_workers_is_recomputed(before):
+    # Regression: an entry from an 8-worker cluster was returned as is with
+    # n = 2, naming instances the operator no longer has.
+    ring = ConsistentHashRing.of_size(2)
+    assignment = assign_hot_keys({1: 10.0}, 2, FishSettings(), previous={1: before})
+    assert assignment == {1: ring.candidates(1, 2)}
+
+
 def test_cold_keys_go_to_their_single_ring_worker():
     keys = np.arange(20_000, dtype=np.int64) % 5000
     fish = FishPartitioner(8)
@@ -231,6 +250,16 @@ def test_fish_is_a_partitioner_and_rejects_mismatched_input():
     assert fish.route(np.empty(0, dtype=np.int64), np.empty(0)).size == 0
     with pytest.raises(ValueError, match="differ"):
         fish.route(np.arange(3, dtype=np.int64), np.zeros(2))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_fish_refuses_times_that_are_not_finite(bad):
+    # Regression: a NaN or infinite time failed inside math.floor with a bare
+    # "cannot convert float NaN to integer" (or an OverflowError).
+    fish = FishPartitioner(4, FishSettings(epoch_unit="seconds", epoch_length=0.5))
+    with pytest.raises(ValueError, match="times must be finite"):
+        fish.route(np.array([1, 2], dtype=np.int64), np.array([0.0, bad]))
+    assert fish.route(np.array([1, 2], dtype=np.int64), np.array([0.0, 1.0])).size == 2
 
 
 def one_hot_epoch(rng: np.random.Generator, key: int, share: float, size: int = 1000) -> np.ndarray:

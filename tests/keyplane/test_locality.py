@@ -122,6 +122,76 @@ def test_pinned_heavy_key_goes_to_the_least_loaded_instance_and_imbalance_is_hon
     assert plan.evaluate(pairs).imbalance_a == pytest.approx(plan.predicted_imbalance_a)
 
 
+def zipf_pairs(size: int = 5_000, n_keys: int = 300) -> PairStatistics:
+    """Unit pairs of two independent Zipf(1.3) keys: skewed, uncorrelated."""
+    rng = np.random.default_rng(0)
+    a_keys = rng.zipf(1.3, size) % n_keys
+    b_keys = rng.zipf(1.3, size) % n_keys
+    return PairStatistics(a_keys, b_keys, np.ones(size))
+
+
+def test_an_instance_left_without_keys_does_not_count_as_loaded() -> None:
+    # Regression: loads were updated by subtraction, so the instance whose
+    # keys all went to the splitter kept ~1e-16 of load and looked overloaded
+    # with no key left to take: numpy's "argmax of an empty sequence".
+    pairs = PairStatistics(np.array([0, 0, 3]), np.array([2, 1, 0]), np.array([1.0, 1.0, 0.1]))
+
+    plan = build_plan(pairs, 2)
+
+    assert plan.predicted_imbalance_a <= 1.03
+    assert plan.predicted_imbalance_b <= 1.03
+    assert plan.evaluate(pairs).imbalance_b == pytest.approx(plan.predicted_imbalance_b)
+
+
+def test_alpha_one_keeps_a_perfect_split_in_the_tables() -> None:
+    # 000 §3.1 allows α = 1: a 4/4 split of 8 equal keys meets it exactly.
+    # Regression: the bound was lowered by 1e-12, so the perfect split counted
+    # as overloaded and every key was handed to the splitter, one by one.
+    pairs = PairStatistics(np.arange(8), np.arange(8) + 100, np.ones(8))
+
+    plan = build_plan(pairs, 2, alpha=1.0)
+
+    assert plan.heavy_keys_a == () and plan.heavy_keys_b == ()
+    assert len(plan.table_a) == 8 and len(plan.table_b) == 8
+    assert plan.predicted_imbalance_a == 1.0
+    assert plan.predicted_imbalance_b == 1.0
+
+
+def test_a_small_table_budget_keeps_its_table_and_splits_few_keys() -> None:
+    # Regression: with 10 table entries, hashed Zipf keys overload instances;
+    # the rebalancer split the heaviest key of each, which lowered the mean and
+    # overloaded the next, until both tables were empty and 80 keys were split.
+    pairs = zipf_pairs()
+    no_table = build_plan(pairs, 8, max_table_entries=0)
+
+    plan = build_plan(pairs, 8, max_table_entries=10)
+
+    assert len(plan.table_a) >= 5 and len(plan.table_b) >= 5
+    split = len(plan.heavy_keys_a) + len(plan.heavy_keys_b)
+    assert split < len(no_table.heavy_keys_a) + len(no_table.heavy_keys_b)
+    assert plan.predicted_imbalance_a <= 1.03
+    assert plan.predicted_imbalance_b <= 1.03
+
+
+@pytest.mark.parametrize("budget", [0, 5, 10])
+def test_pinning_heavy_keys_respects_the_table_budget(budget: int) -> None:
+    # Regression: "pin" put every heavy key in the table, 42 and 38 entries
+    # whatever the budget. Now the heaviest are pinned while entries last and
+    # the rest are split keys, and the predictions count them as such.
+    pairs = zipf_pairs()
+
+    plan = build_plan(pairs, 8, max_table_entries=budget, heavy_key_policy="pin")
+
+    for table, heavy in ((plan.table_a, plan.heavy_keys_a), (plan.table_b, plan.heavy_keys_b)):
+        assert len(table) <= budget
+        pinned = [key for key in heavy if key in table]
+        assert pinned == list(heavy[: len(pinned)])
+    measured = plan.evaluate(pairs)
+    assert measured.imbalance_a == pytest.approx(plan.predicted_imbalance_a, rel=1e-9)
+    assert measured.imbalance_b == pytest.approx(plan.predicted_imbalance_b, rel=1e-9)
+    assert measured.locality == pytest.approx(plan.predicted_locality, rel=1e-9)
+
+
 def test_table_budget_keeps_the_keys_with_most_pair_weight() -> None:
     a_keys = np.array([1, 2, 3, 4, 5, 1, 2])
     b_keys = np.array([10, 20, 30, 40, 50, 10, 20])
@@ -227,6 +297,17 @@ def test_settings_reject_bad_values_and_derive_the_metis_ufactor() -> None:
         PairStatistics(np.array([1, 2]), np.array([1]), np.array([1.0, 1.0]))
     with pytest.raises(ValueError, match="non-negative"):
         PairStatistics(np.array([1]), np.array([1]), np.array([-1.0]))
+
+
+def test_unsigned_key_ids_beyond_int64_are_refused_not_wrapped() -> None:
+    # Regression: uint64 2**64 - 1 was cast to -1, the id of another key.
+    unsigned = np.array([2**64 - 1], dtype=np.uint64)
+    with pytest.raises(ValueError, match="within int64"):
+        PairStatistics(unsigned, np.array([-1]), np.array([1.0]))
+    with pytest.raises(ValueError, match="within int64"):
+        KeyWeights(unsigned, np.array([1.0]))
+    small = PairStatistics(np.array([7], dtype=np.uint64), np.array([1]), np.array([1.0]))
+    assert small.a_keys.tolist() == [7]
 
 
 def test_aggregate_pairs_sums_repeats_and_drops_zero_counts() -> None:

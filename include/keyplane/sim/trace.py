@@ -40,7 +40,8 @@ class Trace:
 
     Attributes:
         fields: one int64 key array per field, all of the same length.
-        times: source emission time of each tuple (seconds, non-decreasing),
+        times: source emission time of each tuple (seconds, finite,
+            non-decreasing),
             or ``None`` to let the cluster's ``source_rate`` decide.
         sizes: bytes of each tuple on the wire, or ``None`` for the
             cluster's ``tuple_bytes``.
@@ -63,6 +64,8 @@ class Trace:
             times = np.ascontiguousarray(self.times, dtype=np.float64)
             if times.shape != (n,):
                 raise ValueError(f"times has shape {times.shape}, expected ({n},)")
+            if not np.all(np.isfinite(times)):
+                raise ValueError("times must be finite (a NaN defeats the order check)")
             if n > 1 and bool(np.any(np.diff(times) < 0)):
                 raise ValueError("times must be non-decreasing (tuples in source order)")
             object.__setattr__(self, "times", times)
@@ -70,8 +73,8 @@ class Trace:
             sizes = np.ascontiguousarray(self.sizes, dtype=np.float64)
             if sizes.shape != (n,):
                 raise ValueError(f"sizes has shape {sizes.shape}, expected ({n},)")
-            if bool(np.any(sizes < 0)):
-                raise ValueError("sizes must be >= 0")
+            if not np.all(np.isfinite(sizes)) or bool(np.any(sizes < 0)):
+                raise ValueError("sizes must be finite and >= 0")
             object.__setattr__(self, "sizes", sizes)
 
     def __len__(self) -> int:

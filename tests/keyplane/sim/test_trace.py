@@ -41,3 +41,12 @@ def test_validation_errors() -> None:
         Trace(fields=(np.arange(3),), times=np.array([0.0, 2.0, 1.0]))
     with pytest.raises(ValueError, match="sizes"):
         Trace(fields=(np.arange(3),), sizes=np.array([1.0, -1.0, 0.0]))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_times_and_sizes_must_be_finite(bad: float) -> None:
+    # Regression: a NaN time passed the order check (NaN < 0 is False).
+    with pytest.raises(ValueError, match="times must be finite"):
+        Trace(fields=(np.arange(3),), times=np.array([0.0, bad, 2.0]))
+    with pytest.raises(ValueError, match="sizes must be finite"):
+        Trace(fields=(np.arange(3),), sizes=np.array([1.0, bad, 0.0]))
