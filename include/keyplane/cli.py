@@ -192,7 +192,7 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
     spec = _spec_from_args(args.workload, args)
     topic = settings.events_topic if args.topic is None else args.topic
     bootstrap = settings.resolved_bootstrap_servers()
-    _ensure_topic(bootstrap, topic, args.partitions)
+    n_parts = _ensure_topic(bootstrap, topic, args.partitions)
     with progress_bar(
         total=spec.n_events, desc=f"generate {args.workload}", unit="ev", unit_scale=True
     ) as bar:
@@ -201,6 +201,7 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
             bootstrap,
             topic,
             partitions=args.partitions,
+            topic_partitions=n_parts,
             rate=args.rate,
             on_progress=bar.update,
         )

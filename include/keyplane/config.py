@@ -33,7 +33,16 @@ from typing import Annotated, Any, Literal, Self
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from keyplane.parquet_files import read_table
 
@@ -54,6 +63,12 @@ def _not_a_boolean(value: Any) -> Any:
 
 Count = Annotated[int, BeforeValidator(_not_a_boolean)]
 """An integer field of a configuration file: a number, never a boolean."""
+
+Instance = Annotated[int, BeforeValidator(_not_a_boolean)]
+"""An operator instance's number, from 0: like a :data:`Count`, a number, never a boolean.
+
+Its range depends on the operator's parallelism, so the invariants check it,
+naming each key routed outside it."""
 
 
 def _listing(items: list[str]) -> str:
@@ -83,10 +98,10 @@ class OperatorRouting(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     parallelism: Count = Field(ge=1)
-    table: dict[str, int] = Field(default_factory=dict)
-    hot_keys: dict[str, tuple[int, ...]] = Field(default_factory=dict)
-    placement: dict[int, str] | None = None
-    active_instances: tuple[int, ...] | None = None
+    table: dict[str, Instance] = Field(default_factory=dict)
+    hot_keys: dict[str, tuple[Instance, ...]] = Field(default_factory=dict)
+    placement: dict[Instance, str] | None = None
+    active_instances: tuple[Instance, ...] | None = None
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -95,15 +110,22 @@ class OperatorRouting(BaseModel):
             return tuple(range(self.parallelism))
         return self.active_instances
 
-    @model_validator(mode="before")
+    @field_validator("active_instances")
     @classmethod
-    def _all_active_is_unscaled(cls, data: Any) -> Any:
-        """Every instance active is written as ``None``: one configuration, one checksum."""
-        if isinstance(data, dict):
-            active, p = data.get("active_instances"), data.get("parallelism")
-            if active is not None and isinstance(p, int) and list(active) == list(range(p)):
-                return {**data, "active_instances": None}
-        return data
+    def _all_active_is_unscaled(
+        cls, active: tuple[int, ...] | None, info: ValidationInfo
+    ) -> tuple[int, ...] | None:
+        """Every instance active is written as ``None``: one configuration, one checksum.
+
+        Compared once both fields are validated, so a parallelism given as
+        ``3.0`` or ``"3"`` (read as 3) is normalised as ``3`` is: the stored
+        copy is always normalised, and an unnormalised file would differ from
+        it, so publishing that file again would conflict with itself.
+        """
+        p = info.data.get("parallelism")
+        if active is not None and p is not None and active == tuple(range(p)):
+            return None
+        return active
 
     @model_validator(mode="after")
     def _check_invariants(self) -> Self:
@@ -371,7 +393,10 @@ def save(config: RoutingConfig, directory: Path | str) -> SavedConfig:
 
     Saving a configuration equal to the stored one is a no-op; saving a
     different one under an existing version raises :class:`VersionConflictError`
-    (a published version must never change under its readers).
+    (a published version must never change under its readers). Equal means
+    equal but for ``created_at``: that is when the configuration was made,
+    not what it routes, and a file published without one gets the time it is
+    read, so publishing it again must still be a repeat.
     """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -397,7 +422,7 @@ def save(config: RoutingConfig, directory: Path | str) -> SavedConfig:
 
 def _existing(config: RoutingConfig, root: Path) -> SavedConfig:
     stored = load(root, config.version)
-    if stored != config:
+    if stored.model_copy(update={"created_at": config.created_at}) != config:
         raise VersionConflictError(
             f"version {config.version} is already stored in {root} with different contents; "
             "a new configuration needs a new version"

@@ -57,7 +57,9 @@ shared prefix blocks is the same for every salt.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
@@ -78,6 +80,16 @@ TRIES_PER_PARTITION = 64
 Each salt hits a given partition with probability about 1/n, so ``64 n`` misses
 in a row happen with probability about ``exp(-64)``: a failure means a bug, not
 bad luck.
+"""
+
+FOLDS_KEPT = 1 << 15
+"""How many hash-fallback grouping values a scaled-in :class:`RoutedKeyTable` keeps.
+
+A key whose natural partition is inactive is salted onto an active one, a
+search of about ``n`` hashes, so a table keeps the result for the key's next
+tuples. A table lives as long as its Python worker, and a stream's distinct
+keys keep coming: unbounded, the kept values grew by 2.5 MB for every 20,000
+new keys. The least recently routed go first; 2^15 values take about 7 MB.
 """
 
 _MASK = 0xFFFFFFFF
@@ -544,7 +556,14 @@ class RoutedKeyTable:
             fold_instance(0, active, n_instances)
             if len(set(active)) < n_instances:
                 self.active = tuple(sorted(set(active)))
-        self._folded: dict[str, str] = {}
+        self._fold_of: npt.NDArray[np.int64] | None = None
+        if self.active is not None:
+            self._fold_of = np.array(
+                [fold_instance(g, self.active, n_instances) for g in range(n_instances)],
+                dtype=np.int64,
+            )
+        self._folded: OrderedDict[str, str] = OrderedDict()
+        self._folded_lock = threading.Lock()
         hot = {} if hot_keys is None else hot_keys
         both = routing.keys() & hot.keys()
         if both:
@@ -599,8 +618,47 @@ class RoutedKeyTable:
             return natural
         return fold_instance(natural, self.active, self.n_instances)
 
+    def route_all(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        """:meth:`route` of each distinct key of ``keys``, the hash fallback's salts searched
+        at once (:func:`find_salts`), for a reader that routes a chunk of tuples.
+
+        A scaled-in operator's new keys each need a salt search: for 20,000
+        of them, one at a time took 1 s over 4 instances and 20 s over 200;
+        at once, 0.1 s and 0.4 s. Kept keys cost the same either way.
+        """
+        found: dict[str, list[str]] = {}
+        fallback: list[str] = []
+        for key in dict.fromkeys(keys):
+            routes = self._routes.get(key)
+            if routes is not None:
+                found[key] = list(routes)
+            elif self.active is None and SEPARATOR not in key:
+                found[key] = [key]
+            else:
+                fallback.append(key)
+        kept = {} if self.active is None else self._kept(fallback)
+        searched = [key for key in fallback if key not in kept]
+        values = self._fallback_values(searched)
+        if self.active is not None:
+            self._keep(zip(searched, values, strict=True))
+        found.update((key, [value]) for key, value in kept.items())
+        found.update((key, [value]) for key, value in zip(searched, values, strict=True))
+        return found
+
+    def _fallback_values(self, keys: Sequence[str]) -> list[str]:
+        """The grouping values the hash fallback gives ``keys``, salts searched at once."""
+        natural = spark_partitions(keys, self.n_instances)
+        targets = natural if self._fold_of is None else self._fold_of[natural]
+        has_separator = np.fromiter((SEPARATOR in key for key in keys), bool, count=len(keys))
+        salted = np.flatnonzero((targets != natural) | has_separator).tolist()
+        salts = find_salts([keys[i] for i in salted], targets[salted], self.n_instances)
+        values = list(keys)
+        for i, salt in zip(salted, salts.tolist(), strict=True):
+            values[i] = routed_key(keys[i], salt)
+        return values
+
     def _fold(self, key: str) -> str:
-        found = self._folded.get(key)
+        found = self._kept((key,)).get(key)
         if found is None:
             target = self.fallback_instance(key)
             natural = spark_partition(key, self.n_instances)
@@ -608,8 +666,34 @@ class RoutedKeyTable:
                 found = key
             else:
                 found = routed_key(key, find_salt(key, target, self.n_instances))
-            self._folded[key] = found
+            self._keep([(key, found)])
         return found
+
+    def _kept(self, keys: Iterable[str]) -> dict[str, str]:
+        """The kept fallback values of those of ``keys`` that have one, now the most
+        recently used."""
+        found: dict[str, str] = {}
+        with self._folded_lock:
+            for key in keys:
+                value = self._folded.get(key)
+                if value is not None:
+                    self._folded.move_to_end(key)
+                    found[key] = value
+        return found
+
+    def _keep(self, folded: Iterable[tuple[str, str]]) -> None:
+        """Keep fallback values, dropping the least recently used past :data:`FOLDS_KEPT`.
+
+        Under a lock: the driver plans a version's hand-offs, which route
+        keys, on a thread of its own while its main thread may route on the
+        same table (:mod:`keyplane.spark.routed_source`).
+        """
+        with self._folded_lock:
+            for key, value in folded:
+                self._folded[key] = value
+                self._folded.move_to_end(key)
+            while len(self._folded) > FOLDS_KEPT:
+                self._folded.popitem(last=False)
 
     def instance_of(self, grouping_key: str) -> int:
         """The instance (partition) that Spark sends ``grouping_key`` to."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from keyplane import cli
 from keyplane import config as config_store
 from keyplane.cli import (
     _count,
@@ -27,6 +28,7 @@ from keyplane.cli import (
     build_parser,
 )
 from keyplane.cli import main as cli_main
+from keyplane.kafka import producer
 from keyplane.kafka.admin import high_watermarks
 from keyplane.operators import OPERATORS
 from keyplane.settings import Settings
@@ -460,13 +462,34 @@ def _publish_in_waves(
             "Value error, expected an integer, got true",
         ),
         (
+            '{"version": 1, "created_by": "initial", '
+            '"operators": {"A": {"parallelism": 2, "active_instances": 1}}}',
+            "{file} is not a valid routing configuration: operators.A.active_instances: "
+            "Input should be a valid array",
+        ),
+        (
+            '{"version": 1, "created_by": "initial", '
+            '"operators": {"A": {"parallelism": 2, "table": {"k": true}}}}',
+            "{file} is not a valid routing configuration: operators.A.table.k: "
+            "Value error, expected an integer, got true",
+        ),
+        (
             '{"version": 2, "parent_version": 1, "created_by": "manual", '
             '"operators": {"A": {"parallelism": 2}}}',
             "{file} names parent_version 1, which {store} does not hold; publish the parent "
             "first, or name a stored version",
         ),
     ],
-    ids=["missing", "not-json", "invalid-field", "repeated-name", "boolean", "parent-missing"],
+    ids=[
+        "missing",
+        "not-json",
+        "invalid-field",
+        "repeated-name",
+        "boolean",
+        "scalar-active-instances",
+        "boolean-instance",
+        "parent-missing",
+    ],
 )
 def test_config_publish_of_a_bad_file_is_one_line_and_exit_2(
     tmp_path: Path, contents: str | None, expected: str
@@ -965,6 +988,45 @@ def test_job_start_accepts_a_restart_delay_of_zero_and_refuses_a_negative_one(
     assert result.returncode == 2
     assert "argument --restart-delay: '-1' is not a number of seconds, 0 or more" in result.stderr
     assert not (tmp_path / "job" / "job.pid").exists()
+
+
+def test_generate_asks_for_its_topic_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a fake admin call and a fake producer (no broker runs): the count the notice
+    reports is the one the events spread over, not asked for a second time."""
+    monkeypatch.setenv("KEYPLANE_HOME", str(tmp_path))
+    asked: list[tuple[str, int]] = []
+    sent: list[int] = []
+
+    def ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
+        asked.append((topic, partitions))
+        return 2
+
+    class FakeProducer:
+        def send(self, topic: str, *, value: bytes, partition: int) -> None:
+            sent.append(partition)
+
+        def flush(self) -> None:
+            pass
+
+        def close(self, timeout: float) -> None:
+            pass
+
+    monkeypatch.setattr(cli, "ensure_topic", ensure_topic)
+    monkeypatch.setattr(producer, "ensure_topic", ensure_topic)
+    monkeypatch.setattr(producer, "make_producer", lambda *args, **kwargs: FakeProducer())
+
+    code = cli_main(["generate", "pairs", "--n-events", "10", "--topic", "t", "--partitions", "3"])
+
+    assert code == 0
+    assert asked == [("t", 3)]
+    assert sent == [seq % 2 for seq in range(10)]
+    assert capsys.readouterr().out.splitlines() == [
+        "notice: topic t already exists with 2 partitions, not 3; it keeps 2 "
+        "(for 3, delete it or choose another name)",
+        "sent 10 events to t",
+    ]
 
 
 def test_job_start_with_an_unloadable_aggregate_is_one_line_and_starts_nothing(

@@ -170,6 +170,21 @@ def test_saving_the_same_config_twice_is_a_no_op(tmp_path: Path) -> None:
     assert stored_versions(tmp_path) == [2]
 
 
+def test_a_file_without_created_at_published_twice_is_a_repeat(tmp_path: Path) -> None:
+    """``created_at`` defaults to the time the file is read, so the second read differs
+    in it alone: when a configuration was made is not what it routes."""
+    text = json.dumps(
+        {"version": 1, "created_by": "initial", "operators": {"A": {"parallelism": 2}}}
+    )
+    first = save(RoutingConfig.model_validate_json(text), tmp_path)
+    later = RoutingConfig.model_validate_json(text).model_copy(
+        update={"created_at": datetime(2030, 1, 1, tzinfo=UTC)}
+    )
+
+    assert save(later, tmp_path) == first
+    assert load(tmp_path, 1).created_at != later.created_at
+
+
 def test_saving_a_different_config_under_an_existing_version_is_an_error(tmp_path: Path) -> None:
     save(example_config(), tmp_path)
     changed = RoutingConfig(
@@ -228,6 +243,11 @@ def test_latest_version_ignores_unfinished_directories(tmp_path: Path) -> None:
         ({"placement": {0: "e", 1: "e"}}, "executor for each instance 0..3"),
         ({"parallelism": 0}, "greater than or equal to 1"),
         ({"parallelism": True}, "expected an integer, got true"),
+        ({"active_instances": 1}, "active_instances\n  Input should be a valid tuple"),
+        ({"table": {"k": True}}, r"table\.k\n  Value error, expected an integer, got true"),
+        ({"hot_keys": {"k": (True, False)}}, "expected an integer, got true"),
+        ({"active_instances": (False, True)}, "expected an integer, got false"),
+        ({"placement": {False: "e", True: "e", 2: "e", 3: "e"}}, "got false"),
     ],
 )
 def test_operator_invariant_violations_are_rejected(fields: dict[str, Any], message: str) -> None:
@@ -258,6 +278,29 @@ def test_config_invariant_violations_are_rejected(fields: dict[str, Any], messag
     }
     with pytest.raises(ValidationError, match=message):
         RoutingConfig(**{**base, **fields})
+
+
+@pytest.mark.parametrize("parallelism", [3.0, "3"])
+def test_a_file_with_every_instance_active_stores_the_same_version_twice(
+    tmp_path: Path, parallelism: object
+) -> None:
+    """A parallelism read as an integer (3.0, "3") is normalised as 3 is, so the file
+    equals the normalised copy loaded back from the store and a repeat is a no-op."""
+    text = json.dumps(
+        {
+            "version": 1,
+            "created_at": CREATED.isoformat(),
+            "created_by": "initial",
+            "operators": {"A": {"parallelism": parallelism, "active_instances": [0, 1, 2]}},
+        }
+    )
+    config = RoutingConfig.model_validate_json(text)
+
+    first = save(config, tmp_path)
+    again = save(RoutingConfig.model_validate_json(text), tmp_path)
+
+    assert config.operators["A"].active_instances is None
+    assert again == first
 
 
 def test_configs_are_frozen() -> None:

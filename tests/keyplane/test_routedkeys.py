@@ -277,6 +277,59 @@ def test_unrouted_key_with_separator_is_salted_to_its_natural_partition() -> Non
     assert spark_partition(fallback, 8) == spark_partition(tabled, 8)
 
 
+def unbounded_fallback(key: str, n: int, active: tuple[int, ...]) -> str:
+    """The scaled-in hash fallback of ``key`` worked out from scratch, nothing kept."""
+    natural = spark_partition(key, n)
+    target = fold_instance(natural, active, n)
+    if target == natural and SEPARATOR not in key:
+        return key
+    return routed_key(key, find_salt(key, target, n))
+
+
+def test_a_scaled_in_table_keeps_only_the_most_recent_fallback_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A table lives as long as its Python worker: what it keeps of a stream's ever new
+    keys must stay bounded, and a key it dropped routes as it did."""
+    monkeypatch.setattr(routedkeys, "FOLDS_KEPT", 50)
+    n, active = 6, (1, 4)
+    table = RoutedKeyTable(n_instances=n, routing={}, active=active)
+    keys = [f"user{i}" for i in range(400)] + ["a#1", "#"]
+    expected = [[unbounded_fallback(key, n, active)] for key in keys]
+
+    first = [table.route(key) for key in keys]
+    kept_after_first = list(table._folded)
+    again = [table.route(key) for key in keys]
+    table.route(keys[-50])
+    table.route("newcomer")
+
+    assert first == again == expected
+    assert kept_after_first == keys[-50:]
+    assert len(table._folded) == 50
+    assert keys[-50] in table._folded
+    assert keys[-49] not in table._folded
+
+
+@pytest.mark.parametrize("active", [None, (0, 2, 5)])
+def test_route_all_equals_route_one_key_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, active: tuple[int, ...] | None
+) -> None:
+    monkeypatch.setattr(routedkeys, "FOLDS_KEPT", 100)
+    tabled = {"t": 2}
+    hot = {"h": [0, 5]}
+    one_at_a_time = RoutedKeyTable(n_instances=6, routing=tabled, hot_keys=hot, active=active)
+    at_once = RoutedKeyTable(n_instances=6, routing=tabled, hot_keys=hot, active=active)
+    keys = [*random_strings(300, seed=7), "t", "h", "t#0", "x#3", "user1", "user1"]
+
+    first = at_once.route_all(keys[:150])
+    routes = at_once.route_all(keys)
+
+    assert routes == {key: one_at_a_time.route(key) for key in keys}
+    assert first == {key: routes[key] for key in keys[:150]}
+    assert at_once.route_all([]) == {}
+    assert len(at_once._folded) == (0 if active is None else 100)
+
+
 @pytest.mark.parametrize(
     ("routing", "hot_keys", "message"),
     [

@@ -169,6 +169,7 @@ def produce_workload(
     topic: str,
     *,
     partitions: int = 8,
+    topic_partitions: int | None = None,
     rate: float | None = None,
     chunk_size: int = 10_000,
     on_progress: ProgressCallback | None = None,
@@ -177,10 +178,17 @@ def produce_workload(
 
     ``rate`` caps events per second (None: as fast as possible). The call
     returns only after the broker acknowledged every event. Both options are
-    checked first (:func:`check_workload_options`).
+    checked first (:func:`check_workload_options`). The topic is created with
+    ``partitions`` unless it exists (:func:`ensure_topic`); a caller that has
+    just done so passes the count it got as ``topic_partitions``, and the
+    topic is not asked for again.
     """
     check_workload_options(rate, partitions)
-    n_parts = ensure_topic(bootstrap_servers, topic, partitions)
+    if topic_partitions is None:
+        n_parts = ensure_topic(bootstrap_servers, topic, partitions)
+    else:
+        check_workload_options(None, topic_partitions)
+        n_parts = topic_partitions
     producer = make_producer(bootstrap_servers)
     sent = 0
     started = time.monotonic()

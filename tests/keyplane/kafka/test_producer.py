@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from keyplane.kafka import producer as producer_module
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import (
@@ -44,6 +46,44 @@ def test_a_rate_or_partition_count_it_cannot_honour_is_refused_before_connecting
     nobody = f"127.0.0.1:{free_port()}"
     with pytest.raises(ValueError, match=message):
         produce_workload(PairsWorkload(n_events=10), nobody, "t", partitions=partitions, rate=rate)
+
+
+class FakeProducer:
+    """Records the partition of each send, in place of a Kafka producer (no broker runs)."""
+
+    def __init__(self) -> None:
+        self.partitions: list[int] = []
+
+    def send(self, topic: str, *, value: bytes, partition: int) -> None:
+        self.partitions.append(partition)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, timeout: float) -> None:
+        pass
+
+
+def test_a_partition_count_the_caller_already_has_is_not_asked_for_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a fake admin call and a fake producer: the events spread over the count
+    given, which need not be the one asked for (an existing topic keeps its own)."""
+    fake = FakeProducer()
+
+    def topic_asked_again(*args: Any) -> int:
+        raise AssertionError(f"ensure_topic{args} called again")
+
+    monkeypatch.setattr(producer_module, "ensure_topic", topic_asked_again)
+    monkeypatch.setattr(producer_module, "make_producer", lambda *args, **kwargs: fake)
+    spec = PairsWorkload(n_events=10)
+
+    sent = produce_workload(spec, "unused:9092", "t", partitions=8, topic_partitions=3)
+
+    assert sent == 10
+    assert fake.partitions == [seq % 3 for seq in range(10)]
+    with pytest.raises(ValueError, match="1 partition or more, not 0"):
+        produce_workload(spec, "unused:9092", "t", topic_partitions=0)
 
 
 @pytest.mark.integration
