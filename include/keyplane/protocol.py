@@ -37,19 +37,19 @@ that had already routed a batch on the aborted version hands its state back
 the same way it handed it over.
 
 Micro-batches make two things simpler than in the paper. A batch is planned
-atomically, so the job records which version routed each operator in each
-batch; a replayed batch then routes exactly as it did the first time, which
-keeps counts exact across driver restarts. And a batch is a barrier: the
-paper propagates operator by operator, waiting for each to migrate, so that
-once an instance has handed a key's state over, no tuple of that key is still
-on its way to it under the old routing. In a micro-batch job every row of a
-batch, in every stage, is routed by that batch's plan and no row outlives its
-batch, so that guarantee holds as soon as the operators switch in the same
-batch. keyplane keeps the paper's order (an operator is never propagated
-before its upstream, nor migrated before it) but lets the controller
-propagate every operator at once: the whole rollout then takes the ACK's
-batch, one switch batch and one install batch, instead of two batches per
-operator.
+atomically, so the job records which version routes each operator in the
+batches Spark may still replay; a replayed batch then routes exactly as it
+did the first time, which keeps counts exact across driver restarts. And a
+batch is a barrier: the paper propagates operator by operator, waiting for
+each to migrate, so that once an instance has handed a key's state over, no
+tuple of that key is still on its way to it under the old routing. In a
+micro-batch job every row of a batch, in every stage, is routed by that
+batch's plan and no row outlives its batch, so that guarantee holds as soon
+as the operators switch in the same batch. keyplane keeps the paper's order
+(an operator is never propagated before its upstream, nor migrated before
+it) but lets the controller propagate every operator at once: the whole
+rollout then takes the ACK's batch, one switch batch and one install batch,
+instead of two batches per operator.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from uuid import UUID, uuid4, uuid5
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from keyplane.events import MAX_NESTING_DEPTH, nested_deeper_than
 from keyplane.signing import canonical_json, sign, verify
 from keyplane.validation_errors import describe_error
 
@@ -81,7 +82,13 @@ SENT_BY: Mapping[MessageType, Sender] = {
 }
 """Which side sends each type: the controller commands, the job replies."""
 
-RejectReason = Literal["not_json", "schema", "missing_signature", "bad_signature", "unknown_type"]
+RejectReason = Literal[
+    "not_json", "schema", "missing_signature", "bad_signature", "unknown_type", "undecodable"
+]
+"""Why a record is not an authentic control message. ``undecodable`` is the
+transport's backstop (:class:`keyplane.kafka.control.ControlChannel`): :func:`decode`
+raised something other than :class:`InvalidMessage`, which is a bug to report,
+not a message to act on."""
 
 IgnoreReason = Literal[
     "own_message",
@@ -216,11 +223,27 @@ def decode(raw: bytes, key: bytes | str | None = None) -> ControlMessage:
     signed message of a type this version does not know is ``unknown_type``
     rather than ``schema``: it most likely comes from a newer controller.
     ``key`` defaults to ``KEYPLANE_CONTROL_KEY``.
+
+    Whoever can write to the control topic controls ``raw``, and a record
+    this raises anything else for would stop the job for good: the driver
+    reads it again from its checkpointed offset at every restart (000 §3.4).
+    So ``raw`` must be strict UTF-8, as :func:`encode` writes it (ASCII), and
+    nested no deeper than :data:`keyplane.events.MAX_NESTING_DEPTH`, checked
+    before ``json.loads`` could exceed the recursion limit on it; and the
+    type is checked to be a string before it is looked up.
     """
     try:
-        data = json.loads(raw, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise InvalidMessage("not_json", str(exc)) from None
+    if nested_deeper_than(raw, MAX_NESTING_DEPTH):
+        raise InvalidMessage("not_json", f"nested deeper than {MAX_NESTING_DEPTH} levels")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise InvalidMessage("not_json", str(exc)) from None
+    except RecursionError:
+        raise InvalidMessage("not_json", "nested deeper than the parser's stack") from None
     if not isinstance(data, dict):
         raise InvalidMessage("schema", f"expected a JSON object, got {type(data).__name__}")
     if "signature" not in data or data["signature"] in (None, ""):
@@ -228,9 +251,12 @@ def decode(raw: bytes, key: bytes | str | None = None) -> ControlMessage:
     body = {name: value for name, value in data.items() if name != "signature"}
     if not verify(body, data["signature"], key):
         raise InvalidMessage("bad_signature", "the signature does not match the message")
-    if body.get("type") not in MESSAGE_TYPES:
+    kind = body.get("type")
+    if not isinstance(kind, str):
+        raise InvalidMessage("schema", f"type: expected a string, got {type(kind).__name__}")
+    if kind not in MESSAGE_TYPES:
         known = ", ".join(sorted(MESSAGE_TYPES))
-        raise InvalidMessage("unknown_type", f"type {body.get('type')!r} is not one of {known}")
+        raise InvalidMessage("unknown_type", f"type {kind!r} is not one of {known}")
     try:
         return ControlMessage.model_validate_json(canonical_json(data), strict=True)
     except ValidationError as exc:
@@ -343,8 +369,12 @@ class JobState(BaseModel):
     ``latest_version`` is the newest version prepared, finished or aborted;
     no version at or below it is prepared again. ``routes`` keeps, per
     operator, the batches at which its routing version changed, so the
-    routing of every planned batch is known with one entry per change rather
-    than one per batch. ``planned_through`` is the last planned batch.
+    routing of a planned batch is known with one entry per change rather
+    than one per batch; only the changes that the latest
+    :data:`REPLAYABLE_BATCHES` planned batches route by are kept, so that
+    the checkpoint does not grow with every rollout. A checkpoint written
+    with a longer history is read as it is, and trimmed when it plans its
+    next batch. ``planned_through`` is the last planned batch.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -407,6 +437,35 @@ class JobState(BaseModel):
         return self
 
 
+REPLAYABLE_BATCHES = 2
+"""How many of the latest planned batches a checkpoint can still route again.
+
+A driver plans a batch and checkpoints this state with the batch's offsets
+before any row of it runs, so the batch a restarted driver may plan again
+is the last one its checkpoint planned (``planned_through``): Spark replays
+at most its last uncommitted batch, with the offsets it logged. Keeping the
+batch before it as well costs at most one route change per operator, and
+keeps known the routing of the switch batch whose moved state the latest
+batch may install (:class:`Handoff`). Older batches have run and been
+committed; their route changes would only grow the checkpoint, which Spark
+writes into every offset-log entry and the driver parses at every batch
+boundary (000 §3.4)."""
+
+
+def _replayable(
+    changes: tuple[tuple[int, int], ...], planned_through: int
+) -> tuple[tuple[int, int], ...]:
+    """``changes`` without those no replayable batch routes by.
+
+    The change in effect at the oldest replayable batch is kept, with every
+    later one, so :meth:`JobProtocol.version_for_batch` answers each of the
+    :data:`REPLAYABLE_BATCHES` latest planned batches exactly as before.
+    """
+    oldest = planned_through - REPLAYABLE_BATCHES + 1
+    in_effect = bisect.bisect_right([batch for batch, _ in changes], oldest) - 1
+    return changes[in_effect:] if in_effect > 0 else changes
+
+
 class JobProtocol:
     """The job's side of 000 §3.4, run by the driver at micro-batch boundaries.
 
@@ -420,8 +479,9 @@ class JobProtocol:
     After a restart the driver restores the checkpoint with :meth:`from_dict`
     and reads the control topic again from the checkpointed offset: messages
     it had already handled are duplicates and change nothing, and
-    :meth:`begin_batch` for an already planned batch returns the routing that
-    batch used the first time.
+    :meth:`begin_batch` for the batch the checkpoint was written with (or the
+    one before it, :data:`REPLAYABLE_BATCHES`) returns the routing that batch
+    used the first time.
 
     ``lookup_checksum`` asks the configuration store which checksum it holds
     for a version, so the job only prepares a configuration it can load.
@@ -546,7 +606,11 @@ class JobProtocol:
         return tuple(handoffs)
 
     def version_for_batch(self, batch_id: int, operator: str) -> int:
-        """The version that routed ``operator`` in planned batch ``batch_id``."""
+        """The version that routed ``operator`` in planned batch ``batch_id``.
+
+        Raises :class:`UnplannedBatchError` for a batch not planned, or planned
+        too long ago to be replayed (see :data:`REPLAYABLE_BATCHES`).
+        """
         self._operator(operator)
         state = self._state
         changes = state.routes[operator]
@@ -554,8 +618,8 @@ class JobProtocol:
             raise UnplannedBatchError(f"no batch has been planned yet (asked for {batch_id})")
         if not changes[0][0] <= batch_id <= state.planned_through:
             raise UnplannedBatchError(
-                f"batch {batch_id} was not planned by this protocol: planned batches are "
-                f"{changes[0][0]}..{state.planned_through}"
+                f"batch {batch_id} was not planned by this protocol, or too long ago to be "
+                f"replayed: it routes planned batches {changes[0][0]}..{state.planned_through}"
             )
         position = bisect.bisect_right([batch for batch, _ in changes], batch_id) - 1
         return changes[position][1]
@@ -568,8 +632,10 @@ class JobProtocol:
         """Fix, record and return the routing of micro-batch ``batch_id``.
 
         A batch planned before (a replay after a restart) gets the routing it
-        had. Batches are planned in order: skipping one would leave a batch
-        whose routing nobody recorded.
+        had, if it is one Spark may still replay (:data:`REPLAYABLE_BATCHES`).
+        Batches are planned in order: skipping one would leave a batch whose
+        routing nobody recorded. Route changes older than any replayable batch
+        are dropped here.
         """
         state = self._state
         last = state.planned_through
@@ -590,9 +656,12 @@ class JobProtocol:
             for name, op in state.phases.items()
         }
         routes = {
-            name: changes
-            if changes and changes[-1][1] == routing[name]
-            else (*changes, (batch_id, routing[name]))
+            name: _replayable(
+                changes
+                if changes and changes[-1][1] == routing[name]
+                else (*changes, (batch_id, routing[name])),
+                batch_id,
+            )
             for name, changes in state.routes.items()
         }
         self._state = state.model_copy(

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from keyplane.protocol import (
+    REPLAYABLE_BATCHES,
     ControllerProtocol,
     ControlMessage,
     InvalidMessage,
@@ -44,10 +45,18 @@ def new_job(operators: tuple[str, ...] = OPS) -> JobProtocol:
     return JobProtocol(operators, 1, STORE[1], lookup_checksum=STORE.get, clock=fixed_clock)
 
 
+def checkpoint_of(job: JobProtocol) -> dict[str, Any]:
+    """The job's checkpoint as the offset log holds it: JSON."""
+    return json.loads(json.dumps(job.to_dict()))
+
+
+def from_checkpoint(checkpoint: dict[str, Any]) -> JobProtocol:
+    return JobProtocol.from_dict(checkpoint, lookup_checksum=STORE.get, clock=fixed_clock)
+
+
 def restored(job: JobProtocol) -> JobProtocol:
     """The job as a restarted driver gets it back from its JSON checkpoint."""
-    checkpoint = json.loads(json.dumps(job.to_dict()))
-    return JobProtocol.from_dict(checkpoint, lookup_checksum=STORE.get, clock=fixed_clock)
+    return from_checkpoint(checkpoint_of(job))
 
 
 def wire(message: ControlMessage) -> ControlMessage:
@@ -70,16 +79,27 @@ def command(
 
 @dataclass
 class Deployment:
-    """A controller and a job joined by a signed, in-order control topic."""
+    """A controller and a job joined by a signed, in-order control topic.
+
+    ``planned`` keeps the routing of every batch as it was planned, and
+    ``checkpoints`` the checkpoint written with it, as Spark's offset log does.
+    """
 
     job: JobProtocol = field(default_factory=new_job)
     controller: ControllerProtocol = field(
         default_factory=lambda: ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
     )
     batch: int = 0
+    planned: dict[int, dict[str, int]] = field(default_factory=dict)
+    checkpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.job.begin_batch(self.batch)
+        self.plan()
+
+    def plan(self) -> dict[str, int]:
+        self.planned[self.batch] = self.job.begin_batch(self.batch)
+        self.checkpoints[self.batch] = checkpoint_of(self.job)
+        return self.planned[self.batch]
 
     def send(self, message: ControlMessage) -> list[ControlMessage]:
         replies = self.job.on_message(wire(message), self.batch + 1)
@@ -89,7 +109,7 @@ class Deployment:
 
     def tick(self) -> dict[str, int]:
         self.batch += 1
-        return self.job.begin_batch(self.batch)
+        return self.plan()
 
     def install(self, operator: str) -> list[ControlMessage]:
         replies = self.job.state_installed(operator, self.batch)
@@ -182,6 +202,27 @@ def test_decode_rejects_each_kind_of_bad_message_with_its_reason() -> None:
     assert reason_of(signed({key: v for key, v in body.items() if key != "checksum"})) == "schema"
 
 
+def test_decode_refuses_input_nested_too_deep_for_the_parser_as_not_json() -> None:
+    """A forged record must not raise past decode: the job would stop at it for good."""
+    body = command("PREPARE", 2, 1).model_dump(mode="json", exclude={"signature"})
+    deep = b"[" * 300 + b"]" * 300
+
+    assert reason_of(b"[" * 100_000) == "not_json"
+    assert reason_of(b'{"a":' * 100_000) == "not_json"
+    assert reason_of(deep) == "not_json"
+    assert reason_of(signed({**body, "checksum": json.loads(deep)})) == "not_json"
+
+
+def test_decode_refuses_a_type_that_is_not_a_string_as_schema() -> None:
+    body = command("PREPARE", 2, 1).model_dump(mode="json", exclude={"signature"})
+
+    for kind in ([], {}, ["PREPARE"], {"PREPARE": 1}, 1, None):
+        assert reason_of(signed({**body, "type": kind})) == "schema", kind
+    assert reason_of(canonical_json({**body, "type": []})) == "missing_signature"
+    with pytest.raises(InvalidMessage, match="type: expected a string, got list"):
+        decode(signed({**body, "type": []}), KEY)
+
+
 def test_schema_errors_say_which_field_is_wrong() -> None:
     body = command("PREPARE", 2, 1).model_dump(mode="json", exclude={"signature"})
     with pytest.raises(InvalidMessage, match="config_version"):
@@ -191,7 +232,7 @@ def test_schema_errors_say_which_field_is_wrong() -> None:
 # --- the happy path ----------------------------------------------------------------------
 
 
-def test_rollout_v1_to_v2_to_v3_switches_both_stages_in_one_batch_and_records_every_batch() -> None:
+def test_rollout_v1_to_v2_to_v3_switches_both_stages_in_one_batch_and_replays_the_last() -> None:
     d = Deployment()
     job, controller = d.job, d.controller
 
@@ -235,14 +276,14 @@ def test_rollout_v1_to_v2_to_v3_switches_both_stages_in_one_batch_and_records_ev
     assert job.state.active_checksum == STORE[2]
     assert controller.active_version == 2 and controller.phase == "idle"
     assert d.tick() == {"A": 2, "B": 2}
-    assert [job.routing_for_batch(b) for b in range(5)] == [{"A": 1, "B": 1}] * 2 + [
-        {"A": 2, "B": 2}
-    ] * 3
+    assert [d.planned[b] for b in range(5)] == [{"A": 1, "B": 1}] * 2 + [{"A": 2, "B": 2}] * 3
+    assert [job.routing_for_batch(b) for b in (3, 4)] == [d.planned[3], d.planned[4]]
 
     d.rollout(3)
 
     assert job.active_version == 3 and controller.active_version == 3
-    timeline = [job.routing_for_batch(b) for b in range(d.batch + 1)]
+    timeline = [d.planned[b] for b in range(d.batch + 1)]
+    assert [job.routing_for_batch(b) for b in (d.batch - 1, d.batch)] == timeline[-2:]
     assert [(r["A"], r["B"]) for r in timeline] == [
         (1, 1), (1, 1), (2, 2), (2, 2), (2, 2),
         (2, 2), (3, 3), (3, 3), (3, 3),
@@ -271,8 +312,9 @@ def test_the_papers_order_still_works_b_propagated_only_after_a_migrated() -> No
 
     assert job.active_version == 2 and job.ignored == {}
     assert [(h.operator, h.switch_batch) for h in job.migrating()] == []
-    timeline = [job.routing_for_batch(b) for b in range(d.batch + 1)]
+    timeline = [d.planned[b] for b in range(d.batch + 1)]
     assert [(r["A"], r["B"]) for r in timeline] == [(1, 1), (1, 1), (2, 1), (2, 1), (2, 2), (2, 2)]
+    assert [job.routing_for_batch(b) for b in (d.batch - 1, d.batch)] == timeline[-2:]
 
 
 def test_b_propagated_while_a_is_in_its_install_batch_switches_in_that_batch() -> None:
@@ -486,7 +528,8 @@ def test_abort_returns_every_operator_to_the_previous_version() -> None:
     d.tick()
     assert d.install("A") == []
     assert job.phase("A") == "steady" and job.migrating() == ()
-    assert [job.version_for_batch(b, "A") for b in range(d.batch + 1)] == [1, 1, 2, 2, 1, 1]
+    assert [d.planned[b]["A"] for b in range(d.batch + 1)] == [1, 1, 2, 2, 1, 1]
+    assert [job.version_for_batch(b, "A") for b in (d.batch - 1, d.batch)] == [1, 1]
     assert job.version_for_batch(d.batch, "B") == 1
 
     assert job.react(command("PREPARE", 2, 1), d.batch + 1).reason == "stale_version"
@@ -584,8 +627,8 @@ def test_killed_after_propagate_and_before_migrated_restores_and_replays_to_the_
     assert revived.to_dict() == expected_before_done
     revived.on_message(done, 5)
     assert revived.to_dict() == uninterrupted.to_dict()
-    assert [revived.routing_for_batch(b) for b in range(5)] == [
-        uninterrupted.routing_for_batch(b) for b in range(5)
+    assert [revived.routing_for_batch(b) for b in (3, 4)] == [
+        uninterrupted.routing_for_batch(b) for b in (3, 4)
     ]
 
 
@@ -595,17 +638,83 @@ def test_a_replayed_batch_routes_as_the_first_time_even_after_the_state_moved_on
     d.rollout(3)
     job = restored(d.job)
 
-    assert job.begin_batch(1) == {"A": 1, "B": 1}
-    assert job.begin_batch(3) == {"A": 2, "B": 2}
-    assert job.begin_batch(5) == {"A": 2, "B": 2}
-    assert job.begin_batch(6) == {"A": 3, "B": 3}
+    assert job.begin_batch(d.batch - 1) == d.planned[d.batch - 1] == {"A": 3, "B": 3}
+    assert job.begin_batch(d.batch) == d.planned[d.batch]
     assert job.next_routing() == {"A": 3, "B": 3}
+    for batch, checkpoint in d.checkpoints.items():
+        # What a driver killed after Spark logged ``batch`` replays, rollouts later.
+        assert from_checkpoint(checkpoint).begin_batch(batch) == d.planned[batch]
     with pytest.raises(ProtocolError, match="never planned"):
         job.begin_batch(d.batch + 2)
     with pytest.raises(UnplannedBatchError):
         job.version_for_batch(d.batch + 1, "A")
     with pytest.raises(KeyError, match="unknown operator"):
         job.version_for_batch(0, "Z")
+
+
+def route_changes(planned: dict[int, dict[str, int]], operator: str) -> list[list[int]]:
+    """Every change of ``operator``'s routing, as the checkpoint's JSON holds it."""
+    changes: list[list[int]] = []
+    for batch in sorted(planned):
+        if not changes or changes[-1][1] != planned[batch][operator]:
+            changes.append([batch, planned[batch][operator]])
+    return changes
+
+
+def test_after_many_rollouts_the_checkpoint_stays_bounded_and_still_replays_its_last_batch() -> (
+    None
+):
+    """The checkpoint is in every offset-log entry: it must not grow with each rollout."""
+    d = Deployment()
+    for version in range(2, 5):
+        d.rollout(version)
+    few = len(json.dumps(d.job.to_dict()))
+    for version in range(5, 151):
+        d.rollout(version)
+    many = len(json.dumps(d.job.to_dict()))
+    assert many < few + 40, f"{few} bytes after 3 rollouts, {many} after 149"
+    assert all(len(changes) <= REPLAYABLE_BATCHES for changes in d.job.state.routes.values())
+
+    # v151's switch batch is the last one planned when the driver dies.
+    d.send(d.controller.prepare(151, STORE[151]))
+    d.tick()
+    for operator in OPS:
+        d.send(d.controller.propagate(operator))
+    switch = d.batch + 1
+    assert d.tick() == {"A": 151, "B": 151}
+    job = from_checkpoint(d.checkpoints[switch])
+
+    assert job.begin_batch(switch) == d.planned[switch] == {"A": 151, "B": 151}
+    assert job.begin_batch(switch - 1) == d.planned[switch - 1] == {"A": 150, "B": 150}
+    assert (
+        from_checkpoint(d.checkpoints[switch - 1]).begin_batch(switch - 1)
+        == (d.planned[switch - 1])
+    )
+    on_150 = min(batch for batch, routing in d.planned.items() if routing["A"] == 150)
+    assert job.routing_for_batch(on_150) == {"A": 150, "B": 150}
+    with pytest.raises(UnplannedBatchError, match="too long ago to be replayed"):
+        job.begin_batch(on_150 - 1)
+    assert [(h.operator, h.switch_batch) for h in job.migrating()] == [("A", switch), ("B", switch)]
+    assert job.begin_batch(switch + 1) == d.tick()
+    assert job.state_installed("A", switch + 1) == d.install("A")
+    assert job.state_installed("B", switch + 1) == d.install("B")
+    assert job.to_dict() == d.job.to_dict()
+
+
+def test_a_checkpoint_with_the_whole_route_history_is_read_and_trimmed_at_its_next_batch() -> None:
+    """Checkpoints written before route changes were trimmed hold every change since batch 0."""
+    d = Deployment()
+    d.rollout(2)
+    d.rollout(3)
+    history = {name: route_changes(d.planned, name) for name in OPS}
+    assert history == {name: [[0, 1], [2, 2], [6, 3]] for name in OPS}
+    job = from_checkpoint({**d.checkpoints[d.batch], "routes": history})
+
+    assert job.routing_for_batch(0) == d.planned[0] == {"A": 1, "B": 1}
+    assert job.begin_batch(d.batch) == d.planned[d.batch]
+    assert job.begin_batch(d.batch + 1) == d.tick()
+    assert job.state.routes == {name: ((6, 3),) for name in OPS}
+    assert job.to_dict() == d.job.to_dict()
 
 
 def test_version_for_batch_before_any_batch_is_planned_is_an_error() -> None:
@@ -914,7 +1023,9 @@ def check_invariants(chaos: Chaos, previous_active: int) -> None:
     assert job.state.active_checksum == STORE[active]
     for batch, recorded in chaos.planned.items():
         assert [recorded[op] for op in PROPERTY_OPS] == sorted(recorded.values(), reverse=True)
-        assert job.routing_for_batch(batch) == recorded
+        if batch > chaos.batch - REPLAYABLE_BATCHES:
+            assert job.routing_for_batch(batch) == recorded
+    assert all(len(changes) <= REPLAYABLE_BATCHES for changes in job.state.routes.values())
 
 
 schedules = st.lists(
@@ -1030,6 +1141,7 @@ def test_restoring_any_checkpoint_and_replaying_equals_the_uninterrupted_run(
     batch, position, checkpoint = chaos.checkpoints[crash % len(chaos.checkpoints)]
 
     job = JobProtocol.from_dict(checkpoint, lookup_checksum=STORE.get, clock=fixed_clock)
+    assert job.begin_batch(batch) == chaos.planned[batch], "the replay routed differently"
     for handled_at, message in chaos.handled:
         if handled_at <= position:
             job.on_message(message, batch + 1)
@@ -1045,5 +1157,5 @@ def test_restoring_any_checkpoint_and_replaying_equals_the_uninterrupted_run(
             job.state_installed(value, batch)
 
     assert job.to_dict() == chaos.job.to_dict()
-    for planned_batch, recorded in chaos.planned.items():
-        assert job.routing_for_batch(planned_batch) == recorded
+    for planned_batch in range(max(0, batch - REPLAYABLE_BATCHES + 1), batch + 1):
+        assert job.routing_for_batch(planned_batch) == chaos.planned[planned_batch]

@@ -13,11 +13,16 @@ the job's driver needs at each micro-batch boundary: it reads from the offset
 it checkpointed to the high watermark, so that after a restart it reads the
 same records again and the protocol's idempotence does the rest. A record
 that is not an authentic message is reported, never raised: a forged record
-must not stop the job from reading the genuine ones after it.
+must not stop the job from reading the genuine ones after it. That holds even
+if :func:`keyplane.protocol.decode` has a bug: whatever else it raises on a
+record is logged with the traceback and reported as ``undecodable``, since an
+exception out of :meth:`ControlChannel.read` would fail the job's query, and
+every restart would read the same record again from the checkpointed offset.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +37,8 @@ from keyplane.kafka.producer import make_producer
 from keyplane.kafka.security import client_config
 from keyplane.protocol import ControlMessage, InvalidMessage, decode, encode
 from keyplane.signing import control_key
+
+log = logging.getLogger(__name__)
 
 PARTITION = 0
 """The control topic's only partition: the one place where Kafka keeps order."""
@@ -163,7 +170,7 @@ class ControlChannel:
                 if not start <= record.offset < stop:
                     continue
                 try:
-                    messages.append((record.offset, decode(record.value or b"", self._key)))
+                    messages.append((record.offset, self._decode(record.offset, record.value)))
                 except InvalidMessage as invalid:
                     rejected.append((record.offset, invalid))
             reached = min(int(consumer.position(self._partition)), stop)
@@ -176,6 +183,30 @@ class ControlChannel:
                     f"{self._read_timeout_s:.0f} s"
                 )
         return ControlRead(messages=tuple(messages), rejected=tuple(rejected), end=stop)
+
+    def _decode(self, offset: int, value: bytes | None) -> ControlMessage:
+        """The message at ``offset``, or :class:`InvalidMessage` for any record that is not one.
+
+        :func:`decode` raises only :class:`InvalidMessage` for a record it
+        refuses; anything else it raises is a bug in it, turned into an
+        ``undecodable`` rejection here so that the record cannot stop the job
+        (see the module docstring).
+        """
+        try:
+            return decode(value or b"", self._key)
+        except InvalidMessage:
+            raise
+        except Exception as error:
+            log.warning(
+                "control topic %s, offset %d: decoding the record raised %s",
+                self.topic,
+                offset,
+                type(error).__name__,
+                exc_info=True,
+            )
+            # One short line: the error's text may quote the record, which anyone may write.
+            detail = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+            raise InvalidMessage("undecodable", detail) from None
 
     def _producer_for_sending(self) -> KafkaProducer:
         if self._producer is None:

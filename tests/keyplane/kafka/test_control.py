@@ -9,14 +9,16 @@ record is reported without stopping the genuine ones after it.
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from kafka import KafkaProducer
 
+from keyplane.kafka import control
 from keyplane.kafka.admin import TopicError, ensure_topic
 from keyplane.kafka.control import ControlChannel
-from keyplane.protocol import ControlMessage, encode
-from keyplane.signing import KEY_ENV_VAR, MissingKeyError
+from keyplane.protocol import ControlMessage, decode, encode
+from keyplane.signing import KEY_ENV_VAR, MissingKeyError, canonical_json, sign
 
 KEY = b"control-channel-tests-0123456789abcdef"
 
@@ -104,6 +106,62 @@ def test_forged_records_are_reported_not_raised_and_later_messages_still_arrive(
     ]
     assert [(offset, unsigned(message)) for offset, message in read.messages] == [(3, genuine)]
     assert read.end == 4
+
+
+@pytest.mark.integration
+def test_records_that_used_to_crash_decode_are_rejected_and_later_messages_still_arrive(
+    broker: str, topic_name: str
+) -> None:
+    """Unsigned deep nesting, and a signed list as the type: each raised past decode,
+    out of read and out of the job's latestOffset, at every restart (000 §3.4)."""
+    genuine = command("PREPARE", 2)
+    body = {**genuine.model_dump(mode="json", exclude={"signature"}), "type": []}
+    with ControlChannel(broker, topic_name, key=KEY) as channel:
+        channel.ensure()
+        produce_raw(
+            broker,
+            topic_name,
+            [b"[" * 100_000, canonical_json({**body, "signature": sign(body, KEY)})],
+        )
+        channel.send([genuine])
+        read = channel.read(0)
+
+    assert [(offset, why.reason) for offset, why in read.rejected] == [
+        (0, "not_json"),
+        (1, "schema"),
+    ]
+    assert [(offset, unsigned(message)) for offset, message in read.messages] == [(2, genuine)]
+    assert read.end == 3
+
+
+@pytest.mark.integration
+def test_anything_else_decode_raises_is_a_rejected_record_logged_with_its_offset(
+    broker: str, topic_name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The backstop for a bug in decode: the record is refused, never raised."""
+    poison = b"a record decode has a bug on"
+
+    def buggy_decode(raw: bytes, key: bytes | str | None = None) -> ControlMessage:
+        if raw == poison:
+            raise TypeError("unhashable type: 'list'")
+        return decode(raw, key)
+
+    monkeypatch.setattr(control, "decode", buggy_decode)
+    genuine = command("PREPARE", 2)
+    with ControlChannel(broker, topic_name, key=KEY) as channel:
+        channel.ensure()
+        produce_raw(broker, topic_name, [poison])
+        channel.send([genuine])
+        with caplog.at_level(logging.WARNING, logger=control.__name__):
+            read = channel.read(0)
+
+    [(offset, why)] = read.rejected
+    assert (offset, why.reason) == (0, "undecodable")
+    assert "TypeError: unhashable type: 'list'" in why.detail
+    assert [(offset, unsigned(message)) for offset, message in read.messages] == [(1, genuine)]
+    assert read.end == 2
+    [logged] = [r for r in caplog.records if r.name == control.__name__]
+    assert f"{topic_name}, offset 0" in logged.getMessage() and logged.exc_info is not None
 
 
 @pytest.mark.integration
