@@ -956,7 +956,43 @@ def check_keyplane_containers(compose: Compose) -> list[str]:
     return problems
 
 
+HEALTHCHECKS = {
+    "postgres": "pg_isready",
+    "kafka": "/opt/kafka/bin/kafka-broker-api-versions.sh --bootstrap-server kafka:9092",
+    "airflow-apiserver": "curl --fail http://localhost:8080/api/v2/version",
+    "airflow-scheduler": "curl --fail http://localhost:8974/health",
+    "airflow-dag-processor": "airflow jobs check --job-type DagProcessorJob",
+    "airflow-triggerer": "airflow jobs check --job-type TriggererJob",
+}
+"""Each long-running service's documented health check: the images' own examples
+(the Airflow 3 compose file's, the apache/kafka and postgres images')."""
+
+CLUSTER_ID = re.compile(r"[A-Za-z0-9_-]{22}")
+"""A KRaft cluster id: a UUID in URL-safe base64 without padding, 22 characters."""
+
+
+def check_healthchecks(compose: Compose) -> list[str]:
+    """Services that others wait for (``service_healthy``) are checked as their images
+    document; the scheduler's health server answers only when it is turned on."""
+    problems = []
+    for name, wanted in HEALTHCHECKS.items():
+        test = ((services(compose).get(name) or {}).get("healthcheck") or {}).get("test", [])
+        command = " ".join(tokens_of(test[1:] if test[:1] in (["CMD"], ["CMD-SHELL"]) else test))
+        if wanted not in command:
+            problems.append(f"{name}: health check {command!r} does not run {wanted!r}")
+    scheduler = env_of(services(compose).get("airflow-scheduler") or {})
+    if not truthy(scheduler.get("AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK", "")):
+        problems.append(
+            "airflow-scheduler: its health server is off, so :8974/health never answers"
+        )
+    for name, kafka in kafka_services(compose).items():
+        if not CLUSTER_ID.fullmatch(env_of(kafka).get("CLUSTER_ID", "")):
+            problems.append(f"{name}: CLUSTER_ID is not a 22-character base64 id")
+    return problems
+
+
 ALL_CHECKS: dict[str, Check] = {
+    "healthchecks": check_healthchecks,
     "kafka_kraft": check_kafka_kraft,
     "bootstrap_servers": check_bootstrap_servers,
     "spark_cluster": check_spark_cluster,
@@ -1006,6 +1042,12 @@ def check_dockerfile(text: str, airflow_version: str, python: str) -> list[str]:
     wanted = f"apache/airflow:{airflow_version}-python{python}"
     if airflow_bases != [wanted]:
         problems.append(f"Airflow base {airflow_bases} is not {wanted}")
+    installs = [line for line in text.splitlines() if "uv pip install" in line and " -r " in line]
+    if not installs or any("--no-deps" not in line for line in installs):
+        problems.append(
+            "the locked requirements are installed without --no-deps: resolving again "
+            "brings back pyspark-client, which the lock keeps out"
+        )
     return problems
 
 
@@ -1761,6 +1803,46 @@ def test_variables_check_rejects_broken_documentation() -> None:
     problems = check_variables_documented(text, ENV_EXAMPLE.read_text(), DEPLOY_DOC.read_text())
     assert "KAFKA_SASL_PASSWORD is not in deploy/env.example" in problems
     assert "KAFKA_SASL_PASSWORD is required but docs/deploy.md does not describe it" in problems
+
+
+def test_dockerfile_check_rejects_a_locked_install_that_resolves_again() -> None:
+    text = DOCKERFILE.read_text()
+    assert '--no-deps "apache-airflow' in text
+    problems = check_dockerfile(
+        text.replace('--no-deps "apache-airflow', '"apache-airflow'), "3.3.2", "3.11"
+    )
+    assert "brings back pyspark-client" in "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda c: svc(c, "airflow-scheduler")["healthcheck"].update(
+                test=["CMD", "curl", "--fail", "http://localhost:9999/nope"]
+            ),
+            "airflow-scheduler: health check",
+        ),
+        (
+            lambda c: set_env(
+                c, "airflow-scheduler", "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK", "false"
+            ),
+            "its health server is off",
+        ),
+        (lambda c: svc(c, "kafka")["healthcheck"].update(test=["CMD", "true"]), "kafka: health"),
+        (
+            lambda c: svc(c, "postgres")["healthcheck"].update(test=["CMD-SHELL", "true"]),
+            "postgres: health",
+        ),
+        (lambda c: svc(c, "airflow-triggerer").pop("healthcheck"), "airflow-triggerer: health"),
+        (lambda c: set_env(c, "kafka", "CLUSTER_ID", "x"), "22-character"),
+    ],
+    ids=["scheduler-url", "scheduler-off", "kafka", "postgres", "triggerer-missing", "cluster-id"],
+)
+def test_healthchecks_check_rejects_broken_checks(
+    resolved: Compose, mutate: Callable[[Compose], None], message: str
+) -> None:
+    assert message in problems_after(check_healthchecks, resolved, mutate)
 
 
 @pytest.mark.parametrize(
