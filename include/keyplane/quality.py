@@ -44,14 +44,24 @@ and creating the context twice leaves exactly one copy of each.
 
 Great Expectations is imported lazily: importing it takes several seconds
 (over ten on a small machine), and Airflow parses DAG files that import this
-module under a timeout. The file data context is not safe for concurrent
-writers; run one validation at a time per ``gx_root``.
+module under a timeout.
+
+One validation at a time per ``gx_root``. The file data context is not safe
+for concurrent writers: building it rewrites ``great_expectations.yml`` and
+the stored suites, and a checkpoint's run writes its result and rebuilds the
+Data Docs index. Both DAGs validate under one ``gx_root`` and can run at the
+same time (their ``max_active_runs`` bounds each DAG's own runs only), so
+:func:`locked_context` holds an exclusive lock on ``gx_root/.lock``
+(:func:`gx_lock`) from building the context until its checkpoints have run;
+another process's validation waits for it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +91,8 @@ CONFIGURATION_KEYS_SUITE = "keyplane_configuration_keys"
 CONFIGURATION_OPERATORS_SUITE = "keyplane_configuration_operators"
 CONFIGURATION_SUITES = (CONFIGURATION_KEYS_SUITE, CONFIGURATION_OPERATORS_SUITE)
 
+LOCK_NAME = ".lock"
+"""The file under ``gx_root`` whose lock a validation holds (:func:`gx_lock`)."""
 DATASOURCE_NAME = "keyplane"
 BATCH_DEFINITION_NAME = "whole_frame"
 DATA_DOCS_SITE = "local_site"
@@ -601,6 +613,38 @@ def quality_context(gx_root: Path | None = None) -> FileDataContext:
     return context
 
 
+@contextmanager
+def gx_lock(gx_root: Path | None = None) -> Iterator[Path]:
+    """Hold the exclusive lock of the GX project under ``gx_root`` (the root, yielded).
+
+    An ``fcntl.flock`` on ``gx_root/.lock``: it serialises the validations of
+    every process on the machine (an Airflow worker runs each task in a
+    process of its own), and of threads too, each opening the file anew. The
+    kernel drops it when its holder dies, so a killed task leaves no stale
+    lock. Not reentrant: a holder that asks again waits for itself.
+    """
+    root = Path(gx_root) if gx_root is not None else default_gx_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / LOCK_NAME).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield root
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def locked_context(gx_root: Path | None = None) -> Iterator[FileDataContext]:
+    """:func:`quality_context` under ``gx_root``, for this holder alone while open.
+
+    Build the context and run its checkpoints inside the ``with``
+    (:func:`gx_lock`): the file data context is not safe for concurrent
+    writers, and two DAGs validate under one root.
+    """
+    with gx_lock(gx_root) as root:
+        yield quality_context(root)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, float | np.floating):
         number = float(value)
@@ -733,25 +777,25 @@ def validate_statistics(
     ``expected_window`` is the ``[start, end)`` offset range the snapshot
     claims to describe: its smallest ``window_start`` must be ≤ ``start`` and
     its largest ``window_end`` ≥ ``end``. ``context`` defaults to
-    :func:`quality_context` at :func:`default_gx_root`.
+    :func:`locked_context` at :func:`default_gx_root`, held for the run; a
+    caller's context is the caller's to lock.
     """
     start, end = expected_window
     if start > end:
         raise ValueError(f"expected_window must have start ≤ end, got {expected_window}")
     chosen = settings or QualitySettings()
-    gx_context = context if context is not None else quality_context()
     parameters = {
         "min_keys": chosen.min_keys,
         "min_total_count": chosen.min_total_count,
         "window_start": int(start),
         "window_end": int(end),
     }
-    return _run(
-        gx_context,
-        [(STATISTICS_SUITE, statistics)],
-        parameters,
-        run_name or f"statistics-{start}-{end}",
-    )
+    frames = [(STATISTICS_SUITE, statistics)]
+    name = run_name or f"statistics-{start}-{end}"
+    if context is not None:
+        return _run(context, frames, parameters, name)
+    with locked_context() as default:
+        return _run(default, frames, parameters, name)
 
 
 def validate_configuration(
@@ -765,18 +809,18 @@ def validate_configuration(
     """Check a routing configuration against the two configuration suites.
 
     The frames come from :func:`config_frames`. ``context`` defaults to
-    :func:`quality_context` at :func:`default_gx_root`.
+    :func:`locked_context` at :func:`default_gx_root`, held for the run; a
+    caller's context is the caller's to lock.
     """
     chosen = settings or QualitySettings()
-    gx_context = context if context is not None else quality_context()
     keys, summary = config_frames(config, predictions)
     parameters = {
         "d_min": chosen.d_min,
         "min_locality_change": -chosen.locality_tolerance,
     }
-    return _run(
-        gx_context,
-        [(CONFIGURATION_KEYS_SUITE, keys), (CONFIGURATION_OPERATORS_SUITE, summary)],
-        parameters,
-        run_name or f"configuration-v{config.version}",
-    )
+    frames = [(CONFIGURATION_KEYS_SUITE, keys), (CONFIGURATION_OPERATORS_SUITE, summary)]
+    name = run_name or f"configuration-v{config.version}"
+    if context is not None:
+        return _run(context, frames, parameters, name)
+    with locked_context() as default:
+        return _run(default, frames, parameters, name)

@@ -194,6 +194,26 @@ def test_a_failed_run_aborts_its_version_in_flight(
     assert request.getfixturevalue(fixture).on_failure_callback is abort_run_in_flight
 
 
+@pytest.mark.parametrize("fixture", ["dag", "scale_dag"])
+def test_a_runs_records_are_found_by_its_dags_id(
+    fixture: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The failure callback, a failed wave and a metrics wait find a run's records by
+    its DAG's id (both DAGs can have a run of the same id): the ids must be the DAGs'."""
+    from keyplane import statistics as stats
+    from keyplane.orchestration import tasks
+    from keyplane.testing import deployment_under
+
+    target = deployment_under(tmp_path)
+    written_by = {
+        "dag": stats.snapshot_folder(target.snapshots, "run"),
+        "scale_dag": tasks.scale_folder(target, "run"),
+    }
+
+    dag_id = request.getfixturevalue(fixture).dag_id
+    assert tasks.run_folder(target, dag_id, "run") == written_by[fixture]
+
+
 @pytest.mark.parametrize(
     "override",
     [

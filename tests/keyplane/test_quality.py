@@ -10,6 +10,9 @@ edited by hand, can reach the gate without passing the model's validation.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +31,7 @@ from keyplane.quality import (
     QualitySettings,
     ValidationFailed,
     config_frames,
+    gx_lock,
     predicted_instance_loads,
     quality_context,
     stage_key_loads,
@@ -353,3 +357,44 @@ def test_each_run_rebuilds_data_docs_inside_the_context(
     assert len(pages) == 1
     stored = list((gx_root / "gx" / "uncommitted" / "validations").rglob("docs-check/*/*.json"))
     assert json.loads(stored[0].read_text())["success"] is True
+
+
+HOLD_LOCK = """
+import sys
+from pathlib import Path
+from keyplane.quality import gx_lock
+
+with gx_lock(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_the_gx_lock_keeps_a_second_process_out_until_the_first_lets_go(tmp_path: Path) -> None:
+    """Two DAGs' validations run in two worker processes; the second waits."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline() == "held\n"
+        entered = threading.Event()
+
+        def second() -> None:
+            with gx_lock(tmp_path):
+                entered.set()
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        assert not entered.wait(1.0), "the second holder got in while the first held the lock"
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert entered.wait(30)
+        waiter.join(30)
+        assert holder.wait(30) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()

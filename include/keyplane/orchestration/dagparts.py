@@ -42,20 +42,23 @@ def abort_run_in_flight(context: Context) -> None:
     operator (``SchedulerJobRunner._schedule_dag_run``); a task marked
     failed by hand ends the same way. The version would stay in flight and
     the next run's ``publish`` fail "still rolling out". Airflow calls a
-    DAG's failure callbacks with at least ``run_id`` in the context (the dag
-    processor's ``_execute_dag_callbacks``; ``dag.test`` runs them inline),
-    so the versions are read from the run's records
+    DAG's failure callbacks with at least ``dag`` and ``run_id`` in the
+    context (the dag processor's ``_execute_dag_callbacks``; ``dag.test``
+    runs them inline, ``DagRun.execute_dag_callbacks``), so the versions are
+    read from the records of that DAG's run
     (:func:`keyplane.orchestration.tasks.run_versions`): a version another
-    run or ``keyplane config publish`` put in flight is left alone.
+    run, the other DAG's run of the same id included, or ``keyplane config
+    publish`` put in flight is left alone.
     """
     from keyplane.orchestration import tasks
 
     target = deployment()
+    dag_id = str(context["dag"].dag_id)
     run = str(context["run_id"])
-    versions = tasks.run_versions(target, run)
+    versions = tasks.run_versions(target, dag_id, run)
     aborted = tasks.abort(target, versions) if versions else None
     if aborted is not None:
-        log.warning("run %s failed with v%d in flight; it was aborted", run, aborted)
+        log.warning("run %s of %s failed with v%d in flight; it was aborted", run, dag_id, aborted)
 
 
 def rollout_dag_args(waits: int) -> dict[str, Any]:

@@ -143,6 +143,13 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
 
     :func:`keyplane.scaling.scaled_routing` keeps every key whose instance
     stays active and moves the others; the other operator keeps its routing.
+    The version, its parent and the key loads it is planned from are
+    reserved in the run's folder before it is stored
+    (:func:`keyplane.orchestration.tasks._reserve`): the events topic grows
+    between tries, and a retry that counted it again would plan another
+    table under another version, leaving the first try's stored and
+    unvalidated. Retried, the step plans from the same loads and stores
+    the same version, a no-op.
     """
     from keyplane.scaling import scaled_routing
 
@@ -156,18 +163,27 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
     if not decision["publish"]:
         raise tasks.StepError(f"the decision was not to scale: {decision['reason']}")
     operator = str(decision["operator"])
-    parent = int(decision["parent_version"])
+    allocation = folder / tasks.ALLOCATION
+    if allocation.is_file():
+        reserved = tasks._read(allocation, "the reservation")
+    else:
+        reserved = tasks._reserve(
+            allocation,
+            deployment,
+            int(decision["parent_version"]),
+            key_loads=event_key_loads(deployment)[operator],
+        )
+    parent = int(reserved["parent_version"])
+    loads: dict[str, float] = reserved["key_loads"]
     current = config_store.load(deployment.routing_store, parent)
-    loads = event_key_loads(deployment)[operator]
     routing = scaled_routing(current.operators[operator], decision["active_after"][operator], loads)
-    latest = config_store.latest_version(deployment.routing_store) or parent
     config = RoutingConfig(
-        version=latest + 1,
+        version=int(reserved["version"]),
         parent_version=parent,
         created_by="scale",
         operators={**current.operators, operator: routing},
     )
-    saved = config_store.save(config, deployment.routing_store)
+    saved = tasks._store(deployment, config)
     proposal = ScaleProposal(
         version=saved.version,
         parent_version=parent,
@@ -195,11 +211,7 @@ def validate_scaled_configuration(
     released instance does not count as imbalance. The verdict is recorded
     where :func:`keyplane.orchestration.tasks.publish_version` requires it.
     """
-    from keyplane.quality import (
-        OperatorPrediction,
-        QualitySettings,
-        quality_context,
-    )
+    from keyplane.quality import OperatorPrediction, QualitySettings, locked_context
     from keyplane.quality import validate_configuration as run_suites
     from keyplane.scaling import active_view
 
@@ -227,13 +239,14 @@ def validate_scaled_configuration(
         )
         for name, routing in view.operators.items()
     }
-    result = run_suites(
-        view,
-        predictions,
-        context=quality_context(deployment.gx_root),
-        settings=QualitySettings(),
-        run_name=f"configuration-v{config.version}",
-    )
+    with locked_context(deployment.gx_root) as context:
+        result = run_suites(
+            view,
+            predictions,
+            context=context,
+            settings=QualitySettings(),
+            run_name=f"configuration-v{config.version}",
+        )
     log.info("configuration validation of scaled v%d:\n%s", config.version, result.summary)
     record = tasks.record_validation(
         deployment, config.version, result.success, result.summary, result.data_docs_path

@@ -8,8 +8,15 @@ since Airflow retries tasks and a run may be cleared and rerun:
 * files are written once (``_write_once``): a retried step finds its record
   and returns it, so the configuration version, the validation verdict and
   the decision of a run never change once taken;
+* a step that stores versions reserves them first (``_reserve``: the first
+  new version and its parent, in a record of the run's written before
+  anything is stored), so a try that dies between storing a version and
+  recording it leaves the retry that version to store again, not a newer
+  one: no orphan version, unvalidated, is left in the store;
 * configurations are saved with :func:`keyplane.config.save`, a no-op for an
-  identical version;
+  identical version, so the retry's save of its reserved version is one;
+* a run's records are its DAG's: Airflow's run ids are unique per DAG only,
+  and both DAGs can have a run of the same id (:func:`run_folder`);
 * protocol steps go through :class:`keyplane.controller.Controller`, whose
   retried steps re-send the same message (same id), which the job ignores.
 
@@ -45,6 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROPOSAL = "proposal.json"
+ALLOCATION = "allocation.json"
+ROLLBACK_ALLOCATION = "rollback_allocation.json"
 BACKTEST = "backtest.json"
 DECISION = "decision.json"
 ROLLOUT = "rollout.json"
@@ -52,6 +61,9 @@ VERIFICATION = "verification.json"
 ROLLBACK = "rollback.json"
 
 WaitKind = Literal["ack", "migrated", "metrics"]
+
+RECONFIGURE_DAG_ID = "keyplane_reconfigure"
+SCALE_DAG_ID = "keyplane_scale"
 
 
 class StepError(RuntimeError):
@@ -95,6 +107,70 @@ def _folder(deployment: Deployment, run_id: str) -> Path:
     return folder
 
 
+def run_folder(deployment: Deployment, dag_id: str, run_id: str) -> Path:
+    """The folder of the records of ``dag_id``'s run ``run_id``.
+
+    A reconfiguration run keeps them in its statistics snapshot, a scale
+    run in :func:`scale_folder`. The DAG must be named: Airflow makes a run
+    id unique within its DAG only, and a run id chosen by hand (the REST
+    API, ``airflow dags trigger -r``) or an ``airflow dags test`` of the
+    same logical date gives both DAGs a run of the same id, whose records
+    are not each other's.
+    """
+    if dag_id == RECONFIGURE_DAG_ID:
+        return stats.snapshot_folder(deployment.snapshots, run_id)
+    if dag_id == SCALE_DAG_ID:
+        return scale_folder(deployment, run_id)
+    raise StepError(
+        f"DAG {dag_id!r} keeps no keyplane run records "
+        f"(only {RECONFIGURE_DAG_ID} and {SCALE_DAG_ID} do)"
+    )
+
+
+def _reserve(
+    path: Path,
+    deployment: Deployment,
+    parent: int,
+    *,
+    version: int | None = None,
+    **inputs: Any,
+) -> dict[str, Any]:
+    """The run's first new version and its parent, reserved once in ``path``.
+
+    Written before the step stores anything, so that every try of the step
+    stores the same versions: a try that died after storing a version and
+    before recording it in the step's own record (``proposal.json``,
+    ``rollback.json``) left that version, and the retry, planning with the
+    reserved numbers and ``inputs`` (what the plan needs that could change
+    between tries), stores it again, a no-op. ``version`` defaults to the
+    store's newest + 1. The reservation is the run's alone: another
+    process may still store that version meanwhile, and then
+    :func:`_store` refuses rather than overwrite it. The step's own record,
+    which :func:`run_versions` reads to ABORT the run's versions, is
+    written only once they are stored, so it never names another's.
+    """
+    if version is None:
+        version = (config_store.latest_version(deployment.routing_store) or parent) + 1
+    return _write_once(path, {"parent_version": parent, "version": version, **inputs})
+
+
+def _store(deployment: Deployment, config: RoutingConfig) -> config_store.SavedConfig:
+    """Save a version the run reserved (:func:`_reserve`); a no-op for the retry's save.
+
+    Another configuration stored under the version meanwhile (another run,
+    ``keyplane config publish``) is left as it is: the step fails naming
+    it rather than overwrite a version that may be in flight already.
+    """
+    try:
+        return config_store.save(config, deployment.routing_store)
+    except config_store.VersionConflictError:
+        raise StepError(
+            f"v{config.version}, which this run reserved, was stored meanwhile with another "
+            "routing (by another run or `keyplane config publish`); it is left as it is and "
+            "this run stores and publishes nothing: the next run plans from the store as it is"
+        ) from None
+
+
 # --- 1. statistics ---------------------------------------------------------------------
 
 
@@ -135,17 +211,18 @@ def validate_statistics(
     per-instance loads are noise, a window that does not cover what it
     claims would plan on the wrong data.
     """
-    from keyplane.quality import QualitySettings, quality_context
+    from keyplane.quality import QualitySettings, locked_context
     from keyplane.quality import validate_statistics as run_suite
 
     snapshot = _snapshot(deployment, run_id)
-    result = run_suite(
-        snapshot.quality_frame(),
-        snapshot.manifest.window,
-        context=quality_context(deployment.gx_root),
-        settings=QualitySettings(min_total_count=min_total_count),
-        run_name=f"statistics-{stats.safe_run_id(run_id)}",
-    )
+    with locked_context(deployment.gx_root) as context:
+        result = run_suite(
+            snapshot.quality_frame(),
+            snapshot.manifest.window,
+            context=context,
+            settings=QualitySettings(min_total_count=min_total_count),
+            run_name=f"statistics-{stats.safe_run_id(run_id)}",
+        )
     log.info("statistics validation:\n%s", result.summary)
     result.raise_if_failed()
     return {
@@ -233,7 +310,11 @@ def compute_configuration(
     change is stored as waves that each move at most that many keys, the
     last routing as the plan (:func:`keyplane.waves.split_into_waves`), so
     the rollout spreads its moved states over more micro-batches. Retried,
-    it returns the versions it stored the first time instead of storing more.
+    it returns the versions it stored the first time instead of storing more,
+    also after a try that died while storing them: the versions and the
+    parent are reserved first (:func:`_reserve`), and the plan, a function
+    of the snapshot, the Params and the parent (METIS runs seeded), comes
+    out the same.
     """
     folder = _folder(deployment, run_id)
     existing = folder / PROPOSAL
@@ -242,14 +323,16 @@ def compute_configuration(
         config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
         return proposal.model_dump(mode="json")
     snapshot = _snapshot(deployment, run_id)
-    parent = active_version(deployment, snapshot.manifest)
+    reserved = _reserve(
+        folder / ALLOCATION, deployment, active_version(deployment, snapshot.manifest)
+    )
+    parent = int(reserved["parent_version"])
     current = config_store.load(deployment.routing_store, parent)
-    latest = config_store.latest_version(deployment.routing_store) or parent
     plan = planning.plan_configuration(
-        snapshot.pairs, snapshot.frequencies, current, params, version=latest + 1
+        snapshot.pairs, snapshot.frequencies, current, params, version=int(reserved["version"])
     )
     stored = [
-        config_store.save(config, deployment.routing_store)
+        _store(deployment, config)
         for config in _waves(current, plan.config, params.max_moves_per_wave)
     ]
     saved = stored[-1]
@@ -318,11 +401,7 @@ def validate_configuration(
     does, and it is a step on the way to a configuration that passed, not a
     plan of its own (as a rollback is recorded, :func:`prepare_rollback`).
     """
-    from keyplane.quality import (
-        OperatorPrediction,
-        QualitySettings,
-        quality_context,
-    )
+    from keyplane.quality import OperatorPrediction, QualitySettings, locked_context
     from keyplane.quality import validate_configuration as run_suites
 
     proposal, proposed = _proposal(deployment, run_id)
@@ -352,13 +431,14 @@ def validate_configuration(
             table_budget=proposal.table_budget,
             key_loads=key_loads,
         )
-    result = run_suites(
-        judged,
-        predictions,
-        context=quality_context(deployment.gx_root),
-        settings=QualitySettings(locality_tolerance=locality_tolerance),
-        run_name=f"configuration-v{config.version}",
-    )
+    with locked_context(deployment.gx_root) as context:
+        result = run_suites(
+            judged,
+            predictions,
+            context=context,
+            settings=QualitySettings(locality_tolerance=locality_tolerance),
+            run_name=f"configuration-v{config.version}",
+        )
     log.info("configuration validation of v%d:\n%s", config.version, result.summary)
     record = record_validation(
         deployment, config.version, result.success, result.summary, result.data_docs_path
@@ -703,24 +783,30 @@ def abort(deployment: Deployment, versions: Collection[int]) -> int | None:
     return None if message is None else message.config_version
 
 
-def run_versions(deployment: Deployment, run_id: str) -> tuple[int, ...]:
+def run_versions(deployment: Deployment, dag_id: str, run_id: str) -> tuple[int, ...]:
     """Every version a DAG run stored to roll out: its waves, its proposal, its rollback.
 
-    Read from the run's records: ``proposal.json`` and ``rollback.json`` in a
-    reconfiguration run's snapshot folder, ``scale_proposal.json`` in a scale
-    run's folder. A caller that knows only the run's id (the DAGs' failure
-    callback, a wave task whose deferral failed) passes them to :func:`abort`
-    so that it aborts only this run's version.
+    Read from the records of ``dag_id``'s run (:func:`run_folder`):
+    ``proposal.json`` and ``rollback.json`` of a reconfiguration run,
+    ``scale_proposal.json`` of a scale run. A caller that knows only the
+    run (the DAGs' failure callback, a wave task whose deferral failed)
+    passes them to :func:`abort` so that it aborts only this run's version,
+    not that of the other DAG's run of the same id.
     """
     from keyplane.orchestration import scale_steps
 
-    folder = stats.snapshot_folder(deployment.snapshots, run_id)
+    folder = run_folder(deployment, dag_id, run_id)
     versions: list[int] = []
-    proposal = folder / PROPOSAL
-    if proposal.is_file():
-        record = json.loads(proposal.read_text())
-        versions += [int(v) for v in record.get("waves", ())] + [int(record["version"])]
-    for path in (folder / ROLLBACK, scale_folder(deployment, run_id) / scale_steps.PROPOSAL):
+    if dag_id == SCALE_DAG_ID:
+        names: tuple[str, ...] = (scale_steps.PROPOSAL,)
+    else:
+        proposal = folder / PROPOSAL
+        if proposal.is_file():
+            record = json.loads(proposal.read_text())
+            versions += [int(v) for v in record.get("waves", ())] + [int(record["version"])]
+        names = (ROLLBACK,)
+    for name in names:
+        path = folder / name
         if path.is_file():
             versions.append(int(json.loads(path.read_text())["version"]))
     return tuple(versions)
@@ -759,16 +845,15 @@ def _on_version(records: list[BatchMetrics], version: int) -> list[BatchMetrics]
     ]
 
 
-def _rollout_record(deployment: Deployment, run_id: str, name: str) -> dict[str, Any]:
-    scaled = scale_folder(deployment, run_id) / name
-    if scaled.is_file():
-        return _read(scaled, "the rollout record")
-    return _read(_folder(deployment, run_id) / name, "the rollout record")
+def new_version_batches(
+    deployment: Deployment, dag_id: str, run_id: str, record_name: str = ROLLOUT
+) -> int:
+    """How many batches with rows ran on the new version since DONE.
 
-
-def new_version_batches(deployment: Deployment, run_id: str, record_name: str = ROLLOUT) -> int:
-    """How many batches with rows ran on the new version since DONE."""
-    rollout = _rollout_record(deployment, run_id, record_name)
+    The version and where its batches start are read from ``record_name`` in
+    ``dag_id``'s run (:func:`run_folder`).
+    """
+    rollout = _read(run_folder(deployment, dag_id, run_id) / record_name, "the rollout record")
     start = {int(p): int(o) for p, o in rollout["metrics_start"].items()}
     return len(_on_version(read_metrics(deployment, start), int(rollout["version"])))
 
@@ -789,7 +874,7 @@ def verify(
     existing = folder / VERIFICATION
     if existing.is_file():
         return _read(existing, "the verification")
-    rollout = _rollout_record(deployment, run_id, ROLLOUT)
+    rollout = _read(folder / ROLLOUT, "the rollout record")
     proposal = _read(folder / PROPOSAL, "the proposal")
     manifest = _snapshot(deployment, run_id).manifest
     before_records = _on_version(
@@ -829,40 +914,51 @@ def prepare_rollback(deployment: Deployment, run_id: str) -> dict[str, Any]:
     The rollback configuration is the one that ran before, so it passed
     validation when it was published; it is recorded as validated with that
     reason rather than re-validated against statistics it was not planned on.
+
+    Every call takes every step, each a no-op when done: the version is
+    reserved first (:func:`_reserve`) and stored, its validation record
+    written, then ``rollback.json``. A retry after a try that died anywhere
+    in between stores no second version, and a rollback is never left
+    without the validation record its PREPARE requires: the job would stay
+    on the version that regressed, every retry failing the same way.
     """
     folder = _folder(deployment, run_id)
     verification = _read(folder / VERIFICATION, "the verification")
     proposal = _read(folder / PROPOSAL, "the proposal")
     path = folder / ROLLBACK
-    if path.is_file():
-        version = int(_read(path, "the rollback")["version"])
-    else:
-        active = config_store.load(deployment.routing_store, int(verification["version"]))
-        previous = config_store.load(deployment.routing_store, int(proposal["parent_version"]))
-        latest = config_store.latest_version(deployment.routing_store) or active.version
-        config = planning.rollback_config(previous, active, latest + 1)
-        saved = config_store.save(config, deployment.routing_store)
-        version = int(
-            _write_once(
-                path,
-                {
-                    "version": saved.version,
-                    "restores": previous.version,
-                    "replaces": active.version,
-                    "reason": verification["reason"],
-                },
-            )["version"]
-        )
-        _write_once(
-            _validation_path(deployment, version),
-            {
-                "version": version,
-                "checksum": saved.checksum,
-                "success": True,
-                "summary": f"rollback to the routing of v{previous.version}",
-            },
-        )
+    replaces = int(verification["version"])
+    restores = int(proposal["parent_version"])
+    # A rollback.json without a reservation beside it is an older keyplane's: its version.
+    recorded = _read(path, "the rollback")["version"] if path.is_file() else None
+    reserved = _reserve(
+        folder / ROLLBACK_ALLOCATION,
+        deployment,
+        replaces,
+        version=None if recorded is None else int(recorded),
+    )
+    version = int(reserved["version"])
+    previous = config_store.load(deployment.routing_store, restores)
+    active = config_store.load(deployment.routing_store, replaces)
+    saved = _store(deployment, planning.rollback_config(previous, active, version))
+    _write_once(
+        _validation_path(deployment, version),
+        {
+            "version": version,
+            "checksum": saved.checksum,
+            "success": True,
+            "summary": f"rollback to the routing of v{previous.version}",
+        },
+    )
+    record = _write_once(
+        path,
+        {
+            "version": version,
+            "restores": previous.version,
+            "replaces": active.version,
+            "reason": verification["reason"],
+        },
+    )
     _require_validated(deployment, version)
     with controller(deployment) as control:
         control.prepare(version)
-    return _read(path, "the rollback")
+    return record

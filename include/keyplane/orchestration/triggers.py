@@ -48,6 +48,7 @@ def _satisfied(
     deployment: Deployment,
     kind: str,
     operator: str | None,
+    dag_id: str,
     run_id: str,
     record: str,
     batches: int,
@@ -56,7 +57,7 @@ def _satisfied(
     from keyplane.orchestration import tasks
 
     if kind == "metrics":
-        return tasks.new_version_batches(deployment, run_id, record) >= batches
+        return tasks.new_version_batches(deployment, dag_id, run_id, record) >= batches
     if kind not in ("ack", "migrated"):
         raise ValueError(f"unknown wait {kind!r}")
     return tasks.reply_arrived(
@@ -110,7 +111,9 @@ def _deferral_failure(error: AirflowException) -> str:
 class RolloutWaitTrigger(BaseTrigger):
     """Fires when the awaited reply (or the metrics of ``batches`` batches) is in.
 
-    ``kind`` is ``"ack"``, ``"migrated"`` (of ``operator``) or ``"metrics"``.
+    ``kind`` is ``"ack"``, ``"migrated"`` (of ``operator``) or ``"metrics"``,
+    the batches counted from the rollout record ``record`` of ``dag_id``'s run
+    ``run_id`` (:func:`keyplane.orchestration.tasks.run_folder`).
     ``version`` is the version whose reply is awaited
     (:func:`keyplane.orchestration.tasks.awaited_rollout`: once it was
     aborted or superseded, the trigger fires an error rather than take
@@ -126,6 +129,7 @@ class RolloutWaitTrigger(BaseTrigger):
         kind: str,
         deadline: float,
         operator: str | None = None,
+        dag_id: str = "",
         run_id: str = "",
         record: str = "rollout.json",
         batches: int = 0,
@@ -137,6 +141,7 @@ class RolloutWaitTrigger(BaseTrigger):
         self.kind = kind
         self.deadline = deadline
         self.operator = operator
+        self.dag_id = dag_id
         self.run_id = run_id
         self.record = record
         self.batches = batches
@@ -151,6 +156,7 @@ class RolloutWaitTrigger(BaseTrigger):
                 "kind": self.kind,
                 "deadline": self.deadline,
                 "operator": self.operator,
+                "dag_id": self.dag_id,
                 "run_id": self.run_id,
                 "record": self.record,
                 "batches": self.batches,
@@ -170,6 +176,7 @@ class RolloutWaitTrigger(BaseTrigger):
                     deployment,
                     self.kind,
                     self.operator,
+                    self.dag_id,
                     self.run_id,
                     self.record,
                     self.batches,
@@ -195,7 +202,9 @@ class AwaitRolloutOperator(BaseOperator):
     version in the return value (XCom) of ``published_by``, the run's task
     that PREPAREd it. On a missing ACK or MIGRATED the run's version, if
     still in flight, is aborted before the task fails, as ``keyplane config
-    publish`` does: a half-propagated version must not stay pending.
+    publish`` does: a half-propagated version must not stay pending. The
+    new version's batches are counted from the rollout record ``record`` of
+    the run of this task's DAG, not of the other DAG's run of the same id.
     """
 
     template_fields = ("timeout_s", "batches")
@@ -250,7 +259,7 @@ class AwaitRolloutOperator(BaseOperator):
         run_id = str(context["run_id"])
         try:
             arrived = _satisfied(
-                target, self.kind, self.operator, run_id, self.record, batches, version
+                target, self.kind, self.operator, self.dag_id, run_id, self.record, batches, version
             )
         except ControllerError as refused:
             if version is None:
@@ -264,6 +273,7 @@ class AwaitRolloutOperator(BaseOperator):
                 kind=self.kind,
                 deadline=time.time() + timeout,
                 operator=self.operator,
+                dag_id=self.dag_id,
                 run_id=run_id,
                 record=self.record,
                 batches=batches,
@@ -368,12 +378,13 @@ class RollOutWavesOperator(BaseOperator):
 
         The run's versions, not the wave's alone: a new operator object
         resumes the task, and ``__fail__`` replaces the kwargs a deferral
-        passed on, so the wave is known only from the run's records.
+        passed on, so the wave is known only from the run's records, those
+        of this task's DAG (the other DAG may have a run of the same id).
         """
         from keyplane.orchestration import tasks
         from keyplane.orchestration.deployment import deployment
 
-        versions = tasks.run_versions(deployment(), str(context["run_id"]))
+        versions = tasks.run_versions(deployment(), self.dag_id, str(context["run_id"]))
         _abort_and_fail("reply to the wave in flight", detail, versions)
 
     def _advance(self, context: Any) -> dict[str, Any]:
@@ -393,6 +404,7 @@ class RollOutWavesOperator(BaseOperator):
                 kind=step["wait"],
                 deadline=time.time() + timeout,
                 operator=step["operator"],
+                dag_id=self.dag_id,
                 run_id=run_id,
                 poll_interval_s=self.poll_interval_s,
                 version=step["version"],

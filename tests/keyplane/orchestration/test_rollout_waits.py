@@ -3,10 +3,11 @@
 What Airflow does around an operator is taken from its source, not run: a
 trigger that times out or fails resumes the task with ``__fail__``; a
 trigger's kwargs are serialised; a run that fails calls the DAG's
-``on_failure_callback`` with its ``run_id``. The controller, the protocol,
-the state file, the configuration store, the trigger and the operators are
-the real ones; the control topic is a list (:class:`FakeControlTopic`) and
-the job's replies are written onto it by hand; the tests on it say "fake".
+``on_failure_callback`` with its ``dag`` and ``run_id``. The controller, the
+protocol, the state file, the configuration store, the trigger and the
+operators are the real ones; the control topic is a list
+(``fake_control.FakeControlTopic``) and the job's replies are written onto it
+by hand; the tests on it say "fake".
 The same waits on a real broker and job: ``tests/dags/``, ``-m integration``.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,20 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from fake_control import (
+    FakeControlTopic,
+    FakeTaskInstance,
+    in_flight,
+    prepare,
+    reply,
+    write_record,
+)
 
 from keyplane import config as config_store
 from keyplane import statistics as stats
 from keyplane.controller import ControllerError
 from keyplane.kafka import control
-from keyplane.kafka.control import ControlRead
-from keyplane.orchestration import dagparts, tasks
+from keyplane.orchestration import dagparts, planning, tasks
 from keyplane.orchestration import deployment as deployment_module
 from keyplane.orchestration.deployment import Deployment
 from keyplane.orchestration.scale_steps import PROPOSAL as SCALE_PROPOSAL
@@ -39,65 +47,16 @@ from keyplane.orchestration.triggers import (
     RollOutWavesOperator,
     whole_number,
 )
-from keyplane.protocol import ControlMessage, ProtocolError
-from keyplane.testing import deployment_under, moved_off_hash_config
+from keyplane.protocol import ProtocolError
+from keyplane.testing import (
+    deployment_under,
+    moved_off_hash_config,
+    paired_tuple_counts,
+    write_statistics_snapshot,
+)
 
 RUN = "scheduled__2026-11-03T12:00:00+00:00"
 OTHER_RUN = "manual__2026-11-03T12:00:05+00:00"
-
-
-class FakeControlTopic:
-    """The control topic as a list: every channel a test opens reads and appends to it."""
-
-    def __init__(self) -> None:
-        self.messages: list[ControlMessage] = []
-
-    def channel(self, bootstrap_servers: str, topic: str, **_: Any) -> FakeControlChannel:
-        return FakeControlChannel(self, topic)
-
-    def sent(self, start: int = 0) -> list[str]:
-        """The messages from ``start`` on, as ``sender:TYPE vN``."""
-        return [f"{m.sender}:{m.type} v{m.config_version}" for m in self.messages[start:]]
-
-
-class FakeControlChannel:
-    """:class:`keyplane.kafka.control.ControlChannel`'s methods the controller calls."""
-
-    def __init__(self, log: FakeControlTopic, topic: str) -> None:
-        self.log = log
-        self.topic = topic
-
-    def ensure(self) -> None:
-        pass
-
-    def end_offset(self) -> int:
-        return len(self.log.messages)
-
-    def send(self, messages: Sequence[ControlMessage]) -> None:
-        self.log.messages.extend(messages)
-
-    def read(self, start: int, end: int | None = None) -> ControlRead:
-        stop = len(self.log.messages) if end is None else end
-        return ControlRead(tuple((i, self.log.messages[i]) for i in range(start, stop)), (), stop)
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> FakeControlChannel:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        pass
-
-
-class FakeTaskInstance:
-    """The task instance in a task's context, as far as the waits use it: XCom."""
-
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
-
-    def xcom_pull(self, task_ids: str) -> Any:
-        return self.xcoms.get(task_ids, [])
 
 
 @pytest.fixture
@@ -119,37 +78,6 @@ def topic(monkeypatch: pytest.MonkeyPatch) -> FakeControlTopic:
     return log
 
 
-def prepare(deployment: Deployment, version: int) -> None:
-    with tasks.controller(deployment) as controller:
-        controller.prepare(version)
-
-
-def reply(
-    topic: FakeControlTopic, deployment: Deployment, kind: str, version: int, operator: str = "A"
-) -> None:
-    """The job's ACK (or ``operator``'s MIGRATED) for ``version``, as the job would send it."""
-    topic.messages.append(
-        ControlMessage(
-            type=kind,
-            config_version=version,
-            operator=operator if kind == "MIGRATED" else None,
-            checksum=config_store.checksum(deployment.routing_store, version),
-            sender="job",
-            batch_id=7,
-        )
-    )
-
-
-def in_flight(deployment: Deployment) -> int | None:
-    with tasks.controller(deployment) as controller:
-        return controller.in_flight
-
-
-def write_record(folder: Path, name: str, record: dict[str, Any]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(json.dumps(record))
-
-
 def context(published: int | None = 2, run_id: str = RUN) -> dict[str, Any]:
     """A task's context in ``run_id`` whose ``publish`` task returned ``published``."""
     xcoms = {} if published is None else {"publish": {"version": published, "message_id": "x"}}
@@ -158,8 +86,14 @@ def context(published: int | None = 2, run_id: str = RUN) -> dict[str, Any]:
 
 @pytest.fixture
 def dag() -> Iterator[DAG]:
-    with DAG("waits", schedule=None) as defined:
+    """The reconfiguration DAG's id, whose runs keep their records in their snapshots."""
+    with DAG(tasks.RECONFIGURE_DAG_ID, schedule=None) as defined:
         yield defined
+
+
+def callback_context(dag_id: str, run_id: str) -> dict[str, Any]:
+    """What Airflow passes a DAG's failure callback at the least: the DAG and the run id."""
+    return {"dag": DAG(dag_id, schedule=None), "run_id": run_id}
 
 
 def await_migrated_a(dag: DAG) -> AwaitRolloutOperator:
@@ -404,17 +338,118 @@ def test_a_step_retried_after_its_rollout_was_done_resends_its_message_in_a_fake
 def test_the_failure_callback_aborts_the_runs_version_only_in_a_fake_topic(
     deployment: Deployment, topic: FakeControlTopic
 ) -> None:
+    reconfigure, scale = tasks.RECONFIGURE_DAG_ID, tasks.SCALE_DAG_ID
     write_record(stats.snapshot_folder(deployment.snapshots, RUN), tasks.PROPOSAL, {"version": 2})
     write_record(tasks.scale_folder(deployment, OTHER_RUN), SCALE_PROPOSAL, {"version": 3})
     prepare(deployment, 2)
 
-    dagparts.abort_run_in_flight({"run_id": OTHER_RUN})
+    dagparts.abort_run_in_flight(callback_context(scale, OTHER_RUN))
     assert topic.sent() == ["controller:PREPARE v2"]
-    dagparts.abort_run_in_flight({"run_id": RUN})
+    dagparts.abort_run_in_flight(callback_context(reconfigure, RUN))
     assert topic.sent()[1:] == ["controller:ABORT v2"]
 
     prepare(deployment, 3)
-    dagparts.abort_run_in_flight({"run_id": RUN})
+    dagparts.abort_run_in_flight(callback_context(reconfigure, RUN))
     assert topic.sent()[2:] == ["controller:PREPARE v3"]
-    dagparts.abort_run_in_flight({"run_id": OTHER_RUN})
+    dagparts.abort_run_in_flight(callback_context(scale, OTHER_RUN))
     assert topic.sent()[3:] == ["controller:ABORT v3"]
+
+
+# --- two DAGs' runs of the same run id ------------------------------------------------------
+
+
+def test_a_failed_run_leaves_the_other_dags_run_of_the_same_id_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic
+) -> None:
+    """A run id chosen by hand (``airflow dags trigger -r``), or an ``airflow dags
+    test`` of the same logical date, names a run of each DAG: the scale run rolls
+    out v3 while the reconfiguration run of that id, which stored nothing, fails."""
+    write_record(tasks.scale_folder(deployment, RUN), SCALE_PROPOSAL, {"version": 3})
+    prepare(deployment, 3)
+
+    dagparts.abort_run_in_flight(callback_context(tasks.RECONFIGURE_DAG_ID, RUN))
+    assert topic.sent() == ["controller:PREPARE v3"] and in_flight(deployment) == 3
+
+    dagparts.abort_run_in_flight(callback_context(tasks.SCALE_DAG_ID, RUN))
+    assert topic.sent()[1:] == ["controller:ABORT v3"]
+
+
+def test_a_failed_wave_leaves_the_scale_runs_version_of_the_same_id_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic, dag: DAG
+) -> None:
+    """The reconfiguration run's wave v2 was aborted by hand, and the scale run of
+    the same id put its v3 in flight: the wave task's failure must not abort v3."""
+    folder = stats.snapshot_folder(deployment.snapshots, RUN)
+    write_record(folder, tasks.PROPOSAL, {"version": 4, "waves": [2]})
+    write_record(tasks.scale_folder(deployment, RUN), SCALE_PROPOSAL, {"version": 3})
+    prepare(deployment, 2)
+    tasks.abort(deployment, {2})
+    prepare(deployment, 3)
+    waves = RollOutWavesOperator(task_id="roll_out_waves", timeout_s="300", dag=dag)
+
+    failure = {"error": TriggerFailureReason.TRIGGER_TIMEOUT}
+    with pytest.raises(AirflowFailException, match="nothing was aborted"):
+        waves.resume_execution(TRIGGER_FAIL_REPR, failure, context(None))
+
+    assert topic.sent()[-1] == "controller:PREPARE v3" and in_flight(deployment) == 3
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "version"), [(tasks.RECONFIGURE_DAG_ID, 2), (tasks.SCALE_DAG_ID, 3)]
+)
+def test_a_metrics_wait_counts_from_its_own_dags_rollout_record_with_fake_metrics(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch, dag_id: str, version: int
+) -> None:
+    """Both DAGs have a run of the same id on its way to verify, one on v2, one on v3."""
+    starts = {2: {"0": 100}, 3: {"0": 5}}
+    write_record(
+        stats.snapshot_folder(deployment.snapshots, RUN),
+        tasks.ROLLOUT,
+        {"version": 2, "metrics_start": starts[2]},
+    )
+    write_record(
+        tasks.scale_folder(deployment, RUN),
+        tasks.ROLLOUT,
+        {"version": 3, "metrics_start": starts[3]},
+    )
+    read_from: list[dict[int, int]] = []
+
+    def no_batches_yet(_: Deployment, start: dict[int, int], end: object = None) -> list[object]:
+        read_from.append(dict(start))
+        return []
+
+    monkeypatch.setattr(tasks, "read_metrics", no_batches_yet)
+    with DAG(dag_id, schedule=None) as defined:
+        wait = AwaitRolloutOperator(
+            task_id="await_new_version_batches", kind="metrics", batches="1", dag=defined
+        )
+
+    with pytest.raises(TaskDeferred) as deferred:
+        wait.execute(context(None))
+
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, RolloutWaitTrigger)
+    _, kwargs = trigger.serialize()
+    rebuilt = RolloutWaitTrigger(**{**json.loads(json.dumps(kwargs)), "deadline": time.time()})
+    assert rebuilt.dag_id == dag_id
+    assert asyncio.run(first_event(rebuilt))["status"] == "timeout"
+    assert read_from == [{0: starts[version]["0"]}] * 2
+
+
+def test_a_reconfiguration_runs_verify_reads_its_own_rollout_record_with_fake_metrics(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scale run of the same id rolled out v3; this run's record names v2."""
+    write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(10, 3))
+    folder = stats.snapshot_folder(deployment.snapshots, RUN)
+    write_record(folder, tasks.PROPOSAL, {"version": 2, "parent_version": 1})
+    write_record(folder, tasks.ROLLOUT, {"version": 2, "metrics_start": {"0": 100}})
+    write_record(
+        tasks.scale_folder(deployment, RUN),
+        tasks.ROLLOUT,
+        {"version": 3, "metrics_start": {"0": 5}},
+    )
+    monkeypatch.setattr(tasks, "read_metrics", lambda *_: [])
+
+    with pytest.raises(tasks.StepError, match=r"only 0 of 1 batches ran on v2 yet"):
+        tasks.verify(deployment, RUN, planning.VerifyTolerances(), batches=1)
