@@ -75,6 +75,7 @@ from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge
 from keyplane.spark.routed_source import read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
+from keyplane.spark.watermark import with_stage_watermark
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,7 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         max_partitions=read_tasks(spark, settings),
         implementation=settings.source,
     )
-    events = parse_events(raw)
+    events = parse_events(raw, settings.checkpoint)
     if settings.pipeline == "two-stage":
         updates, mode = running_counts(events), "append"
     elif settings.pipeline == "native-counts":
@@ -381,13 +382,15 @@ def _no_batches_without_data(spark: SparkSession) -> None:
     Why: a stateful stage in event-time mode makes Spark run one more batch,
     with no input, each time the watermark advances, so that the stage may
     fire its timers and evict by the new watermark. The job's stage A runs
-    in event-time mode only because Spark lets a second stateful operator
-    follow only an operator with an event-time column; neither stage sets a
-    timer or keeps state by time, so those batches do nothing but commit
-    every state partition. On a live topic, where each batch reads what
-    arrived since the last, every other batch was one: 58 batches for 29
-    that read events, 1.44× the batch time, and no event counted sooner
-    (``bench/live_batches.py``, docs/benchmarks.md). A value the user sets
+    in event-time mode, which its checkpoints keep for life; neither stage
+    sets a timer or keeps state by time, so those batches do nothing but
+    commit every state partition. While the watermark followed the events'
+    times, on a live topic, where each batch reads what arrived since the
+    last, every other batch was one: 58 batches for 29 that read events,
+    1.44× the batch time, and no event counted sooner
+    (``bench/live_batches.py``, docs/benchmarks.md). The watermark now
+    moves once in a checkpoint's life (:mod:`keyplane.spark.watermark`), so
+    this saves at most one such batch per checkpoint. A value the user sets
     in the Spark configuration (``spark-submit --conf``,
     ``spark-defaults.conf``) stands.
     """
@@ -438,7 +441,8 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         # The JVM stages take a rollout's moves per instance (routed_source).
         handoff="per-instance" if engine == "jvm" else "per-key",
         primers=settings.handoff_primers,
-    ).withWatermark("ts", "1 minute")
+    )
+    inputs = with_stage_watermark(inputs, settings.checkpoint)
     writer = RoutedBatchWriter(
         output=settings.output,
         bootstrap_servers=bootstrap,

@@ -43,8 +43,10 @@ exist in the JVM (:mod:`keyplane.spark.jvm`), with the same protocol and the
 same output; :func:`routed_running_counts` picks the engine
 (:data:`StageEngine`). The Python stages of this module run any aggregate.
 
-Both stages are row-based ``transformWithState`` processors (stage A in
-event-time mode, so that a second stateful operator may follow it). PySpark
+Both stages are row-based ``transformWithState`` processors. Stage A runs in
+event-time mode, which every checkpoint of the job keeps; its watermark follows
+a column on which no row is ever late, so no event is dropped however far
+behind the others its time is (:mod:`keyplane.spark.watermark`). PySpark
 builds each row such a stage reads cell by cell and serves each state call
 with a round trip to the JVM, so a stage costs per column of its rows and
 per group: the fields only control rows use travel packed in one JSON
@@ -85,13 +87,14 @@ from keyplane.batchmetrics import TOP_PAIRS_PER_INSTANCE
 from keyplane.events import Forward
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
+from keyplane.spark.watermark import WATERMARK_COLUMN, check_stage_watermark
 
 CONTROL_FIELDS = ("stage", "source_rk", "target_rk", "count", "state", "marker", "detail")
 """The source's columns that only control rows use; both stages read them packed into
 one JSON column, ``ctl`` (:func:`_narrow_input`)."""
 ROUTED_STAGE_A_OUTPUT = (
     "kind STRING, a STRING, ra STRING, ia INT, ea STRING, b STRING, rb STRING, n LONG, "
-    "ts TIMESTAMP, ctl STRING"
+    f"{WATERMARK_COLUMN} TIMESTAMP, ctl STRING"
 )
 """Stage A's rows for stage B in ``pairs`` mode; see :func:`stage_a_output`."""
 ROUTED_OUTPUT_SCHEMA = (
@@ -284,10 +287,10 @@ class RoutedStageA(_RoutedStage):
         once per field-2 key the group sent to.
         """
         weights: dict[tuple[str, str], int] = {}
-        latest = None
         for row in events:
             weights[(row.b, row.rb)] = weights.get((row.b, row.rb), 0) + row.n
-            latest = row.ts if latest is None or row.ts > latest else latest
+        # Stage A's event time: the watermark's own column, the same on every row.
+        watermark_ts = events[0].watermark_ts
         instance, executor = where
         if self.forward == "pairs":
             sent = [(pair, n, None) for pair, n in weights.items()]
@@ -296,7 +299,7 @@ class RoutedStageA(_RoutedStage):
         for (b, rb), n, pad in sent:
             yield _stage_a_row(
                 self.forward, pad, kind="event", a=key_a, ra=group, ia=instance, ea=executor,
-                b=b, rb=rb, n=n, ts=latest, ctl=None,
+                b=b, rb=rb, n=n, watermark_ts=watermark_ts, ctl=None,
             )  # fmt: skip
 
     def _report(
@@ -318,7 +321,7 @@ class RoutedStageA(_RoutedStage):
         control = {"count": count, "state": state, "target_rk": target, "marker": marker}
         return _stage_a_row(
             self.forward, kind=kind, a=key, ra=routed, ia=instance, ea=None, b=None,
-            rb=control_group("A", routed, self.parallelism), n=None, ts=None,
+            rb=control_group("A", routed, self.parallelism), n=None, watermark_ts=None,
             ctl=json.dumps(control),
         )  # fmt: skip
 
@@ -329,7 +332,7 @@ def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:
         rb = row.rb or row.ra
         yield _stage_a_row(
             forward, kind=row.kind, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b, rb=rb, n=None,
-            ts=None, ctl=row.ctl,
+            watermark_ts=None, ctl=row.ctl,
         )  # fmt: skip
 
 
@@ -447,15 +450,19 @@ def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
     PySpark hands a row-based ``transformWithState`` each input row as a
     ``Row`` built cell by cell, one Arrow-to-Python conversion per column,
     so a stage's cost grows with the width of its input as much as with its
-    rows. Stage A reads seven of the source's sixteen columns from an event;
+    rows. Stage A reads seven of the source's columns from an event, the
+    watermark's among them (:mod:`keyplane.spark.watermark`);
     seven others are null on every event and read only by the few control
     rows, so Spark packs them here (in the JVM, null for an event) and a
-    stage unpacks them for a control row only; ``seq`` and ``vb`` no stage reads.
+    stage unpacks them for a control row only; ``seq``, ``vb`` and the
+    event's own ``ts`` no stage reads.
     Stage A's output to stage B is narrow for the same reason.
     """
     control = F.when(F.col("kind") != "event", F.to_json(F.struct(*CONTROL_FIELDS)))
     padding = ["pad"] if forward == "tuples" else []
-    return inputs.select("ra", "kind", "a", "b", "ts", "rb", "n", control.alias("ctl"), *padding)
+    return inputs.select(
+        "ra", "kind", "a", "b", WATERMARK_COLUMN, "rb", "n", control.alias("ctl"), *padding
+    )
 
 
 StageEngine = Literal["auto", "jvm", "python"]
@@ -543,10 +550,13 @@ def routed_running_counts(
     reference application's :class:`~keyplane.aggregates.RunningCount`).
     ``forward`` is what stage A sends stage B (module docstring); ``inputs``
     must come from a routed source read in the same mode.
-    ``inputs`` must carry a watermark on ``ts`` (stage A runs in event-time
-    mode so that a second stateful operator may follow it). ``engine`` says
-    where the stages run (:data:`StageEngine`); both engines write the same rows.
+    ``inputs`` must carry the stages' watermark
+    (:func:`keyplane.spark.watermark.with_stage_watermark`), and no other: stage
+    A runs in event-time mode, and a watermark on the events' own times would
+    drop late events. ``engine`` says where the stages run (:data:`StageEngine`);
+    both engines write the same rows.
     """
+    check_stage_watermark(inputs)
     loaded = jvm_stages.loaded(inputs.sparkSession)
     if resolve_engine(engine, stage_a, stage_b, loaded) == "jvm":
         return jvm_stages.routed_running_counts_jvm(inputs, parallelism, forward == "tuples")
@@ -558,7 +568,7 @@ def routed_running_counts(
             stage_a_output(forward),
             "Append",
             "EventTime",
-            eventTimeColumnName="ts",
+            eventTimeColumnName=WATERMARK_COLUMN,
         )
     )
     return stage_a_rows.groupBy("rb").transformWithState(

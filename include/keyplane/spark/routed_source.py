@@ -65,8 +65,12 @@ group before its state, which is what the buffer of 000 §3.4 guarantees.
 Rows addressed to stage B travel through stage A under a reserved grouping
 value (``CONTROL_PREFIX``) that no key can take (:mod:`keyplane.routedkeys`
 never produces a leading NUL), and stage A forwards them; there is one such
-group per instance (:func:`control_group`). Control rows carry a
-null event time: the watermark ignores them and never treats them as late.
+group per instance (:func:`control_group`).
+
+An event row's ``ts`` is the event's own time, as data: the stages' watermark
+follows a column of its own, on which no row is ever late
+(:mod:`keyplane.spark.watermark`), so an event whose time is far behind the
+others is counted like any other.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
@@ -91,6 +95,7 @@ from pyspark.sql.types import StructType
 
 from keyplane import config as config_store
 from keyplane.events import (
+    _EPOCH,
     FORWARD_MODES,
     MAX_EVENT_BYTES,
     RESERVED_KEY_STARTS,
@@ -122,7 +127,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from keyplane.kafka.admin import HighWatermarks
-    from keyplane.kafka.control import ControlChannel
+    from keyplane.kafka.control import ControlChannel, ControlRead
 
 SOURCE_NAME = "keyplane-routed-events"
 CONTROL_PREFIX, CLOSING_PREFIX = RESERVED_KEY_STARTS
@@ -411,7 +416,7 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
             if tuples:
                 pad = event.get("pad")
                 out.add(
-                    kind="event", seq=seq, a=a, b=b, ts=datetime.fromtimestamp(ts / 1000, UTC),
+                    kind="event", seq=seq, a=a, b=b, ts=event_time(ts),
                     ra=ra, rb=to_b.tuple_route(b), vb=p.version_b, n=1,
                     pad=pad if isinstance(pad, str) else None,
                 )  # fmt: skip
@@ -426,6 +431,18 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
         yield _combined(pa.concat_tables(routed), p.version_b, to_b)
 
 
+def event_time(ts_ms: int) -> datetime:
+    """An event's ``ts`` (epoch milliseconds) as the exact instant, in integers.
+
+    ``datetime.fromtimestamp(ts_ms / 1000)`` goes through a float, whose
+    53 bits hold a time of the events' range (years 1 to 9999) only to some
+    microseconds: it put most times up to 15 µs off (9999-12-31T23:59:59.999
+    became …59.998993), and an event's ``ts`` in ``tuples`` mode differed
+    from the same event's in ``pairs`` mode, which Arrow computes in integers.
+    """
+    return _EPOCH + timedelta(milliseconds=ts_ms)
+
+
 _ROUTED_EVENTS = pa.schema(
     [("ra", pa.string()), ("a", pa.string()), ("b", pa.string()), ("ts", pa.int64())]
 )
@@ -434,12 +451,14 @@ _ROUTED_EVENTS = pa.schema(
 def _routed(decoded: pa.Table, table_a: RoutedKeyTable, balancer: LeastLoadedRoutes) -> pa.Table:
     """Decoded events with their stage-A routed keys (:data:`_ROUTED_EVENTS`).
 
-    A key's routes are looked up once per chunk. Each event takes its route
+    A key's routes are looked up once per chunk, the chunk's keys at once
+    (:meth:`~keyplane.routedkeys.RoutedKeyTable.route_all`: a scaled-in
+    operator's new keys share one salt search). Each event takes its route
     from the partition's ``balancer``, which counts every event when the
     version splits a key (:class:`~keyplane.handoff.LeastLoadedRoutes`).
     """
     keys = decoded.column("a").to_pylist()
-    routes = {key: table_a.route(key) for key in set(keys)}
+    routes = table_a.route_all(keys)
     ra = balancer.pick_all(keys, routes)
     return pa.table(
         {"ra": ra, "a": decoded.column("a"), "b": decoded.column("b"), "ts": decoded.column("ts")},
@@ -700,6 +719,10 @@ def _max_event_bytes(options: Mapping[str, str]) -> int:
     return value
 
 
+class ControlMessagesLost(RuntimeError):
+    """Retention deleted control messages the job never read (one line, for a CLI)."""
+
+
 class RoutedEventsReader(DataSourceStreamReader):
     """Plans each micro-batch of the routed job on the driver; reads it on executors."""
 
@@ -792,12 +815,61 @@ class RoutedEventsReader(DataSourceStreamReader):
             "events": {self.events_topic: self._earliest(self.events_topic)},
             # Control messages sent before the job started still apply; moved
             # states in the migration topic belong to an older checkpoint.
-            "control": 0,
+            "control": self._control_earliest(),
             "migration": self._marks(self.migration_topic),
             "protocol": protocol.to_dict(),
             "routing": dict.fromkeys(OPERATORS, self.initial_version),
             "switch": [],
         }
+
+    def _control_earliest(self) -> int:
+        """The first offset of the control topic that the broker still keeps.
+
+        A new checkpoint starts reading there, as it starts each events
+        partition at its first kept offset: retention may have deleted the
+        topic's first records, and a read from offset 0 would then fail at
+        every start. What retention deleted is older than anything kept; a
+        rollout it belonged to has long ended, and the controller repeats
+        whatever step it still waits for (each step is an idempotent,
+        retryable call), so a new job misses nothing it could act on.
+        """
+        from keyplane.kafka.control import PARTITION
+
+        return self._earliest(self.control_topic).get(str(PARTITION), 0)
+
+    def _read_control(self, start: int, *, new: bool) -> ControlRead:
+        """The control messages from ``start``, the checkpoint's position, to the topic's end.
+
+        Raises :class:`ControlMessagesLost` when retention has deleted records
+        the job never read. A job that restarts after being down longer than
+        the topic's retention may have missed a PREPARE, a PROPAGATE or an
+        ABORT addressed to it; it cannot know which, and skipping ahead would
+        leave its protocol state and the controller's apart (000 §3.4: every
+        instance takes every step). So it stops with an error that says what
+        happened, and never skips silently. A ``new`` checkpoint, whose first
+        batch this is, has read nothing yet: should retention delete records
+        between its start (:meth:`_control_earliest`) and this read, it reads
+        from the first kept one. Only a failed read pays for the broker's
+        earliest offset.
+        """
+        from keyplane.kafka.admin import TopicError
+
+        try:
+            return self.channel().read(start)
+        except TopicError as error:
+            earliest = self._control_earliest()
+            if start >= earliest:
+                raise
+            if new:
+                return self.channel().read(earliest)
+            raise ControlMessagesLost(
+                f"the checkpoint's position in control topic {self.control_topic!r} is offset "
+                f"{start}, but the broker keeps records from offset {earliest} only: retention "
+                f"deleted {earliest - start} control message(s) this job never read, and a "
+                "PREPARE, PROPAGATE or ABORT among them would leave the job and the controller "
+                "disagreeing on its routing. Keep the control topic's records longer than a job "
+                "may be down; to go on, start the job on a new checkpoint"
+            ) from error
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable() if self.max_rows is None else ReadMaxRows(self.max_rows)
@@ -806,7 +878,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         plan = int(start["plan"]) + 1
         protocol = JobProtocol.from_dict(start["protocol"], lookup_checksum=self.lookup_checksum)
         replies: list[ControlMessage] = []
-        control = self.channel().read(int(start["control"]))
+        control = self._read_control(int(start["control"]), new=plan == 0)
         refused: Counter[str] = Counter()
         for offset, invalid in control.rejected:
             refused[invalid.reason] += 1

@@ -5,9 +5,10 @@ running count per field-1 key, stage B a running count per field-2 key, and
 every tuple flows A → B. Both stages keep their state in Spark's own keyed
 state store, so checkpoints, recovery and exactly-once come from Spark.
 
-Stage A is a ``transformWithState`` processor in event-time mode, because
-that is the stateful operator Spark allows to be chained into a second one in
-the same query (DESIGN: "Two consecutive stateful operators"). It emits one
+Stage A is a ``transformWithState`` processor in event-time mode, which
+every checkpoint of the job keeps for life; its watermark follows a column on
+which no row is ever late, so no event is dropped however far behind the
+others its time is (:mod:`keyplane.spark.watermark`). It emits one
 row per (a, b) pair it saw in the batch, with the pair's tuple count ``n``
 and a's new running count, so stage B receives every tuple's weight without
 one row per tuple. Stage B, a ``transformWithState`` processor too, adds ``n``
@@ -23,6 +24,7 @@ The routed variant, which takes new routing configurations live, is
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, Row
@@ -30,21 +32,24 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.events import EVENT_DDL
+from keyplane.spark.watermark import WATERMARK_COLUMN, check_stage_watermark, with_stage_watermark
 
-STAGE_A_OUTPUT = "a STRING, b STRING, n LONG, count_a LONG, ts TIMESTAMP"
+STAGE_A_OUTPUT = f"a STRING, b STRING, n LONG, count_a LONG, {WATERMARK_COLUMN} TIMESTAMP"
 COUNTS_SCHEMA = "stage STRING, key STRING, count LONG"
 
 
-def parse_events(raw: DataFrame, watermark: str = "1 minute") -> DataFrame:
-    """Kafka records → typed events with an event-time column and watermark."""
+def parse_events(raw: DataFrame, checkpoint: Path | None = None) -> DataFrame:
+    """Kafka records → typed events, with the stages' watermark for a run of ``checkpoint``.
+
+    ``ts`` is the event's time, exact to the millisecond (``timestamp_millis``
+    computes in integers; ``ts / 1000`` as a double was off by microseconds).
+    The watermark is not on it (:func:`keyplane.spark.watermark.with_stage_watermark`).
+    """
     parsed = raw.select(F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e"))
-    return (
-        parsed.select(
-            "e.seq", "e.a", "e.b", "e.pad", (F.col("e.ts") / 1000).cast("timestamp").alias("ts")
-        )
-        .where(F.col("a").isNotNull() & F.col("b").isNotNull())
-        .withWatermark("ts", watermark)
-    )
+    events = parsed.select(
+        "e.seq", "e.a", "e.b", "e.pad", F.timestamp_millis(F.col("e.ts")).alias("ts")
+    ).where(F.col("a").isNotNull() & F.col("b").isNotNull())
+    return with_stage_watermark(events, checkpoint)
 
 
 class CountByFirstKey(StatefulProcessor):
@@ -54,23 +59,24 @@ class CountByFirstKey(StatefulProcessor):
         self.count = handle.getValueState("count", "count LONG")
 
     def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
-        per_b, latest = _pair_weights(rows)
+        per_b, watermark_ts = _pair_weights(rows)
         total = _add_to_count(self.count, sum(per_b.values()))
         for b, n in per_b.items():
-            yield Row(a=key[0], b=b, n=n, count_a=total, ts=latest)
+            yield Row(a=key[0], b=b, n=n, count_a=total, watermark_ts=watermark_ts)
 
     def close(self) -> None:
         pass
 
 
 def _pair_weights(rows: Iterator[Any]) -> tuple[dict[str, int], Any]:
-    """Tuples per field-2 key, and the latest event time, of one group's rows."""
+    """Tuples per field-2 key of one group's rows, and their watermark time (stage A's
+    event time: the same on every row, :mod:`keyplane.spark.watermark`)."""
     per_b: dict[str, int] = {}
-    latest = None
+    watermark_ts = None
     for row in rows:
         per_b[row.b] = per_b.get(row.b, 0) + 1
-        latest = row.ts if latest is None or row.ts > latest else latest
-    return per_b, latest
+        watermark_ts = row.watermark_ts
+    return per_b, watermark_ts
 
 
 def _add_to_count(count: Any, n: int) -> int:
@@ -112,9 +118,15 @@ class CountBySecondKey(StatefulProcessor):
 
 
 def running_counts(events: DataFrame) -> DataFrame:
-    """Events (``a``, ``b``, ``ts``) → the two stages' updated running counts."""
+    """Events (``a``, ``b``, with the stages' watermark: :func:`parse_events`) → the two
+    stages' updated running counts."""
+    check_stage_watermark(events)
     stage_a = events.groupBy("a").transformWithState(
-        CountByFirstKey(), STAGE_A_OUTPUT, "Append", "EventTime", eventTimeColumnName="ts"
+        CountByFirstKey(),
+        STAGE_A_OUTPUT,
+        "Append",
+        "EventTime",
+        eventTimeColumnName=WATERMARK_COLUMN,
     )
     return stage_a.groupBy("b").transformWithState(
         CountBySecondKey(), COUNTS_SCHEMA, "Append", "None"

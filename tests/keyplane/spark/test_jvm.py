@@ -39,6 +39,7 @@ from keyplane.spark.routed_counts import (
     resolve_engine,
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, unpacked_partials
+from keyplane.spark.watermark import with_stage_watermark
 from keyplane.testing import routed_job_settings
 from keyplane.verification import compare_counts, expected_counts_of
 from keyplane.workloads import ZipfEvolvingWorkload
@@ -187,11 +188,11 @@ def _outputs_by_batch(spark, batches: list[list[pa.RecordBatch]], root: Path) ->
         path = inputs / f"part-{i}.parquet"
         pq.write_table(pa.Table.from_batches(batch), path)
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source's order
-    rows = (
+    rows = with_stage_watermark(
         spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
         .option("maxFilesPerTrigger", 1)
-        .parquet(str(inputs))
-        .withWatermark("ts", "1 minute")
+        .parquet(str(inputs)),
+        None,
     )
     seen: list[list[Row]] = []
     query = (

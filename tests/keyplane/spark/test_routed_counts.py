@@ -393,7 +393,7 @@ def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure() -
     travels apart, once per group and batch, not once per field-2 key."""
     ts = datetime(2026, 1, 1, tzinfo=UTC)
     events = [
-        Row(b=b, rb=rb, ts=ts, n=1, pad=pad)
+        Row(b=b, rb=rb, watermark_ts=ts, n=1, pad=pad)
         for b, rb, pad in (("x", "x#1", "p"), ("y", "y#0", "qq"), ("x", "x#1", "r"))
     ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,6 +14,8 @@ import pytest
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
 from keyplane.handoff import StateMove, VersionedTables, routed_key_table, state_moves
+from keyplane.kafka.admin import TopicError
+from keyplane.kafka.control import ControlRead
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.ranges import OffsetRange
 from keyplane.operators import OPERATORS
@@ -21,6 +24,7 @@ from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
 from keyplane.spark.routed_source import (
     PRIMER_BYTES,
+    ControlMessagesLost,
     EvictPartition,
     MigrationPartition,
     RoutedEventsPartition,
@@ -179,6 +183,23 @@ def test_pairs_mode_combines_a_partitions_events_per_routed_key_and_field_2_key_
 
 
 @pytest.mark.parametrize("forward", ["pairs", "tuples"])
+def test_an_events_time_is_exact_to_the_millisecond_in_both_modes_pure(
+    forward: Forward, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last millisecond of the year 9999 and a time before 1970 come out exact:
+    a float of seconds held them only to some microseconds (…59.998993)."""
+    times = {253402300799999: datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)}
+    times[-1] = datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+    values = [
+        json.dumps({"seq": seq, "a": f"a{seq}", "b": "y", "ts": ts}).encode()
+        for seq, ts in enumerate(times)
+    ]
+    rows = _read_stand_in_records(values, forward, tmp_path, monkeypatch)
+
+    assert sorted(r["ts"] for r in rows) == sorted(times.values())
+
+
+@pytest.mark.parametrize("forward", ["pairs", "tuples"])
 def test_records_that_are_not_utf8_are_dead_lettered_not_a_failed_task_pure(
     forward: Forward, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -252,6 +273,69 @@ OPTIONS = {
     "state.partitions": "4",
     "initial.version": "1",
 }
+
+
+class _DeletedControlRecords:
+    """A control topic whose records below ``earliest`` retention has deleted."""
+
+    def __init__(self, earliest: int, end: int) -> None:
+        self.earliest, self.end = earliest, end
+        self.reads: list[int] = []
+
+    def read(self, start: int) -> ControlRead:
+        self.reads.append(start)
+        if start < self.earliest:
+            raise TopicError(f"offset {start} is out of range of control topic 'control'")
+        return ControlRead(messages=(), rejected=(), end=self.end)
+
+    def send(self, replies: object) -> None:
+        pass
+
+
+def _reader_over(
+    topic: _DeletedControlRecords, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> RoutedEventsReader:
+    """A reader whose control topic is ``topic`` and whose events topic has no events."""
+    save(RoutingConfig.all_hash(4, OPERATORS), tmp_path / "routing")
+    reader = RoutedEventsReader({**OPTIONS, "routing.store": str(tmp_path / "routing")})
+    monkeypatch.setattr(reader, "channel", lambda: topic)
+    earliest = {"events": {"0": 0}, "control": {"0": topic.earliest}}
+    monkeypatch.setattr(reader, "_earliest", lambda name: earliest[name])
+    monkeypatch.setattr(reader, "_marks", lambda name: {"0": 0})
+    return reader
+
+
+def test_a_new_checkpoint_reads_the_control_topic_from_its_first_kept_record_pure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deleted offsets 0-4: a new job starts at 5, as it starts each events
+    partition at its first kept offset, rather than fail at every start."""
+    topic = _DeletedControlRecords(earliest=5, end=8)
+    reader = _reader_over(topic, tmp_path, monkeypatch)
+
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+
+    assert start["control"] == 5
+    assert topic.reads == [5]
+    assert end["control"] == 8
+
+
+def test_a_restarted_job_that_missed_deleted_control_messages_says_so_pure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint at control offset 2 when the broker keeps 5 on: the job may have
+    missed a PREPARE, PROPAGATE or ABORT, so it stops and says why, never skips ahead;
+    a new checkpoint's first batch, which has read nothing, reads from the first kept."""
+    topic = _DeletedControlRecords(earliest=5, end=8)
+    reader = _reader_over(topic, tmp_path, monkeypatch)
+    planned = {**reader.initialOffset(), "plan": 3, "control": 2}
+
+    with pytest.raises(ControlMessagesLost, match=r"offset 2, but the broker keeps .* offset 5"):
+        reader.latestOffset(planned, reader.getDefaultReadLimit())
+
+    new = {**reader.initialOffset(), "control": 2}
+    assert reader.latestOffset(new, reader.getDefaultReadLimit())["control"] == 8
 
 
 def test_an_unknown_forward_mode_is_refused_in_one_line_pure() -> None:

@@ -83,6 +83,11 @@ public final class RoutedStages {
    * instance, since an instance's heaviest pairs can all belong to one B key.
    */
   static final int TOP_PAIRS_PER_GROUP = 5;
+  /**
+   * {@code keyplane.spark.watermark.WATERMARK_COLUMN}: the column stage A's watermark follows, one
+   * time on every row, so that no event is dropped as late; stage A's output event time.
+   */
+  static final String WATERMARK_COLUMN = "watermark_ts";
 
   /** Stage A's rows for stage B: the source's columns that B reads, control fields unpacked. */
   static final StructType STAGE_A_OUTPUT =
@@ -95,7 +100,7 @@ public final class RoutedStages {
           .add("b", DataTypes.StringType)
           .add("rb", DataTypes.StringType)
           .add("n", DataTypes.LongType)
-          .add("ts", DataTypes.TimestampType)
+          .add(WATERMARK_COLUMN, DataTypes.TimestampType)
           .add("source_rk", DataTypes.StringType)
           .add("target_rk", DataTypes.StringType)
           .add("count", DataTypes.LongType)
@@ -123,7 +128,8 @@ public final class RoutedStages {
 
   /**
    * Routed-source rows to both stages' outputs, as {@code routed_running_counts} builds them in
-   * Python. {@code inputs} carries a watermark on {@code ts} and, for every event, the routed key
+   * Python. {@code inputs} carries the stages' watermark on {@link #WATERMARK_COLUMN} (stage A
+   * runs in event-time mode, {@code keyplane.spark.watermark}) and, for every event, the routed key
    * of stage B in {@code rb}; {@code controlGroupsA[i]} is stage A's control group on instance i.
    */
   public static Dataset<Row> runningCounts(
@@ -136,7 +142,7 @@ public final class RoutedStages {
             .groupByKey((MapFunction<Row, String>) row -> row.getString(ra), Encoders.STRING())
             .transformWithState(
                 new StageA(tuples, controlGroupsA.toArray(new String[0])),
-                "ts",
+                WATERMARK_COLUMN,
                 OutputMode.Append(),
                 Encoders.row(stageAOutput));
     int rb = stageAOutput.fieldIndex("rb");
@@ -154,7 +160,8 @@ public final class RoutedStages {
 
   /** Where a stage's rows are read from: column positions, looked up once per schema. */
   static final class Columns {
-    final int kind, a, b, ra, rb, ia, ea, n, ts, sourceRk, targetRk, count, state, marker, detail;
+    final int kind, a, b, ra, rb, ia, ea, n, watermarkTs, sourceRk, targetRk, count, state, marker;
+    final int detail;
     /** The source's {@code stage} column; stage A's rows for B have none (-1). */
     final int stage;
     final int pad;
@@ -168,7 +175,7 @@ public final class RoutedStages {
       ia = index(schema, "ia");
       ea = index(schema, "ea");
       n = schema.fieldIndex("n");
-      ts = schema.fieldIndex("ts");
+      watermarkTs = schema.fieldIndex(WATERMARK_COLUMN);
       sourceRk = schema.fieldIndex("source_rk");
       targetRk = schema.fieldIndex("target_rk");
       count = schema.fieldIndex("count");
@@ -589,16 +596,13 @@ public final class RoutedStages {
     private void toStageB(
         String group, String keyA, List<Row> events, int instance, List<Row> out) {
       Columns c = columns;
-      Timestamp latest = null;
-      for (Row row : events) {
-        Timestamp ts = row.getTimestamp(c.ts);
-        latest = latest == null || ts.after(latest) ? ts : latest;
-      }
+      // Stage A's event time: the watermark's own column, the same on every row.
+      Timestamp watermarkTs = events.get(0).getTimestamp(c.watermarkTs);
       if (tuples) {
         for (Row row : events) {
           out.add(
               eventRow(
-                  keyA, group, instance, row.getString(c.b), row.getString(c.rb), 1, latest,
+                  keyA, group, instance, row.getString(c.b), row.getString(c.rb), 1, watermarkTs,
                   row.getString(c.pad)));
         }
         return;
@@ -610,13 +614,14 @@ public final class RoutedStages {
       for (Map.Entry<List<String>, Long> pair : weights.entrySet()) {
         List<String> key = pair.getKey();
         out.add(
-            eventRow(keyA, group, instance, key.get(0), key.get(1), pair.getValue(), latest, null));
+            eventRow(
+                keyA, group, instance, key.get(0), key.get(1), pair.getValue(), watermarkTs, null));
       }
     }
 
     private Row eventRow(
-        String a, String ra, int ia, String b, String rb, long n, Timestamp ts, String pad) {
-      Object[] values = {a, ra, ia, executor, b, rb, n, ts, null, null, null, null, null, null};
+        String a, String ra, int ia, String b, String rb, long n, Timestamp time, String pad) {
+      Object[] values = {a, ra, ia, executor, b, rb, n, time, null, null, null, null, null, null};
       return withKind("event", values, pad);
     }
 

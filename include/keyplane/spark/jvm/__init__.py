@@ -145,13 +145,17 @@ def loaded(spark: SparkSession) -> bool:
 def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool) -> DataFrame:
     """Both routed stages of the running count, in the JVM (module docstring).
 
-    ``inputs`` are the routed source's rows with a watermark on ``ts`` and,
-    for every event, stage B's routed key in ``rb``; the output is
+    ``inputs`` are the routed source's rows with the stages' watermark
+    (:func:`keyplane.spark.watermark.with_stage_watermark`) and, for every
+    event, stage B's routed key in ``rb``; the output is
     :data:`~keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`.
     """
     from pyspark.sql import DataFrame
 
     from keyplane.spark.routed_source import control_groups
+    from keyplane.spark.watermark import check_stage_watermark
+
+    check_stage_watermark(inputs)
 
     spark = inputs.sparkSession
     jvm = spark._jvm
