@@ -12,8 +12,29 @@ import atexit
 import os
 import shutil
 import tempfile
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from fake_control import FakeControlTopic
 
 if "AIRFLOW_HOME" not in os.environ:
     home = tempfile.mkdtemp(prefix="keyplane-airflow-")
     atexit.register(shutil.rmtree, home, ignore_errors=True)
     os.environ["AIRFLOW_HOME"] = home
+
+
+@pytest.fixture
+def topic(monkeypatch: pytest.MonkeyPatch) -> FakeControlTopic:
+    """The control topic as a list (:class:`FakeControlTopic`) for every channel opened.
+
+    Imported here, not at the top: Airflow must find its home set first.
+    """
+    from fake_control import FakeControlTopic
+
+    from keyplane.kafka import control
+
+    log = FakeControlTopic()
+    monkeypatch.setattr(control, "ControlChannel", log.channel)
+    return log

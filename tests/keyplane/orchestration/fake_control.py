@@ -105,6 +105,25 @@ def write_record(folder: Path, name: str, record: dict[str, Any]) -> None:
     (folder / name).write_text(json.dumps(record))
 
 
+def decide_scale_in_of_b(deployment: Deployment, run_id: str) -> None:
+    """The scale run's decision record: scale B in from four instances to two."""
+    from keyplane.operators import OPERATORS
+    from keyplane.orchestration import scale_steps
+
+    write_record(
+        scale_steps._folder(deployment, run_id),
+        scale_steps.DECISION,
+        {
+            "publish": True,
+            "reason": "scale B in",
+            "operator": "B",
+            "parent_version": 1,
+            "active_before": {name: [0, 1, 2, 3] for name in OPERATORS},
+            "active_after": {"A": [0, 1, 2, 3], "B": [0, 1]},
+        },
+    )
+
+
 def roll_out(topic: FakeControlTopic, deployment: Deployment, version: int) -> None:
     """PREPARE → ACK → PROPAGATE → MIGRATED → DONE of ``version``, the job answering at once."""
     prepare(deployment, version)

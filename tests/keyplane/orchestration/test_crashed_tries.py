@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_control import FakeControlTopic, roll_out
+from fake_control import FakeControlTopic, decide_scale_in_of_b, roll_out
 
 from keyplane import config as config_store
 from keyplane import statistics as stats
 from keyplane.config import RoutingConfig
-from keyplane.kafka import control
 from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning, scale_steps, tasks
 from keyplane.orchestration.deployment import Deployment
@@ -48,13 +47,6 @@ def deployment(tmp_path: Path) -> Deployment:
     config_store.save(RoutingConfig.all_hash(P, OPERATORS), target.routing_store)
     write_statistics_snapshot(target.snapshots, RUN, paired_tuple_counts(60, 3))
     return target
-
-
-@pytest.fixture
-def topic(monkeypatch: pytest.MonkeyPatch) -> FakeControlTopic:
-    log = FakeControlTopic()
-    monkeypatch.setattr(control, "ControlChannel", log.channel)
-    return log
 
 
 def dies_writing(
@@ -158,19 +150,7 @@ def test_a_scale_retried_after_its_try_died_plans_from_the_same_keys_with_fake_l
     deployment: Deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Events keep arriving: the retry would count more keys than the try did."""
-    folder = scale_steps._folder(deployment, RUN)
-    (folder / scale_steps.DECISION).write_text(
-        json.dumps(
-            {
-                "publish": True,
-                "reason": "scale B in",
-                "operator": "B",
-                "parent_version": 1,
-                "active_before": {name: [0, 1, 2, 3] for name in OPERATORS},
-                "active_after": {"A": [0, 1, 2, 3], "B": [0, 1]},
-            }
-        )
-    )
+    decide_scale_in_of_b(deployment, RUN)
     events = {"keys": 20}
 
     def fake_loads(_: Deployment) -> dict[str, dict[str, float]]:

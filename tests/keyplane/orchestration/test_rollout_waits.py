@@ -36,7 +36,6 @@ from fake_control import (
 from keyplane import config as config_store
 from keyplane import statistics as stats
 from keyplane.controller import ControllerError
-from keyplane.kafka import control
 from keyplane.orchestration import dagparts, planning, tasks
 from keyplane.orchestration import deployment as deployment_module
 from keyplane.orchestration.deployment import Deployment
@@ -69,13 +68,6 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
     monkeypatch.setattr(deployment_module, "deployment", lambda: target)
     monkeypatch.setattr(dagparts, "deployment", lambda: target)
     return target
-
-
-@pytest.fixture
-def topic(monkeypatch: pytest.MonkeyPatch) -> FakeControlTopic:
-    log = FakeControlTopic()
-    monkeypatch.setattr(control, "ControlChannel", log.channel)
-    return log
 
 
 def context(published: int | None = 2, run_id: str = RUN) -> dict[str, Any]:

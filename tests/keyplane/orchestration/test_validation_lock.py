@@ -13,13 +13,13 @@ snapshot, the planner and the configuration store are real.
 from __future__ import annotations
 
 import fcntl
-import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_control import decide_scale_in_of_b
 
 from keyplane import config as config_store
 from keyplane import quality
@@ -45,19 +45,7 @@ def validate_configuration(deployment: Deployment) -> dict[str, Any]:
 
 
 def validate_scaled_configuration(deployment: Deployment) -> dict[str, Any]:
-    folder = scale_steps._folder(deployment, RUN)
-    (folder / scale_steps.DECISION).write_text(
-        json.dumps(
-            {
-                "publish": True,
-                "reason": "scale B in",
-                "operator": "B",
-                "parent_version": 1,
-                "active_before": {name: [0, 1, 2, 3] for name in OPERATORS},
-                "active_after": {"A": [0, 1, 2, 3], "B": [0, 1]},
-            }
-        )
-    )
+    decide_scale_in_of_b(deployment, RUN)
     scale_steps.compute_scaled_configuration(deployment, RUN)
     return scale_steps.validate_scaled_configuration(deployment, RUN, alpha=1.5)
 
