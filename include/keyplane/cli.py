@@ -141,8 +141,8 @@ def _storage_line(state: BrokerState) -> str:
 def cmd_broker(settings: Settings, args: argparse.Namespace) -> int:
     broker = _broker(settings, args)
     running, stale = broker.inspect()
-    if stale is not None:
-        print(stale.describe())
+    for removed in stale:
+        print(removed.describe())
     if args.action == "start":
         state = broker.start()
         print(
@@ -725,8 +725,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     up = answers_kafka(bootstrap, timeout_s=2.0)
     if up:
         embedded, stale = EmbeddedBroker(settings.home, settings.broker_port).inspect()
-        if stale is not None:
-            print(stale.describe())
+        for removed in stale:
+            print(removed.describe())
         detail = "" if embedded is None else f" (embedded, pid {embedded.pid})"
         lines = [_line("broker", f"up at {bootstrap}{detail}")]
     else:

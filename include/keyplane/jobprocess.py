@@ -66,7 +66,7 @@ from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of, tai
 from keyplane.kafka.broker import answers_kafka
 from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.processes import (
-    alive,
+    live_or_removed,
     session_commands,
     start_detached,
     stop_detached,
@@ -393,13 +393,7 @@ class JobProcess:
 
     def _live_record(self) -> tuple[JobRecord | None, JobRecord | None]:
         """(running, stale): the live job's record, or the dead one's, whose file is removed."""
-        record = self._read_record()
-        if record is None:
-            return None, None
-        if alive(record.pid, record.command):
-            return record, None
-        self.pid_file.unlink(missing_ok=True)
-        return None, record
+        return live_or_removed(self.pid_file, self._read_record())
 
     @contextlib.contextmanager
     def _start_lock(self) -> Iterator[None]:

