@@ -1088,6 +1088,63 @@ class ControllerState(BaseModel):
         return self
 
 
+def _kept(state: ControllerState | None) -> list[Reconfiguration]:
+    """The rollouts ``state`` keeps, newest first: the one in flight, then the last finished."""
+    if state is None:
+        return []
+    return [rollout for rollout in (state.current, state.last) if rollout is not None]
+
+
+def _in_flight_now(state: ControllerState | None) -> str:
+    current = None if state is None else state.current
+    return "no rollout is in flight" if current is None else f"v{current.version} is in flight now"
+
+
+def _not_kept(state: ControllerState | None, version: int) -> str:
+    """Why ``version`` is neither of the rollouts ``state`` keeps, and what is in flight."""
+    kept = _kept(state)
+    if not kept:
+        return _in_flight_now(state)
+    newest = kept[0].version
+    if newest > version:
+        told = f"superseded by v{newest}"
+    else:
+        told = f"newer than v{newest}, the latest rollout"
+    if state is not None and state.current is not None:
+        return f"{told}, which is in flight now"
+    return f"{told}; {_in_flight_now(state)}"
+
+
+def rollout_for(state: ControllerState | None, version: int | None) -> Reconfiguration:
+    """The rollout a step or a wait for ``version`` may act on, else :class:`ProtocolError`.
+
+    The controller drives one rollout at a time, and whoever shares its state
+    (another DAG run, ``keyplane config abort`` and ``publish``) may abort a
+    run's version and publish another between two of the run's steps. A step
+    or a wait that took whatever is in flight would then act on, or report
+    the replies of, a version that is not its own; so it names its version
+    and is refused once that version was aborted or replaced, with an error
+    that says which version, what became of it and what is in flight now.
+    ``state.last`` counts too: a step retried after DONE repeats what it did,
+    and a wait retried after DONE finds its replies there. ``version`` None
+    is for a caller that does not know its version: the rollout in flight,
+    else the last one.
+    """
+    rollouts = _kept(state)
+    if version is None:
+        if not rollouts:
+            raise ProtocolError(f"{_in_flight_now(state)}; prepare a version first")
+        rollout = rollouts[0]
+    else:
+        found = [r for r in rollouts if r.version == version]
+        if not found:
+            raise ProtocolError(f"v{version} is not in flight: {_not_kept(state, version)}")
+        rollout = found[0]
+    if rollout.finish is not None and rollout.finish.type == "ABORT":
+        raise ProtocolError(f"v{rollout.version} was aborted; {_in_flight_now(state)}")
+    return rollout
+
+
 class ControllerProtocol:
     """The controller's side of 000 §3.4, driven by Airflow tasks.
 
@@ -1295,25 +1352,18 @@ class ControllerProtocol:
     ) -> ControlMessage:
         """A step for ``version`` when ``version`` is not the rollout in flight.
 
-        It is either a retry of a step of the last rollout, which returns the
-        message that step sent, or a step for a version that was replaced:
-        an operator aborted it and published another by hand, and the step
-        must not act on theirs.
+        Only a retry of a step of the last rollout, finished with DONE, may
+        run: it returns the message that step sent. :func:`rollout_for`
+        refuses the rest, a version that was aborted or replaced, so that the
+        step does not act on the version an operator published by hand.
         """
-        state = self._state
-        now = (
-            f"v{state.current.version} is in flight"
-            if state.current is not None
-            else "no rollout is in flight"
-        )
-        last = state.last
-        if last is not None and last.version == version:
-            if last.finish is not None and last.finish.type == "ABORT":
-                raise ProtocolError(f"v{version} was aborted; {now}")
-            message = pick(last)
-            if message is not None:
-                return message
-        raise ProtocolError(f"v{version} is not in flight: {now}")
+        rollout = rollout_for(self._state, version)
+        message = pick(rollout)
+        if message is None:
+            raise ProtocolError(
+                f"v{version} is done without this step; {_in_flight_now(self._state)}"
+            )
+        return message
 
     def propagate(self, operator: str, version: int | None = None) -> ControlMessage:
         """Tell ``operator`` to switch to the new version: the PROPAGATE.
@@ -1323,7 +1373,7 @@ class ControllerProtocol:
         the upstream's MIGRATED; a micro-batch barrier makes that unnecessary
         (see the module docstring), so the whole rollout can be propagated at
         once and every operator switches in the same batch. With ``version``,
-        the step is for that version's rollout only (see :meth:`_finished_step`).
+        the step is for that version's rollout only (see :func:`rollout_for`).
         """
         state = self._state
         if operator not in state.operators:
@@ -1359,7 +1409,7 @@ class ControllerProtocol:
     def done(self, version: int | None = None) -> ControlMessage:
         """Finish the rollout once every operator migrated: the DONE.
 
-        With ``version``, only that version's rollout (see :meth:`_finished_step`).
+        With ``version``, only that version's rollout (see :func:`rollout_for`).
         """
         state = self._state
         current = state.current

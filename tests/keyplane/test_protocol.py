@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from keyplane.protocol import (
     REPLAYABLE_BATCHES,
     ControllerProtocol,
+    ControllerState,
     ControlMessage,
     InvalidMessage,
     JobProtocol,
@@ -28,6 +29,7 @@ from keyplane.protocol import (
     UnplannedBatchError,
     decode,
     encode,
+    rollout_for,
 )
 from keyplane.signing import canonical_json, sign
 
@@ -837,9 +839,10 @@ def test_controller_steps_for_a_version_act_only_on_that_version() -> None:
         controller.propagate("A", version=2)
 
     controller.prepare(3, STORE[3])
-    with pytest.raises(ProtocolError, match="v2 is not in flight: v3 is in flight"):
+    superseded = "v2 is not in flight: superseded by v3, which is in flight now"
+    with pytest.raises(ProtocolError, match=superseded):
         controller.propagate("A", version=2)
-    with pytest.raises(ProtocolError, match="v2 is not in flight: v3 is in flight"):
+    with pytest.raises(ProtocolError, match=superseded):
         controller.done(version=2)
     with pytest.raises(ProtocolError, match="not acknowledged"):
         controller.propagate("A", version=3)
@@ -847,6 +850,56 @@ def test_controller_steps_for_a_version_act_only_on_that_version() -> None:
     with pytest.raises(ProtocolError, match="v3 was aborted; no rollout is in flight"):
         controller.propagate("A", version=3)
     assert controller.state.current is None
+
+
+def refusal(state: ControllerState | None, version: int | None) -> str:
+    """The whole message :func:`rollout_for` refuses ``version`` with."""
+    with pytest.raises(ProtocolError) as refused:
+        rollout_for(state, version)
+    return str(refused.value)
+
+
+def test_rollout_for_judges_a_version_in_flight_finished_aborted_superseded_or_unknown() -> None:
+    assert refusal(None, 2) == "v2 is not in flight: no rollout is in flight"
+    assert refusal(None, None) == "no rollout is in flight; prepare a version first"
+    d = Deployment()
+    fresh = d.controller.state
+    assert refusal(fresh, 2) == "v2 is not in flight: no rollout is in flight"
+    assert refusal(fresh, None) == "no rollout is in flight; prepare a version first"
+
+    d.send(d.controller.prepare(2, STORE[2]))
+    in_flight = d.controller.state
+    assert in_flight.current is not None
+    assert rollout_for(in_flight, 2) is in_flight.current
+    assert rollout_for(in_flight, None) is in_flight.current
+    assert refusal(in_flight, 1) == "v1 is not in flight: superseded by v2, which is in flight now"
+    assert refusal(in_flight, 5) == (
+        "v5 is not in flight: newer than v2, the latest rollout, which is in flight now"
+    )
+
+    d.send(d.controller.abort())
+    d.rollout(3)
+    done = d.controller.state
+    assert done.last is not None and done.last.finish is not None
+    assert done.current is None and done.last.finish.type == "DONE"
+    assert rollout_for(done, 3) is done.last, "a step retried after DONE finds its rollout"
+    assert rollout_for(done, None) is done.last
+    assert refusal(done, 2) == "v2 is not in flight: superseded by v3; no rollout is in flight"
+    assert refusal(done, 4) == (
+        "v4 is not in flight: newer than v3, the latest rollout; no rollout is in flight"
+    )
+
+    d.controller.prepare(4, STORE[4])
+    d.controller.abort()
+    aborted = d.controller.state
+    assert refusal(aborted, 4) == "v4 was aborted; no rollout is in flight"
+    assert refusal(aborted, None) == "v4 was aborted; no rollout is in flight"
+
+    d.controller.prepare(5, STORE[5])
+    replaced = d.controller.state
+    assert refusal(replaced, 4) == "v4 was aborted; v5 is in flight now"
+    assert refusal(replaced, 3) == "v3 is not in flight: superseded by v5, which is in flight now"
+    assert rollout_for(replaced, None) is replaced.current
 
 
 def test_controller_reports_missing_replies_and_timeouts_at_the_time_it_is_given() -> None:

@@ -738,36 +738,20 @@ def reply_arrived(
 def awaited_rollout(state: ControllerState | None, version: int | None) -> Reconfiguration:
     """The rollout of ``version`` in the controller's state; raise if it cannot be awaited.
 
-    The controller drives one rollout at a time, and ``keyplane config abort``
-    and ``keyplane config publish`` drive the same one as the DAG (they share
-    the state file). A wait that took whatever is in flight would, after an
-    operator aborted the run's v2 and published v3, report v3's ACK as the
-    run's; so a wait names its version, and one that was aborted or replaced
-    by another fails saying so. The rollout in flight is ``state.current``;
-    ``state.last`` is the one finished last, which a wait retried after DONE
-    finds its replies in.
+    A wait that took whatever is in flight would, after an operator aborted
+    the run's v2 and published v3, report v3's ACK as the run's; so a wait
+    names its version and :func:`keyplane.protocol.rollout_for` judges it as
+    it judges the protocol's steps. Its refusal is raised as a
+    :class:`~keyplane.controller.ControllerError`, as the controller's other
+    refusals to wait are.
     """
     from keyplane.controller import ControllerError
+    from keyplane.protocol import ProtocolError, rollout_for
 
-    rollouts = [] if state is None else [r for r in (state.current, state.last) if r is not None]
-    if not rollouts:
-        raise ControllerError("no rollout in flight; prepare a version first")
-    assert state is not None
-    if version is None:
-        rollout = rollouts[0]
-    else:
-        found = [r for r in rollouts if r.version == version]
-        if not found:
-            newest = rollouts[0].version
-            if newest > version:
-                raise ControllerError(f"v{version} is not in flight: superseded by v{newest}")
-            raise ControllerError(f"v{version} is not in flight (v{newest} is the latest rollout)")
-        rollout = found[0]
-    if rollout.finish is not None and rollout.finish.type == "ABORT":
-        now = state.current
-        later = "" if now is None else f"; v{now.version} is in flight now"
-        raise ControllerError(f"v{rollout.version} was aborted{later}")
-    return rollout
+    try:
+        return rollout_for(state, version)
+    except ProtocolError as refused:
+        raise ControllerError(str(refused)) from None
 
 
 def abort(deployment: Deployment, versions: Collection[int]) -> int | None:

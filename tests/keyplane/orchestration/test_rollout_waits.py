@@ -46,7 +46,7 @@ from keyplane.orchestration.triggers import (
     RollOutWavesOperator,
     whole_number,
 )
-from keyplane.protocol import ProtocolError
+from keyplane.protocol import ControllerProtocol, ProtocolError
 from keyplane.testing import (
     deployment_under,
     moved_off_hash_config,
@@ -194,6 +194,18 @@ def test_a_wait_for_a_superseded_version_names_the_one_in_flight_in_a_fake_topic
     with pytest.raises(ControllerError, match="v2 is not in flight: superseded by v4"):
         tasks.reply_arrived(deployment, "ack", version=2)
     assert tasks.reply_arrived(deployment, "ack", version=4)
+
+
+def test_a_wait_refused_by_the_protocol_fails_as_a_controller_error() -> None:
+    with pytest.raises(ControllerError, match=r"^v2 is not in flight: no rollout is in flight$"):
+        tasks.awaited_rollout(None, 2)
+    protocol = ControllerProtocol(("A", "B"), 1, "checksum of v1")
+    protocol.prepare(2, "checksum of v2")
+    protocol.abort()
+    with pytest.raises(ControllerError, match=r"^v2 was aborted; no rollout is in flight$"):
+        tasks.awaited_rollout(protocol.state, 2)
+    protocol.prepare(3, "checksum of v3")
+    assert tasks.awaited_rollout(protocol.state, 3) is protocol.state.current
 
 
 def test_a_timed_out_wait_leaves_a_version_it_does_not_await_in_a_fake_topic(
