@@ -53,8 +53,10 @@ from keyplane.protocol import (
     ControllerProtocol,
     ControllerState,
     ControlMessage,
+    ProtocolError,
     Reaction,
     Reconfiguration,
+    rollout_for,
     utc_now,
 )
 from keyplane.statefiles import read_model_file
@@ -458,18 +460,12 @@ class Controller:
         return reactions
 
     def _rollout(self, saved: ControllerFile | None) -> Reconfiguration:
-        """The rollout a wait is about: the one in flight, or the last one if it finished."""
-        if saved is None or (saved.protocol.current is None and saved.protocol.last is None):
-            raise ControllerError("no rollout in flight; prepare a version first")
-        current, last = saved.protocol.current, saved.protocol.last
-        if current is not None:
-            return current
-        assert last is not None and last.finish is not None
-        if last.finish.type == "ABORT":
-            raise ControllerError(
-                f"v{last.version} was aborted; publish the configuration under a new version"
-            )
-        return last
+        """The rollout a wait is about: the one in flight, or the last one if it finished
+        (:func:`~keyplane.protocol.rollout_for`)."""
+        try:
+            return rollout_for(None if saved is None else saved.protocol, None)
+        except ProtocolError as error:
+            raise ControllerError(str(error)) from None
 
     def _wait(
         self,
