@@ -25,7 +25,7 @@ The paper's numeric defaults are missing from its text. The defaults of
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,6 +39,8 @@ from keyplane.ring import (
     make_placement,
 )
 from keyplane.sketches import EpochTopK
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 HotAssignment = dict[int, tuple[int, ...]]
 """Hot key → its workers (candidate instances), in ring order."""
@@ -218,6 +220,10 @@ def assign_hot_keys(
     Cold keys are absent from the result. The result is ordered hottest
     first.
 
+    Keys are int64 ids, as everywhere in FISH (the ring hashes a key's 8
+    bytes, :func:`keyplane.ring.key_bucket`, and partitioners take
+    ``int64`` key arrays); any other key is refused by name rather than
+    truncated (``1.5`` would become key 1) or left to fail inside numpy.
     Frequencies are counts (001 §4.1.1), so a negative or non-finite one is
     refused: a negative one would shrink the default ``total`` and make a
     cold key hot, an infinite one has no share of the stream. A ``previous``
@@ -225,6 +231,7 @@ def assign_hot_keys(
     ``[0, n)`` after a scale-in, or the same worker twice) is recomputed,
     keeping its ``d`` up to ``n``.
     """
+    _check_keys(freqs)
     values = np.fromiter(freqs.values(), dtype=np.float64, count=len(freqs))
     if not np.all(np.isfinite(values)) or np.any(values < 0):
         raise ValueError("key frequencies must be finite and non-negative")
@@ -264,6 +271,20 @@ def assign_hot_keys(
         else:
             assignment[key] = candidates(key, d)
     return assignment
+
+
+def _check_keys(keys: Iterable[object]) -> None:
+    """Refuse any key that is not an int64 id, naming it (see :func:`assign_hot_keys`)."""
+    for key in keys:
+        if isinstance(key, bool) or not isinstance(key, int | np.integer):
+            raise TypeError(
+                f"hot-key classification takes int64 key ids; key {key!r} is a {type(key).__name__}"
+            )
+        if not _INT64_MIN <= key <= _INT64_MAX:
+            raise ValueError(
+                f"hot-key classification takes int64 key ids, in [-2**63, 2**63 - 1]; "
+                f"key {key} is outside it"
+            )
 
 
 def _fits(chosen: Sequence[int], workers: frozenset[int]) -> bool:

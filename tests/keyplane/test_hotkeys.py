@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, cast
 
 import numpy as np
@@ -144,6 +145,39 @@ def test_assign_hot_keys_refuses_frequencies_that_are_not_counts(bad):
         assign_hot_keys({1: 5.0, 2: bad, 3: 0.05}, 4, FishSettings())
     with pytest.raises(ValueError, match="total"):
         assign_hot_keys({1: 5.0}, 4, FishSettings(), total=bad)
+
+
+@pytest.mark.parametrize("selection", ["ring", "modulo"])
+@pytest.mark.parametrize(
+    ("key", "error", "message"),
+    [
+        ("user1", TypeError, "key 'user1' is a str"),
+        (1.5, TypeError, "key 1.5 is a float"),
+        (True, TypeError, "key True is a bool"),
+        (None, TypeError, "key None is a NoneType"),
+        (2**63, ValueError, f"key {2**63} is outside"),
+        (np.uint64(2**64 - 1), ValueError, f"key {2**64 - 1} is outside"),
+        (-(2**63) - 1, ValueError, f"key {-(2**63) - 1} is outside"),
+    ],
+)
+def test_assign_hot_keys_names_a_key_that_is_not_an_int64_id(key, error, message, selection):
+    # Regression: a str or a key past 2**63 - 1 failed inside numpy ("invalid
+    # literal for int()", "Python int too large to convert to C long"), and
+    # 1.5 or True came back silently as key 1.
+    fish = FishSettings(candidate_selection=selection)
+    with pytest.raises(error, match=re.escape(message)) as raised:
+        assign_hot_keys({7: 5.0, key: 5.0}, 4, fish)
+    assert "takes int64 key ids" in str(raised.value)
+
+
+@pytest.mark.parametrize("selection", ["ring", "modulo"])
+def test_assign_hot_keys_takes_every_int64_key(selection):
+    placement = ConsistentHashRing.of_size(4) if selection == "ring" else ModuloPlacement(4)
+    freqs = {-(2**63): 5.0, 2**63 - 1: 4.0, np.int64(-7): 3.0}
+    assignment = assign_hot_keys(freqs, 4, FishSettings(), placement=placement)
+    assert list(assignment) == [-(2**63), 2**63 - 1, -7]
+    assert all(type(key) is int for key in assignment)
+    assert assignment[2**63 - 1] == placement.candidates(2**63 - 1, len(assignment[2**63 - 1]))
 
 
 @pytest.mark.parametrize("before", [(5, 6, 7), (0, 1, 2, 3), (1, 1)])

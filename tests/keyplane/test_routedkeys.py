@@ -12,11 +12,12 @@ import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
@@ -328,6 +329,53 @@ def test_route_all_equals_route_one_key_at_a_time(
     assert first == {key: routes[key] for key in keys[:150]}
     assert at_once.route_all([]) == {}
     assert len(at_once._folded) == (0 if active is None else 100)
+
+
+@st.composite
+def tables_and_keys(draw: st.DrawFn) -> tuple[dict[str, Any], list[str]]:
+    """A table's arguments, scaled in or not, and keys to route: tabled, hot, routed values
+    of those (which the table does not name) and strangers, with and without separators."""
+    n = draw(st.integers(min_value=1, max_value=12))
+    partitions = st.integers(min_value=0, max_value=n - 1)
+    active = draw(st.none() | st.sets(partitions, min_size=1).map(sorted).map(tuple))
+    key_text = keys_strategy | st.text(ALPHABET, max_size=8)
+    routing = draw(st.dictionaries(key_text, partitions, max_size=4))
+    hot: dict[str, list[int]] = {}
+    if n >= 2:
+        spreads = st.lists(partitions, min_size=2, max_size=n, unique=True)
+        hot = draw(
+            st.dictionaries(key_text.filter(lambda k: k not in routing), spreads, max_size=3)
+        )
+    named = [*routing, *hot]
+    salted = [routed_key(key, salt) for key in named for salt in range(3)]
+    pool = st.sampled_from(named + salted) | key_text if named else key_text
+    keys = draw(st.lists(pool, max_size=30))
+    return {"n_instances": n, "routing": routing, "hot_keys": hot, "active": active}, keys
+
+
+@settings(max_examples=150, deadline=None)
+@given(tables_and_keys())
+def test_route_and_route_all_agree_on_any_keys(case: tuple[dict[str, Any], list[str]]) -> None:
+    """The single-key and batch paths apply one hash-fallback rule: same grouping values,
+    each on the instance the fallback names, whether searched, kept or not kept at all."""
+    arguments, keys = case
+    n, active = arguments["n_instances"], arguments["active"]
+    one_at_a_time = RoutedKeyTable(**arguments)
+    at_once = RoutedKeyTable(**arguments)
+
+    single = {key: one_at_a_time.route(key) for key in keys}
+    single_again = {key: one_at_a_time.route(key) for key in keys}
+    batch = at_once.route_all(keys)
+
+    assert single == single_again == batch == at_once.route_all(reversed(keys))
+    for key in set(keys) - set(arguments["routing"]) - set(arguments["hot_keys"]):
+        (value,) = single[key]
+        natural = spark_partition(key, n)
+        expected = natural if active is None else fold_instance(natural, active, n)
+        assert one_at_a_time.fallback_instance(key) == expected
+        assert spark_partition(value, n) == expected
+        assert original_key(value) == key
+        assert (value == key) == (expected == natural and SEPARATOR not in key)
 
 
 @pytest.mark.parametrize(
