@@ -41,6 +41,11 @@ IDLE_TIMEOUT_S = 60.0
 """How long a read waits for the next record of a range before it gives up."""
 
 
+class RecordsLost(RuntimeError):
+    """A range's records are no longer on the broker: retention deleted them, or the topic
+    was deleted and made again, before they were read."""
+
+
 @dataclass(frozen=True)
 class OffsetRange:
     """Records ``start <= offset < end`` of one topic partition."""
@@ -118,10 +123,16 @@ def read_range(
     Raises TimeoutError when no record arrives for ``idle_timeout_s``
     before the range's end: a partition that stops short (truncated, or a
     broker that lost records) is an error, never a silently shorter read.
-    The consumer is the process's (:mod:`keyplane.kafka.consumers`), so a
-    worker that reads many ranges connects once.
+    Raises :class:`RecordsLost` when the broker answers that the range's
+    offsets are out of its bounds. kafka-python's default answer to that is
+    to jump to the partition's end, which read an empty range as done and,
+    on a live topic, spun past it for ever; Spark's own Kafka source fails
+    the query too (``failOnDataLoss``). The consumer is the process's
+    (:mod:`keyplane.kafka.consumers`), so a worker that reads many ranges
+    connects once.
     """
     from kafka import TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
 
     tp = TopicPartition(r.topic, r.partition)
     poll_ms = max(50, min(1000, int(idle_timeout_s * 1000)))
@@ -130,6 +141,7 @@ def read_range(
         r.topic,
         max_partition_fetch_bytes=8 * 1024 * 1024,
         fetch_max_bytes=64 * 1024 * 1024,
+        auto_offset_reset="none",
     ) as consumer:
         consumer.assign([tp])
         consumer.seek(tp, r.start)
@@ -141,7 +153,10 @@ def read_range(
             # more than the range still holds decodes nothing past its end (a
             # fetch returns up to max_partition_fetch_bytes of the partition).
             wanted = min(batch_rows - len(cols["offset"]), r.end - position)
-            records = consumer.poll(timeout_ms=poll_ms, max_records=wanted).get(tp, [])
+            try:
+                records = consumer.poll(timeout_ms=poll_ms, max_records=wanted).get(tp, [])
+            except OffsetOutOfRangeError:
+                raise RecordsLost(_lost(r, position, consumer, tp)) from None
             if not records:
                 idle_ms += poll_ms
                 if idle_ms >= idle_timeout_s * 1000:
@@ -153,6 +168,10 @@ def read_range(
             idle_ms = 0
             for record in records:
                 if record.offset >= r.end:
+                    # A partition's records come in offset order, so no record is
+                    # left in the range: its last offsets hold none (a transaction's
+                    # commit marker, a compacted-away record).
+                    position = r.end
                     break
                 cols["key"].append(record.key)
                 cols["value"].append(record.value)
@@ -162,6 +181,23 @@ def read_range(
             if len(cols["offset"]) >= batch_rows or position >= r.end:
                 yield _to_batch(cols, r)
                 cols = {name: [] for name in RECORD_SCHEMA.names}
+
+
+def _lost(r: OffsetRange, position: int, consumer: Any, tp: Any) -> str:
+    """What a read out of the broker's bounds lost, in one line that says what to do."""
+    kept = ""
+    try:
+        first = consumer.beginning_offsets([tp])[tp]
+        end = consumer.end_offsets([tp])[tp]
+        kept = f"; the broker keeps offsets {first}..{end - 1} only" if end > first else ""
+    except Exception:  # the broker's bounds only enrich the message
+        kept = ""
+    return (
+        f"{r.topic}[{r.partition}]: records from offset {position} (of the range "
+        f"{r.start}..{r.end - 1}) are gone{kept}: retention deleted them, or the topic was "
+        "made again, before they were read. Counts from here would be short, so the read "
+        "stops; keep the records longer (retention.ms) or start the job on a new checkpoint"
+    )
 
 
 def _to_batch(cols: dict[str, list[Any]], r: OffsetRange) -> pa.RecordBatch:

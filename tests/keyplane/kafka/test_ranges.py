@@ -8,13 +8,15 @@ import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import OffsetOutOfRangeError
 
 from keyplane.kafka.admin import ensure_topic, high_watermarks, tail_offsets
 from keyplane.kafka.producer import make_producer
 from keyplane.kafka.ranges import (
     RECORD_SCHEMA,
     OffsetRange,
+    RecordsLost,
     balanced_groups,
     offset_ranges,
     read_range,
@@ -72,6 +74,55 @@ def test_a_range_takes_no_record_past_its_end_from_the_consumer(
     table = pa.Table.from_batches(read_range(OffsetRange(broker, topic_name, 0, 5, 15)))
     assert table.column("offset").to_pylist() == list(range(5, 15))
     assert taken == list(range(5, 15))
+
+
+@pytest.mark.integration
+def test_a_range_whose_last_offsets_hold_no_record_ends_at_the_next_record_simulated_gap(
+    broker: str, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offsets 12-14 hold no record (as a transaction's commit marker or compaction
+    leaves them): the first record past the range ends it. Before, the read waited for
+    a record below 15 that never came: on a live topic for ever, else until it timed out.
+    The broker's records are real; the poll hides 12-14 as such a partition would."""
+    _produce(broker, topic_name, 40)
+    real_poll = KafkaConsumer.poll
+
+    def without_12_to_14(self: KafkaConsumer, *args: Any, **kwargs: Any) -> Any:
+        polled = real_poll(self, *args, **kwargs)
+        return {
+            tp: [record for record in records if not 12 <= record.offset <= 14]
+            for tp, records in polled.items()
+        }
+
+    monkeypatch.setattr(KafkaConsumer, "poll", without_12_to_14)
+    table = pa.Table.from_batches(
+        read_range(OffsetRange(broker, topic_name, 0, 5, 15), idle_timeout_s=2.0)
+    )
+    assert table.column("offset").to_pylist() == list(range(5, 12))
+
+
+@pytest.mark.integration
+def test_a_range_the_broker_no_longer_keeps_raises_naming_it_simulated_retention(
+    broker: str, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker answers OFFSET_OUT_OF_RANGE (retention deleted the offsets, or the
+    topic was made again). kafka-python's default reset jumped to the partition's end
+    and the read went on as if nothing was lost; now it stops and says what is gone.
+    The embedded broker never answers so, so the poll raises as kafka-python does."""
+    _produce(broker, topic_name, 40)
+
+    def out_of_range(self: KafkaConsumer, *args: Any, **kwargs: Any) -> Any:
+        assert self.config["auto_offset_reset"] == "none"  # no silent jump
+        raise OffsetOutOfRangeError({TopicPartition(topic_name, 0): 5})
+
+    monkeypatch.setattr(KafkaConsumer, "poll", out_of_range)
+    with pytest.raises(RecordsLost) as lost:
+        list(read_range(OffsetRange(broker, topic_name, 0, 5, 15), idle_timeout_s=2.0))
+    assert str(lost.value).startswith(
+        f"{topic_name}[0]: records from offset 5 (of the range 5..14) are gone"
+    )
+    assert "retention deleted them, or the topic was made again" in str(lost.value)
+    assert str(lost.value).endswith("or start the job on a new checkpoint")
 
 
 @pytest.mark.integration
