@@ -16,9 +16,12 @@ live routing (issue goal: routed ≥ 0.9 × plain Spark).
 
 One run of a variant varies by up to half its rate on a 2-core machine, so
 ``--repeats N`` runs the four variants N times, taking turns, and pools each
-variant's steady batches over the runs.
+variant's steady batches over the runs. The default 200,000 events give each
+run three steady batches; ``--events 1000000`` gives nineteen, the steady
+state, and ``--variants routed`` runs the routed job and plain Spark only.
 
-    python bench/reference_job.py [--events 200000] [--tags 2000] [--repeats 3] [--out FILE]
+    python bench/reference_job.py [--events 200000] [--tags 2000] [--repeats 3]
+        [--variants VARIANT ...] [--out FILE]
 """
 
 from __future__ import annotations
