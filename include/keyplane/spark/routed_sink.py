@@ -237,24 +237,25 @@ class MetricsListener(StreamingQueryListener):
         listener = cls(writer, topic)
         listener.run_id = str(query.runId)
         listener.spark = spark
-        previous = cls._attached.pop(str(query.id), None)
-        if previous is not None:
-            # Its run has ended; removed first, it may never hear the termination.
-            spark.streams.removeListener(previous)
-            previous.close()
-        cls._detach_stopped(spark)
+        # A restarted query keeps its id: its last run's listener goes first, as that
+        # run has ended and its listener may never hear the termination.
+        cls._detach(str(query.id))
+        for query_id, attached in list(cls._attached.items()):
+            if attached.spark is spark and spark.streams.get(query_id) is None:
+                cls._detach(query_id)
         spark.streams.addListener(listener)
         cls._attached[str(query.id)] = listener
         return listener
 
     @classmethod
-    def _detach_stopped(cls, spark: SparkSession) -> None:
-        """Remove and close the listeners of ``spark``'s queries that are no longer active."""
-        for query_id, listener in list(cls._attached.items()):
-            if listener.spark is spark and spark.streams.get(query_id) is None:
-                del cls._attached[query_id]
-                spark.streams.removeListener(listener)
-                listener.close()
+    def _detach(cls, query_id: str) -> None:
+        """Remove and close the listener attached for ``query_id``, if one is."""
+        listener = cls._attached.pop(query_id, None)
+        if listener is None:
+            return
+        if listener.spark is not None:
+            listener.spark.streams.removeListener(listener)
+        listener.close()
 
     def onQueryStarted(self, event: Any) -> None:
         pass
