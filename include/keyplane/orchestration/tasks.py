@@ -699,17 +699,38 @@ def done(
 def done_into(deployment: Deployment, record: Path, version: int | None = None) -> dict[str, Any]:
     """Send DONE and write the rollout record (version, metrics start) to ``record``.
 
-    ``version`` as for :func:`propagate`.
+    ``version`` as for :func:`propagate`. :func:`verify` measures the batches
+    from the record's metrics start on, so every try must record the same
+    start. It is reserved once, before DONE is sent, when every operator
+    has MIGRATED: read after DONE, a try that died between DONE and its
+    record left its retry measuring from later, skipping the batches
+    between. The batches from the reservation on already run the new
+    version (an operator switches before its MIGRATED), and verify keeps
+    only the new version's batches. Should the controller learn of the
+    last MIGRATED only as it sends DONE, the start is reserved after DONE,
+    as before.
     """
+    reserved = record.with_name(f"{record.stem}.metrics-start.json")
+
+    def reserve() -> dict[str, Any]:
+        if reserved.is_file():
+            return _read(reserved, "the reserved metrics start")
+        ends = metrics_end(deployment)
+        return _write_once(reserved, {"metrics_start": {str(p): o for p, o in ends.items()}})
+
     with controller(deployment) as control:
+        state = control.state
+        rollout = None if state is None else state.current
+        if (
+            state is not None
+            and rollout is not None
+            and version in (None, rollout.version)
+            and set(state.operators) <= set(rollout.migrated)
+        ):
+            reserve()
         message = control.done(version=version)
-    return _write_once(
-        record,
-        {
-            "version": message.config_version,
-            "metrics_start": {str(p): o for p, o in metrics_end(deployment).items()},
-        },
-    )
+    start = reserve()["metrics_start"]
+    return _write_once(record, {"version": message.config_version, "metrics_start": start})
 
 
 def reply_arrived(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_control import FakeControlTopic, decide_scale_in_of_b, roll_out
+from fake_control import FakeControlTopic, decide_scale_in_of_b, prepare, reply, roll_out
 
 from keyplane import config as config_store
 from keyplane import statistics as stats
@@ -233,3 +233,37 @@ def test_a_rollback_that_an_older_try_recorded_without_validation_is_prepared_in
     assert tasks.prepare_rollback(regressed, RUN) == rollback
     assert stored(regressed) == [1, 2, 3]
     assert topic.sent()[-1] == "controller:PREPARE v3"
+
+
+# --- done ---------------------------------------------------------------------------------
+
+
+def test_done_retried_after_its_try_died_measures_from_the_first_tries_start_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The try sent DONE and died before its rollout record, and batches ran before the
+    retry. The retry read the metrics topic's end again, after DONE, so verify skipped
+    the batches between; now both tries record the start reserved before DONE."""
+    config_store.save(
+        moved_off_hash_config(2, {"A": ["a1"], "B": ["b1"]}, P), deployment.routing_store
+    )
+    prepare(deployment, 2)
+    reply(topic, deployment, "ACK", 2)
+    with tasks.controller(deployment) as controller:
+        controller.propagate_all(["A", "B"], version=2)
+    reply(topic, deployment, "MIGRATED", 2, "A")
+    reply(topic, deployment, "MIGRATED", 2, "B")
+    with tasks.controller(deployment) as controller:
+        controller.poll()
+    ends = iter([{0: 10}, {0: 17}, {0: 23}])
+    monkeypatch.setattr(tasks, "metrics_end", lambda _deployment: next(ends))
+    sent = len(topic.messages)
+
+    undo = dies_writing(monkeypatch, lambda name: name == tasks.ROLLOUT)
+    with pytest.raises(WorkerDied):
+        tasks.done(deployment, RUN, version=2)
+    undo()
+    record = tasks.done(deployment, RUN, version=2)
+
+    assert record == {"version": 2, "metrics_start": {"0": 10}}
+    assert set(topic.sent(sent)) == {"controller:DONE v2"}  # a retry sends the same DONE
