@@ -81,6 +81,17 @@ def live_or_removed(path: Path, record: R | None) -> tuple[R | None, R | None]:
     return None, record
 
 
+def inspect_state_file(
+    path: Path, record: R | None, what: str
+) -> tuple[R | None, StaleFile | None]:
+    """:func:`live_or_removed`, the stale record reported as the removed file and why its
+    pid is not ``what`` (``"the broker"``)."""
+    running, stale = live_or_removed(path, record)
+    if stale is None:
+        return running, None
+    return None, StaleFile(path, stale.pid, stale_reason(stale, what))
+
+
 def stale_reason(record: RecordedProcess, what: str) -> str:
     """Why ``record``'s pid is not ``what`` (``"the broker"``), for the line that names
     the removed file."""

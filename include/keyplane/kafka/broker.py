@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from keyplane.kafka.objectstore import LocalS3Server, ObjectStoreError, create_bucket
 from keyplane.processes import (
     StaleFile,
+    inspect_state_file,
     live_or_removed,
-    stale_reason,
     start_detached,
     stop_detached,
     write_atomically,
@@ -213,16 +213,12 @@ class EmbeddedBroker:
         checked (:func:`keyplane.processes.live_or_removed`), so a command that
         removes either says so.
         """
-        running, stale = live_or_removed(self.state_file, self._read_state())
-        removed = [] if stale is None else [self._stale(stale)]
+        running, stale = inspect_state_file(self.state_file, self._read_state(), "the broker")
         try:
             _, s3_stale = self.local_s3.inspect()
         except ObjectStoreError as error:
             raise BrokerError(str(error)) from None
-        return running, removed + ([] if s3_stale is None else [s3_stale])
-
-    def _stale(self, state: BrokerState) -> StaleFile:
-        return StaleFile(self.state_file, state.pid, stale_reason(state, "the broker"))
+        return running, [removed for removed in (stale, s3_stale) if removed is not None]
 
     def _read_state(self) -> BrokerState | None:
         return read_model_file(

@@ -25,8 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane.processes import (
     StaleFile,
-    live_or_removed,
-    stale_reason,
+    inspect_state_file,
     start_detached,
     stop_detached,
     write_atomically,
@@ -114,10 +113,7 @@ class LocalS3Server:
         a file without a command line cannot tell its server from a process
         that reused the pid, so it is neither reused nor stopped.
         """
-        running, stale = live_or_removed(self.state_file, self._read_state())
-        if stale is None:
-            return running, None
-        return None, StaleFile(self.state_file, stale.pid, stale_reason(stale, "the S3 server"))
+        return inspect_state_file(self.state_file, self._read_state(), "the S3 server")
 
     def _read_state(self) -> LocalS3State | None:
         return read_model_file(

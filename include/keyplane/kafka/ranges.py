@@ -185,7 +185,6 @@ def read_range(
 
 def _lost(r: OffsetRange, position: int, consumer: Any, tp: Any) -> str:
     """What a read out of the broker's bounds lost, in one line that says what to do."""
-    kept = ""
     try:
         first = consumer.beginning_offsets([tp])[tp]
         end = consumer.end_offsets([tp])[tp]
