@@ -1087,6 +1087,14 @@ class ControllerState(BaseModel):
                 raise ValueError("a rollout propagated an unknown operator")
         return self
 
+    @property
+    def migrated_rollout(self) -> Reconfiguration | None:
+        """The rollout in flight once every operator has MIGRATED, when DONE may follow."""
+        current = self.current
+        if current is not None and set(current.migrated) == set(self.operators):
+            return current
+        return None
+
 
 def _kept(state: ControllerState | None) -> list[Reconfiguration]:
     """The rollouts ``state`` keeps, newest first: the one in flight, then the last finished."""
@@ -1211,7 +1219,7 @@ class ControllerProtocol:
             return "preparing"
         if not current.propagated:
             return "prepared"
-        if set(current.migrated) == set(self._state.operators):
+        if self._state.migrated_rollout is not None:
             return "migrated"
         return "propagating"
 

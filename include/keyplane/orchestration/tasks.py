@@ -720,13 +720,8 @@ def done_into(deployment: Deployment, record: Path, version: int | None = None) 
 
     with controller(deployment) as control:
         state = control.state
-        rollout = None if state is None else state.current
-        if (
-            state is not None
-            and rollout is not None
-            and version in (None, rollout.version)
-            and set(state.operators) <= set(rollout.migrated)
-        ):
+        migrated = None if state is None else state.migrated_rollout
+        if migrated is not None and version in (None, migrated.version):
             reserve()
         message = control.done(version=version)
     start = reserve()["metrics_start"]
