@@ -18,10 +18,10 @@ Every ten minutes (or by hand, with Params):
    other with deferred waits, so each wave's micro-batches carry a share of
    the moved state;
 6. the rollout of paper 000 §3.4: ``publish`` (PREPARE) → ``await_ack`` →
-   ``migrate_A`` → ``migrate_B`` → ``await_migrated_A`` →
-   ``await_migrated_B`` → ``done`` (asset ``keyplane_routing_configuration``),
-   every wait deferred to the triggerer: both PROPAGATEs go out first, so
-   both stages switch in one micro-batch and install in the next;
+   ``propagate`` → ``await_migrated_A`` → ``await_migrated_B`` → ``done``
+   (asset ``keyplane_routing_configuration``), every wait deferred to the
+   triggerer: ``propagate`` sends both PROPAGATEs in one publish, so both
+   stages switch in one micro-batch and install in the next;
 7. ``verify`` compares the new version's first batches with the window
    before, and ``rollback`` republishes the previous routing as a new version
    when they regressed.

@@ -14,9 +14,9 @@ Every ten minutes in ``auto`` mode, or on demand with Params:
 3. ``validate_configuration`` runs the Great Expectations configuration
    suites on it: a failure stops the run, and nothing is published;
 4. the rollout of paper 000 §3.4, the reconfiguration DAG's: ``publish``
-   (PREPARE) → ``await_ack`` → ``migrate_A`` → ``migrate_B`` →
-   ``await_migrated_A`` → ``await_migrated_B`` → ``done``, the state of every
-   moved key handed over live;
+   (PREPARE) → ``await_ack`` → ``propagate`` → ``await_migrated_A`` →
+   ``await_migrated_B`` → ``done``, the state of every moved key handed over
+   live;
 5. ``verify`` checks the first batches on the new version: no tuple reached
    an inactive instance.
 

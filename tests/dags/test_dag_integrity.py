@@ -117,8 +117,7 @@ def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> No
         "roll_out_waves",
         "publish",
         "await_ack",
-        "migrate_A",
-        "migrate_B",
+        "propagate",
         "await_migrated_A",
         "await_migrated_B",
         "done",
@@ -144,12 +143,13 @@ def _waits(dag: Any) -> list[Any]:
     return [t for t in dag.tasks if isinstance(t, AwaitRolloutOperator)]
 
 
-def test_every_wait_and_migrate_acts_on_the_version_its_own_chain_published(
+def test_every_wait_and_propagate_acts_on_the_version_its_own_chain_published(
     dag: Any, scale_dag: Any
 ) -> None:
     """The waits and PROPAGATEs read their version from the XCom of the task that
     PREPAREd it: the rollback's from ``prepare_rollback``, not from ``publish`` (also
-    upstream)."""
+    upstream). One task PROPAGATEs every operator, upstream first, so that the job
+    reads them at one batch boundary and switches both stages in the same batch."""
     chain = ["await_ack", "await_migrated_A", "await_migrated_B"]
     for defined, publishers in (
         (dag, {"": "publish", "rollback.rollback_": "rollback.prepare_rollback"}),
@@ -160,16 +160,12 @@ def test_every_wait_and_migrate_acts_on_the_version_its_own_chain_published(
             prefix + wait: publisher for prefix, publisher in publishers.items() for wait in chain
         }
         steps = {
-            t.task_id: t.op_args[1]
+            t.task_id: tuple(t.op_args)
             for t in defined.tasks
-            if t.task_id.rsplit(".", 1)[-1].removeprefix("rollback_").startswith("migrate_")
+            if t.task_id.rsplit(".", 1)[-1].removeprefix("rollback_").startswith("propagate")
         }
-        assert steps == {
-            f"{prefix}migrate_{operator}": publisher
-            for prefix, publisher in publishers.items()
-            for operator in ("A", "B")
-        }
-        for task_id, publisher in {**published, **steps}.items():
+        assert steps == {f"{prefix}propagate": (["A", "B"], p) for prefix, p in publishers.items()}
+        for task_id, publisher in {**published, **{t: p for t, (_, p) in steps.items()}}.items():
             upstream = defined.get_task(task_id).get_flat_relative_ids(upstream=True)
             assert publisher in upstream, task_id
 
@@ -279,8 +275,7 @@ def test_scale_dag_is_scheduled_once_at_a_time_and_propagates_upstream_first(
         "validate_configuration",
         "publish",
         "await_ack",
-        "migrate_A",
-        "migrate_B",
+        "propagate",
         "await_migrated_A",
         "await_migrated_B",
         "done",

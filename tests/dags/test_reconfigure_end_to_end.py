@@ -6,13 +6,13 @@ workload (paper 000 §4.2) while more events keep arriving. One run of
 plans a new version (METIS tables, FISH hot keys) stored as waves of at most
 ``max_moves_per_wave`` moved keys, validates it with Great Expectations,
 backtests it, decides to publish, rolls the waves out one after the other and
-the last over the DAG's own tasks (PREPARE → ACK → PROPAGATE A → MIGRATED A →
-PROPAGATE B → MIGRATED B → DONE, with deferred waits), and verifies the job's
-first batches on the last. Every count stays exact. Then a deliberately bad
-configuration (one instance given three times the average load) is rejected
-by Great Expectations and never reaches the job; the run's
-``roll_out_waves``, ``publish`` and ``migrate_A``, run again with ``airflow
-tasks test``, change nothing.
+the last over the DAG's own tasks (PREPARE → ACK → PROPAGATE A and B in one
+publish → MIGRATED A, MIGRATED B from the same batch → DONE, with deferred
+waits), and verifies the job's first batches on the last. Every count stays
+exact. Then a deliberately bad configuration (one instance given three times
+the average load) is rejected by Great Expectations and never reaches the
+job; the run's ``roll_out_waves``, ``publish`` and ``propagate``, run again
+with ``airflow tasks test``, change nothing.
 
 A second, forced run then meets a flash hot key (001 §1) that arrives right
 after its statistics were taken: every event carries one key, so the version
@@ -149,6 +149,9 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         assert state.protocol.last is not None and state.protocol.last.finish is not None
         assert state.protocol.last.finish.type == "DONE"
         assert set(state.protocol.last.migrated) == {"A", "B"}
+        # One publish PROPAGATEs both stages: they switch in one batch and install in the next.
+        installed = {op: r.batch_id for op, r in state.protocol.last.migrated.items()}
+        assert installed["A"] == installed["B"], installed
         verification = json.loads((folder / tasks.VERIFICATION).read_text())
         assert verification["regressed"] is False, verification
         assert verification["after"]["batches"] == 3
@@ -174,12 +177,12 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         with pytest.raises(tasks.StepError, match="never published"):
             tasks._require_validated(deployment, bad.version)
 
-        # publish and migrate_A of the finished run, run again: the same messages with the
+        # publish and propagate of the finished run, run again: the same messages with the
         # same ids, which the job ignores; it stays on the new version and replies nothing
         # new. roll_out_waves sends nothing: the job runs past every wave.
         sent = _message_ids(broker, settings.control_topic)
         mark = tasks.metrics_end(deployment)
-        for task_id in ("roll_out_waves", "publish", "migrate_A"):
+        for task_id in ("roll_out_waves", "publish", "propagate"):
             again = subprocess.run(
                 [dagrun.airflow_command(), "tasks", "test", dagrun.DAG_ID, task_id, run.run_id],
                 env=setup.environment(),
@@ -189,7 +192,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
             )
             assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
         resent = _message_ids(broker, settings.control_topic)
-        assert len(resent) == len(sent) + 2 and set(resent) == set(sent)
+        assert len(resent) == len(sent) + 3 and set(resent) == set(sent)
 
         def batches_since(start: dict[int, int]) -> list[dict[str, int]]:
             return [r.versions for r in tasks.read_metrics(deployment, start) if r.rows]

@@ -1,7 +1,7 @@
 """Task wiring shared by the DAGs that roll a version out (reconfigure, scale).
 
 Both DAGs end with the same rollout of paper 000 §3.4: await the job's ACK,
-PROPAGATE each operator, upstream first, then await each MIGRATED.
+PROPAGATE every operator, upstream first, in one step, then await each MIGRATED.
 :func:`rollout_chain` builds that chain inside the DAG being defined. It
 imports only Airflow (the DAG files are parsed often and under a timeout);
 the steps import the rest when they run.
@@ -102,11 +102,12 @@ def published_version(published_by: str) -> int:
 
 
 @task
-def migrate(operator: str, published_by: str) -> dict[str, Any]:
-    """PROPAGATE the version ``published_by`` PREPAREd to ``operator`` (000 §3.4)."""
+def propagate(operators: Sequence[str], published_by: str) -> dict[str, Any]:
+    """PROPAGATE the version ``published_by`` PREPAREd to every one of ``operators``,
+    upstream first, in one publish (000 §3.4; :func:`keyplane.orchestration.tasks.propagate`)."""
     from keyplane.orchestration import tasks
 
-    return tasks.propagate(deployment(), operator, published_version(published_by))
+    return tasks.propagate(deployment(), operators, published_version(published_by))
 
 
 def rollout_chain(
@@ -115,12 +116,18 @@ def rollout_chain(
     timeout: str = "{{ params.reply_timeout_s }}",
     published_by: str = "publish",
 ) -> tuple[Any, Any]:
-    """await ACK → PROPAGATE each operator → await each MIGRATED, upstream first.
+    """await ACK → PROPAGATE every operator → await each MIGRATED, upstream first.
 
-    Every PROPAGATE goes out before the first wait, so that all operators
-    switch in the same micro-batch and install in the next (see
-    :mod:`keyplane.protocol` for why a micro-batch job may). Returns the
-    first and the last task, to wire before and after: after
+    One task sends every operator's PROPAGATE in one publish, before the
+    first wait, so that the job reads them at one batch boundary: all
+    operators switch in the same micro-batch and install in the next (see
+    :mod:`keyplane.protocol` for why a micro-batch job may). A task per
+    operator would let a boundary fall between their publishes, and the
+    downstream operators would switch, and the rollout end, one batch
+    later. Each operator's install is still a step of its own: its wait for
+    MIGRATED.
+
+    Returns the first and the last task, to wire before and after: after
     ``published_by``, the task that PREPAREs, whose returned ``version`` the
     waits await. Every wait is deferred to the triggerer
     (:class:`AwaitRolloutOperator`), which aborts that version when the job
@@ -129,11 +136,8 @@ def rollout_chain(
     first = AwaitRolloutOperator(
         task_id=f"{prefix}await_ack", kind="ack", published_by=published_by, timeout_s=timeout
     )
-    last: Any = first
-    for operator in operators:
-        step = migrate.override(task_id=f"{prefix}migrate_{operator}")(operator, published_by)
-        last >> step
-        last = step
+    last: Any = propagate.override(task_id=f"{prefix}propagate")(list(operators), published_by)
+    first >> last
     for operator in operators:
         wait = AwaitRolloutOperator(
             task_id=f"{prefix}await_migrated_{operator}",

@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -666,16 +666,25 @@ def publish_version(deployment: Deployment, version: int, parent: int) -> dict[s
     return {"version": version, "message_id": str(message.message_id)}
 
 
-def propagate(deployment: Deployment, operator: str, version: int | None = None) -> dict[str, Any]:
-    """PROPAGATE ``version`` to ``operator`` (after the ACK, upstream first).
+def propagate(
+    deployment: Deployment, operators: Sequence[str], version: int | None = None
+) -> dict[str, Any]:
+    """PROPAGATE ``version`` to every one of ``operators``, upstream first, in one publish
+    (after the ACK), so the job switches them all in the same micro-batch.
 
     ``version`` is the one the run PREPAREd; if another is in flight (the
     run's was aborted and an operator published one by hand), the step is
-    refused rather than propagating theirs. None: whatever is in flight.
+    refused rather than propagating theirs. None: whatever is in flight. A
+    retry re-sends the same messages, which the job ignores as duplicates.
     """
+    if not operators:
+        raise ValueError("propagate needs at least one operator")
     with controller(deployment) as control:
-        message = control.propagate(operator, version=version)
-    return {"version": message.config_version, "operator": operator}
+        messages = control.propagate_all(operators, version=version)
+    return {
+        "version": messages[0].config_version,
+        "operators": [m.operator for m in messages],
+    }
 
 
 def metrics_end(deployment: Deployment) -> dict[int, int]:

@@ -25,6 +25,8 @@ class FakeControlTopic:
 
     def __init__(self) -> None:
         self.messages: list[ControlMessage] = []
+        self.sends: list[int] = []
+        """How many messages each send published, in order."""
 
     def channel(self, bootstrap_servers: str, topic: str, **_: Any) -> FakeControlChannel:
         return FakeControlChannel(self, topic)
@@ -49,6 +51,7 @@ class FakeControlChannel:
 
     def send(self, messages: Sequence[ControlMessage]) -> None:
         self.log.messages.extend(messages)
+        self.log.sends.append(len(messages))
 
     def read(self, start: int, end: int | None = None) -> ControlRead:
         stop = len(self.log.messages) if end is None else end

@@ -120,9 +120,9 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
         first = outcomes[winner]
         assert tasks.publish(deployment, winner) == first
         _eventually(lambda: tasks.reply_arrived(deployment, "ack"), "the ACK")
+        once = tasks.propagate(deployment, OPERATORS)
+        assert tasks.propagate(deployment, OPERATORS) == once
         for operator in OPERATORS:
-            once = tasks.propagate(deployment, operator)
-            assert tasks.propagate(deployment, operator) == once
             _eventually(
                 functools.partial(tasks.reply_arrived, deployment, "migrated", operator),
                 f"MIGRATED {operator}",
@@ -221,8 +221,8 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
         # The last version: the DAG's publish → ACK → PROPAGATE → MIGRATED → DONE.
         assert tasks.publish(deployment, SCHEDULED)["version"] == version
         _eventually(lambda: tasks.reply_arrived(deployment, "ack"), "the ACK")
+        tasks.propagate(deployment, OPERATORS)
         for operator in OPERATORS:
-            tasks.propagate(deployment, operator)
             _eventually(
                 functools.partial(tasks.reply_arrived, deployment, "migrated", operator),
                 f"MIGRATED {operator}",

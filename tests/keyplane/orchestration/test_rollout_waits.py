@@ -234,7 +234,7 @@ def test_a_deferred_wait_carries_the_published_version_through_serialisation_fak
     rebuilt = RolloutWaitTrigger(**{**json.loads(json.dumps(kwargs)), "deadline": time.time() + 5})
     assert rebuilt.version == 2
     reply(topic, deployment, "ACK", 2)
-    tasks.propagate(deployment, "A")
+    tasks.propagate(deployment, ["A"])
     reply(topic, deployment, "MIGRATED", 2)
     assert asyncio.run(first_event(rebuilt))["status"] == "ok"
 
@@ -292,11 +292,11 @@ def test_a_missing_reply_aborts_and_fails_without_retry_in_a_fake_topic(
 # --- the steps between the waits: PROPAGATE and DONE of the run's own version -------------
 
 
-def test_a_retried_migrate_of_an_aborted_version_does_not_propagate_the_next_in_a_fake_topic(
+def test_a_retried_propagate_of_an_aborted_version_does_not_propagate_the_next_in_a_fake_topic(
     deployment: Deployment, topic: FakeControlTopic
 ) -> None:
     """The run PREPAREd v2 and the job ACKed it; an operator aborted v2 and published
-    v3 by hand, which the job ACKed too. The run's ``migrate_A``, retried, names v2."""
+    v3 by hand, which the job ACKed too. The run's ``propagate``, retried, names v2."""
     prepare(deployment, 2)
     reply(topic, deployment, "ACK", 2)
     tasks.abort(deployment, {2})
@@ -305,13 +305,32 @@ def test_a_retried_migrate_of_an_aborted_version_does_not_propagate_the_next_in_
     sent = len(topic.messages)
 
     with pytest.raises(ProtocolError, match="v2 was aborted; v3 is in flight"):
-        tasks.propagate(deployment, "A", 2)
+        tasks.propagate(deployment, ["A", "B"], 2)
     with tasks.controller(deployment) as controller, pytest.raises(ProtocolError, match="v2"):
         controller.done(version=2)
 
     assert topic.messages[sent:] == [] and in_flight(deployment) == 3
-    assert tasks.propagate(deployment, "A", 3)["version"] == 3
-    assert topic.sent(sent) == ["controller:PROPAGATE v3"]
+    assert tasks.propagate(deployment, ["A", "B"], 3) == {"version": 3, "operators": ["A", "B"]}
+    assert topic.sent(sent) == ["controller:PROPAGATE v3"] * 2
+
+
+def test_propagate_sends_every_operator_upstream_first_in_one_publish_in_a_fake_topic(
+    deployment: Deployment, topic: FakeControlTopic
+) -> None:
+    """The DAG's one ``propagate`` step: both PROPAGATEs in one send, A before B, so that
+    the job reads them at one batch boundary; retried, it sends the same two again."""
+    prepare(deployment, 2)
+    reply(topic, deployment, "ACK", 2)
+    sent, sends = len(topic.messages), len(topic.sends)
+
+    first = tasks.propagate(deployment, ["A", "B"], 2)
+    assert first == {"version": 2, "operators": ["A", "B"]}
+    assert topic.sends[sends:] == [2]
+    assert [m.operator for m in topic.messages[sent:]] == ["A", "B"]
+    assert tasks.propagate(deployment, ["A", "B"], 2) == first
+    assert topic.messages[sent + 2 :] == topic.messages[sent : sent + 2]
+    with pytest.raises(ValueError, match="at least one operator"):
+        tasks.propagate(deployment, [], 2)
 
 
 def test_a_step_retried_after_its_rollout_was_done_resends_its_message_in_a_fake_topic(
