@@ -18,10 +18,13 @@ One run of a variant varies by up to half its rate on a 2-core machine, so
 ``--repeats N`` runs the four variants N times, taking turns, and pools each
 variant's steady batches over the runs. The default 200,000 events give each
 run three steady batches; ``--events 1000000`` gives nineteen, the steady
-state, and ``--variants routed`` runs the routed job and plain Spark only.
+state (at another ``--batch``, twenty times it), and ``--variants routed``
+runs the routed job and plain Spark only. The routed job's extra time is a
+roughly fixed cost per batch, so the ratio rises with ``--batch``
+(docs/benchmarks.md, "By batch size").
 
-    python bench/reference_job.py [--events 200000] [--tags 2000] [--repeats 3]
-        [--variants VARIANT ...] [--out FILE]
+    python bench/reference_job.py [--events 200000] [--batch 50000] [--tags 2000]
+        [--repeats 3] [--variants VARIANT ...] [--out FILE]
 """
 
 from __future__ import annotations
