@@ -15,7 +15,7 @@ import pytest
 from keyplane.config import RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
 from keyplane.operators import OPERATORS
-from keyplane.spark.counts_job import read_output, start_counts_query
+from keyplane.spark.counts_job import read_output, start_counts_query, stop_between_batches
 from keyplane.spark.progress import progress_of
 from keyplane.testing import routed_job_settings, wait_for_records
 from keyplane.verification import compare_counts, expected_counts_of
@@ -48,7 +48,7 @@ def test_a_live_routed_job_runs_no_batch_without_new_events(
             time.sleep(2)  # time for a batch without input to run, were there one
         reports = list(query.recentProgress)
     finally:
-        query.stop()
+        stop_between_batches(query)
 
     # Spark reports an idle trigger under the last batch's id, so a batch is
     # each id's report with the most rows.

@@ -35,6 +35,7 @@ from keyplane.spark.counts_job import (
     read_partials,
     read_results,
     start_counts_query,
+    stop_between_batches,
 )
 from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_settings
 from keyplane.workloads import GeoTagsWorkload
@@ -110,7 +111,7 @@ def test_value_counts_stay_exact_through_a_split_and_a_live_state_move(
         query.processAllAvailable()
         assert query.exception() is None
     finally:
-        query.stop()
+        stop_between_batches(query)
 
     # The moved states are ValueCounts' multisets, as text, from both stages.
     moved = read_moves(broker, settings.migration_topic)

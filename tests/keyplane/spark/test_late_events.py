@@ -19,7 +19,7 @@ import pytest
 
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import make_producer
-from keyplane.spark.counts_job import read_output, start_counts_query
+from keyplane.spark.counts_job import read_output, start_counts_query, stop_between_batches
 from keyplane.spark.watermark import BASE_MS, checkpoint_watermark_ms, watermark_ms
 from keyplane.testing import routed_job_settings, wait_for_records
 from keyplane.verification import compare_counts, counts_from_mapping
@@ -69,7 +69,7 @@ def test_an_event_an_hour_behind_earlier_batches_is_counted(
         wait_for_records(query, 3 * CHUNK)
         reports = list(query.recentProgress)
     finally:
-        query.stop()
+        stop_between_batches(query)
 
     assert len({report["batchId"] for report in reports}) >= 3
     dropped = [

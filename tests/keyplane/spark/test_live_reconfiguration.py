@@ -32,6 +32,7 @@ from keyplane.spark.counts_job import (
     read_output,
     read_partials,
     start_counts_query,
+    stop_between_batches,
 )
 from keyplane.testing import (
     moved_off_hash,
@@ -125,7 +126,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
         assert query.exception() is None
         assert {p["runId"] for p in query.recentProgress} == {str(run_id)}
     finally:
-        query.stop()
+        stop_between_batches(query)
         producer.join()
 
     # The reconfigurations happened while events were still arriving.

@@ -38,6 +38,7 @@ from keyplane.spark.counts_job import (
     read_output,
     read_partials,
     start_counts_query,
+    stop_between_batches,
 )
 from keyplane.spark.routed_counts import (
     ROUTED_OUTPUT_SCHEMA,
@@ -105,7 +106,7 @@ def _run_to_end(spark, settings: CountsJobSettings) -> list[str]:
         plan = query._jsq.explainInternal(False)
         return re.findall(r"TransformWithState(?:InPySpark)?\b", plan)
     finally:
-        query.stop()
+        stop_between_batches(query)
 
 
 def _run_with_rollout(
@@ -132,7 +133,7 @@ def _run_with_rollout(
         assert query.exception() is None
         return re.findall(r"TransformWithState(?:InPySpark)?\b", query._jsq.explainInternal(False))
     finally:
-        query.stop()
+        stop_between_batches(query)
 
 
 def _settings(
