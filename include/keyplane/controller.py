@@ -369,9 +369,7 @@ class Controller:
         step), so a retried task of an aborted run never propagates a version
         an operator published since.
         """
-        [message] = self._after_replies(
-            [lambda protocol: protocol.propagate(operator, version=version)]
-        )
+        [message] = self.propagate_all([operator], version=version)
         return message
 
     def propagate_all(
