@@ -44,7 +44,9 @@ from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagparts
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
+    MAX_WAVES_PER_RUN,
     REPLY_TIMEOUT_MAX_S,
+    ROLL_OUT_WAVES_WAITS,
     rollout_chain,
     rollout_dag_args,
 )
@@ -92,7 +94,8 @@ PARAMS = {
         type=["null", "integer"],
         minimum=1,
         description="Roll out in waves that each move at most this many keys, to spread the "
-        "state moves over more micro-batches (null: one rollout).",
+        f"state moves over more micro-batches, at most {MAX_WAVES_PER_RUN} waves (null: one "
+        "rollout).",
     ),
     "min_gain": Param(0.01, type="number", minimum=0.0, maximum=1.0),
     "migration_cost": Param(0.05, type="number", minimum=0.0, maximum=1.0),
@@ -108,8 +111,9 @@ with DAG(
     tags=["keyplane", "reconfiguration", "spark"],
     params=PARAMS,
     doc_md=__doc__,
-    # await_ack, await_migrated_A/B, await_new_version_batches, and the rollback's three.
-    **rollout_dag_args(waits=7),
+    # await_ack, await_migrated_A/B, await_new_version_batches, the rollback's three, and
+    # roll_out_waves's, at most MAX_WAVES_PER_RUN waves.
+    **rollout_dag_args(waits=7 + ROLL_OUT_WAVES_WAITS),
 ) as dag:
 
     @task
@@ -158,7 +162,9 @@ with DAG(
             max_table_entries=params["max_table_entries"],
             max_moves_per_wave=params["max_moves_per_wave"],
         )
-        return tasks.compute_configuration(deployment(), dagparts.run_id(), plan)
+        return tasks.compute_configuration(
+            deployment(), dagparts.run_id(), plan, max_waves=MAX_WAVES_PER_RUN
+        )
 
     @task
     def validate_configuration() -> dict[str, Any]:

@@ -380,8 +380,11 @@ class Controller:
         One publish, so the job usually reads them at the same batch boundary
         and switches every operator in the same batch; read at two
         boundaries, the downstream operators switch one batch later.
-        ``version`` as for :meth:`propagate`.
+        ``version`` as for :meth:`propagate`. No operators is a ``ValueError``:
+        a publish of nothing would leave the caller no message to report.
         """
+        if not operators:
+            raise ValueError("PROPAGATE needs at least one operator")
         return self._after_replies(
             [
                 functools.partial(ControllerProtocol.propagate, operator=name, version=version)

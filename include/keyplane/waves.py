@@ -74,6 +74,8 @@ def split_into_waves(
     new: RoutingConfig,
     fallback: Fallback,
     max_moves_per_wave: int,
+    *,
+    max_waves: int | None = None,
 ) -> tuple[RoutingConfig, ...]:
     """The configurations that take a job from ``old`` to ``new`` in waves.
 
@@ -90,8 +92,9 @@ def split_into_waves(
 
     Raises ``ValueError`` when an operator's parallelism or active instances
     differ between ``old`` and ``new`` (a rescale moves in one wave: publish
-    it without waves), or when ``new.version`` is not newer than
-    ``old.version``.
+    it without waves), when ``new.version`` is not newer than
+    ``old.version``, or when the moves need more than ``max_waves`` waves
+    (None: no limit), naming the smallest ``max_moves_per_wave`` that fits.
     """
     if new.version <= old.version:
         raise ValueError(f"version {new.version} must be newer than {old.version}")
@@ -108,6 +111,12 @@ def split_into_waves(
             "hash instance at once, so it rolls out in one wave"
         )
     waves = wave_count(plan.cost.keys, max_moves_per_wave)
+    if max_waves is not None and waves > max_waves:
+        raise ValueError(
+            f"{plan.cost.keys:,} moved keys at most {max_moves_per_wave:,} a wave make "
+            f"{waves:,} waves, more than the {max_waves:,} allowed: raise max_moves_per_wave "
+            f"to at least {math.ceil(plan.cost.keys / max_waves):,}"
+        )
     if waves == 1:
         return (_wave(new, 1, old.version, new.operators),)
     sequence = _interleaved(plan)

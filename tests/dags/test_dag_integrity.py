@@ -175,10 +175,19 @@ def test_a_run_within_its_params_never_reaches_the_run_timeout(
     fixture: str, request: pytest.FixtureRequest
 ) -> None:
     """At ``dagrun_timeout`` the scheduler skips a deferred wait without its abort, so
-    the timeout leaves every wait the longest ``reply_timeout_s`` and the other steps time."""
+    the timeout leaves every wait the longest ``reply_timeout_s`` and the other steps time,
+    ``roll_out_waves``'s included: an ACK and each operator's MIGRATED for every wave
+    but the last, of as many waves as a run may plan."""
+    from keyplane.operators import OPERATORS
+    from keyplane.orchestration.dagparts import MAX_WAVES_PER_RUN
+    from keyplane.orchestration.triggers import RollOutWavesOperator
+
     defined = request.getfixturevalue(fixture)
     longest = timedelta(seconds=defined.params.get_param("reply_timeout_s").schema["maximum"])
-    assert defined.dagrun_timeout > len(_waits(defined)) * longest
+    wave_tasks = [t for t in defined.tasks if isinstance(t, RollOutWavesOperator)]
+    assert len(wave_tasks) == (1 if fixture == "dag" else 0)
+    waits = len(_waits(defined)) + len(wave_tasks) * (MAX_WAVES_PER_RUN - 1) * (1 + len(OPERATORS))
+    assert defined.dagrun_timeout > waits * longest
 
 
 @pytest.mark.parametrize("fixture", ["dag", "scale_dag"])

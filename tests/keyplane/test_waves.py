@@ -75,6 +75,13 @@ def test_wave_count_rejects_a_limit_below_one_pure() -> None:
         wave_count(3, 0)
 
 
+def test_more_waves_than_allowed_is_refused_with_the_smallest_limit_that_fits_pure() -> None:
+    with pytest.raises(ValueError, match=r"15 moved keys .* 8 waves, more than the 4 allowed") as e:
+        split_into_waves(OLD, NEW, crc_fallback, 2, max_waves=4)
+    assert str(e.value).endswith("at least 4")
+    assert len(split_into_waves(OLD, NEW, crc_fallback, 4, max_waves=4)) == 4
+
+
 def test_one_wave_when_the_moves_fit_returns_the_target_itself_pure() -> None:
     assert split_into_waves(OLD, NEW, crc_fallback, 15) == (NEW,)
 

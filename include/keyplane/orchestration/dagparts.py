@@ -29,6 +29,23 @@ log = logging.getLogger(__name__)
 REPLY_TIMEOUT_MAX_S = 3600
 """The largest ``reply_timeout_s`` Param of either DAG: the longest wait for one reply."""
 
+MAX_WAVES_PER_RUN = 16
+"""The most waves a reconfigure run splits its change into (``max_moves_per_wave``).
+
+Each wave before the last is a whole rollout inside ``roll_out_waves``,
+with a wait for its ACK and one for each operator's MIGRATED, and
+``dagrun_timeout`` must leave all of them their longest wait; the number of
+waves is known only once the run has planned, so it is bounded here. A
+change that needs more fails in ``compute_configuration``, before anything
+is stored, naming the smallest ``max_moves_per_wave`` that fits. Each wave
+costs a rollout's fixed part again, so more than a few gain nothing
+(docs/benchmarks.md, "A live reconfiguration that moves 10k keys").
+"""
+
+ROLL_OUT_WAVES_WAITS = (MAX_WAVES_PER_RUN - 1) * (1 + len(OPERATORS))
+"""The most replies ``roll_out_waves`` awaits in one run: every wave's but the last's ACK
+and MIGRATEDs (the last wave goes through the DAG's own rollout tasks)."""
+
 OTHER_STEPS_TIME = timedelta(hours=1)
 """What a run's steps other than its waits may take together (Spark, GX, the protocol's sends)."""
 
@@ -72,8 +89,9 @@ def rollout_dag_args(waits: int) -> dict[str, Any]:
     (``waits`` × :data:`REPLY_TIMEOUT_MAX_S`) plus :data:`OTHER_STEPS_TIME`:
     a run that times out ends its deferred waits without their abort (see
     :func:`abort_run_in_flight`, which makes up for it), so a run within its
-    Params must not reach it. The waves of ``roll_out_waves`` cannot be
-    counted when the DAG is parsed; a run in many waves can reach it.
+    Params must not reach it. A DAG with ``roll_out_waves`` counts its
+    waits as :data:`ROLL_OUT_WAVES_WAITS`, the most that
+    :data:`MAX_WAVES_PER_RUN` allows.
     """
     return {
         "schedule": timedelta(minutes=10),

@@ -301,7 +301,11 @@ def changed_operators(config: RoutingConfig, parent: RoutingConfig) -> RoutingCo
 
 
 def compute_configuration(
-    deployment: Deployment, run_id: str, params: planning.PlanParams
+    deployment: Deployment,
+    run_id: str,
+    params: planning.PlanParams,
+    *,
+    max_waves: int | None = None,
 ) -> dict[str, Any]:
     """Plan a new version from the snapshot and store it, child of the active version.
 
@@ -309,7 +313,9 @@ def compute_configuration(
     FISH hot keys (001 §4.1.2). With ``params.max_moves_per_wave``, the
     change is stored as waves that each move at most that many keys, the
     last routing as the plan (:func:`keyplane.waves.split_into_waves`), so
-    the rollout spreads its moved states over more micro-batches. Retried,
+    the rollout spreads its moved states over more micro-batches; a change
+    that needs more than ``max_waves`` waves (a DAG run's limit, None: none)
+    fails before anything is stored. Retried,
     it returns the versions it stored the first time instead of storing more,
     also after a try that died while storing them: the versions and the
     parent are reserved first (:func:`_reserve`), and the plan, a function
@@ -333,7 +339,7 @@ def compute_configuration(
     )
     stored = [
         _store(deployment, config)
-        for config in _waves(current, plan.config, params.max_moves_per_wave)
+        for config in _waves(current, plan.config, params.max_moves_per_wave, max_waves)
     ]
     saved = stored[-1]
     proposal = Proposal(
@@ -354,16 +360,22 @@ def compute_configuration(
 
 
 def _waves(
-    current: RoutingConfig, planned: RoutingConfig, max_moves_per_wave: int | None
+    current: RoutingConfig,
+    planned: RoutingConfig,
+    max_moves_per_wave: int | None,
+    max_waves: int | None,
 ) -> tuple[RoutingConfig, ...]:
-    """``planned`` alone, or as waves of at most ``max_moves_per_wave`` moved keys each."""
+    """``planned`` alone, or as at most ``max_waves`` waves of at most ``max_moves_per_wave``
+    moved keys each."""
     if max_moves_per_wave is None:
         return (planned,)
     from keyplane.routedkeys import spark_partition
     from keyplane.waves import split_into_waves
 
     try:
-        return split_into_waves(current, planned, spark_partition, max_moves_per_wave)
+        return split_into_waves(
+            current, planned, spark_partition, max_moves_per_wave, max_waves=max_waves
+        )
     except ValueError as exc:
         raise StepError(f"v{planned.version} cannot roll out in waves: {exc}") from None
 
@@ -677,8 +689,6 @@ def propagate(
     refused rather than propagating theirs. None: whatever is in flight. A
     retry re-sends the same messages, which the job ignores as duplicates.
     """
-    if not operators:
-        raise ValueError("propagate needs at least one operator")
     with controller(deployment) as control:
         messages = control.propagate_all(operators, version=version)
     return {

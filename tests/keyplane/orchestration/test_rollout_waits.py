@@ -331,6 +331,7 @@ def test_propagate_sends_every_operator_upstream_first_in_one_publish_in_a_fake_
     assert topic.messages[sent + 2 :] == topic.messages[sent : sent + 2]
     with pytest.raises(ValueError, match="at least one operator"):
         tasks.propagate(deployment, [], 2)
+    assert len(topic.messages) == sent + 4 and len(topic.sends) == sends + 2
 
 
 def test_a_step_retried_after_its_rollout_was_done_resends_its_message_in_a_fake_topic(

@@ -121,3 +121,32 @@ def test_a_scaled_in_job_is_judged_on_its_active_instances(tmp_path: Path) -> No
     record = _planned_and_validated(tmp_path, current, planning.PlanParams(alpha=1.1))
 
     assert record["success"], record["summary"]
+
+
+def test_a_change_needing_more_waves_than_a_run_allows_fails_before_storing_any(
+    tmp_path: Path,
+) -> None:
+    """A DAG run's ``dagrun_timeout`` counts at most ``max_waves`` waves, so a change that
+    needs more is refused with the smallest ``max_moves_per_wave`` that fits, and nothing
+    is stored; that value then plans within the limit."""
+    deployment = deployment_under(tmp_path)
+    config_store.save(RoutingConfig.all_hash(P, OPERATORS), deployment.routing_store)
+    write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
+
+    with pytest.raises(tasks.StepError, match="more than the 3 allowed") as refused:
+        tasks.compute_configuration(
+            deployment, RUN, planning.PlanParams(alpha=1.1, max_moves_per_wave=1), max_waves=3
+        )
+
+    assert config_store.stored_versions(deployment.routing_store) == [1]
+    fits = int(str(refused.value).rsplit("at least ", 1)[1].replace(",", ""))
+    assert fits > 1
+    retry_run = "manual__2026-11-03T12:10:00+00:00"
+    write_statistics_snapshot(deployment.snapshots, retry_run, paired_tuple_counts(60, 3))
+    proposal = tasks.compute_configuration(
+        deployment,
+        retry_run,
+        planning.PlanParams(alpha=1.1, max_moves_per_wave=fits),
+        max_waves=3,
+    )
+    assert 1 <= len(proposal["waves"]) + 1 <= 3
