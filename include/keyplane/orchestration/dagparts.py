@@ -43,8 +43,8 @@ costs a rollout's fixed part again, so more than a few gain nothing
 """
 
 ROLL_OUT_WAVES_WAITS = (MAX_WAVES_PER_RUN - 1) * (1 + len(OPERATORS))
-"""The most replies ``roll_out_waves`` awaits in one run: every wave's but the last's ACK
-and MIGRATEDs (the last wave goes through the DAG's own rollout tasks)."""
+"""The most replies ``roll_out_waves`` awaits in one run: the ACK and each MIGRATED of
+every wave but the last (the last goes through the DAG's own rollout tasks)."""
 
 OTHER_STEPS_TIME = timedelta(hours=1)
 """What a run's steps other than its waits may take together (Spark, GX, the protocol's sends)."""
