@@ -141,11 +141,11 @@ def test_a_change_needing_more_waves_than_a_run_allows_fails_before_storing_any(
     assert config_store.stored_versions(deployment.routing_store) == [1]
     fits = int(str(refused.value).rsplit("at least ", 1)[1].replace(",", ""))
     assert fits > 1
-    retry_run = "manual__2026-11-03T12:10:00+00:00"
-    write_statistics_snapshot(deployment.snapshots, retry_run, paired_tuple_counts(60, 3))
+    next_run = "manual__2026-11-03T12:10:00+00:00"
+    write_statistics_snapshot(deployment.snapshots, next_run, paired_tuple_counts(60, 3))
     proposal = tasks.compute_configuration(
         deployment,
-        retry_run,
+        next_run,
         planning.PlanParams(alpha=1.1, max_moves_per_wave=fits),
         max_waves=3,
     )
