@@ -1,16 +1,25 @@
-"""Committing state through Hadoop's FileContext or FileSystem API, side by side.
+"""Checkpoint files through Hadoop's FileContext, its FileSystem, or keyplane's manager.
 
-Each state store partition commits every micro-batch by writing one small
-changelog file into the checkpoint and renaming it into place. Spark writes
-checkpoint files through ``FileContext`` by default; keyplane's sessions
-switch to ``FileSystem`` (:func:`keyplane.spark.session.use_file_system_checkpoint_manager`),
-whose rename on the local file system is the POSIX ``rename(2)``.
+Every micro-batch writes checkpoint files: each state store partition a
+changelog, the driver an offset and a commit log entry, each a small file
+written under a temporary name and renamed into place. Spark writes them
+through ``FileContext`` by default. keyplane's sessions switch to
+``FileSystem`` (:func:`keyplane.spark.session.use_file_system_checkpoint_manager`),
+whose rename on the local file system is the POSIX ``rename(2)``, and, where
+the session has keyplane's jar, to keyplane's manager over it, which creates
+local files in Java rather than through Hadoop's local file system, which
+starts a ``chmod`` process for each (``keyplane.spark.jvm.LocalCheckpointFileManager``).
 
-The routed job runs on the same topic with each manager, taking turns, and
-Spark's event log gives, per steady batch, each stateful operator's
-``commitTimeMs`` summed over its partitions, and the batch's duration.
+The routed job and plain Spark's ``groupBy`` counts (the two pipelines of
+``bench/reference_job.py``) run on the same topic with each manager, taking
+turns. Spark's event log gives, per steady batch (all but each run's first),
+its duration, each stateful operator's ``commitTimeMs`` and state store load
+time (``rocksdbLoadLatencyMs``, which includes opening the batch's changelog
+file), summed over its partitions, and the driver's offset and commit log
+writes (``walCommit`` + ``commitOffsets``).
 
-    python bench/checkpoint_manager.py [--events 200000] [--repeats 3] [--out FILE]
+    python bench/checkpoint_manager.py [--events 600000] [--batch 50000] [--repeats 3]
+        [--managers NAME ...] [--pipelines NAME ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -23,18 +32,23 @@ from typing import Any
 
 from _harness import event_log_env, private_broker, run_job
 from _output import emit
+from reference_job import settings as pipeline_settings
 
 from keyplane.kafka.producer import produce_workload
-from keyplane.spark.counts_job import CountsJobSettings
-from keyplane.spark.session import CHECKPOINT_FILE_MANAGER_KEY, FILE_SYSTEM_CHECKPOINT_MANAGERS
-from keyplane.testing import routed_job_topics
+from keyplane.spark.jvm import CHECKPOINT_FILE_MANAGER
+from keyplane.spark.session import (
+    CHECKPOINT_FILE_MANAGER_KEY,
+    SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS,
+)
 from keyplane.workloads import GeoTagsWorkload
 
 MANAGERS = {
     "FileContext": "org.apache.spark.sql.execution.streaming.checkpointing."
     "FileContextBasedCheckpointFileManager",
-    "FileSystem": FILE_SYSTEM_CHECKPOINT_MANAGERS[0],
+    "FileSystem": SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS[0],
+    "keyplane": CHECKPOINT_FILE_MANAGER,
 }
+PIPELINES = {"routed": "routed", "plain Spark": "native-counts"}
 
 
 def progress_events(log_dir: Path) -> list[dict[str, Any]]:
@@ -47,64 +61,107 @@ def progress_events(log_dir: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda p: p["batchId"])
 
 
+def records_read(p: dict[str, Any]) -> int:
+    """The events a batch read: the routed source's own count, else the sources' input rows
+    (an event log's progress has no top-level ``numInputRows``)."""
+    from keyplane.spark.progress import progress_of
+
+    end = p["sources"][0].get("endOffset") if p.get("sources") else None
+    if isinstance(end, str):
+        end = json.loads(end)
+    if isinstance(end, dict) and "read" in end:
+        return progress_of(p).rows
+    return sum(int(source.get("numInputRows", 0)) for source in p.get("sources", []))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--managers", nargs="+", choices=MANAGERS, default=list(MANAGERS))
+    parser.add_argument("--pipelines", nargs="+", choices=PIPELINES, default=list(PIPELINES))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    commits: dict[str, list[float]] = {name: [] for name in MANAGERS}
-    durations: dict[str, list[float]] = {name: [] for name in MANAGERS}
+    cells = [(pipeline, manager) for pipeline in args.pipelines for manager in args.managers]
+    batches: dict[tuple[str, str], list[dict[str, Any]]] = {cell: [] for cell in cells}
     with private_broker() as (bootstrap, tmp):
         produce_workload(
-            GeoTagsWorkload(n_events=args.events, n_tags=2_000, seed=3), bootstrap, "commits"
+            GeoTagsWorkload(n_events=args.events, n_tags=2_000, seed=3),
+            bootstrap,
+            "reference",
+            partitions=8,
         )
         for run in range(args.repeats):
-            for name, manager in MANAGERS.items():
-                work = tmp / f"{name}-{run}"
+            for number, (pipeline, manager) in enumerate(cells):
+                variant = PIPELINES[pipeline]
+                work = tmp / f"run-{run}-{number}"
                 env = event_log_env(work / "events")
                 conf = Path(env["SPARK_CONF_DIR"]) / "spark-defaults.conf"
-                conf.write_text(conf.read_text() + f"{CHECKPOINT_FILE_MANAGER_KEY} {manager}\n")
-                run_job(
-                    CountsJobSettings(
-                        bootstrap_servers=bootstrap,
-                        events_topic="commits",
-                        checkpoint=work / "ck",
-                        output=work / "out",
-                        max_offsets_per_trigger=args.batch,
-                        stop_at_offset_total=args.events,
-                        routing_store=work / "store",
-                        **routed_job_topics(f"{name}-{run}"),
-                    ),
-                    env=env,
+                conf.write_text(
+                    conf.read_text() + f"{CHECKPOINT_FILE_MANAGER_KEY} {MANAGERS[manager]}\n"
                 )
-                # Steady batches: all but the first, with rows.
-                for p in progress_events(work / "events")[1:]:
-                    if not sum(source.get("numInputRows", 0) for source in p["sources"]):
-                        continue
-                    durations[name].append(p["durationMs"]["triggerExecution"] / 1000)
-                    commits[name] += [op["commitTimeMs"] for op in p["stateOperators"]]
-                print(f"run {run + 1}/{args.repeats} {name}: done", flush=True)
+                job = pipeline_settings(
+                    bootstrap, work, variant, args.batch, args.events, run * 100 + number
+                )
+                run_job(job, env=env)
+                steady = [p for p in progress_events(work / "events")[1:] if records_read(p)]
+                batches[(pipeline, manager)] += steady
+                print(
+                    f"run {run + 1}/{args.repeats} {pipeline}, {manager}: "
+                    f"{len(steady)} steady batches",
+                    flush=True,
+                )
 
-    ratio = statistics.median(durations["FileSystem"]) / statistics.median(durations["FileContext"])
+    def rate(cell: tuple[str, str]) -> float:
+        found = batches[cell]
+        seconds = sum(p["durationMs"]["triggerExecution"] for p in found) / 1000
+        return sum(records_read(p) for p in found) / seconds
+
+    def per_operator(cell: tuple[str, str], metric: str) -> float:
+        values = [
+            float((op.get("customMetrics") or {}).get(metric, op.get(metric, 0)))
+            for p in batches[cell]
+            for op in p["stateOperators"]
+        ]
+        return statistics.median(values)
+
+    def median_batch_s(cell: tuple[str, str]) -> float:
+        return statistics.median(p["durationMs"]["triggerExecution"] for p in batches[cell]) / 1000
+
+    def driver_logs(cell: tuple[str, str]) -> float:
+        return statistics.median(
+            p["durationMs"].get("walCommit", 0) + p["durationMs"].get("commitOffsets", 0)
+            for p in batches[cell]
+        )
+
     lines = [
-        f"events: {args.events:,} geo-tags in 8 partitions, {args.batch:,} per batch, the routed "
-        f"job on local[2] (2 stateful operators, 4 partitions each); {args.repeats} run(s) of "
-        "each manager, taking turns; steady batches",
+        f"events: {args.events:,} geo-tags in 8 partitions, {args.batch:,} per batch, local[2], "
+        f"4 partitions per stateful operator (the routed job has 2, plain Spark 1); "
+        f"{args.repeats} run(s) of each pipeline and manager, taking turns; steady batches",
         "",
-        "| checkpoint files through | median commitTimeMs per operator and batch "
-        "(4 partitions summed) | median batch s |",
-        "|---|---:|---:|",
+        "| pipeline | checkpoint files through | median batch s | steady rows/s | "
+        "commitTimeMs per operator (median) | state store load ms per operator (median) | "
+        "offset + commit log ms (median) |",
+        "|---|---|---:|---:|---:|---:|---:|",
         *[
-            f"| {name} | {statistics.median(commits[name]):.0f} | "
-            f"{statistics.median(durations[name]):.2f} |"
-            for name in MANAGERS
+            f"| {pipeline} | {manager} | {median_batch_s(cell):.2f} | {rate(cell):,.0f} | "
+            f"{per_operator(cell, 'commitTimeMs'):.0f} | "
+            f"{per_operator(cell, 'rocksdbLoadLatencyMs'):.0f} | {driver_logs(cell):.0f} |"
+            for cell in cells
+            for pipeline, manager in [cell]
         ],
         "",
-        f"FileSystem / FileContext median batch: **{ratio:.2f}**",
     ]
+    for pipeline in args.pipelines:
+        if "FileSystem" in args.managers and "keyplane" in args.managers:
+            gain = rate((pipeline, "keyplane")) / rate((pipeline, "FileSystem"))
+            lines.append(f"{pipeline}: keyplane / FileSystem steady rows/s: **{gain:.2f}**")
+    if "routed" in args.pipelines and "plain Spark" in args.pipelines:
+        for manager in args.managers:
+            ratio = rate(("routed", manager)) / rate(("plain Spark", manager))
+            lines.append(f"routed / plain Spark with {manager}: **{ratio:.2f}**")
     emit("\n".join(lines), args.out)
 
 

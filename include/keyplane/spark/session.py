@@ -9,15 +9,18 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from keyplane.settings import Settings
-from keyplane.spark.jvm import available_jar
+from keyplane.spark.jvm import CHECKPOINT_FILE_MANAGER, available_jar
 
 CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
-FILE_SYSTEM_CHECKPOINT_MANAGERS = (
+SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
     "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager",
 )
 """Spark's checkpoint file manager over the ``FileSystem`` API, by its name in Spark 4.3 and
 in earlier releases (the class moved to a ``checkpointing`` package)."""
+FILE_SYSTEM_CHECKPOINT_MANAGERS = (CHECKPOINT_FILE_MANAGER, *SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS)
+"""The managers a session may take, the first it can load: keyplane's (in the jar of
+:mod:`keyplane.spark.jvm`), else Spark's."""
 
 
 def jit_options() -> str:
@@ -100,7 +103,7 @@ def build_session(
 
 def use_file_system_checkpoint_manager(spark: SparkSession) -> str | None:
     """Write checkpoint files through Hadoop's ``FileSystem`` API rather than ``FileContext``;
-    return the class set, or None if this Spark has neither name.
+    return the class set, or None if this Spark has none of :data:`FILE_SYSTEM_CHECKPOINT_MANAGERS`.
 
     keyplane's checkpoints are local paths (a shared volume on a cluster),
     where a ``FileSystem`` rename is the POSIX ``rename(2)``: atomic, and it
@@ -111,12 +114,21 @@ def use_file_system_checkpoint_manager(spark: SparkSession) -> str | None:
     file, took 40-75 ms, about a third of a keyed stage's task; through
     ``FileSystem`` the same commits took 0-15 ms (docs/benchmarks.md,
     "Committing state").
+
+    Where the session has keyplane's jar, its manager is Spark's ``FileSystem``
+    one that creates local files in Java (``LocalCheckpointFileManager.java``):
+    Hadoop's local file system, without its native library, starts a
+    ``chmod`` process for every file it creates, 11-12 ms each, and a query
+    creates one per stateful partition in each batch, and two on the driver
+    (docs/benchmarks.md, "Creating checkpoint files without a process each").
+    Checkpoints written by either manager are read by the other.
     """
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     for name in FILE_SYSTEM_CHECKPOINT_MANAGERS:
         try:
-            jvm.java.lang.Class.forName(name)
+            # As Spark loads the class it names: jars added to the session count.
+            jvm.org.apache.spark.util.Utils.classForName(name, True, False)
         except Py4JJavaError:
             continue
         spark.conf.set(CHECKPOINT_FILE_MANAGER_KEY, name)

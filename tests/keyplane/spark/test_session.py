@@ -9,9 +9,11 @@ import sys
 import pytest
 
 from keyplane.settings import NO_TRAP_JIT_OPTIONS
+from keyplane.spark import jvm as keyplane_jvm
 from keyplane.spark.session import (
     CHECKPOINT_FILE_MANAGER_KEY,
     FILE_SYSTEM_CHECKPOINT_MANAGERS,
+    SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS,
     use_file_system_checkpoint_manager,
 )
 
@@ -19,11 +21,17 @@ pytestmark = pytest.mark.integration
 
 
 def test_checkpoint_files_go_through_a_file_system_manager_this_spark_has(spark) -> None:
-    """A class name Spark cannot load fails every query at start; the session names one it has."""
+    """A class name Spark cannot load fails every query at start; the session names one it has:
+    keyplane's where the session carries keyplane's jar, else Spark's."""
     chosen = spark.conf.get(CHECKPOINT_FILE_MANAGER_KEY)
     assert chosen in FILE_SYSTEM_CHECKPOINT_MANAGERS
-    assert spark.sparkContext._jvm.java.lang.Class.forName(chosen).getName() == chosen
+    loaded = spark.sparkContext._jvm.org.apache.spark.util.Utils.classForName(chosen, True, False)
+    assert loaded.getName() == chosen
     assert use_file_system_checkpoint_manager(spark) == chosen
+    if keyplane_jvm.loaded(spark):
+        assert chosen == keyplane_jvm.CHECKPOINT_FILE_MANAGER
+    else:
+        assert chosen in SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS
 
 
 def test_jit_options_from_the_environment_reach_the_driver_and_executors(tmp_path) -> None:

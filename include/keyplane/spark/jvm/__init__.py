@@ -10,9 +10,13 @@ keeps a number, so its stages run as Java ``StatefulProcessor``\\ s
 write the same rows as :mod:`keyplane.spark.routed_counts`, in Spark's own
 state store. A user's own aggregate keeps running in Python.
 
-The Java source ships with the package and is compiled on first use against
+The jar also carries :data:`CHECKPOINT_FILE_MANAGER`, the checkpoint file
+manager that keyplane's sessions use (``LocalCheckpointFileManager.java``;
+:func:`keyplane.spark.session.use_file_system_checkpoint_manager`).
+
+The Java sources ship with the package and are compiled on first use against
 the installed pyspark's jars (``javac``, a JDK, is needed once), into a jar
-named by the hash of source and Spark version, so an upgrade of either
+named by the hash of the sources and Spark version, so an upgrade of either
 builds a new one. ``KEYPLANE_JVM_JAR`` names a jar built in advance (an
 image's build step: ``python -m keyplane.spark.jvm --out PATH``), which is
 then used as it is.
@@ -36,9 +40,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SOURCE = Path(__file__).with_name("RoutedStages.java")
+SOURCES = (SOURCE, Path(__file__).with_name("LocalCheckpointFileManager.java"))
+"""Every Java source of the jar: the stages, and the checkpoint file manager."""
 JAR_ENV = "KEYPLANE_JVM_JAR"
 CACHE_ENV = "KEYPLANE_JVM_CACHE"
 CLASS_NAME = "keyplane.spark.jvm.RoutedStages"
+CHECKPOINT_FILE_MANAGER = "keyplane.spark.jvm.LocalCheckpointFileManager"
+"""A checkpoint file manager that creates local files without a ``chmod`` process each."""
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +64,9 @@ def _spark_jars() -> Path:
 def _fingerprint() -> str:
     import pyspark
 
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
     digest.update(pyspark.__version__.encode())
     return digest.hexdigest()[:16]
 
@@ -75,7 +85,7 @@ def _javac() -> str:
 
 
 def build_jar(out: Path) -> Path:
-    """Compile ``RoutedStages.java`` against the installed pyspark into the jar ``out``."""
+    """Compile :data:`SOURCES` against the installed pyspark into the jar ``out``."""
     with tempfile.TemporaryDirectory(prefix="keyplane-jvm-") as tmp:
         classes = Path(tmp) / "classes"
         classes.mkdir()
@@ -86,11 +96,12 @@ def build_jar(out: Path) -> Path:
             "-nowarn",
             "-cp", f"{_spark_jars()}/*",
             "-d", str(classes),
-            str(SOURCE),
+            *map(str, SOURCES),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise JvmStagesUnavailable(f"javac failed on {SOURCE.name}:\n{done.stderr.strip()}")
+            names = ", ".join(source.name for source in SOURCES)
+            raise JvmStagesUnavailable(f"javac failed on {names}:\n{done.stderr.strip()}")
         out.parent.mkdir(parents=True, exist_ok=True)
         # Written beside ``out`` under a name of its own and renamed into place,
         # so neither a reader nor a second process building at once sees half a jar.
