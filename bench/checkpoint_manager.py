@@ -74,6 +74,12 @@ def records_read(p: dict[str, Any]) -> int:
     return sum(int(source.get("numInputRows", 0)) for source in p.get("sources", []))
 
 
+def rate_of(batches: list[dict[str, Any]]) -> float:
+    """Events per second over ``batches``."""
+    seconds = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
+    return sum(records_read(p) for p in batches) / seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=600_000)
@@ -86,6 +92,7 @@ def main() -> None:
 
     cells = [(pipeline, manager) for pipeline in args.pipelines for manager in args.managers]
     batches: dict[tuple[str, str], list[dict[str, Any]]] = {cell: [] for cell in cells}
+    run_rates: dict[tuple[str, str], list[float]] = {cell: [] for cell in cells}
     with private_broker() as (bootstrap, tmp):
         produce_workload(
             GeoTagsWorkload(n_events=args.events, n_tags=2_000, seed=3),
@@ -108,6 +115,7 @@ def main() -> None:
                 run_job(job, env=env)
                 steady = [p for p in progress_events(work / "events")[1:] if records_read(p)]
                 batches[(pipeline, manager)] += steady
+                run_rates[(pipeline, manager)].append(rate_of(steady))
                 print(
                     f"run {run + 1}/{args.repeats} {pipeline}, {manager}: "
                     f"{len(steady)} steady batches",
@@ -115,9 +123,7 @@ def main() -> None:
                 )
 
     def rate(cell: tuple[str, str]) -> float:
-        found = batches[cell]
-        seconds = sum(p["durationMs"]["triggerExecution"] for p in found) / 1000
-        return sum(records_read(p) for p in found) / seconds
+        return rate_of(batches[cell])
 
     def per_operator(cell: tuple[str, str], metric: str) -> float:
         values = [
@@ -141,12 +147,13 @@ def main() -> None:
         f"4 partitions per stateful operator (the routed job has 2, plain Spark 1); "
         f"{args.repeats} run(s) of each pipeline and manager, taking turns; steady batches",
         "",
-        "| pipeline | checkpoint files through | median batch s | steady rows/s | "
+        "| pipeline | checkpoint files through | median batch s | steady rows/s | per run | "
         "commitTimeMs per operator (median) | state store load ms per operator (median) | "
         "offset + commit log ms (median) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---|---:|---:|---:|",
         *[
             f"| {pipeline} | {manager} | {median_batch_s(cell):.2f} | {rate(cell):,.0f} | "
+            f"{', '.join(f'{r:,.0f}' for r in run_rates[cell])} | "
             f"{per_operator(cell, 'commitTimeMs'):.0f} | "
             f"{per_operator(cell, 'rocksdbLoadLatencyMs'):.0f} | {driver_logs(cell):.0f} |"
             for cell in cells
