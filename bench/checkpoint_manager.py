@@ -161,6 +161,21 @@ def main() -> None:
         ],
         "",
     ]
+    lines += [
+        "Stateful operators as Spark's progress lists them, from the sink down (medians):",
+        "",
+    ]
+    for cell in cells:
+        operators = []
+        for index in range(len(batches[cell][0]["stateOperators"])):
+            ops = [p["stateOperators"][index] for p in batches[cell]]
+            updated = statistics.median(op["numRowsUpdated"] for op in ops)
+            timers = statistics.median(
+                (op.get("customMetrics") or {}).get("timerProcessingTimeMs", 0) for op in ops
+            )
+            operators.append(f"{updated:,.0f} keys updated, timerProcessingTimeMs {timers:.0f}")
+        lines.append(f"- {cell[0]}, {cell[1]}: " + "; ".join(operators))
+    lines.append("")
     for pipeline in args.pipelines:
         if "FileSystem" in args.managers and "keyplane" in args.managers:
             gain = rate((pipeline, "keyplane")) / rate((pipeline, "FileSystem"))
