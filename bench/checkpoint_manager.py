@@ -5,10 +5,11 @@ changelog, the driver an offset and a commit log entry, each a small file
 written under a temporary name and renamed into place. Spark writes them
 through ``FileContext`` by default. keyplane's sessions switch to
 ``FileSystem`` (:func:`keyplane.spark.session.use_file_system_checkpoint_manager`),
-whose rename on the local file system is the POSIX ``rename(2)``, and, where
-the session has keyplane's jar, to keyplane's manager over it, which creates
-local files in Java rather than through Hadoop's local file system, which
-starts a ``chmod`` process for each (``keyplane.spark.jvm.LocalCheckpointFileManager``).
+and, where the session has keyplane's jar, to keyplane's manager over it,
+which creates and renames local files in Java rather than through Hadoop's
+local file system, which starts a ``chmod`` process for each file it creates
+and refuses to rename onto an existing one
+(``keyplane.spark.jvm.LocalCheckpointFileManager``).
 
 The routed job and plain Spark's ``groupBy`` counts (the two pipelines of
 ``bench/reference_job.py``) run on the same topic with each manager, taking
@@ -36,6 +37,7 @@ from reference_job import settings as pipeline_settings
 
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.jvm import CHECKPOINT_FILE_MANAGER
+from keyplane.spark.progress import progress_of
 from keyplane.spark.session import (
     CHECKPOINT_FILE_MANAGER_KEY,
     SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS,
@@ -62,16 +64,8 @@ def progress_events(log_dir: Path) -> list[dict[str, Any]]:
 
 
 def records_read(p: dict[str, Any]) -> int:
-    """The events a batch read: the routed source's own count, else the sources' input rows
-    (an event log's progress has no top-level ``numInputRows``)."""
-    from keyplane.spark.progress import progress_of
-
-    end = p["sources"][0].get("endOffset") if p.get("sources") else None
-    if isinstance(end, str):
-        end = json.loads(end)
-    if isinstance(end, dict) and "read" in end:
-        return progress_of(p).rows
-    return sum(int(source.get("numInputRows", 0)) for source in p.get("sources", []))
+    """The events a batch read (the routed source's own count, else Spark's input rows)."""
+    return progress_of(p).rows
 
 
 def rate_of(batches: list[dict[str, Any]]) -> float:
@@ -122,9 +116,6 @@ def main() -> None:
                     flush=True,
                 )
 
-    def rate(cell: tuple[str, str]) -> float:
-        return rate_of(batches[cell])
-
     def per_operator(cell: tuple[str, str], metric: str) -> float:
         values = [
             float((op.get("customMetrics") or {}).get(metric, op.get(metric, 0)))
@@ -142,6 +133,16 @@ def main() -> None:
             for p in batches[cell]
         )
 
+    def table_row(cell: tuple[str, str]) -> str:
+        pipeline, manager = cell
+        return (
+            f"| {pipeline} | {manager} | {median_batch_s(cell):.2f} | "
+            f"{rate_of(batches[cell]):,.0f} | "
+            f"{', '.join(f'{r:,.0f}' for r in run_rates[cell])} | "
+            f"{per_operator(cell, 'commitTimeMs'):.0f} | "
+            f"{per_operator(cell, 'rocksdbLoadLatencyMs'):.0f} | {driver_logs(cell):.0f} |"
+        )
+
     lines = [
         f"events: {args.events:,} geo-tags in 8 partitions, {args.batch:,} per batch, local[2], "
         f"4 partitions per stateful operator (the routed job has 2, plain Spark 1); "
@@ -151,14 +152,7 @@ def main() -> None:
         "commitTimeMs per operator (median) | state store load ms per operator (median) | "
         "offset + commit log ms (median) |",
         "|---|---|---:|---:|---|---:|---:|---:|",
-        *[
-            f"| {pipeline} | {manager} | {median_batch_s(cell):.2f} | {rate(cell):,.0f} | "
-            f"{', '.join(f'{r:,.0f}' for r in run_rates[cell])} | "
-            f"{per_operator(cell, 'commitTimeMs'):.0f} | "
-            f"{per_operator(cell, 'rocksdbLoadLatencyMs'):.0f} | {driver_logs(cell):.0f} |"
-            for cell in cells
-            for pipeline, manager in [cell]
-        ],
+        *map(table_row, cells),
         "",
     ]
     lines += [
@@ -178,11 +172,15 @@ def main() -> None:
     lines.append("")
     for pipeline in args.pipelines:
         if "FileSystem" in args.managers and "keyplane" in args.managers:
-            gain = rate((pipeline, "keyplane")) / rate((pipeline, "FileSystem"))
+            gain = rate_of(batches[(pipeline, "keyplane")]) / rate_of(
+                batches[(pipeline, "FileSystem")]
+            )
             lines.append(f"{pipeline}: keyplane / FileSystem steady rows/s: **{gain:.2f}**")
     if "routed" in args.pipelines and "plain Spark" in args.pipelines:
         for manager in args.managers:
-            ratio = rate(("routed", manager)) / rate(("plain Spark", manager))
+            ratio = rate_of(batches[("routed", manager)]) / rate_of(
+                batches[("plain Spark", manager)]
+            )
             lines.append(f"routed / plain Spark with {manager}: **{ratio:.2f}**")
     emit("\n".join(lines), args.out)
 

@@ -80,6 +80,14 @@ def phases_ms(p: dict[str, Any]) -> dict[str, int]:
     return {name: int(ms) for name, ms in durations.items() if name != "triggerExecution"}
 
 
+def _input_rows(p: dict[str, Any]) -> int:
+    """A report's input rows. A live report has them at the top; the copy of a report in
+    Spark's event log has them only per source."""
+    if "numInputRows" in p:
+        return int(p["numInputRows"])
+    return sum(int(source.get("numInputRows", 0)) for source in p.get("sources") or [])
+
+
 def progress_of(p: dict[str, Any]) -> BatchProgress:
     source = p["sources"][0] if p.get("sources") else {}
     end_offset = source.get("endOffset")
@@ -90,7 +98,7 @@ def progress_of(p: dict[str, Any]) -> BatchProgress:
     duration_ms = int(p.get("durationMs", {}).get("triggerExecution", 0))
     read = _records_read(source, end_offset)
     if read is None:
-        rows = int(p.get("numInputRows", 0))
+        rows = _input_rows(p)
         rows_per_s = float(p.get("processedRowsPerSecond") or 0.0)
     else:
         rows = read

@@ -106,10 +106,10 @@ def use_file_system_checkpoint_manager(spark: SparkSession) -> str | None:
     return the class set, or None if this Spark has none of :data:`FILE_SYSTEM_CHECKPOINT_MANAGERS`.
 
     keyplane's checkpoints are local paths (a shared volume on a cluster),
-    where a ``FileSystem`` rename is the POSIX ``rename(2)``: atomic, and it
-    replaces the target, which is all Spark's atomic file writes rely on.
-    Spark prefers ``FileContext`` for HDFS, whose ``FileSystem`` rename does
-    not replace. On the local file system the ``FileContext`` path was slow:
+    where a ``FileSystem`` rename is atomic. Spark prefers ``FileContext``,
+    whose rename can replace the target; Hadoop's local ``FileSystem`` rename
+    refuses an existing one, which keyplane's own manager (below) mends. On
+    the local file system the ``FileContext`` path was slow:
     each state store partition's commit, which writes one small changelog
     file, took 40-75 ms, about a third of a keyed stage's task; through
     ``FileSystem`` the same commits took 0-15 ms (docs/benchmarks.md,
@@ -118,7 +118,7 @@ def use_file_system_checkpoint_manager(spark: SparkSession) -> str | None:
     Where the session has keyplane's jar, its manager is Spark's ``FileSystem``
     one that creates local files in Java (``LocalCheckpointFileManager.java``):
     Hadoop's local file system, without its native library, starts a
-    ``chmod`` process for every file it creates, 11-12 ms each, and a query
+    ``chmod`` process for every file it creates, 11-16 ms each, and a query
     creates one per stateful partition in each batch, and two on the driver
     (docs/benchmarks.md, "Creating checkpoint files without a process each").
     Checkpoints written by either manager are read by the other.

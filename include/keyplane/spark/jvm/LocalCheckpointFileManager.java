@@ -20,7 +20,7 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  *
  * <p>Why: without Hadoop's native library (the pyspark wheel has none), Hadoop's local file
  * system sets the permission of every file it creates by starting a {@code chmod} process. On
- * the reference machine that took 11-12 ms a file, and a streaming query creates several files
+ * the reference machine that took 11-16 ms a file, and a streaming query creates several files
  * in every micro-batch: its offset and commit log entries on the driver, and a changelog for each
  * partition of each stateful operator in its tasks (docs/benchmarks.md, "Creating checkpoint
  * files without a process each"). Here a file is opened with {@code java.nio}, which creates it
@@ -103,7 +103,7 @@ public class LocalCheckpointFileManager extends FileSystemBasedCheckpointFileMan
     try {
       Files.createLink(target, source);
     } catch (java.nio.file.FileAlreadyExistsException e) {
-      throw e;
+      throw e; // a FileSystemException too, but the answer, not a missing hard link
     } catch (UnsupportedOperationException | FileSystemException e) {
       if (Files.exists(target)) {
         throw new java.nio.file.FileAlreadyExistsException(target.toString());
