@@ -9,13 +9,16 @@ batch cap, each in its own process, one after the other:
 * ``routed-python``: the routed job (live routing, hand-off rows, metrics),
   on an initial all-hash configuration, its stages in Python;
 * ``routed``: the same job with its stages in the JVM
-  (:mod:`keyplane.spark.jvm`), as it runs by default.
+  (:mod:`keyplane.spark.jvm`), as it runs by default;
+* ``routed-event-time``: ``routed`` on a checkpoint whose stage A runs in
+  event-time mode, as earlier versions of keyplane wrote them
+  (:mod:`keyplane.spark.watermark`).
 
 The throughput ratios are the cost of the Python stateful stages and of
 live routing (issue goal: routed ≥ 0.9 × plain Spark).
 
 One run of a variant varies by up to half its rate on a 2-core machine, so
-``--repeats N`` runs the four variants N times, taking turns, and pools each
+``--repeats N`` runs the variants N times, taking turns, and pools each
 variant's steady batches over the runs. The default 200,000 events give each
 run three steady batches; ``--events 1000000`` gives nineteen, the steady
 state (at another ``--batch``, twenty times it), and ``--variants routed``
@@ -42,7 +45,7 @@ from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.testing import routed_job_topics
 from keyplane.workloads import GeoTagsWorkload
 
-VARIANTS = ("native-counts", "two-stage", "routed-python", "routed")
+VARIANTS = ("native-counts", "two-stage", "routed-python", "routed", "routed-event-time")
 
 
 def settings(
@@ -61,6 +64,7 @@ def settings(
         pipeline="two-stage" if routed else variant,
         routing_store=tmp / f"store-{name}" if routed else None,
         stage_engine="python" if variant == "routed-python" else "auto",
+        new_checkpoint_time_mode="EventTime" if variant == "routed-event-time" else "None",
         **(routed_job_topics(name) if routed else {}),
     )
 
@@ -71,7 +75,7 @@ def main() -> None:
     parser.add_argument("--tags", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--quick", action="store_true", help="50k events, 10k per batch")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of the four variants")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the variants")
     parser.add_argument(
         "--variants",
         nargs="+",
@@ -122,7 +126,11 @@ def main() -> None:
         "",
         ", ".join(
             f"routed / {name}: **{rates['routed'] / rates[v]:.2f}**"
-            for v, name in (("routed-python", "routed-python"), ("native-counts", "plain Spark"))
+            for v, name in (
+                ("routed-event-time", "routed-event-time"),
+                ("routed-python", "routed-python"),
+                ("native-counts", "plain Spark"),
+            )
             if "routed" in rates and v in rates
         ),
     ]

@@ -75,7 +75,12 @@ from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge
 from keyplane.spark.routed_source import read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
-from keyplane.spark.watermark import with_stage_watermark
+from keyplane.spark.watermark import (
+    NEW_CHECKPOINT_TIME_MODE,
+    StageTimeMode,
+    stage_time_mode,
+    with_stage_watermark,
+)
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +181,13 @@ class CountsJobSettings(BaseModel):
         description="Where the routed job's stages run: 'jvm', Java stateful processors "
         "(the running count only; keyplane.spark.jvm), 'python' (any aggregate), or 'auto': "
         "the JVM when both stages run the running count and the session has the jar.",
+    )
+    new_checkpoint_time_mode: StageTimeMode = Field(
+        default=NEW_CHECKPOINT_TIME_MODE,
+        description="The time mode stage A starts a new checkpoint in: 'None' (the stages "
+        "have no timers) or 'EventTime', as earlier versions of keyplane wrote checkpoints, to "
+        "compare the two or test such a checkpoint's restart. An existing checkpoint keeps the "
+        "mode it was written in (keyplane.spark.watermark).",
     )
     restarts: int = Field(
         default=0,
@@ -347,7 +359,7 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         max_partitions=read_tasks(spark, settings),
         implementation=settings.source,
     )
-    events = parse_events(raw, settings.checkpoint)
+    events = parse_events(raw, settings.checkpoint, settings.new_checkpoint_time_mode)
     if settings.pipeline == "two-stage":
         updates, mode = running_counts(events), "append"
     elif settings.pipeline == "native-counts":
@@ -382,7 +394,8 @@ def _no_batches_without_data(spark: SparkSession) -> None:
     Why: a stateful stage in event-time mode makes Spark run one more batch,
     with no input, each time the watermark advances, so that the stage may
     fire its timers and evict by the new watermark. The job's stage A runs
-    in event-time mode, which its checkpoints keep for life; neither stage
+    in event-time mode on a checkpoint written in it, which keeps it for
+    life (:mod:`keyplane.spark.watermark`); neither stage
     sets a timer or keeps state by time, so those batches do nothing but
     commit every state partition. While the watermark followed the events'
     times, on a live topic, where each batch reads what arrived since the
@@ -425,6 +438,8 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     )
     record_engine(settings.checkpoint, engine)
     log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
+    mode = stage_time_mode(settings.checkpoint, settings.new_checkpoint_time_mode)
+    log.info("stage A runs %s", "in event time" if mode == "EventTime" else "without a time mode")
     inputs = read_routed_events(
         spark,
         bootstrap,
@@ -442,7 +457,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         handoff="per-instance" if engine == "jvm" else "per-key",
         primers=settings.handoff_primers,
     )
-    inputs = with_stage_watermark(inputs, settings.checkpoint)
+    inputs = with_stage_watermark(inputs, settings.checkpoint, settings.new_checkpoint_time_mode)
     writer = RoutedBatchWriter(
         output=settings.output,
         bootstrap_servers=bootstrap,

@@ -43,10 +43,11 @@ exist in the JVM (:mod:`keyplane.spark.jvm`), with the same protocol and the
 same output; :func:`routed_running_counts` picks the engine
 (:data:`StageEngine`). The Python stages of this module run any aggregate.
 
-Both stages are row-based ``transformWithState`` processors. Stage A runs in
-event-time mode, which every checkpoint of the job keeps; its watermark follows
-a column on which no row is ever late, so no event is dropped however far
-behind the others its time is (:mod:`keyplane.spark.watermark`). PySpark
+Both stages are row-based ``transformWithState`` processors without a time
+mode; on a checkpoint written in event-time mode, which keeps it for life,
+stage A runs in it, its watermark on a column on which no row is ever late, so
+no event is dropped however far behind the others its time is
+(:mod:`keyplane.spark.watermark`). PySpark
 builds each row such a stage reads cell by cell and serves each state call
 with a round trip to the JVM, so a stage costs per column of its rows and
 per group: the fields only control rows use travel packed in one JSON
@@ -87,7 +88,7 @@ from keyplane.batchmetrics import TOP_PAIRS_PER_INSTANCE
 from keyplane.events import Forward
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
-from keyplane.spark.watermark import WATERMARK_COLUMN, check_stage_watermark
+from keyplane.spark.watermark import WATERMARK_COLUMN, event_time_column, input_time_mode
 
 CONTROL_FIELDS = ("stage", "source_rk", "target_rk", "count", "state", "marker", "detail")
 """The source's columns that only control rows use; both stages read them packed into
@@ -289,7 +290,7 @@ class RoutedStageA(_RoutedStage):
         weights: dict[tuple[str, str], int] = {}
         for row in events:
             weights[(row.b, row.rb)] = weights.get((row.b, row.rb), 0) + row.n
-        # Stage A's event time: the watermark's own column, the same on every row.
+        # The watermark's own column, the same on every row: an event-time stage A's event time.
         watermark_ts = events[0].watermark_ts
         instance, executor = where
         if self.forward == "pairs":
@@ -550,13 +551,13 @@ def routed_running_counts(
     reference application's :class:`~keyplane.aggregates.RunningCount`).
     ``forward`` is what stage A sends stage B (module docstring); ``inputs``
     must come from a routed source read in the same mode.
-    ``inputs`` must carry the stages' watermark
-    (:func:`keyplane.spark.watermark.with_stage_watermark`), and no other: stage
-    A runs in event-time mode, and a watermark on the events' own times would
-    drop late events. ``engine`` says where the stages run (:data:`StageEngine`);
-    both engines write the same rows.
+    ``inputs`` must carry the stages' watermark column
+    (:func:`keyplane.spark.watermark.with_stage_watermark`), which says stage A's
+    time mode, and no other watermark: in event-time mode, one on the events'
+    own times would drop late events. ``engine`` says where the stages run
+    (:data:`StageEngine`); both engines write the same rows.
     """
-    check_stage_watermark(inputs)
+    mode = input_time_mode(inputs)
     loaded = jvm_stages.loaded(inputs.sparkSession)
     if resolve_engine(engine, stage_a, stage_b, loaded) == "jvm":
         return jvm_stages.routed_running_counts_jvm(inputs, parallelism, forward == "tuples")
@@ -567,8 +568,8 @@ def routed_running_counts(
             RoutedStageA(parallelism, stage_a or RunningCount(), forward),
             stage_a_output(forward),
             "Append",
-            "EventTime",
-            eventTimeColumnName=WATERMARK_COLUMN,
+            mode,
+            eventTimeColumnName=event_time_column(mode),
         )
     )
     return stage_a_rows.groupBy("rb").transformWithState(

@@ -5,10 +5,11 @@ running count per field-1 key, stage B a running count per field-2 key, and
 every tuple flows A → B. Both stages keep their state in Spark's own keyed
 state store, so checkpoints, recovery and exactly-once come from Spark.
 
-Stage A is a ``transformWithState`` processor in event-time mode, which
-every checkpoint of the job keeps for life; its watermark follows a column on
-which no row is ever late, so no event is dropped however far behind the
-others its time is (:mod:`keyplane.spark.watermark`). It emits one
+Stage A is a ``transformWithState`` processor without a time mode, or in
+event-time mode on a checkpoint written in it, which keeps it for life; then
+its watermark follows a column on which no row is ever late, so no event is
+dropped however far behind the others its time is
+(:mod:`keyplane.spark.watermark`). It emits one
 row per (a, b) pair it saw in the batch, with the pair's tuple count ``n``
 and a's new running count, so stage B receives every tuple's weight without
 one row per tuple. Stage B, a ``transformWithState`` processor too, adds ``n``
@@ -32,14 +33,26 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.events import EVENT_DDL
-from keyplane.spark.watermark import WATERMARK_COLUMN, check_stage_watermark, with_stage_watermark
+from keyplane.spark.watermark import (
+    NEW_CHECKPOINT_TIME_MODE,
+    WATERMARK_COLUMN,
+    StageTimeMode,
+    event_time_column,
+    input_time_mode,
+    with_stage_watermark,
+)
 
 STAGE_A_OUTPUT = f"a STRING, b STRING, n LONG, count_a LONG, {WATERMARK_COLUMN} TIMESTAMP"
 COUNTS_SCHEMA = "stage STRING, key STRING, count LONG"
 
 
-def parse_events(raw: DataFrame, checkpoint: Path | None = None) -> DataFrame:
-    """Kafka records → typed events, with the stages' watermark for a run of ``checkpoint``.
+def parse_events(
+    raw: DataFrame,
+    checkpoint: Path | None = None,
+    new: StageTimeMode = NEW_CHECKPOINT_TIME_MODE,
+) -> DataFrame:
+    """Kafka records → typed events, with the stages' watermark column for a run of
+    ``checkpoint`` (``new``: the time mode a new checkpoint starts in).
 
     ``ts`` is the event's time, exact to the millisecond (``timestamp_millis``
     computes in integers; ``ts / 1000`` as a double was off by microseconds).
@@ -49,7 +62,7 @@ def parse_events(raw: DataFrame, checkpoint: Path | None = None) -> DataFrame:
     events = parsed.select(
         "e.seq", "e.a", "e.b", "e.pad", F.timestamp_millis(F.col("e.ts")).alias("ts")
     ).where(F.col("a").isNotNull() & F.col("b").isNotNull())
-    return with_stage_watermark(events, checkpoint)
+    return with_stage_watermark(events, checkpoint, new)
 
 
 class CountByFirstKey(StatefulProcessor):
@@ -120,13 +133,13 @@ class CountBySecondKey(StatefulProcessor):
 def running_counts(events: DataFrame) -> DataFrame:
     """Events (``a``, ``b``, with the stages' watermark: :func:`parse_events`) → the two
     stages' updated running counts."""
-    check_stage_watermark(events)
+    mode = input_time_mode(events)
     stage_a = events.groupBy("a").transformWithState(
         CountByFirstKey(),
         STAGE_A_OUTPUT,
         "Append",
-        "EventTime",
-        eventTimeColumnName=WATERMARK_COLUMN,
+        mode,
+        eventTimeColumnName=event_time_column(mode),
     )
     return stage_a.groupBy("b").transformWithState(
         CountBySecondKey(), COUNTS_SCHEMA, "Append", "None"

@@ -4,8 +4,9 @@ The integration tests run the counting jobs on the real broker and the real
 SparkSession: an event whose time is an hour behind the newest one of two
 earlier batches (a producer whose clock is behind, a backfill) is counted
 exactly, in the routed job on both stage engines and in the plain two-stage
-job. The pure tests pin where the stages' watermark starts
-(:mod:`keyplane.spark.watermark`).
+job, on a new checkpoint (no time mode) and on one in event time, as earlier
+versions wrote them. The pure tests pin where an event-time checkpoint's
+watermark starts (:mod:`keyplane.spark.watermark`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import pytest
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import make_producer
 from keyplane.spark.counts_job import read_output, start_counts_query, stop_between_batches
-from keyplane.spark.watermark import BASE_MS, checkpoint_watermark_ms, watermark_ms
+from keyplane.spark.watermark import (
+    BASE_MS,
+    StageTimeMode,
+    checkpoint_time_mode,
+    checkpoint_watermark_ms,
+    watermark_ms,
+)
 from keyplane.testing import routed_job_settings, wait_for_records
 from keyplane.verification import compare_counts, counts_from_mapping
 
@@ -44,9 +51,10 @@ def _send(broker: str, topic: str, first_seq: int, when: datetime) -> list[tuple
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("mode", ["None", "EventTime"])
 @pytest.mark.parametrize("job", ["jvm", "python", "plain"])
 def test_an_event_an_hour_behind_earlier_batches_is_counted(
-    spark, broker: str, topic_name: str, tmp_path: Path, job: str
+    spark, broker: str, topic_name: str, tmp_path: Path, job: str, mode: StageTimeMode
 ) -> None:
     """Batches 1 and 2 hold events at ``NEWEST``; a later one, events an hour older.
 
@@ -56,8 +64,9 @@ def test_an_event_an_hour_behind_earlier_batches_is_counted(
     """
     routed = {"stage_engine": job} if job != "plain" else {"routing_store": None}
     settings = routed_job_settings(
-        broker, topic_name, tmp_path, parallelism=4, batch=10_000, trigger="0 seconds", **routed
-    )
+        broker, topic_name, tmp_path, parallelism=4, batch=10_000, trigger="0 seconds",
+        new_checkpoint_time_mode=mode, **routed,
+    )  # fmt: skip
     ensure_topic(broker, topic_name, 2)
     sent = _send(broker, topic_name, 0, NEWEST)
     query = start_counts_query(spark, settings)
@@ -72,6 +81,7 @@ def test_an_event_an_hour_behind_earlier_batches_is_counted(
         stop_between_batches(query)
 
     assert len({report["batchId"] for report in reports}) >= 3
+    assert checkpoint_time_mode(settings.checkpoint) == mode
     dropped = [
         operator.get("numRowsDroppedByWatermark", 0)
         for report in reports

@@ -24,6 +24,7 @@ import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.statefulprocessor.ImplicitGroupingKeyTracker$;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.KeyValueGroupedDataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.streaming.OutputMode;
@@ -84,8 +85,9 @@ public final class RoutedStages {
    */
   static final int TOP_PAIRS_PER_GROUP = 5;
   /**
-   * {@code keyplane.spark.watermark.WATERMARK_COLUMN}: the column stage A's watermark follows, one
-   * time on every row, so that no event is dropped as late; stage A's output event time.
+   * {@code keyplane.spark.watermark.WATERMARK_COLUMN}: one time on every row; in event-time mode
+   * the column stage A's watermark follows, so that no event is dropped as late, and its output
+   * event time.
    */
   static final String WATERMARK_COLUMN = "watermark_ts";
 
@@ -128,23 +130,27 @@ public final class RoutedStages {
 
   /**
    * Routed-source rows to both stages' outputs, as {@code routed_running_counts} builds them in
-   * Python. {@code inputs} carries the stages' watermark on {@link #WATERMARK_COLUMN} (stage A
-   * runs in event-time mode, {@code keyplane.spark.watermark}) and, for every event, the routed key
+   * Python. {@code inputs} carries {@link #WATERMARK_COLUMN} and, for every event, the routed key
    * of stage B in {@code rb}; {@code controlGroupsA[i]} is stage A's control group on instance i.
+   * Stage A runs in event-time mode, its watermark on that column, where {@code eventTime} (a
+   * checkpoint written in it keeps it, {@code keyplane.spark.watermark}); else without a time
+   * mode, as stage B always does.
    */
   public static Dataset<Row> runningCounts(
-      Dataset<Row> inputs, boolean tuples, List<String> controlGroupsA) {
+      Dataset<Row> inputs, boolean tuples, List<String> controlGroupsA, boolean eventTime) {
     StructType stageAOutput =
         tuples ? STAGE_A_OUTPUT.add("pad", DataTypes.StringType) : STAGE_A_OUTPUT;
     int ra = inputs.schema().fieldIndex("ra");
+    KeyValueGroupedDataset<String, Row> byRa =
+        inputs.groupByKey(
+            (MapFunction<Row, String>) row -> row.getString(ra), Encoders.STRING());
+    StageA stageA = new StageA(tuples, controlGroupsA.toArray(new String[0]));
     Dataset<Row> toStageB =
-        inputs
-            .groupByKey((MapFunction<Row, String>) row -> row.getString(ra), Encoders.STRING())
-            .transformWithState(
-                new StageA(tuples, controlGroupsA.toArray(new String[0])),
-                WATERMARK_COLUMN,
-                OutputMode.Append(),
-                Encoders.row(stageAOutput));
+        eventTime
+            ? byRa.transformWithState(
+                stageA, WATERMARK_COLUMN, OutputMode.Append(), Encoders.row(stageAOutput))
+            : byRa.transformWithState(
+                stageA, TimeMode.None(), OutputMode.Append(), Encoders.row(stageAOutput));
     int rb = stageAOutput.fieldIndex("rb");
     return toStageB
         .groupByKey((MapFunction<Row, String>) row -> row.getString(rb), Encoders.STRING())
