@@ -759,6 +759,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         "aggregate) or auto (the JVM where it can; the default)",
     )
     parser.add_argument(
+        "--new-checkpoint-time-mode",
+        choices=get_args(StageTimeMode),
+        help="the time mode stage A starts a new checkpoint in: None (the default) or "
+        "EventTime, as earlier versions wrote them; a checkpoint keeps its own",
+    )
+    parser.add_argument(
         "--restarts",
         type=int,
         help="start a failed query again from its checkpoint up to this many times (default 0)",

@@ -134,6 +134,7 @@ def test_every_setting_round_trips_through_the_job_command_line_even_a_dash_lead
         handoff_primers=False,
         read_tasks=3,
         stage_engine="python",
+        new_checkpoint_time_mode="EventTime",
         restarts=2,
         restart_delay_s=0.0,
     )
