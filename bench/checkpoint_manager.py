@@ -11,9 +11,10 @@ local file system, which starts a ``chmod`` process for each file it creates
 and refuses to rename onto an existing one
 (``keyplane.spark.jvm.LocalCheckpointFileManager``).
 
-The routed job and plain Spark's ``groupBy`` counts (the two pipelines of
-``bench/reference_job.py``) run on the same topic with each manager, taking
-turns. Spark's event log gives, per steady batch (all but each run's first),
+The routed job and plain Spark's ``groupBy`` counts (pipelines of
+``bench/reference_job.py``; also the routed job on a checkpoint whose stage
+A runs in event time, ``routed, event time``) run on the same topic with
+each manager, taking turns. Spark's event log gives, per steady batch (all but each run's first),
 its duration, each stateful operator's ``commitTimeMs`` and state store load
 time (``rocksdbLoadLatencyMs``, which includes opening the batch's changelog
 file), summed over its partitions, and the driver's offset and commit log
@@ -50,7 +51,11 @@ MANAGERS = {
     "FileSystem": SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS[0],
     "keyplane": CHECKPOINT_FILE_MANAGER,
 }
-PIPELINES = {"routed": "routed", "plain Spark": "native-counts"}
+PIPELINES = {
+    "routed": "routed",
+    "routed, event time": "routed-event-time",
+    "plain Spark": "native-counts",
+}
 
 
 def progress_events(log_dir: Path) -> list[dict[str, Any]]:
@@ -176,12 +181,14 @@ def main() -> None:
                 batches[(pipeline, "FileSystem")]
             )
             lines.append(f"{pipeline}: keyplane / FileSystem steady rows/s: **{gain:.2f}**")
-    if "routed" in args.pipelines and "plain Spark" in args.pipelines:
-        for manager in args.managers:
-            ratio = rate_of(batches[("routed", manager)]) / rate_of(
-                batches[("plain Spark", manager)]
-            )
-            lines.append(f"routed / plain Spark with {manager}: **{ratio:.2f}**")
+    routed = [pipeline for pipeline in args.pipelines if pipeline.startswith("routed")]
+    if "plain Spark" in args.pipelines:
+        for pipeline in routed:
+            for manager in args.managers:
+                ratio = rate_of(batches[(pipeline, manager)]) / rate_of(
+                    batches[("plain Spark", manager)]
+                )
+                lines.append(f"{pipeline} / plain Spark with {manager}: **{ratio:.2f}**")
     emit("\n".join(lines), args.out)
 
 

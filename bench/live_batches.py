@@ -1,7 +1,9 @@
 """The routed job on a live topic: Spark's batches without input, off (keyplane) and on.
 
-Stage A runs in event-time mode, so after a batch that moves the watermark
-on Spark runs one more batch, with no input, unless
+On a checkpoint whose stage A runs in event-time mode, as earlier versions
+of keyplane wrote them and as this bench starts its own (a new checkpoint
+has no time mode and no watermark, ``keyplane.spark.watermark``), after a
+batch that moves the watermark on Spark runs one more batch, with no input, unless
 ``spark.sql.streaming.noDataMicroBatches.enabled`` is false; keyplane sets
 it false because neither stage keeps a timer
 (``keyplane.spark.counts_job._no_batches_without_data``). While the
@@ -101,7 +103,7 @@ def one_run(bootstrap: str, work: Path, args: argparse.Namespace, conf: dict[str
     total = args.chunks * args.chunk_events
     settings = routed_on_backlog(
         bootstrap, topic, work, store, parallelism=P, batch=100_000, events=total
-    )
+    ).model_copy(update={"new_checkpoint_time_mode": "EventTime"})
     send_chunk(bootstrap, topic, 0, args.chunk_events)
     sent: list[float] = []
     sender = threading.Thread(

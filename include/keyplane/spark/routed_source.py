@@ -67,8 +67,9 @@ value (``CONTROL_PREFIX``) that no key can take (:mod:`keyplane.routedkeys`
 never produces a leading NUL), and stage A forwards them; there is one such
 group per instance (:func:`control_group`).
 
-An event row's ``ts`` is the event's own time, as data: the stages' watermark
-follows a column of its own, on which no row is ever late
+An event row's ``ts`` is the event's own time, as data: the stages run
+without a time mode, or, on a checkpoint written in event time, with a
+watermark on a column of their own, on which no row is ever late
 (:mod:`keyplane.spark.watermark`), so an event whose time is far behind the
 others is counted like any other.
 """
