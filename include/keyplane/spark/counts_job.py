@@ -77,6 +77,7 @@ from keyplane.spark.running_counts import latest_counts, parse_events, running_c
 from keyplane.spark.session import build_session
 from keyplane.spark.watermark import (
     NEW_CHECKPOINT_TIME_MODE,
+    CheckpointRecordError,
     StageTimeMode,
     stage_time_mode,
     with_stage_watermark,
@@ -349,6 +350,10 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
     have as many instances as the session's ``spark.sql.shuffle.partitions``.
     """
     _no_batches_without_data(spark)
+    # Read before anything starts: an unreadable record is one line, not a failed query.
+    time_mode = stage_time_mode(settings.checkpoint, settings.new_checkpoint_time_mode)
+    if settings.routing_store is not None or settings.pipeline == "two-stage":
+        log.info("stage A runs %s", "in event time" if time_mode == "EventTime" else "untimed")
     if settings.routing_store is not None:
         return _start_routed_query(spark, settings)
     raw = read_kafka(
@@ -438,8 +443,6 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     )
     record_engine(settings.checkpoint, engine)
     log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
-    mode = stage_time_mode(settings.checkpoint, settings.new_checkpoint_time_mode)
-    log.info("stage A runs %s", "in event time" if mode == "EventTime" else "without a time mode")
     inputs = read_routed_events(
         spark,
         bootstrap,
@@ -793,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         run_counts_job(parse_settings(argv), on_progress=_print_progress, should_stop=stop.is_set)
-    except StageEngineError as exc:
+    except (StageEngineError, CheckpointRecordError) as exc:
         print(f"running_counts: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -77,8 +77,9 @@ DELAY_KEY = "spark.watermarkDelayMs"
 """The column metadata by which Spark marks a watermark's column."""
 
 
-class TimeModeError(ValueError):
-    """A time mode asked for that ``checkpoint`` cannot take, or metadata that cannot be read."""
+class CheckpointRecordError(ValueError):
+    """A record Spark keeps in a checkpoint that cannot be read as Spark writes it (one line,
+    naming the file, for a CLI)."""
 
 
 def checkpoint_time_mode(checkpoint: Path | None) -> StageTimeMode | None:
@@ -112,7 +113,7 @@ def _recorded_time_mode(record: Path) -> StageTimeMode:
         properties = json.loads(json.loads(lines[1])["operatorPropertiesJson"])
         return SPARK_TIME_MODES[properties["timeMode"]]
     except (IndexError, KeyError, TypeError, ValueError) as error:
-        raise TimeModeError(
+        raise CheckpointRecordError(
             f"{record}: no time mode Spark's operator metadata can have ({error!r}); "
             "the stages must start in the mode the checkpoint was written in"
         ) from None
@@ -147,7 +148,7 @@ def checkpoint_watermark_ms(checkpoint: Path | None) -> int:
     try:
         return int(json.loads(lines[1])["batchWatermarkMs"])
     except (IndexError, KeyError, TypeError, ValueError) as error:
-        raise ValueError(
+        raise CheckpointRecordError(
             f"{entry}: no batchWatermarkMs in Spark's offset log entry ({error!r}); "
             "the stages' watermark must start above it"
         ) from None

@@ -10,6 +10,7 @@ unchanged, and the counts stay exact.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,16 @@ import pytest
 from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
 from keyplane.operators import OPERATORS
-from keyplane.spark.counts_job import read_output, start_counts_query
+from keyplane.spark.counts_job import (
+    CountsJobSettings,
+    job_command,
+    read_output,
+    start_counts_query,
+)
 from keyplane.spark.watermark import (
     NEW_CHECKPOINT_TIME_MODE,
+    CheckpointRecordError,
     StageTimeMode,
-    TimeModeError,
     checkpoint_time_mode,
     stage_time_mode,
 )
@@ -67,10 +73,10 @@ def test_a_checkpoint_s_time_mode_is_spark_s_record_of_it_pure(tmp_path: Path) -
     assert stage_time_mode(checkpoint, "None") == "EventTime"
 
     _operator_record(checkpoint, 0, 11, "ProcessingTime")
-    with pytest.raises(TimeModeError, match=r"state/0/_metadata/v2/11: no time mode"):
+    with pytest.raises(CheckpointRecordError, match=r"state/0/_metadata/v2/11: no time mode"):
         checkpoint_time_mode(checkpoint)
     (checkpoint / "state" / "0" / "_metadata" / "v2" / "11").write_text("v2\n{}")
-    with pytest.raises(TimeModeError, match="operatorPropertiesJson"):
+    with pytest.raises(CheckpointRecordError, match="operatorPropertiesJson"):
         checkpoint_time_mode(checkpoint)
 
 
@@ -121,3 +127,27 @@ def test_a_checkpoint_restarts_in_the_time_mode_it_was_written_in(
     report = compare_counts(truth, read_output(tmp_path / "output"))
     assert report.expected_events == first_events.n_events + second_events.n_events
     assert report.exact, report
+
+
+@pytest.mark.integration
+def test_an_unreadable_operator_record_stops_the_job_with_one_line_before_it_reads(
+    tmp_path: Path,
+) -> None:
+    """The job's own process, no broker behind its address: the record is read before
+    anything else, and the job exits 2 with the file's name, no traceback."""
+    checkpoint = tmp_path / "checkpoint"
+    _operator_record(checkpoint, 0, 0, "NoTime")
+    broken = checkpoint / "state" / "1" / "_metadata" / "v2"
+    broken.mkdir(parents=True)
+    (broken / "0").write_text("v2\n{")  # cut short, as a full disk leaves a file
+    settings = CountsJobSettings(
+        bootstrap_servers="127.0.0.1:9", checkpoint=checkpoint, output=tmp_path / "output"
+    )
+
+    done = subprocess.run(job_command(settings), capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("running_counts: error: "), last
+    assert f"{broken / '0'}: no time mode" in last
