@@ -40,6 +40,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -229,6 +230,9 @@ class MetricsListener(StreamingQueryListener):
         """The session whose listener bus it is on (set by :meth:`attach`)."""
         sink = writer.producer
         self.producer = LongLivedProducer(sink.bootstrap_servers, sink.delivery)
+        self._closed = False
+        self._lock = threading.Lock()
+        """Orders :meth:`publish` on Spark's listener thread and :meth:`close` on another."""
 
     @classmethod
     def attach(
@@ -282,11 +286,17 @@ class MetricsListener(StreamingQueryListener):
         state), so a lost record is logged, not raised into Spark.
         """
         value = record.model_dump_json().encode()
-        try:
-            self.producer.send(self.topic, [(str(record.batch_id).encode(), value)])
-        except (KafkaError, DeliveryError) as error:
-            log.warning("metrics record of batch %d not delivered: %s", record.batch_id, error)
-            return False
+        with self._lock:
+            if self._closed:
+                # A run's last progress event can come after a restart closed its
+                # listener: a send would open a producer that no one closes.
+                log.warning("metrics record of batch %d not sent: its run ended", record.batch_id)
+                return False
+            try:
+                self.producer.send(self.topic, [(str(record.batch_id).encode(), value)])
+            except (KafkaError, DeliveryError) as error:
+                log.warning("metrics record of batch %d not delivered: %s", record.batch_id, error)
+                return False
         return True
 
     def record(self, raw_progress: dict[str, Any]) -> BatchMetrics | None:
@@ -320,6 +330,8 @@ class MetricsListener(StreamingQueryListener):
         self.close()
 
     def close(self) -> None:
-        """Close this run's producers: the listener's and its sink's."""
-        self.producer.close()
+        """Close this run's producers, the listener's and its sink's, for good."""
+        with self._lock:
+            self._closed = True
+            self.producer.close()
         self.writer.producer.close()

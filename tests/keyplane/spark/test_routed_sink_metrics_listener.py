@@ -98,6 +98,18 @@ def test_a_new_run_of_the_query_closes_the_previous_runs_producers_fake_producer
         MetricsListener._attached.pop("query-restarted", None)
 
 
+def test_a_record_heard_after_the_listener_closed_opens_no_producer_fake_producers(
+    fake_producers: Any,
+) -> None:
+    """A run's last progress event can reach the listener after a restart closed it; sending
+    it would open a producer that no one closes (two were left open by the restart tests)."""
+    listener, made = listener_with_fake_producers(fake_producers, None, None)
+    assert listener.publish(BatchMetrics(batch_id=1))
+    listener.close()
+    assert listener.publish(BatchMetrics(batch_id=2)) is False
+    assert len(made) == 1 and made[0].closed
+
+
 def _attach(spark: Any, query_id: str, run_id: str) -> MetricsListener:
     """A listener attached for a new run of query ``query_id`` with a writer of its own."""
     query = SimpleNamespace(id=query_id, runId=run_id)
