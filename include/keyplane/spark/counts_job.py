@@ -350,12 +350,12 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
     have as many instances as the session's ``spark.sql.shuffle.partitions``.
     """
     _no_batches_without_data(spark)
-    # Read before anything starts: an unreadable record is one line, not a failed query.
+    # Read once, before anything starts: an unreadable record is one line, not a failed query.
     time_mode = stage_time_mode(settings.checkpoint, settings.new_checkpoint_time_mode)
     if settings.routing_store is not None or settings.pipeline == "two-stage":
         log.info("stage A runs %s", "in event time" if time_mode == "EventTime" else "untimed")
     if settings.routing_store is not None:
-        return _start_routed_query(spark, settings)
+        return _start_routed_query(spark, settings, time_mode)
     raw = read_kafka(
         spark,
         settings.bootstrap_servers,
@@ -364,7 +364,7 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         max_partitions=read_tasks(spark, settings),
         implementation=settings.source,
     )
-    events = parse_events(raw, settings.checkpoint, settings.new_checkpoint_time_mode)
+    events = parse_events(raw, settings.checkpoint, time_mode)
     if settings.pipeline == "two-stage":
         updates, mode = running_counts(events), "append"
     elif settings.pipeline == "native-counts":
@@ -425,7 +425,9 @@ def _start(writer: DataStreamWriter, settings: CountsJobSettings) -> StreamingQu
     )
 
 
-def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> StreamingQuery:
+def _start_routed_query(
+    spark: SparkSession, settings: CountsJobSettings, time_mode: StageTimeMode
+) -> StreamingQuery:
     assert settings.routing_store is not None
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
     bootstrap = settings.bootstrap_servers
@@ -460,7 +462,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         handoff="per-instance" if engine == "jvm" else "per-key",
         primers=settings.handoff_primers,
     )
-    inputs = with_stage_watermark(inputs, settings.checkpoint, settings.new_checkpoint_time_mode)
+    inputs = with_stage_watermark(inputs, settings.checkpoint, time_mode)
     writer = RoutedBatchWriter(
         output=settings.output,
         bootstrap_servers=bootstrap,

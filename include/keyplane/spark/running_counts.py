@@ -34,7 +34,6 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 
 from keyplane.events import EVENT_DDL
 from keyplane.spark.watermark import (
-    NEW_CHECKPOINT_TIME_MODE,
     WATERMARK_COLUMN,
     StageTimeMode,
     event_time_column,
@@ -47,12 +46,10 @@ COUNTS_SCHEMA = "stage STRING, key STRING, count LONG"
 
 
 def parse_events(
-    raw: DataFrame,
-    checkpoint: Path | None = None,
-    new: StageTimeMode = NEW_CHECKPOINT_TIME_MODE,
+    raw: DataFrame, checkpoint: Path | None = None, time_mode: StageTimeMode | None = None
 ) -> DataFrame:
     """Kafka records → typed events, with the stages' watermark column for a run of
-    ``checkpoint`` (``new``: the time mode a new checkpoint starts in).
+    ``checkpoint`` in ``time_mode`` (:func:`keyplane.spark.watermark.with_stage_watermark`).
 
     ``ts`` is the event's time, exact to the millisecond (``timestamp_millis``
     computes in integers; ``ts / 1000`` as a double was off by microseconds).
@@ -62,7 +59,7 @@ def parse_events(
     events = parsed.select(
         "e.seq", "e.a", "e.b", "e.pad", F.timestamp_millis(F.col("e.ts")).alias("ts")
     ).where(F.col("a").isNotNull() & F.col("b").isNotNull())
-    return with_stage_watermark(events, checkpoint, new)
+    return with_stage_watermark(events, checkpoint, time_mode)
 
 
 class CountByFirstKey(StatefulProcessor):

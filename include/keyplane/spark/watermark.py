@@ -165,12 +165,14 @@ def watermarked_columns(rows: DataFrame) -> list[str]:
 
 
 def with_stage_watermark(
-    rows: DataFrame, checkpoint: Path | None, new: StageTimeMode = NEW_CHECKPOINT_TIME_MODE
+    rows: DataFrame, checkpoint: Path | None, time_mode: StageTimeMode | None = None
 ) -> DataFrame:
     """``rows`` with :data:`WATERMARK_COLUMN`, and the stages' watermark on it if they run in
-    event time for a run of ``checkpoint`` (None: a new one; :func:`stage_time_mode`).
+    event time for a run of ``checkpoint`` (None: a new one).
 
-    The stages read their time mode from it (:func:`input_time_mode`). Refuses
+    ``time_mode`` is the stages' mode for this run, as a caller that has read
+    it already passes it (:func:`stage_time_mode`); None reads it here. The
+    stages read it back from the rows (:func:`input_time_mode`). Refuses
     rows that carry a watermark already: Spark would hold an event-time stage to
     the lower of the two, and one on the events' own times drops late events.
     """
@@ -182,7 +184,7 @@ def with_stage_watermark(
             f"the rows carry a watermark on {', '.join(taken)}; the stages set their own, on "
             f"{WATERMARK_COLUMN} (keyplane.spark.watermark), so that no event is dropped as late"
         )
-    if stage_time_mode(checkpoint, new) == "None":
+    if (time_mode or stage_time_mode(checkpoint)) == "None":
         return rows.withColumn(WATERMARK_COLUMN, F.timestamp_millis(F.lit(BASE_MS)))
     time = F.timestamp_millis(F.lit(watermark_ms(checkpoint)))
     return rows.withColumn(WATERMARK_COLUMN, time).withWatermark(WATERMARK_COLUMN, WATERMARK_DELAY)

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     job_command,
@@ -89,15 +87,7 @@ def test_a_checkpoint_restarts_in_the_time_mode_it_was_written_in(
     """Written in ``first``, restarted with new checkpoints starting in the other mode: both
     stages run as Spark recorded them (a mode changed on restart fails the query with
     ``STATE_STORE_INVALID_CONFIG_AFTER_RESTART``), stage A keeps a watermark only in event
-    time, and the counts of both runs are exact."""
-    save(
-        RoutingConfig(
-            version=1,
-            created_by="initial",
-            operators={op: OperatorRouting(parallelism=4) for op in OPERATORS},
-        ),
-        tmp_path / "routing",
-    )
+    time, and the counts of both runs are exact. The job stores its all-hash v1 itself."""
 
     def run(new: StageTimeMode) -> tuple[str, list[dict]]:
         settings = routed_job_settings(
