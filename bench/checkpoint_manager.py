@@ -68,15 +68,10 @@ def progress_events(log_dir: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda p: p["batchId"])
 
 
-def records_read(p: dict[str, Any]) -> int:
-    """The events a batch read (the routed source's own count, else Spark's input rows)."""
-    return progress_of(p).rows
-
-
 def rate_of(batches: list[dict[str, Any]]) -> float:
     """Events per second over ``batches``."""
     seconds = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
-    return sum(records_read(p) for p in batches) / seconds
+    return sum(progress_of(p).rows for p in batches) / seconds
 
 
 def main() -> None:
@@ -112,7 +107,7 @@ def main() -> None:
                     bootstrap, work, variant, args.batch, args.events, run * 100 + number
                 )
                 run_job(job, env=env)
-                steady = [p for p in progress_events(work / "events")[1:] if records_read(p)]
+                steady = [p for p in progress_events(work / "events")[1:] if progress_of(p).rows]
                 batches[(pipeline, manager)] += steady
                 run_rates[(pipeline, manager)].append(rate_of(steady))
                 print(
