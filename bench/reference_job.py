@@ -12,7 +12,11 @@ batch cap, each in its own process, one after the other:
   (:mod:`keyplane.spark.jvm`), as it runs by default;
 * ``routed-event-time``: ``routed`` on a checkpoint whose stage A runs in
   event-time mode, as earlier versions of keyplane wrote them
-  (:mod:`keyplane.spark.watermark`).
+  (:mod:`keyplane.spark.watermark`);
+* ``routed-stages-jar``: ``routed`` on the JVM stages of ``--stages-jar``, a
+  jar another version of keyplane built (``python -m keyplane.spark.jvm
+  --out PATH`` in its checkout), to compare its stages with this version's
+  side by side. The jar must take this version's rows.
 
 The throughput ratios are the cost of the Python stateful stages and of
 live routing (issue goal: routed ≥ 0.9 × plain Spark).
@@ -27,12 +31,13 @@ roughly fixed cost per batch, so the ratio rises with ``--batch``
 (docs/benchmarks.md, "By batch size").
 
     python bench/reference_job.py [--events 200000] [--batch 50000] [--tags 2000]
-        [--repeats 3] [--variants VARIANT ...] [--out FILE]
+        [--repeats 3] [--variants VARIANT ...] [--stages-jar JAR] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -42,10 +47,18 @@ from _output import emit
 
 from keyplane.kafka.producer import produce_workload
 from keyplane.spark.counts_job import CountsJobSettings
+from keyplane.spark.jvm import JAR_ENV
 from keyplane.testing import routed_job_topics
 from keyplane.workloads import GeoTagsWorkload
 
-VARIANTS = ("native-counts", "two-stage", "routed-python", "routed", "routed-event-time")
+VARIANTS = (
+    "native-counts",
+    "two-stage",
+    "routed-python",
+    "routed",
+    "routed-event-time",
+    "routed-stages-jar",
+)
 
 
 def settings(
@@ -80,12 +93,20 @@ def main() -> None:
         "--variants",
         nargs="+",
         choices=VARIANTS,
-        default=list(VARIANTS),
+        default=[v for v in VARIANTS if v != "routed-stages-jar"],
         help="which variants to run (plain Spark always runs: the ratios are to it)",
+    )
+    parser.add_argument(
+        "--stages-jar", type=Path, help="the JVM stages of variant routed-stages-jar"
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     variants = [v for v in VARIANTS if v in args.variants or v == "native-counts"]
+    if "routed-stages-jar" in variants and (
+        args.stages_jar is None or not args.stages_jar.is_file()
+    ):
+        parser.error("variant routed-stages-jar needs --stages-jar, an existing jar")
+    envs = {"routed-stages-jar": {**os.environ, JAR_ENV: str(args.stages_jar)}}
     events, batch = (50_000, 10_000) if args.quick else (args.events, args.batch)
 
     with private_broker() as (bootstrap, tmp):
@@ -94,7 +115,7 @@ def main() -> None:
         runs: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in variants}
         for run in range(args.repeats):
             for v in variants:
-                progress = run_job(settings(bootstrap, tmp, v, batch, events, run))
+                progress = run_job(settings(bootstrap, tmp, v, batch, events, run), envs.get(v))
                 runs[v].append(progress)
                 print(f"run {run + 1}/{args.repeats} {v}: {steady_rate(progress):,.0f} rows/s")
 
@@ -128,6 +149,7 @@ def main() -> None:
             f"routed / {name}: **{rates['routed'] / rates[v]:.2f}**"
             for v, name in (
                 ("routed-event-time", "routed-event-time"),
+                ("routed-stages-jar", "routed-stages-jar"),
                 ("routed-python", "routed-python"),
                 ("native-counts", "plain Spark"),
             )

@@ -64,7 +64,10 @@ Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
 * ``hop`` — ``n`` tuples went from stage-A instance ``upstream`` (on
   ``upstream_executor``) to stage-B instance ``instance`` (on ``executor``):
   the traffic matrix, from which loads and locality follow;
-* ``pair`` — the heaviest (a, b) pairs a stage-B group saw (``detail`` = a);
+* ``pair`` — heavy (a, b) pairs that reached stage-B instance ``instance``
+  (``detail`` = a): here each group's heaviest; the JVM stages report each
+  stage-A task's heaviest per instance (``RoutedStages``), and the metrics
+  keep an instance's heaviest of either (:func:`keyplane.batchmetrics.traffic_metrics`);
 * ``invalid`` — a record that was not a valid event (``detail``: why).
 """
 

@@ -43,11 +43,16 @@ also reading its share of the evict and install rows,
 * ``invalid`` — a record that is not a valid event, with the reason, so the
   sink can dead-letter it and nothing is silently dropped.
 
-With ``per-instance`` hand-offs, every batch also carries *primers*
-(:func:`primer_rows`): an ``evicts`` and an ``installs`` row per stage and
-instance, each with an empty list of moves. They change no state. They are
-there so that the JVM's compiler has seen the hand-off rows' shape long
-before a rollout sends real ones (docs/reconfiguration-record.md, "The JIT's traps").
+With ``per-instance`` hand-offs, every batch of events also carries *end
+rows* (:func:`batch_end_rows`): an ``evicts`` row per stage and instance with
+an empty list of moves, in the instance's closing group. They change no
+state; they tell each task of the JVM stages that its routed keys' groups
+are done, so that it writes what it gathered over them
+(``RoutedStages.Stage.endOfTask``). By default they come as *primers*
+(:func:`primer_rows`), which add an ``installs`` row per stage and instance
+and pad both, so that the JVM's compiler has seen the hand-off rows' shape
+long before a rollout sends real ones (docs/reconfiguration-record.md, "The
+JIT's traps").
 
 The ``forward`` option (:data:`keyplane.events.Forward`) says what stage A
 sends stage B. ``pairs`` (the default): one row per (field-1 routed key,
@@ -313,6 +318,8 @@ class RoutedEventsPartition(InputPartition):
     tables ahead (:func:`read_events`)."""
     primers: bool = False
     """Whether this task reads the batch's :func:`primer_rows` before its events."""
+    batch_end: bool = False
+    """Whether this task reads the batch's :func:`batch_end_rows` (primers hold them)."""
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}
@@ -591,7 +598,8 @@ def primer_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     The lists are empty JSON lists (``[]`` and :data:`PRIMER_BYTES` of
     padding), so a stage installs and evicts nothing
     (``RoutedStages.Stage.handleInputRows``). Stage B's primers pass through
-    stage A's control groups as its real hand-off rows do.
+    stage A's control groups as its real hand-off rows do. Their ``evicts``
+    rows are the batch's end rows (:func:`batch_end_rows`).
     """
     order = [(stage, i) for stage in OPERATORS for i in range(parallelism)]
     installs = [install_groups(stage, parallelism)[i] for stage, i in order]
@@ -608,6 +616,32 @@ def primer_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
         rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
         state=[empty] * len(groups),
         marker=[None] * len(installs) + [-1] * len(evicts),
+    )
+
+
+@functools.cache
+def batch_end_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
+    """An empty ``evicts`` row per stage and instance, in the instance's closing group.
+
+    A JVM stage's task gathers rows over its routed keys' groups (stage A its
+    events for B per field-2 key, stage B its traffic per upstream instance)
+    and writes them in its first closing group, which Spark calls after every
+    routed key's (``RoutedStages.Stage.endOfTask``). So every batch of events
+    carries one for each stage and instance; a task that ends without one
+    fails rather than lose what it gathered.
+    """
+    order = [(stage, i) for stage in OPERATORS for i in range(parallelism)]
+    groups = [evict_groups(stage, parallelism)[i] for stage, i in order]
+    stages = [stage for stage, _ in order]
+    return _rows(
+        forward,
+        len(groups),
+        kind=["evicts"] * len(groups),
+        stage=stages,
+        ra=groups,
+        rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
+        state=["[]"] * len(groups),
+        marker=[-1] * len(groups),
     )
 
 
@@ -1037,8 +1071,8 @@ class RoutedEventsReader(DataSourceStreamReader):
                 ]
         if not events:
             return list(handoffs)
-        if self.primers:
-            events[0] = dataclasses.replace(events[0], primers=True)
+        if self.handoff == "per-instance":
+            events[0] = dataclasses.replace(events[0], primers=self.primers, batch_end=True)
         tasks = spread_handoffs(events, handoffs)
         sizes = [p.events.end - p.events.start for p in events]
         return grouped_into_tasks(tasks, sizes, self.max_partitions)
@@ -1088,6 +1122,8 @@ class RoutedEventsReader(DataSourceStreamReader):
         elif isinstance(partition, RoutedEventsPartition):
             if partition.primers:
                 yield primer_rows(partition.forward, partition.parallelism)
+            elif partition.batch_end:
+                yield batch_end_rows(partition.forward, partition.parallelism)
             yield from read_events(partition)
             for handoff in partition.handoffs:
                 yield from self.read(handoff)

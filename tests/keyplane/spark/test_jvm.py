@@ -99,8 +99,8 @@ def test_engine_choice_pure() -> None:
         resolve_engine("jvm", None, None, jvm_loaded=False)
 
 
-def test_both_engines_report_as_many_pairs_per_group_pure() -> None:
-    declared = re.search(r"int TOP_PAIRS_PER_GROUP = (\d+);", jvm.SOURCE.read_text())
+def test_both_engines_report_as_many_pairs_as_the_metrics_keep_pure() -> None:
+    declared = re.search(r"int TOP_PAIRS_PER_INSTANCE = (\d+);", jvm.SOURCE.read_text())
     assert declared is not None
     assert int(declared[1]) == TOP_PAIRS_PER_GROUP == TOP_PAIRS_PER_INSTANCE
 
@@ -176,17 +176,22 @@ def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
     assert report.exact, report
 
 
-def _outputs_by_batch(spark, batches: list[list[pa.RecordBatch]], root: Path) -> list[list[Row]]:
+def _outputs_by_batch(
+    spark, batches: list[list[pa.RecordBatch]], root: Path, *, end_rows: bool = True
+) -> list[list[Row]]:
     """The JVM stages' output rows of each micro-batch, one input file per batch, without
-    the executor columns (the same in every run of one process). Without the input's
-    "no-data" batches, as the job runs them (:data:`NO_DATA_BATCHES_KEY`): whether an
-    earlier test's job set it must not decide which batch is which."""
+    the executor columns (the same in every run of one process). Each batch ends with the
+    rows the routed source sends with every batch (:func:`routed_source.batch_end_rows`)
+    unless ``end_rows`` is false. Without the input's "no-data" batches, as the job runs
+    them (:data:`NO_DATA_BATCHES_KEY`): whether an earlier test's job set it must not
+    decide which batch is which."""
     spark.conf.set(NO_DATA_BATCHES_KEY, "false")
     inputs = root / "in"
     inputs.mkdir(parents=True)
     for i, batch in enumerate(batches):
         path = inputs / f"part-{i}.parquet"
-        pq.write_table(pa.Table.from_batches(batch), path)
+        ends = [routed_source.batch_end_rows("pairs", 4)] if end_rows else []
+        pq.write_table(pa.Table.from_batches([*batch, *ends]), path)
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source's order
     rows = with_stage_watermark(
         spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
@@ -328,3 +333,44 @@ def test_an_instances_top_pairs_are_its_heaviest_even_when_one_key_holds_them(
         ("a4", "p", 30),
         ("a5", "p", 20),
     ]
+
+
+@pytest.mark.integration
+def test_a_task_without_its_closing_group_fails_rather_than_lose_counts(
+    spark, tmp_path: Path
+) -> None:
+    """Stage A gathers a task's rows for B until the task's first closing group; a batch
+    that lacks the source's end rows would end with them unwritten, so the task fails
+    and says why instead of committing counts that miss B's share."""
+    events = _events(["x", "y"], ["x", "y"], [2, 1])
+
+    with pytest.raises(Exception, match="ended without its closing group"):
+        _outputs_by_batch(spark, [[events]], tmp_path, end_rows=False)
+
+
+@pytest.mark.integration
+def test_stage_b_counts_and_traffic_match_every_event_of_a_task(spark, tmp_path: Path) -> None:
+    """Stage A sends B one row per (field-2 key, routed key) and task, however many field-1
+    keys the weight came from; B's counts and the task's ``hop`` rows still add up to
+    every event, and the pairs keep their field-1 keys."""
+    a = ["x", "y", "z", "x", "y"]
+    b = ["p", "p", "p", "q", "q"]
+    events = _events(a, a, [1, 2, 3, 4, 5], b=b)
+    [rows] = _outputs_by_batch(spark, [[events]], tmp_path)
+    output = pd.DataFrame([row.asDict() for row in rows])
+
+    counts = output[(output["kind"] == "count") & (output["stage"] == "B")]
+    assert dict(zip(counts["key"], counts["count"], strict=True)) == {"p": 6, "q": 9}
+    hops = output[output["kind"] == "hop"]
+    assert hops["n"].sum() == 15
+    assert not hops.duplicated(["instance", "upstream"]).any()
+    pairs = output[output["kind"] == "pair"]
+    assert sorted(zip(pairs["detail"], pairs["key"], pairs["n"], strict=True)) == [
+        ("x", "p", 1),
+        ("x", "q", 4),
+        ("y", "p", 2),
+        ("y", "q", 5),
+        ("z", "p", 3),
+    ]
+    for instance, key in zip(pairs["instance"], pairs["key"], strict=True):
+        assert instance == spark_partition(key, 4)

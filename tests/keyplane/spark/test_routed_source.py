@@ -29,6 +29,7 @@ from keyplane.spark.routed_source import (
     MigrationPartition,
     RoutedEventsPartition,
     RoutedEventsReader,
+    batch_end_rows,
     control_group,
     evict_groups,
     install_groups,
@@ -656,20 +657,20 @@ def test_an_unknown_handoff_mode_is_refused_in_one_line_pure(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    ("options", "primed"),
+    ("options", "primed", "ended"),
     [
-        ({"handoff": "per-instance"}, True),
-        ({"handoff": "per-instance", "handoff.primers": "false"}, False),
-        ({"handoff": "per-key"}, False),
-        ({"handoff": "per-key", "handoff.primers": "true"}, False),
+        ({"handoff": "per-instance"}, True, True),
+        ({"handoff": "per-instance", "handoff.primers": "false"}, False, True),
+        ({"handoff": "per-key"}, False, False),
+        ({"handoff": "per-key", "handoff.primers": "true"}, False, False),
     ],
 )
 def test_per_instance_batches_carry_one_set_of_primers_in_their_first_task_pure(
-    options: dict[str, str], primed: bool, tmp_path: Path
+    options: dict[str, str], primed: bool, ended: bool, tmp_path: Path
 ) -> None:
     """With the JVM stages' hand-offs, every batch with events carries the primers once,
-    in its first task, rollout or not, unless ``handoff.primers`` is false; the Python
-    stages' batches carry none."""
+    in its first task, rollout or not, unless ``handoff.primers`` is false; its end rows
+    once, primers or not. The Python stages' batches carry neither."""
     store, _, _ = _rollout_store(tmp_path)
     reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store), **options})
     switches = [{"operator": "A", "from_version": 1, "to_version": 2}]
@@ -684,8 +685,27 @@ def test_per_instance_batches_carry_one_set_of_primers_in_their_first_task_pure(
             False,
             False,
         ]
+        assert [isinstance(p, RoutedEventsPartition) and p.batch_end for p in parts] == [
+            ended,
+            False,
+            False,
+        ]
     with pytest.raises(KafkaSourceOptionError, match=r"'handoff\.primers' is true or false"):
         RoutedEventsReader({**OPTIONS, "routing.store": str(store), "handoff.primers": "yes"})
+
+
+def test_end_rows_are_an_empty_evicts_row_in_every_closing_group_pure() -> None:
+    """One ``evicts`` row per stage and instance, in that instance's closing group (stage
+    B's addressed to B through stage A), each listing no move; the primers hold the same
+    groups, so a primed batch ends every task too."""
+    rows = pa.Table.from_batches([batch_end_rows("pairs", 4)]).to_pylist()
+    expected = sorted((stage, group) for stage in OPERATORS for group in evict_groups(stage, 4))
+
+    assert sorted((r["stage"], r["ra"]) for r in rows) == expected
+    assert {(r["kind"], r["state"]) for r in rows} == {("evicts", "[]")}
+    assert all(r["rb"] == (r["ra"] if r["stage"] == "B" else None) for r in rows)
+    primed = pa.Table.from_batches([primer_rows("pairs", 4)]).to_pylist()
+    assert sorted((r["stage"], r["ra"]) for r in primed if r["kind"] == "evicts") == expected
 
 
 def test_primers_are_empty_hand_off_rows_for_every_stage_and_instance_pure() -> None:

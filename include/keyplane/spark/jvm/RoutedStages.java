@@ -35,6 +35,8 @@ import org.apache.spark.sql.streaming.TimerValues;
 import org.apache.spark.sql.streaming.ValueState;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.hash.Murmur3_x86_32;
+import org.apache.spark.unsafe.types.UTF8String;
 import scala.Tuple3;
 import scala.jdk.javaapi.CollectionConverters;
 
@@ -47,6 +49,12 @@ import scala.jdk.javaapi.CollectionConverters;
  * through stage B's control groups, and stage B writes {@code count}, {@code moved}, {@code hop}
  * and {@code pair} rows of {@code ROUTED_OUTPUT_SCHEMA}. A group's state lives in Spark's own
  * keyed state store as (encoded state, count, marker), as the Python stages keep it.
+ *
+ * <p>Unlike the Python stages, a task writes some rows once for all its groups, in its first
+ * closing group ({@link Stage#endOfTask}): stage A its events for B, one row per (field-2 key,
+ * routed key of B) with their weights summed, and its heaviest pairs per B instance; stage B its
+ * {@code hop} rows. Per group, they were most of the rows across B's shuffle and the collect
+ * (docs/benchmarks.md, "One row per task").
  *
  * <p>A rollout's moves arrive per instance, not per routed key: one {@code installs} row in an
  * opening control group (it sorts before every routed key) and one {@code evicts} row in a
@@ -80,10 +88,10 @@ public final class RoutedStages {
   /** This JVM's executor, looked up once: a host name lookup may be slow. */
   static final String EXECUTOR = executorId();
   /**
-   * {@code keyplane.spark.routed_counts.TOP_PAIRS_PER_GROUP}: as many as the metrics keep per
-   * instance, since an instance's heaviest pairs can all belong to one B key.
+   * {@code keyplane.batchmetrics.TOP_PAIRS_PER_INSTANCE}: the heaviest pairs a stage-A task
+   * reports per stage-B instance, as many as the metrics keep per instance.
    */
-  static final int TOP_PAIRS_PER_GROUP = 5;
+  static final int TOP_PAIRS_PER_INSTANCE = 5;
   /**
    * {@code keyplane.spark.watermark.WATERMARK_COLUMN}: one time on every row; in event-time mode
    * the column stage A's watermark follows, so that no event is dropped as late, and its output
@@ -285,7 +293,37 @@ public final class RoutedStages {
         evicted = true;
         evictAll(group, batch.getValue(), batch.getKey(), out);
       }
+      if (closing) {
+        endOfTask(out);
+      }
       return CollectionConverters.asScala(out.iterator());
+    }
+
+    /**
+     * The rows this task gathered over its routed keys' groups, written once, in its first
+     * closing group: every routed key's group has run by then. The routed source sends a closing
+     * row for each stage and instance with every batch of events ({@code batch_end_rows}), so
+     * each task that saw an event reaches one.
+     */
+    abstract void endOfTask(List<Row> out);
+
+    /** Whether rows gathered for {@link #endOfTask} are still unwritten. */
+    abstract boolean gathering();
+
+    /**
+     * Spark closes the processor when the task's groups are done. Rows still gathered then
+     * would be lost with the task's counts; fail the task instead (it is retried, and the
+     * batch replays exactly).
+     */
+    @Override
+    public void close() {
+      if (gathering()) {
+        throw new IllegalStateException(
+            "stage "
+                + name()
+                + ": the task ended without its closing group, so the rows it gathered for the"
+                + " next stage were never written (the routed source sends one with every batch)");
+      }
     }
 
     private IllegalStateException outOfOrder(String group) {
@@ -495,9 +533,72 @@ public final class RoutedStages {
     private final boolean tuples;
     private final String[] controlGroupsA;
 
+    /**
+     * This task's events for stage B in {@code pairs} mode, per (field-2 key, routed key of B):
+     * the weights of all its groups summed, so that each leaves as one row ({@link #endOfTask}).
+     */
+    private transient Map<List<String>, Long> forB;
+
+    /** This task's (field-1 key, field-2 key, routed key of B) pairs and their weights. */
+    private transient Map<List<String>, Long> pairs;
+
+    /** The batch's one event time ({@link #WATERMARK_COLUMN}), from its first event. */
+    private transient Timestamp eventTime;
+
     StageA(boolean tuples, String[] controlGroupsA) {
       this.tuples = tuples;
       this.controlGroupsA = controlGroupsA;
+    }
+
+    @Override
+    public void init(OutputMode outputMode, TimeMode timeMode) {
+      super.init(outputMode, timeMode);
+      forB = new LinkedHashMap<>();
+      pairs = new HashMap<>();
+    }
+
+    @Override
+    boolean gathering() {
+      return !forB.isEmpty() || !pairs.isEmpty();
+    }
+
+    /**
+     * The task's events for B, one row per (field-2 key, routed key of B), and the heaviest pairs
+     * per stage-B instance, which B passes on to the sink as {@code pair} rows.
+     *
+     * <p>Why here and not in B: B would need every (field-1 key, field-2 key) pair to rank them,
+     * one row each across the shuffle, which was most of B's input. A routed key of field 1 runs
+     * in one task, so a task's pair weights are whole unless the key is split, and the sink's
+     * heaviest pairs per instance are among the tasks' heaviest (001 §4's sketch stays bounded).
+     */
+    @Override
+    void endOfTask(List<Row> out) {
+      int instance = TaskContext.getPartitionId();
+      for (Map.Entry<List<String>, Long> row : forB.entrySet()) {
+        List<String> key = row.getKey();
+        out.add(
+            eventRow(null, null, instance, key.get(0), key.get(1), row.getValue(), eventTime, null));
+      }
+      Map<Integer, List<Map.Entry<List<String>, Long>>> byInstanceB = new TreeMap<>();
+      for (Map.Entry<List<String>, Long> pair : pairs.entrySet()) {
+        int instanceB = partition(pair.getKey().get(2), controlGroupsA.length);
+        byInstanceB.computeIfAbsent(instanceB, i -> new ArrayList<>()).add(pair);
+      }
+      for (Map.Entry<Integer, List<Map.Entry<List<String>, Long>>> one : byInstanceB.entrySet()) {
+        List<Map.Entry<List<String>, Long>> ranked = one.getValue();
+        ranked.sort((x, y) -> Long.compare(y.getValue(), x.getValue()));
+        for (Map.Entry<List<String>, Long> pair :
+            ranked.subList(0, Math.min(TOP_PAIRS_PER_INSTANCE, ranked.size()))) {
+          List<String> key = pair.getKey();
+          Object[] values = {
+            key.get(0), null, instance, executor, key.get(1), controlGroupsA[one.getKey()],
+            pair.getValue(), eventTime, null, null, null, null, null, null
+          };
+          out.add(withKind("pair", values, null));
+        }
+      }
+      forB.clear();
+      pairs.clear();
     }
 
     @Override
@@ -604,24 +705,17 @@ public final class RoutedStages {
       Columns c = columns;
       // Stage A's event time: the watermark's own column, the same on every row.
       Timestamp watermarkTs = events.get(0).getTimestamp(c.watermarkTs);
-      if (tuples) {
-        for (Row row : events) {
-          out.add(
-              eventRow(
-                  keyA, group, instance, row.getString(c.b), row.getString(c.rb), 1, watermarkTs,
-                  row.getString(c.pad)));
-        }
-        return;
-      }
-      Map<List<String>, Long> weights = new LinkedHashMap<>();
+      eventTime = eventTime == null ? watermarkTs : eventTime;
       for (Row row : events) {
-        weights.merge(List.of(row.getString(c.b), row.getString(c.rb)), row.getLong(c.n), Long::sum);
-      }
-      for (Map.Entry<List<String>, Long> pair : weights.entrySet()) {
-        List<String> key = pair.getKey();
-        out.add(
-            eventRow(
-                keyA, group, instance, key.get(0), key.get(1), pair.getValue(), watermarkTs, null));
+        String b = row.getString(c.b);
+        String rb = row.getString(c.rb);
+        long n = tuples ? 1 : row.getLong(c.n);
+        pairs.merge(List.of(keyA, b, rb), n, Long::sum);
+        if (tuples) {
+          out.add(eventRow(keyA, group, instance, b, rb, 1, watermarkTs, row.getString(c.pad)));
+        } else {
+          forB.merge(List.of(b, rb), n, Long::sum);
+        }
       }
     }
 
@@ -686,15 +780,40 @@ public final class RoutedStages {
 
   /** Stage B: the running count per routed key of field 2, with the traffic it received. */
   static final class StageB extends Stage {
+    /** This task's tuples per stage-A instance and executor they came from, for {@code hop} rows. */
+    private transient Map<List<Object>, Long> hops;
+
+    @Override
+    public void init(OutputMode outputMode, TimeMode timeMode) {
+      super.init(outputMode, timeMode);
+      hops = new LinkedHashMap<>();
+    }
+
+    @Override
+    boolean gathering() {
+      return !hops.isEmpty();
+    }
+
+    /** The task's traffic from stage A: one {@code hop} row per upstream instance and executor. */
+    @Override
+    void endOfTask(List<Row> out) {
+      int instance = TaskContext.getPartitionId();
+      for (Map.Entry<List<Object>, Long> hop : hops.entrySet()) {
+        List<Object> from = hop.getKey();
+        out.add(
+            output(
+                "hop", null, null, null, instance, null, null, null, null, (Integer) from.get(0),
+                hop.getValue(), (String) from.get(1)));
+      }
+      hops.clear();
+    }
+
     @Override
     void handleGroup(String group, scala.collection.Iterator<Row> rows, List<Row> out) {
       List<Install> installs = new ArrayList<>();
       Row evict = null;
       String keyB = null;
       long added = 0;
-      Map<List<Object>, Long> hops = new LinkedHashMap<>();
-      Map<String, Long> pairs = new HashMap<>();
-      List<String> pairOrder = new ArrayList<>();
       while (rows.hasNext()) {
         Row row = rows.next();
         Columns c = columns(row);
@@ -702,12 +821,8 @@ public final class RoutedStages {
         switch (row.getString(c.kind)) {
           case "event" -> {
             long n = row.getLong(c.n);
-            String a = row.getString(c.a);
             added += n;
             hops.merge(Arrays.asList(row.getInt(c.ia), row.getString(c.ea)), n, Long::sum);
-            if (pairs.merge(a, n, Long::sum) == n) {
-              pairOrder.add(a);
-            }
           }
           case "install" -> installs.add(c.install(row));
           case "evict" -> evict = row;
@@ -720,17 +835,6 @@ public final class RoutedStages {
       Held now = new Held(held.state() + added, held.count() + added, held.marker());
       for (String source : sources) {
         out.add(tombstone(keyB, source, instance));
-      }
-      for (Map.Entry<List<Object>, Long> hop : hops.entrySet()) {
-        List<Object> from = hop.getKey();
-        out.add(
-            output(
-                "hop", null, null, null, instance, null, null, null, null, (Integer) from.get(0),
-                hop.getValue(), (String) from.get(1)));
-      }
-      pairOrder.sort((x, y) -> Long.compare(pairs.get(y), pairs.get(x)));
-      for (String a : pairOrder.subList(0, Math.min(TOP_PAIRS_PER_GROUP, pairOrder.size()))) {
-        out.add(pairRow(keyB, a, instance, pairs.get(a)));
       }
       out.add(partial(keyB, group, instance, now));
       if (evict == null) {
@@ -814,6 +918,11 @@ public final class RoutedStages {
             "invalid", null, null, null, null, null, null, null, null, null, null, null, null,
             row.getString(c.detail));
       }
+      if ("pair".equals(kind)) {
+        // A stage-A task's heaviest pairs of this instance (StageA#endOfTask), for the sink.
+        return pairRow(
+            row.getString(c.b), row.getString(c.a), TaskContext.getPartitionId(), row.getLong(c.n));
+      }
       String a = row.getString(c.a);
       String ra = row.getString(c.ra);
       long count = row.getLong(c.count);
@@ -836,6 +945,17 @@ public final class RoutedStages {
    * executor_id}, so that metrics read the same either way. An executor starts its Python
    * workers in its own working directory, which is this JVM's.
    */
+  /**
+   * The partition Spark's {@code HashPartitioning} gives a string grouping value: {@code
+   * pmod(murmur3(value, 42), n)}, as {@code keyplane.routedkeys.spark_partition} computes it.
+   */
+  static int partition(String value, int n) {
+    UTF8String s = UTF8String.fromString(value);
+    int hash =
+        Murmur3_x86_32.hashUnsafeBytes(s.getBaseObject(), s.getBaseOffset(), s.numBytes(), 42);
+    return Math.floorMod(hash, n);
+  }
+
   static String executorId() {
     String host;
     try {
