@@ -567,9 +567,9 @@ public final class RoutedStages {
      * per stage-B instance, which B passes on to the sink as {@code pair} rows.
      *
      * <p>Why here and not in B: B would need every (field-1 key, field-2 key) pair to rank them,
-     * one row each across the shuffle, which was most of B's input. A routed key of field 1 runs
-     * in one task, so a task's pair weights are whole unless the key is split, and the sink's
-     * heaviest pairs per instance are among the tasks' heaviest (001 §4's sketch stays bounded).
+     * one row each across the shuffle: close to half of B's input on the geo-tags stream. A
+     * routed key of field 1 runs in one task, so a task's pair weights are whole unless the key
+     * is split, and an instance's heaviest pairs are among its tasks' heaviest.
      */
     @Override
     void endOfTask(List<Row> out) {
