@@ -86,7 +86,7 @@ import functools
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -601,21 +601,11 @@ def primer_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     stage A's control groups as its real hand-off rows do. Their ``evicts``
     rows are the batch's end rows (:func:`batch_end_rows`).
     """
-    order = [(stage, i) for stage in OPERATORS for i in range(parallelism)]
-    installs = [install_groups(stage, parallelism)[i] for stage, i in order]
-    evicts = [evict_groups(stage, parallelism)[i] for stage, i in order]
-    empty = "[]".ljust(PRIMER_BYTES)
-    stages = [stage for stage, _ in order] * 2
-    groups = installs + evicts
-    return _rows(
+    return _empty_handoffs(
         forward,
-        len(groups),
-        kind=["installs"] * len(installs) + ["evicts"] * len(evicts),
-        stage=stages,
-        ra=groups,
-        rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
-        state=[empty] * len(groups),
-        marker=[None] * len(installs) + [-1] * len(evicts),
+        parallelism,
+        (("installs", install_groups, None), ("evicts", evict_groups, -1)),
+        "[]".ljust(PRIMER_BYTES),
     )
 
 
@@ -630,18 +620,35 @@ def batch_end_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     carries one for each stage and instance; a task that ends without one
     fails rather than lose what it gathered.
     """
-    order = [(stage, i) for stage in OPERATORS for i in range(parallelism)]
-    groups = [evict_groups(stage, parallelism)[i] for stage, i in order]
-    stages = [stage for stage, _ in order]
+    return _empty_handoffs(forward, parallelism, (("evicts", evict_groups, -1),), "[]")
+
+
+def _empty_handoffs(
+    forward: Forward,
+    parallelism: int,
+    kinds: tuple[tuple[str, Callable[[str, int], tuple[str, ...]], int | None], ...],
+    moves: str,
+) -> pa.RecordBatch:
+    """For each ``(kind, groups, marker)`` of ``kinds``, a hand-off row of that kind per stage
+    and instance, in the instance's group of ``groups``, its list of moves ``moves`` (empty).
+
+    Stage B's rows name their group in ``rb`` too, so they pass through stage A's.
+    """
+    rows = [
+        (kind, stage, groups(stage, parallelism)[i], marker)
+        for kind, groups, marker in kinds
+        for stage in OPERATORS
+        for i in range(parallelism)
+    ]
     return _rows(
         forward,
-        len(groups),
-        kind=["evicts"] * len(groups),
-        stage=stages,
-        ra=groups,
-        rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
-        state=["[]"] * len(groups),
-        marker=[-1] * len(groups),
+        len(rows),
+        kind=[kind for kind, _, _, _ in rows],
+        stage=[stage for _, stage, _, _ in rows],
+        ra=[group for _, _, group, _ in rows],
+        rb=[group if stage == "B" else None for _, stage, group, _ in rows],
+        state=[moves] * len(rows),
+        marker=[marker for _, _, _, marker in rows],
     )
 
 
