@@ -106,7 +106,11 @@ def main() -> None:
         args.stages_jar is None or not args.stages_jar.is_file()
     ):
         parser.error("variant routed-stages-jar needs --stages-jar, an existing jar")
-    envs = {"routed-stages-jar": {**os.environ, JAR_ENV: str(args.stages_jar)}}
+    envs = (
+        {"routed-stages-jar": {**os.environ, JAR_ENV: str(args.stages_jar)}}
+        if args.stages_jar
+        else {}
+    )
     events, batch = (50_000, 10_000) if args.quick else (args.events, args.batch)
 
     with private_broker() as (bootstrap, tmp):

@@ -53,8 +53,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>Unlike the Python stages, a task writes some rows once for all its groups, in its first
  * closing group ({@link Stage#endOfTask}): stage A its events for B, one row per (field-2 key,
  * routed key of B) with their weights summed, and its heaviest pairs per B instance; stage B its
- * {@code hop} rows. Per group, they were most of the rows across B's shuffle and the collect
- * (docs/benchmarks.md, "One row per task").
+ * {@code hop} rows. Per group, they were about two fifths of B's input and four fifths of the
+ * rows collected (docs/benchmarks.md, "One row per task").
  *
  * <p>A rollout's moves arrive per instance, not per routed key: one {@code installs} row in an
  * opening control group (it sorts before every routed key) and one {@code evicts} row in a
@@ -941,11 +941,6 @@ public final class RoutedStages {
   }
 
   /**
-   * This executor, as {@code host:directory}: the format of the Python stages' {@code
-   * executor_id}, so that metrics read the same either way. An executor starts its Python
-   * workers in its own working directory, which is this JVM's.
-   */
-  /**
    * The partition Spark's {@code HashPartitioning} gives a string grouping value: {@code
    * pmod(murmur3(value, 42), n)}, as {@code keyplane.routedkeys.spark_partition} computes it.
    */
@@ -956,6 +951,11 @@ public final class RoutedStages {
     return Math.floorMod(hash, n);
   }
 
+  /**
+   * This executor, as {@code host:directory}: the format of the Python stages' {@code
+   * executor_id}, so that metrics read the same either way. An executor starts its Python
+   * workers in its own working directory, which is this JVM's.
+   */
   static String executorId() {
     String host;
     try {
