@@ -17,6 +17,11 @@ batch cap, each in its own process, one after the other:
   jar another version of keyplane built (``python -m keyplane.spark.jvm
   --out PATH`` in its checkout), to compare its stages with this version's
   side by side. The jar must take this version's rows.
+* ``routed-checkout``: ``routed`` as another version of keyplane runs it,
+  the one checked out at ``--checkout`` (``git worktree add PATH COMMIT``):
+  its ``include/`` comes first on the job's ``PYTHONPATH``, which Spark
+  passes on to the job's Python workers, and its JVM stages are built from
+  its own source. It must take this version's job flags.
 
 The throughput ratios are the cost of the Python stateful stages and of
 live routing (issue goal: routed ≥ 0.9 × plain Spark).
@@ -31,7 +36,8 @@ roughly fixed cost per batch, so the ratio rises with ``--batch``
 (docs/benchmarks.md, "By batch size").
 
     python bench/reference_job.py [--events 200000] [--batch 50000] [--tags 2000]
-        [--repeats 3] [--variants VARIANT ...] [--stages-jar JAR] [--out FILE]
+        [--repeats 3] [--variants VARIANT ...] [--stages-jar JAR] [--checkout DIR]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -58,7 +64,10 @@ VARIANTS = (
     "routed",
     "routed-event-time",
     "routed-stages-jar",
+    "routed-checkout",
 )
+OTHER_VERSIONS = ("routed-stages-jar", "routed-checkout")
+"""The variants that run another version's code: not run unless asked for."""
 
 
 def settings(
@@ -93,11 +102,14 @@ def main() -> None:
         "--variants",
         nargs="+",
         choices=VARIANTS,
-        default=[v for v in VARIANTS if v != "routed-stages-jar"],
+        default=[v for v in VARIANTS if v not in OTHER_VERSIONS],
         help="which variants to run (plain Spark always runs: the ratios are to it)",
     )
     parser.add_argument(
         "--stages-jar", type=Path, help="the JVM stages of variant routed-stages-jar"
+    )
+    parser.add_argument(
+        "--checkout", type=Path, help="the keyplane checkout of variant routed-checkout"
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -106,11 +118,16 @@ def main() -> None:
         args.stages_jar is None or not args.stages_jar.is_file()
     ):
         parser.error("variant routed-stages-jar needs --stages-jar, an existing jar")
-    envs = (
-        {"routed-stages-jar": {**os.environ, JAR_ENV: str(args.stages_jar)}}
-        if args.stages_jar
-        else {}
-    )
+    if "routed-checkout" in variants and (
+        args.checkout is None or not (args.checkout / "include" / "keyplane").is_dir()
+    ):
+        parser.error("variant routed-checkout needs --checkout, a keyplane checkout")
+    envs: dict[str, dict[str, str]] = {}
+    if args.stages_jar:
+        envs["routed-stages-jar"] = {**os.environ, JAR_ENV: str(args.stages_jar)}
+    if args.checkout:
+        path = [str(args.checkout.resolve() / "include"), os.environ.get("PYTHONPATH", "")]
+        envs["routed-checkout"] = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     events, batch = (50_000, 10_000) if args.quick else (args.events, args.batch)
 
     with private_broker() as (bootstrap, tmp):
@@ -154,6 +171,7 @@ def main() -> None:
             for v, name in (
                 ("routed-event-time", "routed-event-time"),
                 ("routed-stages-jar", "routed-stages-jar"),
+                ("routed-checkout", "routed-checkout"),
                 ("routed-python", "routed-python"),
                 ("native-counts", "plain Spark"),
             )

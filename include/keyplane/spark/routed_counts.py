@@ -21,7 +21,7 @@ delivers them in:
    on (a *tombstone*), so the merge never counts a moved state twice;
 2. ``event`` rows: ``add`` their values, one call per group and batch (a
    row stands for ``n`` events of one field-2 key: in ``pairs`` mode the
-   source combines each partition's events, :func:`keyplane.spark.routed_source.read_events`);
+   source combines each task's events, :func:`keyplane.spark.routed_source.read_events`);
 3. an ``evict`` row: emit the state (``moved``) and clear it. The sink writes
    moved states to the migration topic; the next batch installs them.
 

@@ -366,15 +366,20 @@ class _Columns:
         return pa.RecordBatch.from_pydict(self.values, schema=self.schema)
 
 
-def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
-    """Parse, validate and route one partition's events (001 §4.1.2, 000 §3.3).
+def read_events(*parts: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
+    """Parse, validate and route one task's events (001 §4.1.2, 000 §3.3).
 
-    In ``pairs`` mode the partition's events are combined here, one ``event``
+    In ``pairs`` mode the task's events are combined here, one ``event``
     row per (stage-A routed key, field-2 key) with their number ``n`` and
     latest time, as Spark's own ``groupBy`` counts each input partition
     before its shuffle: stage A then builds one row per pair, not per event
     (PySpark builds each row of a ``transformWithState`` cell by cell, see
-    :mod:`keyplane.spark.routed_counts`). Stage A adds a pair's field-2 key
+    :mod:`keyplane.spark.routed_counts`). A task that reads several Kafka
+    partitions (:class:`~keyplane.spark.kafka_source.ReadTask`) combines
+    them all, as Spark's partial aggregation combines its input partition:
+    per Kafka partition, the same pair came once from each, and stage A read
+    3.5 times the rows (docs/benchmarks.md, "One row per pair and task").
+    Stage A adds a pair's field-2 key
     ``n`` times, so an aggregate sees every event's value, and the batch's
     events are counted from its offsets, not its rows
     (:func:`keyplane.spark.progress.progress_of`). A chunk of valid events
@@ -382,7 +387,19 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     one with a malformed record, value by value, so each refused record gets
     its reason. ``tuples`` mode forwards every tuple with its padding, so
     each event stays a row with ``n`` = 1.
+
+    The parts route on one plan (the batch's versions); their events are
+    routed in the order of the parts and of their offsets, so a replayed
+    batch, whose tasks hold the same parts, routes as before. (Replayed with
+    another ``maxPartitions``, a split key's events may spread otherwise
+    over its instances, which changes no count.)
     """
+    p = parts[0]
+    plan = {
+        (q.store, q.parallelism, q.version_a, q.version_b, q.forward, q.prepared) for q in parts
+    }
+    if len(plan) > 1:
+        raise ValueError(f"a task's event partitions route on one plan, not {len(plan)}: {plan}")
     tables = tables_for(p.store, p.parallelism)
     if p.prepared is not None:
         # 000 §3.4: an instance that acknowledges a PREPARE holds the new
@@ -393,10 +410,26 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
             tables.table(p.prepared, operator)
     table_a = tables.table(p.version_a, "A")
     to_b = _StageBRoutes(tables.table(p.version_b, "B"))
-    source = f"{p.events.topic}[{p.events.partition}]"
-    tuples = p.forward == "tuples"
     balancer = LeastLoadedRoutes(table_a.instances_of, split=bool(table_a.hot_keys))
     routed: list[pa.Table] = []
+    for part in parts:
+        yield from _routed_part(part, table_a, balancer, to_b, routed)
+    if routed:
+        yield _combined(pa.concat_tables(routed), p.version_b, to_b)
+
+
+def _routed_part(
+    p: RoutedEventsPartition,
+    table_a: RoutedKeyTable,
+    balancer: LeastLoadedRoutes,
+    to_b: _StageBRoutes,
+    routed: list[pa.Table],
+) -> Iterator[pa.RecordBatch]:
+    """One Kafka partition's events: rows for the refused records and, in ``tuples``
+    mode, the tuples; in ``pairs`` mode the routed events are appended to ``routed``,
+    which :func:`read_events` combines over its task."""
+    source = f"{p.events.topic}[{p.events.partition}]"
+    tuples = p.forward == "tuples"
     for records in read_range(p.events):
         values = records.column("value").to_pylist()
         decoded = None if tuples else decode_events(values, p.max_event_bytes)
@@ -435,8 +468,6 @@ def read_events(p: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
             yield out.batch()
         if events["ra"]:
             routed.append(pa.table(events, schema=_ROUTED_EVENTS))
-    if routed:
-        yield _combined(pa.concat_tables(routed), p.version_b, to_b)
 
 
 def event_time(ts_ms: int) -> datetime:
@@ -462,7 +493,7 @@ def _routed(decoded: pa.Table, table_a: RoutedKeyTable, balancer: LeastLoadedRou
     A key's routes are looked up once per chunk, the chunk's keys at once
     (:meth:`~keyplane.routedkeys.RoutedKeyTable.route_all`: a scaled-in
     operator's new keys share one salt search). Each event takes its route
-    from the partition's ``balancer``, which counts every event when the
+    from the task's ``balancer``, which counts every event when the
     version splits a key (:class:`~keyplane.handoff.LeastLoadedRoutes`).
     """
     keys = decoded.column("a").to_pylist()
@@ -475,19 +506,19 @@ def _routed(decoded: pa.Table, table_a: RoutedKeyTable, balancer: LeastLoadedRou
 
 
 class _StageBRoutes:
-    """The stage-B routed keys of a partition's rows or tuples, by their field-2 key.
+    """The stage-B routed keys of a task's rows or tuples, by their field-2 key.
 
     Chosen here, where the events are parsed, rather than in stage A, so that
     a stage needs no routing table and may run in the JVM
     (:mod:`keyplane.spark.jvm`). A split key's rows take the least loaded of
-    its routes by this partition's own stage-B counts, as stage A's tuples do
+    its routes by this task's own stage-B counts, as stage A's tuples do
     (:class:`~keyplane.handoff.LeastLoadedRoutes`). Stage A's balancer gives
     a split A key's partials unequal sizes, to fill the instances its
     neighbours leave light; B rows that followed their A partial's instance
     carried that inequality into stage B (1.56 max/avg in the hot-key
-    benchmark). The rows come in an order fixed by the partition's offset
-    range, so a replayed batch routes as before. A key's routes are looked
-    up once per partition.
+    benchmark). The rows come in an order fixed by the task's offset
+    ranges, so a replayed batch routes as before. A key's routes are looked
+    up once per task.
     """
 
     def __init__(self, table_b: RoutedKeyTable) -> None:
@@ -1124,22 +1155,34 @@ class RoutedEventsReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, ReadTask):
+            events = [p for p in partition.parts if isinstance(p, RoutedEventsPartition)]
+            if events:
+                yield from self._read_event_task(events)
             for part in partition.parts:
-                yield from self.read(part)
+                if not isinstance(part, RoutedEventsPartition):
+                    yield from self.read(part)
         elif isinstance(partition, RoutedEventsPartition):
-            if partition.primers:
-                yield primer_rows(partition.forward, partition.parallelism)
-            elif partition.batch_end:
-                yield batch_end_rows(partition.forward, partition.parallelism)
-            yield from read_events(partition)
-            for handoff in partition.handoffs:
-                yield from self.read(handoff)
+            yield from self._read_event_task([partition])
         elif isinstance(partition, EvictPartition):
             yield from read_evictions(partition)
         elif isinstance(partition, MigrationPartition):
             yield from read_installs(partition)
         else:
             raise TypeError(f"not a routed-source partition: {partition!r}")
+
+    def _read_event_task(self, parts: list[RoutedEventsPartition]) -> Iterator[pa.RecordBatch]:
+        """A task's event partitions: the batch's primers or end rows if the task carries
+        them, the events of all its partitions combined (:func:`read_events`), then
+        the hand-offs each partition brought along (:func:`spread_handoffs`)."""
+        for part in parts:
+            if part.primers:
+                yield primer_rows(part.forward, part.parallelism)
+            elif part.batch_end:
+                yield batch_end_rows(part.forward, part.parallelism)
+        yield from read_events(*parts)
+        for part in parts:
+            for handoff in part.handoffs:
+                yield from self.read(handoff)
 
 
 def _by_partition(item: tuple[str, int]) -> int:

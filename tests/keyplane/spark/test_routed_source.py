@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import Counter
@@ -535,6 +536,63 @@ def test_a_batch_reads_in_at_most_max_partitions_tasks_each_range_and_share_once
     for bad in ("0", "two"):
         with pytest.raises(KafkaSourceOptionError, match="'maxPartitions' is a positive count"):
             RoutedEventsReader({**options, "maxPartitions": bad})
+
+
+def test_a_task_combines_the_events_of_all_its_partitions_per_pair_pure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task that reads several Kafka partitions sends one row per pair over all of
+    them, as Spark's partial aggregation combines its input partition: a pair in
+    every partition is one row with the events of all, not one per partition. Its
+    refused records keep their own partition, and the hand-offs of each partition
+    and the batch's end rows are read once."""
+    store, v1, v2 = _rollout_store(tmp_path)
+    options = {"routing.store": str(store), "maxPartitions": "1", "handoff": "per-instance"}
+    reader = RoutedEventsReader({**OPTIONS, **options})
+    values = {
+        0: [("x", "y", 5000), ("x", "z", 1000)],
+        1: [("x", "y", 9000), ("w", "y", 2000)],
+        2: [("x", "y", 3000)],
+    }
+    records = {
+        part: [json.dumps({"seq": i, "a": a, "b": b, "ts": ts}).encode() for i, (a, b, ts) in evs]
+        for part, evs in ((p, list(enumerate(e))) for p, e in values.items())
+    }
+    records[1].append(b"not json")
+    monkeypatch.setattr(
+        routed_source,
+        "read_range",
+        lambda r: iter(
+            [pa.table({"value": records[r.partition], "offset": list(range(r.start, r.end))})]
+        ),
+    )
+    switches = [{"operator": "A", "from_version": 1, "to_version": 2}]
+    start = _offsets({"0": 0, "1": 0, "2": 0}, {"0": 0}, [])
+    end = _offsets({"0": 2, "1": 3, "2": 1}, {"0": 0}, switches)
+    [task] = reader.partitions(start, end)
+    assert isinstance(task, ReadTask) and len(task.parts) == 3
+
+    rows = pa.Table.from_batches(list(reader.read(task))).to_pylist()
+
+    events = [(r["a"], r["b"], r["n"], r["ts"].timestamp()) for r in rows if r["kind"] == "event"]
+    assert sorted(events) == [("w", "y", 1, 2.0), ("x", "y", 3, 9.0), ("x", "z", 1, 1.0)]
+    [invalid] = [json.loads(r["detail"]) for r in rows if r["kind"] == "invalid"]
+    assert (invalid["source"], invalid["offset"]) == ("events[1]", 2)
+    evicts = [json.loads(r["state"]) for r in rows if r["kind"] == "evicts"]
+    moved = sorted(tuple(m) for listed in evicts for m in listed)
+    assert moved == sorted((m.key, m.source, m.target) for m in state_moves(v1, v2, "A", 4))
+    assert evicts.count([]) == 2 * 4  # the batch's primers, once: each stage's instances
+
+
+def test_a_task_refuses_partitions_planned_on_different_versions_pure(tmp_path: Path) -> None:
+    """The partitions of one task route on the batch's one plan; two that name different
+    versions are a planning bug, refused in one line rather than routed on the first's."""
+    store, _, _ = _rollout_store(tmp_path)
+    kafka = OffsetRange("127.0.0.1:1", "events", 0, 0, 1)
+    on_v1 = RoutedEventsPartition(kafka, str(store), 4, 1, 1)
+    on_v2 = RoutedEventsPartition(dataclasses.replace(kafka, partition=1), str(store), 4, 2, 1)
+    with pytest.raises(ValueError, match="route on one plan, not 2"):
+        list(read_events(on_v1, on_v2))
 
 
 def test_evict_shares_emit_every_move_once_pure(tmp_path: Path) -> None:
