@@ -47,12 +47,18 @@ def run_values(text: str, measure: str) -> list[float]:
     raise ValueError(f"no row {measure!r} in the result file")
 
 
-def upper_bound(values: list[float], confidence: float) -> float:
-    """One-sided upper confidence bound of the mean (Student's t, n − 1 degrees of freedom)."""
+def margin(values: list[float], confidence: float) -> float:
+    """How far a one-sided confidence bound lies from the mean: t standard errors
+    (Student's t, n − 1 degrees of freedom)."""
     if len(values) < 2:
-        raise ValueError("an upper bound needs at least two runs")
+        raise ValueError("a confidence bound needs at least two runs")
     t = float(stats.t.ppf(confidence, len(values) - 1))
-    return statistics.fmean(values) + t * statistics.stdev(values) / math.sqrt(len(values))
+    return t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def upper_bound(values: list[float], confidence: float) -> float:
+    """One-sided upper confidence bound of the mean."""
+    return statistics.fmean(values) + margin(values, confidence)
 
 
 def report(files: Iterable[Path], measure: str, confidence: float, goal: float) -> str:

@@ -46,7 +46,7 @@ def test_a_missing_measure_is_a_clear_error_pure(dips: ModuleType) -> None:
 def test_the_upper_bound_is_the_mean_plus_t_standard_errors_pure(dips: ModuleType) -> None:
     # Two runs, 0 and 10: mean 5, sd 7.071, t(0.95, 1 df) = 6.3138.
     assert dips.upper_bound([0.0, 10.0], 0.95) == pytest.approx(5 + 6.3138 * 5.0, abs=1e-3)
-    with pytest.raises(ValueError, match="at least two runs"):
+    with pytest.raises(ValueError, match="needs at least two runs"):
         dips.upper_bound([3.0], 0.95)
 
 

@@ -1,0 +1,84 @@
+"""How sure a set of overhead runs is: the routed job's throughput against plain Spark's.
+
+``bench/reference_job.py`` reports each run's ratio to plain Spark
+("vs plain Spark (runs)"), and runs of the same code differ by ±20 % on a
+2-core machine (docs/benchmarks.md, "One row per task"), so the goal
+"≥ 0.9×" is a statement about the mean over runs. This reads every run's
+ratio of one variant from the bench's result files and prints their mean,
+standard deviation and one-sided lower confidence bound (Student's t, as
+``bench/dip_confidence.py`` bounds a dip from above). The rule, written
+down in docs/benchmarks.md before the runs it decides: **met** if the bound
+is at least the goal, **at its edge** if only the mean is, **not met** if
+the mean is below it.
+
+    python bench/overhead_confidence.py FILE [FILE ...] [--variant routed]
+        [--confidence 0.95] [--goal 0.9] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+
+from _output import emit
+from dip_confidence import margin
+
+_RATIO = re.compile(r"\d+\.\d+")
+
+
+def run_ratios(text: str, variant: str) -> list[float]:
+    """The per-run ratios of ``variant``'s row in one result file of ``bench/reference_job.py``.
+
+    Its last cell reads ``**pooled** (run1, run2, ...)``, or ``**pooled**`` alone
+    for a single run. Raises ``ValueError`` when the row is missing.
+    """
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0] == variant:
+            cell = cells[-1]
+            runs = cell[cell.index("(") :] if "(" in cell else cell
+            return [float(v) for v in _RATIO.findall(runs)]
+    raise ValueError(f"no row {variant!r} in the result file")
+
+
+def verdict(values: list[float], confidence: float, goal: float) -> str:
+    """The pre-registered rule (module docstring)."""
+    mean = statistics.fmean(values)
+    if mean - margin(values, confidence) >= goal:
+        return "met"
+    return "at its edge" if mean >= goal else "not met"
+
+
+def report(files: Iterable[Path], variant: str, confidence: float, goal: float) -> str:
+    values = [v for path in files for v in run_ratios(path.read_text(), variant)]
+    mean = statistics.fmean(values)
+    return "\n".join(
+        [
+            f"variant: {variant}, throughput against plain Spark's per run",
+            "",
+            "| runs | per run | mean | sd | "
+            f"{confidence:.0%} lower bound of the mean | goal ≥ {goal:g}× |",
+            "|---:|---|---:|---:|---:|---|",
+            f"| {len(values)} | {', '.join(f'{v:.2f}' for v in values)} | "
+            f"{mean:.3f} | {statistics.stdev(values):.3f} | "
+            f"{mean - margin(values, confidence):.3f} | {verdict(values, confidence, goal)} |",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("files", nargs="+", type=Path, help="bench/reference_job.py results")
+    parser.add_argument("--variant", default="routed", help="the row to read")
+    parser.add_argument("--confidence", type=float, default=0.95)
+    parser.add_argument("--goal", type=float, default=0.9, help="the goal, a ratio")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    emit(report(args.files, args.variant, args.confidence, args.goal), args.out)
+
+
+if __name__ == "__main__":
+    main()
