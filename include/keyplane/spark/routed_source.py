@@ -378,7 +378,7 @@ def read_events(*parts: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     partitions (:class:`~keyplane.spark.kafka_source.ReadTask`) combines
     them all, as Spark's partial aggregation combines its input partition:
     per Kafka partition, the same pair came once from each, and stage A read
-    3.5 times the rows (docs/benchmarks.md, "One row per pair and task").
+    1.7 times the rows (docs/benchmarks.md, "One row per pair and task").
     Stage A adds a pair's field-2 key
     ``n`` times, so an aggregate sees every event's value, and the batch's
     events are counted from its offsets, not its rows
