@@ -32,19 +32,24 @@ OWN_PACE = (
 _PERCENT = re.compile(r"([-−]?\d+(?:\.\d+)?)%")
 
 
-def run_values(text: str, measure: str) -> list[float]:
-    """The per-run percentages of ``measure``'s row in one result file.
+def runs_of(text: str, label: str, column: int) -> str:
+    """The runs in cell ``column`` of the row labelled ``label`` of a result file's table.
 
-    A cell reads ``**pooled%** (run1%, run2%, ...)``, or ``**pooled%**``
-    alone for a single run. Raises ``ValueError`` when the row is missing.
+    A bench's cell reads ``**pooled** (run1, run2, ...)``, or ``**pooled**``
+    alone for a single run; this is the part in brackets, else the whole
+    cell. Raises ``ValueError`` when the row is missing.
     """
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and cells[0] == measure:
-            cell = cells[1]
-            runs = cell[cell.index("(") :] if "(" in cell else cell
-            return [float(v.replace("−", "-")) for v in _PERCENT.findall(runs)]
-    raise ValueError(f"no row {measure!r} in the result file")
+        if len(cells) >= 2 and cells[0] == label:
+            cell = cells[column]
+            return cell[cell.index("(") :] if "(" in cell else cell
+    raise ValueError(f"no row {label!r} in the result file")
+
+
+def run_values(text: str, measure: str) -> list[float]:
+    """The per-run percentages of ``measure``'s row in one result file (its second cell)."""
+    return [float(v.replace("−", "-")) for v in _PERCENT.findall(runs_of(text, measure, 1))]
 
 
 def margin(values: list[float], confidence: float) -> float:

@@ -24,24 +24,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from _output import emit
-from dip_confidence import margin
+from dip_confidence import margin, runs_of
 
 _RATIO = re.compile(r"\d+\.\d+")
 
 
 def run_ratios(text: str, variant: str) -> list[float]:
-    """The per-run ratios of ``variant``'s row in one result file of ``bench/reference_job.py``.
-
-    Its last cell reads ``**pooled** (run1, run2, ...)``, or ``**pooled**`` alone
-    for a single run. Raises ``ValueError`` when the row is missing.
-    """
-    for line in text.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and cells[0] == variant:
-            cell = cells[-1]
-            runs = cell[cell.index("(") :] if "(" in cell else cell
-            return [float(v) for v in _RATIO.findall(runs)]
-    raise ValueError(f"no row {variant!r} in the result file")
+    """The per-run ratios of ``variant``'s row in one result file of ``bench/reference_job.py``
+    (its last cell). Raises ``ValueError`` when the row is missing."""
+    return [float(v) for v in _RATIO.findall(runs_of(text, variant, -1))]
 
 
 def verdict(values: list[float], confidence: float, goal: float) -> str:
