@@ -1155,12 +1155,11 @@ class RoutedEventsReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, ReadTask):
+            # partitions() groups only events partitions into tasks (grouped_into_tasks).
             events = [p for p in partition.parts if isinstance(p, RoutedEventsPartition)]
-            if events:
-                yield from self._read_event_task(events)
-            for part in partition.parts:
-                if not isinstance(part, RoutedEventsPartition):
-                    yield from self.read(part)
+            if len(events) != len(partition.parts):
+                raise TypeError(f"a routed-source task groups events partitions: {partition!r}")
+            yield from self._read_event_task(events)
         elif isinstance(partition, RoutedEventsPartition):
             yield from self._read_event_task([partition])
         elif isinstance(partition, EvictPartition):
