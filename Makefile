@@ -16,6 +16,9 @@ lint: bootstrap
 	.venv/bin/mypy dags plugins spark_jobs bench
 	# The tests, each file as its path names it (tests/bench and tests/keyplane/spark both have a conftest).
 	.venv/bin/mypy --explicit-package-bases tests
+	# The user docs, with the generated CLI, configuration and API references; --strict
+	# fails on a broken internal link or anchor.
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir site
 
 test: lint
 	@scripts/install-browser

@@ -8,6 +8,7 @@ hand-off), and sections move as they grow; a broken link is found here, not by a
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "docs_reference", REPO / "scripts" / "docs_reference.py"
+)
+assert _spec is not None and _spec.loader is not None
+docs_reference = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(docs_reference)
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
@@ -45,7 +52,8 @@ def anchors_of(path: Path) -> set[str]:
     """
     seen: Counter[str] = Counter()
     anchors = set()
-    for line in _prose_lines(path.read_text()):
+    # The reference pages' headings are generated at build time, as mkdocs does.
+    for line in _prose_lines(docs_reference.on_page_markdown(path.read_text())):
         match = _HEADING.match(line)
         if match:
             anchor = heading_anchor(match.group(1))
