@@ -1,13 +1,13 @@
 """How sure a set of reconfiguration runs is about the dip: mean, spread and upper bound.
 
 ``bench/reconfiguration.py`` reports one dip per run, and runs of the same
-code differ by 20–30 points (docs/benchmarks.md, "The result"), so a goal
-like "≤ 10 %" is a statement about the mean over runs, decided by its
-confidence bound rather than by any single run. This reads the per-run
+code differ by 20–30 points, so a goal like "≤ 10 %" is a statement about
+the mean over runs, decided by its confidence bound rather than by any single
+run. This reads the per-run
 values of one measure from the bench's result files and prints their
 mean, standard deviation and one-sided upper confidence bound (Student's
-t), the rule written down in docs/reconfiguration-record.md before the runs
-it decides.
+t), the rule the dip goal is decided by (docs/benchmarks.md, "Throughput dip
+while 10,000 keys move").
 
     python bench/dip_confidence.py FILE [FILE ...] [--measure LABEL] [--confidence 0.95] [--goal 10]
 """
@@ -27,7 +27,7 @@ from scipy import stats
 OWN_PACE = (
     "throughput dip, switch and install batches, each job at its own pace outside the rollout"
 )
-"""The measure the pre-registered rule decides by (docs/reconfiguration-record.md)."""
+"""The measure the dip goal is decided by: each job's own pace, whichever process is faster."""
 
 _PERCENT = re.compile(r"([-−]?\d+(?:\.\d+)?)%")
 

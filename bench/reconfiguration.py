@@ -3,7 +3,7 @@
 The routed job runs on a backlog, so every batch takes ``--batch`` events and
 a batch's duration is the job's cost for them. After ``--warmup-batches``
 batches (3 by default; a JVM keeps compiling the job's code for tens of
-batches, docs/reconfiguration-record.md, "Where a rollout's CPU goes") the
+batches) the
 controller rolls out v2, which moves ``--moved-keys`` stage-A keys and every
 stage-B key to other instances. Three rollouts, side by side in one run,
 each on a job of its own over the same topic:

@@ -13,7 +13,7 @@ settings, taking turns, ``--repeats`` times:
 All read the same events in batch *n*, so the summed seconds of the same
 steady batches (all but each run's first two) compare the settings side by
 side. What each saves a rollout is measured by ``bench/reconfiguration.py``
-run with the variables set (docs/reconfiguration-record.md, "The JIT's traps").
+run with the variables set.
 
     python bench/steady_cost.py [--repeats 3] [--out FILE]
 """

@@ -63,7 +63,7 @@ def test_output_without_packed_rows_is_returned_as_it_is_pure() -> None:
 
 def test_latest_partials_keep_the_order_of_the_batch_output_pure() -> None:
     """The batch file's rows come in the output's order, which a replay repeats:
-    no sort over the text columns (docs/reconfiguration-record.md, "Two small changes")."""
+    no sort over the text columns; the readers sort as they need."""
     output = pd.DataFrame(
         [
             {"kind": "count", "stage": "B", "key": "z", "routed_key": "z#0", "instance": 2,
