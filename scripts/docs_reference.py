@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from types import UnionType
@@ -132,3 +133,13 @@ def on_page_markdown(markdown: str, **_: object) -> str:
     if SETTINGS_MARKER in markdown:
         markdown = markdown.replace(SETTINGS_MARKER, settings_reference())
     return markdown
+
+
+_SPHINX_ROLE = re.compile(r":(?:py:)?(?:mod|func|class|data|meth|attr|exc|obj):(?=<code)")
+"""A Sphinx role before inline code (``:func:`x```): the docstrings cite code the
+way Sphinx reads it, and mkdocstrings renders the role's name as text."""
+
+
+def on_page_content(html: str, **_: object) -> str:
+    """mkdocs hook: the API page shows ``:func:`x``` as ``x``, as Sphinx would."""
+    return _SPHINX_ROLE.sub("", html)
