@@ -10,8 +10,7 @@ it false because neither stage keeps a timer
 watermark followed the events' times it moved after every batch, and
 Spark's default doubled the batches; it now follows one time on every row
 (``keyplane.spark.watermark``) and moves once in a checkpoint's life, so
-the default adds one batch per checkpoint (docs/benchmarks.md has both
-measurements). Here the routed
+the default adds one batch per checkpoint. Here the routed
 job reads a topic that a sender fills chunk by chunk, as a live topic
 fills, once as keyplane runs it and once with the setting true in the
 Spark configuration (``spark-defaults.conf``, as a user would set it),

@@ -2,12 +2,12 @@
 
 ``bench/reference_job.py`` reports each run's ratio to plain Spark
 ("vs plain Spark (runs)"), and runs of the same code differ by ±20 % on a
-2-core machine (docs/benchmarks.md, "One row per task"), so the goal
+2-core machine, so the goal
 "≥ 0.9×" is a statement about the mean over runs. This reads every run's
 ratio of one variant from the bench's result files and prints their mean,
 standard deviation and one-sided lower confidence bound (Student's t, as
-``bench/dip_confidence.py`` bounds a dip from above). The rule, written
-down in docs/benchmarks.md before the runs it decides: **met** if the bound
+``bench/dip_confidence.py`` bounds a dip from above). The rule the
+overhead goal is decided by (docs/benchmarks.md): **met** if the bound
 is at least the goal, **at its edge** if only the mean is, **not met** if
 the mean is below it.
 

@@ -33,7 +33,7 @@ run three steady batches; ``--events 1000000`` gives nineteen, the steady
 state (at another ``--batch``, twenty times it), and ``--variants routed``
 runs the routed job and plain Spark only. The routed job's extra time is a
 roughly fixed cost per batch, so the ratio rises with ``--batch``
-(docs/benchmarks.md, "By batch size").
+(docs/benchmarks.md, "Throughput against plain Spark").
 
     python bench/reference_job.py [--events 200000] [--batch 50000] [--tags 2000]
         [--repeats 3] [--variants VARIANT ...] [--stages-jar JAR] [--checkout DIR]
