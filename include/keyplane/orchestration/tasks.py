@@ -215,10 +215,18 @@ def validate_statistics(
     from keyplane.quality import validate_statistics as run_suite
 
     snapshot = _snapshot(deployment, run_id)
+    widened = stats.lookback(deployment.snapshots, snapshot, min_total_count)
+    if len(widened.runs) > 1:
+        log.info(
+            "window widened to %d runs (%d tuples): %s",
+            len(widened.runs),
+            widened.total,
+            widened.runs,
+        )
     with locked_context(deployment.gx_root) as context:
         result = run_suite(
-            snapshot.quality_frame(),
-            snapshot.manifest.window,
+            widened.frame,
+            widened.window,
             context=context,
             settings=QualitySettings(min_total_count=min_total_count),
             run_name=f"statistics-{stats.safe_run_id(run_id)}",
