@@ -955,12 +955,14 @@ class HistoryPolicy:
     of the paper; 0.5 (a window's weight halves per window, so the history
     spans about two windows) is our default. ``max_entries`` bounds the pairs
     and each stage's frequencies kept (heaviest first), as a SpaceSaving
-    summary would.
+    summary would. ``min_weight`` forgets entries that decayed below it, as
+    :class:`keyplane.statistics.StatisticsSettings` does (0: none is).
     """
 
     mode: HistoryMode = "decay"
     decay: float = 0.5
     max_entries: int | None = None
+    min_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("reset", "decay"):
@@ -969,14 +971,21 @@ class HistoryPolicy:
             raise ValueError(f"decay must lie in (0, 1], got {self.decay}")
         if self.max_entries is not None and self.max_entries < 1:
             raise ValueError(f"max_entries must be ≥ 1 or None, got {self.max_entries}")
+        if not (np.isfinite(self.min_weight) and self.min_weight >= 0):
+            raise ValueError(f"min_weight must be ≥ 0, got {self.min_weight}")
 
 
-def _merge_weights(old: KeyWeights, new: KeyWeights, decay: float) -> KeyWeights:
+def _merge_weights(
+    old: KeyWeights, new: KeyWeights, decay: float, min_weight: float = 0.0
+) -> KeyWeights:
     keys = np.union1d(old.keys, new.keys)
     weights = np.zeros(keys.size)
     np.add.at(weights, np.searchsorted(keys, old.keys), decay * old.weights)
     np.add.at(weights, np.searchsorted(keys, new.keys), new.weights)
-    return KeyWeights(keys, weights)
+    fresh = np.zeros(keys.size, dtype=np.bool_)
+    fresh[np.searchsorted(keys, new.keys)] = new.weights > 0
+    keep = fresh | (weights >= min_weight)
+    return KeyWeights(keys[keep], weights[keep])
 
 
 def _top_weights(weights: KeyWeights, limit: int | None) -> KeyWeights:
@@ -984,6 +993,19 @@ def _top_weights(weights: KeyWeights, limit: int | None) -> KeyWeights:
         return weights
     keep = np.sort(np.lexsort((weights.keys, -weights.weights))[:limit])
     return KeyWeights(weights.keys[keep], weights.weights[keep])
+
+
+def _pairs_in(
+    a_keys: KeyArray, b_keys: KeyArray, among_a: KeyArray, among_b: KeyArray
+) -> BoolArray:
+    """Whether each pair (a_keys[i], b_keys[i]) is one of the pairs (among_a, among_b)."""
+    if among_a.size == 0:
+        return np.zeros(a_keys.size, dtype=np.bool_)
+    keys = np.unique(np.r_[a_keys, b_keys, among_a, among_b])
+    width = np.int64(keys.size)
+    code = np.searchsorted(keys, a_keys) * width + np.searchsorted(keys, b_keys)
+    among = np.searchsorted(keys, among_a) * width + np.searchsorted(keys, among_b)
+    return np.isin(code, among)
 
 
 class PairHistory:
@@ -1012,12 +1034,18 @@ class PairHistory:
             np.r_[old.b_keys, window.b_keys],
             np.r_[decay * old.counts, window.counts],
         )
+        if self.policy.min_weight > 0 and counts.size:
+            seen_a, seen_b, _ = aggregate_pairs(window.a_keys, window.b_keys, window.counts)
+            seen = _pairs_in(a_keys, b_keys, seen_a, seen_b)
+            keep = seen | (counts >= self.policy.min_weight)
+            a_keys, b_keys, counts = a_keys[keep], b_keys[keep], counts[keep]
         limit = self.policy.max_entries
         if limit is not None and counts.size > limit:
             keep = np.sort(np.lexsort((b_keys, a_keys, -counts))[:limit])
             a_keys, b_keys, counts = a_keys[keep], b_keys[keep], counts[keep]
-        freq_a = _merge_weights(old.stage_weights("a"), window.stage_weights("a"), decay)
-        freq_b = _merge_weights(old.stage_weights("b"), window.stage_weights("b"), decay)
+        floor = self.policy.min_weight
+        freq_a = _merge_weights(old.stage_weights("a"), window.stage_weights("a"), decay, floor)
+        freq_b = _merge_weights(old.stage_weights("b"), window.stage_weights("b"), decay, floor)
         self._statistics = PairStatistics(
             a_keys,
             b_keys,
