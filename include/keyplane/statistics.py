@@ -63,6 +63,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
+from keyplane.costmodel import CostModel, calibrate
 from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
 from keyplane.routedkeys import routed_shares
@@ -135,6 +136,19 @@ class SnapshotManifest(BaseModel):
     job_version: int | None = Field(
         default=None, description="Routing version of the window's newest metrics record."
     )
+    cost_weights: tuple[float, float, float] | None = Field(
+        default=None,
+        description="The cost model's (service_a, service_b, remote) fitted to the window's "
+        "metrics records, or None when they were too few (keyplane.costmodel.calibrate).",
+    )
+
+    @property
+    def cost_model(self) -> CostModel:
+        """The planner's cost model: calibrated from the job's metrics when they sufficed."""
+        if self.cost_weights is None:
+            return CostModel()
+        service_a, service_b, remote = self.cost_weights
+        return CostModel(service_a, service_b, remote, source="calibrated")
 
     @property
     def window(self) -> tuple[int, int]:
@@ -467,6 +481,13 @@ def read_snapshot(root: Path | str, run_id: str) -> Snapshot:
     )
 
 
+def _fitted_weights(metrics: Sequence[BatchMetrics]) -> tuple[float, float, float] | None:
+    fitted = calibrate(metrics)
+    if fitted.source != "calibrated":
+        return None
+    return fitted.service_a, fitted.service_b, fitted.remote
+
+
 @dataclass(frozen=True)
 class Lookback:
     """A snapshot's counts widened over the windows before it (:func:`lookback`).
@@ -585,6 +606,7 @@ def build_snapshot(
         decay=settings.decay,
         holdout_fraction=settings.holdout_fraction,
         job_version=job_version(metrics),
+        cost_weights=_fitted_weights(metrics),
     )
     return manifest, {
         "frequencies": frequencies,

@@ -485,9 +485,11 @@ def test_history_min_weight_forgets_entries_decayed_below_it_but_keeps_fresh_one
     history = PairHistory(HistoryPolicy(decay=0.5, min_weight=0.3))
     history.add(PairStatistics(np.array([1, 2]), np.array([10, 20]), np.array([1.0, 4.0])))
     history.add(PairStatistics(np.array([3]), np.array([30]), np.array([0.1])))
-    pairs = set(zip(history.statistics.a_keys.tolist(), history.statistics.b_keys.tolist()))
+    kept = history.statistics
+    pairs = set(zip(kept.a_keys.tolist(), kept.b_keys.tolist(), strict=True))
     assert pairs == {(1, 10), (2, 20), (3, 30)}
     history.add(PairStatistics(np.array([3]), np.array([30]), np.array([0.1])))
-    pairs = set(zip(history.statistics.a_keys.tolist(), history.statistics.b_keys.tolist()))
+    kept = history.statistics
+    pairs = set(zip(kept.a_keys.tolist(), kept.b_keys.tolist(), strict=True))
     assert pairs == {(2, 20), (3, 30)}
     assert history.statistics.stage_weights("a").keys.tolist() == [2, 3]

@@ -12,6 +12,7 @@ import pytest
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.costmodel import CostModel
 from keyplane.routedkeys import fold_instance, spark_partition
 
 SETTINGS = stats.StatisticsSettings(decay=0.5, min_weight=0.5, holdout_fraction=0.2)
@@ -249,3 +250,45 @@ def test_lookback_widens_a_small_window_over_the_previous_ones_until_enough(
 def test_lookback_stops_at_a_gap_between_windows(tmp_path: Path) -> None:
     newest = _chain(tmp_path, [400, 400, 400], gap_before=2)
     assert stats.lookback(tmp_path, newest, 10**9).runs == ("run2",)
+
+
+def test_the_snapshot_carries_a_cost_model_fitted_to_enough_metrics_records() -> None:
+    rng = np.random.default_rng(1)
+    records = []
+    for batch in range(12):
+        loads_a = {i: int(v) for i, v in enumerate(rng.integers(500, 3_000, 4))}
+        loads_b = {i: int(v) for i, v in enumerate(rng.integers(500, 3_000, 4))}
+        hops = sum(loads_a.values())
+        local = int(rng.integers(0, hops))
+        duration = 30 + 0.01 * max(loads_a.values()) + 0.02 * max(loads_b.values())
+        duration += 0.04 * (hops - local) / 4
+        records.append(
+            BatchMetrics(
+                batch_id=batch,
+                duration_ms=round(duration),
+                load={"A": loads_a, "B": loads_b},
+                hops=hops,
+                local_hops=local,
+            )
+        )
+    events = stats.TopicWindow(topic="e", start={0: 0}, end={0: 6})
+    metrics = stats.TopicWindow(topic="m", start={0: 0}, end={0: 12})
+
+    def manifest(metrics_records: list[BatchMetrics]) -> stats.SnapshotManifest:
+        return stats.build_snapshot(
+            run_id="r",
+            grouped=_events([("1", "x", False, 6)]),
+            metrics=metrics_records,
+            events=events,
+            metrics_window=metrics,
+            previous=None,
+            config=None,
+            settings=SETTINGS,
+        )[0]
+
+    fitted = manifest(records)
+    assert fitted.cost_weights is not None
+    assert fitted.cost_model.source == "calibrated"
+    assert fitted.cost_model.remote == pytest.approx(0.04, rel=0.2)
+    assert manifest(records[:3]).cost_weights is None
+    assert manifest(records[:3]).cost_model == CostModel()

@@ -343,7 +343,12 @@ def compute_configuration(
     parent = int(reserved["parent_version"])
     current = config_store.load(deployment.routing_store, parent)
     plan = planning.plan_configuration(
-        snapshot.pairs, snapshot.frequencies, current, params, version=int(reserved["version"])
+        snapshot.pairs,
+        snapshot.frequencies,
+        current,
+        params,
+        version=int(reserved["version"]),
+        cost=snapshot.manifest.cost_model,
     )
     stored = [
         _store(deployment, config)
