@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
@@ -289,3 +291,36 @@ def test_the_chosen_configuration_is_the_best_candidate_under_the_cost_model() -
         cost=CostModel(remote=0.0),
     )
     assert balance_only.predicted_throughput >= balance_only.throughputs["hash"]
+
+
+@st.composite
+def few_key_snapshots(draw: st.DrawFn) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+    """Snapshots with fewer distinct keys per stage than twice the instances (P = 4)."""
+    n_keys = draw(st.integers(1, 2 * P - 1))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    shares = rng.dirichlet(np.full(n_keys, draw(st.sampled_from([0.3, 1.0, 5.0]))))
+    a = rng.choice(n_keys, size=3_000, p=shares)
+    b = np.where(rng.random(a.size) < draw(st.floats(0.0, 1.0)), a, rng.integers(0, n_keys, a.size))
+    holdout = rng.random(a.size) < 0.2
+    grouped = pd.DataFrame({"a": a.astype(str), "b": [f"b{k}" for k in b], "holdout": holdout})
+    grouped = grouped.groupby(["a", "b", "holdout"], as_index=False).size()
+    window = stats.window_pairs(grouped.rename(columns={"size": "n"}))
+    settings = stats.StatisticsSettings()
+    pairs = stats.fold_pairs(None, window, settings)
+    frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
+    return pairs, frequencies, draw(st.sampled_from([1.0, 1.03, 1.1]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(few_key_snapshots())
+def test_property_few_keys_are_never_mostly_hot_and_the_plan_never_loses_to_hash(
+    case: tuple[pd.DataFrame, pd.DataFrame, float],
+) -> None:
+    pairs, frequencies, alpha = case
+    plan = planning.plan_configuration(
+        pairs, frequencies, _hash_config(), planning.PlanParams(alpha=alpha), version=2
+    )
+    assert plan.predicted_throughput >= plan.throughputs["hash"]
+    for name, routing in plan.config.operators.items():
+        distinct = len(plan.key_loads[name])
+        assert len(routing.hot_keys) <= distinct / 2
