@@ -350,6 +350,7 @@ def compute_configuration(
         version=int(reserved["version"]),
         cost=snapshot.manifest.cost_model,
     )
+    log.info("chose the %s configuration (throughputs %s)", plan.candidate, plan.throughputs)
     stored = [
         _store(deployment, config)
         for config in _waves(current, plan.config, params.max_moves_per_wave, max_waves)
