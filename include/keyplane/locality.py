@@ -28,10 +28,12 @@ within an imbalance bound α (000 §3.1):
 5. METIS balances one constraint only (pymetis passes one weight per vertex),
    while α must hold for each stage separately, and METIS may overshoot its own
    tolerance. A greedy pass therefore moves the cheapest keys (locality lost
-   per unit of load moved) out of overloaded instances. When no key fits, a
-   key of the overloaded instance is split only if the split pays under the
-   :class:`~keyplane.costmodel.CostModel` (the straggler time it saves exceeds
-   the remote tuples it adds); otherwise the stage stays above α. Splitting
+   per unit of load moved) out of overloaded instances. When no key fits, it
+   takes the move (beyond the bound) or split of a key of the overloaded
+   instance that saves most batch time under the
+   :class:`~keyplane.costmodel.CostModel` (straggler time saved against remote
+   tuples added), and stops when none saves any: the stage may stay above α,
+   and at most half a stage's keys are split. Splitting
    keys one after another just to meet α on the training window trades real
    locality for an in-sample balance the next window does not keep.
    (``split_rule="alpha"`` keeps the older rule, which always splits until
