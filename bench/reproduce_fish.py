@@ -126,7 +126,7 @@ FINDINGS = """## Findings (full run, default seed)
   single shift of the hot set. Scaling FISH's waiting-time interval to the
   run (`fish-scaled`) changes nothing measurable.
 * Memory (Fig. 11): FISH keeps 1.01–1.37x the replicas of fields grouping
-  (paper 1.11–2.61x; target ≤ 3x: met), below D-Choices (1.4–2.0x) and
+  (paper 1.11–2.61x; target ≤ 3x: met), below D-Choices (1.5–2.0x) and
   W-Choices (1.5–3.1x) and far below shuffle grouping (5–34x here, paper
   15.5–88.3x). Halving θ costs 1.27x → 1.37x at 128 workers, skew 1.0.
 * Decay (Figs. 12, 14): keys are now classified on the epoch's counts

@@ -197,29 +197,43 @@ class ChoicesSettings:
 def dchoices_worker_count(
     head_shares: Sequence[float], tail_share: float, n_workers: int, epsilon: float = 1e-4
 ) -> int:
-    """Choices per head key under D-Choices (Nasir et al. 2016, as read by keyplane).
+    """Choices per head key under D-Choices (Nasir et al. 2016), the authors' own rule.
 
-    With ``h`` head keys of total share ``p_H`` and ``d`` hashed choices each,
-    the head keys reach ``b = n − n((n−1)/n)^(h·d)`` distinct workers in
-    expectation. Those ``b`` workers must take the head load and the tail
-    tuples whose two PKG choices both fall among them (share
-    ``(b/n)^2 · p_T``) without exceeding their fair share ``b/n``:
+    Hashes collide: ``d`` hashed choices reach only ``b(d) = n − n((n−1)/n)^d``
+    distinct workers in expectation, so the rule is written in reached
+    workers, not in ``d``. With ``h`` head keys of total share ``p_H``, the
+    hottest of share ``p_1``, and tail share ``p_T``, ``d`` is the smallest
+    value from ``max(2, round(p_1·n))`` meeting both
 
-        p_H + (b/n)^2 · p_T <= b/n + ε.
+        p_H + p_T · (b(h·d)/n)^2 <= b(h·d)/n + ε
+            (the workers the whole head reaches take the head and the tail
+            tuples whose two PKG choices both fall among them, within their
+            fair share), and
+        p_1 + (p_H − p_1) · (b(d)/n)^d + p_T · (b(d)/n)^2 <= b(d)/n + ε
+            (the same for the workers the hottest key alone reaches).
 
-    We also require ``p_1 <= d/n`` so the largest key fits on its ``d``
-    workers. ``d`` is the smallest value from 2 meeting both; ``n`` if none
-    does (then D-Choices behaves like W-Choices).
+    ``n`` when no ``d < n`` does: the head key may then use every worker, as
+    under W-Choices (:class:`DChoicesPartitioner` gives it all ``n``, not ``n``
+    colliding hashes). Never fewer than PKG's two choices.
     """
     n = _check_workers(n_workers)
     shares = sorted((float(s) for s in head_shares), reverse=True)
     if not shares or n <= 2:
         return min(2, n)
-    head = sum(shares)
-    for d in range(2, n):
-        reached = n - n * ((n - 1) / n) ** (len(shares) * d)
-        fraction = reached / n
-        if head + fraction**2 * tail_share <= fraction + epsilon and shares[0] <= d / n:
+    head, top, tail = sum(shares), shares[0], float(tail_share)
+    miss = (n - 1) / n
+
+    def meets(d: int) -> bool:
+        reached_head = 1.0 - miss ** (len(shares) * d)
+        reached_top = 1.0 - miss**d
+        whole_head = head + tail * reached_head**2 <= reached_head + epsilon
+        hottest = (
+            top + (head - top) * reached_top**d + tail * reached_top**2 <= reached_top + epsilon
+        )
+        return whole_head and hottest
+
+    for d in range(max(2, round(top * n)), n):
+        if meets(d):
             return d
     return n
 
@@ -316,7 +330,9 @@ class DChoicesPartitioner(_HeadChoicesPartitioner):
 
     Tail keys use PKG's two choices; each head key gets ``d`` hashed choices
     (seeds ``0 … d−1`` of :func:`hash_worker`), ``d`` from
-    :func:`dchoices_worker_count`, and goes to the least loaded of them.
+    :func:`dchoices_worker_count`, and goes to the least loaded of them. When
+    ``d`` reaches ``n`` a head key may use every worker, as the authors'
+    simulator does: ``n`` hashed seeds would reach only about 63 % of them.
     """
 
     name = "d-choices"
@@ -337,6 +353,8 @@ class DChoicesPartitioner(_HeadChoicesPartitioner):
         d = dchoices_worker_count(
             list(head.values()), tail_share, self.n_workers, self.settings.epsilon
         )
+        if d >= self.n_workers:
+            return dict.fromkeys(head, tuple(range(self.n_workers)))
         keys = np.array(list(head), dtype=np.int64)
         choices = np.stack([hash_worker(keys, self.n_workers, seed=j) for j in range(d)], axis=1)
         return {k: tuple(row) for k, row in zip(keys.tolist(), choices.tolist(), strict=True)}

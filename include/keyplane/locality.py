@@ -10,32 +10,45 @@ within an imbalance bound α (000 §3.1):
 1. Build the bipartite key graph: a vertex per key of either stage weighted by
    the key's frequency, an edge per pair weighted by its count (000 §3.3).
 2. Take out the *heavy* keys, whose weight alone exceeds α times the mean
-   instance load. A single such key caps the balance: its instance is over the
-   bound whatever else it holds, so no partition can meet α. They are returned
-   as heavy keys for the hot-key splitter (paper 001 §4.2) to spread over
-   several instances, or pinned to the least loaded instance on request
-   (as many as the table budget has room for; the others are split).
+   instance load of the stage. A single such key caps the balance: its
+   instance is over the bound whatever else it holds, so no partition can
+   meet α. The mean is the stage's, heavy keys included: taking one key out
+   and re-testing the next against a lower mean would cascade down a short
+   key list until every key is "heavy". They are returned as heavy keys for
+   the hot-key splitter (paper 001 §4.2) to spread over several instances, or
+   pinned to the least loaded instance on request (as many as the table
+   budget has room for; the others are split).
 3. Keep the most valuable keys within the table budget: first by the pair
    weight they can make local, then by frequency. Other keys use the hash
    fallback (000 §3.3), which fixes their instance: the caller says where
-   (``hash_parts``; by default the simulator's hash model), so that a plan
-   for a Spark job counts them where Spark's hash puts them.
+   (``hash_parts``; by default Spark's hash of the key's decimal string,
+   :func:`spark_workers`, the placement the job uses).
 4. Partition the table keys with METIS (000 §3.3), target part sizes set to the
    capacity the hashed keys leave on each instance.
 5. METIS balances one constraint only (pymetis passes one weight per vertex),
    while α must hold for each stage separately, and METIS may overshoot its own
    tolerance. A greedy pass therefore moves the cheapest keys (locality lost
-   per unit of load moved) out of overloaded instances; when no key fits, a
-   key of the overloaded instance is handed to the hot-key splitter: the
-   lightest one whose split suffices, else the heaviest. This makes the
-   predicted per-stage imbalance ≤ α a guarantee, for any α ≥ 1 (000 §3.1).
+   per unit of load moved) out of overloaded instances. When no key fits, it
+   takes the move (beyond the bound) or split of a key of the overloaded
+   instance that saves most batch time under the
+   :class:`~keyplane.costmodel.CostModel` (straggler time saved against remote
+   tuples added), and stops when none saves any: the stage may stay above α,
+   and at most half a stage's keys are split. Splitting
+   keys one after another just to meet α on the training window trades real
+   locality for an in-sample balance the next window does not keep.
+   (``split_rule="alpha"`` keeps the older rule, which always splits until
+   α holds, for comparisons.)
 
-What the balance counts. The load of an instance in a stage is the summed
-weight of that stage's keys placed on it: table keys at their table instance
-and hashed keys (known keys outside the table) at their hash instance. Keys
-handed to the splitter are left out: the splitter spreads them, and adding a
-load spread evenly over all instances can only lower max/mean, so leaving them
-out gives the conservative figure. Pinned heavy keys are counted where pinned.
+What the balance counts, here and in :func:`evaluate`. The load of an
+instance in a stage is the summed weight of that stage's keys placed on it:
+table keys at their table instance, hashed keys (known keys outside the table)
+at their hash instance, and each split key's weight spread evenly over the
+instances, as the splitter spreads it. Pinned heavy keys are counted where
+pinned.
+
+:func:`choose_plan` is the planner: it builds a plan with balance headroom
+(to a tighter bound than α) and keeps it only if the cost model predicts it
+beats keeping hash routing and keeping the current tables.
 
 Beyond the paper, :class:`PairHistory` keeps pair statistics across windows
 with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.
@@ -43,6 +56,7 @@ with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -52,8 +66,9 @@ import numpy.typing as npt
 import pymetis
 import scipy.sparse as sp
 
-from keyplane.baselines import hash_worker
+from keyplane.costmodel import CostModel
 from keyplane.partitioner import KeyArray, TimeArray, WorkerArray
+from keyplane.routedkeys import spark_partitions
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -62,7 +77,10 @@ HashParts = Callable[[bool, npt.NDArray[np.int64]], npt.NDArray[np.int64]]
 are stage A's and their ids, the instance (part) of each."""
 
 HeavyKeyPolicy = Literal["split", "pin"]
+HeavyRule = Literal["mean", "cascade"]
+SplitRule = Literal["pays", "alpha"]
 HistoryMode = Literal["reset", "decay"]
+CandidateName = Literal["hash", "current", "plan"]
 
 _METIS_VERTEX_SCALE = 1_000_000_000
 _METIS_EDGE_SCALE = 1_000_000
@@ -73,18 +91,33 @@ _MIN_VERTICES_PER_PART = 2
 _BOUND_MARGIN = 1.0 - 1e-12
 
 
+def spark_workers(keys: npt.ArrayLike, n: int) -> npt.NDArray[np.int64]:
+    """The instance Spark's hash partitioning gives each integer key: the job's placement.
+
+    The job groups by the key's string, so an id is hashed as its decimal
+    string (:func:`keyplane.routedkeys.spark_partitions`, Murmur3 as Spark's
+    ``HashPartitioning``). Planner, :func:`evaluate` and :class:`TableRouter`
+    all use it, so a plan's figures are the job's.
+    """
+    ids = np.asarray(keys, dtype=np.int64).reshape(-1)
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    return spark_partitions(ids.astype(str).tolist(), n)
+
+
 def _weighted_counts(index: npt.ArrayLike, weights: FloatArray, size: int) -> FloatArray:
     """Sum of ``weights`` per index value in ``[0, size)``."""
     return np.bincount(index, weights=weights, minlength=size).astype(np.float64, copy=False)
 
 
 def _stage_loads(placement: npt.NDArray[np.int64], weight: FloatArray, n: int) -> FloatArray:
-    """Instance loads of one stage's keys; unplaced (split) keys, at -1, left out.
+    """Instance loads of one stage's keys; unplaced (split) keys, at -1, spread evenly.
 
     The rebalancer's stop test and the reported imbalance both use this, so
     they sum the same floats in the same order and agree to the last bit.
     """
-    return _weighted_counts(placement + 1, weight, n + 1)[1:]
+    counts = _weighted_counts(placement + 1, weight, n + 1)
+    return counts[1:] + counts[0] / n
 
 
 def _int64_keys(values: npt.ArrayLike, what: str) -> KeyArray:
@@ -195,6 +228,8 @@ class PlanSettings:
     ``alpha`` is 000 §3.1's imbalance bound (1.03 is METIS' default tolerance,
     000 §4.3). ``max_table_entries`` bounds each stage's table (the routing
     table lives in every upstream task); ``None`` means no bound.
+    ``heavy_rule`` and ``split_rule`` choose how keys are given to the
+    splitter (module docstring); ``cost`` is the model a split must pay under.
     """
 
     n_instances: int
@@ -202,6 +237,9 @@ class PlanSettings:
     max_table_entries: int | None = None
     seed: int = 0
     heavy_key_policy: HeavyKeyPolicy = "split"
+    heavy_rule: HeavyRule = "mean"
+    split_rule: SplitRule = "pays"
+    cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
         if self.n_instances < 1:
@@ -214,6 +252,10 @@ class PlanSettings:
             raise ValueError(
                 f"heavy_key_policy must be 'split' or 'pin', got {self.heavy_key_policy!r}"
             )
+        if self.heavy_rule not in ("mean", "cascade"):
+            raise ValueError(f"heavy_rule must be 'mean' or 'cascade', got {self.heavy_rule!r}")
+        if self.split_rule not in ("pays", "alpha"):
+            raise ValueError(f"split_rule must be 'pays' or 'alpha', got {self.split_rule!r}")
 
     @property
     def metis_ufactor(self) -> int:
@@ -238,7 +280,10 @@ class LocalityPlan:
     splitter must spread them; with ``pin`` those the table budget had room
     for are in the tables too, and the others are split keys.
     Predictions are measured on the training statistics (see the module
-    docstring for what the imbalance counts).
+    docstring for what the imbalance counts). ``candidate`` says which of
+    :func:`choose_plan`'s candidates this is, ``predicted_throughput`` what
+    the cost model predicts for it on the training statistics (0 when no
+    model scored it).
     """
 
     n_instances: int
@@ -251,10 +296,29 @@ class LocalityPlan:
     predicted_imbalance_a: float
     predicted_imbalance_b: float
     heavy_key_policy: HeavyKeyPolicy = "split"
+    candidate: CandidateName = "plan"
+    predicted_throughput: float = 0.0
 
     @property
     def tables(self) -> tuple[dict[int, int], dict[int, int]]:
         return self.table_a, self.table_b
+
+    @property
+    def split_keys_a(self) -> tuple[int, ...]:
+        """Stage A's keys the splitter spreads: heavy keys not pinned in the table."""
+        return tuple(key for key in self.heavy_keys_a if key not in self.table_a)
+
+    @property
+    def split_keys_b(self) -> tuple[int, ...]:
+        return tuple(key for key in self.heavy_keys_b if key not in self.table_b)
+
+    def routers(self) -> tuple[TableRouter, TableRouter]:
+        """Routers running the plan in the simulator: tables, split keys spread, Spark hash."""
+        n = self.n_instances
+        return (
+            TableRouter(self.table_a, n, "a", spread=self.split_keys_a),
+            TableRouter(self.table_b, n, "b", spread=self.split_keys_b),
+        )
 
     def evaluate(self, window: PairStatistics) -> Evaluation:
         """Score the plan on another window, e.g. the next one (held-out)."""
@@ -262,8 +326,8 @@ class LocalityPlan:
             self.tables,
             window,
             self.n_instances,
-            split_keys_a=[key for key in self.heavy_keys_a if key not in self.table_a],
-            split_keys_b=[key for key in self.heavy_keys_b if key not in self.table_b],
+            split_keys_a=self.split_keys_a,
+            split_keys_b=self.split_keys_b,
         )
 
 
@@ -272,11 +336,23 @@ class TableRouter:
 
     Lookups are vectorised: the table is kept as sorted keys and a parallel
     instance array, and each chunk is resolved with one ``searchsorted``.
+    The hash fallback is Spark's (:func:`spark_workers`). Keys in ``spread``
+    (split keys) go round-robin over all instances, as evenly as a splitter
+    spreads them.
     """
 
-    def __init__(self, table: Mapping[int, int], n_workers: int, name: str = "table") -> None:
+    def __init__(
+        self,
+        table: Mapping[int, int],
+        n_workers: int,
+        name: str = "table",
+        *,
+        spread: Collection[int] = (),
+    ) -> None:
         if n_workers < 1:
             raise ValueError(f"n_workers must be ≥ 1, got {n_workers}")
+        self._spread = np.unique(np.fromiter(spread, dtype=np.int64, count=len(spread)))
+        self._next = 0
         keys = np.fromiter(table.keys(), dtype=np.int64, count=len(table))
         workers = np.fromiter(table.values(), dtype=np.int64, count=len(table))
         if workers.size and (workers.min() < 0 or workers.max() >= n_workers):
@@ -289,22 +365,29 @@ class TableRouter:
 
     def route(self, keys: KeyArray, times: TimeArray) -> WorkerArray:
         keys = np.asarray(keys, dtype=np.int64)
-        if self._keys.size == 0:
-            return hash_worker(keys, self.n_workers)
-        position = np.minimum(np.searchsorted(self._keys, keys), self._keys.size - 1)
-        found = self._keys[position] == keys
         workers = np.empty(keys.size, dtype=np.int64)
-        workers[found] = self._workers[position[found]]
-        missing = ~found
+        if self._keys.size:
+            position = np.minimum(np.searchsorted(self._keys, keys), self._keys.size - 1)
+            found = self._keys[position] == keys
+            workers[found] = self._workers[position[found]]
+        else:
+            found = np.zeros(keys.size, dtype=np.bool_)
+        spread = np.isin(keys, self._spread) & ~found
+        if spread.any():
+            count = int(spread.sum())
+            workers[spread] = (np.arange(count) + self._next) % self.n_workers
+            self._next = (self._next + count) % self.n_workers
+        missing = ~found & ~spread
         if missing.any():
-            workers[missing] = hash_worker(keys[missing], self.n_workers)
+            workers[missing] = spark_workers(keys[missing], self.n_workers)
         return workers
 
 
 def _imbalance(loads: FloatArray) -> float:
-    """max / mean of instance loads; 1.0 when there is no load at all."""
+    """max / mean of instance loads; 1.0 when there is no load at all or all are equal
+    (a load spread evenly over ``n`` instances is not exactly ``total / n`` in floats)."""
     total = float(loads.sum())
-    if total <= 0.0:
+    if total <= 0.0 or float(loads.max() - loads.min()) <= 1e-12 * float(loads.max()):
         return 1.0
     return float(loads.max()) / (total / loads.size)
 
@@ -319,10 +402,11 @@ def evaluate(
 ) -> Evaluation:
     """Locality and per-stage imbalance of routing tables on a window.
 
-    Keys outside a table take the hash fallback (000 §3.3), so a plan trained
-    on window t can be scored on window t+1. Split keys (hot keys spread by the
-    splitter) count as local with probability 1/n and are left out of the
-    imbalance, exactly as in :func:`build_plan`'s predictions.
+    Keys outside a table take Spark's hash fallback (000 §3.3), so a plan
+    trained on window t can be scored on window t+1. Split keys (hot keys
+    spread by the splitter) count as local with probability 1/n and their
+    load is spread evenly over the instances, exactly as in
+    :func:`build_plan`'s predictions.
     """
     table_a, table_b = tables
     router_a = TableRouter(table_a, n, "a")
@@ -345,7 +429,8 @@ def evaluate(
         weights = pairs_window.stage_weights(stage)
         keep = ~np.isin(weights.keys, split)
         workers = router.route(weights.keys[keep], no_times)
-        return _imbalance(_weighted_counts(workers, weights.weights[keep], n))
+        spread = float(weights.weights[~keep].sum()) / n
+        return _imbalance(_weighted_counts(workers, weights.weights[keep], n) + spread)
 
     return Evaluation(
         locality,
@@ -354,12 +439,14 @@ def evaluate(
     )
 
 
-def _heavy_mask(weights: FloatArray, alpha: float, n: int) -> BoolArray:
-    """Keys heavier than α × the mean instance load of the keys that remain.
+def _heavy_mask(weights: FloatArray, alpha: float, n: int, rule: HeavyRule = "mean") -> BoolArray:
+    """Keys heavier than α × the stage's mean instance load (module docstring, step 2).
 
-    Taking a heavy key out lowers the mean, which may make the next key heavy,
-    so the rule is applied to the weights in decreasing order until it stops.
+    ``cascade`` re-tests each next key against the mean of the keys that
+    remain, which on a short key list marks one key after another.
     """
+    if rule == "mean":
+        return np.asarray(weights > alpha * float(weights.sum()) / n, dtype=np.bool_)
     heavy = np.zeros(weights.size, dtype=np.bool_)
     remaining = float(weights.sum())
     for index in np.argsort(-weights, kind="stable"):
@@ -368,6 +455,17 @@ def _heavy_mask(weights: FloatArray, alpha: float, n: int) -> BoolArray:
         heavy[index] = True
         remaining -= float(weights[index])
     return heavy
+
+
+def _split_cap(weights: FloatArray) -> int:
+    """Most keys of a stage that may be split: half its keys with weight.
+
+    A split key keeps state on several instances (paper 001 §6 counts these
+    replicas as memory); splitting most keys of a short key list turns
+    fields grouping into shuffle grouping, the memory cost the batch-time
+    model does not see.
+    """
+    return int((weights > 0).sum()) // 2
 
 
 def _table_mask(
@@ -530,6 +628,8 @@ class _Rebalancer:
             (np.ones(placed.size), (placed, placement[placed])), shape=(placement.size, n)
         )
         self.connection = np.asarray((graph.adjacency @ indicator).todense())
+        self.pair_weight = np.asarray(graph.adjacency.sum(axis=1)).ravel()
+        self.edge_total = float(graph.edge_weight.sum())
 
     def _shift(self, vertex: int, source: int, target: int | None) -> None:
         neighbours, weights = self.graph.neighbours(vertex)
@@ -538,13 +638,16 @@ class _Rebalancer:
             self.connection[neighbours, target] += weights
 
     def balance_stage(self, stage_is_a: bool) -> None:
-        """Move or split keys until the stage's imbalance is within α (000 §3.1).
+        """Move (or, when it pays, split) keys until the stage is within α (000 §3.1).
 
         The loads are recomputed from the placement on each round, as
         :func:`_finish_plan` sums them, and the stop test is the very
-        ``max / mean ≤ α`` it reports: the guarantee then holds exactly, also
-        at α = 1 for a perfect split, and an instance that lost all its keys
-        has no rounding leftover that could pass for load.
+        ``max / mean ≤ α`` it reports, so with ``split_rule="alpha"`` the
+        bound holds exactly, also at α = 1 for a perfect split. With
+        ``"pays"``, once no move fits within α, the pass takes the action
+        that saves most batch time under the cost model (a move that lowers
+        the straggler without fitting, or a split) and stops when none saves
+        any; splits stop at :func:`_split_cap`.
         """
         n = self.settings.n_instances
         alpha = self.settings.alpha
@@ -552,7 +655,8 @@ class _Rebalancer:
         first = stage.start
         place = self.placement[stage]
         weight = self.graph.weight[stage]
-        while True:
+        cap = _split_cap(weight)
+        for _ in range(20 * (place.size + n)):
             loads = _stage_loads(place, weight, n)
             if _imbalance(loads) <= alpha:
                 return
@@ -565,8 +669,17 @@ class _Rebalancer:
             on_part = first + np.flatnonzero((place == overloaded) & (weight > 0))
             movable = on_part[self.tabled[on_part]]
             move = self._cheapest_move(movable, overloaded, room, excess)
-            if move is None:
-                vertex = self._key_to_split(on_part, float(loads[overloaded]), total)
+            if move is None and self.settings.split_rule == "pays":
+                split_room = int((place < 0).sum()) < cap
+                move = self._paying_action(on_part, loads, overloaded, stage_is_a, split_room)
+                if move is None:
+                    return
+            if move is None or move[1] < 0:
+                vertex = (
+                    self._key_to_split(on_part, float(loads[overloaded]), total)
+                    if move is None
+                    else move[0]
+                )
                 self.heavy[vertex] = True
                 self.tabled[vertex] = False
                 self.placement[vertex] = -1
@@ -580,21 +693,76 @@ class _Rebalancer:
         """The lightest key whose split brings its instance within the bound,
         else the heaviest key of the instance.
 
-        Splitting a key takes its weight out of the mean as well (module doc),
-        which lowers every instance's bound; the lightest key that suffices
-        lowers it least, so a split on one instance seldom overloads the
-        next. Taking the heaviest key instead made each split push another
-        instance over, until tables emptied and dozens of light keys went to
-        the splitter.
+        A split key's weight is spread evenly (module doc), so it adds to
+        every other instance; the lightest key that suffices adds least, so a
+        split on one instance seldom overloads the next.
         """
         n = self.settings.n_instances
         alpha = self.settings.alpha
         weight = self.graph.weight[on_part]
-        clears = load - weight <= alpha * (total - weight) / n * _BOUND_MARGIN
+        clears = load - weight + weight / n <= alpha * total / n * _BOUND_MARGIN
         if clears.any():
             candidates = np.flatnonzero(clears)
             return int(on_part[candidates[np.argmin(weight[candidates])]])
         return int(on_part[np.argmax(weight)])
+
+    def _paying_action(
+        self,
+        on_part: npt.NDArray[np.int64],
+        loads: FloatArray,
+        overloaded: int,
+        stage_is_a: bool,
+        split_room: bool,
+    ) -> tuple[int, int] | None:
+        """The move ``(key, target)`` or split ``(key, -1)`` of a key of the overloaded
+        instance that saves most batch time under the cost model, if any saves some.
+
+        Either lowers the straggler by what the stage's new maximum is below
+        the old (the mean stays) and costs locality: a move loses the key's
+        pairs local on its instance and gains those on the target; a split
+        keeps them local only 1/n of the time.
+        """
+        if on_part.size == 0:
+            return None
+        n = self.settings.n_instances
+        cost = self.settings.cost
+        service = cost.service_a if stage_is_a else cost.service_b
+        edge_total = max(self.edge_total, 1e-300)
+        weight = self.graph.weight[on_part]
+        mean = float(loads.sum()) / n
+        peak = float(loads.max())
+        others = np.delete(loads, overloaded)
+        rest = float(others.max()) if others.size else 0.0
+        connection = self.connection[on_part]
+        local_now = connection[:, overloaded]
+
+        # Moves of table keys: the new max is over the source, the target and the rest.
+        source_after = loads[overloaded] - weight
+        target_after = loads[None, :] + weight[:, None]
+        second = np.array([np.delete(others, i).max(initial=0.0) for i in range(n - 1)])
+        rest_without = np.insert(second, overloaded, rest)
+        move_max = np.maximum(np.maximum(source_after[:, None], target_after), rest_without)
+        move_gain = service * (peak - move_max) / mean - cost.remote * (
+            (local_now[:, None] - connection) / edge_total
+        )
+        move_gain[:, overloaded] = -np.inf
+        move_gain[~self.tabled[on_part], :] = -np.inf
+
+        best_gain, best = -np.inf, None
+        if move_gain.size:
+            row, column = np.unravel_index(int(np.argmax(move_gain)), move_gain.shape)
+            best_gain, best = float(move_gain[row, column]), (int(on_part[row]), int(column))
+        if split_room:
+            after = np.broadcast_to(loads, (on_part.size, n)) + (weight / n)[:, None]
+            after[:, overloaded] -= weight
+            lost = (local_now - self.pair_weight[on_part] / n) / edge_total
+            split_gain = service * (peak - after.max(axis=1)) / mean - cost.remote * lost
+            pick = int(np.argmax(split_gain))
+            if split_gain[pick] > best_gain:
+                best_gain, best = float(split_gain[pick]), (int(on_part[pick]), -1)
+        if best is None or best_gain <= 1e-12:
+            return None
+        return best
 
     def _cheapest_move(
         self,
@@ -633,16 +801,30 @@ def build_plan(
     seed: int = 0,
     heavy_key_policy: HeavyKeyPolicy = "split",
     hash_parts: HashParts | None = None,
+    heavy_rule: HeavyRule = "mean",
+    split_rule: SplitRule = "pays",
+    cost: CostModel | None = None,
 ) -> LocalityPlan:
     """Routing tables for stages A and B from one window of pair statistics (000 §3.3).
 
-    Guarantee (``split`` policy): on ``pairs`` the predicted per-stage
-    imbalance is ≤ ``alpha``, with the keys left out of the table (under
-    ``max_table_entries``) where ``hash_parts`` puts them; by default
-    :func:`keyplane.baselines.hash_worker`, the simulator's hash. See the
-    module docstring for the steps and for what the balance counts.
+    The keys left out of the table (under ``max_table_entries``) are counted
+    where ``hash_parts`` puts them; by default :func:`spark_workers`, the
+    job's placement. With ``split_rule="alpha"`` (``split`` policy) the
+    predicted per-stage imbalance on ``pairs`` is ≤ ``alpha``; with
+    ``"pays"`` it is ≤ ``alpha`` unless meeting it would take a split that
+    costs more than it saves under ``cost``. See the module docstring for the
+    steps and for what the balance counts.
     """
-    settings = PlanSettings(n_instances, alpha, max_table_entries, seed, heavy_key_policy)
+    settings = PlanSettings(
+        n_instances,
+        alpha,
+        max_table_entries,
+        seed,
+        heavy_key_policy,
+        heavy_rule,
+        split_rule,
+        cost if cost is not None else CostModel(),
+    )
     n = settings.n_instances
     graph = _KeyGraph.from_statistics(pairs)
     pair_weight = np.asarray(graph.adjacency.sum(axis=1)).ravel()
@@ -651,7 +833,11 @@ def build_plan(
     tabled = np.zeros(graph.keys.size, dtype=np.bool_)
     for stage_is_a in (True, False):
         stage = graph.stage(stage_is_a)
-        heavy[stage] = _heavy_mask(graph.weight[stage], settings.alpha, n)
+        heavy[stage] = _heavy_mask(graph.weight[stage], settings.alpha, n, settings.heavy_rule)
+        if settings.split_rule == "pays":
+            stage_heavy = stage[heavy[stage]]
+            keep = stage_heavy[np.argsort(-graph.weight[stage_heavy], kind="stable")]
+            heavy[keep[_split_cap(graph.weight[stage]) :]] = False
         budget = settings.max_table_entries
         if budget is not None and settings.heavy_key_policy == "pin":
             budget = max(0, budget - int(heavy[stage].sum()))
@@ -666,7 +852,7 @@ def build_plan(
         stage_hashed = stage[hashed[stage]]
         keys = graph.keys[stage_hashed]
         placement[stage_hashed] = (
-            hash_worker(keys, n) if hash_parts is None else hash_parts(stage_is_a, keys)
+            spark_workers(keys, n) if hash_parts is None else hash_parts(stage_is_a, keys)
         )
         fixed_loads[stage_is_a] = _weighted_counts(
             placement[stage_hashed], graph.weight[stage_hashed], n
@@ -771,12 +957,14 @@ class HistoryPolicy:
     of the paper; 0.5 (a window's weight halves per window, so the history
     spans about two windows) is our default. ``max_entries`` bounds the pairs
     and each stage's frequencies kept (heaviest first), as a SpaceSaving
-    summary would.
+    summary would. ``min_weight`` forgets entries that decayed below it, as
+    :class:`keyplane.statistics.StatisticsSettings` does (0: none is).
     """
 
     mode: HistoryMode = "decay"
     decay: float = 0.5
     max_entries: int | None = None
+    min_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("reset", "decay"):
@@ -785,14 +973,21 @@ class HistoryPolicy:
             raise ValueError(f"decay must lie in (0, 1], got {self.decay}")
         if self.max_entries is not None and self.max_entries < 1:
             raise ValueError(f"max_entries must be ≥ 1 or None, got {self.max_entries}")
+        if not (np.isfinite(self.min_weight) and self.min_weight >= 0):
+            raise ValueError(f"min_weight must be ≥ 0, got {self.min_weight}")
 
 
-def _merge_weights(old: KeyWeights, new: KeyWeights, decay: float) -> KeyWeights:
+def _merge_weights(
+    old: KeyWeights, new: KeyWeights, decay: float, min_weight: float = 0.0
+) -> KeyWeights:
     keys = np.union1d(old.keys, new.keys)
     weights = np.zeros(keys.size)
     np.add.at(weights, np.searchsorted(keys, old.keys), decay * old.weights)
     np.add.at(weights, np.searchsorted(keys, new.keys), new.weights)
-    return KeyWeights(keys, weights)
+    fresh = np.zeros(keys.size, dtype=np.bool_)
+    fresh[np.searchsorted(keys, new.keys)] = new.weights > 0
+    keep = fresh | (weights >= min_weight)
+    return KeyWeights(keys[keep], weights[keep])
 
 
 def _top_weights(weights: KeyWeights, limit: int | None) -> KeyWeights:
@@ -800,6 +995,19 @@ def _top_weights(weights: KeyWeights, limit: int | None) -> KeyWeights:
         return weights
     keep = np.sort(np.lexsort((weights.keys, -weights.weights))[:limit])
     return KeyWeights(weights.keys[keep], weights.weights[keep])
+
+
+def _pairs_in(
+    a_keys: KeyArray, b_keys: KeyArray, among_a: KeyArray, among_b: KeyArray
+) -> BoolArray:
+    """Whether each pair (a_keys[i], b_keys[i]) is one of the pairs (among_a, among_b)."""
+    if among_a.size == 0:
+        return np.zeros(a_keys.size, dtype=np.bool_)
+    keys = np.unique(np.r_[a_keys, b_keys, among_a, among_b])
+    width = np.int64(keys.size)
+    code = np.searchsorted(keys, a_keys) * width + np.searchsorted(keys, b_keys)
+    among = np.searchsorted(keys, among_a) * width + np.searchsorted(keys, among_b)
+    return np.isin(code, among)
 
 
 class PairHistory:
@@ -828,12 +1036,18 @@ class PairHistory:
             np.r_[old.b_keys, window.b_keys],
             np.r_[decay * old.counts, window.counts],
         )
+        if self.policy.min_weight > 0 and counts.size:
+            seen_a, seen_b, _ = aggregate_pairs(window.a_keys, window.b_keys, window.counts)
+            seen = _pairs_in(a_keys, b_keys, seen_a, seen_b)
+            keep = seen | (counts >= self.policy.min_weight)
+            a_keys, b_keys, counts = a_keys[keep], b_keys[keep], counts[keep]
         limit = self.policy.max_entries
         if limit is not None and counts.size > limit:
             keep = np.sort(np.lexsort((b_keys, a_keys, -counts))[:limit])
             a_keys, b_keys, counts = a_keys[keep], b_keys[keep], counts[keep]
-        freq_a = _merge_weights(old.stage_weights("a"), window.stage_weights("a"), decay)
-        freq_b = _merge_weights(old.stage_weights("b"), window.stage_weights("b"), decay)
+        floor = self.policy.min_weight
+        freq_a = _merge_weights(old.stage_weights("a"), window.stage_weights("a"), decay, floor)
+        freq_b = _merge_weights(old.stage_weights("b"), window.stage_weights("b"), decay, floor)
         self._statistics = PairStatistics(
             a_keys,
             b_keys,
@@ -842,3 +1056,76 @@ class PairHistory:
             freq_b=_top_weights(freq_b, limit),
         )
         self.windows += 1
+
+
+DEFAULT_HEADROOM = 0.5
+"""Share of the slack ``α − 1`` a plan may use on its training window: it is
+built to ``1 + headroom · (α − 1)`` so that the drift of the next window has
+the rest (α = 1.03 → planned to 1.015)."""
+
+
+def hash_plan(n_instances: int, alpha: float = 1.03) -> LocalityPlan:
+    """Plain hash routing as a plan: no tables, no split keys."""
+    return LocalityPlan(n_instances, alpha, {}, {}, (), (), 0.0, 1.0, 1.0, candidate="hash")
+
+
+def score(plan: LocalityPlan, window: PairStatistics, cost: CostModel) -> LocalityPlan:
+    """``plan`` with its predictions and predicted throughput measured on ``window``."""
+    measured = plan.evaluate(window)
+    return dataclasses.replace(
+        plan,
+        predicted_locality=measured.locality,
+        predicted_imbalance_a=measured.imbalance_a,
+        predicted_imbalance_b=measured.imbalance_b,
+        predicted_throughput=cost.throughput(*measured),
+    )
+
+
+def choose_plan(
+    pairs: PairStatistics,
+    n_instances: int,
+    *,
+    alpha: float = 1.03,
+    headroom: float = DEFAULT_HEADROOM,
+    current: LocalityPlan | None = None,
+    cost: CostModel | None = None,
+    max_table_entries: int | None = None,
+    seed: int = 0,
+    heavy_key_policy: HeavyKeyPolicy = "split",
+) -> LocalityPlan:
+    """The planner: the candidate with the highest predicted throughput on ``pairs``.
+
+    Candidates are keeping ``current`` (when given), plain hash routing
+    (:func:`hash_plan`) and a new :func:`build_plan` built with balance
+    headroom (:data:`DEFAULT_HEADROOM`) whose splits must pay under
+    ``cost``. All are scored by the same ruler (:func:`score`), so the
+    chosen plan is never predicted slower than hash routing; on a tie the
+    earlier candidate (current, then hash) wins, since it moves no state.
+    """
+    if not 0.0 <= headroom <= 1.0:
+        raise ValueError(f"headroom must lie in [0, 1], got {headroom}")
+    if not np.isfinite(alpha) or alpha < 1.0:
+        raise ValueError(f"alpha is an imbalance bound and must be ≥ 1, got {alpha}")
+    model = cost if cost is not None else CostModel()
+    built = build_plan(
+        pairs,
+        n_instances,
+        alpha=1.0 + headroom * (alpha - 1.0),
+        max_table_entries=max_table_entries,
+        seed=seed,
+        heavy_key_policy=heavy_key_policy,
+        cost=model,
+    )
+    candidates = [hash_plan(n_instances, alpha), dataclasses.replace(built, alpha=alpha)]
+    if current is not None:
+        if current.n_instances != n_instances:
+            raise ValueError(
+                f"the current plan has {current.n_instances} instances, not {n_instances}"
+            )
+        candidates.insert(0, dataclasses.replace(current, candidate="current"))
+    scored = [score(candidate, pairs, model) for candidate in candidates]
+    best = scored[0]
+    for candidate in scored[1:]:
+        if candidate.predicted_throughput > best.predicted_throughput * (1.0 + 1e-9):
+            best = candidate
+    return best

@@ -63,6 +63,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import RoutingConfig
+from keyplane.costmodel import CostModel, calibrate
 from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
 from keyplane.routedkeys import routed_shares
@@ -135,6 +136,19 @@ class SnapshotManifest(BaseModel):
     job_version: int | None = Field(
         default=None, description="Routing version of the window's newest metrics record."
     )
+    cost_weights: tuple[float, float, float] | None = Field(
+        default=None,
+        description="The cost model's (service_a, service_b, remote) fitted to the window's "
+        "metrics records, or None when they were too few (keyplane.costmodel.calibrate).",
+    )
+
+    @property
+    def cost_model(self) -> CostModel:
+        """The planner's cost model: calibrated from the job's metrics when they sufficed."""
+        if self.cost_weights is None:
+            return CostModel()
+        service_a, service_b, remote = self.cost_weights
+        return CostModel(service_a, service_b, remote, source="calibrated")
 
     @property
     def window(self) -> tuple[int, int]:
@@ -166,15 +180,17 @@ class StatisticsSettings:
 
     ``decay`` is FISH's inter-epoch factor (001 §4.1.1; default 0.5 as in
     :class:`keyplane.hotkeys.FishSettings` and :class:`keyplane.locality.HistoryPolicy`);
-    ``min_weight`` forgets entries that decayed below it (default 0.5: less
-    than half a tuple); ``max_entries`` bounds the pairs and each stage's
+    ``min_weight`` forgets entries that decayed below it (default 0.05: with
+    decay 0.5 a key seen once is kept four more windows, so the long tail a
+    plan routes by its table is not forgotten two windows after it was
+    seen); ``max_entries`` bounds the pairs and each stage's
     keys kept, heaviest first, as a SpaceSaving summary would (000 §3.2);
     ``holdout_fraction`` is the newest share of each partition's window kept
     for the backtest (default 0.2).
     """
 
     decay: float = 0.5
-    min_weight: float = 0.5
+    min_weight: float = 0.05
     max_entries: int | None = 200_000
     holdout_fraction: float = 0.2
 
@@ -465,6 +481,76 @@ def read_snapshot(root: Path | str, run_id: str) -> Snapshot:
     )
 
 
+def _fitted_weights(metrics: Sequence[BatchMetrics]) -> tuple[float, float, float] | None:
+    fitted = calibrate(metrics)
+    if fitted.source != "calibrated":
+        return None
+    return fitted.service_a, fitted.service_b, fitted.remote
+
+
+@dataclass(frozen=True)
+class Lookback:
+    """A snapshot's counts widened over the windows before it (:func:`lookback`).
+
+    ``frame`` is shaped as :meth:`Snapshot.quality_frame` with ``count``
+    summed over ``runs`` (newest first) and ``window`` the widened events
+    window, from the oldest run's start to the newest's end.
+    """
+
+    frame: pd.DataFrame
+    window: tuple[int, int]
+    runs: tuple[str, ...]
+
+    @property
+    def total(self) -> int:
+        return int(self.frame["count"].sum())
+
+
+def lookback(root: Path | str, snapshot: Snapshot, min_total_count: int) -> Lookback:
+    """The snapshot's counts, widened over earlier runs' windows until they reach
+    ``min_total_count``.
+
+    A small window (a quiet topic, a short schedule) does not count enough
+    tuples for per-instance loads to be more than noise; the planner's
+    statistics already carry the decayed history of earlier windows, so the
+    check of "enough data" looks back over them too. Only windows that join
+    the next one exactly (each run started where the previous ended) are
+    added, so the widened window is one contiguous offset range; the walk
+    stops at a gap, at a missing snapshot, or once the total is reached.
+    """
+    if min_total_count < 0:
+        raise ValueError(f"min_total_count must be ≥ 0, got {min_total_count}")
+    frames = [snapshot.quality_frame()]
+    runs = [snapshot.manifest.run_id]
+    manifest = snapshot.manifest
+    total = int(frames[0]["count"].sum())
+    while total < min_total_count and manifest.previous_run_id is not None:
+        try:
+            earlier = read_snapshot(root, manifest.previous_run_id)
+        except FileNotFoundError:
+            break
+        if earlier.manifest.events.end != manifest.events.start:
+            break
+        frames.append(earlier.quality_frame())
+        runs.append(earlier.manifest.run_id)
+        manifest = earlier.manifest
+        total += int(frames[-1]["count"].sum())
+    window = (manifest.window[0], snapshot.manifest.window[1])
+    if len(frames) == 1:
+        return Lookback(frames[0], snapshot.manifest.window, tuple(runs))
+    counts = (
+        pd.concat(frames, ignore_index=True)
+        .groupby(["stage", "key"], as_index=False, sort=True)["count"]
+        .sum()
+    )
+    epoch = int(snapshot.manifest.sequence)
+    frame = counts.assign(
+        epoch=np.int64(epoch), window_start=np.int64(window[0]), window_end=np.int64(window[1])
+    )
+    frame["count"] = frame["count"].astype(np.int64)
+    return Lookback(frame, window, tuple(runs))
+
+
 def job_version(records: Sequence[BatchMetrics]) -> int | None:
     """The routing version of the newest record whose operators all ran one version."""
     for record in reversed(records):
@@ -520,6 +606,7 @@ def build_snapshot(
         decay=settings.decay,
         holdout_fraction=settings.holdout_fraction,
         job_version=job_version(metrics),
+        cost_weights=_fitted_weights(metrics),
     )
     return manifest, {
         "frequencies": frequencies,

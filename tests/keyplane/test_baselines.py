@@ -159,3 +159,36 @@ def test_every_baseline_is_a_partitioner_returning_valid_workers(cls):
     assert out.min() >= 0 and out.max() < 5
     with pytest.raises(ValueError, match="n_workers"):
         cls(0)
+
+
+def _zipf_head(exponent: float, n_keys: int, n: int, theta_scale: float = 0.2) -> list[float]:
+    p = np.arange(1, n_keys + 1, dtype=np.float64) ** -exponent
+    p /= p.sum()
+    return [float(s) for s in p[p >= theta_scale / n]]
+
+
+@pytest.mark.parametrize(("exponent", "n"), [(1.4, 128), (2.0, 128), (1.4, 64), (2.0, 32)])
+def test_dchoices_hottest_key_reaches_its_share_of_workers_despite_hash_collisions(exponent, n):
+    """d hashed choices reach only n(1 − ((n−1)/n)^d) distinct workers: the rule must
+    count those, not d, or the hottest key's workers are overloaded (1.3x at n = 128)."""
+    head = _zipf_head(exponent, 10_000, n)
+    d = dchoices_worker_count(head, 1 - sum(head), n)
+    reached = n * (1 - ((n - 1) / n) ** d) if d < n else n
+    assert reached >= head[0] * n - 1e-4 * n
+
+
+@pytest.mark.parametrize(("exponent", "expected"), [(1.4, 55), (2.0, 124)])
+def test_dchoices_rule_matches_the_authors_simulator_at_128_workers(exponent, expected):
+    # The d the authors' own simulator picks for these Zipf heads (10,000 keys, θ = 1/(5n)).
+    head = _zipf_head(exponent, 10_000, 128)
+    assert dchoices_worker_count(head, 1 - sum(head), 128) == expected
+
+
+def test_dchoices_gives_every_worker_when_d_reaches_n():
+    keys = np.r_[np.full(9_000, 7, dtype=np.int64), np.arange(100, 1_100, dtype=np.int64)]
+    keys = np.random.default_rng(0).permutation(keys)
+    dc = DChoicesPartitioner(8)
+    out = route_in_chunks(dc, keys)
+    assert dc.head_choices[7] == tuple(range(8))
+    assert set(out[keys == 7][2_000:].tolist()) == set(range(8))
+    assert imbalance(out, 8) <= 1.05

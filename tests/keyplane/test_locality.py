@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyplane.baselines import hash_worker
+from keyplane.costmodel import CostModel
 from keyplane.locality import (
     HistoryPolicy,
     KeyWeights,
@@ -15,11 +15,17 @@ from keyplane.locality import (
     PairStatistics,
     PlanSettings,
     TableRouter,
+    _heavy_mask,
     aggregate_pairs,
     build_plan,
+    choose_plan,
     evaluate,
+    hash_plan,
+    score,
+    spark_workers,
 )
 from keyplane.partitioner import Partitioner
+from keyplane.routedkeys import spark_partition
 
 
 def correlated_window(
@@ -56,8 +62,8 @@ def brute_force_locality(
         if a in split or b in split:
             local += count / n
             continue
-        worker_a = table_a.get(a, int(hash_worker(np.array([a]), n)[0]))
-        worker_b = table_b.get(b, int(hash_worker(np.array([b]), n)[0]))
+        worker_a = table_a.get(a, int(spark_workers(np.array([a]), n)[0]))
+        worker_b = table_b.get(b, int(spark_workers(np.array([b]), n)[0]))
         local += count * (worker_a == worker_b)
     return local / float(pairs.counts.sum())
 
@@ -136,7 +142,7 @@ def test_an_instance_left_without_keys_does_not_count_as_loaded() -> None:
     # with no key left to take: numpy's "argmax of an empty sequence".
     pairs = PairStatistics(np.array([0, 0, 3]), np.array([2, 1, 0]), np.array([1.0, 1.0, 0.1]))
 
-    plan = build_plan(pairs, 2)
+    plan = build_plan(pairs, 2, split_rule="alpha")
 
     assert plan.predicted_imbalance_a <= 1.03
     assert plan.predicted_imbalance_b <= 1.03
@@ -162,9 +168,9 @@ def test_a_small_table_budget_keeps_its_table_and_splits_few_keys() -> None:
     # the rebalancer split the heaviest key of each, which lowered the mean and
     # overloaded the next, until both tables were empty and 80 keys were split.
     pairs = zipf_pairs()
-    no_table = build_plan(pairs, 8, max_table_entries=0)
+    no_table = build_plan(pairs, 8, max_table_entries=0, split_rule="alpha")
 
-    plan = build_plan(pairs, 8, max_table_entries=10)
+    plan = build_plan(pairs, 8, max_table_entries=10, split_rule="alpha")
 
     assert len(plan.table_a) >= 5 and len(plan.table_b) >= 5
     split = len(plan.heavy_keys_a) + len(plan.heavy_keys_b)
@@ -245,7 +251,9 @@ def test_property_balance_is_within_alpha_on_the_training_graph(
     case: tuple[PairStatistics, int, float, int | None, int],
 ) -> None:
     pairs, n, alpha, budget, seed = case
-    plan = build_plan(pairs, n, alpha=alpha, max_table_entries=budget, seed=seed % 1000)
+    plan = build_plan(
+        pairs, n, alpha=alpha, max_table_entries=budget, seed=seed % 1000, split_rule="alpha"
+    )
 
     measured = plan.evaluate(pairs)
     assert measured.imbalance_a <= alpha
@@ -267,9 +275,9 @@ def test_table_router_is_a_partitioner_routing_table_keys_and_hashing_the_rest()
     workers = router.route(keys, np.zeros(keys.size))
 
     assert isinstance(router, Partitioner)
-    fallback = hash_worker(np.array([7, 8]), 3)
+    fallback = spark_workers(np.array([7, 8]), 3)
     assert workers.tolist() == [2, int(fallback[0]), 0, 1, int(fallback[1]), 2]
-    assert TableRouter({}, 3).route(keys, np.zeros(6)).tolist() == hash_worker(keys, 3).tolist()
+    assert TableRouter({}, 3).route(keys, np.zeros(6)).tolist() == spark_workers(keys, 3).tolist()
 
 
 def test_table_router_rejects_instances_out_of_range() -> None:
@@ -368,3 +376,120 @@ def test_history_policy_rejects_bad_decay() -> None:
         HistoryPolicy(decay=0.0)
     with pytest.raises(ValueError, match="mode"):
         HistoryPolicy(mode="forever")
+
+
+def few_keys_window(seed: int, n_keys: int = 16, top_share: float = 0.17) -> PairStatistics:
+    """A stage with few distinct keys, the top one just above the mean instance load."""
+    rng = np.random.default_rng(seed)
+    rest = rng.dirichlet(np.ones(n_keys - 1)) * (1.0 - top_share)
+    shares = np.r_[top_share, np.minimum(rest, top_share * 0.95)]
+    shares /= shares.sum()
+    a_keys = rng.choice(n_keys, size=20_000, p=shares)
+    b_keys = np.where(rng.random(a_keys.size) < 0.8, a_keys, rng.integers(0, n_keys, a_keys.size))
+    return PairStatistics(a_keys, b_keys + 1_000, np.ones(a_keys.size))
+
+
+def test_heavy_rule_does_not_cascade_down_a_short_key_list() -> None:
+    # 16 keys, n = 6, the top key at 17 % (α·mean = 17.2 %): no key is heavy.
+    # Re-testing against the mean of the remaining keys marked one after another.
+    weights = np.r_[17.0, np.full(15, 83.0 / 15)]
+    assert not _heavy_mask(weights, 1.03, 6).any()
+    weights = np.r_[18.0, 16.5, 16.0, np.full(13, 49.5 / 13)]
+    assert _heavy_mask(weights, 1.03, 6).tolist() == [True] + [False] * 15
+    assert _heavy_mask(weights, 1.03, 6, "cascade").sum() == 3
+
+
+def test_evaluate_spreads_a_split_keys_load_over_the_instances() -> None:
+    # One key carrying everything, split: the real spread is perfect.
+    pairs = PairStatistics(np.array([1, 1]), np.array([5, 6]), np.array([60.0, 40.0]))
+    measured = evaluate(({}, {}), pairs, 4, split_keys_a=[1])
+    assert measured.imbalance_a == 1.0
+    assert measured.locality == pytest.approx(0.25)
+
+
+def test_spark_workers_is_sparks_hash_partitioning_of_the_decimal_key() -> None:
+    keys = np.array([0, 7, -3, 1 << 40, 123456789], dtype=np.int64)
+    expected = [spark_partition(str(key), 6) for key in keys.tolist()]
+    assert spark_workers(keys, 6).tolist() == expected
+
+
+def test_table_router_spreads_split_keys_round_robin() -> None:
+    router = TableRouter({1: 0}, 4, spread=[9])
+    keys = np.array([9, 9, 1, 9, 9, 9, 9, 9, 9], dtype=np.int64)
+    out = router.route(keys, np.zeros(keys.size))
+    assert out[2] == 0
+    assert np.bincount(out[keys == 9], minlength=4).tolist() == [2, 2, 2, 2]
+
+
+def test_a_split_is_made_only_when_it_pays() -> None:
+    # The older rules split 22 of the 32 keys to meet α in sample.
+    pairs = few_keys_window(seed=3)
+    paying = build_plan(pairs, 6, alpha=1.03)
+    legacy = build_plan(pairs, 6, alpha=1.03, split_rule="alpha", heavy_rule="cascade")
+    split_paying = len(paying.split_keys_a) + len(paying.split_keys_b)
+    assert split_paying < len(legacy.split_keys_a) + len(legacy.split_keys_b)
+    assert paying.predicted_locality > legacy.predicted_locality
+    cost = CostModel()
+    assert cost.throughput(*paying.evaluate(pairs)) > cost.throughput(*legacy.evaluate(pairs))
+
+
+@st.composite
+def few_key_workloads(draw: st.DrawFn) -> tuple[PairStatistics, int, float]:
+    n = draw(st.integers(2, 8))
+    n_keys = draw(st.integers(1, 2 * n - 1))
+    seed = draw(st.integers(0, 2**31))
+    alpha = draw(st.sampled_from([1.0, 1.01, 1.03, 1.1]))
+    rng = np.random.default_rng(seed)
+    shares = rng.dirichlet(np.full(n_keys, draw(st.sampled_from([0.3, 1.0, 5.0]))))
+    a_keys = rng.choice(n_keys, size=2_000, p=shares)
+    local = rng.random(a_keys.size) < draw(st.floats(0.0, 1.0))
+    b_keys = np.where(local, a_keys, rng.integers(0, n_keys, a_keys.size)) + 100
+    return PairStatistics(a_keys, b_keys, np.ones(a_keys.size)), n, alpha
+
+
+@settings(max_examples=60, deadline=None)
+@given(few_key_workloads())
+def test_property_fewer_keys_than_twice_the_instances_never_splits_most_keys(
+    case: tuple[PairStatistics, int, float],
+) -> None:
+    pairs, n, alpha = case
+    plan = choose_plan(pairs, n, alpha=alpha)
+    for stage, split in (("a", plan.split_keys_a), ("b", plan.split_keys_b)):
+        distinct = int((pairs.stage_weights(stage).weights > 0).sum())
+        assert len(split) <= distinct / 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(skewed_graphs())
+def test_property_the_chosen_plan_is_never_predicted_slower_than_hash(
+    case: tuple[PairStatistics, int, float, int | None, int],
+) -> None:
+    pairs, n, alpha, budget, seed = case
+    cost = CostModel(remote=float(seed % 5) / 2.0)
+    plan = choose_plan(pairs, n, alpha=alpha, max_table_entries=budget, cost=cost)
+    hashed = score(hash_plan(n, alpha), pairs, cost)
+    assert plan.predicted_throughput >= hashed.predicted_throughput
+    assert plan.predicted_throughput == pytest.approx(cost.throughput(*plan.evaluate(pairs)))
+
+
+def test_choose_plan_keeps_the_current_plan_when_nothing_beats_it() -> None:
+    pairs = correlated_window(seed=1)
+    first = choose_plan(pairs, 8)
+    assert first.candidate == "plan" and first.predicted_locality > 0.5
+    again = choose_plan(pairs, 8, current=first)
+    assert again.candidate == "current"
+    assert again.table_a == first.table_a
+
+
+def test_history_min_weight_forgets_entries_decayed_below_it_but_keeps_fresh_ones() -> None:
+    history = PairHistory(HistoryPolicy(decay=0.5, min_weight=0.3))
+    history.add(PairStatistics(np.array([1, 2]), np.array([10, 20]), np.array([1.0, 4.0])))
+    history.add(PairStatistics(np.array([3]), np.array([30]), np.array([0.1])))
+    kept = history.statistics
+    pairs = set(zip(kept.a_keys.tolist(), kept.b_keys.tolist(), strict=True))
+    assert pairs == {(1, 10), (2, 20), (3, 30)}
+    history.add(PairStatistics(np.array([3]), np.array([30]), np.array([0.1])))
+    kept = history.statistics
+    pairs = set(zip(kept.a_keys.tolist(), kept.b_keys.tolist(), strict=True))
+    assert pairs == {(2, 20), (3, 30)}
+    assert history.statistics.stage_weights("a").keys.tolist() == [2, 3]

@@ -12,6 +12,7 @@ import pytest
 from keyplane import statistics as stats
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.costmodel import CostModel
 from keyplane.routedkeys import fold_instance, spark_partition
 
 SETTINGS = stats.StatisticsSettings(decay=0.5, min_weight=0.5, holdout_fraction=0.2)
@@ -186,3 +187,108 @@ def test_snapshot_round_trip_is_write_once(tmp_path: Path) -> None:
     assert stats.latest_snapshot(tmp_path) == manifest
     assert stats.latest_snapshot(tmp_path, before=manifest.run_id) is None
     assert np.isclose(loaded.pairs["train"].sum(), 5.0)
+
+
+def test_the_default_min_weight_keeps_a_key_seen_once_for_four_more_windows() -> None:
+    settings = stats.StatisticsSettings()
+    folded = stats.fold_pairs(None, stats.window_pairs(_events([("1", "x", False, 1)])), settings)
+    for _ in range(4):
+        folded = stats.fold_pairs(folded, stats.window_pairs(_events([])), settings)
+    assert ("1", "x") in {(r.a, r.b) for r in folded.itertuples()}
+    folded = stats.fold_pairs(folded, stats.window_pairs(_events([])), settings)
+    assert ("1", "x") not in {(r.a, r.b) for r in folded.itertuples()}
+
+
+def _chain(tmp_path: Path, sizes: list[int], gap_before: int | None = None) -> stats.Snapshot:
+    """Snapshots of consecutive windows of ``sizes`` events each, written and read back.
+
+    Each window starts where the previous ended, except ``gap_before``'s,
+    which starts 100 offsets later (retention removed them).
+    """
+    previous: stats.Snapshot | None = None
+    start = 0
+    for index, size in enumerate(sizes):
+        if index == gap_before:
+            start += 100
+        events = stats.TopicWindow(topic="e", start={0: start}, end={0: start + size})
+        metrics = stats.TopicWindow(topic="m", start={0: 0}, end={0: 0})
+        grouped = _events([(str(k), f"b{k}", False, size // 4) for k in range(4)])
+        manifest, frames = stats.build_snapshot(
+            run_id=f"run{index}",
+            grouped=grouped,
+            metrics=[],
+            events=events,
+            metrics_window=metrics,
+            previous=previous,
+            config=None,
+            settings=SETTINGS,
+            created_at=datetime(2026, 11, 3, index, tzinfo=UTC),
+        )
+        stats.write_snapshot(tmp_path, manifest, **frames)
+        previous = stats.read_snapshot(tmp_path, manifest.run_id)
+        start += size
+    assert previous is not None
+    return previous
+
+
+def test_lookback_widens_a_small_window_over_the_previous_ones_until_enough(
+    tmp_path: Path,
+) -> None:
+    newest = _chain(tmp_path, [400, 400, 400, 400])
+    # Each window counts 400 events twice (once per stage): 800 a window.
+    widened = stats.lookback(tmp_path, newest, 2_000)
+    assert widened.runs == ("run3", "run2", "run1")
+    assert widened.total == 2_400
+    assert widened.window == (400, 1_600)
+    assert set(widened.frame["window_start"]) == {400}
+    assert set(widened.frame["window_end"]) == {1_600}
+    assert stats.lookback(tmp_path, newest, 100).runs == ("run3",)
+    everything = stats.lookback(tmp_path, newest, 10**9)
+    assert everything.runs == ("run3", "run2", "run1", "run0") and everything.total == 3_200
+
+
+def test_lookback_stops_at_a_gap_between_windows(tmp_path: Path) -> None:
+    newest = _chain(tmp_path, [400, 400, 400], gap_before=2)
+    assert stats.lookback(tmp_path, newest, 10**9).runs == ("run2",)
+
+
+def test_the_snapshot_carries_a_cost_model_fitted_to_enough_metrics_records() -> None:
+    rng = np.random.default_rng(1)
+    records = []
+    for batch in range(12):
+        loads_a = {i: int(v) for i, v in enumerate(rng.integers(500, 3_000, 4))}
+        loads_b = {i: int(v) for i, v in enumerate(rng.integers(500, 3_000, 4))}
+        hops = sum(loads_a.values())
+        local = int(rng.integers(0, hops))
+        duration = 30 + 0.01 * max(loads_a.values()) + 0.02 * max(loads_b.values())
+        duration += 0.04 * (hops - local) / 4
+        records.append(
+            BatchMetrics(
+                batch_id=batch,
+                duration_ms=round(duration),
+                load={"A": loads_a, "B": loads_b},
+                hops=hops,
+                local_hops=local,
+            )
+        )
+    events = stats.TopicWindow(topic="e", start={0: 0}, end={0: 6})
+    metrics = stats.TopicWindow(topic="m", start={0: 0}, end={0: 12})
+
+    def manifest(metrics_records: list[BatchMetrics]) -> stats.SnapshotManifest:
+        return stats.build_snapshot(
+            run_id="r",
+            grouped=_events([("1", "x", False, 6)]),
+            metrics=metrics_records,
+            events=events,
+            metrics_window=metrics,
+            previous=None,
+            config=None,
+            settings=SETTINGS,
+        )[0]
+
+    fitted = manifest(records)
+    assert fitted.cost_weights is not None
+    assert fitted.cost_model.source == "calibrated"
+    assert fitted.cost_model.remote == pytest.approx(0.04, rel=0.2)
+    assert manifest(records[:3]).cost_weights is None
+    assert manifest(records[:3]).cost_model == CostModel()

@@ -18,6 +18,14 @@ ruler, the one the configuration gate checks them with.
 every key it sees is tabled; with ``max_table_entries`` it is given the job's
 own hash fallback for the keys it leaves out (:func:`_hash_parts`), so its
 balance is the job's.
+
+What is chosen. The new configuration is one of three candidates: the
+planner's (built with balance headroom, splitting a key only when the split
+pays), keeping hash routing, and keeping the current configuration. Each is
+scored on the training statistics by the same ruler and the
+:class:`~keyplane.costmodel.CostModel` turns locality and imbalance into a
+predicted throughput; the highest wins, so the result is never predicted
+slower than hash routing.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import pandas as pd
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
+from keyplane.costmodel import CostModel
 from keyplane.operators import OPERATORS
 from keyplane.routedkeys import (
     fallback_instances,
@@ -48,6 +57,7 @@ if TYPE_CHECKING:
 
 Column = Literal["train", "holdout", "count"]
 HistoryWindow = Literal["decay", "reset"]
+Candidate = Literal["plan", "hash", "current"]
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,10 @@ class PlanParams:
     ``max_table_entries`` the routing table budget per operator (None: every
     key of the statistics); ``d_min`` FISH's fewest instances per hot key;
     ``max_moves_per_wave`` the most keys one version may move (None: the
-    whole change in one version; else :mod:`keyplane.waves` splits it).
+    whole change in one version; else :mod:`keyplane.waves` splits it);
+    ``headroom`` the share of ``α − 1`` a plan may use on its training
+    statistics (:data:`keyplane.locality.DEFAULT_HEADROOM`), the rest being
+    left for the next window's drift.
     """
 
     alpha: float = 1.03
@@ -122,8 +135,11 @@ class PlanParams:
     d_min: int = 2
     seed: int = 0
     max_moves_per_wave: int | None = None
+    headroom: float = 0.5
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.headroom <= 1.0:
+            raise ValueError(f"headroom must lie in [0, 1], got {self.headroom}")
         if self.max_moves_per_wave is not None and self.max_moves_per_wave < 1:
             raise ValueError(f"max_moves_per_wave must be ≥ 1, got {self.max_moves_per_wave}")
         if not (math.isfinite(self.alpha) and self.alpha >= 1.0):
@@ -144,7 +160,11 @@ class OperatorForecast:
 
 @dataclass(frozen=True)
 class Plan:
-    """A new configuration and its predictions on the training statistics."""
+    """A new configuration and its predictions on the training statistics.
+
+    ``candidate`` says which candidate won (module docstring) and
+    ``throughputs`` what the cost model predicted for each.
+    """
 
     config: RoutingConfig
     predicted_locality: float
@@ -152,6 +172,13 @@ class Plan:
     current_locality: float
     key_loads: dict[str, dict[str, float]]
     hot_keys: dict[str, int]
+    candidate: Candidate = "plan"
+    throughputs: dict[str, float] = field(default_factory=dict)
+    cost: CostModel = field(default_factory=CostModel)
+
+    @property
+    def predicted_throughput(self) -> float:
+        return self.throughputs.get(self.candidate, 0.0)
 
 
 def locality(config: RoutingConfig, pairs: pd.DataFrame, weights: pd.Series) -> float:
@@ -271,16 +298,19 @@ def plan_configuration(
     *,
     version: int,
     created_by: CreatedBy = "schedule",
+    cost: CostModel | None = None,
 ) -> Plan:
     """A new configuration from a snapshot: METIS tables (000 §3.3) and FISH hot keys (001 §4).
 
-    The pair graph is partitioned under α by :func:`keyplane.locality.build_plan`;
-    the keys it finds too heavy for α become hot keys (:func:`_hot_keys`). If
-    spreading a hot key over only d instances pushes an instance over α, that
-    operator's hot keys are widened to every instance: a load spread evenly
-    over all instances can only lower max/mean, which is the planner's own
-    balance argument. Operators not in ``params.operators`` keep their
-    current routing.
+    The pair graph is partitioned under ``1 + headroom · (α − 1)`` by
+    :func:`keyplane.locality.build_plan`; the keys it finds too heavy for α
+    become hot keys (:func:`_hot_keys`). If spreading a hot key over only d
+    instances pushes an instance over α, that operator's hot keys are
+    widened to every instance: a load spread evenly over all instances can
+    only lower max/mean. Operators not in ``params.operators`` keep their
+    current routing. The result is the best of this plan, hash routing and
+    the current configuration under ``cost`` (default: the documented
+    defaults of :class:`~keyplane.costmodel.CostModel`).
     """
     from keyplane.locality import KeyWeights, PairStatistics, build_plan
 
@@ -326,17 +356,18 @@ def plan_configuration(
         freq_b=stage_weights("B"),
     )
     parts, instance_of = _active_parts(current, params.operators, n)
+    model = cost if cost is not None else CostModel()
     plan = build_plan(
         statistics,
         parts,
-        alpha=params.alpha,
+        alpha=1.0 + params.headroom * (params.alpha - 1.0),
         max_table_entries=params.max_table_entries,
         seed=params.seed,
         hash_parts=_hash_parts(codecs, instance_of, parts, n),
+        cost=model,
     )
     tables = {"A": plan.table_a, "B": plan.table_b}
     heavy = {"A": plan.heavy_keys_a, "B": plan.heavy_keys_b}
-    planned_imbalance = {"A": plan.predicted_imbalance_a, "B": plan.predicted_imbalance_b}
     operators: dict[str, OperatorRouting] = {}
     for name, routing in current.operators.items():
         if name not in params.operators:
@@ -366,28 +397,68 @@ def plan_configuration(
             everywhere = routing.active
             candidate = candidate.model_copy(update={"hot_keys": dict.fromkeys(hot, everywhere)})
         operators[name] = candidate
+    hashed = {
+        name: (
+            routing.model_copy(update={"table": {}, "hot_keys": {}})
+            if name in params.operators
+            else routing
+        )
+        for name, routing in current.operators.items()
+    }
+    candidates: dict[Candidate, dict[str, OperatorRouting]] = {
+        "current": dict(current.operators),
+        "hash": hashed,
+        "plan": operators,
+    }
+    scored = {
+        name: _score(routings, pairs, pair_w, key_loads, model)
+        for name, routings in candidates.items()
+    }
+    chosen: Candidate = "current"
+    challengers: tuple[Candidate, ...] = ("hash", "plan")
+    for challenger in challengers:
+        if scored[challenger][0] > scored[chosen][0] * (1.0 + 1e-9):
+            chosen = challenger
     config = RoutingConfig(
         version=version,
         parent_version=current.version,
         created_by=created_by,
-        operators=operators,
+        operators=candidates[chosen],
     )
-    predicted_imbalance = {
-        name: (
-            planned_imbalance[name]
-            if name in params.operators and len(set(instance_of[name])) == parts
-            else imbalance(instance_loads(config.operators[name], key_loads[name]))
-        )
-        for name in config.operators
-    }
+    _, predicted_locality, predicted_imbalance = scored[chosen]
     return Plan(
         config=config,
-        predicted_locality=locality(config, pairs, pair_w),
+        predicted_locality=predicted_locality,
         predicted_imbalance=predicted_imbalance,
-        current_locality=locality(current, pairs, pair_w),
+        current_locality=scored["current"][1],
         key_loads=key_loads,
         hot_keys={name: len(config.operators[name].hot_keys) for name in config.operators},
+        candidate=chosen,
+        throughputs={name: value[0] for name, value in scored.items()},
+        cost=model,
     )
+
+
+def _score(
+    operators: Mapping[str, OperatorRouting],
+    pairs: pd.DataFrame,
+    weights: pd.Series,
+    key_loads: Mapping[str, Mapping[str, float]],
+    cost: CostModel,
+) -> tuple[float, float, dict[str, float]]:
+    """Predicted throughput, locality and per-operator imbalance of a candidate.
+
+    Routed as the job routes (hot keys spread over their instances), the one
+    imbalance definition of the gate and the backtest.
+    """
+    config = RoutingConfig(version=1, created_by="initial", operators=dict(operators))
+    share = locality(config, pairs, weights)
+    per_operator = {
+        name: imbalance(instance_loads(routing, key_loads.get(name, {})))
+        for name, routing in operators.items()
+    }
+    throughput = cost.throughput(share, per_operator.get("A", 1.0), per_operator.get("B", 1.0))
+    return throughput, share, per_operator
 
 
 @dataclass(frozen=True)

@@ -215,10 +215,18 @@ def validate_statistics(
     from keyplane.quality import validate_statistics as run_suite
 
     snapshot = _snapshot(deployment, run_id)
+    widened = stats.lookback(deployment.snapshots, snapshot, min_total_count)
+    if len(widened.runs) > 1:
+        log.info(
+            "window widened to %d runs (%d tuples): %s",
+            len(widened.runs),
+            widened.total,
+            widened.runs,
+        )
     with locked_context(deployment.gx_root) as context:
         result = run_suite(
-            snapshot.quality_frame(),
-            snapshot.manifest.window,
+            widened.frame,
+            widened.window,
             context=context,
             settings=QualitySettings(min_total_count=min_total_count),
             run_name=f"statistics-{stats.safe_run_id(run_id)}",
@@ -335,8 +343,14 @@ def compute_configuration(
     parent = int(reserved["parent_version"])
     current = config_store.load(deployment.routing_store, parent)
     plan = planning.plan_configuration(
-        snapshot.pairs, snapshot.frequencies, current, params, version=int(reserved["version"])
+        snapshot.pairs,
+        snapshot.frequencies,
+        current,
+        params,
+        version=int(reserved["version"]),
+        cost=snapshot.manifest.cost_model,
     )
+    log.info("chose the %s configuration (throughputs %s)", plan.candidate, plan.throughputs)
     stored = [
         _store(deployment, config)
         for config in _waves(current, plan.config, params.max_moves_per_wave, max_waves)

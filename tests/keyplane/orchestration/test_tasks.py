@@ -150,3 +150,39 @@ def test_a_change_needing_more_waves_than_a_run_allows_fails_before_storing_any(
         max_waves=3,
     )
     assert 1 <= len(proposal["waves"]) + 1 <= 3
+
+
+def test_a_small_window_is_validated_over_the_windows_before_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from keyplane.batchmetrics import BatchMetrics
+    from keyplane.quality import ValidationFailed
+    from keyplane.testing import paired_tuple_counts
+
+    deployment = deployment_under(tmp_path)
+    previous: stats.Snapshot | None = None
+    start = 0
+    for index in range(3):
+        grouped = paired_tuple_counts(8, index)
+        size = int(grouped["n"].sum())
+        manifest, frames = stats.build_snapshot(
+            run_id=f"run{index}",
+            grouped=grouped,
+            metrics=[BatchMetrics(batch_id=index, versions={"A": 1, "B": 1})],
+            events=stats.TopicWindow(topic="events", start={0: start}, end={0: start + size}),
+            metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
+            previous=previous,
+            config=None,
+            settings=stats.StatisticsSettings(),
+        )
+        stats.write_snapshot(deployment.snapshots, manifest, **frames)
+        previous = stats.read_snapshot(deployment.snapshots, manifest.run_id)
+        start += size
+    assert previous is not None
+    one_window = int(previous.quality_frame()["count"].sum())
+    with caplog.at_level("INFO"):
+        checked = tasks.validate_statistics(deployment, "run2", min_total_count=2 * one_window)
+    assert "all" in checked["summary"]
+    assert "window widened to" in caplog.text and "run1" in caplog.text
+    with pytest.raises(ValidationFailed):
+        tasks.validate_statistics(deployment, "run2", min_total_count=100 * one_window)
