@@ -44,7 +44,7 @@ from keyplane.jobprocess import (
 from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
 from keyplane.kafka.control import ControlChannel
-from keyplane.kafka.producer import produce_workload
+from keyplane.kafka.producer import WorkloadNotDelivered, produce_workload
 from keyplane.progressbars import progress_bar
 from keyplane.protocol import ProtocolError
 from keyplane.routedkeys import spark_partition
@@ -196,15 +196,20 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
     with progress_bar(
         total=spec.n_events, desc=f"generate {args.workload}", unit="ev", unit_scale=True
     ) as bar:
-        sent = produce_workload(
-            spec,
-            bootstrap,
-            topic,
-            partitions=args.partitions,
-            topic_partitions=n_parts,
-            rate=args.rate,
-            on_progress=bar.update,
-        )
+        try:
+            sent = produce_workload(
+                spec,
+                bootstrap,
+                topic,
+                partitions=args.partitions,
+                topic_partitions=n_parts,
+                rate=args.rate,
+                on_progress=bar.update,
+            )
+        except WorkloadNotDelivered as exc:
+            raise CliError(
+                f"{exc}; see what the topic holds with `keyplane topic describe {topic}`"
+            ) from None
     print(f"sent {sent:,} events to {topic}")
     return 0
 
