@@ -45,11 +45,12 @@ from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, hig
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import WorkloadNotDelivered, produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.progressbars import progress_bar
 from keyplane.protocol import ProtocolError
 from keyplane.routedkeys import spark_partition
 from keyplane.settings import Settings
-from keyplane.signing import MissingKeyError
+from keyplane.signing import MissingKeyError, control_key
 from keyplane.statefiles import os_reason
 from keyplane.validation_errors import first_problem
 from keyplane.waves import split_into_waves
@@ -329,23 +330,77 @@ def _check_parent(config: RoutingConfig, store: Path, path: Path) -> None:
         ) from None
 
 
-def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
-    """Store ``config``; the same contents again are fine, different ones under its version not."""
-    already = config_store.version_path(store, config.version).exists()
+def _check_against_the_job(config: RoutingConfig, settings: Settings, path: Path) -> None:
+    """Refuse, before anything is stored or sent, a version the job in this home cannot take.
+
+    The job checks every version itself, but only once PREPARE reaches it,
+    after the version number is used for good; what it checks against is
+    known here: whether it runs, its state partitions (fixed for the life of
+    its checkpoint), its operators, and whether a signing key is set.
+    """
+    control_key()
+    job = JobProcess(settings)
+    record = job.running()
+    if record is None:
+        raise CliError(
+            f"no job runs in {settings.home} to take v{config.version}: start it with "
+            "`keyplane job start` first (nothing was stored; for a job started elsewhere, "
+            "pass --no-job-check)"
+        )
+    if set(config.operators) != set(OPERATORS):
+        raise CliError(
+            f"{path} routes operators {', '.join(sorted(config.operators))}, but the job runs "
+            f"{', '.join(OPERATORS)}; nothing was stored"
+        )
+    partitions = job.running_partitions(record)
+    if partitions is None:
+        return
+    count, source = partitions
+    for name, routing in sorted(config.operators.items()):
+        if routing.parallelism != count:
+            raise CliError(
+                f"{path} routes {name} over {routing.parallelism} instances, but the job "
+                f"(pid {record.pid}) runs {count} state partitions per operator ({source}); "
+                f"plan the version for {count}, or restart the job on a new checkpoint; "
+                "nothing was stored"
+            )
+
+
+def _already_active(config: RoutingConfig, settings: Settings) -> bool:
+    """Whether the controller's last finished rollout made ``config``'s version the active
+    one: publishing it again must change nothing, not send its protocol once more."""
+    saved = read_controller_file(settings.controller_state)
+    if saved is None:
+        return False
+    state = saved.protocol
+    return state.current is None and state.active_version == config.version
+
+
+def _check_storable(config: RoutingConfig, store: Path, path: Path) -> None:
+    """Refuse ``config`` if ``store`` holds other contents under its version."""
     try:
-        saved = config_store.save(config, store)
+        config_store.check_storable(config, store)
     except config_store.VersionConflictError:
         latest = config_store.latest_version(store)
         raise CliError(
             f"version {config.version} is already stored in {store} with different contents; "
             f"give {path} a new version (the latest stored is {latest})"
         ) from None
+
+
+def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
+    """Store ``config``; the same contents again are fine, different ones under its version not."""
+    already = config_store.version_path(store, config.version).exists()
+    _check_storable(config, store, path)
+    saved = config_store.save(config, store)
     state = "already stored" if already else "stored"
     print(f"v{config.version} {state} in {store} (checksum {saved.checksum[:12]})")
 
 
 def _controller(settings: Settings, channel: ControlChannel, store: Path) -> Controller:
-    return Controller(channel, settings.controller_state, store)
+    return Controller(
+        channel, settings.controller_state, store, metrics_topic=settings.metrics_topic
+    )
 
 
 def _control_channel(settings: Settings) -> ControlChannel:
@@ -395,6 +450,13 @@ def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
         return _publish_in_waves(settings, args, config, store)
     if config.parent_version is not None:
         _check_parent(config, store, args.file)
+        _check_storable(config, store, args.file)
+        if not args.no_job_check:
+            _check_against_the_job(config, settings, args.file)
+        if _already_active(config, settings):
+            _save_published(config, store, args.file)
+            print(f"v{config.version} is already active; nothing to do")
+            return 0
     _save_published(config, store, args.file)
     if config.parent_version is None:
         print(f"v{config.version} is an initial configuration: start the job on it")
@@ -450,6 +512,8 @@ def _publish_in_waves(
         )
     except (config_store.ConfigStoreError, ValueError) as exc:
         raise CliError(f"cannot split {args.file} into waves: {exc}") from None
+    if not args.no_job_check:
+        _check_against_the_job(config, settings, args.file)
     for wave in waves:
         _save_published(wave, store, args.file)
     versions = [wave.version for wave in waves]
@@ -980,6 +1044,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="roll the change out in waves that each move at most N keys, numbered from "
         "FILE's version on: a smaller dip in throughput over more micro-batches",
+    )
+    publish.add_argument(
+        "--no-job-check",
+        action="store_true",
+        help="skip the checks against the job of KEYPLANE_HOME (that it runs, its state "
+        "partitions and operators), for a job started elsewhere; the job still refuses a "
+        "version it cannot take",
     )
     publish.add_argument(
         "--no-wait",

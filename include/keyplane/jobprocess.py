@@ -380,6 +380,23 @@ class JobProcess:
             fix="publish a configuration for that many first",
         )
 
+    def running(self) -> JobRecord | None:
+        """The record of the job running in this home, None when none runs."""
+        return self._live_record()[0]
+
+    def running_partitions(self, record: JobRecord) -> tuple[int, str] | None:
+        """The state partitions per operator the running job ``record`` runs, and where that
+        is recorded: its checkpoint's offset log, else its command line. None if neither says.
+        """
+        counted = _checkpoint_partitions(self.checkpoint)
+        if counted is not None:
+            return counted, f"its checkpoint {self.checkpoint}"
+        for arg in record.command:
+            flag, _, value = arg.partition("=")
+            if flag == "--shuffle-partitions" and value.isdigit():
+                return int(value), "its command line"
+        return None
+
     # --- the pid file ----------------------------------------------------------------------
 
     def _read_record(self) -> JobRecord | None:

@@ -459,7 +459,7 @@ def _publish_in_waves(
     """Write ``config`` out as a file and publish it in waves of at most ``max_moves``."""
     file = home / f"v{config.version}.json"
     file.write_text(config.model_dump_json())
-    command = ("config", "publish", str(file), "--store", str(store))
+    command = ("config", "publish", str(file), "--store", str(store), "--no-job-check")
     options = ("--max-moves-per-wave", str(max_moves), "--timeout", "60")
     return file, _keyplane(home, *command, *options, env=env)
 
@@ -619,6 +619,7 @@ def test_config_publish_rolls_out_to_the_running_job_step_by_step(
         str(routing_store),
         "--timeout",
         "60",
+        "--no-job-check",
         env=_control_env(broker, topic_name, control_key),
     )
 
@@ -724,6 +725,7 @@ def test_config_publish_in_waves_plans_from_the_version_the_job_runs(
             str(routing_store),
             "--timeout",
             "60",
+            "--no-job-check",
             env=env,
         ).returncode
         == 0
@@ -787,26 +789,52 @@ def test_config_publish_in_waves_refuses_a_rescale_in_one_line(
 
 
 @pytest.mark.integration
-def test_config_publish_without_a_job_times_out_in_one_line_and_aborts(
+def test_config_publish_without_a_job_is_refused_in_one_line_and_stores_and_sends_nothing(
     tmp_path: Path, broker: str, topic_name: str, control_key: str, routing_store: Path
 ) -> None:
+    """No job runs in the home: the version is refused at once, its number stays free and
+    no PREPARE goes out, instead of waiting out the timeout for an ACK."""
+    env = _control_env(broker, topic_name, control_key)
+    v4 = config_store.load(routing_store, 3).model_copy(update={"version": 4, "parent_version": 3})
+    file = tmp_path / "v4.json"
+    file.write_text(v4.model_dump_json())
+
+    refused = _keyplane(
+        tmp_path, "config", "publish", str(file), "--store", str(routing_store), env=env
+    )
+
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"keyplane: no job runs in {tmp_path} to take v4: start it with `keyplane job start` "
+        "first (nothing was stored; for a job started elsewhere, pass --no-job-check)\n"
+    )
+    assert config_store.stored_versions(routing_store) == [1, 2, 3]
+    assert not (tmp_path / "controller.json").exists()
+
+
+@pytest.mark.integration
+def test_config_publish_of_the_active_version_is_a_no_op_that_says_so(
+    tmp_path: Path,
+    broker: str,
+    topic_name: str,
+    control_key: str,
+    routing_store: Path,
+    protocol_only_job: Callable[[], ProtocolOnlyJob],
+) -> None:
+    job = protocol_only_job()
     env = _control_env(broker, topic_name, control_key)
     file = _config_file(tmp_path, routing_store, 2)
-    store = ("--store", str(routing_store))
+    publish = ("config", "publish", str(file), "--store", str(routing_store), "--no-job-check")
+    first = _keyplane(tmp_path, *publish, "--timeout", "60", env=env)
+    assert first.returncode == 0, first.stderr
+    assert job.wait_until(lambda state: state.active_version == 2)
+    sent_before = high_watermarks(broker, topic_name)
 
-    timed_out = _keyplane(
-        tmp_path, "config", "publish", str(file), *store, "--timeout", "1", env=env
-    )
-    abort_again = _keyplane(tmp_path, "config", "abort", env=env)
+    again = _keyplane(tmp_path, *publish, "--timeout", "60", env=env)
 
-    assert timed_out.returncode == 1
-    assert len(timed_out.stderr.splitlines()) == 1, timed_out.stderr
-    assert timed_out.stderr.startswith("keyplane: rollout of v2 aborted: no ACK from the job")
-    assert "`keyplane job status`" in timed_out.stderr
-    assert abort_again.returncode == 2
-    assert abort_again.stderr == (
-        "keyplane: no rollout in flight: the last one, v2, was already aborted\n"
-    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == "v2 is already active; nothing to do"
+    assert high_watermarks(broker, topic_name) == sent_before, "nothing may be sent again"
 
 
 @pytest.mark.integration
@@ -817,7 +845,9 @@ def test_config_publish_no_wait_sends_prepare_and_abort_cancels_it(
     file = _config_file(tmp_path, routing_store, 3)
     store = ("--store", str(routing_store))
 
-    prepared = _keyplane(tmp_path, "config", "publish", str(file), *store, "--no-wait", env=env)
+    prepared = _keyplane(
+        tmp_path, "config", "publish", str(file), *store, "--no-wait", "--no-job-check", env=env
+    )
     aborted = _keyplane(tmp_path, "config", "abort", *store, env=env)
 
     assert prepared.returncode == 0, prepared.stderr

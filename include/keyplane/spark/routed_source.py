@@ -949,7 +949,9 @@ class RoutedEventsReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         plan = int(start["plan"]) + 1
-        protocol = JobProtocol.from_dict(start["protocol"], lookup_checksum=self.lookup_checksum)
+        protocol = JobProtocol.from_dict(
+            start["protocol"], lookup_checksum=self.lookup_checksum, explain=self.unusable
+        )
         replies: list[ControlMessage] = []
         control = self._read_control(int(start["control"]), new=plan == 0)
         refused: Counter[str] = Counter()
