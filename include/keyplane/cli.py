@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import typing
@@ -444,6 +445,8 @@ def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
     and the rollout resumes from the controller's state file, so after an
     interruption (or ``--no-wait``) the same command finishes the job.
     """
+    # Records the controller cannot verify are counted into its errors; not also logged.
+    logging.getLogger("keyplane.controller").setLevel(logging.ERROR)
     config = _read_config_file(args.file)
     store: Path = args.store or settings.config_store
     if args.max_moves_per_wave is not None and config.parent_version is not None:

@@ -576,9 +576,16 @@ class Controller:
     ) -> RolloutTimeout:
         since = max(waited, (utc_now() - request.sent_at).total_seconds())
         who = "the job" if operator is None else f"operator {operator}"
+        unverified = (
+            f"; {self.rejected} record(s) of the control topic did not verify with "
+            "KEYPLANE_CONTROL_KEY here"
+            if self.rejected
+            else ""
+        )
         return RolloutTimeout(
             f"no {reply} from {who} for v{rollout.version} {since:.1f} s after "
-            f"{request.describe()} (control topic {self._channel.topic!r}); {JOB_HINT}",
+            f"{request.describe()} (control topic {self._channel.topic!r}){unverified}; "
+            f"{JOB_HINT}",
             version=rollout.version,
             reply=reply,
             operator=operator,

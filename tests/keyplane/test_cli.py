@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,8 +29,10 @@ from keyplane.cli import (
     build_parser,
 )
 from keyplane.cli import main as cli_main
+from keyplane.config import RoutingConfig
 from keyplane.kafka import producer
 from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.producer import produce_workload
 from keyplane.operators import OPERATORS
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import job_command, parse_settings
@@ -1270,3 +1273,88 @@ def test_config_diff_scores_both_versions_on_the_latest_statistics(tmp_path: Pat
     assert "locality 100.0% → 0.0%" in last
     empty = _keyplane(tmp_path, "config", "diff", "1", "2", "--statistics", str(tmp_path / "none"))
     assert "expected gain: no statistics snapshot in" in empty.stdout
+
+
+# --- bad input against the real job: refused early, explained at once ------------------------
+
+
+def _job_env(home: Path, broker: str, topic: str, key: str) -> dict[str, str]:
+    """A job of its own in ``home``: its topics on the test broker, and its signing key."""
+    return {
+        "KEYPLANE_BOOTSTRAP_SERVERS": broker,
+        "KEYPLANE_EVENTS_TOPIC": topic,
+        "KEYPLANE_CONTROL_TOPIC": f"{topic}.control",
+        "KEYPLANE_MIGRATION_TOPIC": f"{topic}.migration",
+        "KEYPLANE_METRICS_TOPIC": f"{topic}.metrics",
+        "KEYPLANE_DEAD_LETTER_TOPIC": f"{topic}.dead-letter",
+        "KEYPLANE_CONTROL_KEY": key,
+    }
+
+
+@pytest.mark.integration
+def test_config_publish_refuses_what_the_real_job_cannot_take_and_says_why_at_once(
+    tmp_path: Path, broker: str, topic_name: str, control_key: str
+) -> None:
+    """The routed job runs 2 state partitions per operator under Spark.
+
+    * v2 over 4 instances is refused before it is stored, naming both counts;
+    * published past that check, the job itself answers REFUSED with its store's reason,
+      and the command fails at once rather than after its 120 s timeout;
+    * a controller with another signing key is told that the job rejected its signature,
+      which the job can only say through its metrics.
+    """
+    home = tmp_path / "home"
+    env = _job_env(home, broker, topic_name, control_key)
+    store = home / "configs"
+    config_store.save(RoutingConfig.all_hash(2, OPERATORS), store)
+    produce_workload(PairsWorkload(n_events=500), broker, topic_name, partitions=2)
+    rescaled = RoutingConfig.all_hash(4, OPERATORS).model_copy(
+        update={"version": 2, "parent_version": 1, "created_by": "scale"}
+    )
+    same = RoutingConfig.all_hash(2, OPERATORS).model_copy(
+        update={"version": 3, "parent_version": 1, "created_by": "manual"}
+    )
+    (tmp_path / "v2.json").write_text(rescaled.model_dump_json())
+    (tmp_path / "v3.json").write_text(same.model_dump_json())
+    publish = ("config", "publish", "--timeout", "120")
+
+    started = _keyplane(home, "job", "start", "--shuffle-partitions", "2", env=env)
+    try:
+        assert started.returncode == 0, started.stderr
+        checked = _keyplane(home, *publish, str(tmp_path / "v2.json"), env=env)
+        stored_after_check = config_store.stored_versions(store)
+        clock = time.monotonic()
+        refused = _keyplane(home, *publish, str(tmp_path / "v2.json"), "--no-job-check", env=env)
+        refused_s = time.monotonic() - clock
+        clock = time.monotonic()
+        wrong_key = _keyplane(
+            home,
+            *publish,
+            str(tmp_path / "v3.json"),
+            env={**env, "KEYPLANE_CONTROL_KEY": "not-the-jobs-key-0123456789abcdef"},
+        )
+        wrong_key_s = time.monotonic() - clock
+    finally:
+        stopped = _keyplane(home, "job", "stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+
+    assert checked.returncode == 2
+    assert len(checked.stderr.splitlines()) == 1
+    assert checked.stderr.startswith(
+        f"keyplane: {tmp_path / 'v2.json'} routes A over 4 instances, but the job (pid "
+    )
+    assert "runs 2 state partitions per operator" in checked.stderr
+    assert checked.stderr.endswith("nothing was stored\n")
+    assert stored_after_check == [1]
+
+    assert refused.returncode == 2, refused.stdout
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("keyplane: the job refused v2: unknown_checksum: ")
+    assert refused.stderr.endswith("; rollout of v2 aborted\n")
+    assert refused_s < 60, refused_s
+
+    assert wrong_key.returncode == 2, wrong_key.stdout
+    assert len(wrong_key.stderr.splitlines()) == 1, wrong_key.stderr
+    assert wrong_key.stderr.startswith("keyplane: the job rejected our signature (")
+    assert "KEYPLANE_CONTROL_KEY here is not the job's" in wrong_key.stderr
+    assert wrong_key_s < 60, wrong_key_s
