@@ -134,6 +134,12 @@ def _broker(settings: Settings, args: argparse.Namespace) -> EmbeddedBroker:
     )
 
 
+MEMORY_WARNING = (
+    "warning: the broker's storage is memory: every topic and record is lost {when}, and a "
+    "job's checkpoint is then ahead of its topics; use --storage s3 to keep them"
+)
+
+
 def _storage_line(state: BrokerState) -> str:
     if state.s3_endpoint is None:
         return f"storage {state.storage}"
@@ -146,16 +152,27 @@ def cmd_broker(settings: Settings, args: argparse.Namespace) -> int:
     for removed in stale:
         print(removed.describe())
     if args.action == "start":
-        state = broker.start()
+        state = broker.start(allow_memory=args.allow_memory)
         print(
             f"broker running on {state.bootstrap_servers} (pid {state.pid}, "
             f"{_storage_line(state)}, log {state.log})"
         )
+        if broker.storage == "memory":
+            print(MEMORY_WARNING.format(when="when this broker stops"), file=sys.stderr)
     elif args.action == "stop":
         print("broker stopped" if broker.stop() else "no broker was running")
+        if running is not None and running.storage.startswith("memory"):
+            print(MEMORY_WARNING.format(when="now"), file=sys.stderr)
     else:
         if running is None:
-            print("broker: not running")
+            address = f"127.0.0.1:{broker.port}"
+            if answers_kafka(address, timeout_s=2.0):
+                print(
+                    f"broker: none started from KEYPLANE_HOME={settings.home}, but Kafka "
+                    f"answers at {address} (a broker of another home, or not keyplane's)"
+                )
+                return 0
+            print(f"broker: not running (none started from KEYPLANE_HOME={settings.home})")
             return 1
         print(
             f"broker: running on {running.bootstrap_servers} "
@@ -857,6 +874,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["memory", "s3"],
         help="start: 'memory' (lost on stop) or 's3' (durable; default: KEYPLANE_BROKER_STORAGE "
         "or memory)",
+    )
+    broker.add_argument(
+        "--allow-memory",
+        action="store_true",
+        help="start: start on memory storage even in a home whose last broker used s3 "
+        "(an empty broker: that broker's topics stay in the object store)",
     )
     broker.set_defaults(func=cmd_broker)
 

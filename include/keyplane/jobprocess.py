@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -65,6 +65,7 @@ from keyplane.events import Forward
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of, tail_offsets
 from keyplane.kafka.broker import answers_kafka
 from keyplane.kafka.metrics_topic import read_metrics
+from keyplane.kafka.offsets import CheckpointAheadError, check_not_ahead
 from keyplane.processes import (
     live_or_removed,
     session_commands,
@@ -538,6 +539,7 @@ class JobProcess:
                 f"Kafka at {bootstrap} does not answer; start the embedded "
                 "broker with `keyplane broker start` or set KEYPLANE_BOOTSTRAP_SERVERS"
             )
+        self._check_checkpoint_not_ahead(bootstrap)
         try:
             partitions = partitions_of(bootstrap, settings.events_topic, timeout_s=2.0)
         except TopicError:
@@ -546,6 +548,42 @@ class JobProcess:
                 "with `keyplane generate` or create it with `keyplane topic create`"
             ) from None
         return self._unread(bootstrap, settings.events_topic, partitions)
+
+    def _check_checkpoint_not_ahead(self, bootstrap: str) -> None:
+        """Refuse to start a checkpoint that has read further than its topics now reach.
+
+        A broker that lost its records (memory storage, restarted) leaves the
+        checkpoint ahead of every topic it reads; the job would fail on it
+        only after Spark is up, in terms of Spark's plan. So the offsets of the
+        checkpoint's newest batch, which a restart replays, are compared with
+        the topics' ends first, and the first partition ahead is named.
+        """
+        offsets = _newest_source_offset(self.checkpoint)
+        if offsets is None:
+            return
+        s = self.settings
+        read: list[tuple[str, dict[str, int]]] = [
+            (topic, dict(parts)) for topic, parts in offsets.get("events", {}).items()
+        ]
+        if "control" in offsets:
+            read.append((s.control_topic, {"0": int(offsets["control"])}))
+        if isinstance(offsets.get("migration"), dict):
+            read.append((s.migration_topic, dict(offsets["migration"])))
+        for topic, through in read:
+            if not any(int(offset) > 0 for offset in through.values()):
+                continue
+            try:
+                ends: dict[int, int] = high_watermarks(bootstrap, topic)
+            except TopicError:
+                ends = {}
+            try:
+                check_not_ahead(topic, through, ends)
+            except CheckpointAheadError as error:
+                raise JobError(
+                    f"{error}".replace(
+                        "the checkpoint has", f"the checkpoint {self.checkpoint} has"
+                    )
+                ) from None
 
     def _unread(self, bootstrap: str, topic: str, partitions: list[int]) -> int | None:
         """Events of ``topic`` past the checkpoint's last committed batch (None: unknown)."""
@@ -786,6 +824,23 @@ def _last_offset_log_entry(checkpoint: Path) -> list[str] | None:
     if last is None:
         return None
     return (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+
+
+def _newest_source_offset(checkpoint: Path) -> dict[str, Any] | None:
+    """The routed source's offset in the checkpoint's newest offset log entry (the batch a
+    restart runs first), or None before the first batch or when it cannot be read so."""
+    try:
+        ids = [int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
+        if not ids:
+            return None
+        lines = (checkpoint / "offsets" / str(max(ids))).read_text(encoding="utf-8").splitlines()
+        for line in lines[2:]:
+            offset = json.loads(line)
+            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+                return offset
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _checkpoint_partitions(checkpoint: Path) -> int | None:

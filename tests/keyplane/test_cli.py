@@ -131,6 +131,54 @@ def test_broker_lifecycle_and_generate_through_the_cli(tmp_path: Path) -> None:
     assert _keyplane(tmp_path, "broker", "status", port=port).returncode == 1
 
 
+@pytest.mark.integration
+def test_broker_warns_on_memory_storage_and_refuses_memory_after_s3(tmp_path: Path) -> None:
+    """Memory storage loses every topic at a stop: start and stop say so. A home whose last
+    broker used s3 keeps its topics in the object store: starting it on memory by mistake is
+    refused, unless asked for. And the status of another home says which home it looked at
+    and that Kafka answers, as `keyplane status` does."""
+    port = free_port()
+    home = tmp_path / "home"
+    other = tmp_path / "other"
+    on_s3 = _keyplane(home, "broker", "start", "--storage", "s3", port=port)
+    assert on_s3.returncode == 0, on_s3.stderr
+    s3_stopped = _keyplane(home, "broker", "stop", port=port)
+    refused = _keyplane(home, "broker", "start", port=port)
+    on_memory = _keyplane(home, "broker", "start", "--allow-memory", port=port)
+    try:
+        elsewhere = _keyplane(other, "broker", "status", port=port)
+        overview = _keyplane(other, "status", port=port)
+    finally:
+        memory_stopped = _keyplane(home, "broker", "stop", port=port)
+    nowhere = _keyplane(other, "broker", "status", port=port)
+
+    assert "warning" not in on_s3.stderr + s3_stopped.stderr
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"keyplane: the last broker in {home} used s3 storage, and its topics are there: start "
+        "with --storage s3 (or KEYPLANE_BROKER_STORAGE=s3), or pass --allow-memory to start an "
+        "empty broker on memory storage\n"
+    )
+    assert on_memory.returncode == 0, on_memory.stderr
+    assert on_memory.stderr == (
+        "warning: the broker's storage is memory: every topic and record is lost when this "
+        "broker stops, and a job's checkpoint is then ahead of its topics; use --storage s3 "
+        "to keep them\n"
+    )
+    assert memory_stopped.stdout == "broker stopped\n"
+    assert memory_stopped.stderr.startswith(
+        "warning: the broker's storage is memory: every topic and record is lost now, "
+    )
+    assert elsewhere.returncode == 0
+    assert elsewhere.stdout == (
+        f"broker: none started from KEYPLANE_HOME={other}, but Kafka answers at "
+        f"127.0.0.1:{port} (a broker of another home, or not keyplane's)\n"
+    )
+    assert f"broker       up at 127.0.0.1:{port}" in overview.stdout
+    assert nowhere.returncode == 1
+    assert nowhere.stdout == f"broker: not running (none started from KEYPLANE_HOME={other})\n"
+
+
 def test_broker_status_says_when_it_removes_a_stale_s3_server_state_file(
     tmp_path: Path, stranger: subprocess.Popen[bytes]
 ) -> None:
@@ -148,7 +196,7 @@ def test_broker_status_says_when_it_removes_a_stale_s3_server_state_file(
         [
             f"removed the stale pid file {path} of pid {stranger.pid}: that pid now runs "
             "another program, which was left alone",
-            "broker: not running",
+            f"broker: not running (none started from KEYPLANE_HOME={tmp_path})",
         ],
     )
     assert stranger.poll() is None
@@ -184,7 +232,10 @@ def test_broker_commands_remove_a_pid_file_of_another_program_say_so_and_leave_i
     path.write_text(json.dumps({**old, "command": ["/elsewhere/tansu", "broker"]}))
     stopped = _keyplane(tmp_path, "broker", "stop", port=port)
 
-    assert (status.returncode, status.stdout.splitlines()) == (1, [removed, "broker: not running"])
+    assert (status.returncode, status.stdout.splitlines()) == (
+        1,
+        [removed, f"broker: not running (none started from KEYPLANE_HOME={tmp_path})"],
+    )
     assert stopped.returncode == 0
     assert stopped.stdout.splitlines() == [
         f"removed the stale pid file {path} of pid {stranger.pid}: that pid now runs another "

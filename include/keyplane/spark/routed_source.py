@@ -111,7 +111,7 @@ from keyplane.events import (
 )
 from keyplane.handoff import LeastLoadedRoutes, StateMove, VersionedTables
 from keyplane.kafka.migration_topic import moves_of
-from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
+from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, check_not_ahead, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range
 from keyplane.operators import OPERATORS
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
@@ -978,7 +978,9 @@ class RoutedEventsReader(DataSourceStreamReader):
                 )
             replies += reaction.replies
         events = self._events_end(start["events"], limit)
-        migration = {**start["migration"], **self._marks(self.migration_topic)}
+        migration_marks = self._marks(self.migration_topic)
+        check_not_ahead(self.migration_topic, start["migration"], migration_marks)
+        migration = {**start["migration"], **migration_marks}
         work = (
             total_rows(start["events"], events) > 0
             or control.end != int(start["control"])
@@ -1056,6 +1058,9 @@ class RoutedEventsReader(DataSourceStreamReader):
 
     def _events_end(self, start: PartitionOffsets, limit: ReadLimit) -> PartitionOffsets:
         marks = {self.events_topic: self._marks(self.events_topic)}
+        check_not_ahead(
+            self.events_topic, start.get(self.events_topic, {}), marks[self.events_topic]
+        )
         self._latest = marks
         known = all(p in start.get(t, {}) for t, parts in marks.items() for p in parts)
         earliest = {} if known else {self.events_topic: self._earliest(self.events_topic)}
