@@ -32,6 +32,7 @@ from keyplane.cli import main as cli_main
 from keyplane.config import RoutingConfig
 from keyplane.kafka import producer
 from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import produce_workload
 from keyplane.operators import OPERATORS
 from keyplane.settings import Settings
@@ -1409,3 +1410,42 @@ def test_config_publish_refuses_what_the_real_job_cannot_take_and_says_why_at_on
     assert wrong_key.stderr.startswith("keyplane: the job rejected our signature (")
     assert "KEYPLANE_CONTROL_KEY here is not the job's" in wrong_key.stderr
     assert wrong_key_s < 60, wrong_key_s
+
+
+@pytest.mark.integration
+def test_job_start_on_a_checkpoint_ahead_of_its_topic_names_topic_partition_and_offsets(
+    tmp_path: Path, topic_name: str, control_key: str
+) -> None:
+    """The job reads 300 events, stops, and its memory broker restarts empty; 20 events are
+    written again. `keyplane job start` must refuse in one line that names the topic, the
+    partition, the checkpoint's offset and the topic's end, and say what to do, before
+    Spark starts: not fail with a line of Spark's plan."""
+    broker = EmbeddedBroker(tmp_path / "broker", free_port())
+    bootstrap = broker.start().bootstrap_servers
+    home = tmp_path / "home"
+    env = _job_env(home, bootstrap, topic_name, control_key)
+    try:
+        produce_workload(PairsWorkload(n_events=300), bootstrap, topic_name, partitions=2)
+        started = _keyplane(home, "job", "start", "--shuffle-partitions", "2", env=env)
+        stopped = _keyplane(home, "job", "stop", env=env)
+        broker.stop()
+        broker.start()
+        produce_workload(PairsWorkload(n_events=20), bootstrap, topic_name, partitions=2)
+        clock = time.monotonic()
+        again = _keyplane(home, "job", "start", env=env)
+        again_s = time.monotonic() - clock
+    finally:
+        _keyplane(home, "job", "stop", env=env)
+        broker.stop()
+
+    assert started.returncode == 0, started.stderr
+    assert stopped.returncode == 0, stopped.stderr
+    assert again.returncode == 2, again.stdout
+    assert again.stderr == (
+        f"keyplane: the checkpoint {home.resolve() / 'job' / 'checkpoint'} has read topic "
+        f"'{topic_name}' partition 0 up to offset 150, but the topic ends at offset 10: the "
+        "broker lost records it had acknowledged (a broker on memory storage restarted?): "
+        "bring its storage back, or start the job on a new checkpoint (move KEYPLANE_HOME/job "
+        "aside, then `keyplane job start`)\n"
+    )
+    assert again_s < 30, again_s
