@@ -716,11 +716,10 @@ def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:
             )
     if status.events_waiting is not None:
         lines.append(_line("unread", f"{status.events_waiting:,} events past the checkpoint"))
-    progress = status.last_progress
-    if progress is not None:
-        lines.append(
-            _line("committed", f"{progress.committed:,} events (batch {progress.batch_id})")
-        )
+    committed = status.committed
+    if committed is not None:
+        ago = _duration(_since(committed.committed_at))
+        lines.append(_line("committed", f"{committed.describe()}, {ago} ago"))
     lines.append(_line("rollout", _rollout_line(status)))
     lines.append(_line("log", str(status.log)))
     return lines

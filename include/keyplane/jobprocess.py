@@ -204,7 +204,8 @@ class JobStatus:
     had died, removed while reading. ``events_waiting`` counts the events of
     the events topic past the checkpoint's last committed batch: the lag now,
     which unlike the last batch's ``input_lag`` keeps growing while the job
-    is down (None: unknown). ``metrics`` and ``rollout`` are None when there
+    is down (None: unknown). ``committed`` is the checkpoint's last committed
+    batch (:func:`last_committed_batch`). ``metrics`` and ``rollout`` are None when there
     is nothing yet, or when their source could not be read: then
     ``metrics_problem`` or ``rollout_problem`` says why, in one line.
     """
@@ -218,6 +219,7 @@ class JobStatus:
     events_waiting: int | None = None
     metrics_problem: str | None = None
     rollout_problem: str | None = None
+    committed: CommittedBatch | None = None
 
 
 @dataclass(frozen=True)
@@ -696,6 +698,7 @@ class JobProcess:
             events_waiting=waiting,
             metrics_problem=metrics_problem,
             rollout_problem=rollout_problem,
+            committed=last_committed_batch(self.checkpoint, self.settings.events_topic),
         )
 
     def _events_unread(self, bootstrap: str) -> int | None:
@@ -839,6 +842,54 @@ def _newest_source_offset(checkpoint: Path) -> dict[str, Any] | None:
             if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
                 return offset
     except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class CommittedBatch:
+    """The checkpoint's last committed batch, as Spark's commit and offset logs record it.
+
+    Read from the checkpoint rather than from the job's progress lines: Spark
+    writes ``commits/<id>`` once a batch is done and ``offsets/<id>`` before it
+    runs, whatever the job printed, so the count holds after idle periods,
+    restarts and a log rotated away. ``offsets`` are the events topic's end
+    offsets per partition; ``committed_at`` the commit file's time.
+    """
+
+    batch_id: int
+    offsets: dict[int, int]
+    committed_at: datetime
+
+    @property
+    def events(self) -> int:
+        return sum(self.offsets.values())
+
+    def describe(self) -> str:
+        """``51,004 events (batch 812; partitions 0: 25,502, 1: 25,502)``."""
+        parts = ", ".join(f"{p}: {offset:,}" for p, offset in sorted(self.offsets.items()))
+        return f"{self.events:,} events (batch {self.batch_id}; partitions {parts or 'none'})"
+
+
+def last_committed_batch(checkpoint: Path, topic: str) -> CommittedBatch | None:
+    """The last batch committed in ``checkpoint`` and the offsets of ``topic`` it read
+    through; None before the first commit or when the logs cannot be read that way."""
+    last = _last_commit(checkpoint)
+    if last is None:
+        return None
+    try:
+        committed_at = datetime.fromtimestamp(
+            (checkpoint / "commits" / str(last)).stat().st_mtime, UTC
+        )
+        lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+        for line in lines[2:]:
+            offset = json.loads(line)
+            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+                parts = offset["events"].get(topic, {})
+                return CommittedBatch(
+                    last, {int(p): int(off) for p, off in parts.items()}, committed_at
+                )
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
     return None
 
