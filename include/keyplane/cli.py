@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -749,9 +750,9 @@ def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
         master=getattr(args, "master", None),
         stage_a_aggregate=specs[0],
         stage_b_aggregate=specs[1],
-        forward=getattr(args, "forward", "pairs"),
+        forward=getattr(args, "forward", None),
         max_event_bytes=getattr(args, "max_event_bytes", None),
-        restarts=getattr(args, "restarts", 0),
+        restarts=getattr(args, "restarts", None),
         restart_delay_s=getattr(args, "restart_delay", None),
     )
 
@@ -937,7 +938,8 @@ def build_parser() -> argparse.ArgumentParser:
     job_start = job_actions.add_parser(
         "start",
         help="launch the routed job in the background (pid file and log in "
-        "KEYPLANE_HOME/job) and wait until it is up; nothing to do if it runs",
+        "KEYPLANE_HOME/job) and wait until it is up; a running job is left alone, and "
+        "options it does not run with are refused",
     )
     job_start.add_argument(
         "--shuffle-partitions",
@@ -965,7 +967,6 @@ def build_parser() -> argparse.ArgumentParser:
     job_start.add_argument(
         "--forward",
         choices=FORWARD_MODES,
-        default="pairs",
         help="what stage A sends stage B: one row per (field-1, field-2) pair and micro-batch "
         "with its weight (pairs), or every tuple with its padding, so the shuffle between the "
         "stages carries the tuples (tuples) (default: pairs)",
@@ -980,7 +981,6 @@ def build_parser() -> argparse.ArgumentParser:
     job_start.add_argument(
         "--restarts",
         type=int,
-        default=0,
         help="start the query again from its checkpoint, in the same process, up to this many "
         "times after it fails (a broker down past the producers' delivery timeout, a failed "
         "task); the failed batch is replayed exactly (default: 0, the job ends)",
@@ -1171,6 +1171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keyplane: {exc}", file=sys.stderr)
     except config_store.ConfigStoreError as exc:
         print(_config_error_line(exc), file=sys.stderr)
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): what it read is what it wanted. Point
+        # stdout at /dev/null so that the interpreter's own flush at exit fails silently.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         # A path that is a file where a directory belongs, a full disk, no permission.
         where = f": {exc.filename}" if exc.filename else ""

@@ -91,6 +91,8 @@ PROGRESS_GRACE_S = 2.0
 QUERY_GRACE_S = 3.0
 """How long a started query with no events must keep running to count as up: the
 routed source fails on a bad store or key at its first planning, a trigger later."""
+CLI_FLAGS = {"--restart-delay-s": "--restart-delay"}
+"""The job's flags that ``keyplane job start`` spells otherwise."""
 AGGREGATE_FLAGS = {"A": "--stage-a-aggregate", "B": "--stage-b-aggregate"}
 """The job's command-line flag of each stage's keyed aggregate (``keyplane.spark.counts_job``)."""
 
@@ -123,6 +125,16 @@ class JobRecord(BaseModel):
     output: Path
     log_offset: int = Field(default=0, ge=0)
 
+    def flags(self) -> dict[str, str]:
+        """The job's ``--flag=value`` options as its command line has them (either spelling,
+        as :meth:`aggregates` reads them)."""
+        flags = dict(zip(self.command, self.command[1:], strict=False))
+        for arg in self.command:
+            flag, equals, value = arg.partition("=")
+            if flag.startswith("--") and equals:
+                flags[flag] = value
+        return {flag: value for flag, value in flags.items() if flag.startswith("--")}
+
     def aggregates(self) -> dict[str, str | None]:
         """Each stage's ``module:attr`` as the job's command line names it; None: the default.
 
@@ -131,11 +143,7 @@ class JobRecord(BaseModel):
         job's flags are ``--flag=value``; a job launched by an earlier keyplane,
         still running, has them as ``--flag value``, so both spellings are read.
         """
-        flags = dict(zip(self.command, self.command[1:], strict=False))
-        for arg in self.command:
-            flag, equals, value = arg.partition("=")
-            if flag.startswith("--") and equals:
-                flags[flag] = value
+        flags = self.flags()
         return {stage: canonical_spec(flags.get(flag)) for stage, flag in AGGREGATE_FLAGS.items()}
 
 
@@ -256,11 +264,27 @@ class JobProcess:
         master: str | None = None,
         stage_a_aggregate: str | None = None,
         stage_b_aggregate: str | None = None,
-        forward: Forward = "pairs",
+        forward: Forward | None = None,
         max_event_bytes: int | None = None,
-        restarts: int = 0,
+        restarts: int | None = None,
         restart_delay_s: float | None = None,
     ) -> None:
+        self.given = {
+            flag: str(value)
+            for flag, value in (
+                ("--shuffle-partitions", shuffle_partitions),
+                ("--max-offsets-per-trigger", max_offsets_per_trigger),
+                ("--master", master),
+                ("--forward", forward),
+                ("--max-event-bytes", max_event_bytes),
+                ("--restarts", restarts),
+                ("--restart-delay-s", restart_delay_s),
+            )
+            if value is not None
+        }
+        """The job's options given here (None is not given), as its command line has them."""
+        restarts = 0 if restarts is None else restarts
+        forward = "pairs" if forward is None else forward
         if restarts < 0:
             raise JobError(f"restarts must be 0 or more, not {restarts}")
         if shuffle_partitions is not None and shuffle_partitions < 1:
@@ -310,6 +334,7 @@ class JobProcess:
             "control_topic": s.control_topic,
             "migration_topic": s.migration_topic,
             "metrics_topic": s.metrics_topic,
+            "dead_letter_topic": s.dead_letter_topic,
         }
         if self.max_offsets_per_trigger is not None:
             values["max_offsets_per_trigger"] = self.max_offsets_per_trigger
@@ -449,6 +474,7 @@ class JobProcess:
                         f"{describe_aggregates(self.aggregates)}; a checkpoint keeps its "
                         "aggregates for life"
                     )
+                self._check_same_options(running)
                 return StartResult(record=running, already_running=True)
             from keyplane.spark.counts_job import job_command
 
@@ -497,6 +523,24 @@ class JobProcess:
             stale=stale,
             events_waiting=waiting,
         )
+
+    def _check_same_options(self, running: JobRecord) -> None:
+        """Refuse options given for a start that the running job does not run with: they
+        would apply only at its next start, and "already running" would hide that."""
+        defaults = {"--forward": "pairs", "--restarts": "0"}
+        flags = running.flags()
+        differ = [
+            (flag, value, flags.get(flag, defaults.get(flag, "unset")))
+            for flag, value in self.given.items()
+            if _same_value(value) != _same_value(flags.get(flag, defaults.get(flag, "unset")))
+        ]
+        if differ:
+            wanted = " ".join(f"{CLI_FLAGS.get(flag, flag)} {value}" for flag, value, _ in differ)
+            has = ", ".join(f"{CLI_FLAGS.get(flag, flag)} {value}" for flag, _, value in differ)
+            raise JobError(
+                f"the job already runs (pid {running.pid}) with {has}; options apply when it "
+                f"starts: stop it (`keyplane job stop`), then `keyplane job start {wanted}`"
+            )
 
     def _check_checkpoint_aggregates(self) -> None:
         """Refuse aggregates other than those whose states the checkpoint holds.
@@ -720,6 +764,14 @@ class JobProcess:
             return ()
         lines = [line for line in text.splitlines() if line.strip()]
         return tuple(lines[-LOG_TAIL_LINES:])
+
+
+def _same_value(text: str) -> str:
+    """A flag's value compared as a number when it is one: ``10`` and ``10.0`` s agree."""
+    try:
+        return repr(float(text))
+    except ValueError:
+        return text
 
 
 def describe_aggregates(aggregates: dict[str, str | None]) -> str:

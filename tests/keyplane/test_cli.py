@@ -1112,9 +1112,22 @@ def test_generate_asks_for_its_topic_once(
         asked.append((topic, partitions))
         return 2
 
+    class Delivered:
+        """A send the broker acknowledged, as kafka-python's future reports it."""
+
+        is_done = True
+        exception = None
+
+        def failed(self) -> bool:
+            return False
+
+        def get(self, timeout: float) -> None:
+            return None
+
     class FakeProducer:
-        def send(self, topic: str, *, value: bytes, partition: int) -> None:
+        def send(self, topic: str, *, value: bytes, partition: int) -> Delivered:
             sent.append(partition)
+            return Delivered()
 
         def flush(self) -> None:
             pass
@@ -1449,3 +1462,34 @@ def test_job_start_on_a_checkpoint_ahead_of_its_topic_names_topic_partition_and_
         "aside, then `keyplane job start`)\n"
     )
     assert again_s < 30, again_s
+
+
+def test_config_show_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
+    """`keyplane config show 1 | head -3`: the reader closes the pipe after three lines, and
+    the rest of a long configuration cannot be written. That is no error to report."""
+    table = {f"key-{i:05d}": i % 4 for i in range(20_000)}
+    config = RoutingConfig.all_hash(4, OPERATORS)
+    config = config.model_copy(
+        update={
+            "operators": {
+                **config.operators,
+                "A": config.operators["A"].model_copy(update={"table": table}),
+            }
+        }
+    )
+    config_store.save(config, tmp_path / "configs")
+    env = {**os.environ, "KEYPLANE_HOME": str(tmp_path)}
+    shown = subprocess.Popen(
+        [sys.executable, "-m", "keyplane.cli", "config", "show", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert shown.stdout is not None and shown.stderr is not None
+    first = [shown.stdout.readline() for _ in range(3)]
+    shown.stdout.close()
+    errors = shown.stderr.read().decode()
+    code = shown.wait(timeout=60)
+
+    assert all(first)
+    assert (code, errors) == (0, "")

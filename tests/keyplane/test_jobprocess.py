@@ -769,3 +769,39 @@ def test_an_unreadable_controller_file_is_a_status_problem_not_a_failure(
     assert status.rollout_problem is not None
     assert problem in status.rollout_problem
     assert "move it aside" in status.rollout_problem
+
+
+def test_start_of_a_running_job_refuses_options_it_does_not_run_with_fake(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in process (``sh``) whose command line carries the job's flags: starting
+    with the same options finds it running; with others, the start is refused in one line
+    that names what differs, instead of "already running" and the options dropped."""
+    command = (
+        "sh",
+        "-c",
+        "sleep 300; :",
+        "job",
+        "--master=local[2]",
+        "--shuffle-partitions=2",
+        "--restart-delay-s=10.0",
+    )
+    proc = start_detached(list(command), tmp_path / "stand-in.log")
+    try:
+        monkeypatch.setenv("KEYPLANE_HOME", str(tmp_path))
+        job = JobProcess(Settings(home=tmp_path))
+        _write_pid_file(job, _record(proc.pid, command))
+        same = cli_main(["job", "start", "--shuffle-partitions", "2", "--restart-delay", "10"])
+        same_out = capsys.readouterr().out
+        other = cli_main(["job", "start", "--restarts", "2", "--forward", "pairs"])
+        other_err = capsys.readouterr().err
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert same == 0 and same_out.startswith(f"job already running (pid {proc.pid}, up ")
+    assert other == 2
+    assert other_err == (
+        f"keyplane: the job already runs (pid {proc.pid}) with --restarts 0; options apply "
+        "when it starts: stop it (`keyplane job stop`), then `keyplane job start --restarts 2`\n"
+    )

@@ -106,6 +106,7 @@ from keyplane.events import (
     MAX_EVENT_BYTES,
     RESERVED_KEY_STARTS,
     Forward,
+    dead_letter_value,
     decode_events,
     parse_event,
 )
@@ -447,7 +448,7 @@ def _routed_part(
                         "source": source,
                         "offset": offset,
                         "reason": problem,
-                        "value": (value or b"")[:1024].decode("utf-8", "replace"),
+                        **dead_letter_value(value),
                     }
                 )
                 out.add(kind="invalid", ra=control_group("I", source, p.parallelism), detail=detail)
