@@ -516,9 +516,15 @@ class Controller:
                     rollout.version, f"the job refused v{rollout.version}: {refusal.detail}"
                 )
             now = time.monotonic()
-            if now - checked_metrics >= METRICS_CHECK_S or waited >= timeout_s:
+            due = now - checked_metrics >= METRICS_CHECK_S or waited >= timeout_s
+            if rollout.ack is None and due:
                 checked_metrics = now
                 rejected = self._signatures_rejected(rollout.prepare)
+                # An ACK sent at the boundary that rejected a stranger's record may have
+                # arrived since the poll above: only a job without it rejected ours.
+                self.poll()
+                if rejected and satisfied(self._rollout(self._load())):
+                    return time.monotonic() - started
                 if rejected:
                     raise self._abort_refused(
                         rollout.version,
@@ -533,8 +539,9 @@ class Controller:
             time.sleep(min(self._poll_interval_s, max(0.0, timeout_s - waited)))
 
     def _signatures_rejected(self, since: ControlMessage) -> int:
-        """Control records the job rejected as unsigned or wrongly signed, in the metrics
-        records written after ``since`` was sent; 0 without a metrics topic or records."""
+        """Control records the job rejected as unsigned or wrongly signed at the boundaries
+        of batches that started after ``since`` was sent, so had read it too; 0 without a
+        metrics topic or such records."""
         if self._metrics_topic is None:
             return 0
         from keyplane.kafka.admin import TopicError, partitions_of, tail_offsets
@@ -552,7 +559,12 @@ class Controller:
         return sum(
             record.metrics.rejected_control.get(reason, 0)
             for record in records
-            if record.published_s >= after
+            if (
+                record.metrics.started_at.timestamp()
+                if record.metrics.started_at is not None
+                else record.published_s
+            )
+            >= after
             for reason in SIGNATURE_REJECTIONS
         )
 
