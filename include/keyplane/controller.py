@@ -505,15 +505,15 @@ class Controller:
         started = time.monotonic()
         checked_metrics = started
         while True:
-            reactions = self.poll()
+            self.poll()
             rollout = self._rollout(self._load())
             waited = time.monotonic() - started
             if satisfied(rollout):
                 return waited
-            refusal = next((r for r in reactions if r.outcome == "refused"), None)
-            if refusal is not None:
+            if rollout.refused is not None and rollout.ack is None:
                 raise self._abort_refused(
-                    rollout.version, f"the job refused v{rollout.version}: {refusal.detail}"
+                    rollout.version,
+                    f"the job refused v{rollout.version}: {rollout.refused.reason}",
                 )
             now = time.monotonic()
             due = now - checked_metrics >= METRICS_CHECK_S or waited >= timeout_s

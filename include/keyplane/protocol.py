@@ -1106,6 +1106,9 @@ class Reconfiguration(BaseModel):
     propagated: dict[str, ControlMessage] = Field(default_factory=dict)
     migrated: dict[str, ControlMessage] = Field(default_factory=dict)
     finish: ControlMessage | None = None
+    refused: ControlMessage | None = None
+    """The job's REFUSED of the PREPARE: kept, so that every later wait (a retried
+    Airflow task, the same command again) reports it rather than waiting for an ACK."""
 
 
 class ControllerState(BaseModel):
@@ -1348,9 +1351,9 @@ class ControllerProtocol:
     def on_message(self, message: ControlMessage) -> Reaction:
         """Record a reply from the job (ACK or MIGRATED); anything else is ignored.
 
-        A REFUSED of the rollout's PREPARE changes nothing here: its reaction
-        (outcome ``refused``, the job's reason as ``detail``) is for the caller
-        to report and abort on."""
+        A REFUSED of the rollout's PREPARE is recorded in the rollout
+        (``refused``) and its reaction has outcome ``refused`` and the job's
+        reason as ``detail``: the caller reports it and aborts."""
         reaction = self._handle(message)
         if reaction.reason is not None:
             self._ignored[reaction.reason] += 1
@@ -1372,6 +1375,9 @@ class ControllerProtocol:
         if message.type == "REFUSED":
             if current.ack is not None:
                 return _duplicate(f"v{current.version} was acknowledged before this refusal")
+            if current.refused is None:
+                updated = current.model_copy(update={"refused": message})
+                self._state = state.model_copy(update={"current": updated})
             # The rollout stays in flight: the caller aborts it and says why.
             return Reaction(outcome="refused", detail=message.reason or "")
         if message.type == "ACK":

@@ -330,4 +330,6 @@ def test_a_version_the_job_cannot_take_is_refused_at_once_with_the_jobs_reason(
     assert state is not None and state.current is None and state.active_version == 1
     assert state.last is not None and state.last.finish is not None
     assert state.last.finish.type == "ABORT"
+    assert state.last.refused is not None and state.last.refused.reason is not None
+    assert message.startswith(f"the job refused v2: {state.last.refused.reason}; ")
     assert job.state.active_version == 1 and job.state.pending is None
