@@ -42,6 +42,7 @@ from keyplane.jobprocess import (
     JobProcess,
     JobStatus,
     describe_aggregates,
+    read_metrics_topic,
 )
 from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
@@ -355,17 +356,29 @@ def _check_against_the_job(config: RoutingConfig, settings: Settings, path: Path
     The job checks every version itself, but only once PREPARE reaches it,
     after the version number is used for good; what it checks against is
     known here: whether it runs, its state partitions (fixed for the life of
-    its checkpoint), its operators, and whether a signing key is set.
+    its checkpoint), its operators, and whether a signing key is set. A home
+    with no job of its own and a metrics topic that a job writes to belongs
+    to a job run elsewhere (a cluster's driver), which is left to check the
+    version when PREPARE reaches it.
     """
     control_key()
     job = JobProcess(settings)
     record = job.running()
     if record is None:
-        raise CliError(
-            f"no job runs in {settings.home} to take v{config.version}: start it with "
-            "`keyplane job start` first (nothing was stored; for a job started elsewhere, "
-            "pass --no-job-check)"
+        fix = (
+            "start it with `keyplane job start` first (nothing was stored; for a job "
+            "started elsewhere, pass --no-job-check)"
         )
+        if job.directory.exists():
+            raise CliError(f"no job runs in {settings.home} to take v{config.version}: {fix}")
+        bootstrap = settings.resolved_bootstrap_servers()
+        if read_metrics_topic(bootstrap, settings.metrics_topic, window=5) is None:
+            raise CliError(
+                f"no job runs in {settings.home}, and none has written to the metrics topic "
+                f"{settings.metrics_topic!r} to take v{config.version}: {fix}"
+            )
+        # A job run elsewhere (a cluster's driver): it checks the version itself.
+        return
     if set(config.operators) != set(OPERATORS):
         raise CliError(
             f"{path} routes operators {', '.join(sorted(config.operators))}, but the job runs "

@@ -847,9 +847,13 @@ def test_config_publish_in_waves_refuses_a_rescale_in_one_line(
 def test_config_publish_without_a_job_is_refused_in_one_line_and_stores_and_sends_nothing(
     tmp_path: Path, broker: str, topic_name: str, control_key: str, routing_store: Path
 ) -> None:
-    """No job runs in the home: the version is refused at once, its number stays free and
-    no PREPARE goes out, instead of waiting out the timeout for an ACK."""
-    env = _control_env(broker, topic_name, control_key)
+    """No job runs in the home, nor ever wrote to the metrics topic: the version is refused
+    at once, its number stays free and no PREPARE goes out, instead of waiting out the
+    timeout for an ACK."""
+    env = {
+        **_control_env(broker, topic_name, control_key),
+        "KEYPLANE_METRICS_TOPIC": f"{topic_name}.metrics",
+    }
     v4 = config_store.load(routing_store, 3).model_copy(update={"version": 4, "parent_version": 3})
     file = tmp_path / "v4.json"
     file.write_text(v4.model_dump_json())
@@ -860,8 +864,9 @@ def test_config_publish_without_a_job_is_refused_in_one_line_and_stores_and_send
 
     assert refused.returncode == 2
     assert refused.stderr == (
-        f"keyplane: no job runs in {tmp_path} to take v4: start it with `keyplane job start` "
-        "first (nothing was stored; for a job started elsewhere, pass --no-job-check)\n"
+        f"keyplane: no job runs in {tmp_path}, and none has written to the metrics topic "
+        f"'{topic_name}.metrics' to take v4: start it with `keyplane job start` first (nothing "
+        "was stored; for a job started elsewhere, pass --no-job-check)\n"
     )
     assert config_store.stored_versions(routing_store) == [1, 2, 3]
     assert not (tmp_path / "controller.json").exists()
@@ -1366,7 +1371,8 @@ def test_config_publish_refuses_what_the_real_job_cannot_take_and_says_why_at_on
     * published past that check, the job itself answers REFUSED with its store's reason,
       and the command fails at once rather than after its 120 s timeout;
     * a controller with another signing key is told that the job rejected its signature,
-      which the job can only say through its metrics.
+      which the job can only say through its metrics;
+    * once the job is stopped, a version is refused before it is stored.
     """
     home = tmp_path / "home"
     env = _job_env(home, broker, topic_name, control_key)
@@ -1402,6 +1408,7 @@ def test_config_publish_refuses_what_the_real_job_cannot_take_and_says_why_at_on
     finally:
         stopped = _keyplane(home, "job", "stop", env=env)
     assert stopped.returncode == 0, stopped.stderr
+    after_stop = _keyplane(home, *publish, str(tmp_path / "v3.json"), env=env)
 
     assert checked.returncode == 2
     assert len(checked.stderr.splitlines()) == 1
@@ -1423,6 +1430,12 @@ def test_config_publish_refuses_what_the_real_job_cannot_take_and_says_why_at_on
     assert wrong_key.stderr.startswith("keyplane: the job rejected our signature (")
     assert "KEYPLANE_CONTROL_KEY here is not the job's" in wrong_key.stderr
     assert wrong_key_s < 60, wrong_key_s
+
+    assert after_stop.returncode == 2
+    assert after_stop.stderr == (
+        f"keyplane: no job runs in {home} to take v3: start it with `keyplane job start` first "
+        "(nothing was stored; for a job started elsewhere, pass --no-job-check)\n"
+    )
 
 
 @pytest.mark.integration
