@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -40,16 +42,18 @@ from keyplane.jobprocess import (
     JobProcess,
     JobStatus,
     describe_aggregates,
+    read_metrics_topic,
 )
 from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
 from keyplane.kafka.control import ControlChannel
-from keyplane.kafka.producer import produce_workload
+from keyplane.kafka.producer import WorkloadNotDelivered, produce_workload
+from keyplane.operators import OPERATORS
 from keyplane.progressbars import progress_bar
 from keyplane.protocol import ProtocolError
 from keyplane.routedkeys import spark_partition
 from keyplane.settings import Settings
-from keyplane.signing import MissingKeyError
+from keyplane.signing import MissingKeyError, control_key
 from keyplane.statefiles import os_reason
 from keyplane.validation_errors import first_problem
 from keyplane.waves import split_into_waves
@@ -132,6 +136,12 @@ def _broker(settings: Settings, args: argparse.Namespace) -> EmbeddedBroker:
     )
 
 
+MEMORY_WARNING = (
+    "warning: the broker's storage is memory: every topic and record is lost {when}, and a "
+    "job's checkpoint is then ahead of its topics; use --storage s3 to keep them"
+)
+
+
 def _storage_line(state: BrokerState) -> str:
     if state.s3_endpoint is None:
         return f"storage {state.storage}"
@@ -144,16 +154,27 @@ def cmd_broker(settings: Settings, args: argparse.Namespace) -> int:
     for removed in stale:
         print(removed.describe())
     if args.action == "start":
-        state = broker.start()
+        state = broker.start(allow_memory=args.allow_memory)
         print(
             f"broker running on {state.bootstrap_servers} (pid {state.pid}, "
             f"{_storage_line(state)}, log {state.log})"
         )
+        if broker.storage == "memory":
+            print(MEMORY_WARNING.format(when="when this broker stops"), file=sys.stderr)
     elif args.action == "stop":
         print("broker stopped" if broker.stop() else "no broker was running")
+        if running is not None and running.storage.startswith("memory"):
+            print(MEMORY_WARNING.format(when="now"), file=sys.stderr)
     else:
         if running is None:
-            print("broker: not running")
+            address = f"127.0.0.1:{broker.port}"
+            if answers_kafka(address, timeout_s=2.0):
+                print(
+                    f"broker: none started from KEYPLANE_HOME={settings.home}, but Kafka "
+                    f"answers at {address} (a broker of another home, or not keyplane's)"
+                )
+                return 0
+            print(f"broker: not running (none started from KEYPLANE_HOME={settings.home})")
             return 1
         print(
             f"broker: running on {running.bootstrap_servers} "
@@ -196,15 +217,20 @@ def cmd_generate(settings: Settings, args: argparse.Namespace) -> int:
     with progress_bar(
         total=spec.n_events, desc=f"generate {args.workload}", unit="ev", unit_scale=True
     ) as bar:
-        sent = produce_workload(
-            spec,
-            bootstrap,
-            topic,
-            partitions=args.partitions,
-            topic_partitions=n_parts,
-            rate=args.rate,
-            on_progress=bar.update,
-        )
+        try:
+            sent = produce_workload(
+                spec,
+                bootstrap,
+                topic,
+                partitions=args.partitions,
+                topic_partitions=n_parts,
+                rate=args.rate,
+                on_progress=bar.update,
+            )
+        except WorkloadNotDelivered as exc:
+            raise CliError(
+                f"{exc}; see what the topic holds with `keyplane topic describe {topic}`"
+            ) from None
     print(f"sent {sent:,} events to {topic}")
     return 0
 
@@ -324,23 +350,89 @@ def _check_parent(config: RoutingConfig, store: Path, path: Path) -> None:
         ) from None
 
 
-def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
-    """Store ``config``; the same contents again are fine, different ones under its version not."""
-    already = config_store.version_path(store, config.version).exists()
+def _check_against_the_job(config: RoutingConfig, settings: Settings, path: Path) -> None:
+    """Refuse, before anything is stored or sent, a version the job in this home cannot take.
+
+    The job checks every version itself, but only once PREPARE reaches it,
+    after the version number is used for good; what it checks against is
+    known here: whether it runs, its state partitions (fixed for the life of
+    its checkpoint), its operators, and whether a signing key is set. A home
+    with no job of its own and a metrics topic that a job writes to belongs
+    to a job run elsewhere (a cluster's driver), which is left to check the
+    version when PREPARE reaches it.
+    """
+    control_key()
+    job = JobProcess(settings)
+    record = job.running()
+    if record is None:
+        fix = (
+            "start it with `keyplane job start` first (nothing was stored; for a job "
+            "started elsewhere, pass --no-job-check)"
+        )
+        if job.directory.exists():
+            raise CliError(f"no job runs in {settings.home} to take v{config.version}: {fix}")
+        bootstrap = settings.resolved_bootstrap_servers()
+        if read_metrics_topic(bootstrap, settings.metrics_topic, window=5) is None:
+            raise CliError(
+                f"no job runs in {settings.home}, and none has written to the metrics topic "
+                f"{settings.metrics_topic!r} to take v{config.version}: {fix}"
+            )
+        # A job run elsewhere (a cluster's driver): it checks the version itself.
+        return
+    if set(config.operators) != set(OPERATORS):
+        raise CliError(
+            f"{path} routes operators {', '.join(sorted(config.operators))}, but the job runs "
+            f"{', '.join(OPERATORS)}; nothing was stored"
+        )
+    partitions = job.running_partitions(record)
+    if partitions is None:
+        return
+    count, source = partitions
+    for name, routing in sorted(config.operators.items()):
+        if routing.parallelism != count:
+            raise CliError(
+                f"{path} routes {name} over {routing.parallelism} instances, but the job "
+                f"(pid {record.pid}) runs {count} state partitions per operator ({source}); "
+                f"plan the version for {count}, or restart the job on a new checkpoint; "
+                "nothing was stored"
+            )
+
+
+def _already_active(config: RoutingConfig, settings: Settings) -> bool:
+    """Whether the controller's last finished rollout made ``config``'s version the active
+    one: publishing it again must change nothing, not send its protocol once more."""
+    saved = read_controller_file(settings.controller_state)
+    if saved is None:
+        return False
+    state = saved.protocol
+    return state.current is None and state.active_version == config.version
+
+
+def _check_storable(config: RoutingConfig, store: Path, path: Path) -> None:
+    """Refuse ``config`` if ``store`` holds other contents under its version."""
     try:
-        saved = config_store.save(config, store)
+        config_store.check_storable(config, store)
     except config_store.VersionConflictError:
         latest = config_store.latest_version(store)
         raise CliError(
             f"version {config.version} is already stored in {store} with different contents; "
             f"give {path} a new version (the latest stored is {latest})"
         ) from None
+
+
+def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
+    """Store ``config``; the same contents again are fine, different ones under its version not."""
+    already = config_store.version_path(store, config.version).exists()
+    _check_storable(config, store, path)
+    saved = config_store.save(config, store)
     state = "already stored" if already else "stored"
     print(f"v{config.version} {state} in {store} (checksum {saved.checksum[:12]})")
 
 
 def _controller(settings: Settings, channel: ControlChannel, store: Path) -> Controller:
-    return Controller(channel, settings.controller_state, store)
+    return Controller(
+        channel, settings.controller_state, store, metrics_topic=settings.metrics_topic
+    )
 
 
 def _control_channel(settings: Settings) -> ControlChannel:
@@ -384,12 +476,21 @@ def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
     and the rollout resumes from the controller's state file, so after an
     interruption (or ``--no-wait``) the same command finishes the job.
     """
+    # Records the controller cannot verify are counted into its errors; not also logged.
+    logging.getLogger("keyplane.controller").setLevel(logging.ERROR)
     config = _read_config_file(args.file)
     store: Path = args.store or settings.config_store
     if args.max_moves_per_wave is not None and config.parent_version is not None:
         return _publish_in_waves(settings, args, config, store)
     if config.parent_version is not None:
         _check_parent(config, store, args.file)
+        _check_storable(config, store, args.file)
+        if not args.no_job_check:
+            _check_against_the_job(config, settings, args.file)
+        if _already_active(config, settings):
+            _save_published(config, store, args.file)
+            print(f"v{config.version} is already active; nothing to do")
+            return 0
     _save_published(config, store, args.file)
     if config.parent_version is None:
         print(f"v{config.version} is an initial configuration: start the job on it")
@@ -445,6 +546,8 @@ def _publish_in_waves(
         )
     except (config_store.ConfigStoreError, ValueError) as exc:
         raise CliError(f"cannot split {args.file} into waves: {exc}") from None
+    if not args.no_job_check:
+        _check_against_the_job(config, settings, args.file)
     for wave in waves:
         _save_published(wave, store, args.file)
     versions = [wave.version for wave in waves]
@@ -627,11 +730,10 @@ def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:
             )
     if status.events_waiting is not None:
         lines.append(_line("unread", f"{status.events_waiting:,} events past the checkpoint"))
-    progress = status.last_progress
-    if progress is not None:
-        lines.append(
-            _line("committed", f"{progress.committed:,} events (batch {progress.batch_id})")
-        )
+    committed = status.committed
+    if committed is not None:
+        ago = _duration(_since(committed.committed_at))
+        lines.append(_line("committed", f"{committed.describe()}, {ago} ago"))
     lines.append(_line("rollout", _rollout_line(status)))
     lines.append(_line("log", str(status.log)))
     return lines
@@ -661,9 +763,9 @@ def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
         master=getattr(args, "master", None),
         stage_a_aggregate=specs[0],
         stage_b_aggregate=specs[1],
-        forward=getattr(args, "forward", "pairs"),
+        forward=getattr(args, "forward", None),
         max_event_bytes=getattr(args, "max_event_bytes", None),
-        restarts=getattr(args, "restarts", 0),
+        restarts=getattr(args, "restarts", None),
         restart_delay_s=getattr(args, "restart_delay", None),
     )
 
@@ -786,6 +888,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="start: 'memory' (lost on stop) or 's3' (durable; default: KEYPLANE_BROKER_STORAGE "
         "or memory)",
     )
+    broker.add_argument(
+        "--allow-memory",
+        action="store_true",
+        help="start: start on memory storage even in a home whose last broker used s3 "
+        "(an empty broker: that broker's topics stay in the object store)",
+    )
     broker.set_defaults(func=cmd_broker)
 
     topic = sub.add_parser("topic", help="create a topic or count its records")
@@ -843,7 +951,8 @@ def build_parser() -> argparse.ArgumentParser:
     job_start = job_actions.add_parser(
         "start",
         help="launch the routed job in the background (pid file and log in "
-        "KEYPLANE_HOME/job) and wait until it is up; nothing to do if it runs",
+        "KEYPLANE_HOME/job) and wait until it is up; a running job is left alone, and "
+        "options it does not run with are refused",
     )
     job_start.add_argument(
         "--shuffle-partitions",
@@ -871,7 +980,6 @@ def build_parser() -> argparse.ArgumentParser:
     job_start.add_argument(
         "--forward",
         choices=FORWARD_MODES,
-        default="pairs",
         help="what stage A sends stage B: one row per (field-1, field-2) pair and micro-batch "
         "with its weight (pairs), or every tuple with its padding, so the shuffle between the "
         "stages carries the tuples (tuples) (default: pairs)",
@@ -886,7 +994,6 @@ def build_parser() -> argparse.ArgumentParser:
     job_start.add_argument(
         "--restarts",
         type=int,
-        default=0,
         help="start the query again from its checkpoint, in the same process, up to this many "
         "times after it fails (a broker down past the producers' delivery timeout, a failed "
         "task); the failed batch is replayed exactly (default: 0, the job ends)",
@@ -975,6 +1082,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="roll the change out in waves that each move at most N keys, numbered from "
         "FILE's version on: a smaller dip in throughput over more micro-batches",
+    )
+    publish.add_argument(
+        "--no-job-check",
+        action="store_true",
+        help="skip the checks against the job of KEYPLANE_HOME (that it runs, its state "
+        "partitions and operators), for a job started elsewhere; the job still refuses a "
+        "version it cannot take",
     )
     publish.add_argument(
         "--no-wait",
@@ -1070,6 +1184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keyplane: {exc}", file=sys.stderr)
     except config_store.ConfigStoreError as exc:
         print(_config_error_line(exc), file=sys.stderr)
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): what it read is what it wanted. Point
+        # stdout at /dev/null so that the interpreter's own flush at exit fails silently.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         # A path that is a file where a directory belongs, a full disk, no permission.
         where = f": {exc.filename}" if exc.filename else ""

@@ -420,6 +420,15 @@ def save(config: RoutingConfig, directory: Path | str) -> SavedConfig:
     return SavedConfig(config.version, final, digest)
 
 
+def check_storable(config: RoutingConfig, directory: Path | str) -> None:
+    """Raise :class:`VersionConflictError` if ``directory`` holds other contents under
+    ``config``'s version: :func:`save` would refuse it, and a caller may want to know before
+    it does anything else."""
+    root = Path(directory)
+    if version_path(root, config.version).exists():
+        _existing(config, root)
+
+
 def _existing(config: RoutingConfig, root: Path) -> SavedConfig:
     stored = load(root, config.version)
     if stored.model_copy(update={"created_at": config.created_at}) != config:

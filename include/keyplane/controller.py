@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from kafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane import config as config_store
@@ -99,6 +100,23 @@ class RolloutTimeout(TimeoutError):
         self.operator = operator
         self.waited_s = waited_s
         self.aborted = aborted
+
+
+class RolloutRefused(ControllerError):
+    """The job will not take the version: it answered REFUSED, or it rejected the
+    signature of our messages. The rollout was aborted; the message says why."""
+
+    def __init__(self, message: str, *, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+SIGNATURE_REJECTIONS = ("bad_signature", "missing_signature")
+"""The job's ``rejected_control`` reasons that a controller with another key causes."""
+METRICS_CHECK_S = 2.0
+"""How often a wait looks at the job's metrics for rejected signatures."""
+METRICS_WINDOW = 50
+"""Metrics records looked at, back from the end, for rejected signatures."""
 
 
 class ControllerFile(BaseModel):
@@ -182,6 +200,13 @@ class Controller:
     ``operators`` (upstream first) and ``initial_version`` matter only while
     no state file exists: see the module docstring. Waits poll the channel
     every ``poll_interval_s``. The caller owns ``channel`` and closes it.
+
+    A job that will not take a version answers its PREPARE with REFUSED; a
+    wait then aborts the rollout and raises :class:`RolloutRefused` with the
+    job's reason at once. A job that cannot verify our signature (another
+    ``KEYPLANE_CONTROL_KEY``) cannot answer at all, but counts the records it
+    rejected in its metrics: with ``metrics_topic`` given, a wait reads them
+    and fails the same way, rather than waiting out its timeout.
     """
 
     def __init__(
@@ -193,8 +218,10 @@ class Controller:
         *,
         initial_version: int | None = None,
         poll_interval_s: float = POLL_INTERVAL_S,
+        metrics_topic: str | None = None,
     ) -> None:
         self._channel = channel
+        self._metrics_topic = metrics_topic
         self.state_file = Path(state_file)
         self._store = Path(store)
         self._operators = None if operators is None else tuple(operators)
@@ -476,17 +503,80 @@ class Controller:
         on_tick: TickCallback | None,
     ) -> float:
         started = time.monotonic()
+        checked_metrics = started
         while True:
             self.poll()
             rollout = self._rollout(self._load())
             waited = time.monotonic() - started
             if satisfied(rollout):
                 return waited
+            if rollout.refused is not None and rollout.ack is None:
+                raise self._abort_refused(
+                    rollout.version,
+                    f"the job refused v{rollout.version}: {rollout.refused.reason}",
+                )
+            now = time.monotonic()
+            due = now - checked_metrics >= METRICS_CHECK_S or waited >= timeout_s
+            if rollout.ack is None and due:
+                checked_metrics = now
+                rejected = self._signatures_rejected(rollout.prepare)
+                # An ACK sent at the boundary that rejected a stranger's record may have
+                # arrived since the poll above: only a job without it rejected ours.
+                self.poll()
+                if rejected and satisfied(self._rollout(self._load())):
+                    return time.monotonic() - started
+                if rejected:
+                    raise self._abort_refused(
+                        rollout.version,
+                        f"the job rejected our signature ({rejected} control record(s) since "
+                        f"{rollout.prepare.describe()}): KEYPLANE_CONTROL_KEY here is not the "
+                        "job's; set the job's key and publish again",
+                    )
             if on_tick is not None:
                 on_tick(waited)
             if waited >= timeout_s:
                 raise missing(rollout, waited)
             time.sleep(min(self._poll_interval_s, max(0.0, timeout_s - waited)))
+
+    def _signatures_rejected(self, since: ControlMessage) -> int:
+        """Control records the job rejected as unsigned or wrongly signed at the boundaries
+        of batches that started after ``since`` was sent, so had read it too; 0 without a
+        metrics topic or such records."""
+        if self._metrics_topic is None:
+            return 0
+        from keyplane.kafka.admin import TopicError, partitions_of, tail_offsets
+        from keyplane.kafka.metrics_topic import read_metrics
+
+        servers = self._channel.bootstrap_servers
+        try:
+            partitions_of(servers, self._metrics_topic, timeout_s=1.0)
+            starts, ends = tail_offsets(servers, self._metrics_topic, METRICS_WINDOW)
+            records = read_metrics(servers, self._metrics_topic, starts, ends, idle_timeout_s=5.0)
+        except (TopicError, TimeoutError, KafkaError) as error:
+            log.warning("cannot read the metrics topic %s: %s", self._metrics_topic, error)
+            return 0
+        after = since.sent_at.timestamp()
+        return sum(
+            record.metrics.rejected_control.get(reason, 0)
+            for record in records
+            if (
+                record.metrics.started_at.timestamp()
+                if record.metrics.started_at is not None
+                else record.published_s
+            )
+            >= after
+            for reason in SIGNATURE_REJECTIONS
+        )
+
+    def _abort_refused(self, version: int, why: str) -> RolloutRefused:
+        """Abort the rollout the job will not take, and say why and what is left."""
+        try:
+            self.abort()
+        except Exception as exc:
+            outcome = f"ABORT v{version} could not be sent ({exc}); run `keyplane config abort`"
+        else:
+            outcome = f"rollout of v{version} aborted"
+        return RolloutRefused(f"{why}; {outcome}", version=version)
 
     def _missing(
         self,
@@ -498,9 +588,16 @@ class Controller:
     ) -> RolloutTimeout:
         since = max(waited, (utc_now() - request.sent_at).total_seconds())
         who = "the job" if operator is None else f"operator {operator}"
+        unverified = (
+            f"; {self.rejected} record(s) of the control topic did not verify with "
+            "KEYPLANE_CONTROL_KEY here"
+            if self.rejected
+            else ""
+        )
         return RolloutTimeout(
             f"no {reply} from {who} for v{rollout.version} {since:.1f} s after "
-            f"{request.describe()} (control topic {self._channel.topic!r}); {JOB_HINT}",
+            f"{request.describe()} (control topic {self._channel.topic!r}){unverified}; "
+            f"{JOB_HINT}",
             version=rollout.version,
             reply=reply,
             operator=operator,

@@ -15,6 +15,7 @@ reads whole windows in Python tasks, with Arrow's JSON reader
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import json
@@ -187,6 +188,28 @@ def parse_event(
 
 
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+DEAD_LETTER_VALUE_BYTES = 1024
+"""How much of a refused record's value its dead letter keeps."""
+
+
+def dead_letter_value(value: bytes | None) -> dict[str, str]:
+    """A refused record's value as its dead letter keeps it, at most
+    :data:`DEAD_LETTER_VALUE_BYTES` of it: ``{"value": text}`` when the record is UTF-8,
+    else ``{"value_base64": ...}`` of its bytes.
+
+    Why base64: decoding with replacement characters would lose the very bytes
+    that made the record invalid, and a dead letter is where one looks for them.
+    """
+    raw = value or b""
+    kept = raw[:DEAD_LETTER_VALUE_BYTES]
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"value_base64": base64.b64encode(kept).decode("ascii")}
+    # Valid UTF-8 cut at the limit may end inside a character: that piece is dropped.
+    return {"value": kept.decode("utf-8", "ignore")}
 
 
 def nested_deeper_than(value: bytes, depth: int) -> bool:

@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -65,6 +65,7 @@ from keyplane.events import Forward
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of, tail_offsets
 from keyplane.kafka.broker import answers_kafka
 from keyplane.kafka.metrics_topic import read_metrics
+from keyplane.kafka.offsets import CheckpointAheadError, check_not_ahead
 from keyplane.processes import (
     live_or_removed,
     session_commands,
@@ -90,6 +91,8 @@ PROGRESS_GRACE_S = 2.0
 QUERY_GRACE_S = 3.0
 """How long a started query with no events must keep running to count as up: the
 routed source fails on a bad store or key at its first planning, a trigger later."""
+CLI_FLAGS = {"--restart-delay-s": "--restart-delay"}
+"""The job's flags that ``keyplane job start`` spells otherwise."""
 AGGREGATE_FLAGS = {"A": "--stage-a-aggregate", "B": "--stage-b-aggregate"}
 """The job's command-line flag of each stage's keyed aggregate (``keyplane.spark.counts_job``)."""
 
@@ -122,6 +125,16 @@ class JobRecord(BaseModel):
     output: Path
     log_offset: int = Field(default=0, ge=0)
 
+    def flags(self) -> dict[str, str]:
+        """The job's ``--flag=value`` options as its command line has them (either spelling,
+        as :meth:`aggregates` reads them)."""
+        flags = dict(zip(self.command, self.command[1:], strict=False))
+        for arg in self.command:
+            flag, equals, value = arg.partition("=")
+            if flag.startswith("--") and equals:
+                flags[flag] = value
+        return {flag: value for flag, value in flags.items() if flag.startswith("--")}
+
     def aggregates(self) -> dict[str, str | None]:
         """Each stage's ``module:attr`` as the job's command line names it; None: the default.
 
@@ -130,11 +143,7 @@ class JobRecord(BaseModel):
         job's flags are ``--flag=value``; a job launched by an earlier keyplane,
         still running, has them as ``--flag value``, so both spellings are read.
         """
-        flags = dict(zip(self.command, self.command[1:], strict=False))
-        for arg in self.command:
-            flag, equals, value = arg.partition("=")
-            if flag.startswith("--") and equals:
-                flags[flag] = value
+        flags = self.flags()
         return {stage: canonical_spec(flags.get(flag)) for stage, flag in AGGREGATE_FLAGS.items()}
 
 
@@ -203,7 +212,8 @@ class JobStatus:
     had died, removed while reading. ``events_waiting`` counts the events of
     the events topic past the checkpoint's last committed batch: the lag now,
     which unlike the last batch's ``input_lag`` keeps growing while the job
-    is down (None: unknown). ``metrics`` and ``rollout`` are None when there
+    is down (None: unknown). ``committed`` is the checkpoint's last committed
+    batch (:func:`last_committed_batch`). ``metrics`` and ``rollout`` are None when there
     is nothing yet, or when their source could not be read: then
     ``metrics_problem`` or ``rollout_problem`` says why, in one line.
     """
@@ -217,6 +227,7 @@ class JobStatus:
     events_waiting: int | None = None
     metrics_problem: str | None = None
     rollout_problem: str | None = None
+    committed: CommittedBatch | None = None
 
 
 @dataclass(frozen=True)
@@ -253,11 +264,27 @@ class JobProcess:
         master: str | None = None,
         stage_a_aggregate: str | None = None,
         stage_b_aggregate: str | None = None,
-        forward: Forward = "pairs",
+        forward: Forward | None = None,
         max_event_bytes: int | None = None,
-        restarts: int = 0,
+        restarts: int | None = None,
         restart_delay_s: float | None = None,
     ) -> None:
+        self.given = {
+            flag: str(value)
+            for flag, value in (
+                ("--shuffle-partitions", shuffle_partitions),
+                ("--max-offsets-per-trigger", max_offsets_per_trigger),
+                ("--master", master),
+                ("--forward", forward),
+                ("--max-event-bytes", max_event_bytes),
+                ("--restarts", restarts),
+                ("--restart-delay-s", restart_delay_s),
+            )
+            if value is not None
+        }
+        """The job's options given here (None is not given), as its command line has them."""
+        restarts = 0 if restarts is None else restarts
+        forward = "pairs" if forward is None else forward
         if restarts < 0:
             raise JobError(f"restarts must be 0 or more, not {restarts}")
         if shuffle_partitions is not None and shuffle_partitions < 1:
@@ -307,6 +334,7 @@ class JobProcess:
             "control_topic": s.control_topic,
             "migration_topic": s.migration_topic,
             "metrics_topic": s.metrics_topic,
+            "dead_letter_topic": s.dead_letter_topic,
         }
         if self.max_offsets_per_trigger is not None:
             values["max_offsets_per_trigger"] = self.max_offsets_per_trigger
@@ -380,6 +408,23 @@ class JobProcess:
             fix="publish a configuration for that many first",
         )
 
+    def running(self) -> JobRecord | None:
+        """The record of the job running in this home, None when none runs."""
+        return self._live_record()[0]
+
+    def running_partitions(self, record: JobRecord) -> tuple[int, str] | None:
+        """The state partitions per operator the running job ``record`` runs, and where that
+        is recorded: its checkpoint's offset log, else its command line. None if neither says.
+        """
+        counted = _checkpoint_partitions(self.checkpoint)
+        if counted is not None:
+            return counted, f"its checkpoint {self.checkpoint}"
+        for arg in record.command:
+            flag, _, value = arg.partition("=")
+            if flag == "--shuffle-partitions" and value.isdigit():
+                return int(value), "its command line"
+        return None
+
     # --- the pid file ----------------------------------------------------------------------
 
     def _read_record(self) -> JobRecord | None:
@@ -429,6 +474,7 @@ class JobProcess:
                         f"{describe_aggregates(self.aggregates)}; a checkpoint keeps its "
                         "aggregates for life"
                     )
+                self._check_same_options(running)
                 return StartResult(record=running, already_running=True)
             from keyplane.spark.counts_job import job_command
 
@@ -478,6 +524,24 @@ class JobProcess:
             events_waiting=waiting,
         )
 
+    def _check_same_options(self, running: JobRecord) -> None:
+        """Refuse options given for a start that the running job does not run with: they
+        would apply only at its next start, and "already running" would hide that."""
+        defaults = {"--forward": "pairs", "--restarts": "0"}
+        flags = running.flags()
+        differ = [
+            (flag, value, flags.get(flag, defaults.get(flag, "unset")))
+            for flag, value in self.given.items()
+            if _same_value(value) != _same_value(flags.get(flag, defaults.get(flag, "unset")))
+        ]
+        if differ:
+            wanted = " ".join(f"{CLI_FLAGS.get(flag, flag)} {value}" for flag, value, _ in differ)
+            has = ", ".join(f"{CLI_FLAGS.get(flag, flag)} {value}" for flag, _, value in differ)
+            raise JobError(
+                f"the job already runs (pid {running.pid}) with {has}; options apply when it "
+                f"starts: stop it (`keyplane job stop`), then `keyplane job start {wanted}`"
+            )
+
     def _check_checkpoint_aggregates(self) -> None:
         """Refuse aggregates other than those whose states the checkpoint holds.
 
@@ -521,6 +585,7 @@ class JobProcess:
                 f"Kafka at {bootstrap} does not answer; start the embedded "
                 "broker with `keyplane broker start` or set KEYPLANE_BOOTSTRAP_SERVERS"
             )
+        self._check_checkpoint_not_ahead(bootstrap)
         try:
             partitions = partitions_of(bootstrap, settings.events_topic, timeout_s=2.0)
         except TopicError:
@@ -529,6 +594,42 @@ class JobProcess:
                 "with `keyplane generate` or create it with `keyplane topic create`"
             ) from None
         return self._unread(bootstrap, settings.events_topic, partitions)
+
+    def _check_checkpoint_not_ahead(self, bootstrap: str) -> None:
+        """Refuse to start a checkpoint that has read further than its topics now reach.
+
+        A broker that lost its records (memory storage, restarted) leaves the
+        checkpoint ahead of every topic it reads; the job would fail on it
+        only after Spark is up, in terms of Spark's plan. So the offsets of the
+        checkpoint's newest batch, which a restart replays, are compared with
+        the topics' ends first, and the first partition ahead is named.
+        """
+        offsets = _newest_source_offset(self.checkpoint)
+        if offsets is None:
+            return
+        s = self.settings
+        read: list[tuple[str, dict[str, int]]] = [
+            (topic, dict(parts)) for topic, parts in offsets.get("events", {}).items()
+        ]
+        if "control" in offsets:
+            read.append((s.control_topic, {"0": int(offsets["control"])}))
+        if isinstance(offsets.get("migration"), dict):
+            read.append((s.migration_topic, dict(offsets["migration"])))
+        for topic, through in read:
+            if not any(int(offset) > 0 for offset in through.values()):
+                continue
+            try:
+                ends: dict[int, int] = high_watermarks(bootstrap, topic)
+            except TopicError:
+                ends = {}
+            try:
+                check_not_ahead(topic, through, ends)
+            except CheckpointAheadError as error:
+                raise JobError(
+                    f"{error}".replace(
+                        "the checkpoint has", f"the checkpoint {self.checkpoint} has"
+                    )
+                ) from None
 
     def _unread(self, bootstrap: str, topic: str, partitions: list[int]) -> int | None:
         """Events of ``topic`` past the checkpoint's last committed batch (None: unknown)."""
@@ -641,6 +742,7 @@ class JobProcess:
             events_waiting=waiting,
             metrics_problem=metrics_problem,
             rollout_problem=rollout_problem,
+            committed=last_committed_batch(self.checkpoint, self.settings.events_topic),
         )
 
     def _events_unread(self, bootstrap: str) -> int | None:
@@ -662,6 +764,14 @@ class JobProcess:
             return ()
         lines = [line for line in text.splitlines() if line.strip()]
         return tuple(lines[-LOG_TAIL_LINES:])
+
+
+def _same_value(text: str) -> str:
+    """A flag's value compared as a number when it is one: ``10`` and ``10.0`` s agree."""
+    try:
+        return repr(float(text))
+    except ValueError:
+        return text
 
 
 def describe_aggregates(aggregates: dict[str, str | None]) -> str:
@@ -769,6 +879,71 @@ def _last_offset_log_entry(checkpoint: Path) -> list[str] | None:
     if last is None:
         return None
     return (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+
+
+def _newest_source_offset(checkpoint: Path) -> dict[str, Any] | None:
+    """The routed source's offset in the checkpoint's newest offset log entry (the batch a
+    restart runs first), or None before the first batch or when it cannot be read so."""
+    try:
+        ids = [int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
+        if not ids:
+            return None
+        lines = (checkpoint / "offsets" / str(max(ids))).read_text(encoding="utf-8").splitlines()
+        for line in lines[2:]:
+            offset = json.loads(line)
+            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+                return offset
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class CommittedBatch:
+    """The checkpoint's last committed batch, as Spark's commit and offset logs record it.
+
+    Read from the checkpoint rather than from the job's progress lines: Spark
+    writes ``commits/<id>`` once a batch is done and ``offsets/<id>`` before it
+    runs, whatever the job printed, so the count holds after idle periods,
+    restarts and a log rotated away. ``offsets`` are the events topic's end
+    offsets per partition; ``committed_at`` the commit file's time.
+    """
+
+    batch_id: int
+    offsets: dict[int, int]
+    committed_at: datetime
+
+    @property
+    def events(self) -> int:
+        return sum(self.offsets.values())
+
+    def describe(self) -> str:
+        """``51,004 events (batch 812; partitions 0: 25,502, 1: 25,502)``."""
+        parts = ", ".join(f"{p}: {offset:,}" for p, offset in sorted(self.offsets.items()))
+        return f"{self.events:,} events (batch {self.batch_id}; partitions {parts or 'none'})"
+
+
+def last_committed_batch(checkpoint: Path, topic: str) -> CommittedBatch | None:
+    """The last batch committed in ``checkpoint`` and the offsets of ``topic`` it read
+    through; None before the first commit or when the logs cannot be read that way."""
+    last = _last_commit(checkpoint)
+    if last is None:
+        return None
+    try:
+        committed_at = datetime.fromtimestamp(
+            (checkpoint / "commits" / str(last)).stat().st_mtime, UTC
+        )
+        lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+        for line in lines[2:]:
+            offset = json.loads(line)
+            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+                parts = offset["events"].get(topic, {})
+                return CommittedBatch(
+                    last, {int(p): int(off) for p, off in parts.items()}, committed_at
+                )
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
 
 
 def _checkpoint_partitions(checkpoint: Path) -> int | None:

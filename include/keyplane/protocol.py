@@ -9,7 +9,7 @@ control topic:
 
     controller                          job (driver, at batch boundaries)
     PREPARE(v, checksum)        ─►      record v as pending
-                                ◄─      ACK(v)
+                                ◄─      ACK(v), or REFUSED(v, reason)
     PROPAGATE(v, A)             ─►      A switches to v in the next batch …
     PROPAGATE(v, B)             ─►      … and B with it (never before A)
                                 ◄─      MIGRATED(v, A)   once A's state is installed
@@ -68,7 +68,7 @@ from keyplane.events import MAX_NESTING_DEPTH, nested_deeper_than
 from keyplane.signing import canonical_json, sign, verify
 from keyplane.validation_errors import describe_error
 
-MessageType = Literal["PREPARE", "ACK", "PROPAGATE", "MIGRATED", "DONE", "ABORT"]
+MessageType = Literal["PREPARE", "ACK", "REFUSED", "PROPAGATE", "MIGRATED", "DONE", "ABORT"]
 Sender = Literal["controller", "job"]
 MESSAGE_TYPES: frozenset[str] = frozenset(get_args(MessageType))
 
@@ -78,6 +78,7 @@ SENT_BY: Mapping[MessageType, Sender] = {
     "DONE": "controller",
     "ABORT": "controller",
     "ACK": "job",
+    "REFUSED": "job",
     "MIGRATED": "job",
 }
 """Which side sends each type: the controller commands, the job replies."""
@@ -105,7 +106,7 @@ IgnoreReason = Literal[
 ]
 """Why a well-formed, correctly signed message was not acted on."""
 
-Outcome = Literal["applied", "duplicate", "held", "ignored"]
+Outcome = Literal["applied", "duplicate", "held", "ignored", "refused"]
 OperatorPhase = Literal["steady", "prepared", "switching", "migrated", "reverting"]
 PROPAGATED: frozenset[OperatorPhase] = frozenset({"switching", "migrated"})
 """The phases of an operator that was propagated: it routes on the pending version."""
@@ -113,11 +114,15 @@ ControllerPhase = Literal["idle", "preparing", "prepared", "propagating", "migra
 
 Clock = Callable[[], datetime]
 ChecksumLookup = Callable[[int], str | None]
+UnusableReason = Callable[[int], str | None]
+"""``explain(version)``: why the last lookup found ``version`` unusable (one line), or None."""
 """``lookup(version)``: the checksum the configuration store records for
 ``version``, or None when it holds no such version or none the job can use
 (damaged, not a configuration, or over other instances)."""
 
 CHECKPOINT_FORMAT: Literal[1] = 1
+MAX_REASON_CHARS = 500
+"""A refusal's reason is one line for a terminal; longer ones are cut."""
 
 
 def utc_now() -> datetime:
@@ -155,7 +160,9 @@ class ControlMessage(BaseModel):
     ``previous_version`` is the version the change starts from: a migration
     plan is a difference between two versions and is wrong on any other base.
     ``batch_id`` is the micro-batch at which the job acted; only the job's
-    replies carry one. ``signature`` is set on decoded messages only; build
+    replies carry one. ``reason``, on a REFUSED reply only, says in one line
+    why the job will not prepare the version, so that the controller can stop
+    waiting and say so at once. ``signature`` is set on decoded messages only; build
     messages without it and let :func:`encode` sign them.
     """
 
@@ -170,10 +177,13 @@ class ControlMessage(BaseModel):
     message_id: UUID = Field(default_factory=uuid4)
     sent_at: AwareDatetime = Field(default_factory=utc_now)
     batch_id: int | None = Field(default=None, ge=0)
+    reason: str | None = Field(default=None, min_length=1, max_length=MAX_REASON_CHARS)
     signature: str | None = None
 
     @model_validator(mode="after")
     def _check_fields_fit_the_type(self) -> Self:
+        if (self.type == "REFUSED") != (self.reason is not None):
+            raise ValueError("a REFUSED reply, and only it, carries the reason for the refusal")
         expected = SENT_BY[self.type]
         if self.sender != expected:
             raise ValueError(f"{self.type} is sent by the {expected}, not the {self.sender}")
@@ -208,6 +218,9 @@ def encode(message: ControlMessage, key: bytes | str | None = None) -> bytes:
     altered in transit. ``key`` defaults to ``KEYPLANE_CONTROL_KEY``.
     """
     body = message.model_dump(mode="json", exclude={"signature"})
+    if body["reason"] is None:
+        # Only REFUSED carries one: every other message keeps its wire form.
+        del body["reason"]
     return canonical_json({**body, "signature": sign(body, key)})
 
 
@@ -484,7 +497,12 @@ class JobProtocol:
     used the first time.
 
     ``lookup_checksum`` asks the configuration store which checksum it holds
-    for a version, so the job only prepares a configuration it can load.
+    for a version, so the job only prepares a configuration it can load;
+    ``explain``, if given, says why a version it found none for is unusable.
+    A PREPARE the job will not act on (a version it cannot load, a base it
+    does not run, a version it has already seen) is answered with REFUSED and
+    the reason, so that the controller need not wait for an ACK that will
+    never come.
     ``clock`` stamps replies. Neither is part of the checkpoint. Reply ids are
     derived from the request's id, so a reply produced again after a restart
     has the id it had the first time, and the controller can deduplicate it.
@@ -498,6 +516,7 @@ class JobProtocol:
         *,
         lookup_checksum: ChecksumLookup,
         clock: Clock = utc_now,
+        explain: UnusableReason | None = None,
     ) -> None:
         names = _check_operators(operators)
         state = JobState(
@@ -508,11 +527,18 @@ class JobProtocol:
             phases=dict.fromkeys(names, STEADY),
             routes={name: () for name in names},
         )
-        self._init(state, lookup_checksum, clock)
+        self._init(state, lookup_checksum, clock, explain)
 
-    def _init(self, state: JobState, lookup_checksum: ChecksumLookup, clock: Clock) -> None:
+    def _init(
+        self,
+        state: JobState,
+        lookup_checksum: ChecksumLookup,
+        clock: Clock,
+        explain: UnusableReason | None = None,
+    ) -> None:
         self._state = state
         self._lookup = lookup_checksum
+        self._explain = explain
         self._clock = clock
         self._ignored: Counter[IgnoreReason] = Counter()
 
@@ -523,6 +549,7 @@ class JobProtocol:
         *,
         lookup_checksum: ChecksumLookup,
         clock: Clock = utc_now,
+        explain: UnusableReason | None = None,
     ) -> JobProtocol:
         """Restore a checkpoint written by :meth:`to_dict`.
 
@@ -531,7 +558,7 @@ class JobProtocol:
         """
         state = _restored(JobState, data, "job protocol checkpoint")
         protocol = cls.__new__(cls)
-        protocol._init(state, lookup_checksum, clock)
+        protocol._init(state, lookup_checksum, clock, explain)
         return protocol
 
     def to_dict(self) -> dict[str, Any]:
@@ -888,24 +915,32 @@ class JobProtocol:
                 return mismatch
             return _duplicate(f"{message.describe()} was already acknowledged", (pending.ack,))
         if version <= state.latest_version:
-            return self._stale(message)
+            if version == state.active_version and message.checksum == state.active_checksum:
+                # A retried step of the rollout that made it active: nothing to refuse.
+                return self._stale(message)
+            return self._refused(self._stale(message), message, batch_id)
         stored = self._lookup(version)
         if stored != message.checksum:
+            why = None if stored is not None or self._explain is None else self._explain(version)
             held = (
-                "holds no such version it can use" if stored is None else f"holds checksum {stored}"
+                f"holds no such version it can use{f' ({why})' if why else ''}"
+                if stored is None
+                else f"holds checksum {stored}"
             )
-            return _ignored(
+            ignored = _ignored(
                 "unknown_checksum",
-                f"{message.describe()} has checksum {message.checksum}; the store {held}",
+                f"{message.describe()} has checksum {message.checksum}; the job's store {held}",
             )
+            return self._refused(ignored, message, batch_id)
         if self._waits(message):
             return self._hold(message)
         if message.previous_version != state.active_version:
-            return _ignored(
+            ignored = _ignored(
                 "wrong_base",
                 f"{message.describe()} starts from v{message.previous_version}, "
                 f"but the job runs v{state.active_version}",
             )
+            return self._refused(ignored, message, batch_id)
         ack = ControlMessage(
             type="ACK",
             config_version=version,
@@ -926,6 +961,24 @@ class JobProtocol:
             }
         )
         return _applied(f"prepared v{version}", (ack,))
+
+    def _refused(self, ignored: Reaction, message: ControlMessage, batch_id: int) -> Reaction:
+        """``ignored`` with a REFUSED reply that tells the controller why, in one line."""
+        reason = " ".join(f"{ignored.reason}: {ignored.detail}".split())
+        if len(reason) > MAX_REASON_CHARS:
+            reason = reason[: MAX_REASON_CHARS - 3] + "..."
+        refusal = ControlMessage(
+            type="REFUSED",
+            config_version=message.config_version,
+            previous_version=message.previous_version,
+            checksum=message.checksum,
+            sender="job",
+            message_id=uuid5(message.message_id, "REFUSED"),
+            sent_at=self._clock(),
+            batch_id=batch_id,
+            reason=reason,
+        )
+        return ignored.model_copy(update={"replies": (refusal,)})
 
     def _on_propagate(self, message: ControlMessage) -> Reaction:
         state = self._state
@@ -1053,6 +1106,9 @@ class Reconfiguration(BaseModel):
     propagated: dict[str, ControlMessage] = Field(default_factory=dict)
     migrated: dict[str, ControlMessage] = Field(default_factory=dict)
     finish: ControlMessage | None = None
+    refused: ControlMessage | None = None
+    """The job's REFUSED of the PREPARE: kept, so that every later wait (a retried
+    Airflow task, the same command again) reports it rather than waiting for an ACK."""
 
 
 class ControllerState(BaseModel):
@@ -1293,7 +1349,11 @@ class ControllerProtocol:
         return rollout.prepare
 
     def on_message(self, message: ControlMessage) -> Reaction:
-        """Record a reply from the job (ACK or MIGRATED); anything else is ignored."""
+        """Record a reply from the job (ACK or MIGRATED); anything else is ignored.
+
+        A REFUSED of the rollout's PREPARE is recorded in the rollout
+        (``refused``) and its reaction has outcome ``refused`` and the job's
+        reason as ``detail``: the caller reports it and aborts."""
         reaction = self._handle(message)
         if reaction.reason is not None:
             self._ignored[reaction.reason] += 1
@@ -1312,6 +1372,14 @@ class ControllerProtocol:
                 f"{message.describe()} has checksum {message.checksum}, "
                 f"the rollout {current.checksum}",
             )
+        if message.type == "REFUSED":
+            if current.ack is not None:
+                return _duplicate(f"v{current.version} was acknowledged before this refusal")
+            if current.refused is None:
+                updated = current.model_copy(update={"refused": message})
+                self._state = state.model_copy(update={"current": updated})
+            # The rollout stays in flight: the caller aborts it and says why.
+            return Reaction(outcome="refused", detail=message.reason or "")
         if message.type == "ACK":
             if current.ack is not None:
                 return _duplicate(f"v{current.version} was already acknowledged")

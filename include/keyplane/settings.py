@@ -110,6 +110,10 @@ class Settings(BaseSettings):
         default="keyplane.migration",
         description="State in transit between a moved key's old and new instances.",
     )
+    dead_letter_topic: str = Field(
+        default="keyplane.dead-letter",
+        description="Where the routed job sends the events it refuses, with the reason.",
+    )
     metrics_topic: str = Field(
         default="keyplane.metrics", description="One record per micro-batch of the routed job."
     )

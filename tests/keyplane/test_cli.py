@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,8 +29,11 @@ from keyplane.cli import (
     build_parser,
 )
 from keyplane.cli import main as cli_main
+from keyplane.config import RoutingConfig
 from keyplane.kafka import producer
 from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.broker import EmbeddedBroker
+from keyplane.kafka.producer import produce_workload
 from keyplane.operators import OPERATORS
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import job_command, parse_settings
@@ -128,6 +132,54 @@ def test_broker_lifecycle_and_generate_through_the_cli(tmp_path: Path) -> None:
     assert _keyplane(tmp_path, "broker", "status", port=port).returncode == 1
 
 
+@pytest.mark.integration
+def test_broker_warns_on_memory_storage_and_refuses_memory_after_s3(tmp_path: Path) -> None:
+    """Memory storage loses every topic at a stop: start and stop say so. A home whose last
+    broker used s3 keeps its topics in the object store: starting it on memory by mistake is
+    refused, unless asked for. And the status of another home says which home it looked at
+    and that Kafka answers, as `keyplane status` does."""
+    port = free_port()
+    home = tmp_path / "home"
+    other = tmp_path / "other"
+    on_s3 = _keyplane(home, "broker", "start", "--storage", "s3", port=port)
+    assert on_s3.returncode == 0, on_s3.stderr
+    s3_stopped = _keyplane(home, "broker", "stop", port=port)
+    refused = _keyplane(home, "broker", "start", port=port)
+    on_memory = _keyplane(home, "broker", "start", "--allow-memory", port=port)
+    try:
+        elsewhere = _keyplane(other, "broker", "status", port=port)
+        overview = _keyplane(other, "status", port=port)
+    finally:
+        memory_stopped = _keyplane(home, "broker", "stop", port=port)
+    nowhere = _keyplane(other, "broker", "status", port=port)
+
+    assert "warning" not in on_s3.stderr + s3_stopped.stderr
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"keyplane: the last broker in {home} used s3 storage, and its topics are there: start "
+        "with --storage s3 (or KEYPLANE_BROKER_STORAGE=s3), or pass --allow-memory to start an "
+        "empty broker on memory storage\n"
+    )
+    assert on_memory.returncode == 0, on_memory.stderr
+    assert on_memory.stderr == (
+        "warning: the broker's storage is memory: every topic and record is lost when this "
+        "broker stops, and a job's checkpoint is then ahead of its topics; use --storage s3 "
+        "to keep them\n"
+    )
+    assert memory_stopped.stdout == "broker stopped\n"
+    assert memory_stopped.stderr.startswith(
+        "warning: the broker's storage is memory: every topic and record is lost now, "
+    )
+    assert elsewhere.returncode == 0
+    assert elsewhere.stdout == (
+        f"broker: none started from KEYPLANE_HOME={other}, but Kafka answers at "
+        f"127.0.0.1:{port} (a broker of another home, or not keyplane's)\n"
+    )
+    assert f"broker       up at 127.0.0.1:{port}" in overview.stdout
+    assert nowhere.returncode == 1
+    assert nowhere.stdout == f"broker: not running (none started from KEYPLANE_HOME={other})\n"
+
+
 def test_broker_status_says_when_it_removes_a_stale_s3_server_state_file(
     tmp_path: Path, stranger: subprocess.Popen[bytes]
 ) -> None:
@@ -145,7 +197,7 @@ def test_broker_status_says_when_it_removes_a_stale_s3_server_state_file(
         [
             f"removed the stale pid file {path} of pid {stranger.pid}: that pid now runs "
             "another program, which was left alone",
-            "broker: not running",
+            f"broker: not running (none started from KEYPLANE_HOME={tmp_path})",
         ],
     )
     assert stranger.poll() is None
@@ -181,7 +233,10 @@ def test_broker_commands_remove_a_pid_file_of_another_program_say_so_and_leave_i
     path.write_text(json.dumps({**old, "command": ["/elsewhere/tansu", "broker"]}))
     stopped = _keyplane(tmp_path, "broker", "stop", port=port)
 
-    assert (status.returncode, status.stdout.splitlines()) == (1, [removed, "broker: not running"])
+    assert (status.returncode, status.stdout.splitlines()) == (
+        1,
+        [removed, f"broker: not running (none started from KEYPLANE_HOME={tmp_path})"],
+    )
     assert stopped.returncode == 0
     assert stopped.stdout.splitlines() == [
         f"removed the stale pid file {path} of pid {stranger.pid}: that pid now runs another "
@@ -459,7 +514,7 @@ def _publish_in_waves(
     """Write ``config`` out as a file and publish it in waves of at most ``max_moves``."""
     file = home / f"v{config.version}.json"
     file.write_text(config.model_dump_json())
-    command = ("config", "publish", str(file), "--store", str(store))
+    command = ("config", "publish", str(file), "--store", str(store), "--no-job-check")
     options = ("--max-moves-per-wave", str(max_moves), "--timeout", "60")
     return file, _keyplane(home, *command, *options, env=env)
 
@@ -619,6 +674,7 @@ def test_config_publish_rolls_out_to_the_running_job_step_by_step(
         str(routing_store),
         "--timeout",
         "60",
+        "--no-job-check",
         env=_control_env(broker, topic_name, control_key),
     )
 
@@ -724,6 +780,7 @@ def test_config_publish_in_waves_plans_from_the_version_the_job_runs(
             str(routing_store),
             "--timeout",
             "60",
+            "--no-job-check",
             env=env,
         ).returncode
         == 0
@@ -787,26 +844,57 @@ def test_config_publish_in_waves_refuses_a_rescale_in_one_line(
 
 
 @pytest.mark.integration
-def test_config_publish_without_a_job_times_out_in_one_line_and_aborts(
+def test_config_publish_without_a_job_is_refused_in_one_line_and_stores_and_sends_nothing(
     tmp_path: Path, broker: str, topic_name: str, control_key: str, routing_store: Path
 ) -> None:
+    """No job runs in the home, nor ever wrote to the metrics topic: the version is refused
+    at once, its number stays free and no PREPARE goes out, instead of waiting out the
+    timeout for an ACK."""
+    env = {
+        **_control_env(broker, topic_name, control_key),
+        "KEYPLANE_METRICS_TOPIC": f"{topic_name}.metrics",
+    }
+    v4 = config_store.load(routing_store, 3).model_copy(update={"version": 4, "parent_version": 3})
+    file = tmp_path / "v4.json"
+    file.write_text(v4.model_dump_json())
+
+    refused = _keyplane(
+        tmp_path, "config", "publish", str(file), "--store", str(routing_store), env=env
+    )
+
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"keyplane: no job runs in {tmp_path}, and none has written to the metrics topic "
+        f"'{topic_name}.metrics' to take v4: start it with `keyplane job start` first (nothing "
+        "was stored; for a job started elsewhere, pass --no-job-check)\n"
+    )
+    assert config_store.stored_versions(routing_store) == [1, 2, 3]
+    assert not (tmp_path / "controller.json").exists()
+
+
+@pytest.mark.integration
+def test_config_publish_of_the_active_version_is_a_no_op_that_says_so(
+    tmp_path: Path,
+    broker: str,
+    topic_name: str,
+    control_key: str,
+    routing_store: Path,
+    protocol_only_job: Callable[[], ProtocolOnlyJob],
+) -> None:
+    job = protocol_only_job()
     env = _control_env(broker, topic_name, control_key)
     file = _config_file(tmp_path, routing_store, 2)
-    store = ("--store", str(routing_store))
+    publish = ("config", "publish", str(file), "--store", str(routing_store), "--no-job-check")
+    first = _keyplane(tmp_path, *publish, "--timeout", "60", env=env)
+    assert first.returncode == 0, first.stderr
+    assert job.wait_until(lambda state: state.active_version == 2)
+    sent_before = high_watermarks(broker, topic_name)
 
-    timed_out = _keyplane(
-        tmp_path, "config", "publish", str(file), *store, "--timeout", "1", env=env
-    )
-    abort_again = _keyplane(tmp_path, "config", "abort", env=env)
+    again = _keyplane(tmp_path, *publish, "--timeout", "60", env=env)
 
-    assert timed_out.returncode == 1
-    assert len(timed_out.stderr.splitlines()) == 1, timed_out.stderr
-    assert timed_out.stderr.startswith("keyplane: rollout of v2 aborted: no ACK from the job")
-    assert "`keyplane job status`" in timed_out.stderr
-    assert abort_again.returncode == 2
-    assert abort_again.stderr == (
-        "keyplane: no rollout in flight: the last one, v2, was already aborted\n"
-    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == "v2 is already active; nothing to do"
+    assert high_watermarks(broker, topic_name) == sent_before, "nothing may be sent again"
 
 
 @pytest.mark.integration
@@ -817,7 +905,9 @@ def test_config_publish_no_wait_sends_prepare_and_abort_cancels_it(
     file = _config_file(tmp_path, routing_store, 3)
     store = ("--store", str(routing_store))
 
-    prepared = _keyplane(tmp_path, "config", "publish", str(file), *store, "--no-wait", env=env)
+    prepared = _keyplane(
+        tmp_path, "config", "publish", str(file), *store, "--no-wait", "--no-job-check", env=env
+    )
     aborted = _keyplane(tmp_path, "config", "abort", *store, env=env)
 
     assert prepared.returncode == 0, prepared.stderr
@@ -1027,9 +1117,22 @@ def test_generate_asks_for_its_topic_once(
         asked.append((topic, partitions))
         return 2
 
+    class Delivered:
+        """A send the broker acknowledged, as kafka-python's future reports it."""
+
+        is_done = True
+        exception = None
+
+        def failed(self) -> bool:
+            return False
+
+        def get(self, timeout: float) -> None:
+            return None
+
     class FakeProducer:
-        def send(self, topic: str, *, value: bytes, partition: int) -> None:
+        def send(self, topic: str, *, value: bytes, partition: int) -> Delivered:
             sent.append(partition)
+            return Delivered()
 
         def flush(self) -> None:
             pass
@@ -1240,3 +1343,166 @@ def test_config_diff_scores_both_versions_on_the_latest_statistics(tmp_path: Pat
     assert "locality 100.0% → 0.0%" in last
     empty = _keyplane(tmp_path, "config", "diff", "1", "2", "--statistics", str(tmp_path / "none"))
     assert "expected gain: no statistics snapshot in" in empty.stdout
+
+
+# --- bad input against the real job: refused early, explained at once ------------------------
+
+
+def _job_env(home: Path, broker: str, topic: str, key: str) -> dict[str, str]:
+    """A job of its own in ``home``: its topics on the test broker, and its signing key."""
+    return {
+        "KEYPLANE_BOOTSTRAP_SERVERS": broker,
+        "KEYPLANE_EVENTS_TOPIC": topic,
+        "KEYPLANE_CONTROL_TOPIC": f"{topic}.control",
+        "KEYPLANE_MIGRATION_TOPIC": f"{topic}.migration",
+        "KEYPLANE_METRICS_TOPIC": f"{topic}.metrics",
+        "KEYPLANE_DEAD_LETTER_TOPIC": f"{topic}.dead-letter",
+        "KEYPLANE_CONTROL_KEY": key,
+    }
+
+
+@pytest.mark.integration
+def test_config_publish_refuses_what_the_real_job_cannot_take_and_says_why_at_once(
+    tmp_path: Path, broker: str, topic_name: str, control_key: str
+) -> None:
+    """The routed job runs 2 state partitions per operator under Spark.
+
+    * v2 over 4 instances is refused before it is stored, naming both counts;
+    * published past that check, the job itself answers REFUSED with its store's reason,
+      and the command fails at once rather than after its 120 s timeout;
+    * a controller with another signing key is told that the job rejected its signature,
+      which the job can only say through its metrics;
+    * once the job is stopped, a version is refused before it is stored.
+    """
+    home = tmp_path / "home"
+    env = _job_env(home, broker, topic_name, control_key)
+    store = home / "configs"
+    config_store.save(RoutingConfig.all_hash(2, OPERATORS), store)
+    produce_workload(PairsWorkload(n_events=500), broker, topic_name, partitions=2)
+    rescaled = RoutingConfig.all_hash(4, OPERATORS).model_copy(
+        update={"version": 2, "parent_version": 1, "created_by": "scale"}
+    )
+    same = RoutingConfig.all_hash(2, OPERATORS).model_copy(
+        update={"version": 3, "parent_version": 1, "created_by": "manual"}
+    )
+    (tmp_path / "v2.json").write_text(rescaled.model_dump_json())
+    (tmp_path / "v3.json").write_text(same.model_dump_json())
+    publish = ("config", "publish", "--timeout", "120")
+
+    started = _keyplane(home, "job", "start", "--shuffle-partitions", "2", env=env)
+    try:
+        assert started.returncode == 0, started.stderr
+        checked = _keyplane(home, *publish, str(tmp_path / "v2.json"), env=env)
+        stored_after_check = config_store.stored_versions(store)
+        clock = time.monotonic()
+        refused = _keyplane(home, *publish, str(tmp_path / "v2.json"), "--no-job-check", env=env)
+        refused_s = time.monotonic() - clock
+        clock = time.monotonic()
+        wrong_key = _keyplane(
+            home,
+            *publish,
+            str(tmp_path / "v3.json"),
+            env={**env, "KEYPLANE_CONTROL_KEY": "not-the-jobs-key-0123456789abcdef"},
+        )
+        wrong_key_s = time.monotonic() - clock
+    finally:
+        stopped = _keyplane(home, "job", "stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    after_stop = _keyplane(home, *publish, str(tmp_path / "v3.json"), env=env)
+
+    assert checked.returncode == 2
+    assert len(checked.stderr.splitlines()) == 1
+    assert checked.stderr.startswith(
+        f"keyplane: {tmp_path / 'v2.json'} routes A over 4 instances, but the job (pid "
+    )
+    assert "runs 2 state partitions per operator" in checked.stderr
+    assert checked.stderr.endswith("nothing was stored\n")
+    assert stored_after_check == [1]
+
+    assert refused.returncode == 2, refused.stdout
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("keyplane: the job refused v2: unknown_checksum: ")
+    assert refused.stderr.endswith("; rollout of v2 aborted\n")
+    assert refused_s < 60, refused_s
+
+    assert wrong_key.returncode == 2, wrong_key.stdout
+    assert len(wrong_key.stderr.splitlines()) == 1, wrong_key.stderr
+    assert wrong_key.stderr.startswith("keyplane: the job rejected our signature (")
+    assert "KEYPLANE_CONTROL_KEY here is not the job's" in wrong_key.stderr
+    assert wrong_key_s < 60, wrong_key_s
+
+    assert after_stop.returncode == 2
+    assert after_stop.stderr == (
+        f"keyplane: no job runs in {home} to take v3: start it with `keyplane job start` first "
+        "(nothing was stored; for a job started elsewhere, pass --no-job-check)\n"
+    )
+
+
+@pytest.mark.integration
+def test_job_start_on_a_checkpoint_ahead_of_its_topic_names_topic_partition_and_offsets(
+    tmp_path: Path, topic_name: str, control_key: str
+) -> None:
+    """The job reads 300 events, stops, and its memory broker restarts empty; 20 events are
+    written again. `keyplane job start` must refuse in one line that names the topic, the
+    partition, the checkpoint's offset and the topic's end, and say what to do, before
+    Spark starts: not fail with a line of Spark's plan."""
+    broker = EmbeddedBroker(tmp_path / "broker", free_port())
+    bootstrap = broker.start().bootstrap_servers
+    home = tmp_path / "home"
+    env = _job_env(home, bootstrap, topic_name, control_key)
+    try:
+        produce_workload(PairsWorkload(n_events=300), bootstrap, topic_name, partitions=2)
+        started = _keyplane(home, "job", "start", "--shuffle-partitions", "2", env=env)
+        stopped = _keyplane(home, "job", "stop", env=env)
+        broker.stop()
+        broker.start()
+        produce_workload(PairsWorkload(n_events=20), bootstrap, topic_name, partitions=2)
+        clock = time.monotonic()
+        again = _keyplane(home, "job", "start", env=env)
+        again_s = time.monotonic() - clock
+    finally:
+        _keyplane(home, "job", "stop", env=env)
+        broker.stop()
+
+    assert started.returncode == 0, started.stderr
+    assert stopped.returncode == 0, stopped.stderr
+    assert again.returncode == 2, again.stdout
+    assert again.stderr == (
+        f"keyplane: the checkpoint {home.resolve() / 'job' / 'checkpoint'} has read topic "
+        f"'{topic_name}' partition 0 up to offset 150, but the topic ends at offset 10: the "
+        "broker lost records it had acknowledged (a broker on memory storage restarted?): "
+        "bring its storage back, or start the job on a new checkpoint (move KEYPLANE_HOME/job "
+        "aside, then `keyplane job start`)\n"
+    )
+    assert again_s < 30, again_s
+
+
+def test_config_show_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
+    """`keyplane config show 1 | head -3`: the reader closes the pipe after three lines, and
+    the rest of a long configuration cannot be written. That is no error to report."""
+    table = {f"key-{i:05d}": i % 4 for i in range(20_000)}
+    config = RoutingConfig.all_hash(4, OPERATORS)
+    config = config.model_copy(
+        update={
+            "operators": {
+                **config.operators,
+                "A": config.operators["A"].model_copy(update={"table": table}),
+            }
+        }
+    )
+    config_store.save(config, tmp_path / "configs")
+    env = {**os.environ, "KEYPLANE_HOME": str(tmp_path)}
+    shown = subprocess.Popen(
+        [sys.executable, "-m", "keyplane.cli", "config", "show", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert shown.stdout is not None and shown.stderr is not None
+    first = [shown.stdout.readline() for _ in range(3)]
+    shown.stdout.close()
+    errors = shown.stderr.read().decode()
+    code = shown.wait(timeout=60)
+
+    assert all(first)
+    assert (code, errors) == (0, "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from keyplane import config as config_store
-from keyplane.controller import Controller, ControllerError, RolloutProgress, RolloutTimeout
+from keyplane.controller import (
+    Controller,
+    ControllerError,
+    RolloutProgress,
+    RolloutRefused,
+    RolloutTimeout,
+)
 from keyplane.kafka.control import ControlChannel, ControlRead
 from keyplane.protocol import ProtocolError
 from keyplane.testing import ProtocolOnlyJob
@@ -285,3 +292,44 @@ def test_an_unreadable_state_file_is_a_clear_error(
         Controller(ControlChannel("127.0.0.1:1", "c", key=control_key), state_file, routing_store)
     assert str(caught.value).startswith(f"{state_file} is not a controller state file (")
     assert "move it aside" in str(caught.value)
+
+
+@pytest.mark.integration
+def test_a_version_the_job_cannot_take_is_refused_at_once_with_the_jobs_reason(
+    broker: str,
+    topic_name: str,
+    control_key: str,
+    routing_store: Path,
+    protocol_only_job: StartJob,
+    tmp_path: Path,
+    state_file: Path,
+) -> None:
+    """The controller's store holds another v2 than the job's: the job answers PREPARE
+    with REFUSED and its reason, and the rollout fails at once, aborted, instead of
+    waiting out its timeout for an ACK that cannot come."""
+    job = protocol_only_job()
+    other = tmp_path / "other-configs"
+    config_store.save(config_store.load(routing_store, 1), other)
+    theirs = config_store.load(routing_store, 2)
+    config_store.save(theirs.model_copy(update={"created_by": "manual"}), other)
+    assert config_store.checksum(other, 2) != config_store.checksum(routing_store, 2)
+
+    with ControlChannel(broker, topic_name, key=control_key) as channel:
+        controller = Controller(channel, state_file, other, poll_interval_s=0.1)
+        started = time.monotonic()
+        with pytest.raises(RolloutRefused) as refused:
+            controller.rollout(2, timeout_s=60)
+        waited = time.monotonic() - started
+
+    assert waited < 20, waited
+    message = str(refused.value)
+    assert message.startswith("the job refused v2: unknown_checksum: PREPARE v2 has checksum ")
+    assert f"the job's store holds checksum {config_store.checksum(routing_store, 2)}" in message
+    assert message.endswith("; rollout of v2 aborted")
+    state = controller.state
+    assert state is not None and state.current is None and state.active_version == 1
+    assert state.last is not None and state.last.finish is not None
+    assert state.last.finish.type == "ABORT"
+    assert state.last.refused is not None and state.last.refused.reason is not None
+    assert message.startswith(f"the job refused v2: {state.last.refused.reason}; ")
+    assert job.state.active_version == 1 and job.state.pending is None

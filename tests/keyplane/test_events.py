@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from keyplane.events import (
     MAX_EVENT_BYTES,
     MAX_NESTING_DEPTH,
+    dead_letter_value,
     decode_events,
     decode_keys,
     encode_batch,
@@ -332,3 +334,14 @@ def test_random_padding_has_its_length_differs_per_event_and_does_not_compress()
     assert len(plain) == len(blob)
     assert len(zlib.compress(plain)) < 0.05 * len(plain)
     assert [parse_event(v)[0] is not None for v in values] == [True] * len(values)
+
+
+def test_a_dead_letter_keeps_the_bytes_of_a_record_that_is_not_utf8() -> None:
+    assert dead_letter_value(b'{"a":"\xe2\x82\xac"}') == {"value": '{"a":"\u20ac"}'}
+    assert dead_letter_value(None) == {"value": ""}
+    assert dead_letter_value(b"\xff\xfe{") == {"value_base64": "//57"}
+    long = "\u20ac".encode() * 400  # 1,200 bytes: cut inside a character at 1,024
+    assert dead_letter_value(long) == {"value": "\u20ac" * 341}
+    assert dead_letter_value(b"\xff" * 2000) == {
+        "value_base64": base64.b64encode(b"\xff" * 1024).decode()
+    }

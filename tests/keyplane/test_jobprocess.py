@@ -215,6 +215,12 @@ def test_start_status_stop_restart_of_the_routed_job(
     assert last_stop.outcome == "stopped" and last_stop.record == restarted.record
     assert not job.pid_file.exists()
     assert while_down.running is None and while_down.events_waiting == 500
+    assert while_down.committed is not None and while_down.committed.events == 3000
+    # Each run's log ends with what the checkpoint committed, read from its logs.
+    assert log_text.rstrip().endswith(
+        f"stopped; the checkpoint has committed 3,000 events (batch "
+        f"{while_down.committed.batch_id}; partitions 0: 1,500, 1: 1,500)"
+    )
     # Spark's offset log names the checkpoint's partitions; a restart takes them.
     assert JobProcess(settings).shuffle_partitions() == 2
     with pytest.raises(JobError, match="runs 2 state partitions per operator, not 4"):
@@ -638,6 +644,49 @@ def test_status_shows_the_progress_of_the_running_run_only(
     assert after.last_progress is not None and after.last_progress.committed == 15
 
 
+def _committed_batch(checkpoint: Path, batch_id: int, events: dict[str, dict[str, int]]) -> None:
+    """Batch ``batch_id`` planned and committed in the layout Spark writes (the real job's
+    test above reads a real one): the offset log entry with the routed source's offset,
+    then the commit log entry."""
+    (checkpoint / "commits").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "offsets").mkdir(exist_ok=True)
+    metadata = {"batchWatermarkMs": 0, "conf": {"spark.sql.shuffle.partitions": "2"}}
+    source = {"plan": batch_id, "events": events, "control": 0, "migration": {}}
+    (checkpoint / "offsets" / str(batch_id)).write_text(
+        f"v1\n{json.dumps(metadata)}\n{json.dumps(source)}\n"
+    )
+    (checkpoint / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+
+
+def test_status_counts_what_the_checkpoint_committed_not_the_last_progress_line_fake(
+    tmp_path: Path, stand_in: subprocess.Popen[bytes]
+) -> None:
+    """With hand-written checkpoint logs: the job's log printed batch 1 at 30,023 events,
+    then the job went idle and committed batches 2 and 3 without a progress line; status
+    and its rendering report the checkpoint's 51,004 events of batch 3, per partition. A
+    batch planned but not committed (4) does not count."""
+    settings = Settings(home=tmp_path, events_topic="ev")
+    job = JobProcess(settings)
+    job.log.parent.mkdir(parents=True)
+    job.log.write_text(_progress(1, 30_023))
+    _write_pid_file(job, _record(stand_in.pid, ("sleep", "300")))
+    for batch_id, (p0, p1) in enumerate(((10_000, 10_000), (15_012, 15_011), (25_502, 25_502))):
+        _committed_batch(job.checkpoint, batch_id + 1, {"ev": {"0": p0, "1": p1}})
+    _committed_batch(job.checkpoint, 4, {"ev": {"0": 26_000, "1": 26_000}})
+    (job.checkpoint / "commits" / "4").unlink()
+
+    status = job.status(read_metrics=False)
+    lines = render_job_status(status, settings.metrics_topic)
+
+    assert status.committed is not None
+    assert (status.committed.batch_id, status.committed.events) == (3, 51_004)
+    assert status.committed.offsets == {0: 25_502, 1: 25_502}
+    [committed] = [line for line in lines if line.startswith("committed")]
+    assert committed.startswith(
+        "committed    51,004 events (batch 3; partitions 0: 25,502, 1: 25,502), "
+    )
+
+
 # --- the metrics topic and the controller's state file ---------------------------------------
 
 
@@ -720,3 +769,39 @@ def test_an_unreadable_controller_file_is_a_status_problem_not_a_failure(
     assert status.rollout_problem is not None
     assert problem in status.rollout_problem
     assert "move it aside" in status.rollout_problem
+
+
+def test_start_of_a_running_job_refuses_options_it_does_not_run_with_fake(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in process (``sh``) whose command line carries the job's flags: starting
+    with the same options finds it running; with others, the start is refused in one line
+    that names what differs, instead of "already running" and the options dropped."""
+    command = (
+        "sh",
+        "-c",
+        "sleep 300; :",
+        "job",
+        "--master=local[2]",
+        "--shuffle-partitions=2",
+        "--restart-delay-s=10.0",
+    )
+    proc = start_detached(list(command), tmp_path / "stand-in.log")
+    try:
+        monkeypatch.setenv("KEYPLANE_HOME", str(tmp_path))
+        job = JobProcess(Settings(home=tmp_path))
+        _write_pid_file(job, _record(proc.pid, command))
+        same = cli_main(["job", "start", "--shuffle-partitions", "2", "--restart-delay", "10"])
+        same_out = capsys.readouterr().out
+        other = cli_main(["job", "start", "--restarts", "2", "--forward", "pairs"])
+        other_err = capsys.readouterr().err
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert same == 0 and same_out.startswith(f"job already running (pid {proc.pid}, up ")
+    assert other == 2
+    assert other_err == (
+        f"keyplane: the job already runs (pid {proc.pid}) with --restarts 0; options apply "
+        "when it starts: stop it (`keyplane job stop`), then `keyplane job start --restarts 2`\n"
+    )

@@ -1212,3 +1212,72 @@ def test_restoring_any_checkpoint_and_replaying_equals_the_uninterrupted_run(
     assert job.to_dict() == chaos.job.to_dict()
     for planned_batch in range(max(0, batch - REPLAYABLE_BATCHES + 1), batch + 1):
         assert job.routing_for_batch(planned_batch) == chaos.planned[planned_batch]
+
+
+# --- REFUSED: the job says why it will not prepare a version ----------------------------------
+
+
+def test_a_prepare_the_job_cannot_use_is_answered_with_refused_and_the_reason() -> None:
+    """A version the job's store cannot route (here: over other instances) earns REFUSED with
+    the store's reason, signed like every reply; the controller reports it as ``refused``
+    and its rollout stays in flight for the caller to abort."""
+    unusable = {7: "ValueError: v7 routes A over 8 instances, the query has 4"}
+    job = JobProtocol(
+        OPS,
+        1,
+        STORE[1],
+        lookup_checksum=lambda v: None if v == 7 else STORE.get(v),
+        clock=fixed_clock,
+        explain=unusable.get,
+    )
+    controller = ControllerProtocol(OPS, 1, STORE[1], clock=fixed_clock)
+    prepare = controller.prepare(7, STORE[7])
+
+    reaction = job.react(wire(prepare), 3)
+    [refusal] = reaction.replies
+    heard = controller.on_message(wire(refusal))
+
+    assert (reaction.outcome, reaction.reason) == ("ignored", "unknown_checksum")
+    assert refusal.type == "REFUSED" and refusal.sender == "job" and refusal.batch_id == 3
+    assert refusal.config_version == 7 and refusal.checksum == STORE[7]
+    assert refusal.reason == (
+        f"unknown_checksum: PREPARE v7 has checksum {STORE[7]}; the job's store holds no such "
+        "version it can use (ValueError: v7 routes A over 8 instances, the query has 4)"
+    )
+    [again] = job.react(wire(prepare), 4).replies
+    assert (again.message_id, again.reason) == (refusal.message_id, refusal.reason)
+    assert (heard.outcome, heard.detail) == ("refused", refusal.reason)
+    assert controller.state.current is not None and controller.state.current.ack is None
+
+
+def test_a_prepare_of_a_version_already_seen_is_refused_a_retried_one_of_the_active_is_not() -> (
+    None
+):
+    """v5 prepared then aborted: a PREPARE of v3 comes too late and is refused; a PREPARE of
+    the active version sent again (a retried step) changes nothing and earns no refusal."""
+    job = new_job()
+    job.on_message(wire(command("PREPARE", 5, 1)), 1)
+    job.on_message(wire(command("ABORT", 5, None)), 2)
+
+    late = job.on_message(wire(command("PREPARE", 3, 1)), 3)
+    deployment = Deployment()
+    deployment.rollout(2)
+    retried = deployment.send(deployment.controller.prepare(2, STORE[2]))
+
+    [refusal] = late
+    assert refusal.type == "REFUSED" and refusal.reason is not None
+    assert refusal.reason.startswith("stale_version: PREPARE v3 is stale: this job has already ")
+    assert deployment.job.state.active_version == 2 and retried == []
+
+
+def test_only_refused_carries_a_reason_and_other_messages_keep_their_wire_form() -> None:
+    prepare = command("PREPARE", 2, 1)
+    assert b'"reason"' not in encode(prepare, KEY)
+    with pytest.raises(ValidationError, match="REFUSED reply, and only it, carries the reason"):
+        prepare.model_copy(update={"reason": "no"}).model_validate(
+            {**prepare.model_dump(), "reason": "no"}
+        )
+    with pytest.raises(ValidationError, match="REFUSED reply, and only it"):
+        ControlMessage(
+            type="REFUSED", config_version=2, checksum=STORE[2], sender="job", batch_id=1
+        )

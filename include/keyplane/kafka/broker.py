@@ -173,6 +173,8 @@ class EmbeddedBroker:
         self.storage = storage
         self.bucket = bucket
         self.state_file = self.home / "broker.json"
+        self.storage_file = self.home / "broker.storage"
+        """The storage of the last broker started in this home: it outlives the pid file."""
         self.local_s3 = LocalS3Server(self.home)
 
     def storage_engine(self) -> str:
@@ -229,7 +231,26 @@ class EmbeddedBroker:
             error=BrokerError,
         )
 
-    def start(self, timeout_s: float = 20.0) -> BrokerState:
+    def last_storage(self) -> str | None:
+        """The storage (``memory`` or ``s3``) of the last broker started in this home."""
+        try:
+            return self.storage_file.read_text(encoding="utf-8").strip() or None
+        except FileNotFoundError:
+            return None
+
+    def start(self, timeout_s: float = 20.0, *, allow_memory: bool = False) -> BrokerState:
+        """Start the broker; refuse memory storage in a home whose last broker used s3.
+
+        That broker's topics are in the object store; a memory broker would
+        start empty, and a job's checkpoint would be ahead of every topic.
+        ``allow_memory`` starts it anyway.
+        """
+        if self.storage == "memory" and not allow_memory and self.last_storage() == "s3":
+            raise BrokerError(
+                f"the last broker in {self.home} used s3 storage, and its topics are there: "
+                "start with --storage s3 (or KEYPLANE_BROKER_STORAGE=s3), or pass "
+                "--allow-memory to start an empty broker on memory storage"
+            )
         running = self.status()
         if running is not None:
             raise BrokerError(
@@ -270,6 +291,7 @@ class EmbeddedBroker:
                 raise BrokerError(f"broker exited with code {proc.returncode}; see {log}")
             if answers_kafka(state.bootstrap_servers, timeout_s=1.0):
                 write_atomically(self.state_file, state.model_dump_json())
+                write_atomically(self.storage_file, self.storage + "\n")
                 return state
             time.sleep(0.1)
         proc.kill()

@@ -33,6 +33,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
+from keyplane.kafka.offsets import check_not_ahead
 from keyplane.kafka.producer import make_producer
 from keyplane.kafka.security import client_config
 from keyplane.protocol import ControlMessage, InvalidMessage, decode, encode
@@ -141,13 +142,22 @@ class ControlChannel:
     def read(self, start: int, end: int | None = None) -> ControlRead:
         """Every record at offsets ``[start, end)``; ``end`` defaults to the high watermark.
 
+        A ``start`` past the high watermark raises
+        :class:`~keyplane.kafka.offsets.CheckpointAheadError`: the broker lost
+        records a reader had already read.
+
         Raises :class:`TopicError` when the range cannot be read: it starts
         outside the records the broker keeps, or no record arrives for
         ``read_timeout_s`` while the range is not complete.
         """
         if start < 0:
             raise ValueError(f"offsets are non-negative, got start {start}")
-        stop = self.end_offset() if end is None else end
+        if end is None:
+            stop = self.end_offset()
+            # The topic ends before a position once read: it lost records.
+            check_not_ahead(self.topic, {str(PARTITION): start}, {PARTITION: stop})
+        else:
+            stop = end
         if stop < start:
             raise ValueError(f"end {stop} is before start {start}")
         if stop == start:

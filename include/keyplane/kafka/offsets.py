@@ -76,3 +76,38 @@ def cap_offsets(
     for (t, p), n in take.items():
         out.setdefault(t, {})[p] = start.get(t, {}).get(p, 0) + min(n, avail[(t, p)])
     return out
+
+
+NEW_CHECKPOINT_FIX = (
+    "the broker lost records it had acknowledged (a broker on memory storage restarted?): "
+    "bring its storage back, or start the job on a new checkpoint (move KEYPLANE_HOME/job "
+    "aside, then `keyplane job start`)"
+)
+
+
+class CheckpointAheadError(RuntimeError):
+    """A checkpoint has read a topic further than the topic now reaches (one line)."""
+
+
+def check_not_ahead(
+    topic: str,
+    read_through: Mapping[str, int],
+    ends: Mapping[str, int] | Mapping[int, int],
+    reader: str = "the checkpoint",
+) -> None:
+    """Raise :class:`CheckpointAheadError` if a partition of ``read_through`` (the offsets a
+    checkpoint has read up to) lies past its end in ``ends`` (the topic's high watermarks).
+    ``reader`` names the checkpoint in the message.
+
+    Why: the next batch would read from an offset the topic does not have, which Spark
+    reports as an unrelated failure deep in a plan, and every restart repeats it. A
+    partition missing from ``ends`` ends at 0: the topic itself is gone.
+    """
+    by_partition = {str(partition): int(end) for partition, end in ends.items()}
+    for partition, offset in sorted(read_through.items(), key=lambda item: int(item[0])):
+        end = by_partition.get(str(partition), 0)
+        if int(offset) > end:
+            raise CheckpointAheadError(
+                f"{reader} has read topic {topic!r} partition {partition} up to offset "
+                f"{int(offset)}, but the topic ends at offset {end}: {NEW_CHECKPOINT_FIX}"
+            )

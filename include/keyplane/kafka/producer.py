@@ -163,6 +163,64 @@ def check_workload_options(rate: float | None, partitions: int) -> None:
         raise ValueError(f"a topic needs 1 partition or more, not {partitions}")
 
 
+RATE_STEPS_PER_S = 50
+"""How often per second a rate-limited :func:`produce_workload` checks its pace: a rate is
+kept over steps of about 20 ms, so the broker sees a steady stream, not bursts."""
+
+
+class WorkloadNotDelivered(DeliveryError):
+    """Some events of a workload were not acknowledged; ``delivered`` counts those that were.
+
+    The events are numbered and laid out per partition (``seq % partitions``),
+    but which of them failed is known only per record, so the count is what a
+    user can act on: the topic holds ``delivered`` of the ``attempted`` events.
+    """
+
+    def __init__(self, message: str, *, delivered: int, attempted: int) -> None:
+        super().__init__(message)
+        self.delivered = delivered
+        self.attempted = attempted
+
+
+class _Confirmations:
+    """The futures of records sent and not yet settled, drained as they settle.
+
+    Checking each send's result as it comes keeps memory bounded over a long
+    workload and stops the sending at the first failure, instead of
+    reporting every later record as lost too.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+        self.delivered = 0
+        self.failures: list[BaseException] = []
+
+    def add(self, future: Any) -> None:
+        self.pending.append(future)
+
+    def drain(self) -> None:
+        still: list[Any] = []
+        for future in self.pending:
+            if not future.is_done:
+                still.append(future)
+            elif future.failed():
+                self.failures.append(future.exception)
+            else:
+                self.delivered += 1
+        self.pending = still
+
+    def settle(self) -> None:
+        """Wait for every pending future (after a flush, they are all done)."""
+        for future in self.pending:
+            try:
+                future.get(timeout=0)
+            except KafkaError as error:
+                self.failures.append(error)
+            else:
+                self.delivered += 1
+        self.pending = []
+
+
 def produce_workload(
     spec: WorkloadSpec,
     bootstrap_servers: str,
@@ -174,14 +232,18 @@ def produce_workload(
     chunk_size: int = 10_000,
     on_progress: ProgressCallback | None = None,
 ) -> int:
-    """Send every event of ``spec`` to ``topic``; return the number sent.
+    """Send every event of ``spec`` to ``topic``; return the number delivered, which is all.
 
-    ``rate`` caps events per second (None: as fast as possible). The call
-    returns only after the broker acknowledged every event. Both options are
-    checked first (:func:`check_workload_options`). The topic is created with
-    ``partitions`` unless it exists (:func:`ensure_topic`); a caller that has
-    just done so passes the count it got as ``topic_partitions``, and the
-    topic is not asked for again.
+    Each send's result is checked: a record the broker refused (a broker
+    restarted under the producer forgets its producer id; one down longer
+    than the delivery timeout) raises :class:`WorkloadNotDelivered`, which
+    counts the events the broker did acknowledge. Sending stops at the first
+    failure seen. ``rate`` caps events per second (None: as fast as
+    possible), kept over steps of about 1/:data:`RATE_STEPS_PER_S` s. Both
+    options are checked first (:func:`check_workload_options`). The topic is
+    created with ``partitions`` unless it exists (:func:`ensure_topic`); a
+    caller that has just done so passes the count it got as
+    ``topic_partitions``, and the topic is not asked for again.
     """
     check_workload_options(rate, partitions)
     if topic_partitions is None:
@@ -189,25 +251,48 @@ def produce_workload(
     else:
         check_workload_options(None, topic_partitions)
         n_parts = topic_partitions
+    step = chunk_size if rate is None else max(1, min(chunk_size, int(rate / RATE_STEPS_PER_S)))
     producer = make_producer(bootstrap_servers)
-    sent = 0
+    confirmations = _Confirmations()
+    attempted = 0
     started = time.monotonic()
     try:
         for batch in spec.batches(chunk_size):
             ts_ms = int(time.time() * 1000)
-            for seq, value in enumerate(encode_batch(batch, ts_ms), start=batch.start):
-                producer.send(topic, value=value, partition=seq % n_parts)
-            sent += len(batch)
-            if on_progress is not None:
-                on_progress(len(batch))
-            if rate is not None:
-                ahead = sent / rate - (time.monotonic() - started)
-                if ahead > 0:
-                    time.sleep(ahead)
+            values = list(encode_batch(batch, ts_ms))
+            for first in range(0, len(values), step):
+                for offset, value in enumerate(values[first : first + step]):
+                    seq = batch.start + first + offset
+                    confirmations.add(producer.send(topic, value=value, partition=seq % n_parts))
+                sent_now = min(step, len(values) - first)
+                attempted += sent_now
+                if on_progress is not None:
+                    on_progress(sent_now)
+                confirmations.drain()
+                if confirmations.failures:
+                    break
+                if rate is not None:
+                    ahead = attempted / rate - (time.monotonic() - started)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            if confirmations.failures:
+                break
         producer.flush()
+        confirmations.settle()
     finally:
         producer.close(timeout=10)
-    return sent
+    if confirmations.failures:
+        total = spec.n_events
+        first_failure = confirmations.failures[0]
+        raise WorkloadNotDelivered(
+            f"only {confirmations.delivered:,} of {total:,} events reached topic {topic!r}: "
+            f"{len(confirmations.failures):,} of the {attempted:,} sent were refused "
+            f"(first: {type(first_failure).__name__}: {first_failure}) and the rest were "
+            "not sent",
+            delivered=confirmations.delivered,
+            attempted=attempted,
+        ) from first_failure
+    return confirmations.delivered
 
 
 class WorkloadTrickle(threading.Thread):

@@ -771,7 +771,9 @@ def reply_arrived(
     """Whether the job's ACK (or ``operator``'s MIGRATED) for the rollout is in.
 
     One poll of the control topic through the controller, which records the
-    replies in its state file: the check a deferrable trigger repeats.
+    replies in its state file: the check a deferrable trigger repeats. A
+    PREPARE the job answered with REFUSED raises
+    :class:`~keyplane.controller.ControllerError` with the job's reason.
     ``version`` is the version the wait is for (:func:`awaited_rollout`);
     None takes the rollout in flight, else the last one.
     """
@@ -779,6 +781,12 @@ def reply_arrived(
         control.poll()
         rollout = awaited_rollout(control.state, version)
         if kind == "ack":
+            if rollout.ack is None and rollout.refused is not None:
+                from keyplane.controller import ControllerError
+
+                raise ControllerError(
+                    f"the job refused v{rollout.version}: {rollout.refused.reason}"
+                )
             return rollout.ack is not None
         assert operator is not None
         return operator in rollout.migrated

@@ -796,12 +796,24 @@ def main(argv: list[str] | None = None) -> int:
     """
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    settings = parse_settings(argv)
     try:
-        run_counts_job(parse_settings(argv), on_progress=_print_progress, should_stop=stop.is_set)
+        run_counts_job(settings, on_progress=_print_progress, should_stop=stop.is_set)
     except (StageEngineError, CheckpointRecordError) as exc:
         print(f"running_counts: error: {exc}", file=sys.stderr)
         return 2
+    _print_committed(settings)
     return 0
+
+
+def _print_committed(settings: CountsJobSettings) -> None:
+    """The log's last word: what the checkpoint has committed, read from Spark's commit and
+    offset logs, which count every batch, printed or not."""
+    from keyplane.jobprocess import last_committed_batch
+
+    committed = last_committed_batch(Path(settings.checkpoint), settings.events_topic)
+    what = "no batch" if committed is None else committed.describe()
+    print(f"stopped; the checkpoint has committed {what}", flush=True)
 
 
 if __name__ == "__main__":

@@ -106,12 +106,13 @@ from keyplane.events import (
     MAX_EVENT_BYTES,
     RESERVED_KEY_STARTS,
     Forward,
+    dead_letter_value,
     decode_events,
     parse_event,
 )
 from keyplane.handoff import LeastLoadedRoutes, StateMove, VersionedTables
 from keyplane.kafka.migration_topic import moves_of
-from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, total_rows
+from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, check_not_ahead, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range
 from keyplane.operators import OPERATORS
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
@@ -447,7 +448,7 @@ def _routed_part(
                         "source": source,
                         "offset": offset,
                         "reason": problem,
-                        "value": (value or b"")[:1024].decode("utf-8", "replace"),
+                        **dead_letter_value(value),
                     }
                 )
                 out.add(kind="invalid", ra=control_group("I", source, p.parallelism), detail=detail)
@@ -949,7 +950,9 @@ class RoutedEventsReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         plan = int(start["plan"]) + 1
-        protocol = JobProtocol.from_dict(start["protocol"], lookup_checksum=self.lookup_checksum)
+        protocol = JobProtocol.from_dict(
+            start["protocol"], lookup_checksum=self.lookup_checksum, explain=self.unusable
+        )
         replies: list[ControlMessage] = []
         control = self._read_control(int(start["control"]), new=plan == 0)
         refused: Counter[str] = Counter()
@@ -976,7 +979,9 @@ class RoutedEventsReader(DataSourceStreamReader):
                 )
             replies += reaction.replies
         events = self._events_end(start["events"], limit)
-        migration = {**start["migration"], **self._marks(self.migration_topic)}
+        migration_marks = self._marks(self.migration_topic)
+        check_not_ahead(self.migration_topic, start["migration"], migration_marks)
+        migration = {**start["migration"], **migration_marks}
         work = (
             total_rows(start["events"], events) > 0
             or control.end != int(start["control"])
@@ -1054,6 +1059,9 @@ class RoutedEventsReader(DataSourceStreamReader):
 
     def _events_end(self, start: PartitionOffsets, limit: ReadLimit) -> PartitionOffsets:
         marks = {self.events_topic: self._marks(self.events_topic)}
+        check_not_ahead(
+            self.events_topic, start.get(self.events_topic, {}), marks[self.events_topic]
+        )
         self._latest = marks
         known = all(p in start.get(t, {}) for t, parts in marks.items() for p in parts)
         earliest = {} if known else {self.events_topic: self._earliest(self.events_topic)}

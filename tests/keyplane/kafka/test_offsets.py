@@ -7,8 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from keyplane.kafka.offsets import (
+    CheckpointAheadError,
     OffsetSpecError,
     cap_offsets,
+    check_not_ahead,
     parse_starting_offsets,
     total_rows,
 )
@@ -46,3 +48,16 @@ def test_cap_never_exceeds_budget_or_latest_and_always_progresses(
     assert taken == min(budget, available)
     for p, off in end["t"].items():
         assert start["t"][p] <= off <= latest["t"][p]
+
+
+def test_a_checkpoint_ahead_of_its_topic_is_named_with_both_offsets() -> None:
+    check_not_ahead("events", {"0": 5, "1": 7}, {0: 5, 1: 9})
+    check_not_ahead("events", {}, {})
+    with pytest.raises(CheckpointAheadError) as ahead:
+        check_not_ahead("events", {"0": 5, "1": 72}, {0: 5, 1: 0})
+    assert str(ahead.value).startswith(
+        "the checkpoint has read topic 'events' partition 1 up to offset 72, but the topic "
+        "ends at offset 0: the broker lost records it had acknowledged"
+    )
+    with pytest.raises(CheckpointAheadError, match="partition 0 up to offset 3, but the topic "):
+        check_not_ahead("gone", {"0": 3}, {})

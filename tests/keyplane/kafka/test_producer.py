@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.errors import KafkaError, UnknownProducerIdError
 
 from keyplane.kafka import producer as producer_module
 from keyplane.kafka.admin import ensure_topic, high_watermarks
@@ -15,6 +17,7 @@ from keyplane.kafka.producer import (
     SAFE_DELIVERY,
     Delivery,
     LongLivedProducer,
+    WorkloadNotDelivered,
     WorkloadTrickle,
     make_producer,
     produce_workload,
@@ -48,14 +51,35 @@ def test_a_rate_or_partition_count_it_cannot_honour_is_refused_before_connecting
         produce_workload(PairsWorkload(n_events=10), nobody, "t", partitions=partitions, rate=rate)
 
 
+class FakeFuture:
+    """A settled send, as kafka-python's future reports it: done, and failed or not."""
+
+    def __init__(self, error: KafkaError | None) -> None:
+        self.is_done = True
+        self.exception = error
+
+    def failed(self) -> bool:
+        return self.exception is not None
+
+    def get(self, timeout: float) -> None:
+        if self.exception is not None:
+            raise self.exception
+
+
 class FakeProducer:
-    """Records the partition of each send, in place of a Kafka producer (no broker runs)."""
+    """Records the partition and time of each send, in place of a Kafka producer (no broker
+    runs); every send from the ``fail_from``-th on fails, as after a broker restart."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_from: int | None = None) -> None:
         self.partitions: list[int] = []
+        self.sent_at: list[float] = []
+        self.fail_from = fail_from
 
-    def send(self, topic: str, *, value: bytes, partition: int) -> None:
+    def send(self, topic: str, *, value: bytes, partition: int) -> FakeFuture:
         self.partitions.append(partition)
+        self.sent_at.append(time.monotonic())
+        failing = self.fail_from is not None and len(self.partitions) > self.fail_from
+        return FakeFuture(UnknownProducerIdError() if failing else None)
 
     def flush(self) -> None:
         pass
@@ -84,6 +108,83 @@ def test_a_partition_count_the_caller_already_has_is_not_asked_for_again(
     assert fake.partitions == [seq % 3 for seq in range(10)]
     with pytest.raises(ValueError, match="1 partition or more, not 0"):
         produce_workload(spec, "unused:9092", "t", topic_partitions=0)
+
+
+def test_fake_producer_sends_that_fail_make_the_workload_fail_with_the_count_delivered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a fake producer whose sends fail from the 25,000th on: the call raises, counts
+    exactly the 25,000 acknowledged, and stops sending soon after the first failure."""
+    fake = FakeProducer(fail_from=25_000)
+    monkeypatch.setattr(producer_module, "make_producer", lambda *args, **kwargs: fake)
+    spec = PairsWorkload(n_events=40_000)
+
+    with pytest.raises(WorkloadNotDelivered) as failed:
+        produce_workload(spec, "unused:9092", "t", topic_partitions=2)
+
+    assert failed.value.delivered == 25_000
+    assert str(failed.value).startswith("only 25,000 of 40,000 events reached topic 't': ")
+    assert "UnknownProducerIdError" in str(failed.value)
+    assert len(fake.partitions) == failed.value.attempted < 40_000
+
+
+def test_fake_producer_a_rate_is_kept_event_by_event_not_per_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At 2,000 events/s, 1,000 events take about 0.5 s spread evenly: the 500th send is
+    about 0.25 s after the first, not all of them at once before one long sleep."""
+    fake = FakeProducer()
+    monkeypatch.setattr(producer_module, "make_producer", lambda *args, **kwargs: fake)
+    progress: list[int] = []
+
+    started = time.monotonic()
+    sent = produce_workload(
+        PairsWorkload(n_events=1_000),
+        "unused:9092",
+        "t",
+        topic_partitions=2,
+        rate=2_000.0,
+        on_progress=progress.append,
+    )
+
+    assert sent == 1_000 and sum(progress) == 1_000 and len(progress) >= 20
+    halfway = fake.sent_at[499] - fake.sent_at[0]
+    assert 0.2 <= halfway <= 0.4, halfway
+    assert time.monotonic() - started >= 0.45
+
+
+@pytest.mark.integration
+def test_a_workload_sent_across_a_memory_broker_restart_fails_with_the_count_delivered(
+    tmp_path: Path,
+) -> None:
+    """The broker (memory storage) stops and starts while a rate-limited workload is sent:
+    the restarted broker knows neither the topic nor the producer, so the call must fail and
+    say how many events were acknowledged, not report every event as sent."""
+    broker = EmbeddedBroker(tmp_path, free_port(), storage="memory")
+    bootstrap = broker.start().bootstrap_servers
+    spec = PairsWorkload(n_events=20_000)
+    outcome: list[BaseException | int] = []
+
+    def send() -> None:
+        try:
+            outcome.append(produce_workload(spec, bootstrap, "restarted", partitions=2, rate=2_000))
+        except BaseException as error:
+            outcome.append(error)
+
+    sender = threading.Thread(target=send)
+    try:
+        sender.start()
+        time.sleep(1.0)
+        broker.stop()
+        broker.start()
+        sender.join(timeout=240)
+    finally:
+        broker.stop()
+    assert not sender.is_alive()
+    [result] = outcome
+    assert isinstance(result, WorkloadNotDelivered), result
+    assert 0 < result.delivered < spec.n_events
+    assert str(result).startswith(f"only {result.delivered:,} of 20,000 events reached topic ")
 
 
 @pytest.mark.integration

@@ -15,7 +15,9 @@ stream of events, the control topic receives, with the real
   checksum.
 
 The job refuses each one: no ACK, one log line naming the reason, a count by
-reason in its metrics topic, and it keeps routing on v2. Then v6 is rolled
+reason in its metrics topic, and it keeps routing on v2. Each PREPARE it could
+read but will not take (not the forged ones, and not the PREPARE of the version
+it runs, a retried step) earns a REFUSED reply with the reason. Then v6 is rolled
 out with its messages reordered (a PROPAGATE before its PREPARE) and
 duplicated (PREPARE, PROPAGATE, DONE twice): the job ends on v6 and every
 count is exact.
@@ -286,7 +288,14 @@ def test_the_job_refuses_forged_stale_and_unloadable_control_messages_and_stays_
     with ControlChannel(broker, settings.control_topic) as reader:
         read = reader.read(0)
     assert sorted(why.reason for _, why in read.rejected) == ["bad_signature", "missing_signature"]
-    replies = [message for _, message in read.messages if message.sender == "job"]
+    everything = [message for _, message in read.messages if message.sender == "job"]
+    refused = [m for m in everything if m.type == "REFUSED"]
+    unusable = [(99, "0" * 64), (6, "f" * 64)]
+    unusable += [(version, checksum(store, version)) for version in (3, 4, 5)]
+    assert sorted((m.config_version, m.checksum) for m in refused) == sorted(unusable)
+    assert all(m.reason is not None and m.reason.startswith("unknown_checksum: ") for m in refused)
+    assert any(m.reason is not None and "over 8 instances" in m.reason for m in refused)
+    replies = [m for m in everything if m.type != "REFUSED"]
     assert {m.config_version for m in replies} == {6}
     assert {(m.type, m.operator) for m in replies} == {
         ("ACK", None),

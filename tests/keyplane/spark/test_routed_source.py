@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import threading
@@ -224,6 +225,11 @@ def test_records_that_are_not_utf8_are_dead_lettered_not_a_failed_task_pure(
     details = [json.loads(r["detail"]) for r in rows if r["kind"] == "invalid"]
     assert [d["offset"] for d in details] == sorted(bad)
     assert all(d["reason"].startswith("not JSON") for d in details)
+    # Each dead letter keeps the record's bytes: its text if UTF-8, else base64.
+    assert {d["offset"] for d in details if "value_base64" in d} == {2, 5, 6}
+    for d in details:
+        kept = base64.b64decode(d["value_base64"]) if "value_base64" in d else d["value"].encode()
+        assert kept == bad[d["offset"]]
     assert sum(r["n"] for r in rows if r["kind"] == "event") == len(values) - len(bad)
     assert {(r["a"], r["b"]) for r in rows if r["kind"] == "event"} == {("x", "y")}
 
