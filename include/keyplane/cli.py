@@ -42,6 +42,7 @@ from keyplane.jobprocess import (
     describe_aggregates,
 )
 from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
+from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
@@ -123,10 +124,18 @@ def _spec_from_args(kind: str, args: argparse.Namespace) -> Any:
     return model(kind=kind, **values)
 
 
-def _broker(settings: Settings, args: argparse.Namespace) -> EmbeddedBroker:
+def _broker(settings: Settings, args: argparse.Namespace) -> EmbeddedBroker | ApacheKafkaBroker:
+    port = settings.broker_port if args.port is None else args.port
+    if (args.engine or settings.broker_engine) == "kafka":
+        if args.storage is not None:
+            raise BrokerError(
+                "--storage is the embedded broker's; Apache Kafka keeps its records in "
+                "log directories under KEYPLANE_HOME/kafka"
+            )
+        return ApacheKafkaBroker(settings.home, port)
     return EmbeddedBroker(
         settings.home,
-        settings.broker_port if args.port is None else args.port,
+        port,
         storage=args.storage or settings.broker_storage,
         bucket=settings.broker_bucket,
     )
@@ -773,7 +782,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    broker = sub.add_parser("broker", help="start, stop or inspect the embedded Kafka broker")
+    broker = sub.add_parser(
+        "broker", help="start, stop or inspect the local broker (embedded, or Apache Kafka)"
+    )
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument(
         "--port",
@@ -785,6 +796,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["memory", "s3"],
         help="start: 'memory' (lost on stop) or 's3' (durable; default: KEYPLANE_BROKER_STORAGE "
         "or memory)",
+    )
+    broker.add_argument(
+        "--engine",
+        choices=["embedded", "kafka"],
+        help="'embedded' (starts in 0.1 s) or 'kafka': Apache Kafka, its logs kept under "
+        "KEYPLANE_HOME/kafka (default: KEYPLANE_BROKER_ENGINE or embedded)",
     )
     broker.set_defaults(func=cmd_broker)
 
