@@ -5,7 +5,7 @@ second, so it stays the default; this one is the real thing, for the tests
 and runs that must hold against the semantics Apache Kafka enforces
 (transactions, idempotent producers, topic creation, retention).
 
-Apache Kafka is installed from Maven Central by ``scripts/install-kafka``
+Apache Kafka is installed from Maven Central by ``scripts/install-jars``
 (``make bootstrap`` runs it) into ``.tools/kafka-<version>/libs``, or wherever
 ``KEYPLANE_KAFKA_HOME`` points, and runs as ``java -cp libs/* kafka.Kafka``
 on a ``server.properties`` written under the keyplane home. Its log
@@ -27,6 +27,8 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from keyplane.kafka.broker import (
@@ -35,6 +37,7 @@ from keyplane.kafka.broker import (
     answers_kafka,
     port_is_free,
 )
+from keyplane.kafka.security import _jaas_quoted
 from keyplane.processes import (
     StaleFile,
     inspect_state_file,
@@ -94,7 +97,7 @@ def kafka_classpath(install: Path | None = None) -> str:
     if not (libs.parent / "installed").is_file() or not any(libs.glob("kafka_2.13-*.jar")):
         raise BrokerError(
             f"Apache Kafka {KAFKA_VERSION} is not installed in {libs.parent}: run "
-            f"scripts/install-kafka (make bootstrap does), or set {KAFKA_HOME_ENV} to an "
+            f"scripts/install-jars (make bootstrap does), or set {KAFKA_HOME_ENV} to an "
             "installation with its jars in libs/"
         )
     return f"{libs}/*"
@@ -105,24 +108,46 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
-def server_properties(port: int, controller_port: int, log_dir: Path) -> str:
+def server_properties(
+    port: int, controller_port: int, log_dir: Path, sasl_plain: SaslPlainListener | None = None
+) -> str:
     """A combined broker and controller on loopback, replication factors of one node.
 
     The controller's quorum is the one static voter, this node, so its
     listener may move to another free port from one start to the next. The
     first group rebalance starts at once rather than after Kafka's default
-    three seconds: a single consumer joins each group here.
+    three seconds: a single consumer joins each group here. ``sasl_plain``
+    adds a ``SASL_PLAINTEXT`` listener that accepts its users (mechanism
+    PLAIN) beside the ``PLAINTEXT`` one, which the broker's own health
+    check and its inter-broker traffic keep using.
     """
+    listeners = [f"PLAINTEXT://127.0.0.1:{port}"]
+    protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+    sasl_lines: list[str] = []
+    if sasl_plain is not None:
+        listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{sasl_plain.port}")
+        protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+        users = " ".join(
+            f"user_{name}={_jaas_quoted(password)}" for name, password in sasl_plain.users.items()
+        )
+        jaas = f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+        # A properties file reads a backslash as an escape: the JAAS line's own escapes
+        # (a quote in a password) must reach the JAAS parser as written.
+        sasl_lines = [
+            "sasl.enabled.mechanisms=PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config=" + jaas.replace("\\", "\\\\"),
+        ]
     return "\n".join(
         [
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+            f"listeners={','.join(listeners)},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners={','.join(listeners)}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"listener.security.protocol.map={','.join(protocols)}",
+            *sasl_lines,
             f"log.dirs={log_dir}",
             "num.partitions=1",
             "offsets.topic.replication.factor=1",
@@ -134,6 +159,32 @@ def server_properties(port: int, controller_port: int, log_dir: Path) -> str:
             "",
         ]
     )
+
+
+@dataclass(frozen=True)
+class SaslPlainListener:
+    """A ``SASL_PLAINTEXT`` listener on loopback ``port`` whose PLAIN users are ``users``.
+
+    For testing clients against authentication as a production cluster
+    enforces it; the passwords are written into ``server.properties``
+    (readable by its owner only), as Apache Kafka's static PLAIN users are.
+    """
+
+    port: int
+    users: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise BrokerError(f"SASL port {self.port} is not one of 1..65535")
+        if not self.users:
+            raise BrokerError("a SASL/PLAIN listener needs at least one user")
+        for name in self.users:
+            if not name or not name.replace("-", "").replace("_", "").isalnum():
+                raise BrokerError(f"SASL user {name!r}: letters, digits, '-' and '_' only")
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
 
 def _free_loopback_port() -> int:
@@ -150,11 +201,18 @@ class ApacheKafkaBroker:
     ``inspect`` read the pid file, ``stop`` stops the process group.
     """
 
-    def __init__(self, home: Path, port: int = 19092, install: Path | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        port: int = 19092,
+        install: Path | None = None,
+        sasl_plain: SaslPlainListener | None = None,
+    ) -> None:
         if not 1 <= port <= 65535:
             raise BrokerError(f"port {port} is not one of 1..65535")
         self.home = Path(home)
         self.port = port
+        self.sasl_plain = sasl_plain
         self.install = install or kafka_install_dir()
         self.state_file = self.home / "broker.json"
         self.kafka_dir = self.home / "kafka"
@@ -224,12 +282,20 @@ class ApacheKafkaBroker:
                 f"port {self.port} is taken by another process; free it or choose another "
                 "port with --port (or KEYPLANE_BROKER_PORT)"
             )
+        if self.sasl_plain is not None and not port_is_free(self.sasl_plain.port):
+            raise BrokerError(f"SASL port {self.sasl_plain.port} is taken by another process")
         java = java_binary()
         classpath = kafka_classpath(self.install)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Owner-only: server.properties may hold the SASL users' passwords.
+        self.kafka_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.kafka_dir.chmod(0o700)
+        self.log_dir.mkdir(exist_ok=True)
         properties = self.kafka_dir / "server.properties"
         controller_port = _free_loopback_port()
-        write_atomically(properties, server_properties(self.port, controller_port, self.log_dir))
+        write_atomically(
+            properties,
+            server_properties(self.port, controller_port, self.log_dir, self.sasl_plain),
+        )
         write_atomically(self.kafka_dir / "log4j2.properties", _LOG4J2)
         log = self.home / "broker.log"
         self._format_once(java, classpath, properties, log)

@@ -12,17 +12,23 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.apache_kafka import (
     KAFKA_VERSION,
     ApacheKafkaBroker,
+    SaslPlainListener,
     java_binary,
     kafka_install_dir,
 )
-from keyplane.kafka.broker import BrokerError
+from keyplane.kafka.broker import BrokerError, answers_kafka
+from keyplane.kafka.consumers import close_idle
 from keyplane.kafka.producer import make_producer, send_confirmed
+from keyplane.kafka.ranges import offset_ranges, read_range
+from keyplane.kafka.security import kafka_security
+from keyplane.spark.connector import CONNECTOR_VERSION, connector_dir
 from keyplane.testing import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -35,20 +41,25 @@ def test_the_pom_pins_the_version_the_module_runs() -> None:
 
 
 def test_a_second_install_does_nothing_and_the_recorded_checksums_match_the_jars() -> None:
-    """The install records each verified jar's SHA-256; a second run reads the marker only."""
+    """Each set records its verified jars' SHA-256; a second run reads the markers only."""
     done = subprocess.run(
-        [str(REPO / "scripts" / "install-kafka")], capture_output=True, text=True, timeout=600
+        [str(REPO / "scripts" / "install-jars")], capture_output=True, text=True, timeout=600
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     install = kafka_install_dir()
-    recorded = dict(
-        reversed(line.split("  ", 1)) for line in (install / "installed").read_text().splitlines()
-    )
-    jars = {jar.name: jar for jar in (install / "libs").glob("*.jar")}
-    assert f"kafka_2.13-{KAFKA_VERSION}.jar" in jars
-    assert set(recorded) == set(jars)
-    for name, jar in jars.items():
-        assert hashlib.sha256(jar.read_bytes()).hexdigest() == recorded[name], name
+    for folder, main_jar in (
+        (install, f"kafka_2.13-{KAFKA_VERSION}.jar"),
+        (connector_dir(), f"spark-sql-kafka-0-10_2.13-{CONNECTOR_VERSION}.jar"),
+    ):
+        recorded = dict(
+            reversed(line.split("  ", 1))
+            for line in (folder / "installed").read_text().splitlines()
+        )
+        jars = {jar.name: jar for jar in (folder / "libs").glob("*.jar")}
+        assert main_jar in jars
+        assert set(recorded) == set(jars)
+        for name, jar in jars.items():
+            assert hashlib.sha256(jar.read_bytes()).hexdigest() == recorded[name], name
 
 
 def test_no_java_is_one_line_naming_the_package(
@@ -63,7 +74,7 @@ def test_no_java_is_one_line_naming_the_package(
 
 def test_a_missing_installation_is_one_line_naming_the_fix(tmp_path: Path) -> None:
     broker = ApacheKafkaBroker(tmp_path / "home", free_port(), install=tmp_path / "none")
-    with pytest.raises(BrokerError, match=r"is not installed in .*: run scripts/install-kafka"):
+    with pytest.raises(BrokerError, match=r"is not installed in .*: run scripts/install-jars"):
         broker.start()
     assert broker.status() is None
 
@@ -146,3 +157,53 @@ def test_cli_starts_apache_kafka_whose_records_and_offsets_survive_a_stop_and_st
     finally:
         stopped = _keyplane(home, port, "stop")
     assert stopped.returncode == 0
+
+
+@pytest.mark.integration
+@pytest.mark.apache_kafka
+def test_keyplane_clients_authenticate_with_sasl_plain_and_other_clients_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 4 of the security settings, on a broker that enforces them: with
+    ``KEYPLANE_KAFKA_*`` set, keyplane's admin client, producer and range reader
+    authenticate over SASL/PLAIN; a wrong password and an anonymous client get nothing."""
+    sasl = SaslPlainListener(free_port(), {"keyplane": 'pa"ss word'})
+    broker = ApacheKafkaBroker(tmp_path / "home", free_port(), sasl_plain=sasl)
+    broker.start()
+    secured = sasl.bootstrap_servers
+    try:
+        monkeypatch.setenv("KEYPLANE_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+        monkeypatch.setenv("KEYPLANE_KAFKA_SASL_MECHANISM", "PLAIN")
+        monkeypatch.setenv("KEYPLANE_KAFKA_SASL_USERNAME", "keyplane")
+        monkeypatch.setenv("KEYPLANE_KAFKA_SASL_PASSWORD", 'pa"ss word')
+        kafka_security.cache_clear()
+        assert ensure_topic(secured, "secured", 2) == 2
+        producer = make_producer(secured)
+        try:
+            records = [(b"k%d" % i, b"v%d" % i) for i in range(200)]
+            assert send_confirmed(producer, "secured", records) == 200
+        finally:
+            producer.close()
+        ends = high_watermarks(secured, "secured")
+        assert sum(ends.values()) == 200
+        values = {
+            value
+            for r in offset_ranges(secured, "secured", {}, ends)
+            for batch in read_range(r)
+            for value in batch.column("value").to_pylist()
+        }
+        assert values == {b"v%d" % i for i in range(200)}
+        close_idle()
+
+        monkeypatch.setenv("KEYPLANE_KAFKA_SASL_PASSWORD", "wrong")
+        kafka_security.cache_clear()
+        with pytest.raises(KafkaError):
+            high_watermarks(secured, "secured")
+        # Anonymous, the same listener answers nothing; the plaintext one still serves.
+        assert not answers_kafka(secured)
+        assert answers_kafka(f"127.0.0.1:{broker.port}")
+    finally:
+        monkeypatch.undo()
+        kafka_security.cache_clear()
+        close_idle()
+        broker.stop()
