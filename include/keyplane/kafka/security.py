@@ -138,6 +138,20 @@ def kafka_security() -> KafkaSecurity:
     return KafkaSecurity()
 
 
+RECONNECT_BACKOFF_MAX_MS = 1_000
+"""The longest wait between two connection attempts to a broker that is down.
+
+kafka-python doubles the wait up to 30 s, where Apache Kafka's Java client
+stops at 1 s. A broker that restarts (a JVM takes seconds to start) is then
+found again at once rather than up to 30 s later, by which time a client's
+30 s bootstrap timeout may have failed the job's micro-batch."""
+
+
 def client_config(bootstrap_servers: str) -> dict[str, Any]:
-    """``bootstrap_servers`` plus the security keyword arguments, for any kafka-python client."""
-    return {"bootstrap_servers": bootstrap_servers, **kafka_security().client_kwargs()}
+    """``bootstrap_servers`` plus the security keyword arguments, for any kafka-python client,
+    and the reconnection back-off of :data:`RECONNECT_BACKOFF_MAX_MS`."""
+    return {
+        "bootstrap_servers": bootstrap_servers,
+        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+        **kafka_security().client_kwargs(),
+    }

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
@@ -27,7 +27,7 @@ from keyplane.kafka.broker import BrokerError, answers_kafka
 from keyplane.kafka.consumers import close_idle
 from keyplane.kafka.producer import make_producer, send_confirmed
 from keyplane.kafka.ranges import offset_ranges, read_range
-from keyplane.kafka.security import kafka_security
+from keyplane.kafka.security import client_config, kafka_security
 from keyplane.spark.connector import CONNECTOR_VERSION, connector_dir
 from keyplane.testing import free_port
 
@@ -198,7 +198,10 @@ def test_keyplane_clients_authenticate_with_sasl_plain_and_other_clients_are_ref
         monkeypatch.setenv("KEYPLANE_KAFKA_SASL_PASSWORD", "wrong")
         kafka_security.cache_clear()
         with pytest.raises(KafkaError):
-            high_watermarks(secured, "secured")
+            KafkaAdminClient(**client_config(secured), bootstrap_timeout_ms=5_000).close()
+        # The client only sees its connections closed; the broker says why.
+        log = (tmp_path / "home" / "broker.log").read_text()
+        assert "Authentication failed: Invalid username or password" in log
         # Anonymous, the same listener answers nothing; the plaintext one still serves.
         assert not answers_kafka(secured)
         assert answers_kafka(f"127.0.0.1:{broker.port}")
