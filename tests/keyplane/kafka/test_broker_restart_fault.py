@@ -26,7 +26,7 @@ from keyplane.config import RoutingConfig, save
 from keyplane.controller import Controller
 from keyplane.handoff import routed_key_table
 from keyplane.jobprocess import read_metrics_topic, read_rollout
-from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.admin import HighWatermarks
 from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
@@ -125,12 +125,17 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(
             controller.wait_ack(timeout_s=600)
             controller.propagate("A")
 
-            def moved_state_written() -> bool:
-                return sum(high_watermarks(bootstrap, settings.migration_topic).values()) > 0
+            # One consumer for every poll: a new one per poll connects and fetches
+            # metadata first, time taken from the window between the moved state
+            # and MIGRATED in which the crash must land.
+            with HighWatermarks(bootstrap) as marks:
 
-            wait_while_job_runs(
-                moved_state_written, "A's moved state", job, log, timeout_s=600, poll_s=0.05
-            )
+                def moved_state_written() -> bool:
+                    return sum(marks.of(settings.migration_topic).values()) > 0
+
+                wait_while_job_runs(
+                    moved_state_written, "A's moved state", job, log, timeout_s=600, poll_s=0.05
+                )
             # Checked before the crash: once the broker is back, the job may send
             # MIGRATED before this process reads the topic again, as it should.
             controller.poll()
