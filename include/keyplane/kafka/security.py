@@ -14,7 +14,8 @@ cluster's secret store, docs/deploy.md).
 keyword arguments and :meth:`KafkaSecurity.spark_options` to the JVM
 connector's ``kafka.``-prefixed options; nothing else in keyplane names a
 security setting. The embedded broker (tansu) speaks PLAINTEXT only, so the
-default is PLAINTEXT and the tests check the mappings, not a handshake.
+default is PLAINTEXT; the SASL/PLAIN handshake of kafka-python's clients is
+tested against Apache Kafka (:class:`~keyplane.kafka.apache_kafka.SaslPlainListener`).
 """
 
 from __future__ import annotations
