@@ -92,9 +92,14 @@ def java_binary() -> str:
 
 
 def kafka_classpath(install: Path | None = None) -> str:
-    """The ``-cp`` of the installed jars; a one-line error naming the fix when they are absent."""
+    """The ``-cp`` of the installed jars; a one-line error naming the fix when they are absent.
+
+    ``scripts/install-jars`` moves a folder into place only once its jars
+    loaded, so a folder with the broker's jar is a complete one (as is an
+    Apache Kafka distribution's).
+    """
     libs = (install or kafka_install_dir()) / "libs"
-    if not (libs.parent / "installed").is_file() or not any(libs.glob("kafka_2.13-*.jar")):
+    if not any(libs.glob("kafka_2.13-*.jar")):
         raise BrokerError(
             f"Apache Kafka {KAFKA_VERSION} is not installed in {libs.parent}: run "
             f"scripts/install-jars (make bootstrap does), or set {KAFKA_HOME_ENV} to an "

@@ -39,14 +39,12 @@ def connector_dir() -> Path:
 def connector_jars() -> list[Path]:
     """Every jar of the installed connector, for a session's ``spark.jars``.
 
-    Only a completed installation counts (its ``installed`` file, written
-    after the jars were checked), never a half-copied one.
+    ``scripts/install-jars`` moves the folder into place only once its jars
+    were checked, so a half-copied set is never found here.
     """
     folder = connector_dir()
     jars = sorted((folder / "libs").glob("*.jar"))
-    if not (folder / "installed").is_file() or not any(
-        jar.name.startswith("spark-sql-kafka-0-10_") for jar in jars
-    ):
+    if not any(jar.name.startswith("spark-sql-kafka-0-10_") for jar in jars):
         raise ConnectorUnavailable(
             f"Spark's Kafka connector is not installed in {folder}: run scripts/install-jars "
             f"(make bootstrap does), or set {CONNECTOR_HOME_ENV} to a folder with its jars "
