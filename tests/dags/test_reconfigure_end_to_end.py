@@ -65,17 +65,23 @@ def _message_ids(broker: str, topic: str) -> list[str]:
 
 
 def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_back(
-    broker: str, topic_name: str, tmp_path: Path
+    engine_broker: str, topic_name: str, tmp_path: Path
 ) -> None:
     before = PairsWorkload(n_keys=48, locality=0.9, n_events=8_000, seed=5)
-    assert produce_workload(before, broker, topic_name, partitions=2) == before.n_events
+    assert produce_workload(before, engine_broker, topic_name, partitions=2) == before.n_events
     store = tmp_path / "routing"
     config_store.save(
         RoutingConfig.all_hash(P, OPERATORS),
         store,
     )
     settings = routed_job_settings(
-        broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="1 second", version=1
+        engine_broker,
+        topic_name,
+        tmp_path,
+        parallelism=P,
+        batch=2_000,
+        trigger="1 second",
+        version=1,
     )
     job_log = tmp_path / "job.log"
     job = start_job_process(settings, job_log)
@@ -92,7 +98,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         lambda i: PairsWorkload(
             n_keys=1 if hot.is_set() else 48, locality=0.9, n_events=400, seed=100 + i
         ),
-        broker,
+        engine_broker,
         topic_name,
     )
     try:
@@ -120,7 +126,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         )
         assert run.returncode == 0 and run.state == "success", run.output[-6000:]
 
-        deployment = Deployment.from_environment(broker)
+        deployment = Deployment.from_environment(engine_broker)
         deployment = deployment.model_copy(
             update={
                 "home": tmp_path / "keyplane-home",
@@ -180,7 +186,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         # publish and propagate of the finished run, run again: the same messages with the
         # same ids, which the job ignores; it stays on the new version and replies nothing
         # new. roll_out_waves sends nothing: the job runs past every wave.
-        sent = _message_ids(broker, settings.control_topic)
+        sent = _message_ids(engine_broker, settings.control_topic)
         mark = tasks.metrics_end(deployment)
         for task_id in ("roll_out_waves", "publish", "propagate"):
             again = subprocess.run(
@@ -191,7 +197,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
                 timeout=BUSY_S,
             )
             assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-        resent = _message_ids(broker, settings.control_topic)
+        resent = _message_ids(engine_broker, settings.control_topic)
         assert len(resent) == len(sent) + 3 and set(resent) == set(sent)
 
         def batches_since(start: dict[int, int]) -> list[dict[str, int]]:
@@ -201,7 +207,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
             lambda: len(batches_since(mark)) >= 3, "batches", job, job_log, timeout_s=BUSY_S
         )
         assert all(v == {"A": new, "B": new} for v in batches_since(mark))
-        assert _message_ids(broker, settings.control_topic) == resent
+        assert _message_ids(engine_broker, settings.control_topic) == resent
         state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
         assert state.protocol.active_version == new and state.protocol.current is None
 
@@ -245,7 +251,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         assert all(v == {"A": restored, "B": restored} for v in batches_since(back))
 
         producer.finish()
-        total = sum(high_watermarks(broker, topic_name).values())
+        total = sum(high_watermarks(engine_broker, topic_name).values())
         assert total == before.n_events + sum(spec.n_events for spec in producer.specs)
         wait_while_job_runs(lambda: counted(total), "every event", job, job_log, timeout_s=BUSY_S)
     finally:
@@ -258,7 +264,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
     report = compare_counts(truth, read_output(settings.output))
     assert report.expected_events == total
     assert report.exact, report
-    with ControlChannel(broker, settings.control_topic) as channel:
+    with ControlChannel(engine_broker, settings.control_topic) as channel:
         messages = channel.read(0).messages
     assert all(message.config_version != bad.version for _, message in messages)
     for version in (*waves, new):

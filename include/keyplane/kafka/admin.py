@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from keyplane.kafka.security import client_config
 
@@ -100,6 +100,10 @@ def high_watermarks(
         return marks.of(topic, partitions)
 
 
+LOST_CONNECTION_RETRIES = 2
+"""How many times :meth:`HighWatermarks.of` asks again after its connection broke."""
+
+
 class HighWatermarks:
     """High watermarks asked again and again, over one long-lived consumer per topic.
 
@@ -140,15 +144,27 @@ class HighWatermarks:
         """``topic``'s high watermark in each partition (of ``partitions``, else all).
 
         A query that fails closes its consumer, so the next one starts afresh
-        rather than from a consumer left in an unknown state.
+        rather than from a consumer left in an unknown state. A query whose
+        connection broke under it (the broker crashed or restarted while it
+        asked: ``KafkaConnectionError``) is asked again on a fresh consumer, up
+        to :data:`LOST_CONNECTION_RETRIES` times, whose bootstrap waits for the
+        broker to return; otherwise a job's micro-batch would fail on the one
+        request that was in flight. Every other failure, and a broker that does
+        not return within a bootstrap timeout, is raised.
         """
-        try:
-            return self._of(topic, partitions)
-        except BaseException:
-            consumer = self._consumers.pop(topic, None)
-            if consumer is not None:
-                consumer.close()
-            raise
+        for attempt in range(LOST_CONNECTION_RETRIES + 1):
+            try:
+                return self._of(topic, partitions)
+            except BaseException as error:
+                consumer = self._consumers.pop(topic, None)
+                if consumer is not None:
+                    consumer.close()
+                if (
+                    not isinstance(error, KafkaConnectionError)
+                    or attempt == LOST_CONNECTION_RETRIES
+                ):
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _of(self, topic: str, partitions: list[int] | None) -> dict[int, int]:
         consumer = self._consumer(topic)

@@ -14,7 +14,8 @@ cluster's secret store, docs/deploy.md).
 keyword arguments and :meth:`KafkaSecurity.spark_options` to the JVM
 connector's ``kafka.``-prefixed options; nothing else in keyplane names a
 security setting. The embedded broker (tansu) speaks PLAINTEXT only, so the
-default is PLAINTEXT and the tests check the mappings, not a handshake.
+default is PLAINTEXT; the SASL/PLAIN handshake of kafka-python's clients is
+tested against Apache Kafka (:class:`~keyplane.kafka.apache_kafka.SaslPlainListener`).
 """
 
 from __future__ import annotations
@@ -138,6 +139,20 @@ def kafka_security() -> KafkaSecurity:
     return KafkaSecurity()
 
 
+RECONNECT_BACKOFF_MAX_MS = 1_000
+"""The longest wait between two connection attempts to a broker that is down.
+
+kafka-python doubles the wait up to 30 s, where Apache Kafka's Java client
+stops at 1 s. A broker that restarts (a JVM takes seconds to start) is then
+found again at once rather than up to 30 s later, by which time a client's
+30 s bootstrap timeout may have failed the job's micro-batch."""
+
+
 def client_config(bootstrap_servers: str) -> dict[str, Any]:
-    """``bootstrap_servers`` plus the security keyword arguments, for any kafka-python client."""
-    return {"bootstrap_servers": bootstrap_servers, **kafka_security().client_kwargs()}
+    """``bootstrap_servers`` plus the security keyword arguments, for any kafka-python client,
+    and the reconnection back-off of :data:`RECONNECT_BACKOFF_MAX_MS`."""
+    return {
+        "bootstrap_servers": bootstrap_servers,
+        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+        **kafka_security().client_kwargs(),
+    }

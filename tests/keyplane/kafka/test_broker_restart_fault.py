@@ -1,13 +1,15 @@
-"""The broker crashes twice under the routed job, on durable ``s3`` storage; counts stay exact.
+"""The broker crashes twice under the routed job, on durable storage; counts stay exact.
 
 The routed job runs as its own process on the embedded broker with ``s3``
-storage (a real local S3 server). The broker is SIGKILLed and started again
+storage (a real local S3 server), then on Apache Kafka with its log
+directories on disk. The broker is SIGKILLed and started again
 twice: once mid-stream, and once in the middle of a live migration (paper
 000 §3.4), after stage A's moved state reached the migration topic and
 before the job reported MIGRATED. Each time the broker stays down for a
 while, so the job's reads, its protocol replies and its producers meet a
 dead broker. The moved state, the control topic and the input survive in
-the object store; the rollout completes and every count is exact.
+the object store or the log directories; the rollout completes and every
+count is exact.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from keyplane.config import RoutingConfig, save
 from keyplane.controller import Controller
 from keyplane.handoff import routed_key_table
 from keyplane.jobprocess import read_metrics_topic, read_rollout
-from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.admin import HighWatermarks
+from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
@@ -49,16 +52,25 @@ P = 4
 OUTAGE_S = 3.0
 
 
-def _crash_and_restart(broker: EmbeddedBroker) -> None:
+def _crash_and_restart(broker: EmbeddedBroker | ApacheKafkaBroker) -> None:
     """SIGKILL the broker process, leave it down for ``OUTAGE_S``, start it on the same port."""
     crash_broker(broker)
     time.sleep(OUTAGE_S)
     broker.start()
 
 
-def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path: Path) -> None:
-    embedded = EmbeddedBroker(tmp_path / "broker", free_port(), storage="s3")
-    bootstrap = embedded.start().bootstrap_servers
+@pytest.mark.parametrize(
+    "engine", ["embedded", pytest.param("kafka", marks=pytest.mark.apache_kafka)]
+)
+def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(
+    engine: str, tmp_path: Path
+) -> None:
+    crashing: EmbeddedBroker | ApacheKafkaBroker = (
+        EmbeddedBroker(tmp_path / "broker", free_port(), storage="s3")
+        if engine == "embedded"
+        else ApacheKafkaBroker(tmp_path / "broker", free_port())
+    )
+    bootstrap = crashing.start().bootstrap_servers
     job: subprocess.Popen[bytes] | None = None
     try:
         topic = "restarts"
@@ -97,7 +109,7 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
         wait_while_job_runs(
             lambda: batches_written(1), "a first batch", job, log, timeout_s=600, poll_s=0.05
         )
-        _crash_and_restart(embedded)
+        _crash_and_restart(crashing)
         before = len(list(output.glob("batch-*.parquet")))
         wait_while_job_runs(
             lambda: batches_written(before + 1),
@@ -113,18 +125,23 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
             controller.wait_ack(timeout_s=600)
             controller.propagate("A")
 
-            def moved_state_written() -> bool:
-                return sum(high_watermarks(bootstrap, settings.migration_topic).values()) > 0
+            # One consumer for every poll: a new one per poll connects and fetches
+            # metadata first, time taken from the window between the moved state
+            # and MIGRATED in which the crash must land.
+            with HighWatermarks(bootstrap) as marks:
 
-            wait_while_job_runs(
-                moved_state_written, "A's moved state", job, log, timeout_s=600, poll_s=0.05
-            )
+                def moved_state_written() -> bool:
+                    return sum(marks.of(settings.migration_topic).values()) > 0
+
+                wait_while_job_runs(
+                    moved_state_written, "A's moved state", job, log, timeout_s=600, poll_s=0.05
+                )
             # Checked before the crash: once the broker is back, the job may send
             # MIGRATED before this process reads the topic again, as it should.
             controller.poll()
             in_flight = controller.state.current if controller.state else None
             assert in_flight is not None and "A" not in in_flight.migrated, "crash before MIGRATED"
-            _crash_and_restart(embedded)
+            _crash_and_restart(crashing)
             controller.wait_migrated("A", timeout_s=600)
             controller.propagate("B")
             controller.wait_migrated("B", timeout_s=600)
@@ -142,7 +159,7 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(tmp_path:
     finally:
         if job is not None and job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-        embedded.stop()
+        crashing.stop()
 
     rollout = read_rollout(tmp_path / "controller.json")
     assert rollout is not None

@@ -112,6 +112,7 @@ def test_client_config_adds_the_process_settings_to_the_servers(
     try:
         assert client_config("kafka:9093") == {
             "bootstrap_servers": "kafka:9093",
+            "reconnect_backoff_max_ms": 1_000,
             "security_protocol": "SSL",
         }
     finally:

@@ -52,13 +52,13 @@ def _job(broker: str, topic: str, tmp: Path, log: Path) -> subprocess.Popen[byte
 
 
 def test_sigkill_mid_run_then_restart_counts_every_event_once(
-    broker: str, topic_name: str, tmp_path: Path
+    engine_broker: str, topic_name: str, tmp_path: Path
 ) -> None:
     spec = ZipfEvolvingWorkload(n_keys=5_000, exponent=1.1, n_events=N_EVENTS, seed=7)
-    assert produce_workload(spec, broker, topic_name, partitions=8) == N_EVENTS
+    assert produce_workload(spec, engine_broker, topic_name, partitions=8) == N_EVENTS
     log = tmp_path / "job.log"
 
-    first = _job(broker, topic_name, tmp_path, log)
+    first = _job(engine_broker, topic_name, tmp_path, log)
     deadline = time.monotonic() + 600
     while len(list((tmp_path / "output").glob("batch-*.parquet"))) < 3:
         assert first.poll() is None, log.read_text()[-3000:]
@@ -69,7 +69,7 @@ def test_sigkill_mid_run_then_restart_counts_every_event_once(
     committed_before = read_output(tmp_path / "output")["count"].sum()
     assert 0 < committed_before < N_EVENTS, "the kill must land mid-run"
 
-    second = _job(broker, topic_name, tmp_path, log)
+    second = _job(engine_broker, topic_name, tmp_path, log)
     assert second.wait(timeout=900) == 0, log.read_text()[-3000:]
 
     truth = expected_counts(spec)

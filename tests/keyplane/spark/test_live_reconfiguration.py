@@ -66,14 +66,14 @@ def _records(broker: str, topic: str) -> list[dict]:
 
 @pytest.mark.integration
 def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
-    spark, broker: str, topic_name: str, tmp_path: Path
+    spark, engine_broker: str, topic_name: str, tmp_path: Path
 ) -> None:
     spec = ZipfEvolvingWorkload(n_keys=400, exponent=1.2, n_categories=12, n_events=40_000, seed=9)
     truth = expected_counts(spec)
     a_keys, b_keys = stage_keys_by_count(truth)
     store = tmp_path / "routing"
     settings = routed_job_settings(
-        broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="0 seconds"
+        engine_broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="0 seconds"
     )
 
     v1 = RoutingConfig.all_hash(P, OPERATORS)
@@ -105,7 +105,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
 
     producer = threading.Thread(
         target=produce_workload,
-        args=(spec, broker, topic_name),
+        args=(spec, engine_broker, topic_name),
         kwargs={"partitions": 2, "rate": 2_500},
     )
     producer.start()
@@ -113,7 +113,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
     run_id = query.runId
     try:
         wait_for_records(query, 4_000)
-        with ControlChannel(broker, settings.control_topic) as channel:
+        with ControlChannel(engine_broker, settings.control_topic) as channel:
             controller = Controller(channel, tmp_path / "controller.json", store)
             for config in (v2, v3):
                 save(config, store)
@@ -130,7 +130,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
         producer.join()
 
     # The reconfigurations happened while events were still arriving.
-    moved = pd.DataFrame(read_moves(broker, settings.migration_topic))
+    moved = pd.DataFrame(read_moves(engine_broker, settings.migration_topic))
     assert set(moved["operator"]) == {"A", "B"}
     switches = moved.groupby("marker")["operator"].agg(frozenset)
     assert len(switches) >= 2, "A and B moved in v2, again in v3"
@@ -138,7 +138,7 @@ def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
     # (its plan id is the moves' marker); read at two boundaries, B would
     # switch one batch later, which is why only one rollout must show it.
     assert frozenset({"A", "B"}) in set(switches), switches
-    metrics = _records(broker, settings.metrics_topic)
+    metrics = _records(engine_broker, settings.metrics_topic)
     assert metrics[-1]["versions"] == {"A": 3, "B": 3}
     assert any(m["versions"] == {"A": 1, "B": 1} and m["rows"] > 0 for m in metrics)
     assert sum(m["rows"] for m in metrics if m["versions"] == {"A": 3, "B": 3}) > 0

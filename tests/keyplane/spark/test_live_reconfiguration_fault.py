@@ -262,7 +262,7 @@ def migrated(controller: Controller, operator: str) -> Callable[[], bool]:
 
 @pytest.mark.timeout(WAIT_S * 6)
 def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
-    broker: str, topic_name: str, tmp_path: Path, request: pytest.FixtureRequest
+    engine_broker: str, topic_name: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     spec = ZipfEvolvingWorkload(
         n_keys=300, exponent=1.2, n_categories=12, n_events=SLICES * 2 * BATCH_EVENTS, seed=11
@@ -304,7 +304,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         store,
     )
     settings = routed_job_settings(
-        broker,
+        engine_broker,
         topic_name,
         tmp_path,
         parallelism=P,
@@ -320,7 +320,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     home = tmp_path / "home"
     state_file = home / "controller.json"
 
-    produce_slice(spec, broker, topic_name, 0)
+    produce_slice(spec, engine_broker, topic_name, 0)
     job.start()
 
     # 1. Mid-batch: planned, not committed. PREPARE then lands while the driver is down.
@@ -333,14 +333,14 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     assert in_flight is not None
     job.kill()
     assert not is_committed(checkpoint, in_flight), "the kill must land mid-batch"
-    channel = ControlChannel(broker, settings.control_topic)
+    channel = ControlChannel(engine_broker, settings.control_topic)
     request.addfinalizer(channel.close)
     controller = Controller(channel, state_file, store)
     controller.prepare(2)
     assert rollout_of(controller).ack is None
 
     job.start()
-    produce_slice(spec, broker, topic_name, 1)
+    produce_slice(spec, engine_broker, topic_name, 1)
     job.wait(acked(controller), "ACK")
 
     # 2. After ACK, before PROPAGATE A.
@@ -351,7 +351,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     assert plan_of(checkpoint, ack.batch_id)["protocol"]["pending"]["version"] == 2
 
     job.start(HANDOFF_TRIGGER)
-    produce_slice(spec, broker, topic_name, 2)
+    produce_slice(spec, engine_broker, topic_name, 2)
     controller.propagate("A")
 
     # 3. After PROPAGATE A: A's state evicted to the migration topic, not installed.
@@ -361,7 +361,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     assert "A" not in rollout_of(controller).migrated, "the kill must land before the install"
 
     job.start()
-    produce_slice(spec, broker, topic_name, 3)
+    produce_slice(spec, engine_broker, topic_name, 3)
     job.wait(migrated(controller, "A"), "MIGRATED A")
 
     # 4. After MIGRATED A, before PROPAGATE B; the controller restarts from its file.
@@ -370,13 +370,13 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     job.wait_logged(migrated_a.batch_id)
     job.kill()
     channel.close()
-    channel = ControlChannel(broker, settings.control_topic)
+    channel = ControlChannel(engine_broker, settings.control_topic)
     request.addfinalizer(channel.close)
     controller = Controller(channel, state_file, store)
     assert set(rollout_of(controller).migrated) == {"A"}
 
     job.start()
-    produce_slice(spec, broker, topic_name, 4)
+    produce_slice(spec, engine_broker, topic_name, 4)
     controller.propagate("B")
 
     # 5. Mid-batch in B's switch batch: planned with B's evictions, not committed.
@@ -394,7 +394,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     assert "B" not in rollout_of(controller).migrated
 
     job.start()
-    produce_slice(spec, broker, topic_name, 5)
+    produce_slice(spec, engine_broker, topic_name, 5)
     job.wait(migrated(controller, "B"), "MIGRATED B")
 
     # 6. After MIGRATED B, before DONE; DONE lands while the driver is down.
@@ -406,7 +406,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     channel.close()
 
     job.start(HANDOFF_TRIGGER)
-    produce_slice(spec, broker, topic_name, 6)
+    produce_slice(spec, engine_broker, topic_name, 6)
 
     def v2_active() -> bool:
         batch = committed_through(checkpoint)
@@ -425,19 +425,19 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         current = None if saved is None else saved.protocol.current
         return current is not None and current.version == 3 and "A" in current.propagated
 
-    produce_slice(spec, broker, topic_name, 7)
+    produce_slice(spec, engine_broker, topic_name, 7)
     job.wait(a_propagated_to_v3, "PROPAGATE A of v3", poll_s=RACE_POLL_S)
     first_publish.kill()
     first_publish.communicate(timeout=60)
     assert "v3 is active" in finished(keyplane_cli(home, settings, *publish))
 
     # 8. v4 propagated to A, the driver killed mid hand-off, aborted while it is down.
-    channel = ControlChannel(broker, settings.control_topic)
+    channel = ControlChannel(engine_broker, settings.control_topic)
     request.addfinalizer(channel.close)
     controller = Controller(channel, state_file, store)
     controller.prepare(4)
     job.wait(acked(controller), "ACK of v4")
-    moved_before = sum(high_watermarks(broker, settings.migration_topic).values())
+    moved_before = sum(high_watermarks(engine_broker, settings.migration_topic).values())
     v4_ack = rollout_of(controller).ack
     assert v4_ack is not None and v4_ack.batch_id is not None
     controller.propagate("A")
@@ -451,7 +451,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     assert "v4" in finished(keyplane_cli(home, settings, "config", "abort", "--store", str(store)))
 
     job.start()
-    produce_slice(spec, broker, topic_name, 8)
+    produce_slice(spec, engine_broker, topic_name, 8)
 
     def all_counted() -> bool:
         """Every event in a committed batch (read from the checkpoint), then in the output."""
