@@ -163,7 +163,11 @@ with DAG(
             max_moves_per_wave=params["max_moves_per_wave"],
         )
         return tasks.compute_configuration(
-            deployment(), dagparts.run_id(), plan, max_waves=MAX_WAVES_PER_RUN
+            deployment(),
+            dagparts.run_id(),
+            plan,
+            max_waves=MAX_WAVES_PER_RUN,
+            created_by=dagparts.created_by(),
         )
 
     @task

@@ -140,6 +140,14 @@ class Settings(BaseSettings):
         "component, so that the control plane counts exactly the events the job counts.",
     )
 
+    unpublished_versions_kept: int = Field(
+        default=20,
+        ge=0,
+        description="How many versions that were planned but not published (the run decided "
+        "the gain too small, a dry run, a failed validation) the configuration store keeps; "
+        "older ones are deleted when a run marks another.",
+    )
+
     @property
     def config_store(self) -> Path:
         """The versioned configuration store: derived from ``home`` so that one

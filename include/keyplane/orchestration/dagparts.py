@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import Asset, Context, get_current_context, task
 
@@ -107,6 +107,26 @@ def rollout_dag_args(waits: int) -> dict[str, Any]:
 def params() -> dict[str, Any]:
     """The running DAG run's Params."""
     return dict(get_current_context()["params"])
+
+
+def created_by_of(run_type: object) -> Literal["schedule", "manual", "event"]:
+    """What a version planned by a DAG run of ``run_type`` records as its origin.
+
+    Airflow's run types: ``scheduled`` (the DAG's timetable), ``asset_triggered``
+    (an asset event, such as the metrics watcher's), and ``manual`` or
+    ``backfill``, which someone asked for.
+    """
+    kind = str(getattr(run_type, "value", run_type))
+    if kind == "scheduled":
+        return "schedule"
+    if kind == "asset_triggered":
+        return "event"
+    return "manual"
+
+
+def created_by() -> Literal["schedule", "manual", "event"]:
+    """The running DAG run's origin, as :func:`created_by_of` names it."""
+    return created_by_of(get_current_context()["dag_run"].run_type)
 
 
 def run_id() -> str:

@@ -306,8 +306,12 @@ def compute_configuration(
     params: planning.PlanParams,
     *,
     max_waves: int | None = None,
+    created_by: config_store.CreatedBy = "schedule",
 ) -> dict[str, Any]:
     """Plan a new version from the snapshot and store it, child of the active version.
+
+    ``created_by`` records what started the run (its schedule, an operator,
+    a metrics event), so the store says why each version exists.
 
     METIS routing tables (000 §3.3, :func:`keyplane.locality.build_plan`) and
     FISH hot keys (001 §4.1.2). With ``params.max_moves_per_wave``, the
@@ -335,7 +339,12 @@ def compute_configuration(
     parent = int(reserved["parent_version"])
     current = config_store.load(deployment.routing_store, parent)
     plan = planning.plan_configuration(
-        snapshot.pairs, snapshot.frequencies, current, params, version=int(reserved["version"])
+        snapshot.pairs,
+        snapshot.frequencies,
+        current,
+        params,
+        version=int(reserved["version"]),
+        created_by=created_by,
     )
     stored = [
         _store(deployment, config)
@@ -456,6 +465,12 @@ def validate_configuration(
         deployment, config.version, result.success, result.summary, result.data_docs_path
     )
     if not record["success"]:
+        not_published(
+            deployment,
+            [*proposal.waves, proposal.version],
+            "failed validation",
+            run_id,
+        )
         raise StepError(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
@@ -536,7 +551,40 @@ def decide(
         },
     )
     log.info("decision: %s", record["reason"])
+    if not record["publish"]:
+        proposal = Proposal.model_validate(_read(folder / PROPOSAL, "the proposal"))
+        not_published(
+            deployment, [*proposal.waves, proposal.version], str(record["reason"]), run_id
+        )
     return record
+
+
+def not_published(
+    deployment: Deployment, versions: Sequence[int], reason: str, run_id: str
+) -> None:
+    """Mark the run's ``versions`` as planned but not published, then prune the oldest such
+    (:func:`keyplane.config.prune_not_published`), never the job's active version or one
+    in flight."""
+    for version in versions:
+        config_store.mark_not_published(deployment.routing_store, version, reason, run_id)
+    protected: list[int] = []
+    if deployment.controller_state.is_file():
+        from keyplane.controller import ControllerFile
+
+        saved = ControllerFile.model_validate_json(deployment.controller_state.read_text())
+        state = saved.protocol
+        protected = [state.active_version] + [
+            r.version for r in (state.current, state.last) if r is not None
+        ]
+    pruned = config_store.prune_not_published(
+        deployment.routing_store, deployment.unpublished_versions_kept, protected
+    )
+    if pruned:
+        log.info(
+            "pruned %d versions that were never published (v%s)",
+            len(pruned),
+            ", v".join(map(str, pruned)),
+        )
 
 
 # --- 4. the rollout ---------------------------------------------------------------------
