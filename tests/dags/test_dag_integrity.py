@@ -342,3 +342,39 @@ def test_scale_params_defaults_validate(scale_dag: Any) -> None:
     assert resolved["instances"] is None and resolved["dry_run"] is False
     assert copy.deepcopy(scale_dag.params.get_param("operator")).resolve("B") == "B"
     assert copy.deepcopy(scale_dag.params.get_param("instances")).resolve(2) == 2
+
+
+@pytest.mark.parametrize("dag_id", ["keyplane_reconfigure", "keyplane_scale"])
+def test_every_param_has_an_operator_description(dag: Any, scale_dag: Any, dag_id: str) -> None:
+    """Each Param says what it does in the operator's terms: a sentence of its own, not a
+    paper section (a citation may follow the explanation, never replace it)."""
+    import re
+
+    chosen = dag if dag_id == "keyplane_reconfigure" else scale_dag
+    for name in chosen.params:
+        description = chosen.params.get_param(name).description
+        assert description, f"{dag_id} Param {name!r} has no description"
+        assert len(description) >= 40, (name, description)
+        words_before_citation = re.split(r"\(?\b\d{3} §", description)[0]
+        assert len(words_before_citation.split()) >= 6, (name, description)
+
+
+def test_the_first_tasks_refuse_for_good_and_the_steps_that_refuse_fail_fast() -> None:
+    """A refused step fails its task with AirflowFailException, which Airflow never
+    retries; any other error (Kafka down, a reply not in) is left to the retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from keyplane.orchestration.dagparts import fail_fast
+    from keyplane.orchestration.tasks import Refused, StepError
+
+    def refused() -> None:
+        raise Refused("parallelism 8 is more than the job's 4 state partitions")
+
+    def transient() -> None:
+        raise StepError("only 1 of 3 batches ran on v2 yet")
+
+    with pytest.raises(AirflowFailException, match="4 state partitions"):
+        fail_fast(refused)()
+    with pytest.raises(StepError):
+        fail_fast(transient)()
+    assert fail_fast(refused).__name__ == "refused"

@@ -9,10 +9,11 @@ the steps import the rest when they run.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from airflow.sdk import Asset, Context, get_current_context, task
 
@@ -102,6 +103,33 @@ def rollout_dag_args(waits: int) -> dict[str, Any]:
         "dagrun_timeout": waits * timedelta(seconds=REPLY_TIMEOUT_MAX_S) + OTHER_STEPS_TIME,
         "on_failure_callback": abort_run_in_flight,
     }
+
+
+_Result = TypeVar("_Result")
+
+
+def fail_fast(step: Callable[[], _Result]) -> Callable[[], _Result]:
+    """Fail the task at once, without retries, when its step refuses for good.
+
+    A :class:`~keyplane.orchestration.tasks.Refused` step (a Param the job
+    cannot take, a failed validation, a stale plan) and a Param its typed
+    settings reject (``ValueError``) would fail the same way on every retry;
+    retrying only delays the operator's answer. Other errors (Kafka, Spark,
+    a reply not in yet) are retried as the DAG's ``retries`` say.
+    """
+
+    @functools.wraps(step)
+    def run() -> _Result:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from keyplane.orchestration.tasks import Refused
+
+        try:
+            return step()
+        except (Refused, ValueError) as refused:
+            raise AirflowFailException(str(refused)) from None
+
+    return run
 
 
 def params() -> dict[str, Any]:

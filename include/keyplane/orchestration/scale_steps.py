@@ -75,7 +75,12 @@ def decide(
     current = config_store.load(deployment.routing_store, parent)
     parallelism = {name: current.operators[name].parallelism for name in OPERATORS}
     if len(set(parallelism.values())) != 1:
-        raise tasks.StepError(f"operators have different state partitions: {parallelism}")
+        raise tasks.Refused(f"operators have different state partitions: {parallelism}")
+    if request.instances is not None and request.instances > parallelism["A"]:
+        raise tasks.Refused(
+            f"instances {request.instances} is more than the job's {parallelism['A']} state "
+            f"partitions (fixed when the job started); give at most {parallelism['A']}"
+        )
     timed = [
         (r, reported)
         for r, reported in recent_metrics(deployment, request.congestion.window)
@@ -201,7 +206,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
         return proposal.model_dump(mode="json")
     decision = tasks._read(folder / DECISION, "the scale decision")
     if not decision["publish"]:
-        raise tasks.StepError(f"the decision was not to scale: {decision['reason']}")
+        raise tasks.Refused(f"the decision was not to scale: {decision['reason']}")
     operator = str(decision["operator"])
     allocation = folder / tasks.ALLOCATION
     if allocation.is_file():
@@ -311,7 +316,7 @@ def validate_scaled_configuration(
     )
     if not record["success"]:
         tasks.not_published(deployment, [config.version], "failed validation", run_id)
-        raise tasks.StepError(
+        raise tasks.Refused(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
     return record
@@ -376,5 +381,5 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
         },
     )
     if not record["ok"]:
-        raise tasks.StepError(f"v{version} routed tuples to inactive instances: {record['stray']}")
+        raise tasks.Refused(f"v{version} routed tuples to inactive instances: {record['stray']}")
     return record

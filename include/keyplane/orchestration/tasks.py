@@ -70,6 +70,39 @@ class StepError(RuntimeError):
     """A step cannot run: an earlier step's record is missing or says no."""
 
 
+class Refused(StepError):
+    """A step refuses for a reason no retry can change: a Param the job cannot take, a
+    failed validation, a decision not to publish, a stale plan. The DAGs fail the task
+    at once, without retries (:func:`keyplane.orchestration.dagparts.fail_fast`)."""
+
+
+def check_plan_params(
+    deployment: Deployment, operators: Sequence[str], parallelism: int | None
+) -> dict[str, Any]:
+    """Refuse Params the running job cannot take, before any statistics are collected.
+
+    The operators must be the pipeline's (the active version routes them),
+    and a parallelism must fit the job's state partitions: Spark fixes them
+    when the job starts, so a plan over more instances could never roll out.
+    """
+    version = active_version(deployment, None)
+    config = config_store.load(deployment.routing_store, version)
+    unknown = [name for name in operators if name not in config.operators]
+    if unknown:
+        raise Refused(
+            f"operators {', '.join(unknown)} are not in the job's pipeline "
+            f"(v{version} routes {', '.join(config.operators)})"
+        )
+    if parallelism is not None:
+        partitions = min(config.operators[name].parallelism for name in operators)
+        if parallelism > partitions:
+            raise Refused(
+                f"parallelism {parallelism} is more than the job's {partitions} state "
+                f"partitions (fixed when the job started); give at most {partitions}"
+            )
+    return {"active_version": version, "operators": list(operators), "parallelism": parallelism}
+
+
 def _write_once(path: Path, record: Mapping[str, Any]) -> dict[str, Any]:
     """Write ``record`` as JSON unless ``path`` exists; return what the file holds."""
     if path.is_file():
@@ -164,7 +197,7 @@ def _store(deployment: Deployment, config: RoutingConfig) -> config_store.SavedC
     try:
         return config_store.save(config, deployment.routing_store)
     except config_store.VersionConflictError:
-        raise StepError(
+        raise Refused(
             f"v{config.version}, which this run reserved, was stored meanwhile with another "
             "routing (by another run or `keyplane config publish`); it is left as it is and "
             "this run stores and publishes nothing: the next run plans from the store as it is"
@@ -386,7 +419,7 @@ def _waves(
             current, planned, spark_partition, max_moves_per_wave, max_waves=max_waves
         )
     except ValueError as exc:
-        raise StepError(f"v{planned.version} cannot roll out in waves: {exc}") from None
+        raise Refused(f"v{planned.version} cannot roll out in waves: {exc}") from None
 
 
 def _proposal(deployment: Deployment, run_id: str) -> tuple[Proposal, RoutingConfig]:
@@ -471,7 +504,7 @@ def validate_configuration(
             "failed validation",
             run_id,
         )
-        raise StepError(
+        raise Refused(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
     if config.version == proposal.version:
@@ -604,9 +637,9 @@ def _require_validated(deployment: Deployment, version: int) -> None:
     path = _validation_path(deployment, version)
     record = _read(path, f"the validation record of v{version}")
     if not record.get("success"):
-        raise StepError(f"v{version} failed validation; it is never published")
+        raise Refused(f"v{version} failed validation; it is never published")
     if record["checksum"] != config_store.checksum(deployment.routing_store, version):
-        raise StepError(f"v{version} changed since it was validated")
+        raise Refused(f"v{version} changed since it was validated")
 
 
 def _require_planned_on_active(state: ControllerState | None, version: int, parent: int) -> None:
@@ -625,7 +658,7 @@ def _require_planned_on_active(state: ControllerState | None, version: int, pare
         return
     if version in {r.version for r in (state.current, state.last) if r is not None}:
         return
-    raise StepError(
+    raise Refused(
         f"v{version} was planned from v{parent}, but v{state.active_version} is active now; "
         f"it is stale and will not be published (the next run plans from v{state.active_version})"
     )
@@ -641,7 +674,7 @@ def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
     folder = _folder(deployment, run_id)
     decision = _read(folder / DECISION, "the decision")
     if not decision["publish"]:
-        raise StepError(f"the decision was not to publish: {decision['reason']}")
+        raise Refused(f"the decision was not to publish: {decision['reason']}")
     version = int(decision["version"])
     _require_validated(deployment, version)
     proposal, _ = _proposal(deployment, run_id)
@@ -668,7 +701,7 @@ def advance_waves(deployment: Deployment, run_id: str) -> dict[str, Any]:
     folder = _folder(deployment, run_id)
     decision = _read(folder / DECISION, "the decision")
     if not decision["publish"]:
-        raise StepError(f"the decision was not to publish: {decision['reason']}")
+        raise Refused(f"the decision was not to publish: {decision['reason']}")
     proposal, _ = _proposal(deployment, run_id)
     waves = list(proposal.waves)
 
