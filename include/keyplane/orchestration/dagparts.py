@@ -27,6 +27,23 @@ CONFIGURATION_ASSET = Asset(name="keyplane_routing_configuration")
 
 log = logging.getLogger(__name__)
 
+QUIET_LOGGERS = ("kafka", "great_expectations", "py4j", "urllib3", "matplotlib")
+"""Client libraries whose INFO lines (connections opened, fetches, data sources saved) bury
+a task's own lines; their warnings and errors still reach the task log."""
+
+
+def quiet_client_logs() -> None:
+    """Raise the client libraries' loggers to WARNING in this process.
+
+    Called when a DAG file imports this module, which every task process
+    does before it runs its task, so each task's log holds its own lines.
+    """
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+quiet_client_logs()
+
 REPLY_TIMEOUT_MAX_S = 3600
 """The largest ``reply_timeout_s`` Param of either DAG: the longest wait for one reply."""
 
@@ -99,7 +116,13 @@ def rollout_dag_args(waits: int) -> dict[str, Any]:
         "start_date": datetime(2026, 1, 1, tzinfo=UTC),
         "catchup": False,
         "max_active_runs": 1,
-        "default_args": {"retries": 2, "retry_delay": timedelta(seconds=20)},
+        "default_args": {
+            "retries": 2,
+            "retry_delay": timedelta(seconds=20),
+            # Each step ends its log with one line of what it decided or measured; the
+            # returned record is the task's XCom, not a second summary.
+            "show_return_value_in_logs": False,
+        },
         "dagrun_timeout": waits * timedelta(seconds=REPLY_TIMEOUT_MAX_S) + OTHER_STEPS_TIME,
         "on_failure_callback": abort_run_in_flight,
     }

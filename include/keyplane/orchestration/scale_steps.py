@@ -319,6 +319,7 @@ def validate_scaled_configuration(
         raise tasks.Refused(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
+    log.info("scaled v%d passed validation", config.version)
     return record
 
 
@@ -382,4 +383,10 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
     )
     if not record["ok"]:
         raise tasks.Refused(f"v{version} routed tuples to inactive instances: {record['stray']}")
+    log.info(
+        "verified v%d over %d batches: busy instances %s, all active",
+        version,
+        record["batches"],
+        "; ".join(f"{name} {found}" for name, found in record["busy_instances"].items()),
+    )
     return record

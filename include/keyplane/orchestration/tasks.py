@@ -258,6 +258,11 @@ def validate_statistics(
         )
     log.info("statistics validation:\n%s", result.summary)
     result.raise_if_failed()
+    log.info(
+        "statistics of %d tuples passed validation (window %s)",
+        snapshot.manifest.n_events,
+        snapshot.manifest.window,
+    )
     return {
         "n_events": snapshot.manifest.n_events,
         "window": list(snapshot.manifest.window),
@@ -398,7 +403,18 @@ def compute_configuration(
         table_sizes={name: len(r.table) for name, r in plan.config.operators.items()},
         waves=tuple(wave.version for wave in stored[:-1]),
     )
-    return _write_once(existing, proposal.model_dump(mode="json"))
+    record = _write_once(existing, proposal.model_dump(mode="json"))
+    log.info(
+        "planned v%d from v%d%s: predicted locality %.1f%% → %.1f%%, imbalance %s, %d hot keys",
+        proposal.version,
+        parent,
+        f" in {len(proposal.waves) + 1} waves" if proposal.waves else "",
+        100 * proposal.current_locality,
+        100 * proposal.predicted_locality,
+        ", ".join(f"{k} {v:.3f}" for k, v in proposal.predicted_imbalance.items()),
+        sum(proposal.hot_keys.values()),
+    )
+    return record
 
 
 def _waves(
@@ -507,6 +523,7 @@ def validate_configuration(
         raise Refused(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
+    log.info("v%d passed validation: %s", config.version, _first_line(record["summary"]))
     if config.version == proposal.version:
         for number, wave in enumerate(proposal.waves, start=1):
             record_validation(
@@ -549,7 +566,23 @@ def backtest(deployment: Deployment, run_id: str) -> dict[str, Any]:
     current = config_store.load(deployment.routing_store, proposal.parent_version)
     snapshot = _snapshot(deployment, run_id)
     result = planning.backtest(config, current, snapshot.pairs, snapshot.frequencies)
-    return _write_once(folder / BACKTEST, {"version": proposal.version, **asdict(result)})
+    record = _write_once(folder / BACKTEST, {"version": proposal.version, **asdict(result)})
+    log.info("backtest of v%d on the hold-out: %s", proposal.version, backtest_summary(record))
+    return record
+
+
+def backtest_summary(record: Mapping[str, Any]) -> str:
+    """One line of a backtest record: locality, worst imbalance and state moved."""
+    result = _backtest_of(record)
+    return (
+        f"locality {result.current.locality:.1%} → {result.new.locality:.1%}, worst imbalance "
+        f"{result.current.worst_imbalance:.3f} → {result.new.worst_imbalance:.3f}, "
+        f"{result.moved_share:.1%} of the state moves"
+    )
+
+
+def _first_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def _backtest_of(record: Mapping[str, Any]) -> planning.Backtest:
@@ -756,6 +789,7 @@ def publish_version(deployment: Deployment, version: int, parent: int) -> dict[s
     with controller(deployment) as control:
         _require_planned_on_active(control.state, version, parent)
         message = control.prepare(version)
+    log.info("PREPARE v%d sent (planned on v%d); awaiting the job's ACK", version, parent)
     return {"version": version, "message_id": str(message.message_id)}
 
 
@@ -772,6 +806,11 @@ def propagate(
     """
     with controller(deployment) as control:
         messages = control.propagate_all(operators, version=version)
+    log.info(
+        "PROPAGATE v%d sent to %s in one publish",
+        messages[0].config_version,
+        ", ".join(m.operator or "?" for m in messages),
+    )
     return {
         "version": messages[0].config_version,
         "operators": [m.operator for m in messages],
@@ -825,7 +864,9 @@ def done_into(deployment: Deployment, record: Path, version: int | None = None) 
             reserve()
         message = control.done(version=version)
     start = reserve()["metrics_start"]
-    return _write_once(record, {"version": message.config_version, "metrics_start": start})
+    written = _write_once(record, {"version": message.config_version, "metrics_start": start})
+    log.info("DONE v%d sent: it is the job's active version", written["version"])
+    return written
 
 
 def reply_arrived(
@@ -990,7 +1031,7 @@ def verify(
     before = planning.measure(before_records)
     after = planning.measure(after_records)
     verdict = planning.verdict(before, after, tolerances)
-    return _write_once(
+    record = _write_once(
         existing,
         {
             "version": int(rollout["version"]),
@@ -999,6 +1040,33 @@ def verify(
             "regressed": verdict is not None,
             "reason": verdict or "no regression",
         },
+    )
+    log.info(
+        "verified v%d over %d batches: %s; %s",
+        record["version"],
+        len(after_records),
+        measured_summary(before, after),
+        record["reason"],
+    )
+    return record
+
+
+def measured_summary(before: planning.Measured, after: planning.Measured) -> str:
+    """What verify measured, before → after, in one line."""
+
+    def share(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1%}"
+
+    def ratio(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    def lag(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:+.0f}/batch"
+
+    return (
+        f"locality {share(before.locality)} → {share(after.locality)}, imbalance "
+        f"{ratio(before.imbalance)} → {ratio(after.imbalance)}, lag growth "
+        f"{lag(before.lag_growth)} → {lag(after.lag_growth)}"
     )
 
 
@@ -1061,4 +1129,10 @@ def prepare_rollback(deployment: Deployment, run_id: str) -> dict[str, Any]:
     _require_validated(deployment, version)
     with controller(deployment) as control:
         control.prepare(version)
+    log.info(
+        "rollback: PREPARE v%d sent, restoring the routing of v%d in place of v%d",
+        version,
+        previous.version,
+        active.version,
+    )
     return record
