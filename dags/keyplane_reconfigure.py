@@ -12,7 +12,9 @@ Every ten minutes (or by hand, with Params):
    the run with a readable summary, and nothing is published;
 5. ``backtest`` scores it against the current version on the snapshot's
    hold-out, ``decide`` publishes only when the gain repays the migration (a
-   dry run stops here);
+   dry run stops here); with ``require_approval``, ``approve_rollout`` waits
+   for a person to approve in the UI's Required actions, showing the
+   backtest (a rejection skips the rollout and publishes nothing);
    with ``max_moves_per_wave``, ``compute_configuration`` stores the change
    as waves and ``roll_out_waves`` rolls out all but the last, one after the
    other with deferred waits, so each wave's micro-batches carry a share of
@@ -43,6 +45,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagparts
+from keyplane.orchestration.approval import RolloutApprovalOperator
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     MAX_WAVES_PER_RUN,
@@ -378,6 +381,7 @@ with DAG(
         >> validate_configuration()
         >> backtest()
         >> decide()
+        >> RolloutApprovalOperator(task_id="approve_rollout")
         >> RollOutWavesOperator(task_id="roll_out_waves", timeout_s="{{ params.reply_timeout_s }}")
         >> published
         >> ack

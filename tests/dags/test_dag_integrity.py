@@ -114,6 +114,7 @@ def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> No
         "validate_configuration",
         "backtest",
         "decide",
+        "approve_rollout",
         "roll_out_waves",
         "publish",
         "await_ack",

@@ -200,14 +200,21 @@ def dag_test(
     on_task: Callable[[TaskRecord], None] | None = None,
     timeout_s: float = 1800,
     dag_id: str = DAG_ID,
+    logical_date: str | None = None,
+    mark_success_pattern: str | None = None,
 ) -> DagRunRecord:
     """``airflow dags test DAG_ID -c CONF``; ``on_task`` sees each task as it ends.
 
     The command's output goes to ``log``. A run whose tasks fail (a rollback
     reports itself as a failure) is returned, not raised: its state says so.
     After ``timeout_s`` the command is killed and the run ends as it stands.
+    ``logical_date`` fixes the run's date (and so its id), and tasks matching
+    ``mark_success_pattern`` are marked successful without running.
     """
-    command = [airflow_command(), "dags", "test", dag_id, "-c", json.dumps(dict(conf))]
+    dated = [] if logical_date is None else [logical_date]
+    command = [airflow_command(), "dags", "test", dag_id, *dated, "-c", json.dumps(dict(conf))]
+    if mark_success_pattern is not None:
+        command += ["--mark-success-pattern", mark_success_pattern]
     lines: list[str] = []
     run_id, state = "", "unknown"
     with log.open("w") as out:

@@ -59,6 +59,7 @@ DECISION = "decision.json"
 ROLLOUT = "rollout.json"
 VERIFICATION = "verification.json"
 ROLLBACK = "rollback.json"
+APPROVAL = "approval.json"
 
 WaitKind = Literal["ack", "migrated", "metrics"]
 
@@ -653,6 +654,65 @@ def not_published(
         )
 
 
+def approval_summary(deployment: Deployment, run_id: str) -> dict[str, str]:
+    """What the person asked to approve the rollout sees: the version, the backtest's
+    predicted gain, the keys and state it moves, and the migration cost."""
+    from keyplane.migration import plan_migration
+    from keyplane.routedkeys import spark_partition
+
+    folder = _folder(deployment, run_id)
+    proposal, config = _proposal(deployment, run_id)
+    decision = _read(folder / DECISION, "the decision")
+    result = _backtest_of(_read(folder / BACKTEST, "the backtest"))
+    parent = config_store.load(deployment.routing_store, proposal.parent_version)
+    moved = sum(len(m.moves) for m in plan_migration(parent, config, spark_partition).operators)
+    waves = f" in {len(proposal.waves) + 1} waves" if proposal.waves else ""
+    body = "\n".join(
+        [
+            f"**v{proposal.version}** replaces the active **v{proposal.parent_version}**{waves}.",
+            "",
+            "Backtest on the newest traffic, held out of planning:",
+            "",
+            f"- locality: {result.current.locality:.1%} → {result.new.locality:.1%}",
+            f"- worst imbalance: {result.current.worst_imbalance:.3f} → "
+            f"{result.new.worst_imbalance:.3f}",
+            f"- keys moved: {moved}, {result.moved_share:.1%} of the state",
+            f"- predicted gain {decision['gain']:+.4f}, migration cost {decision['cost']:.4f}",
+            "",
+            f"Decision: {decision['reason']}",
+        ]
+    )
+    return {
+        "subject": f"Roll out v{proposal.version}? (gain {decision['gain']:+.4f}, "
+        f"{moved} keys move)",
+        "body": body,
+    }
+
+
+def record_approval(deployment: Deployment, run_id: str, approved: bool, by: str) -> dict[str, Any]:
+    """Record the answer to the approval request, once; a rejected version is marked not
+    published and :func:`publish` refuses it."""
+    folder = _folder(deployment, run_id)
+    proposal = Proposal.model_validate(_read(folder / PROPOSAL, "the proposal"))
+    record = _write_once(
+        folder / APPROVAL, {"version": proposal.version, "approved": approved, "by": by}
+    )
+    if not record["approved"]:
+        not_published(
+            deployment, [*proposal.waves, proposal.version], f"rejected by {record['by']}", run_id
+        )
+    return record
+
+
+def _require_approved(folder: Path) -> None:
+    """Refuse a version whose approval request was answered with a rejection."""
+    path = folder / APPROVAL
+    if path.is_file():
+        record = _read(path, "the approval")
+        if not record.get("approved"):
+            raise Refused(f"v{record['version']} was rejected by {record.get('by')}")
+
+
 # --- 4. the rollout ---------------------------------------------------------------------
 
 
@@ -708,6 +768,7 @@ def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
     decision = _read(folder / DECISION, "the decision")
     if not decision["publish"]:
         raise Refused(f"the decision was not to publish: {decision['reason']}")
+    _require_approved(folder)
     version = int(decision["version"])
     _require_validated(deployment, version)
     proposal, _ = _proposal(deployment, run_id)
