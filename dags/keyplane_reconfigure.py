@@ -1,6 +1,8 @@
 """keyplane_reconfigure: re-plan the running job's routing and roll it out live.
 
-Every ten minutes (or by hand, with Params):
+Every ten minutes, whenever the job's metrics call for it (the asset
+``keyplane_metrics_signal``: imbalance, locality or lag growth past the
+``KEYPLANE_RECONFIGURE_*`` thresholds), or by hand, with Params:
 
 1. ``collect_statistics`` (Spark) reads the events and metrics topics since
    the last run and writes a statistics snapshot (asset
@@ -40,7 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, Param, TaskGroup, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    AssetOrTimeSchedule,
+    DeltaTriggerTimetable,
+    Param,
+    TaskGroup,
+    task,
+)
 from airflow.sdk.exceptions import AirflowFailException
 
 from keyplane.operators import OPERATORS
@@ -61,6 +71,7 @@ log = logging.getLogger(__name__)
 
 STATISTICS_JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "key_statistics.py"
 STATISTICS_ASSET = Asset(name="keyplane_statistics_snapshot")
+METRICS_SIGNAL = dagparts.metrics_signal_asset()
 
 PARAMS = {
     "force": Param(
@@ -200,7 +211,13 @@ with DAG(
     doc_md=__doc__,
     # await_ack, await_migrated_A/B, await_new_version_batches, the rollback's three, and
     # roll_out_waves's, at most MAX_WAVES_PER_RUN waves.
-    **rollout_dag_args(waits=7 + ROLL_OUT_WAVES_WAITS),
+    **rollout_dag_args(
+        waits=7 + ROLL_OUT_WAVES_WAITS,
+        # Every ten minutes, and whenever the job's metrics call for a re-plan.
+        schedule=AssetOrTimeSchedule(
+            timetable=DeltaTriggerTimetable(dagparts.SCHEDULE), assets=[METRICS_SIGNAL]
+        ),
+    ),
 ) as dag:
 
     @task

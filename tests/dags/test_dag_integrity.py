@@ -102,7 +102,15 @@ def test_schedule_runs_and_retries(dag: Any) -> None:
     assert dag.max_active_runs == 1
     assert dag.catchup is False
     assert {"keyplane", "reconfiguration"} <= set(dag.tags)
-    assert dag.timetable.delta == timedelta(minutes=10)
+    assert dag.timetable.timetable.delta == timedelta(minutes=10)
+    # ...and whenever the job's metrics call for a re-plan (an asset watcher).
+    from keyplane.orchestration.triggers import MetricsSignalTrigger
+
+    (signal,) = dag.timetable.asset_condition.objects
+    assert signal.name == "keyplane_metrics_signal"
+    (watcher,) = signal.watchers
+    assert isinstance(watcher.trigger, MetricsSignalTrigger)
+    assert watcher.trigger.thresholds["imbalance_above"] == 1.5
     for task in dag.tasks:
         assert task.retries >= 1, task.task_id
 

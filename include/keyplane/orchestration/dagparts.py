@@ -96,7 +96,38 @@ def abort_run_in_flight(context: Context) -> None:
         log.warning("run %s of %s failed with v%d in flight; it was aborted", run, dag_id, aborted)
 
 
-def rollout_dag_args(waits: int) -> dict[str, Any]:
+SCHEDULE = timedelta(minutes=10)
+"""How often each DAG runs on its schedule."""
+
+
+def metrics_signal_asset() -> Asset:
+    """The asset whose watcher starts ``keyplane_reconfigure`` when the job's metrics call
+    for a re-plan (:class:`~keyplane.orchestration.triggers.MetricsSignalTrigger`).
+
+    The thresholds are the ``KEYPLANE_RECONFIGURE_*`` settings, read where the
+    DAG file is parsed; the trigger reads the metrics topic in the triggerer.
+    """
+    from airflow.sdk import AssetWatcher
+
+    from keyplane.settings import Settings
+
+    settings = Settings()
+    thresholds = {
+        "imbalance_above": settings.reconfigure_imbalance_above,
+        "locality_below": settings.reconfigure_locality_below,
+        "lag_growth_above": settings.reconfigure_lag_growth_above,
+        "batches": settings.reconfigure_signal_batches,
+    }
+    trigger = triggers.MetricsSignalTrigger(
+        thresholds=thresholds, cooldown_s=settings.reconfigure_signal_cooldown_s
+    )
+    return Asset(
+        name="keyplane_metrics_signal",
+        watchers=[AssetWatcher(name="keyplane_metrics_watcher", trigger=trigger)],
+    )
+
+
+def rollout_dag_args(waits: int, schedule: Any = SCHEDULE) -> dict[str, Any]:
     """The DAG arguments both DAGs share, for a DAG with ``waits`` wait tasks in a row.
 
     One run at a time: the controller drives one rollout at a time, and a
@@ -112,7 +143,7 @@ def rollout_dag_args(waits: int) -> dict[str, Any]:
     :data:`MAX_WAVES_PER_RUN` allows.
     """
     return {
-        "schedule": timedelta(minutes=10),
+        "schedule": schedule,
         "start_date": datetime(2026, 1, 1, tzinfo=UTC),
         "catchup": False,
         "max_active_runs": 1,
@@ -178,6 +209,24 @@ def created_by_of(run_type: object) -> Literal["schedule", "manual", "event"]:
 def created_by() -> Literal["schedule", "manual", "event"]:
     """The running DAG run's origin, as :func:`created_by_of` names it."""
     return created_by_of(get_current_context()["dag_run"].run_type)
+
+
+def triggering_events() -> list[dict[str, Any]]:
+    """The metrics signals that started the running DAG run (none for other runs).
+
+    An asset-triggered run carries no conf of its own: the signal's payload
+    is the extra of the asset event the run consumed.
+    """
+    context = get_current_context()
+    events = context.get("triggering_asset_events") or {}
+    found = []
+    for asset, asset_events in events.items():
+        if getattr(asset, "name", None) != "keyplane_metrics_signal":
+            continue
+        for event in asset_events:
+            extra = dict(getattr(event, "extra", None) or {})
+            found.append(dict(extra.get("payload") or extra))
+    return found
 
 
 def run_id() -> str:
