@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up everything first (idempotent).
-.PHONY: demo test lint bootstrap
+.PHONY: demo test lint bootstrap airflow
 
 bootstrap:
 	@scripts/bootstrap
@@ -16,6 +16,10 @@ lint: bootstrap
 	.venv/bin/mypy dags plugins spark_jobs bench
 	# The tests, each file as its path names it (tests/bench and tests/keyplane/spark both have a conftest).
 	.venv/bin/mypy --explicit-package-bases tests
+
+# The Airflow UI, scheduler, dag processor and triggerer on dags/ and plugins/ (README).
+airflow: bootstrap
+	.venv/bin/keyplane airflow
 
 test: lint
 	@scripts/install-browser

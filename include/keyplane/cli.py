@@ -758,6 +758,40 @@ def cmd_job(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if status.running is not None else 1
 
 
+def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
+    """Airflow's UI, scheduler, dag processor and triggerer on this project's DAGs and plugin."""
+    from keyplane.orchestration.dagrun import AirflowSetup
+    from keyplane.orchestration.localairflow import LocalAirflow, project_folders, serve
+
+    dags: Path | None = args.dags_folder
+    plugins: Path | None = args.plugins_folder
+    if dags is None or plugins is None:
+        try:
+            found = project_folders()
+        except FileNotFoundError as missing:
+            raise CliError(str(missing)) from None
+        dags, plugins = dags or found[0], plugins or found[1]
+    home = settings.home.resolve()
+    local = LocalAirflow(
+        setup=AirflowSetup(
+            airflow_home=home / "airflow",
+            dags_folder=dags.resolve(),
+            bootstrap_servers=settings.resolved_bootstrap_servers(),
+            keyplane_home=home,
+            routing_store=settings.config_store.resolve(),
+            events_topic=settings.events_topic,
+            metrics_topic=settings.metrics_topic,
+            control_topic=settings.control_topic,
+            spark_master=settings.spark_master,
+        ),
+        plugins_folder=plugins.resolve(),
+        port=args.port,
+        parallelism=args.parallelism,
+    )
+    print(f"starting Airflow in {local.setup.airflow_home} (parallelism {local.parallelism})")
+    return serve(local)
+
+
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """One screen for the whole stack: is everything up, what runs, how far behind."""
     bootstrap = settings.resolved_bootstrap_servers()
@@ -966,6 +1000,24 @@ def build_parser() -> argparse.ArgumentParser:
         "(exit 1 unless broker and job both run)",
     )
     overview.set_defaults(func=cmd_status)
+
+    airflow = sub.add_parser(
+        "airflow",
+        help="run Airflow (UI, scheduler, dag processor, triggerer) on this project's DAGs and "
+        "dashboard plugin; prints the URL and how to log in",
+    )
+    airflow.add_argument(
+        "--port", type=_port, default=8080, help="port of the UI and API (default: 8080)"
+    )
+    airflow.add_argument(
+        "--parallelism",
+        type=_count,
+        default=4,
+        help="task slots of the LocalExecutor (default: 4, for a small machine)",
+    )
+    airflow.add_argument("--dags-folder", type=Path, help="default: the project's dags/")
+    airflow.add_argument("--plugins-folder", type=Path, help="default: the project's plugins/")
+    airflow.set_defaults(func=cmd_airflow)
 
     configs = sub.add_parser(
         "config", help="show or diff stored routing configurations; publish one live or abort it"
