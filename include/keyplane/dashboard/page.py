@@ -198,6 +198,12 @@ def render_page(
             "timeline",
         )
     )
+    if dashboard.hidden:
+        parts.append(
+            f"<p class='muted' id='hidden-versions'>{dashboard.hidden} planned "
+            f"{'version' if dashboard.hidden == 1 else 'versions'} not published are not "
+            "listed (<code>keyplane config list --all</code> shows them).</p>"
+        )
     parts.append("<h2>Measured per version</h2>")
     if not metrics.available:
         parts.append(

@@ -191,6 +191,8 @@ class Dashboard:
     moved_from: int | None
     moved_to: int | None
     problems: tuple[str, ...]
+    hidden: int = 0
+    """Versions left out of ``rows``: planned by a run that did not publish them."""
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -686,8 +688,11 @@ def load_dashboard(paths: DashboardPaths, records: Sequence[BatchMetrics]) -> Da
                 if not isinstance(loaded, RoutingConfig)
             ]
             problems.append(f"moved keys of v{pair[0]} → v{pair[1]} unknown: {', '.join(unread)}")
+    unpublished = config_store.not_published(paths.routing_store)
+    shown = [r for r in rows if r.version not in unpublished or r.version == active]
     return Dashboard(
-        rows=tuple(rows),
+        rows=tuple(shown),
+        hidden=len(rows) - len(shown),
         active_version=active,
         hot_keys=tuple(hot),
         moved_keys=moved,

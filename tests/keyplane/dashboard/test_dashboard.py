@@ -593,3 +593,22 @@ def test_a_scale_version_row_links_its_run_and_gives_its_reason(tmp_path: Path) 
         has_data_docs=False,
     )
     assert 'href="/dags/keyplane_scale/runs/manual__2026-11-03T12%3A00%3A00%2B00%3A00"' in html
+
+
+def test_versions_planned_but_not_published_are_not_listed(tmp_path: Path) -> None:
+    store = tmp_path / "configs"
+    config_store.save(_config(1, None, "initial"), store)
+    config_store.save(_config(2, 1, "schedule", hot=True), store)
+    config_store.save(_config(3, 1, "schedule"), store)
+    config_store.mark_not_published(store, 2, "gain too small", "scheduled__1")
+    config_store.mark_not_published(store, 3, "dry run", "scheduled__2")
+    paths = DashboardPaths(store, tmp_path / "statistics", tmp_path / "controller.json", tmp_path)
+
+    dashboard = load_dashboard(paths, [_batch(0, {"A": 1, "B": 1})])
+
+    assert [r.version for r in dashboard.rows] == [1]
+    assert dashboard.hidden == 2
+    html = render_page(
+        dashboard, dm.MetricsRead(()), [], generated_at=T0, metrics_topic="m", has_data_docs=False
+    )
+    assert "2 planned versions not published are not listed" in html
