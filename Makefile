@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up everything first (idempotent).
-.PHONY: demo test lint bootstrap
+.PHONY: demo test lint bootstrap airflow
 
 bootstrap:
 	@scripts/bootstrap
@@ -19,6 +19,10 @@ lint: bootstrap
 	# The user docs, with the generated CLI, configuration and API references; --strict
 	# fails on a broken internal link or anchor.
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir site
+
+# The Airflow UI, scheduler, dag processor and triggerer on dags/ and plugins/ (README).
+airflow: bootstrap
+	.venv/bin/keyplane airflow
 
 test: lint
 	@scripts/install-browser

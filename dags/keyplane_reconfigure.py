@@ -1,6 +1,8 @@
 """keyplane_reconfigure: re-plan the running job's routing and roll it out live.
 
-Every ten minutes (or by hand, with Params):
+Every ten minutes, whenever the job's metrics call for it (the asset
+``keyplane_metrics_signal``: imbalance, locality or lag growth past the
+``KEYPLANE_RECONFIGURE_*`` thresholds), or by hand, with Params:
 
 1. ``collect_statistics`` (Spark) reads the events and metrics topics since
    the last run and writes a statistics snapshot (asset
@@ -12,7 +14,9 @@ Every ten minutes (or by hand, with Params):
    the run with a readable summary, and nothing is published;
 5. ``backtest`` scores it against the current version on the snapshot's
    hold-out, ``decide`` publishes only when the gain repays the migration (a
-   dry run stops here);
+   dry run stops here); with ``require_approval``, ``approve_rollout`` waits
+   for a person to approve in the UI's Required actions, showing the
+   backtest (a rejection skips the rollout and publishes nothing);
    with ``max_moves_per_wave``, ``compute_configuration`` stores the change
    as waves and ``roll_out_waves`` rolls out all but the last, one after the
    other with deferred waits, so each wave's micro-batches carry a share of
@@ -33,15 +37,25 @@ is parsed. See docs/orchestration.md.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, Param, TaskGroup, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    AssetOrTimeSchedule,
+    DeltaTriggerTimetable,
+    Param,
+    TaskGroup,
+    task,
+)
 from airflow.sdk.exceptions import AirflowFailException
 
 from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagparts
+from keyplane.orchestration.approval import RolloutApprovalOperator
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     MAX_WAVES_PER_RUN,
@@ -53,25 +67,64 @@ from keyplane.orchestration.dagparts import (
 from keyplane.orchestration.deployment import SPARK_CONN_ID, deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator, RollOutWavesOperator
 
+log = logging.getLogger(__name__)
+
 STATISTICS_JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "key_statistics.py"
 STATISTICS_ASSET = Asset(name="keyplane_statistics_snapshot")
+METRICS_SIGNAL = dagparts.metrics_signal_asset()
 
 PARAMS = {
-    "force": Param(False, type="boolean", description="Publish even when the gain is too small."),
-    "dry_run": Param(False, type="boolean", description="Stop after validation and backtest."),
+    "force": Param(
+        False,
+        type="boolean",
+        description="Roll the new routing out even when the backtest says its gain does not "
+        "repay the cost of moving state.",
+    ),
+    "dry_run": Param(
+        False,
+        type="boolean",
+        description="Plan, validate and backtest, then stop: nothing is sent to the job. The "
+        "planned version is kept as 'not published'.",
+    ),
+    "require_approval": Param(
+        False,
+        type="boolean",
+        description="Wait for a person to approve the rollout in the Airflow UI (Required "
+        "actions), after the backtest and before anything is sent to the job. Rejecting "
+        "ends the run with nothing published.",
+    ),
     "alpha": Param(
-        1.03, type="number", minimum=1.0, maximum=2.0, description="Imbalance bound α (000 §3.1)."
+        1.03,
+        type="number",
+        minimum=1.0,
+        maximum=2.0,
+        description="Load balance the plan must keep: the busiest instance of an operator may "
+        "take at most this multiple of the average instance's tuples (1.03 = 3 % above the "
+        "average; 1.0 to 2.0). Paper 000 §3.1's α.",
     ),
     "window": Param(
         "decay",
         type="string",
         enum=["decay", "reset"],
-        description="Statistics window: FISH-decayed history (001 §4.1.1) or this window only "
-        "(000 §3.2).",
+        description="Which traffic the plan learns from: 'decay' weighs all past runs' "
+        "statistics, older ones less (halved each run with decay 0.5); 'reset' uses only "
+        "the traffic since the last run.",
     ),
-    "decay": Param(0.5, type="number", minimum=0.0, maximum=1.0, description="FISH decay."),
+    "decay": Param(
+        0.5,
+        type="number",
+        minimum=0.0,
+        maximum=1.0,
+        description="With window 'decay': the weight each run keeps of the traffic before it "
+        "(0: forget it, 1: never forget; 0.0 to 1.0).",
+    ),
     "holdout_fraction": Param(
-        0.2, type="number", minimum=0.0, maximum=0.9, description="Newest share kept out."
+        0.2,
+        type="number",
+        minimum=0.0,
+        maximum=0.9,
+        description="Share of the newest traffic kept out of planning to backtest the plan on "
+        "(0.2 = the newest 20 %; 0.0 to 0.9).",
     ),
     "operators": Param(
         list(OPERATORS),
@@ -79,29 +132,74 @@ PARAMS = {
         items={"type": "string", "enum": list(OPERATORS)},
         minItems=1,
         uniqueItems=True,
-        description="Operators to re-plan; the others keep their routing.",
+        description="The job's stateful operators to re-plan; the others keep the routing "
+        "they run.",
     ),
     "parallelism": Param(
         None,
         type=["null", "integer"],
         minimum=1,
         maximum=1024,
-        description="Instances per operator (null: the running job's).",
+        description="Instances each re-planned operator spreads its keys over, at most the "
+        "job's state partitions (fixed when the job started); empty: the instances it uses "
+        "now.",
     ),
-    "max_table_entries": Param(None, type=["null", "integer"], minimum=0),
+    "max_table_entries": Param(
+        None,
+        type=["null", "integer"],
+        minimum=0,
+        description="Most keys per operator pinned in the routing table (the rest follow the "
+        "hash); keeps the table the job loads small. Empty: every key seen.",
+    ),
     "max_moves_per_wave": Param(
         None,
         type=["null", "integer"],
         minimum=1,
-        description="Roll out in waves that each move at most this many keys, to spread the "
-        f"state moves over more micro-batches, at most {MAX_WAVES_PER_RUN} waves (null: one "
-        "rollout).",
+        description="Roll out in waves that each move the state of at most this many keys, "
+        "so each micro-batch carries a smaller share of the moved state (at most "
+        f"{MAX_WAVES_PER_RUN} waves). Empty: one rollout.",
     ),
-    "min_gain": Param(0.01, type="number", minimum=0.0, maximum=1.0),
-    "migration_cost": Param(0.05, type="number", minimum=0.0, maximum=1.0),
-    "min_total_count": Param(10_000, type="integer", minimum=0),
-    "verify_batches": Param(5, type="integer", minimum=1, maximum=1000),
-    "reply_timeout_s": Param(300, type="integer", minimum=5, maximum=REPLY_TIMEOUT_MAX_S),
+    "min_gain": Param(
+        0.01,
+        type="number",
+        minimum=0.0,
+        maximum=1.0,
+        description="Smallest backtested improvement worth a rollout: locality gained (0.01 "
+        "= one percentage point of tuples kept on one executor) plus the drop of the worst "
+        "imbalance, after the migration cost.",
+    ),
+    "migration_cost": Param(
+        0.05,
+        type="number",
+        minimum=0.0,
+        maximum=1.0,
+        description="What moving all of the job's state costs, in the same units as "
+        "min_gain; a rollout that moves 40 % of the state is charged 0.4 × this.",
+    ),
+    "min_total_count": Param(
+        10_000,
+        type="integer",
+        minimum=0,
+        description="Fewest tuples the statistics must hold to plan on (below, the run fails "
+        "in validate_statistics: too little traffic to trust per-instance loads).",
+    ),
+    "verify_batches": Param(
+        5,
+        type="integer",
+        minimum=1,
+        maximum=1000,
+        description="Micro-batches the job must run on the new version before verify compares "
+        "their locality, balance and lag with the batches before (a regression rolls back).",
+    ),
+    "reply_timeout_s": Param(
+        300,
+        type="integer",
+        minimum=5,
+        maximum=REPLY_TIMEOUT_MAX_S,
+        description="Seconds to wait for each reply of the job (ACK, each MIGRATED, the "
+        "batches to verify) before the rollout is aborted and the job returns to the "
+        f"version it ran (5 to {REPLY_TIMEOUT_MAX_S}).",
+    ),
 }
 
 
@@ -113,14 +211,28 @@ with DAG(
     doc_md=__doc__,
     # await_ack, await_migrated_A/B, await_new_version_batches, the rollback's three, and
     # roll_out_waves's, at most MAX_WAVES_PER_RUN waves.
-    **rollout_dag_args(waits=7 + ROLL_OUT_WAVES_WAITS),
+    **rollout_dag_args(
+        waits=7 + ROLL_OUT_WAVES_WAITS,
+        # Every ten minutes, and whenever the job's metrics call for a re-plan.
+        schedule=AssetOrTimeSchedule(
+            timetable=DeltaTriggerTimetable(dagparts.SCHEDULE), assets=[METRICS_SIGNAL]
+        ),
+    ),
 ) as dag:
 
     @task
+    @dagparts.fail_fast
     def statistics_args() -> list[str]:
+        """The first task: refuses Params the job cannot take before any Spark work."""
         from keyplane.orchestration import tasks
 
         params = dagparts.params()
+        checked = tasks.check_plan_params(deployment(), params["operators"], params["parallelism"])
+        log.info(
+            "Params fit the job on v%d; collecting statistics for %s",
+            checked["active_version"],
+            ", ".join(checked["operators"]),
+        )
         return tasks.statistics_job_args(
             deployment(),
             dagparts.run_id(),
@@ -140,6 +252,7 @@ with DAG(
     )
 
     @task
+    @dagparts.fail_fast
     def validate_statistics() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
@@ -150,6 +263,7 @@ with DAG(
         )
 
     @task(inlets=[STATISTICS_ASSET])
+    @dagparts.fail_fast
     def compute_configuration() -> dict[str, Any]:
         from keyplane.orchestration import planning, tasks
 
@@ -163,22 +277,29 @@ with DAG(
             max_moves_per_wave=params["max_moves_per_wave"],
         )
         return tasks.compute_configuration(
-            deployment(), dagparts.run_id(), plan, max_waves=MAX_WAVES_PER_RUN
+            deployment(),
+            dagparts.run_id(),
+            plan,
+            max_waves=MAX_WAVES_PER_RUN,
+            created_by=dagparts.created_by(),
         )
 
     @task
+    @dagparts.fail_fast
     def validate_configuration() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
         return tasks.validate_configuration(deployment(), dagparts.run_id())
 
     @task
+    @dagparts.fail_fast
     def backtest() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
         return tasks.backtest(deployment(), dagparts.run_id())
 
     @task.short_circuit
+    @dagparts.fail_fast
     def decide() -> bool:
         from keyplane.orchestration import planning, tasks
 
@@ -194,12 +315,14 @@ with DAG(
         return bool(record["publish"])
 
     @task
+    @dagparts.fail_fast
     def publish() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
         return tasks.publish(deployment(), dagparts.run_id())
 
     @task(outlets=[CONFIGURATION_ASSET])
+    @dagparts.fail_fast
     def done() -> dict[str, Any]:
         from keyplane.orchestration import tasks
 
@@ -208,6 +331,7 @@ with DAG(
         )
 
     @task.branch
+    @dagparts.fail_fast
     def verify() -> str | None:
         from keyplane.orchestration import planning, tasks
 
@@ -274,6 +398,7 @@ with DAG(
         >> validate_configuration()
         >> backtest()
         >> decide()
+        >> RolloutApprovalOperator(task_id="approve_rollout")
         >> RollOutWavesOperator(task_id="roll_out_waves", timeout_s="{{ params.reply_timeout_s }}")
         >> published
         >> ack

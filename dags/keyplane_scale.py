@@ -35,6 +35,7 @@ from keyplane.operators import OPERATORS
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     REPLY_TIMEOUT_MAX_S,
+    fail_fast,
     params,
     published_version,
     rollout_chain,
@@ -49,41 +50,85 @@ PARAMS = {
         "auto",
         type="string",
         enum=["auto", "out", "in"],
-        description="auto: decide from congestion and utilisation; out/in: scale on demand.",
+        description="auto: scale out an operator that falls behind, or in when the job is "
+        "mostly idle, judged from the newest micro-batches; out/in: add or release "
+        "instances now.",
     ),
     "operator": Param(
         None,
         type=["null", "string"],
         enum=[None, *OPERATORS],
-        description="Operator to scale (null: Stela chooses by ETP).",
+        description="The stateful operator to scale. Empty: the one that gains most (the "
+        "busiest to scale out, the idlest to scale in).",
     ),
     "instances": Param(
         None,
         type=["null", "integer"],
         minimum=1,
         maximum=1024,
-        description="Target active instances (null: one more or one fewer).",
+        description="Active instances the operator should have after the run, at most the "
+        "job's state partitions. Empty: one more (out) or one fewer (in).",
     ),
-    "dry_run": Param(False, type="boolean", description="Decide and stop."),
+    "dry_run": Param(
+        False,
+        type="boolean",
+        description="Decide and stop: log and record what would be scaled, send nothing.",
+    ),
     "congestion_threshold": Param(
-        1.2, type="number", minimum=1.0, maximum=10.0, description="Congestion rate α (003 §4.1)."
+        1.2,
+        type="number",
+        minimum=1.0,
+        maximum=10.0,
+        description="An operator is congested when tuples arrive this many times faster than "
+        "it processes them (1.2 = 20 % faster; 1.0 to 10.0). Paper 003 §4.1.",
     ),
-    "window": Param(5, type="integer", minimum=1, maximum=100, description="Batches judged."),
+    "window": Param(
+        5,
+        type="integer",
+        minimum=1,
+        maximum=100,
+        description="Newest micro-batches the decision is based on (1 to 100).",
+    ),
     "scale_in_utilisation": Param(
         0.5,
         type="number",
         minimum=0.0,
         maximum=0.99,
-        description="auto scales in when Σ utilisation stays below this.",
+        description="auto scales in when the operators' summed busy share of the trigger "
+        "interval stays below this (0.5 = busy half the time; 0.0 to 0.99).",
     ),
     "trigger_interval_s": Param(
-        1.0, type="number", minimum=0.0, description="The job's trigger interval."
+        1.0,
+        type="number",
+        minimum=0.0,
+        description="The job's micro-batch trigger interval, in seconds: the time a batch may "
+        "take before the job falls behind.",
     ),
     "alpha": Param(
-        1.2, type="number", minimum=1.0, maximum=4.0, description="Active-instance max/mean bound."
+        1.2,
+        type="number",
+        minimum=1.0,
+        maximum=4.0,
+        description="Load balance the scaled routing must keep: the busiest active instance "
+        "may take at most this multiple of the average active instance's tuples (1.0 to 4.0).",
     ),
-    "verify_batches": Param(3, type="integer", minimum=1, maximum=1000),
-    "reply_timeout_s": Param(300, type="integer", minimum=5, maximum=REPLY_TIMEOUT_MAX_S),
+    "verify_batches": Param(
+        3,
+        type="integer",
+        minimum=1,
+        maximum=1000,
+        description="Micro-batches the job must run on the scaled version before verify checks "
+        "that no tuple reached a released instance.",
+    ),
+    "reply_timeout_s": Param(
+        300,
+        type="integer",
+        minimum=5,
+        maximum=REPLY_TIMEOUT_MAX_S,
+        description="Seconds to wait for each reply of the job (ACK, each MIGRATED, the "
+        "batches to verify) before the rollout is aborted and the job returns to the "
+        f"version it ran (5 to {REPLY_TIMEOUT_MAX_S}).",
+    ),
 }
 
 
@@ -98,6 +143,7 @@ with DAG(
 ) as dag:
 
     @task.short_circuit
+    @fail_fast
     def decide() -> bool:
         from keyplane.elasticity import CongestionSettings
         from keyplane.orchestration import scale_steps
@@ -118,12 +164,14 @@ with DAG(
         return bool(record["publish"])
 
     @task
+    @fail_fast
     def compute_scaled_configuration() -> dict[str, Any]:
         from keyplane.orchestration import scale_steps
 
         return scale_steps.compute_scaled_configuration(deployment(), run_id())
 
     @task
+    @fail_fast
     def validate_configuration() -> dict[str, Any]:
         from keyplane.orchestration import scale_steps
 
@@ -132,18 +180,21 @@ with DAG(
         )
 
     @task
+    @fail_fast
     def publish() -> dict[str, Any]:
         from keyplane.orchestration import scale_steps
 
         return scale_steps.publish(deployment(), run_id())
 
     @task(outlets=[CONFIGURATION_ASSET])
+    @fail_fast
     def done() -> dict[str, Any]:
         from keyplane.orchestration import scale_steps
 
         return scale_steps.done(deployment(), run_id(), published_version("publish"))
 
     @task
+    @fail_fast
     def verify() -> dict[str, Any]:
         from keyplane.orchestration import scale_steps
 

@@ -277,8 +277,10 @@ def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "abort":
         return cmd_config_abort(settings, args)
     store, versions = _config_store(settings, args)
+    if args.action == "list":
+        return cmd_config_list(settings, store, versions, show_all=args.all)
     if args.action == "show":
-        version = args.version or versions[-1]
+        version = args.version or _active_version(settings, store, versions)
         shown = config_store.load(store, version)
         print(render_config(shown, config_store.checksum(store, version)))
         return 0
@@ -292,6 +294,43 @@ def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
         )
     print(render_diff(old, new))
     print(_expected_gain(old, new, args.statistics or settings.home / "statistics"))
+    return 0
+
+
+def _active_version(settings: Settings, store: Path, versions: list[int]) -> int:
+    """The version the job runs: the controller's active version once a rollout happened,
+    else the newest stored version that was not marked as planned but not published."""
+    saved = read_controller_file(settings.controller_state)
+    if saved is not None:
+        return saved.protocol.active_version
+    skipped = config_store.not_published(store)
+    candidates = [v for v in versions if v not in skipped]
+    return candidates[-1] if candidates else versions[-1]
+
+
+def cmd_config_list(settings: Settings, store: Path, versions: list[int], *, show_all: bool) -> int:
+    """One line a version, newest first; versions planned but not published only with --all."""
+    skipped = config_store.not_published(store)
+    active = _active_version(settings, store, versions)
+    hidden = 0
+    for version in reversed(versions):
+        if version in skipped and not show_all:
+            hidden += 1
+            continue
+        config = config_store.load(store, version)
+        parent = "-" if config.parent_version is None else f"v{config.parent_version}"
+        if version == active:
+            status = "active"
+        elif version in skipped:
+            status = f"not published: {skipped[version].get('reason', '?')}"
+        else:
+            status = "stored"
+        print(
+            f"v{version:<6} parent {parent:<7} {config.created_by:<9} "
+            f"{config.created_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC  {status}"
+        )
+    if hidden:
+        print(f"({hidden} versions planned but not published are hidden; --all lists them)")
     return 0
 
 
@@ -833,6 +872,40 @@ def cmd_job(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if status.running is not None else 1
 
 
+def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
+    """Airflow's UI, scheduler, dag processor and triggerer on this project's DAGs and plugin."""
+    from keyplane.orchestration.dagrun import AirflowSetup
+    from keyplane.orchestration.localairflow import LocalAirflow, project_folders, serve
+
+    dags: Path | None = args.dags_folder
+    plugins: Path | None = args.plugins_folder
+    if dags is None or plugins is None:
+        try:
+            found = project_folders()
+        except FileNotFoundError as missing:
+            raise CliError(str(missing)) from None
+        dags, plugins = dags or found[0], plugins or found[1]
+    home = settings.home.resolve()
+    local = LocalAirflow(
+        setup=AirflowSetup(
+            airflow_home=home / "airflow",
+            dags_folder=dags.resolve(),
+            bootstrap_servers=settings.resolved_bootstrap_servers(),
+            keyplane_home=home,
+            routing_store=settings.config_store.resolve(),
+            events_topic=settings.events_topic,
+            metrics_topic=settings.metrics_topic,
+            control_topic=settings.control_topic,
+            spark_master=settings.spark_master,
+        ),
+        plugins_folder=plugins.resolve(),
+        port=args.port,
+        parallelism=args.parallelism,
+    )
+    print(f"starting Airflow in {local.setup.airflow_home} (parallelism {local.parallelism})")
+    return serve(local)
+
+
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """One screen for the whole stack: is everything up, what runs, how far behind."""
     bootstrap = settings.resolved_bootstrap_servers()
@@ -1055,6 +1128,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     overview.set_defaults(func=cmd_status)
 
+    airflow = sub.add_parser(
+        "airflow",
+        help="run Airflow (UI, scheduler, dag processor, triggerer) on this project's DAGs and "
+        "dashboard plugin; prints the URL and how to log in",
+    )
+    airflow.add_argument(
+        "--port", type=_port, default=8080, help="port of the UI and API (default: 8080)"
+    )
+    airflow.add_argument(
+        "--parallelism",
+        type=_count,
+        default=4,
+        help="task slots of the LocalExecutor (default: 4, for a small machine)",
+    )
+    airflow.add_argument("--dags-folder", type=Path, help="default: the project's dags/")
+    airflow.add_argument("--plugins-folder", type=Path, help="default: the project's plugins/")
+    airflow.set_defaults(func=cmd_airflow)
+
     configs = sub.add_parser(
         "config", help="show or diff stored routing configurations; publish one live or abort it"
     )
@@ -1064,9 +1155,22 @@ def build_parser() -> argparse.ArgumentParser:
         "show", help="a version's lineage, checksum, tables and hot keys per operator"
     )
     show.add_argument(
-        "version", nargs="?", type=_version, help="version to show (default: the latest)"
+        "version",
+        nargs="?",
+        type=_version,
+        help="version to show (default: the active one, the controller's; before any rollout "
+        "the newest version that was not planned and left unpublished)",
     )
     show.add_argument("--store", type=Path, help=store_help)
+    listing = actions.add_parser(
+        "list", help="stored versions, newest first, with their parent, origin and status"
+    )
+    listing.add_argument(
+        "--all",
+        action="store_true",
+        help="also the versions a run planned but did not publish",
+    )
+    listing.add_argument("--store", type=Path, help=store_help)
     diff = actions.add_parser(
         "diff", help="the keys, hot keys and state transfers that going from A to B moves"
     )

@@ -46,7 +46,8 @@ from pydantic import (
 
 from keyplane.parquet_files import read_table
 
-CreatedBy = Literal["initial", "schedule", "manual", "rollback", "scale"]
+CreatedBy = Literal["initial", "schedule", "manual", "event", "rollback", "scale"]
+"""Who made a version: ``event`` is a run the job's own metrics started (an asset event)."""
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -546,3 +547,78 @@ def _config_of(body: dict[str, Any], folder: Path) -> RoutingConfig:
         created_by=body["created_by"],
         operators=operators,
     )
+
+
+# --- versions planned but never published -------------------------------------------------
+
+NOT_PUBLISHED_PREFIX = "not-published-v"
+"""``<store>/not-published-v<version>.json``: the run that planned the version chose not to
+publish it (its decision, a dry run, a failed validation). Kept beside the version, not in
+it: a version's files and checksum never change once stored."""
+
+
+def _not_published_path(root: Path, version: int) -> Path:
+    return root / f"{NOT_PUBLISHED_PREFIX}{version:06d}.json"
+
+
+def mark_not_published(directory: Path | str, version: int, reason: str, run_id: str) -> None:
+    """Record that ``version`` was planned and will not be published, and why.
+
+    Written once: the first reason stands, as the run's decision does.
+    """
+    path = _not_published_path(Path(directory), version)
+    if path.is_file():
+        return
+    record = {"version": version, "reason": reason, "run_id": run_id}
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    staging.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    staging.replace(path)
+
+
+def not_published(directory: Path | str) -> dict[int, dict[str, Any]]:
+    """Each version marked as planned but not published, with its record."""
+    root = Path(directory)
+    found: dict[int, dict[str, Any]] = {}
+    if not root.is_dir():
+        return found
+    for path in root.glob(f"{NOT_PUBLISHED_PREFIX}*.json"):
+        digits = path.stem.removeprefix(NOT_PUBLISHED_PREFIX)
+        if not digits.isdigit():
+            continue
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}
+        found[int(digits)] = record if isinstance(record, dict) else {}
+    return found
+
+
+def prune_not_published(
+    directory: Path | str, keep: int, protected: Sequence[int] = ()
+) -> list[int]:
+    """Delete all but the newest ``keep`` versions marked not published; return those deleted.
+
+    A scheduled run that finds nothing worth publishing still plans and
+    stores a version, so without pruning the store grows by one version a
+    run. Never deleted: the newest stored version (the next version number
+    is the newest + 1, and a number must never be given to two different
+    configurations), and ``protected`` (the active version and any in
+    flight, which a hand-made ``keyplane config publish`` may have taken).
+    A version's validation record goes with it.
+    """
+    root = Path(directory)
+    marked = sorted(not_published(root))
+    stored = stored_versions(root)
+    newest = stored[-1] if stored else None
+    kept = set(protected) | {newest}
+    doomed = [v for v in marked[: max(0, len(marked) - keep)] if v not in kept]
+    for version in doomed:
+        folder = version_path(root, version)
+        if folder.exists():
+            # Renamed away first, so a reader never sees a version half deleted.
+            trash = root / f".tmp-pruned-{folder.name}-{uuid.uuid4().hex}"
+            folder.rename(trash)
+            shutil.rmtree(trash)
+        (root / f"validation-v{version:06d}.json").unlink(missing_ok=True)
+        _not_published_path(root, version).unlink()
+    return doomed

@@ -150,6 +150,43 @@ class Settings(BaseSettings):
         "component, so that the control plane counts exactly the events the job counts.",
     )
 
+    unpublished_versions_kept: int = Field(
+        default=20,
+        ge=0,
+        description="How many versions that were planned but not published (the run decided "
+        "the gain too small, a dry run, a failed validation) the configuration store keeps; "
+        "older ones are deleted when a run marks another.",
+    )
+
+    reconfigure_imbalance_above: Annotated[float | None, BeforeValidator(_blank_is_unset)] = Field(
+        default=1.5,
+        gt=1.0,
+        description="keyplane_reconfigure starts by itself when the job's newest batches measure "
+        "the worst operator's busiest active instance above this multiple of the average one. "
+        "Empty: not watched.",
+    )
+    reconfigure_locality_below: Annotated[float | None, BeforeValidator(_blank_is_unset)] = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="... or the share of A→B tuples kept on one executor below this (empty, the "
+        "default: not watched).",
+    )
+    reconfigure_lag_growth_above: Annotated[float | None, BeforeValidator(_blank_is_unset)] = Field(
+        default=None,
+        gt=0.0,
+        description="... or the input lag growing by more than this many records per batch "
+        "(empty, the default: not watched).",
+    )
+    reconfigure_signal_batches: int = Field(
+        default=5, ge=2, description="Newest batches on one version the signal judges together."
+    )
+    reconfigure_signal_cooldown_s: float = Field(
+        default=600.0,
+        ge=0.0,
+        description="Seconds after a signal before the next can fire: a re-plan takes minutes.",
+    )
+
     @property
     def config_store(self) -> Path:
         """The versioned configuration store: derived from ``home`` so that one

@@ -102,7 +102,15 @@ def test_schedule_runs_and_retries(dag: Any) -> None:
     assert dag.max_active_runs == 1
     assert dag.catchup is False
     assert {"keyplane", "reconfiguration"} <= set(dag.tags)
-    assert dag.timetable.delta == timedelta(minutes=10)
+    assert dag.timetable.timetable.delta == timedelta(minutes=10)
+    # ...and whenever the job's metrics call for a re-plan (an asset watcher).
+    from keyplane.orchestration.triggers import MetricsSignalTrigger
+
+    (signal,) = dag.timetable.asset_condition.objects
+    assert signal.name == "keyplane_metrics_signal"
+    (watcher,) = signal.watchers
+    assert isinstance(watcher.trigger, MetricsSignalTrigger)
+    assert watcher.trigger.thresholds["imbalance_above"] == 1.5
     for task in dag.tasks:
         assert task.retries >= 1, task.task_id
 
@@ -114,6 +122,7 @@ def test_rollout_propagates_upstream_first_then_waits_deferrably(dag: Any) -> No
         "validate_configuration",
         "backtest",
         "decide",
+        "approve_rollout",
         "roll_out_waves",
         "publish",
         "await_ack",
@@ -342,3 +351,39 @@ def test_scale_params_defaults_validate(scale_dag: Any) -> None:
     assert resolved["instances"] is None and resolved["dry_run"] is False
     assert copy.deepcopy(scale_dag.params.get_param("operator")).resolve("B") == "B"
     assert copy.deepcopy(scale_dag.params.get_param("instances")).resolve(2) == 2
+
+
+@pytest.mark.parametrize("dag_id", ["keyplane_reconfigure", "keyplane_scale"])
+def test_every_param_has_an_operator_description(dag: Any, scale_dag: Any, dag_id: str) -> None:
+    """Each Param says what it does in the operator's terms: a sentence of its own, not a
+    paper section (a citation may follow the explanation, never replace it)."""
+    import re
+
+    chosen = dag if dag_id == "keyplane_reconfigure" else scale_dag
+    for name in chosen.params:
+        description = chosen.params.get_param(name).description
+        assert description, f"{dag_id} Param {name!r} has no description"
+        assert len(description) >= 40, (name, description)
+        words_before_citation = re.split(r"\(?\b\d{3} §", description)[0]
+        assert len(words_before_citation.split()) >= 6, (name, description)
+
+
+def test_the_first_tasks_refuse_for_good_and_the_steps_that_refuse_fail_fast() -> None:
+    """A refused step fails its task with AirflowFailException, which Airflow never
+    retries; any other error (Kafka down, a reply not in) is left to the retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from keyplane.orchestration.dagparts import fail_fast
+    from keyplane.orchestration.tasks import Refused, StepError
+
+    def refused() -> None:
+        raise Refused("parallelism 8 is more than the job's 4 state partitions")
+
+    def transient() -> None:
+        raise StepError("only 1 of 3 batches ran on v2 yet")
+
+    with pytest.raises(AirflowFailException, match="4 state partitions"):
+        fail_fast(refused)()
+    with pytest.raises(StepError):
+        fail_fast(transient)()
+    assert fail_fast(refused).__name__ == "refused"

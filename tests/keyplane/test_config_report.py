@@ -259,3 +259,42 @@ def test_version_must_be_a_positive_integer(capsys: pytest.CaptureFixture[str]) 
         main(["config", "show", "0"])
     assert exit_info.value.code == 2
     assert "'0' is not a version (an integer from 1)" in capsys.readouterr().err
+
+
+def test_show_defaults_to_the_active_version_and_list_hides_versions_never_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """v3 was planned by a run that decided not to publish it: before any rollout the
+    active version is v2, the newest that was not left unpublished; once the controller
+    has a rollout on record, its active version is the one shown."""
+    from keyplane.config import mark_not_published
+    from keyplane.controller import ControllerFile
+    from keyplane.protocol import ControllerState
+
+    monkeypatch.setenv("KEYPLANE_HOME", str(tmp_path))
+    store = tmp_path / "configs"
+    save(V1, store)
+    save(V2, store)
+    save(V2.model_copy(update={"version": 3}), store)
+    mark_not_published(store, 3, "gain +0.0010 below min_gain 0.01", "scheduled__x")
+
+    assert main(["config", "show"]) == 0
+    assert capsys.readouterr().out.startswith("version 2\n")
+    assert main(["config", "list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed[:-1]] == ["v2", "v1"]
+    assert listed[0].endswith("active")
+    assert listed[-1].startswith("(1 versions planned but not published are hidden")
+    assert main(["config", "list", "--all"]) == 0
+    everything = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in everything] == ["v3", "v2", "v1"]
+    assert everything[0].endswith("not published: gain +0.0010 below min_gain 0.01")
+
+    state = ControllerState(
+        operators=("by_region", "by_hashtag"), active_version=1, active_checksum="c"
+    )
+    (tmp_path / "controller.json").write_text(
+        ControllerFile(control_topic="c", read_offset=0, protocol=state).model_dump_json()
+    )
+    assert main(["config", "show"]) == 0
+    assert capsys.readouterr().out.startswith("version 1\n")

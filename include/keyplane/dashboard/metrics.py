@@ -10,14 +10,18 @@ page says "metrics unavailable" and still shows everything read from disk.
 Per-version figures use the same definitions as the DAG's ``verify`` step
 (:func:`keyplane.orchestration.planning.measure`): locality is the share of
 A→B tuples that stayed on one executor (000 §2), imbalance the worst
-operator's max/mean instance load (000 §3.1), lag the input lag in records.
+operator's max/mean instance load (000 §3.1) over the instances the batch's
+version keeps active (a scaled-in operator's released instances hold no keys,
+and counting their zero loads would read a balanced job as skewed), lag the
+input lag in records.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from keyplane.batchmetrics import BatchMetrics
 
@@ -79,13 +83,59 @@ def batch_version(record: BatchMetrics) -> int | None:
     return versions.pop() if len(versions) == 1 else None
 
 
+ActiveInstances = Mapping[int, Mapping[str, Sequence[int]]]
+"""version → operator → the instances that version keeps active."""
+
+
+def active_instances(
+    routing_store: Path, versions: Iterable[int]
+) -> dict[int, dict[str, tuple[int, ...]]]:
+    """Each of ``versions``' active instances per operator, read from the store.
+
+    A version the store cannot give (pruned, unreadable) is left out: its
+    batches are then judged over every instance they report.
+    """
+    from keyplane import config as config_store
+
+    found: dict[int, dict[str, tuple[int, ...]]] = {}
+    for version in set(versions):
+        try:
+            config = config_store.load(routing_store, version)
+        except (config_store.ConfigStoreError, OSError, ValueError):
+            continue
+        found[version] = {name: routing.active for name, routing in config.operators.items()}
+    return found
+
+
+def on_active_instances(record: BatchMetrics, active: ActiveInstances | None) -> BatchMetrics:
+    """``record`` with each operator's loads restricted to its version's active instances.
+
+    A batch in the middle of a migration (operators on different versions)
+    keeps each operator's loads over that operator's version's instances.
+    """
+    if not active:
+        return record
+    load: dict[str, dict[int, int]] = {}
+    for operator, per_instance in record.load.items():
+        version = record.versions.get(operator)
+        kept = None if version is None else active.get(version, {}).get(operator)
+        if kept is None:
+            load[operator] = dict(per_instance)
+        else:
+            allowed = set(kept)
+            load[operator] = {i: n for i, n in per_instance.items() if int(i) in allowed}
+    return record.model_copy(update={"load": load})
+
+
 def worst_imbalance(record: BatchMetrics) -> float | None:
     """The worst operator's max/mean load in one batch (000 §3.1)."""
     values = [v for v in (record.imbalance(op) for op in record.load) if v is not None]
     return max(values) if values else None
 
 
-def points(records: Iterable[BatchMetrics]) -> list[BatchPoint]:
+def points(
+    records: Iterable[BatchMetrics], active: ActiveInstances | None = None
+) -> list[BatchPoint]:
     """Batches that routed events (rows or A→B hops), in batch order.
 
     Idle batches are left out: their locality and imbalance are undefined and
@@ -97,7 +147,7 @@ def points(records: Iterable[BatchMetrics]) -> list[BatchPoint]:
             batch_id=r.batch_id,
             version=batch_version(r),
             locality=r.locality,
-            imbalance=worst_imbalance(r),
+            imbalance=worst_imbalance(on_active_instances(r, active)),
             rows_per_s=r.rows_per_s,
             input_lag=r.input_lag,
         )
@@ -105,15 +155,18 @@ def points(records: Iterable[BatchMetrics]) -> list[BatchPoint]:
     ]
 
 
-def summaries(records: Sequence[BatchMetrics]) -> list[VersionSummary]:
-    """Per-version figures over the batches with A→B hops that ran wholly on that version."""
+def summaries(
+    records: Sequence[BatchMetrics], active: ActiveInstances | None = None
+) -> list[VersionSummary]:
+    """Per-version figures over the batches with A→B hops that ran wholly on that version,
+    each operator's imbalance over the instances ``active`` says that version keeps."""
     from keyplane.orchestration.planning import measure
 
     by_version: dict[int, list[BatchMetrics]] = {}
     for record in records:
         version = batch_version(record)
         if version is not None and record.hops > 0:
-            by_version.setdefault(version, []).append(record)
+            by_version.setdefault(version, []).append(on_active_instances(record, active))
     result = []
     for version in sorted(by_version):
         batch = by_version[version]

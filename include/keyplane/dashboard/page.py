@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from html import escape
+from urllib.parse import quote
 
 from keyplane.dashboard.metrics import MetricsRead, VersionSummary
 from keyplane.dashboard.plots import PLOTS
@@ -91,10 +92,20 @@ def _timeline_row(row: VersionRow) -> str:
         + _cell(gain)
         + _cell(migration)
         + _cell(escape(row.rollback) if row.rollback else "—")
-        + _cell(escape(row.run_id) if row.run_id else "—")
+        + _cell(_run_link(row))
         + _cell(docs)
         + "</tr>"
     )
+
+
+def _run_link(row: VersionRow) -> str:
+    """The run that stored the version, linked to its page in the Airflow UI."""
+    if not row.run_id:
+        return "—"
+    if not row.dag_id:
+        return escape(row.run_id)
+    href = f"/dags/{quote(row.dag_id, safe='')}/runs/{quote(row.run_id, safe='')}"
+    return f'<a class="run" href="{escape(href)}">{escape(row.run_id)}</a>'
 
 
 def _table(headers: Iterable[str], rows: Iterable[str], table_id: str) -> str:
@@ -187,6 +198,12 @@ def render_page(
             "timeline",
         )
     )
+    if dashboard.hidden:
+        parts.append(
+            f"<p class='muted' id='hidden-versions'>{dashboard.hidden} planned "
+            f"{'version' if dashboard.hidden == 1 else 'versions'} not published are not "
+            "listed (<code>keyplane config list --all</code> shows them).</p>"
+        )
     parts.append("<h2>Measured per version</h2>")
     if not metrics.available:
         parts.append(

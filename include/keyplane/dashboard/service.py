@@ -7,11 +7,18 @@ Airflow's authentication.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
-from keyplane.dashboard.metrics import CachedMetrics, points, summaries
+from keyplane.batchmetrics import BatchMetrics
+from keyplane.dashboard.metrics import (
+    CachedMetrics,
+    active_instances,
+    points,
+    summaries,
+)
 from keyplane.dashboard.page import render_page
 from keyplane.dashboard.plots import PLOTS, PlotName, render_png
 from keyplane.dashboard.timeline import DashboardPaths, load_dashboard
@@ -35,12 +42,17 @@ class DashboardService:
             CachedMetrics(settings.resolved_bootstrap_servers(), settings.metrics_topic),
         )
 
+    def _active(self, records: Sequence[BatchMetrics]) -> dict[int, dict[str, tuple[int, ...]]]:
+        """The active instances of every version the records ran on."""
+        versions = {v for r in records for v in r.versions.values()}
+        return active_instances(self.paths.routing_store, versions)
+
     def page(self) -> str:
         read = self.metrics.get()
         return render_page(
             load_dashboard(self.paths, read.records),
             read,
-            summaries(read.records),
+            summaries(read.records, self._active(read.records)),
             generated_at=datetime.now(UTC),
             metrics_topic=self.metrics.topic,
             has_data_docs=(self.paths.data_docs / "index.html").is_file(),
@@ -50,7 +62,8 @@ class DashboardService:
         """The PNG of plot ``name``; None for an unknown name."""
         if name not in PLOTS:
             return None
-        return render_png(cast(PlotName, name), points(self.metrics.get().records))
+        records = self.metrics.get().records
+        return render_png(cast(PlotName, name), points(records, self._active(records)))
 
     def data_doc(self, relative: str) -> Path | None:
         """The Data Docs file at ``relative``, or None if absent or outside the site.

@@ -79,6 +79,8 @@ class DashboardPaths:
     snapshots: Path
     controller_state: Path
     gx_root: Path
+    scale_runs: Path | None = None
+    """The scale DAG's run folders (``$KEYPLANE_HOME/scale``); None: none are read."""
 
     @property
     def data_docs(self) -> Path:
@@ -95,6 +97,7 @@ class DashboardPaths:
             snapshots=deployment.snapshots,
             controller_state=deployment.controller_state,
             gx_root=deployment.gx_root,
+            scale_runs=deployment.home / "scale",
         )
 
 
@@ -135,6 +138,8 @@ class VersionRow:
     run_id: str | None
     data_docs: tuple[DocLink, ...]
     problem: str | None = None
+    dag_id: str | None = None
+    """The DAG whose run stored the version (for the link to the run in Airflow)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,7 @@ class RunRecords:
     verification: Mapping[str, Any] | None
     rollback: RollbackRecord | None
     problems: tuple[str, ...] = ()
+    dag_id: str = "keyplane_reconfigure"
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,8 @@ class Dashboard:
     moved_from: int | None
     moved_to: int | None
     problems: tuple[str, ...]
+    hidden: int = 0
+    """Versions left out of ``rows``: planned by a run that did not publish them."""
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -214,6 +222,50 @@ def read_runs(snapshots: Path) -> list[RunRecords]:
                 verification=_json(folder / tasks.VERIFICATION),
                 rollback=rollback.record,
                 problems=problems + (() if backtest_problem is None else (backtest_problem,)),
+            )
+        )
+    return runs
+
+
+def read_scale_runs(folder: Path | None) -> list[RunRecords]:
+    """The scale DAG's runs that stored a version, as :class:`RunRecords`.
+
+    The decision's reason, with the locality the scaled version is predicted
+    to keep (a scale-in folds keys onto fewer instances), stands as the
+    version's decision; the run id is the one the run recorded (the folder's
+    name is a cleaned copy of it).
+    """
+    from keyplane.orchestration import scale_steps, tasks
+
+    if folder is None or not folder.is_dir():
+        return []
+    runs = []
+    for run in sorted(p for p in folder.iterdir() if p.is_dir()):
+        raw, _ = read_json(run / scale_steps.PROPOSAL)
+        if raw is None:
+            continue
+        proposal = check(ProposalRecord, raw, run / scale_steps.PROPOSAL)
+        decision = read_record(DecisionRecord, run / scale_steps.DECISION)
+        reason = decision.record.reason if decision.record is not None else None
+        before, after = raw.get("locality_before"), raw.get("locality_after")
+        if isinstance(before, float | int) and isinstance(after, float | int):
+            reason = f"{reason or 'scaled'}; predicted locality {before:.1%} → {after:.1%}"
+        scaled = DecisionRecord(
+            publish=None if decision.record is None else decision.record.publish,
+            reason=reason,
+        )
+        run_id = raw.get("run_id")
+        runs.append(
+            RunRecords(
+                run_id=run_id if isinstance(run_id, str) else run.name,
+                proposal=proposal.record,
+                backtest=None,
+                decision=scaled,
+                rollout=_json(run / tasks.ROLLOUT),
+                verification=_json(run / tasks.VERIFICATION),
+                rollback=None,
+                problems=proposal.problems + decision.problems,
+                dag_id=tasks.SCALE_DAG_ID,
             )
         )
     return runs
@@ -435,9 +487,14 @@ def build_rows(
                 run_id=run.run_id if run is not None else _run_id(wave_of.get(version)),
                 data_docs=docs,
                 problem=loaded if isinstance(loaded, str) else None,
+                dag_id=_dag_id(run or wave_of.get(version)),
             )
         )
     return rows
+
+
+def _dag_id(run: RunRecords | None) -> str | None:
+    return None if run is None else run.dag_id
 
 
 def _run_id(run: RunRecords | None) -> str | None:
@@ -589,7 +646,7 @@ def load_dashboard(paths: DashboardPaths, records: Sequence[BatchMetrics]) -> Da
     configs = load_configs(paths.routing_store)
     if not configs:
         problems.append(f"no configuration stored in {paths.routing_store}")
-    runs = read_runs(paths.snapshots)
+    runs = read_runs(paths.snapshots) + read_scale_runs(paths.scale_runs)
     for run in runs:
         problems.extend(run.problems)
     validations, validation_problems = load_validations(paths.routing_store)
@@ -631,8 +688,11 @@ def load_dashboard(paths: DashboardPaths, records: Sequence[BatchMetrics]) -> Da
                 if not isinstance(loaded, RoutingConfig)
             ]
             problems.append(f"moved keys of v{pair[0]} → v{pair[1]} unknown: {', '.join(unread)}")
+    unpublished = config_store.not_published(paths.routing_store)
+    shown = [r for r in rows if r.version not in unpublished or r.version == active]
     return Dashboard(
-        rows=tuple(rows),
+        rows=tuple(shown),
+        hidden=len(rows) - len(shown),
         active_version=active,
         hot_keys=tuple(hot),
         moved_keys=moved,

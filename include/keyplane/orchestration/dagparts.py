@@ -9,10 +9,11 @@ the steps import the rest when they run.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from airflow.sdk import Asset, Context, get_current_context, task
 
@@ -25,6 +26,23 @@ from keyplane.orchestration.triggers import AwaitRolloutOperator
 CONFIGURATION_ASSET = Asset(name="keyplane_routing_configuration")
 
 log = logging.getLogger(__name__)
+
+QUIET_LOGGERS = ("kafka", "great_expectations", "py4j", "urllib3", "matplotlib")
+"""Client libraries whose INFO lines (connections opened, fetches, data sources saved) bury
+a task's own lines; their warnings and errors still reach the task log."""
+
+
+def quiet_client_logs() -> None:
+    """Raise the client libraries' loggers to WARNING in this process.
+
+    Called when a DAG file imports this module, which every task process
+    does before it runs its task, so each task's log holds its own lines.
+    """
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+quiet_client_logs()
 
 REPLY_TIMEOUT_MAX_S = 3600
 """The largest ``reply_timeout_s`` Param of either DAG: the longest wait for one reply."""
@@ -78,7 +96,38 @@ def abort_run_in_flight(context: Context) -> None:
         log.warning("run %s of %s failed with v%d in flight; it was aborted", run, dag_id, aborted)
 
 
-def rollout_dag_args(waits: int) -> dict[str, Any]:
+SCHEDULE = timedelta(minutes=10)
+"""How often each DAG runs on its schedule."""
+
+
+def metrics_signal_asset() -> Asset:
+    """The asset whose watcher starts ``keyplane_reconfigure`` when the job's metrics call
+    for a re-plan (:class:`~keyplane.orchestration.triggers.MetricsSignalTrigger`).
+
+    The thresholds are the ``KEYPLANE_RECONFIGURE_*`` settings, read where the
+    DAG file is parsed; the trigger reads the metrics topic in the triggerer.
+    """
+    from airflow.sdk import AssetWatcher
+
+    from keyplane.settings import Settings
+
+    settings = Settings()
+    thresholds = {
+        "imbalance_above": settings.reconfigure_imbalance_above,
+        "locality_below": settings.reconfigure_locality_below,
+        "lag_growth_above": settings.reconfigure_lag_growth_above,
+        "batches": settings.reconfigure_signal_batches,
+    }
+    trigger = triggers.MetricsSignalTrigger(
+        thresholds=thresholds, cooldown_s=settings.reconfigure_signal_cooldown_s
+    )
+    return Asset(
+        name="keyplane_metrics_signal",
+        watchers=[AssetWatcher(name="keyplane_metrics_watcher", trigger=trigger)],
+    )
+
+
+def rollout_dag_args(waits: int, schedule: Any = SCHEDULE) -> dict[str, Any]:
     """The DAG arguments both DAGs share, for a DAG with ``waits`` wait tasks in a row.
 
     One run at a time: the controller drives one rollout at a time, and a
@@ -94,19 +143,90 @@ def rollout_dag_args(waits: int) -> dict[str, Any]:
     :data:`MAX_WAVES_PER_RUN` allows.
     """
     return {
-        "schedule": timedelta(minutes=10),
+        "schedule": schedule,
         "start_date": datetime(2026, 1, 1, tzinfo=UTC),
         "catchup": False,
         "max_active_runs": 1,
-        "default_args": {"retries": 2, "retry_delay": timedelta(seconds=20)},
+        "default_args": {
+            "retries": 2,
+            "retry_delay": timedelta(seconds=20),
+            # Each step ends its log with one line of what it decided or measured; the
+            # returned record is the task's XCom, not a second summary.
+            "show_return_value_in_logs": False,
+        },
         "dagrun_timeout": waits * timedelta(seconds=REPLY_TIMEOUT_MAX_S) + OTHER_STEPS_TIME,
         "on_failure_callback": abort_run_in_flight,
     }
 
 
+_Result = TypeVar("_Result")
+
+
+def fail_fast(step: Callable[[], _Result]) -> Callable[[], _Result]:
+    """Fail the task at once, without retries, when its step refuses for good.
+
+    A :class:`~keyplane.orchestration.tasks.Refused` step (a Param the job
+    cannot take, a failed validation, a stale plan) and a Param its typed
+    settings reject (``ValueError``) would fail the same way on every retry;
+    retrying only delays the operator's answer. Other errors (Kafka, Spark,
+    a reply not in yet) are retried as the DAG's ``retries`` say.
+    """
+
+    @functools.wraps(step)
+    def run() -> _Result:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from keyplane.orchestration.tasks import Refused
+
+        try:
+            return step()
+        except (Refused, ValueError) as refused:
+            raise AirflowFailException(str(refused)) from None
+
+    return run
+
+
 def params() -> dict[str, Any]:
     """The running DAG run's Params."""
     return dict(get_current_context()["params"])
+
+
+def created_by_of(run_type: object) -> Literal["schedule", "manual", "event"]:
+    """What a version planned by a DAG run of ``run_type`` records as its origin.
+
+    Airflow's run types: ``scheduled`` (the DAG's timetable), ``asset_triggered``
+    (an asset event, such as the metrics watcher's), and ``manual`` or
+    ``backfill``, which someone asked for.
+    """
+    kind = str(getattr(run_type, "value", run_type))
+    if kind == "scheduled":
+        return "schedule"
+    if kind == "asset_triggered":
+        return "event"
+    return "manual"
+
+
+def created_by() -> Literal["schedule", "manual", "event"]:
+    """The running DAG run's origin, as :func:`created_by_of` names it."""
+    return created_by_of(get_current_context()["dag_run"].run_type)
+
+
+def triggering_events() -> list[dict[str, Any]]:
+    """The metrics signals that started the running DAG run (none for other runs).
+
+    An asset-triggered run carries no conf of its own: the signal's payload
+    is the extra of the asset event the run consumed.
+    """
+    context = get_current_context()
+    events = context.get("triggering_asset_events") or {}
+    found = []
+    for asset, asset_events in events.items():
+        if getattr(asset, "name", None) != "keyplane_metrics_signal":
+            continue
+        for event in asset_events:
+            extra = dict(getattr(event, "extra", None) or {})
+            found.append(dict(extra.get("payload") or extra))
+    return found
 
 
 def run_id() -> str:

@@ -179,7 +179,7 @@ def migrate_database(setup: AirflowSetup) -> None:
         raise RuntimeError(f"airflow db migrate failed:\n{(done.stdout + done.stderr)[-3000:]}")
 
 
-def task_instances(setup: AirflowSetup, run_id: str) -> list[TaskRecord]:
+def task_instances(setup: AirflowSetup, run_id: str, dag_id: str = DAG_ID) -> list[TaskRecord]:
     """The run's task instances, in the order they started, read from the metadata database."""
     database = setup.airflow_home / "airflow.db"
     with closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=30)) as connection:
@@ -187,7 +187,7 @@ def task_instances(setup: AirflowSetup, run_id: str) -> list[TaskRecord]:
             "SELECT task_id, state, start_date, end_date, duration, try_number "
             "FROM task_instance WHERE dag_id = ? AND run_id = ? "
             "ORDER BY start_date IS NULL, start_date",
-            (DAG_ID, run_id),
+            (dag_id, run_id),
         ).fetchall()
     return [TaskRecord(*row) for row in rows]
 
@@ -199,14 +199,22 @@ def dag_test(
     log: Path,
     on_task: Callable[[TaskRecord], None] | None = None,
     timeout_s: float = 1800,
+    dag_id: str = DAG_ID,
+    logical_date: str | None = None,
+    mark_success_pattern: str | None = None,
 ) -> DagRunRecord:
-    """``airflow dags test keyplane_reconfigure -c CONF``; ``on_task`` sees each task as it ends.
+    """``airflow dags test DAG_ID -c CONF``; ``on_task`` sees each task as it ends.
 
     The command's output goes to ``log``. A run whose tasks fail (a rollback
     reports itself as a failure) is returned, not raised: its state says so.
     After ``timeout_s`` the command is killed and the run ends as it stands.
+    ``logical_date`` fixes the run's date (and so its id), and tasks matching
+    ``mark_success_pattern`` are marked successful without running.
     """
-    command = [airflow_command(), "dags", "test", DAG_ID, "-c", json.dumps(dict(conf))]
+    dated = [] if logical_date is None else [logical_date]
+    command = [airflow_command(), "dags", "test", dag_id, *dated, "-c", json.dumps(dict(conf))]
+    if mark_success_pattern is not None:
+        command += ["--mark-success-pattern", mark_success_pattern]
     lines: list[str] = []
     run_id, state = "", "unknown"
     with log.open("w") as out:
@@ -230,8 +238,8 @@ def dag_test(
                     run_id, state = finished.group(1), finished.group(2)
                 ended = _END_TASK.search(line)
                 if ended and on_task is not None:
-                    run_id = run_id or _run_id_of(lines)
-                    record = _find(setup, run_id, ended.group(1))
+                    run_id = run_id or _run_id_of(lines, dag_id)
+                    record = _find(setup, run_id, ended.group(1), dag_id)
                     if record is not None:
                         on_task(record)
             returncode = process.wait()
@@ -240,33 +248,33 @@ def dag_test(
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    run_id = run_id or _run_id_of(lines)
+    run_id = run_id or _run_id_of(lines, dag_id)
     if not run_id:
         raise RuntimeError(f"airflow dags test did not start a run; see {log}")
     return DagRunRecord(
         run_id=run_id,
         state=state,
         returncode=returncode,
-        tasks=task_instances(setup, run_id),
+        tasks=task_instances(setup, run_id, dag_id),
         output="".join(lines),
     )
 
 
-_RUN_ID_IN_TI = re.compile(r"<TaskInstance: " + DAG_ID + r"\.\S+ (\S+) \[")
-
-
-def _run_id_of(lines: list[str]) -> str:
+def _run_id_of(lines: list[str], dag_id: str = DAG_ID) -> str:
+    in_task_instance = re.compile(r"<TaskInstance: " + re.escape(dag_id) + r"\.\S+ (\S+) \[")
     for line in lines:
-        found = _RUN_ID_IN_TI.search(line)
+        found = in_task_instance.search(line)
         if found:
             return found.group(1)
     return ""
 
 
-def _find(setup: AirflowSetup, run_id: str, task_id: str) -> TaskRecord | None:
+def _find(
+    setup: AirflowSetup, run_id: str, task_id: str, dag_id: str = DAG_ID
+) -> TaskRecord | None:
     if not run_id:
         return None
-    for record in task_instances(setup, run_id):
+    for record in task_instances(setup, run_id, dag_id):
         if record.task_id == task_id:
             return record
     return None

@@ -41,6 +41,8 @@ class Deployment(BaseModel):
     operators: tuple[str, ...] = OPERATORS
     max_event_bytes: int = Field(default=MAX_EVENT_BYTES, ge=1)
     """The job's bound on one event's record: a larger one is not counted."""
+    unpublished_versions_kept: int = Field(default=20, ge=0)
+    """Versions planned but not published that the store keeps (older ones are pruned)."""
 
     @classmethod
     def from_environment(cls, bootstrap_servers: str | None = None) -> Deployment:
@@ -65,6 +67,7 @@ class Deployment(BaseModel):
             routing_store=Path(store).resolve() if store else home / "configs",
             snapshots=Path(snapshots).resolve() if snapshots else None,
             max_event_bytes=settings.max_event_bytes,
+            unpublished_versions_kept=settings.unpublished_versions_kept,
         )
 
     @classmethod
@@ -79,6 +82,7 @@ class Deployment(BaseModel):
         routing_store: Path,
         snapshots: Path | None = None,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        unpublished_versions_kept: int = 20,
     ) -> Deployment:
         """The deployment whose state folders lie under ``home``: the one layout.
 
@@ -97,6 +101,7 @@ class Deployment(BaseModel):
             controller_state=home / "controller.json",
             gx_root=home / "gx",
             max_event_bytes=max_event_bytes,
+            unpublished_versions_kept=unpublished_versions_kept,
         )
 
 

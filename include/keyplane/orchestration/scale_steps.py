@@ -75,7 +75,12 @@ def decide(
     current = config_store.load(deployment.routing_store, parent)
     parallelism = {name: current.operators[name].parallelism for name in OPERATORS}
     if len(set(parallelism.values())) != 1:
-        raise tasks.StepError(f"operators have different state partitions: {parallelism}")
+        raise tasks.Refused(f"operators have different state partitions: {parallelism}")
+    if request.instances is not None and request.instances > parallelism["A"]:
+        raise tasks.Refused(
+            f"instances {request.instances} is more than the job's {parallelism['A']} state "
+            f"partitions (fixed when the job started); give at most {parallelism['A']}"
+        )
     timed = [
         (r, reported)
         for r, reported in recent_metrics(deployment, request.congestion.window)
@@ -103,7 +108,20 @@ def decide(
 
 
 def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
-    """Tuples per key of each stage in the events topic (A: field 1, B: field 2).
+    """Tuples per key of each stage in the events topic (A: field 1, B: field 2)."""
+    return event_counts(deployment)[0]
+
+
+def event_pair_counts(deployment: Deployment) -> dict[tuple[str, str], float]:
+    """Tuples per (A key, B key) pair in the events topic."""
+    return event_counts(deployment)[1]
+
+
+def event_counts(
+    deployment: Deployment,
+) -> tuple[dict[str, dict[str, float]], dict[tuple[str, str], float]]:
+    """Tuples per key of each stage in the events topic (A: field 1, B: field 2), and
+    tuples per (A key, B key) pair: the pairs whose co-location is locality (000 §2).
 
     Read from the earliest retained record to the end, with the job's own
     parser, so a key counts exactly when the job would have counted it.
@@ -115,12 +133,30 @@ def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
     servers, topic = deployment.bootstrap_servers, deployment.events_topic
     first, ends = earliest_offsets(servers, topic), high_watermarks(servers, topic)
     counts: dict[str, Counter[str]] = {name: Counter() for name in OPERATORS}
+    pairs: Counter[tuple[str, str]] = Counter()
     for r in offset_ranges(servers, topic, first, ends):
         for batch in read_range(r):
             keys = decode_keys(batch.column("value").to_pylist(), deployment.max_event_bytes)
-            counts["A"].update(a for a in keys.column("a").to_pylist() if a is not None)
-            counts["B"].update(b for b in keys.column("b").to_pylist() if b is not None)
-    return {name: {k: float(n) for k, n in found.items()} for name, found in counts.items()}
+            a_keys, b_keys = keys.column("a").to_pylist(), keys.column("b").to_pylist()
+            counts["A"].update(a for a in a_keys if a is not None)
+            counts["B"].update(b for b in b_keys if b is not None)
+            pairs.update(
+                (str(a), str(b))
+                for a, b in zip(a_keys, b_keys, strict=True)
+                if a is not None and b is not None
+            )
+    loads = {name: {k: float(n) for k, n in found.items()} for name, found in counts.items()}
+    return loads, {pair: float(n) for pair, n in pairs.items()}
+
+
+def predicted_locality(config: RoutingConfig, pairs: dict[tuple[str, str], float]) -> float:
+    """The share of the events' A→B tuples ``config`` keeps on one instance (000 §3.2)."""
+    import pandas as pd
+
+    if not pairs:
+        return 0.0
+    frame = pd.DataFrame(list(pairs), columns=["a", "b"])
+    return planning.locality(config, frame, pd.Series(list(pairs.values()), dtype="float64"))
 
 
 class ScaleProposal(BaseModel):
@@ -136,6 +172,15 @@ class ScaleProposal(BaseModel):
     active_after: list[int]
     keys: int
     tabled: int
+    run_id: str | None = None
+    """The Airflow run that stored the version (None in records written before it was kept)."""
+    reason: str | None = None
+    """The decision's reason: why the operator was scaled."""
+    locality_before: float | None = None
+    """Predicted share of A→B tuples on one instance on the parent version (000 §3.2)."""
+    locality_after: float | None = None
+    """The same on the scaled version: a scale-in folds keys onto fewer instances and
+    usually separates pairs the parent kept together."""
 
 
 def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[str, Any]:
@@ -161,7 +206,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
         return proposal.model_dump(mode="json")
     decision = tasks._read(folder / DECISION, "the scale decision")
     if not decision["publish"]:
-        raise tasks.StepError(f"the decision was not to scale: {decision['reason']}")
+        raise tasks.Refused(f"the decision was not to scale: {decision['reason']}")
     operator = str(decision["operator"])
     allocation = folder / tasks.ALLOCATION
     if allocation.is_file():
@@ -184,6 +229,8 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
         operators={**current.operators, operator: routing},
     )
     saved = tasks._store(deployment, config)
+    pairs = event_pair_counts(deployment)
+    before, after = predicted_locality(current, pairs), predicted_locality(config, pairs)
     proposal = ScaleProposal(
         version=saved.version,
         parent_version=parent,
@@ -193,8 +240,24 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
         active_after=list(routing.active),
         keys=len(loads),
         tabled=len(routing.table),
+        run_id=run_id,
+        reason=str(decision["reason"]),
+        locality_before=before,
+        locality_after=after,
     )
-    return tasks._write_once(existing, proposal.model_dump(mode="json"))
+    record = tasks._write_once(existing, proposal.model_dump(mode="json"))
+    log.info(
+        "stored v%d: %s over instances %s (was %s), %d keys tabled; predicted locality "
+        "%.1f%% → %.1f%%",
+        saved.version,
+        operator,
+        list(routing.active),
+        proposal.active_before,
+        proposal.tabled,
+        100 * before,
+        100 * after,
+    )
+    return record
 
 
 def validate_scaled_configuration(
@@ -252,9 +315,11 @@ def validate_scaled_configuration(
         deployment, config.version, result.success, result.summary, result.data_docs_path
     )
     if not record["success"]:
-        raise tasks.StepError(
+        tasks.not_published(deployment, [config.version], "failed validation", run_id)
+        raise tasks.Refused(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
+    log.info("scaled v%d passed validation", config.version)
     return record
 
 
@@ -317,5 +382,11 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
         },
     )
     if not record["ok"]:
-        raise tasks.StepError(f"v{version} routed tuples to inactive instances: {record['stray']}")
+        raise tasks.Refused(f"v{version} routed tuples to inactive instances: {record['stray']}")
+    log.info(
+        "verified v%d over %d batches: busy instances %s, all active",
+        version,
+        record["batches"],
+        "; ".join(f"{name} {found}" for name, found in record["busy_instances"].items()),
+    )
     return record

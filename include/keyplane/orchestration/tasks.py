@@ -59,6 +59,7 @@ DECISION = "decision.json"
 ROLLOUT = "rollout.json"
 VERIFICATION = "verification.json"
 ROLLBACK = "rollback.json"
+APPROVAL = "approval.json"
 
 WaitKind = Literal["ack", "migrated", "metrics"]
 
@@ -68,6 +69,39 @@ SCALE_DAG_ID = "keyplane_scale"
 
 class StepError(RuntimeError):
     """A step cannot run: an earlier step's record is missing or says no."""
+
+
+class Refused(StepError):
+    """A step refuses for a reason no retry can change: a Param the job cannot take, a
+    failed validation, a decision not to publish, a stale plan. The DAGs fail the task
+    at once, without retries (:func:`keyplane.orchestration.dagparts.fail_fast`)."""
+
+
+def check_plan_params(
+    deployment: Deployment, operators: Sequence[str], parallelism: int | None
+) -> dict[str, Any]:
+    """Refuse Params the running job cannot take, before any statistics are collected.
+
+    The operators must be the pipeline's (the active version routes them),
+    and a parallelism must fit the job's state partitions: Spark fixes them
+    when the job starts, so a plan over more instances could never roll out.
+    """
+    version = active_version(deployment, None)
+    config = config_store.load(deployment.routing_store, version)
+    unknown = [name for name in operators if name not in config.operators]
+    if unknown:
+        raise Refused(
+            f"operators {', '.join(unknown)} are not in the job's pipeline "
+            f"(v{version} routes {', '.join(config.operators)})"
+        )
+    if parallelism is not None:
+        partitions = min(config.operators[name].parallelism for name in operators)
+        if parallelism > partitions:
+            raise Refused(
+                f"parallelism {parallelism} is more than the job's {partitions} state "
+                f"partitions (fixed when the job started); give at most {partitions}"
+            )
+    return {"active_version": version, "operators": list(operators), "parallelism": parallelism}
 
 
 def _write_once(path: Path, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,7 +198,7 @@ def _store(deployment: Deployment, config: RoutingConfig) -> config_store.SavedC
     try:
         return config_store.save(config, deployment.routing_store)
     except config_store.VersionConflictError:
-        raise StepError(
+        raise Refused(
             f"v{config.version}, which this run reserved, was stored meanwhile with another "
             "routing (by another run or `keyplane config publish`); it is left as it is and "
             "this run stores and publishes nothing: the next run plans from the store as it is"
@@ -232,7 +266,14 @@ def validate_statistics(
             run_name=f"statistics-{stats.safe_run_id(run_id)}",
         )
     log.info("statistics validation:\n%s", result.summary)
-    result.raise_if_failed()
+    if not result.success:
+        # The run's snapshot never changes: a retry would fail the same checks.
+        raise Refused(f"the statistics of run {run_id} failed validation:\n{result.summary}")
+    log.info(
+        "statistics of %d tuples passed validation (window %s)",
+        snapshot.manifest.n_events,
+        snapshot.manifest.window,
+    )
     return {
         "n_events": snapshot.manifest.n_events,
         "window": list(snapshot.manifest.window),
@@ -314,8 +355,12 @@ def compute_configuration(
     params: planning.PlanParams,
     *,
     max_waves: int | None = None,
+    created_by: config_store.CreatedBy = "schedule",
 ) -> dict[str, Any]:
     """Plan a new version from the snapshot and store it, child of the active version.
+
+    ``created_by`` records what started the run (its schedule, an operator,
+    a metrics event), so the store says why each version exists.
 
     METIS routing tables (000 §3.3, :func:`keyplane.locality.build_plan`) and
     FISH hot keys (001 §4.1.2). With ``params.max_moves_per_wave``, the
@@ -349,6 +394,7 @@ def compute_configuration(
         params,
         version=int(reserved["version"]),
         cost=snapshot.manifest.cost_model,
+        created_by=created_by,
     )
     log.info("chose the %s configuration (throughputs %s)", plan.candidate, plan.throughputs)
     stored = [
@@ -370,7 +416,18 @@ def compute_configuration(
         table_sizes={name: len(r.table) for name, r in plan.config.operators.items()},
         waves=tuple(wave.version for wave in stored[:-1]),
     )
-    return _write_once(existing, proposal.model_dump(mode="json"))
+    record = _write_once(existing, proposal.model_dump(mode="json"))
+    log.info(
+        "planned v%d from v%d%s: predicted locality %.1f%% → %.1f%%, imbalance %s, %d hot keys",
+        proposal.version,
+        parent,
+        f" in {len(proposal.waves) + 1} waves" if proposal.waves else "",
+        100 * proposal.current_locality,
+        100 * proposal.predicted_locality,
+        ", ".join(f"{k} {v:.3f}" for k, v in proposal.predicted_imbalance.items()),
+        sum(proposal.hot_keys.values()),
+    )
+    return record
 
 
 def _waves(
@@ -391,7 +448,7 @@ def _waves(
             current, planned, spark_partition, max_moves_per_wave, max_waves=max_waves
         )
     except ValueError as exc:
-        raise StepError(f"v{planned.version} cannot roll out in waves: {exc}") from None
+        raise Refused(f"v{planned.version} cannot roll out in waves: {exc}") from None
 
 
 def _proposal(deployment: Deployment, run_id: str) -> tuple[Proposal, RoutingConfig]:
@@ -470,9 +527,16 @@ def validate_configuration(
         deployment, config.version, result.success, result.summary, result.data_docs_path
     )
     if not record["success"]:
-        raise StepError(
+        not_published(
+            deployment,
+            [*proposal.waves, proposal.version],
+            "failed validation",
+            run_id,
+        )
+        raise Refused(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
+    log.info("v%d passed validation: %s", config.version, _first_line(record["summary"]))
     if config.version == proposal.version:
         for number, wave in enumerate(proposal.waves, start=1):
             record_validation(
@@ -515,7 +579,23 @@ def backtest(deployment: Deployment, run_id: str) -> dict[str, Any]:
     current = config_store.load(deployment.routing_store, proposal.parent_version)
     snapshot = _snapshot(deployment, run_id)
     result = planning.backtest(config, current, snapshot.pairs, snapshot.frequencies)
-    return _write_once(folder / BACKTEST, {"version": proposal.version, **asdict(result)})
+    record = _write_once(folder / BACKTEST, {"version": proposal.version, **asdict(result)})
+    log.info("backtest of v%d on the hold-out: %s", proposal.version, backtest_summary(record))
+    return record
+
+
+def backtest_summary(record: Mapping[str, Any]) -> str:
+    """One line of a backtest record: locality, worst imbalance and state moved."""
+    result = _backtest_of(record)
+    return (
+        f"locality {result.current.locality:.1%} → {result.new.locality:.1%}, worst imbalance "
+        f"{result.current.worst_imbalance:.3f} → {result.new.worst_imbalance:.3f}, "
+        f"{result.moved_share:.1%} of the state moves"
+    )
+
+
+def _first_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def _backtest_of(record: Mapping[str, Any]) -> planning.Backtest:
@@ -550,7 +630,99 @@ def decide(
         },
     )
     log.info("decision: %s", record["reason"])
+    if not record["publish"]:
+        proposal = Proposal.model_validate(_read(folder / PROPOSAL, "the proposal"))
+        not_published(
+            deployment, [*proposal.waves, proposal.version], str(record["reason"]), run_id
+        )
     return record
+
+
+def not_published(
+    deployment: Deployment, versions: Sequence[int], reason: str, run_id: str
+) -> None:
+    """Mark the run's ``versions`` as planned but not published, then prune the oldest such
+    (:func:`keyplane.config.prune_not_published`), never the job's active version or one
+    in flight."""
+    for version in versions:
+        config_store.mark_not_published(deployment.routing_store, version, reason, run_id)
+    protected: list[int] = []
+    if deployment.controller_state.is_file():
+        from keyplane.controller import ControllerFile
+
+        saved = ControllerFile.model_validate_json(deployment.controller_state.read_text())
+        state = saved.protocol
+        protected = [state.active_version] + [
+            r.version for r in (state.current, state.last) if r is not None
+        ]
+    pruned = config_store.prune_not_published(
+        deployment.routing_store, deployment.unpublished_versions_kept, protected
+    )
+    if pruned:
+        log.info(
+            "pruned %d versions that were never published (v%s)",
+            len(pruned),
+            ", v".join(map(str, pruned)),
+        )
+
+
+def approval_summary(deployment: Deployment, run_id: str) -> dict[str, str]:
+    """What the person asked to approve the rollout sees: the version, the backtest's
+    predicted gain, the keys and state it moves, and the migration cost."""
+    from keyplane.migration import plan_migration
+    from keyplane.routedkeys import spark_partition
+
+    folder = _folder(deployment, run_id)
+    proposal, config = _proposal(deployment, run_id)
+    decision = _read(folder / DECISION, "the decision")
+    result = _backtest_of(_read(folder / BACKTEST, "the backtest"))
+    parent = config_store.load(deployment.routing_store, proposal.parent_version)
+    moved = sum(len(m.moves) for m in plan_migration(parent, config, spark_partition).operators)
+    waves = f" in {len(proposal.waves) + 1} waves" if proposal.waves else ""
+    body = "\n".join(
+        [
+            f"**v{proposal.version}** replaces the active **v{proposal.parent_version}**{waves}.",
+            "",
+            "Backtest on the newest traffic, held out of planning:",
+            "",
+            f"- locality: {result.current.locality:.1%} → {result.new.locality:.1%}",
+            f"- worst imbalance: {result.current.worst_imbalance:.3f} → "
+            f"{result.new.worst_imbalance:.3f}",
+            f"- keys moved: {moved}, {result.moved_share:.1%} of the state",
+            f"- predicted gain {decision['gain']:+.4f}, migration cost {decision['cost']:.4f}",
+            "",
+            f"Decision: {decision['reason']}",
+        ]
+    )
+    return {
+        "subject": f"Roll out v{proposal.version}? (gain {decision['gain']:+.4f}, "
+        f"{moved} keys move)",
+        "body": body,
+    }
+
+
+def record_approval(deployment: Deployment, run_id: str, approved: bool, by: str) -> dict[str, Any]:
+    """Record the answer to the approval request, once; a rejected version is marked not
+    published and :func:`publish` refuses it."""
+    folder = _folder(deployment, run_id)
+    proposal = Proposal.model_validate(_read(folder / PROPOSAL, "the proposal"))
+    record = _write_once(
+        folder / APPROVAL, {"version": proposal.version, "approved": approved, "by": by}
+    )
+    if not record["approved"]:
+        not_published(
+            deployment, [*proposal.waves, proposal.version], f"rejected by {record['by']}", run_id
+        )
+    return record
+
+
+def _require_approved(folder: Path) -> None:
+    """Refuse a version whose approval request was answered with a rejection."""
+    path = folder / APPROVAL
+    if path.is_file():
+        record = _read(path, "the approval")
+        if not record.get("approved"):
+            raise Refused(f"v{record['version']} was rejected by {record.get('by')}")
 
 
 # --- 4. the rollout ---------------------------------------------------------------------
@@ -570,9 +742,9 @@ def _require_validated(deployment: Deployment, version: int) -> None:
     path = _validation_path(deployment, version)
     record = _read(path, f"the validation record of v{version}")
     if not record.get("success"):
-        raise StepError(f"v{version} failed validation; it is never published")
+        raise Refused(f"v{version} failed validation; it is never published")
     if record["checksum"] != config_store.checksum(deployment.routing_store, version):
-        raise StepError(f"v{version} changed since it was validated")
+        raise Refused(f"v{version} changed since it was validated")
 
 
 def _require_planned_on_active(state: ControllerState | None, version: int, parent: int) -> None:
@@ -591,7 +763,7 @@ def _require_planned_on_active(state: ControllerState | None, version: int, pare
         return
     if version in {r.version for r in (state.current, state.last) if r is not None}:
         return
-    raise StepError(
+    raise Refused(
         f"v{version} was planned from v{parent}, but v{state.active_version} is active now; "
         f"it is stale and will not be published (the next run plans from v{state.active_version})"
     )
@@ -607,7 +779,8 @@ def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
     folder = _folder(deployment, run_id)
     decision = _read(folder / DECISION, "the decision")
     if not decision["publish"]:
-        raise StepError(f"the decision was not to publish: {decision['reason']}")
+        raise Refused(f"the decision was not to publish: {decision['reason']}")
+    _require_approved(folder)
     version = int(decision["version"])
     _require_validated(deployment, version)
     proposal, _ = _proposal(deployment, run_id)
@@ -634,7 +807,7 @@ def advance_waves(deployment: Deployment, run_id: str) -> dict[str, Any]:
     folder = _folder(deployment, run_id)
     decision = _read(folder / DECISION, "the decision")
     if not decision["publish"]:
-        raise StepError(f"the decision was not to publish: {decision['reason']}")
+        raise Refused(f"the decision was not to publish: {decision['reason']}")
     proposal, _ = _proposal(deployment, run_id)
     waves = list(proposal.waves)
 
@@ -689,6 +862,7 @@ def publish_version(deployment: Deployment, version: int, parent: int) -> dict[s
     with controller(deployment) as control:
         _require_planned_on_active(control.state, version, parent)
         message = control.prepare(version)
+    log.info("PREPARE v%d sent (planned on v%d); awaiting the job's ACK", version, parent)
     return {"version": version, "message_id": str(message.message_id)}
 
 
@@ -705,6 +879,11 @@ def propagate(
     """
     with controller(deployment) as control:
         messages = control.propagate_all(operators, version=version)
+    log.info(
+        "PROPAGATE v%d sent to %s in one publish",
+        messages[0].config_version,
+        ", ".join(m.operator or "?" for m in messages),
+    )
     return {
         "version": messages[0].config_version,
         "operators": [m.operator for m in messages],
@@ -758,7 +937,9 @@ def done_into(deployment: Deployment, record: Path, version: int | None = None) 
             reserve()
         message = control.done(version=version)
     start = reserve()["metrics_start"]
-    return _write_once(record, {"version": message.config_version, "metrics_start": start})
+    written = _write_once(record, {"version": message.config_version, "metrics_start": start})
+    log.info("DONE v%d sent: it is the job's active version", written["version"])
+    return written
 
 
 def reply_arrived(
@@ -931,7 +1112,7 @@ def verify(
     before = planning.measure(before_records)
     after = planning.measure(after_records)
     verdict = planning.verdict(before, after, tolerances)
-    return _write_once(
+    record = _write_once(
         existing,
         {
             "version": int(rollout["version"]),
@@ -940,6 +1121,33 @@ def verify(
             "regressed": verdict is not None,
             "reason": verdict or "no regression",
         },
+    )
+    log.info(
+        "verified v%d over %d batches: %s; %s",
+        record["version"],
+        len(after_records),
+        measured_summary(before, after),
+        record["reason"],
+    )
+    return record
+
+
+def measured_summary(before: planning.Measured, after: planning.Measured) -> str:
+    """What verify measured, before → after, in one line."""
+
+    def share(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1%}"
+
+    def ratio(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    def lag(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:+.0f}/batch"
+
+    return (
+        f"locality {share(before.locality)} → {share(after.locality)}, imbalance "
+        f"{ratio(before.imbalance)} → {ratio(after.imbalance)}, lag growth "
+        f"{lag(before.lag_growth)} → {lag(after.lag_growth)}"
     )
 
 
@@ -1002,4 +1210,10 @@ def prepare_rollback(deployment: Deployment, run_id: str) -> dict[str, Any]:
     _require_validated(deployment, version)
     with controller(deployment) as control:
         control.prepare(version)
+    log.info(
+        "rollback: PREPARE v%d sent, restoring the routing of v%d in place of v%d",
+        version,
+        previous.version,
+        active.version,
+    )
     return record

@@ -37,7 +37,7 @@ from airflow.sdk.exceptions import (
     TaskDeferralError,
     TaskDeferralTimeout,
 )
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from keyplane.orchestration.deployment import Deployment
 
@@ -413,3 +413,101 @@ class RollOutWavesOperator(BaseOperator):
             timeout=timedelta(seconds=timeout + 60),
         )
         raise AssertionError("defer() raises TaskDeferred")
+
+
+METRICS_SIGNAL_TRIGGER_PATH = "keyplane.orchestration.triggers.MetricsSignalTrigger"
+
+
+def _new_metrics(
+    deployment: Deployment, offsets: dict[int, int] | None
+) -> tuple[list[Any], dict[int, int]]:
+    """The metrics records after ``offsets`` (None: none yet, start at the end), and the
+    offsets to read from next."""
+    from keyplane.kafka.admin import ensure_topic, high_watermarks
+    from keyplane.kafka.metrics_topic import read_metrics
+
+    servers, topic = deployment.bootstrap_servers, deployment.metrics_topic
+    if offsets is None:
+        ensure_topic(servers, topic, 1)
+        return [], dict(high_watermarks(servers, topic))
+    end = high_watermarks(servers, topic)
+    if all(end.get(p, 0) <= o for p, o in offsets.items()) and set(end) <= set(offsets):
+        return [], offsets
+    read = read_metrics(servers, topic, offsets, end)
+    return [r.metrics for r in read], dict(end)
+
+
+def _signal(
+    deployment: Deployment, records: list[Any], thresholds: dict[str, Any]
+) -> dict[str, Any] | None:
+    from keyplane.dashboard.metrics import active_instances
+    from keyplane.orchestration.signals import SignalThresholds, reconfiguration_signal
+
+    versions = {v for r in records for v in r.versions.values()}
+    active = active_instances(deployment.routing_store, versions)
+    return reconfiguration_signal(records, SignalThresholds.model_validate(thresholds), active)
+
+
+class MetricsSignalTrigger(BaseEventTrigger):
+    """Fires an asset event each time the job's newest batches call for a re-plan.
+
+    The event-driven start of ``keyplane_reconfigure``: an ``AssetWatcher``
+    on the asset ``keyplane_metrics_signal`` runs this trigger in the
+    triggerer for as long as the DAG is deployed. It reads the metrics topic
+    from its end when it starts (only batches from then on count), every
+    ``poll_interval_s``, in a thread so the event loop never blocks, and
+    judges the newest batches with
+    :func:`keyplane.orchestration.signals.reconfiguration_signal`. The
+    event's payload (why, on which version, over which batches, the measured
+    figures) becomes the asset event's extra, which the run started by it
+    shows and its first task logs. After firing it waits ``cooldown_s`` and
+    judges only batches that arrived since, so a re-plan in progress (or one
+    that could not help) does not start run after run. The deployment comes
+    from the triggerer's ``KEYPLANE_*`` variables.
+    """
+
+    def __init__(
+        self,
+        *,
+        thresholds: dict[str, Any],
+        poll_interval_s: float = 5.0,
+        cooldown_s: float = 600.0,
+        lookback: int = 200,
+    ) -> None:
+        super().__init__()
+        self.thresholds = thresholds
+        self.poll_interval_s = poll_interval_s
+        self.cooldown_s = cooldown_s
+        self.lookback = lookback
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            METRICS_SIGNAL_TRIGGER_PATH,
+            {
+                "thresholds": self.thresholds,
+                "poll_interval_s": self.poll_interval_s,
+                "cooldown_s": self.cooldown_s,
+                "lookback": self.lookback,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        deployment = await asyncio.to_thread(Deployment.from_environment)
+        offsets: dict[int, int] | None = None
+        records: list[Any] = []
+        quiet_until = 0.0
+        while True:
+            try:
+                new, offsets = await asyncio.to_thread(_new_metrics, deployment, offsets)
+            except Exception as exc:
+                self.log.warning("metrics topic not readable yet: %s", exc)
+                new = []
+            records = (records + new)[-self.lookback :]
+            if new and time.time() >= quiet_until:
+                signal = await asyncio.to_thread(_signal, deployment, records, self.thresholds)
+                if signal is not None:
+                    self.log.info("re-plan called for: %s", signal["reason"])
+                    yield TriggerEvent(signal)
+                    records = []
+                    quiet_until = time.time() + self.cooldown_s
+            await asyncio.sleep(self.poll_interval_s)

@@ -516,3 +516,99 @@ def _scaled(version: int, routing: OperatorRouting) -> RoutingConfig:
         created_by="initial" if version == 1 else "scale",
         operators={"A": routing},
     )
+
+
+def test_imbalance_after_a_scale_in_counts_the_active_instances_only(tmp_path: Path) -> None:
+    """After a scale-in to 2 of 4 instances the two released instances hold no keys:
+    an even load over the two active ones is balanced, not 2.0."""
+    store = tmp_path / "configs"
+    config_store.save(RoutingConfig.all_hash(4, ["A", "B"]), store)
+    scaled = RoutingConfig(
+        version=2,
+        parent_version=1,
+        created_by="scale",
+        operators={
+            "A": OperatorRouting(parallelism=4, active_instances=(0, 2)),
+            "B": OperatorRouting(parallelism=4),
+        },
+    )
+    config_store.save(scaled, store)
+    batch = BatchMetrics(
+        batch_id=0,
+        versions={"A": 2, "B": 2},
+        rows=100,
+        hops=100,
+        local_hops=90,
+        load={"A": {0: 50, 1: 0, 2: 51, 3: 0}, "B": {0: 25, 1: 25, 2: 25, 3: 25}},
+    )
+    active = dm.active_instances(store, [2])
+    assert active == {2: {"A": (0, 2), "B": (0, 1, 2, 3)}}
+    (summary,) = dm.summaries([batch], active)
+    assert summary.imbalance == pytest.approx(51 / 50.5)
+    (point,) = dm.points([batch], active)
+    assert point.imbalance == pytest.approx(51 / 50.5)
+    # Without the store's word on active instances, the zeros count (and read 2.02).
+    assert dm.summaries([batch])[0].imbalance == pytest.approx(51 / 25.25)
+
+
+def test_a_scale_version_row_links_its_run_and_gives_its_reason(tmp_path: Path) -> None:
+    store = tmp_path / "configs"
+    config_store.save(RoutingConfig.all_hash(4, ["A", "B"]), store)
+    config_store.save(
+        RoutingConfig(
+            version=2,
+            parent_version=1,
+            created_by="scale",
+            operators={
+                "A": OperatorRouting(parallelism=4),
+                "B": OperatorRouting(parallelism=4, active_instances=(0, 1)),
+            },
+        ),
+        store,
+    )
+    run = "manual__2026-11-03T12:00:00+00:00"
+    folder = tmp_path / "scale" / "manual__2026-11-03T12_00_00_00_00"
+    folder.mkdir(parents=True)
+    (folder / "scale_decision.json").write_text(
+        json.dumps({"publish": True, "reason": "B under-utilised: scale in to 2"})
+    )
+    (folder / "scale_proposal.json").write_text(
+        json.dumps({"version": 2, "run_id": run, "locality_before": 0.925, "locality_after": 0.473})
+    )
+    paths = DashboardPaths(
+        store, tmp_path / "statistics", tmp_path / "controller.json", tmp_path, tmp_path / "scale"
+    )
+
+    dashboard = load_dashboard(paths, [])
+
+    row = next(r for r in dashboard.rows if r.version == 2)
+    assert row.run_id == run and row.dag_id == "keyplane_scale"
+    assert row.decision == "B under-utilised: scale in to 2; predicted locality 92.5% → 47.3%"
+    html = render_page(
+        dashboard,
+        dm.MetricsRead(()),
+        [],
+        generated_at=T0,
+        metrics_topic="m",
+        has_data_docs=False,
+    )
+    assert 'href="/dags/keyplane_scale/runs/manual__2026-11-03T12%3A00%3A00%2B00%3A00"' in html
+
+
+def test_versions_planned_but_not_published_are_not_listed(tmp_path: Path) -> None:
+    store = tmp_path / "configs"
+    config_store.save(_config(1, None, "initial"), store)
+    config_store.save(_config(2, 1, "schedule", hot=True), store)
+    config_store.save(_config(3, 1, "schedule"), store)
+    config_store.mark_not_published(store, 2, "gain too small", "scheduled__1")
+    config_store.mark_not_published(store, 3, "dry run", "scheduled__2")
+    paths = DashboardPaths(store, tmp_path / "statistics", tmp_path / "controller.json", tmp_path)
+
+    dashboard = load_dashboard(paths, [_batch(0, {"A": 1, "B": 1})])
+
+    assert [r.version for r in dashboard.rows] == [1]
+    assert dashboard.hidden == 2
+    html = render_page(
+        dashboard, dm.MetricsRead(()), [], generated_at=T0, metrics_topic="m", has_data_docs=False
+    )
+    assert "2 planned versions not published are not listed" in html

@@ -63,6 +63,7 @@ def test_a_validation_step_waits_for_the_gx_lock_with_fake_suites(
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
     loads = {name: {f"{name}{i}": 1.0 + i % 3 for i in range(24)} for name in OPERATORS}
     monkeypatch.setattr(scale_steps, "event_key_loads", lambda _: loads)
+    monkeypatch.setattr(scale_steps, "event_pair_counts", lambda _: {})
     built = threading.Event()
 
     def fake_context(gx_root: Path | None = None) -> object:

@@ -1,0 +1,51 @@
+"""Params the running job cannot take fail the first task of a real Airflow run, at once.
+
+``airflow dags test`` of ``keyplane_reconfigure`` with a parallelism above the
+job's state partitions: ``statistics_args`` reads the active version from the
+store and refuses before ``collect_statistics`` (Spark) starts, with one try
+only (AirflowFailException is never retried), and no task after it runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from keyplane import config as config_store
+from keyplane.config import RoutingConfig
+from keyplane.operators import OPERATORS
+from keyplane.orchestration import dagrun
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_parallelism_above_the_state_partitions_fails_the_first_task_without_retries(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "configs"
+    config_store.save(RoutingConfig.all_hash(4, OPERATORS), store)
+    setup = dagrun.AirflowSetup(
+        airflow_home=tmp_path / "airflow",
+        dags_folder=REPO / "dags",
+        # Nothing listens here: the run must end before it needs Kafka.
+        bootstrap_servers="127.0.0.1:1",
+        keyplane_home=tmp_path / "home",
+        routing_store=store,
+        events_topic="events",
+        metrics_topic="metrics",
+        control_topic="control",
+        control_key="k" * 32,
+    )
+    dagrun.migrate_database(setup)
+
+    run = dagrun.dag_test(setup, {"parallelism": 8}, log=tmp_path / "airflow.log", timeout_s=600)
+
+    assert run.state == "failed", run.output[-3000:]
+    first = run.task("statistics_args")
+    assert first.state == "failed" and first.try_number == 1
+    assert "parallelism 8 is more than the job's 4 state partitions" in run.output
+    assert run.task("collect_statistics").state == "upstream_failed"
+    assert config_store.stored_versions(store) == [1]
