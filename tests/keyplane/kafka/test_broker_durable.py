@@ -116,4 +116,7 @@ def test_cli_starts_s3_storage_and_status_shows_it(
         stopped = keyplane("stop")
     assert stopped == (0, "broker stopped")
     assert not (tmp_path / "s3-server.json").exists()
-    assert keyplane("status") == (1, "broker: not running")
+    assert keyplane("status") == (
+        1,
+        f"broker: not running (none started from KEYPLANE_HOME={tmp_path})",
+    )
