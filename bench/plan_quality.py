@@ -304,10 +304,10 @@ def report(
             f"* {workload}: new ≥ better of hash and old ({new:.3f} vs {rival:.3f}): "
             f"{'met' if new >= rival else 'NOT MET'}; new ≥ 0.7× oracle ({new:.3f} vs "
             f"{0.7 * oracle:.3f}): {'met' if new >= 0.7 * oracle else 'NOT MET'}; "
-            f"next-window imbalance ≤ the plan's promise in ≥ 90 % of windows ({kept:.0%}, "
+            f"next-window imbalance ≤ the plan's promise in ≥ 90 % of windows ({kept:.1%}, "
             f"mean promise {float(np.median(per['new']['promise'])):.3f}): "
             f"{'met' if kept >= 0.9 else 'NOT MET'}; "
-            f"≤ α in ≥ 90 % of windows ({within:.0%}): {'met' if within >= 0.9 else 'NOT MET'}",
+            f"≤ α in ≥ 90 % of windows ({within:.1%}): {'met' if within >= 0.9 else 'NOT MET'}",
         ]
     return "\n".join([*lines, "## Goals", "", *verdicts])
 
