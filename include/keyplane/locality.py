@@ -47,8 +47,10 @@ instances, as the splitter spreads it. Pinned heavy keys are counted where
 pinned.
 
 :func:`choose_plan` is the planner: it builds a plan with balance headroom
-(to a tighter bound than α) and keeps it only if the cost model predicts it
-beats keeping hash routing and keeping the current tables.
+sized from the drift :class:`PairHistory` measured, keeps it only if the cost
+model predicts it beats keeping hash routing and keeping the current tables
+on the next window, and states the imbalance the next window is expected to
+keep (``promised_imbalance``).
 
 Beyond the paper, :class:`PairHistory` keeps pair statistics across windows
 with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.

@@ -25,7 +25,9 @@ pays), keeping hash routing, and keeping the current configuration. Each is
 scored on the training statistics by the same ruler and the
 :class:`~keyplane.costmodel.CostModel` turns locality and imbalance into a
 predicted throughput; the highest wins, so the result is never predicted
-slower than hash routing.
+slower than hash routing. The chosen one states ``promised_imbalance``, the
+bound the next window is expected to keep given the drift measured from the
+training statistics to the hold-out.
 """
 
 from __future__ import annotations
