@@ -47,8 +47,10 @@ instances, as the splitter spreads it. Pinned heavy keys are counted where
 pinned.
 
 :func:`choose_plan` is the planner: it builds a plan with balance headroom
-(to a tighter bound than α) and keeps it only if the cost model predicts it
-beats keeping hash routing and keeping the current tables.
+sized from the drift :class:`PairHistory` measured, keeps it only if the cost
+model predicts it beats keeping hash routing and keeping the current tables
+on the next window, and states the imbalance the next window is expected to
+keep (``promised_imbalance``).
 
 Beyond the paper, :class:`PairHistory` keeps pair statistics across windows
 with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.
@@ -66,7 +68,14 @@ import numpy.typing as npt
 import pymetis
 import scipy.sparse as sp
 
-from keyplane.costmodel import CostModel
+from keyplane.costmodel import (
+    PROMISE_CONFIDENCE,
+    CostModel,
+    Drift,
+    StageProfile,
+    measure_drift,
+    next_window,
+)
 from keyplane.partitioner import KeyArray, TimeArray, WorkerArray
 from keyplane.routedkeys import spark_partitions
 
@@ -282,8 +291,14 @@ class LocalityPlan:
     Predictions are measured on the training statistics (see the module
     docstring for what the imbalance counts). ``candidate`` says which of
     :func:`choose_plan`'s candidates this is, ``predicted_throughput`` what
-    the cost model predicts for it on the training statistics (0 when no
-    model scored it).
+    the cost model predicts for it on the next window (0 when no model
+    scored it). ``promised_imbalance`` is the bound the plan expects the next
+    window's worse stage to keep with :data:`~keyplane.costmodel.PROMISE_CONFIDENCE`
+    (0 when not scored): α stays the operator's target, the promise is what
+    this plan tells the operator to expect. ``model_promise`` is the drift
+    model's bound before calibration (0 when no drift was measured) and
+    ``promise_ratios`` how far earlier plans' next windows went, in units of
+    their model's slack (:func:`choose_plan`).
     """
 
     n_instances: int
@@ -298,6 +313,9 @@ class LocalityPlan:
     heavy_key_policy: HeavyKeyPolicy = "split"
     candidate: CandidateName = "plan"
     predicted_throughput: float = 0.0
+    promised_imbalance: float = 0.0
+    model_promise: float = 0.0
+    promise_ratios: tuple[float, ...] = ()
 
     @property
     def tables(self) -> tuple[dict[int, int], dict[int, int]]:
@@ -425,18 +443,50 @@ def evaluate(
     total = float(counts.sum())
     locality = float((counts * local).sum() / total) if total > 0 else 0.0
 
-    def stage_imbalance(stage: Literal["a", "b"], router: TableRouter, split: KeyArray) -> float:
-        weights = pairs_window.stage_weights(stage)
-        keep = ~np.isin(weights.keys, split)
-        workers = router.route(weights.keys[keep], no_times)
-        spread = float(weights.weights[~keep].sum()) / n
-        return _imbalance(_weighted_counts(workers, weights.weights[keep], n) + spread)
-
     return Evaluation(
         locality,
-        stage_imbalance("a", router_a, split_a),
-        stage_imbalance("b", router_b, split_b),
+        _imbalance(_instance_loads(pairs_window.stage_weights("a"), router_a, split_a, n)[0]),
+        _imbalance(_instance_loads(pairs_window.stage_weights("b"), router_b, split_b, n)[0]),
     )
+
+
+def _instance_loads(
+    weights: KeyWeights, router: TableRouter, split: KeyArray, n: int
+) -> tuple[FloatArray, FloatArray]:
+    """Each instance's load (split keys spread evenly) and the summed squared weight
+    of the unsplit keys on it, what drifts with them (:class:`~keyplane.costmodel.Drift`)."""
+    keep = ~np.isin(weights.keys, split)
+    workers = router.route(weights.keys[keep], np.zeros(0))
+    spread = float(weights.weights[~keep].sum()) / n
+    loads = _weighted_counts(workers, weights.weights[keep], n) + spread
+    return loads, _weighted_counts(workers, weights.weights[keep] ** 2, n)
+
+
+def stage_profiles(
+    plan: LocalityPlan, window: PairStatistics, drift: tuple[Drift, Drift]
+) -> list[StageProfile]:
+    """Both stages of ``window`` under ``plan`` as shares, for
+    :func:`keyplane.costmodel.next_window`."""
+    profiles: list[StageProfile] = []
+    n = plan.n_instances
+    stages: tuple[Literal["a", "b"], ...] = ("a", "b")
+    for stage, table, split, stage_drift in zip(
+        stages,
+        plan.tables,
+        (plan.split_keys_a, plan.split_keys_b),
+        drift,
+        strict=True,
+    ):
+        router = TableRouter(table, n, stage)
+        loads, squares = _instance_loads(
+            window.stage_weights(stage), router, np.fromiter(split, dtype=np.int64), n
+        )
+        total = float(loads.sum())
+        if total <= 0.0:  # an empty stage: nothing to drift
+            profiles.append((np.full(n, 1.0 / n), np.zeros(n), stage_drift))
+            continue
+        profiles.append((loads / total, squares / total / total, stage_drift))
+    return profiles
 
 
 def _heavy_mask(weights: FloatArray, alpha: float, n: int, rule: HeavyRule = "mean") -> BoolArray:
@@ -1010,13 +1060,23 @@ def _pairs_in(
     return np.isin(code, among)
 
 
+def _measured(before: KeyWeights, after: KeyWeights, n: int) -> Drift:
+    return measure_drift(before.keys, before.weights, after.keys, after.weights, n)
+
+
 class PairHistory:
     """Pair statistics accumulated over windows under a :class:`HistoryPolicy`."""
 
-    def __init__(self, policy: HistoryPolicy | None = None) -> None:
+    def __init__(self, policy: HistoryPolicy | None = None, n_instances: int = 8) -> None:
+        """``n_instances``: the parallelism the drift is probed on (:func:`measure_drift`)."""
         self.policy = policy if policy is not None else HistoryPolicy()
+        self.n_instances = n_instances
         self._statistics = PairStatistics(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
         self.windows = 0
+        self.drift: tuple[Drift, Drift] = (Drift(), Drift())
+        """Per stage, how far each window's key shares moved from the statistics
+        accumulated before it, exponentially smoothed: the drift a plan built on
+        :attr:`statistics` should expect from the next window."""
 
     @property
     def statistics(self) -> PairStatistics:
@@ -1031,6 +1091,15 @@ class PairHistory:
         else:
             old = self._statistics
             decay = self.policy.decay
+            n = self.n_instances
+            self.drift = (
+                self.drift[0].blend(
+                    _measured(old.stage_weights("a"), window.stage_weights("a"), n)
+                ),
+                self.drift[1].blend(
+                    _measured(old.stage_weights("b"), window.stage_weights("b"), n)
+                ),
+            )
         a_keys, b_keys, counts = aggregate_pairs(
             np.r_[old.a_keys, window.a_keys],
             np.r_[old.b_keys, window.b_keys],
@@ -1069,16 +1138,68 @@ def hash_plan(n_instances: int, alpha: float = 1.03) -> LocalityPlan:
     return LocalityPlan(n_instances, alpha, {}, {}, (), (), 0.0, 1.0, 1.0, candidate="hash")
 
 
-def score(plan: LocalityPlan, window: PairStatistics, cost: CostModel) -> LocalityPlan:
-    """``plan`` with its predictions and predicted throughput measured on ``window``."""
+def score(
+    plan: LocalityPlan,
+    window: PairStatistics,
+    cost: CostModel,
+    drift: tuple[Drift, Drift] | None = None,
+) -> LocalityPlan:
+    """``plan`` with its predictions measured on ``window``, its predicted
+    throughput and its promise on the next window.
+
+    Under ``drift`` (per stage; :attr:`PairHistory.drift`) the throughput is
+    the cost model's at the expected next-window imbalance and the promise the
+    :data:`~keyplane.costmodel.PROMISE_CONFIDENCE` bound of
+    :func:`keyplane.costmodel.next_window`; without, both are in-sample.
+    """
     measured = plan.evaluate(window)
+    ahead = next_window(stage_profiles(plan, window, drift or (Drift(), Drift())))
     return dataclasses.replace(
         plan,
         predicted_locality=measured.locality,
         predicted_imbalance_a=measured.imbalance_a,
         predicted_imbalance_b=measured.imbalance_b,
-        predicted_throughput=cost.throughput(*measured),
+        predicted_throughput=cost.throughput(
+            measured.locality, ahead.imbalance_a, ahead.imbalance_b
+        ),
+        promised_imbalance=max(ahead.promise, 1.0),
+        model_promise=max(ahead.promise, 1.0) if _measured_any(drift) else 0.0,
     )
+
+
+def _measured_any(drift: tuple[Drift, Drift] | None) -> bool:
+    return drift is not None and any(stage.windows > 0 for stage in drift)
+
+
+MAX_PROMISE_RATIOS = 48
+"""Most of the earlier plans' outcomes :func:`choose_plan` calibrates its promise on."""
+
+
+def _calibration(ratios: tuple[float, ...]) -> float:
+    """Factor on the model's slack so that the promise would have held on the
+    :data:`~keyplane.costmodel.PROMISE_CONFIDENCE` share of earlier plans
+    (split conformal prediction: the ⌈(k+1)·q⌉-th smallest of k ratios, the
+    largest when there are too few); never below 1, the model's own bound."""
+    if not ratios:
+        return 1.0
+    ordered = np.sort(np.asarray(ratios, dtype=np.float64))
+    rank = min(ordered.size, int(np.ceil((ordered.size + 1) * PROMISE_CONFIDENCE)))
+    return max(1.0, float(ordered[rank - 1]))
+
+
+def drift_margin(pairs: PairStatistics, drift: tuple[Drift, Drift], n_instances: int) -> float:
+    """How far above 1 the next window's expected imbalance is for a plan balanced
+    perfectly on ``pairs``: the slack the measured drift takes by itself."""
+    profiles: list[StageProfile] = []
+    for stage, stage_drift in zip(("a", "b"), drift, strict=True):
+        weights = pairs.stage_weights(stage)  # type: ignore[arg-type]
+        total = float(weights.weights.sum())
+        squares = float(((weights.weights / total) ** 2).sum()) / n_instances if total > 0 else 0.0
+        profiles.append(
+            (np.full(n_instances, 1.0 / n_instances), np.full(n_instances, squares), stage_drift)
+        )
+    ahead = next_window(profiles)
+    return max(ahead.imbalance_a, ahead.imbalance_b) - 1.0
 
 
 def choose_plan(
@@ -1092,40 +1213,66 @@ def choose_plan(
     max_table_entries: int | None = None,
     seed: int = 0,
     heavy_key_policy: HeavyKeyPolicy = "split",
+    drift: tuple[Drift, Drift] | None = None,
+    followed: PairStatistics | None = None,
 ) -> LocalityPlan:
-    """The planner: the candidate with the highest predicted throughput on ``pairs``.
+    """The planner: the candidate with the highest predicted next-window throughput.
 
     Candidates are keeping ``current`` (when given), plain hash routing
     (:func:`hash_plan`) and a new :func:`build_plan` built with balance
-    headroom (:data:`DEFAULT_HEADROOM`) whose splits must pay under
-    ``cost``. All are scored by the same ruler (:func:`score`), so the
-    chosen plan is never predicted slower than hash routing; on a tie the
-    earlier candidate (current, then hash) wins, since it moves no state.
+    headroom whose splits must pay under ``cost``. Without a measured
+    ``drift`` (per stage, :attr:`PairHistory.drift`) the headroom is
+    ``headroom`` (:data:`DEFAULT_HEADROOM`). With one, it is sized from the
+    drift: the plan is built to α less the :func:`drift_margin` the drift
+    takes by itself, and to α when the drift takes all of the slack (a
+    tighter plan would then cost locality for a balance the next window does
+    not keep). Every candidate is scored at its expected next-window
+    imbalance by the same ruler (:func:`score`), so the chosen plan is never
+    predicted slower than hash routing; on a tie the earlier candidate
+    (current, then hash) wins, since it moves no state.
+
+    The chosen plan's ``promised_imbalance`` is the drift model's bound,
+    calibrated on how earlier plans fared: ``followed`` is the window that
+    ran under ``current``, whose imbalance there is added to the ratios
+    ``current`` carries (:func:`_calibration`).
     """
     if not 0.0 <= headroom <= 1.0:
         raise ValueError(f"headroom must lie in [0, 1], got {headroom}")
     if not np.isfinite(alpha) or alpha < 1.0:
         raise ValueError(f"alpha is an imbalance bound and must be ≥ 1, got {alpha}")
     model = cost if cost is not None else CostModel()
+    bound = 1.0 + headroom * (alpha - 1.0)
+    if drift is not None and _measured_any(drift):
+        margin = drift_margin(pairs, drift, n_instances)
+        bound = alpha - margin if margin < alpha - 1.0 else alpha
     built = build_plan(
         pairs,
         n_instances,
-        alpha=1.0 + headroom * (alpha - 1.0),
+        alpha=bound,
         max_table_entries=max_table_entries,
         seed=seed,
         heavy_key_policy=heavy_key_policy,
         cost=model,
     )
     candidates = [hash_plan(n_instances, alpha), dataclasses.replace(built, alpha=alpha)]
+    ratios: tuple[float, ...] = ()
     if current is not None:
         if current.n_instances != n_instances:
             raise ValueError(
                 f"the current plan has {current.n_instances} instances, not {n_instances}"
             )
         candidates.insert(0, dataclasses.replace(current, candidate="current"))
-    scored = [score(candidate, pairs, model) for candidate in candidates]
+        ratios = current.promise_ratios
+        if followed is not None and current.model_promise > 1.0:
+            realized = max(current.evaluate(followed)[1:])
+            ratio = (realized - 1.0) / (current.model_promise - 1.0)
+            ratios = (*ratios, ratio)[-MAX_PROMISE_RATIOS:]
+    scored = [score(candidate, pairs, model, drift) for candidate in candidates]
     best = scored[0]
     for candidate in scored[1:]:
         if candidate.predicted_throughput > best.predicted_throughput * (1.0 + 1e-9):
             best = candidate
-    return best
+    promise = best.promised_imbalance
+    if best.model_promise > 1.0:
+        promise = 1.0 + (best.model_promise - 1.0) * _calibration(ratios)
+    return dataclasses.replace(best, promised_imbalance=promise, promise_ratios=ratios)

@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyplane.costmodel import CostModel
+from keyplane.costmodel import CostModel, Drift
 from keyplane.locality import (
     HistoryPolicy,
     KeyWeights,
+    LocalityPlan,
     PairHistory,
     PairStatistics,
     PlanSettings,
@@ -19,6 +20,7 @@ from keyplane.locality import (
     aggregate_pairs,
     build_plan,
     choose_plan,
+    drift_margin,
     evaluate,
     hash_plan,
     score,
@@ -493,3 +495,79 @@ def test_history_min_weight_forgets_entries_decayed_below_it_but_keeps_fresh_one
     pairs = set(zip(kept.a_keys.tolist(), kept.b_keys.tolist(), strict=True))
     assert pairs == {(2, 20), (3, 30)}
     assert history.statistics.stage_weights("a").keys.tolist() == [2, 3]
+
+
+def _drifting_windows(seed: int, windows: int) -> list[PairStatistics]:
+    """300 stage-A keys whose log-shares walk randomly (σ 0.1 a window), each
+    paired with its own B key 85 % of the time: a drifting generator."""
+    rng = np.random.default_rng(seed)
+    log_share = np.log(np.arange(1, 301, dtype=np.float64) ** -0.8)
+    out = []
+    for _ in range(windows):
+        shares = np.exp(log_share) / np.exp(log_share).sum()
+        a = rng.choice(shares.size, size=20_000, p=shares)
+        b = np.where(rng.random(a.size) < 0.85, a, rng.integers(0, shares.size, a.size)) + 1_000
+        out.append(PairStatistics(a, b, np.ones(a.size)))
+        log_share = log_share + rng.normal(0.0, 0.1, shares.size)
+    return out
+
+
+def test_the_promise_holds_on_ninety_percent_of_next_windows_of_a_drifting_workload() -> None:
+    windows = _drifting_windows(seed=5, windows=41)
+    history = PairHistory(HistoryPolicy(decay=0.5, min_weight=0.05), n_instances=6)
+    current: LocalityPlan | None = None
+    within_promise, within_training = [], []
+    for t in range(len(windows) - 1):
+        history.add(windows[t])
+        current = choose_plan(
+            history.statistics,
+            6,
+            current=current,
+            drift=history.drift,
+            followed=windows[t],
+        )
+        if t == 0:
+            continue  # no drift measured yet: the first promise is the in-sample imbalance
+        following = current.evaluate(windows[t + 1])
+        worse = max(following.imbalance_a, following.imbalance_b)
+        within_promise.append(worse <= current.promised_imbalance)
+        within_training.append(
+            worse <= max(current.predicted_imbalance_a, current.predicted_imbalance_b)
+        )
+    assert np.mean(within_promise) >= 0.9
+    # The training window's own imbalance is no promise: the drift breaks it.
+    assert np.mean(within_training) < 0.5
+
+
+def test_with_no_drift_the_promise_is_the_training_imbalance_and_headroom_is_the_default() -> None:
+    pairs = correlated_window(seed=2)
+    plan = choose_plan(pairs, 8)
+    assert plan.promised_imbalance == pytest.approx(
+        max(plan.predicted_imbalance_a, plan.predicted_imbalance_b)
+    )
+    assert max(plan.predicted_imbalance_a, plan.predicted_imbalance_b) <= 1.015 + 1e-9
+    assert drift_margin(pairs, (Drift(), Drift()), 8) == 0.0
+
+
+def test_when_the_drift_takes_the_slack_the_plan_keeps_alpha_and_promises_more() -> None:
+    pairs = correlated_window(seed=2)
+    drift = (Drift(relative=0.5, windows=1), Drift(relative=0.5, windows=1))
+    assert drift_margin(pairs, drift, 8) > 0.03
+    loose = choose_plan(pairs, 8, drift=drift)
+    assert loose.candidate == "plan"
+    assert max(loose.predicted_imbalance_a, loose.predicted_imbalance_b) <= 1.03 + 1e-9
+    assert loose.promised_imbalance > max(loose.predicted_imbalance_a, loose.predicted_imbalance_b)
+
+
+@settings(max_examples=30, deadline=None)
+@given(skewed_graphs(), st.sampled_from([0.0, 0.05, 0.3]))
+def test_property_under_drift_the_chosen_plan_is_never_predicted_slower_than_hash(
+    case: tuple[PairStatistics, int, float, int | None, int], relative: float
+) -> None:
+    pairs, n, alpha, budget, seed = case
+    cost = CostModel(remote=float(seed % 5) / 2.0)
+    drift = (Drift(relative=relative, tally=1e-4, windows=1), Drift(relative=relative, windows=1))
+    plan = choose_plan(pairs, n, alpha=alpha, max_table_entries=budget, cost=cost, drift=drift)
+    hashed = score(hash_plan(n, alpha), pairs, cost, drift)
+    assert plan.predicted_throughput >= hashed.predicted_throughput
+    assert plan.promised_imbalance >= 1.0

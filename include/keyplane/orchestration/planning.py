@@ -25,7 +25,9 @@ pays), keeping hash routing, and keeping the current configuration. Each is
 scored on the training statistics by the same ruler and the
 :class:`~keyplane.costmodel.CostModel` turns locality and imbalance into a
 predicted throughput; the highest wins, so the result is never predicted
-slower than hash routing.
+slower than hash routing. The chosen one states ``promised_imbalance``, the
+bound the next window is expected to keep given the drift measured from the
+training statistics to the hold-out.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import pandas as pd
 
 from keyplane.batchmetrics import BatchMetrics
 from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
-from keyplane.costmodel import CostModel
+from keyplane.costmodel import CostModel, Drift, StageProfile, measure_drift, next_window
 from keyplane.operators import OPERATORS
 from keyplane.routedkeys import (
     fallback_instances,
@@ -164,6 +166,11 @@ class Plan:
 
     ``candidate`` says which candidate won (module docstring) and
     ``throughputs`` what the cost model predicted for each.
+    ``promised_imbalance`` is the bound the chosen configuration expects the
+    next window's worse operator to keep with
+    :data:`~keyplane.costmodel.PROMISE_CONFIDENCE`, under the drift measured
+    from the training statistics to the hold-out (:func:`_promise`); α stays
+    the target, the promise is what to expect.
     """
 
     config: RoutingConfig
@@ -175,6 +182,7 @@ class Plan:
     candidate: Candidate = "plan"
     throughputs: dict[str, float] = field(default_factory=dict)
     cost: CostModel = field(default_factory=CostModel)
+    promised_imbalance: float = 0.0
 
     @property
     def predicted_throughput(self) -> float:
@@ -302,8 +310,11 @@ def plan_configuration(
 ) -> Plan:
     """A new configuration from a snapshot: METIS tables (000 §3.3) and FISH hot keys (001 §4).
 
-    The pair graph is partitioned under ``1 + headroom · (α − 1)`` by
-    :func:`keyplane.locality.build_plan`; the keys it finds too heavy for α
+    The pair graph is partitioned by :func:`keyplane.locality.build_plan`
+    under ``1 + headroom · (α − 1)``, or, when the snapshot has a hold-out,
+    under α less the slack the drift measured from training statistics to
+    hold-out takes by itself (:func:`keyplane.locality.drift_margin`; α when
+    it takes all of it); the keys it finds too heavy for α
     become hot keys (:func:`_hot_keys`). If spreading a hot key over only d
     instances pushes an instance over α, that operator's hot keys are
     widened to every instance: a load spread evenly over all instances can
@@ -312,7 +323,7 @@ def plan_configuration(
     the current configuration under ``cost`` (default: the documented
     defaults of :class:`~keyplane.costmodel.CostModel`).
     """
-    from keyplane.locality import KeyWeights, PairStatistics, build_plan
+    from keyplane.locality import KeyWeights, PairStatistics, build_plan, drift_margin
 
     parallelism = {name: routing.parallelism for name, routing in current.operators.items()}
     n = params.parallelism or parallelism["A"]
@@ -357,10 +368,18 @@ def plan_configuration(
     )
     parts, instance_of = _active_parts(current, params.operators, n)
     model = cost if cost is not None else CostModel()
+    drift = {
+        stage: _holdout_drift(key_loads[stage], stage_loads(frequencies, stage, "holdout"), n)
+        for stage in STAGE_COLUMN
+    }
+    bound = 1.0 + params.headroom * (params.alpha - 1.0)
+    if any(d.windows > 0 for d in drift.values()):
+        margin = drift_margin(statistics, (drift["A"], drift["B"]), parts)
+        bound = params.alpha - margin if margin < params.alpha - 1.0 else params.alpha
     plan = build_plan(
         statistics,
         parts,
-        alpha=1.0 + params.headroom * (params.alpha - 1.0),
+        alpha=bound,
         max_table_entries=params.max_table_entries,
         seed=params.seed,
         hash_parts=_hash_parts(codecs, instance_of, parts, n),
@@ -436,7 +455,41 @@ def plan_configuration(
         candidate=chosen,
         throughputs={name: value[0] for name, value in scored.items()},
         cost=model,
+        promised_imbalance=_promise(candidates[chosen], key_loads, drift),
     )
+
+
+def _holdout_drift(train: Mapping[str, float], holdout: Mapping[str, float], n: int) -> Drift:
+    """How the keys' shares moved from the training statistics to the hold-out."""
+    return measure_drift(
+        list(train), np.fromiter(train.values(), np.float64, len(train)),
+        list(holdout), np.fromiter(holdout.values(), np.float64, len(holdout)),
+        n,
+    )  # fmt: skip
+
+
+def _promise(
+    operators: Mapping[str, OperatorRouting],
+    key_loads: Mapping[str, Mapping[str, float]],
+    drift: Mapping[str, Drift],
+) -> float:
+    """The :data:`~keyplane.costmodel.PROMISE_CONFIDENCE` bound on the next window's
+    worse max/mean (:func:`keyplane.costmodel.next_window`); hot keys are spread
+    over their instances and do not drift the balance."""
+    profiles: list[StageProfile] = []
+    for name in ("A", "B"):
+        routing = operators.get(name)
+        loads = key_loads.get(name, {})
+        if routing is None or not loads:
+            continue
+        shares = instance_loads(routing, loads)
+        total = float(shares.sum())
+        if total <= 0.0:
+            continue
+        drifting = {k: w * w for k, w in loads.items() if k not in routing.hot_keys}
+        squares = instance_loads(routing, drifting) if drifting else np.zeros_like(shares)
+        profiles.append((shares / total, squares / total / total, drift.get(name, Drift())))
+    return max(1.0, next_window(profiles).promise) if profiles else 1.0
 
 
 def _score(

@@ -396,7 +396,14 @@ def compute_configuration(
         cost=snapshot.manifest.cost_model,
         created_by=created_by,
     )
-    log.info("chose the %s configuration (throughputs %s)", plan.candidate, plan.throughputs)
+    log.info(
+        "chose the %s configuration (throughputs %s); it promises next-window imbalance ≤ %.3f "
+        "(target α %.3f)",
+        plan.candidate,
+        plan.throughputs,
+        plan.promised_imbalance,
+        params.alpha,
+    )
     stored = [
         _store(deployment, config)
         for config in _waves(current, plan.config, params.max_moves_per_wave, max_waves)

@@ -363,3 +363,28 @@ def test_sixteen_keys_on_six_instances_keep_their_locality_on_the_next_window() 
     hash_following = planning.forecast(hashed, next_pairs, next_frequencies, "count")
     # The earlier rules split all 16 keys: next-window locality 1/6.
     assert following.locality > max(0.5, 2 * hash_following.locality)
+
+
+def test_a_plan_states_a_promise_from_the_drift_between_training_and_hold_out() -> None:
+    n = 6
+    hashed = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={name: OperatorRouting(parallelism=n) for name in OPERATORS},
+    )
+    log_share = np.log(np.arange(1, 17, dtype=np.float64) ** -0.6)
+    pairs, frequencies = _few_keys_snapshot(0, log_share)
+    plan = planning.plan_configuration(
+        pairs, frequencies, hashed, planning.PlanParams(alpha=1.03), version=2
+    )
+    # The hold-out (a fifth of the window) differs from the training part by
+    # sampling alone, so the promise is wider than the training imbalance.
+    assert plan.promised_imbalance > max(plan.predicted_imbalance.values())
+    assert plan.promised_imbalance < 2.0
+    no_holdout = frequencies.assign(holdout=0.0)
+    unmeasured = planning.plan_configuration(
+        pairs, no_holdout, hashed, planning.PlanParams(alpha=1.03), version=2
+    )
+    assert unmeasured.promised_imbalance == pytest.approx(
+        max(unmeasured.predicted_imbalance.values())
+    )
