@@ -69,8 +69,8 @@ group before its state, which is what the buffer of 000 §3.4 guarantees.
 
 Rows addressed to stage B travel through stage A under a reserved grouping
 value (``CONTROL_PREFIX``) that no key can take (:mod:`keyplane.routedkeys`
-never produces a leading NUL), and stage A forwards them; there is one such
-group per instance (:func:`control_group`).
+escapes every key whose value could start like one), and stage A forwards
+them; there is one such group per instance (:func:`control_group`).
 
 An event row's ``ts`` is the event's own time, as data: the stages run
 without a time mode, or, on a checkpoint written in event time, with a
@@ -104,7 +104,6 @@ from keyplane.events import (
     _EPOCH,
     FORWARD_MODES,
     MAX_EVENT_BYTES,
-    RESERVED_KEY_STARTS,
     Forward,
     decode_events,
     parse_event,
@@ -116,6 +115,7 @@ from keyplane.kafka.ranges import OffsetRange, read_range, split_range
 from keyplane.operators import OPERATORS
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
 from keyplane.routedkeys import (
+    CONTROL_STARTS,
     RoutedKeyTable,
     find_salt,
     routed_key,
@@ -136,11 +136,11 @@ if TYPE_CHECKING:
     from keyplane.kafka.control import ControlChannel, ControlRead
 
 SOURCE_NAME = "keyplane-routed-events"
-CONTROL_PREFIX, CLOSING_PREFIX = RESERVED_KEY_STARTS
+CONTROL_PREFIX, CLOSING_PREFIX = CONTROL_STARTS
 """What the grouping values that are not a key's routed key start with: NUL, and, for
 the control groups that sort after every routed key, U+10FFFF (the last code point:
 Spark calls a stateful operator's groups in the order of their grouping values). No
-event key may start with either (:data:`keyplane.events.RESERVED_KEY_STARTS`)."""
+key's grouping value starts with either (:data:`keyplane.routedkeys.CONTROL_STARTS`)."""
 
 HandoffMode = Literal["per-key", "per-instance"]
 """How a rollout's moves reach the stages: one row per moved routed key, which the
