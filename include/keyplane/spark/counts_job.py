@@ -443,6 +443,8 @@ def _start_routed_query(
         jvm_loaded=jvm_stages.loaded(spark),
         recorded=recorded_engine(settings.checkpoint),
     )
+    if engine == "jvm":
+        check_jvm_stages(spark, partitions)
     record_engine(settings.checkpoint, engine)
     log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
     inputs = read_routed_events(
@@ -483,6 +485,27 @@ def _start_routed_query(
     query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
     MetricsListener.attach(spark, query, writer, settings.metrics_topic)
     return query
+
+
+_JVM_STAGES_CHECKED: set[tuple[str, int]] = set()
+"""The sessions (application id) and state partitions whose Spark passed the check."""
+
+
+def check_jvm_stages(spark: SparkSession, partitions: int) -> None:
+    """Refuse, in one line, to run the JVM stages on a Spark that does not behave as they need.
+
+    :func:`keyplane.spark.jvm.spark_behaviour_problems` says what they rely on; a
+    session is checked once, not again at each of the query's restarts.
+    """
+    checked = (spark.sparkContext.applicationId, partitions)
+    if checked in _JVM_STAGES_CHECKED:
+        return
+    problems = jvm_stages.spark_behaviour_problems(spark, partitions)
+    if problems:
+        raise StageEngineError(
+            f"stage engine 'jvm': {problems[0]}; run the job with --stage-engine python"
+        )
+    _JVM_STAGES_CHECKED.add(checked)
 
 
 def job_command(settings: CountsJobSettings) -> list[str]:

@@ -89,6 +89,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from keyplane.aggregates import KeyedAggregate, RunningCount
 from keyplane.batchmetrics import TOP_PAIRS_PER_INSTANCE
 from keyplane.events import Forward
+from keyplane.settings import StageEngine
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
 from keyplane.spark.watermark import WATERMARK_COLUMN, event_time_column, input_time_mode
@@ -467,11 +468,6 @@ def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
     return inputs.select(
         "ra", "kind", "a", "b", WATERMARK_COLUMN, "rb", "n", control.alias("ctl"), *padding
     )
-
-
-StageEngine = Literal["auto", "jvm", "python"]
-"""Where the routed stages run: ``jvm`` (:mod:`keyplane.spark.jvm`, the running count
-only), ``python`` (any aggregate, this module), or ``auto``: the JVM when it can."""
 
 
 class StageEngineError(ValueError):
