@@ -58,6 +58,7 @@ from keyplane.kafka.producer import Delivery
 from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
 from keyplane.partials import merge_partials
+from keyplane.quarantine import PoisonUnresolved, Quarantine
 from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.kafka_sink import write_to_kafka
@@ -463,6 +464,7 @@ def _start_routed_query(
         # The JVM stages take a rollout's moves per instance (routed_source).
         handoff="per-instance" if engine == "jvm" else "per-key",
         primers=settings.handoff_primers,
+        quarantine=Quarantine(settings.checkpoint).option(),
     )
     inputs = with_stage_watermark(inputs, settings.checkpoint, time_mode)
     writer = RoutedBatchWriter(
@@ -540,6 +542,7 @@ def run_counts_job(
         "keyplane-running-counts", settings.master, shuffle_partitions=settings.shuffle_partitions
     )
     restarts = QueryRestarts(settings.restarts, settings.restart_delay_s, should_stop)
+    quarantine = Quarantine(settings.checkpoint) if settings.routing_store else None
     start = functools.partial(start_counts_query, spark, settings)
     try:
         query = restarts.start(start)
@@ -574,6 +577,12 @@ def run_counts_job(
             if not query.isActive:
                 if query.exception() is None:
                     break
+                if quarantine is not None and quarantine.after_failure(str(query.exception())):
+                    # A poison record (keyplane.quarantine): a restart that spends none of
+                    # the user's, since each one either retries once or quarantines.
+                    log.warning("a stage's aggregate failed the batch; starting it again")
+                    query = restarts.start(start)
+                    continue
                 try:
                     query = restarts.after_failure(query.exception(), start)
                 except RestartStopped:
@@ -821,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         run_counts_job(parse_settings(argv), on_progress=_print_progress, should_stop=stop.is_set)
-    except (StageEngineError, CheckpointRecordError) as exc:
+    except (StageEngineError, CheckpointRecordError, PoisonUnresolved) as exc:
         print(f"running_counts: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -320,6 +320,9 @@ class RoutedEventsPartition(InputPartition):
     """Whether this task reads the batch's :func:`primer_rows` before its events."""
     batch_end: bool = False
     """Whether this task reads the batch's :func:`batch_end_rows` (primers hold them)."""
+    quarantine: tuple[tuple[str, str, str], ...] = ()
+    """The quarantined (field-1 key, field-2 key, reason) pairs, whose events are
+    dead-lettered with that reason rather than routed (:mod:`keyplane.quarantine`)."""
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}
@@ -430,9 +433,12 @@ def _routed_part(
     which :func:`read_events` combines over its task."""
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
+    quarantined = {(a, b): reason for a, b, reason in p.quarantine}
     for records in read_range(p.events):
         values = records.column("value").to_pylist()
         decoded = None if tuples else decode_events(values, p.max_event_bytes)
+        if decoded is not None and quarantined and _holds_any(decoded, quarantined):
+            decoded = None
         if decoded is not None:
             routed.append(_routed(decoded, table_a, balancer))
             continue
@@ -441,6 +447,9 @@ def _routed_part(
         offsets = records.column("offset").to_pylist()
         for value, offset in zip(values, offsets, strict=True):
             event, problem = parse_event(value, p.max_event_bytes)
+            if event is not None and quarantined:
+                problem = quarantined.get((event["a"], event["b"]))
+                event = None if problem else event
             if event is None:
                 detail = json.dumps(
                     {
@@ -468,6 +477,12 @@ def _routed_part(
             yield out.batch()
         if events["ra"]:
             routed.append(pa.table(events, schema=_ROUTED_EVENTS))
+
+
+def _holds_any(decoded: pa.Table, pairs: Mapping[tuple[str, str], str]) -> bool:
+    """Whether a chunk of decoded events holds one of ``pairs`` (its field-1 and field-2 keys)."""
+    keys = zip(decoded.column("a").to_pylist(), decoded.column("b").to_pylist(), strict=True)
+    return any(pair in pairs for pair in keys)
 
 
 def event_time(ts_ms: int) -> datetime:
@@ -777,6 +792,19 @@ def _flag(options: Mapping[str, str], name: str, *, default: bool) -> bool:
     return raw == "true"
 
 
+def _quarantine(options: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
+    """The ``quarantine`` option: a JSON list of [field-1 key, field-2 key, reason]."""
+    text = options.get("quarantine")
+    if not text:
+        return ()
+    try:
+        pairs = tuple((str(a), str(b), str(reason)) for a, b, reason in json.loads(text))
+    except (ValueError, TypeError) as error:
+        message = f"option quarantine: not a JSON list of triples ({error})"
+        raise KafkaSourceOptionError(message) from None
+    return pairs
+
+
 def _max_event_bytes(options: Mapping[str, str]) -> int:
     raw = options.get("max.event.bytes")
     if raw is None:
@@ -817,6 +845,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         # Only the JVM stages take per-instance rows; the option is checked either way.
         primers = _flag(options, "handoff.primers", default=True)
         self.primers = primers and self.handoff == "per-instance"
+        self.quarantine = _quarantine(options)
         self._channel: ControlChannel | None = None
         self._watermarks: HighWatermarks | None = None
         self._planner: ThreadPoolExecutor | None = None
@@ -1136,6 +1165,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                         self.max_event_bytes,
                         self.forward,
                         prepared=end.get("prepared"),
+                        quarantine=self.quarantine,
                     )
                 )
         return out
@@ -1231,6 +1261,7 @@ def read_routed_events(
     forward: Forward = "pairs",
     handoff: HandoffMode = "per-key",
     primers: bool = True,
+    quarantine: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
@@ -1240,7 +1271,8 @@ def read_routed_events(
     default: one per events partition). ``forward`` is what stage A will send
     stage B, and ``handoff`` how its stages take a rollout's moves (module docstring);
     with ``per-instance`` hand-offs, ``primers`` says whether each batch carries
-    :func:`primer_rows`.
+    :func:`primer_rows`. ``quarantine`` is the quarantined pairs
+    (:meth:`keyplane.quarantine.Quarantine.option`), whose events are dead-lettered.
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
@@ -1262,4 +1294,6 @@ def read_routed_events(
         reader = reader.option("max.event.bytes", str(max_event_bytes))
     if max_partitions is not None:
         reader = reader.option("maxPartitions", str(max_partitions))
+    if quarantine:
+        reader = reader.option("quarantine", quarantine)
     return reader.load()
