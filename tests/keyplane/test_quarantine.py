@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_a_poison_is_retried_once_then_quarantined_pure(tmp_path: Path) -> None:
 class _RaisesOnTwo(RunningCount):
     """Raises only when a batch holds two values: no single one is to blame."""
 
-    def add(self, state: int, values: list[str]) -> int:  # type: ignore[override]
+    def add(self, state: int, values: Sequence[str]) -> int:
         if len(values) > 1:
             raise ValueError("too many")
         return state + len(values)
