@@ -19,7 +19,9 @@ loop without end while everything after it stays uncounted. So:
    goes on. Every other event counts as before; the replayed batch never
    committed, so nothing is counted twice.
 3. When no single value is to blame (the aggregate raises only on some of
-   them together), or the same failure comes back after its pairs were
+   them together, or the failure was passing), the job's own restarts
+   (``--restarts``) start the query again; should the same batch fail the
+   same way again, or the same failure come back after its pairs were
    quarantined, the job stops with an error that names the failing batch's
    partitions and offsets (:class:`PoisonUnresolved`).
 
@@ -124,6 +126,9 @@ class QuarantineRecord(BaseModel):
 
     pairs: tuple[QuarantinedPair, ...] = ()
     pending: Poison | None = None
+    pending_batch: int | None = None
+    """The batch whose first failure ``pending`` is: only the same batch failing the same
+    way again counts as a second failure."""
 
 
 class Quarantine:
@@ -148,29 +153,36 @@ class Quarantine:
         return json.dumps([[p.a, p.b, p.reason] for p in self.record().pairs])
 
     def after_failure(self, error_text: str) -> bool:
-        """Whether the query should start again at once because of a poison record;
-        False when the error names none. Raises :class:`PoisonUnresolved` when starting
-        again cannot help."""
+        """Whether the query should start again at once, quarantine done, because of a
+        poison record; False when the error names none, or none to blame yet, so that the
+        job's own restarts decide. Raises :class:`PoisonUnresolved` when starting again
+        cannot help."""
         poison = poison_in(error_text)
         if poison is None:
             return False
         record = self.record()
         held = {(p.a, p.b) for p in record.pairs}
+        batch = failing_batch_id(self.checkpoint)
+        again = record.pending == poison and record.pending_batch == batch
         where = failing_batch(self.checkpoint)
         if not poison.values:
-            raise PoisonUnresolved(
-                f"stage {poison.stage}'s aggregate raises ({poison.error}) on key "
-                f"{poison.key!r}, and on none of its values alone, in {where}; the job "
-                "stops rather than replay that batch forever: fix the aggregate, or move "
-                "those events aside"
-            )
+            if again:
+                raise PoisonUnresolved(
+                    f"stage {poison.stage}'s aggregate raises ({poison.error}) on key "
+                    f"{poison.key!r}, and on none of its values alone, in {where}, twice; the "
+                    "job stops rather than replay that batch forever: fix the aggregate, or "
+                    "move those events aside"
+                )
+            # Perhaps passing (a timeout inside the aggregate): the job's restarts decide.
+            self._write(record.model_copy(update={"pending": poison, "pending_batch": batch}))
+            return False
         if all(pair in held for pair in poison.pairs()):
             raise PoisonUnresolved(
                 f"stage {poison.stage}'s aggregate still raises ({poison.error}) on key "
                 f"{poison.key!r} in {where}, although its events are quarantined; the job stops"
             )
-        if record.pending != poison:
-            self._write(QuarantineRecord(pairs=record.pairs, pending=poison))
+        if not again:
+            self._write(record.model_copy(update={"pending": poison, "pending_batch": batch}))
             return True
         reason = (
             f"poison: stage {poison.stage}'s aggregate raised {poison.error} on this event "
@@ -181,12 +193,23 @@ class Quarantine:
             for a, b in poison.pairs()
             if (a, b) not in held
         )
-        self._write(QuarantineRecord(pairs=record.pairs + added, pending=None))
+        self._write(QuarantineRecord(pairs=record.pairs + added))
         return True
 
     def _write(self, record: QuarantineRecord) -> None:
         self.checkpoint.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, record.model_dump_json(indent=2) + "\n")
+
+
+def failing_batch_id(checkpoint: Path) -> int | None:
+    """The batch the checkpoint has planned and not committed; None if there is none."""
+    try:
+        planned = _ids(checkpoint / "offsets")
+        committed = set(_ids(checkpoint / "commits"))
+    except OSError:
+        return None
+    batch = max(planned, default=None)
+    return None if batch is None or batch in committed else batch
 
 
 def failing_batch(checkpoint: Path) -> str:

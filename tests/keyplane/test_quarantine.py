@@ -77,8 +77,28 @@ def test_no_single_value_to_blame_stops_the_job_naming_partitions_and_offsets_pu
         (checkpoint / "offsets" / str(batch)).write_text("\n".join(entry) + "\n")
     (checkpoint / "commits" / "0").write_text("v1\n{}\n")
     error = str(_raised(["x", "y"], _RaisesOnTwo()))
+    # The first time it may be passing: the job's own restarts decide.
+    assert not Quarantine(checkpoint).after_failure(error)
     with pytest.raises(PoisonUnresolved) as stopped:
         Quarantine(checkpoint).after_failure(error)
     message = str(stopped.value)
-    assert "on none of its values alone, in batch 1 (events partition 0 offsets 5-9)" in message
+    assert "on none of its values alone, in batch 1 (events partition 0 offsets 5-9), twice" in (
+        message
+    )
     assert "\n" not in message
+
+
+def test_only_the_same_batch_failing_again_is_a_second_failure_pure(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    for name in ("offsets", "commits"):
+        (checkpoint / name).mkdir(parents=True)
+    error = str(_raised([POISON_VALUE]))
+    quarantine = Quarantine(checkpoint)
+    (checkpoint / "offsets" / "4").write_text("v1\n{}\n{}\n")
+    assert quarantine.after_failure(error)
+    (checkpoint / "commits" / "4").write_text("v1\n{}\n")
+    (checkpoint / "offsets" / "5").write_text("v1\n{}\n{}\n")
+    assert quarantine.after_failure(error)  # batch 5's first failure, not batch 4's second
+    assert quarantine.record().pairs == ()
+    assert quarantine.after_failure(error)
+    assert len(quarantine.record().pairs) == 1
