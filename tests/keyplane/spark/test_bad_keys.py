@@ -22,7 +22,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from keyplane.config import RoutingConfig, save
+from keyplane.controller import Controller
 from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import make_producer
 from keyplane.operators import OPERATORS
 from keyplane.routedkeys import CONTROL_STARTS, ESCAPE
@@ -34,7 +36,7 @@ from keyplane.spark.counts_job import (
 )
 from keyplane.spark.routed_counts import StageEngine
 from keyplane.spark.routed_source import control_groups, evict_groups, install_groups
-from keyplane.testing import routed_job_settings
+from keyplane.testing import moved_off_hash_config, routed_job_settings
 
 P = 4
 """Instances per operator: the ``spark`` fixture's shuffle partitions."""
@@ -159,6 +161,40 @@ def test_empty_keys_are_counted_and_the_job_keeps_running(
         assert _counts(settings) == _expected(first + then)
         assert _counts(settings)[("A", "")] == 3
         assert _counts(settings)[("B", "")] == 3
+    finally:
+        stop_between_batches(query)
+    assert sum(high_watermarks(broker, settings.dead_letter_topic).values()) == 0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ["jvm", "python"])
+def test_awkward_keys_move_and_split_live_and_counts_stay_exact(
+    spark, broker: str, topic_name: str, tmp_path: Path, engine: StageEngine
+) -> None:
+    """Escaped keys in a routing table and split as hot keys, rolled out while the job
+    runs: their states move through the hand-off (per instance on the JVM) exactly."""
+    settings = _settings(broker, topic_name, tmp_path, engine)
+    awkward = ["", "\x00A", "\x00install-B#1", "\U0010ffff", ESCAPE, "#0", "plain"]
+    pairs = [(a, b) for a in awkward for b in awkward]
+    _send(broker, topic_name, pairs, 0)
+    query = start_counts_query(spark, settings)
+    try:
+        query.processAllAvailable()
+        v2 = moved_off_hash_config(
+            2,
+            {"A": ["", "\x00A", ESCAPE], "B": ["\U0010ffff", "#0"]},
+            P,
+            hot_keys={"A": {"\U0010ffff": (0, 2)}, "B": {"": (1, 3), "\x00install-B#1": (0, 3)}},
+        )
+        assert settings.routing_store is not None
+        save(v2, settings.routing_store)
+        with ControlChannel(broker, settings.control_topic) as channel:
+            controller = Controller(channel, tmp_path / "controller.json", settings.routing_store)
+            assert controller.rollout(2, timeout_s=300).version == 2
+        _send(broker, topic_name, pairs, len(pairs))
+        query.processAllAvailable()
+        assert query.isActive and query.exception() is None
+        assert _counts(settings) == _expected(pairs + pairs)
     finally:
         stop_between_batches(query)
     assert sum(high_watermarks(broker, settings.dead_letter_topic).values()) == 0
