@@ -53,7 +53,7 @@ from keyplane.operators import OPERATORS
 from keyplane.progressbars import progress_bar
 from keyplane.protocol import ProtocolError
 from keyplane.routedkeys import spark_partition
-from keyplane.settings import Settings
+from keyplane.settings import STAGE_ENGINES, Settings
 from keyplane.signing import MissingKeyError, control_key
 from keyplane.statefiles import os_reason
 from keyplane.validation_errors import first_problem
@@ -818,6 +818,7 @@ def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
         max_event_bytes=getattr(args, "max_event_bytes", None),
         restarts=getattr(args, "restarts", None),
         restart_delay_s=getattr(args, "restart_delay", None),
+        stage_engine=getattr(args, "stage_engine", "auto"),
     )
 
 
@@ -1083,6 +1084,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the largest event record the job parses, in bytes; a larger one goes to the "
         "dead-letter topic as 'oversized'; the statistics should use the same bound, so set "
         f"KEYPLANE_MAX_EVENT_BYTES instead where they run (default: it, or {MAX_EVENT_BYTES:,})",
+    )
+    job_start.add_argument(
+        "--stage-engine",
+        choices=STAGE_ENGINES,
+        default="auto",
+        help="where the stages run: jvm (Java stateful processors, the running count only), "
+        "python (any aggregate) or auto (the JVM when both stages run the running count); "
+        "fixed for the life of the checkpoint (default: auto, or the checkpoint's own)",
     )
     job_start.add_argument(
         "--restarts",

@@ -43,9 +43,6 @@ _REQUIRED_FIELDS: tuple[tuple[str, type], ...] = (
     ("b", str),
     ("ts", int),
 )
-RESERVED_KEY_STARTS = ("\x00", "\U0010ffff")
-"""What no key may start with: the routed job's control groups do (NUL sorts before
-every key, U+10FFFF after), so such a key would share their grouping values."""
 _FIELDS_SCHEMA = pa.schema(
     [("seq", pa.int64()), ("a", pa.string()), ("b", pa.string()), ("ts", pa.int64())]
 )
@@ -177,9 +174,6 @@ def parse_event(
     for field, kind in _REQUIRED_FIELDS:
         if not isinstance(event.get(field), kind) or isinstance(event.get(field), bool):
             return None, f"schema: field {field!r} missing or not {kind.__name__}"
-    for field in ("a", "b"):
-        if event[field].startswith(RESERVED_KEY_STARTS):
-            return None, f"schema: field {field!r} starts with a reserved character (NUL, U+10FFFF)"
     if not _SEQ_RANGE[0] <= event["seq"] <= _SEQ_RANGE[1]:
         return None, "schema: field 'seq' out of range: not a 64-bit integer"
     if not _TS_RANGE_MS[0] <= event["ts"] <= _TS_RANGE_MS[1]:
@@ -397,12 +391,7 @@ def _complete(table: pa.Table) -> pa.ChunkedArray:
         valid = pc.and_(valid, pc.is_valid(table.column(name)))
     ts = table.column("ts")
     in_range = pc.and_(pc.greater_equal(ts, _TS_RANGE_MS[0]), pc.less_equal(ts, _TS_RANGE_MS[1]))
-    valid = pc.and_(valid, pc.fill_null(in_range, False))
-    for name in ("a", "b"):
-        for start in RESERVED_KEY_STARTS:
-            reserved = pc.fill_null(pc.starts_with(table.column(name), start), False)
-            valid = pc.and_(valid, pc.invert(reserved))
-    return valid
+    return pc.and_(valid, pc.fill_null(in_range, False))
 
 
 def decode_keys(values: Sequence[bytes | None], max_bytes: int = MAX_EVENT_BYTES) -> pa.Table:

@@ -74,7 +74,7 @@ from keyplane.processes import (
     write_atomically,
 )
 from keyplane.protocol import Reconfiguration
-from keyplane.settings import Settings
+from keyplane.settings import Settings, StageEngine
 from keyplane.signing import control_key
 from keyplane.statefiles import read_model_file
 
@@ -252,7 +252,10 @@ class JobProcess:
     rather than inside a Spark task of a detached process. ``forward`` is
     what stage A sends stage B and ``max_event_bytes`` the bound on one event's
     record (None: the source's default), as in
-    :class:`~keyplane.spark.counts_job.CountsJobSettings`.
+    :class:`~keyplane.spark.counts_job.CountsJobSettings`. ``stage_engine``
+    says where the stages run (:data:`~keyplane.spark.routed_counts.StageEngine`);
+    a checkpoint keeps the engine it was started on, and another one is
+    refused before anything starts.
     """
 
     def __init__(
@@ -268,6 +271,7 @@ class JobProcess:
         max_event_bytes: int | None = None,
         restarts: int | None = None,
         restart_delay_s: float | None = None,
+        stage_engine: StageEngine = "auto",
     ) -> None:
         self.given = {
             flag: str(value)
@@ -310,6 +314,7 @@ class JobProcess:
         self.max_event_bytes = max_event_bytes
         self.restarts = restarts
         self.restart_delay_s = restart_delay_s
+        self.stage_engine = stage_engine
         self.aggregates = {
             "A": canonical_spec(stage_a_aggregate),
             "B": canonical_spec(stage_b_aggregate),
@@ -349,6 +354,8 @@ class JobProcess:
             values["restarts"] = self.restarts
         if self.restart_delay_s is not None:
             values["restart_delay_s"] = self.restart_delay_s
+        if self.stage_engine != "auto":
+            values["stage_engine"] = self.stage_engine
         return CountsJobSettings.model_validate(values)
 
     def shuffle_partitions(self) -> int:
@@ -480,6 +487,7 @@ class JobProcess:
 
             settings = self.job_settings()
             self._check_checkpoint_aggregates()
+            self._check_checkpoint_engine()
             waiting = self._events_waiting(settings)
             command = job_command(settings)
             log_offset = self.log.stat().st_size if self.log.exists() else 0
@@ -570,6 +578,27 @@ class JobProcess:
                 f"the checkpoint {self.checkpoint} holds the states of "
                 f"{describe_aggregates(stored)}, not {describe_aggregates(self.aggregates)}; "
                 f"start with the same aggregates, or move {self.directory} aside to start afresh"
+            )
+
+    def _check_checkpoint_engine(self) -> None:
+        """Refuse a stage engine other than the one the checkpoint's stages ran on.
+
+        Spark refuses a checkpoint whose stateful operators changed only at its
+        first batch, in a detached process; the job's own check
+        (:func:`~keyplane.spark.routed_counts.resolve_engine`) runs after Spark
+        has started. So it is made here too, in one line.
+        """
+        if self.stage_engine == "auto":
+            return
+        from keyplane.spark.routed_counts import recorded_engine
+
+        recorded = recorded_engine(self.checkpoint)
+        if recorded is not None and recorded != self.stage_engine:
+            raise JobError(
+                f"stage engine {self.stage_engine!r}: the checkpoint {self.checkpoint} was "
+                f"written by the {recorded!r} stages, and a checkpoint keeps its engine for life; "
+                f"start with --stage-engine {recorded}, or move {self.directory} aside to start "
+                "afresh"
             )
 
     def _events_waiting(self, settings: CountsJobSettings) -> int | None:

@@ -29,6 +29,25 @@ GROUP_COLUMNS = ["stage", "key", "routed_key"]
 BATCH_COLUMN = "batch"
 
 
+def whole_strings(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its text columns as Arrow strings, which pandas hashes whole.
+
+    pandas hashes an object column's strings as C strings, up to their first NUL,
+    so grouping or deduplicating on keys that differ only after a NUL (``"\\x00a"``
+    and ``"\\x00b"``, or two escaped routed keys, :mod:`keyplane.routedkeys`) put
+    them in one group. Arrow strings are hashed with their length. Use it for the
+    columns a frame is grouped or deduplicated on.
+    """
+    text = {name: "string[pyarrow]" for name in frame.columns if frame[name].dtype == object}
+    return frame.astype(text) if text else frame
+
+
+def last_of_each(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``frame.drop_duplicates(columns, keep="last")``, its keys compared whole
+    (:func:`whole_strings`)."""
+    return frame[~whole_strings(frame[columns]).duplicated(keep="last").to_numpy()]
+
+
 def latest_partials(updates: pd.DataFrame) -> pd.DataFrame:
     """One row per ``(stage, key, routed_key)``: its latest reported partial count.
 
@@ -43,15 +62,17 @@ def latest_partials(updates: pd.DataFrame) -> pd.DataFrame:
     if BATCH_COLUMN not in frame.columns:
         frame[BATCH_COLUMN] = 0
     ordered = frame.sort_values([BATCH_COLUMN, "count"], kind="mergesort")
-    latest = ordered.drop_duplicates(GROUP_COLUMNS, keep="last")
+    latest = last_of_each(ordered, GROUP_COLUMNS)
     return latest.sort_values(GROUP_COLUMNS, kind="mergesort").reset_index(drop=True)
 
 
 def merge_partials(updates: pd.DataFrame) -> pd.DataFrame:
     """Exact ``stage, key, count``: the sum of each key's latest partial counts."""
     latest = latest_partials(updates)
-    merged: pd.DataFrame = latest.groupby(["stage", "key"], as_index=False, sort=True).agg(
+    keyed = whole_strings(latest[["stage", "key"]]).assign(count=latest["count"].to_numpy())
+    merged: pd.DataFrame = keyed.groupby(["stage", "key"], as_index=False, sort=True).agg(
         count=("count", "sum")
     )
+    merged = merged.astype({"stage": object, "key": object})
     merged["count"] = merged["count"].astype("int64")
     return merged

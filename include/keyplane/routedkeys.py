@@ -31,6 +31,16 @@ partition. Every grouping value either has no separator (a plain key) or is
 ``key + SEPARATOR + canonical decimal salt`` (a routed key), and
 ``original_key`` inverts both.
 
+Control rows. The routed job's control rows travel under grouping values of
+their own (``keyplane.spark.routed_source``), which start with a character of
+:data:`CONTROL_STARTS`: NUL, so that they sort before every key's value, or
+U+10FFFF, after. The JVM stages rely on that order (Spark calls a task's groups
+in ascending grouping-value order, checked when the job starts). So that any
+key, whatever its characters, reaches only the key space between, a key that
+is empty or starts with a control start or with :data:`ESCAPE` is *escaped*:
+its grouping value is ``ESCAPE + key`` salted to the key's own partition, like
+a key with a separator. No key is refused for its value.
+
 Scaled fallback. When only some instances are active (paper 003's scale-in,
 see :class:`keyplane.config.OperatorRouting`), a key whose natural partition
 is inactive is salted onto ``fold_instance(natural)``: the inactive partitions
@@ -70,6 +80,14 @@ if TYPE_CHECKING:
 
 SEPARATOR = "#"
 """Between the key and its salt. Keys may contain it: the salt follows the last one."""
+
+CONTROL_STARTS = ("\x00", "\U0010ffff")
+"""What the grouping values of control rows start with, and no key's grouping value does:
+NUL sorts before every other string, U+10FFFF (the last code point) after every string that
+does not start with it."""
+
+ESCAPE = "\x01"
+"""Starts the grouping value of a key that cannot stand for itself (:func:`escaped`)."""
 
 SPARK_HASH_SEED = 42
 """The seed of Spark's ``Murmur3Hash`` and ``HashPartitioning``."""
@@ -269,11 +287,33 @@ def split_routed_key(routed: str) -> tuple[str, int]:
     return key, int(salt_text)
 
 
+def escaped(key: str) -> bool:
+    """Whether ``key``'s grouping value starts with :data:`ESCAPE` (module docstring).
+
+    An empty key would sort before the control groups and a key starting with a
+    control start would share their key space; a key starting with the escape
+    itself is escaped too, so that ``original_key`` has one reading.
+    """
+    return not key or key.startswith((*CONTROL_STARTS, ESCAPE))
+
+
+def stands_alone(key: str) -> bool:
+    """Whether ``key`` may be its own grouping value: neither a separator nor an escape."""
+    return SEPARATOR not in key and not escaped(key)
+
+
+def salt_prefix(key: str) -> str:
+    """What a salt follows in ``key``'s routed keys: the key, escaped if it must be."""
+    return ESCAPE + key if escaped(key) else key
+
+
 def original_key(grouping_key: str) -> str:
-    """The key behind a grouping value: a plain key is itself, a routed key is split."""
+    """The key behind a grouping value: a plain key is itself, a routed key is split,
+    an escaped key loses its escape."""
     if SEPARATOR not in grouping_key:
         return grouping_key
-    return split_routed_key(grouping_key)[0]
+    key = split_routed_key(grouping_key)[0]
+    return key.removeprefix(ESCAPE) if grouping_key.startswith(ESCAPE) else key
 
 
 def find_salt(key: str, target: int, n: int, start: int = 0, max_tries: int | None = None) -> int:
@@ -576,8 +616,9 @@ class RoutedKeyTable:
         for key, target in zip(search_keys, search_targets, strict=True):
             if not 0 <= target < n_instances:
                 raise ValueError(f"key {key!r}: instance {target} is not in [0, {n_instances})")
-        salts = find_salts(search_keys, search_targets, n_instances)
-        routed = [routed_key(k, int(s)) for k, s in zip(search_keys, salts, strict=True)]
+        prefixes = [salt_prefix(key) for key in search_keys]
+        salts = find_salts(prefixes, search_targets, n_instances)
+        routed = [routed_key(k, int(s)) for k, s in zip(prefixes, salts, strict=True)]
         self.n_instances = n_instances
         self.hot_keys = frozenset(hot)
         self._instances = dict(zip(routed, search_targets, strict=True))
@@ -594,15 +635,15 @@ class RoutedKeyTable:
         """The grouping values of ``key``: one if tabled, d if hot, else the hash fallback.
 
         A key without a table entry keeps its natural partition. It is grouped
-        by itself, or, if it contains the separator, by a routed key salted to
-        that same partition (see the module docstring). When its natural
+        by itself, or, if it contains the separator or is escaped (:func:`escaped`), by a
+        routed key salted to that same partition (see the module docstring). When its natural
         partition is inactive, it is salted to :func:`fold_instance`'s.
         """
         routes = self._routes.get(key)
         if routes is not None:
             return list(routes)
         if self.active is None:
-            return [key] if SEPARATOR not in key else [self._fallback_value(key)]
+            return [key] if stands_alone(key) else [self._fallback_value(key)]
         found = self._kept((key,)).get(key)
         if found is None:
             found = self._fallback_value(key)
@@ -627,7 +668,7 @@ class RoutedKeyTable:
             routes = self._routes.get(key)
             if routes is not None:
                 found[key] = list(routes)
-            elif self.active is None and SEPARATOR not in key:
+            elif self.active is None and stands_alone(key):
                 found[key] = [key]
             else:
                 fallback.append(key)
@@ -645,13 +686,13 @@ class RoutedKeyTable:
 
         ``natural`` is the key's own partition. The fallback keeps it (000
         §3.3) unless it is inactive, when the key is salted onto its fold
-        (:func:`fold_instance`, 003 §5.3); a key containing the separator is
-        salted even onto its natural partition, so that it cannot pass for
+        (:func:`fold_instance`, 003 §5.3); a key containing the separator, or
+        escaped, is salted even onto its natural partition, so that it cannot pass for
         another key's routed key (see the module docstring). The one rule
         of both :meth:`_fallback_value` and :meth:`_fallback_values`.
         """
         target = self._fold_of[natural]
-        if target == natural and SEPARATOR not in key:
+        if target == natural and stands_alone(key):
             return None
         return target
 
@@ -665,19 +706,19 @@ class RoutedKeyTable:
         target = self._salt_target(key, spark_partition(key, self.n_instances))
         if target is None:
             return key
-        return routed_key(key, find_salt(key, target, self.n_instances))
+        prefix = salt_prefix(key)
+        return routed_key(prefix, find_salt(prefix, target, self.n_instances))
 
     def _fallback_values(self, keys: Sequence[str]) -> list[str]:
         """The grouping values the hash fallback gives ``keys``, salts searched at once."""
         natural = spark_partitions(keys, self.n_instances).tolist()
         targets = map(self._salt_target, keys, natural)
         salted = [(i, target) for i, target in enumerate(targets) if target is not None]
-        salts = find_salts(
-            [keys[i] for i, _ in salted], [target for _, target in salted], self.n_instances
-        )
+        prefixes = [salt_prefix(keys[i]) for i, _ in salted]
+        salts = find_salts(prefixes, [target for _, target in salted], self.n_instances)
         values = list(keys)
-        for (i, _), salt in zip(salted, salts.tolist(), strict=True):
-            values[i] = routed_key(keys[i], salt)
+        for (i, _), prefix, salt in zip(salted, prefixes, salts.tolist(), strict=True):
+            values[i] = routed_key(prefix, salt)
         return values
 
     def _kept(self, keys: Iterable[str]) -> dict[str, str]:

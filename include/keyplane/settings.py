@@ -29,6 +29,14 @@ a rollout's extra work fell by about a fifth, every batch's may rise by 1-3 %
 :data:`MAX_EVENT_BYTES`, so that reading the settings imports no Spark."""
 
 
+StageEngine = Literal["auto", "jvm", "python"]
+"""Where the routed stages run: ``jvm`` (:mod:`keyplane.spark.jvm`, the running count
+only), ``python`` (any aggregate, :mod:`keyplane.spark.routed_counts`), or ``auto``: the
+JVM when it can. Here, like :data:`MAX_EVENT_BYTES`, so that the command line can offer
+it without importing Spark."""
+STAGE_ENGINES: tuple[StageEngine, ...] = ("auto", "jvm", "python")
+
+
 _HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")
 
 

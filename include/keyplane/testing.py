@@ -508,3 +508,21 @@ class FailsOnceWhenArmed(RunningCount):
             else:
                 raise InjectedFailure(f"injected failure of one micro-batch ({folder})")
         return super().add(state, values)
+
+
+POISON_VALUE = "poison"
+"""The value :class:`RaisesOnPoison` cannot count."""
+
+
+class RaisesOnPoison(RunningCount):
+    """A running count whose ``add`` raises whenever its values hold :data:`POISON_VALUE`.
+
+    A user's aggregate with a bug that one value triggers on every try, for the
+    poison-record tests (:mod:`keyplane.quarantine`); use it as a stage's aggregate,
+    ``keyplane.testing:RaisesOnPoison``.
+    """
+
+    def add(self, state: int, values: Sequence[str]) -> int:
+        if POISON_VALUE in values:
+            raise ValueError(f"cannot count {POISON_VALUE!r}")
+        return super().add(state, values)

@@ -29,9 +29,12 @@ from keyplane import statistics as stats
 from keyplane.config import OperatorRouting, RoutingConfig
 from keyplane.orchestration import planning
 from keyplane.routedkeys import (
+    CONTROL_STARTS,
+    ESCAPE,
     SEPARATOR,
     RoutedKeyTable,
     SaltNotFoundError,
+    escaped,
     find_salt,
     find_salts,
     fold_instance,
@@ -39,12 +42,14 @@ from keyplane.routedkeys import (
     predicted_instance_loads,
     routed_key,
     routed_shares,
+    salt_prefix,
     spark_hash_long,
     spark_hash_string,
     spark_hash_strings,
     spark_partition,
     spark_partitions,
     split_routed_key,
+    stands_alone,
 )
 
 SPARK_4_3_STRING_HASHES = {
@@ -125,7 +130,57 @@ def test_partition_count_must_be_positive() -> None:
 def test_routed_key_round_trips(key: str, salt: int) -> None:
     routed = routed_key(key, salt)
     assert split_routed_key(routed) == (key, salt)
-    assert original_key(routed) == key
+    assert original_key(routed) == key or key.startswith(ESCAPE)
+
+
+CONTROL_LIKE_KEYS = [
+    "",
+    "\x00",
+    "\x00A",
+    "\x00install-B#3",
+    "\U0010ffff",
+    "\U0010ffffevict-A#0",
+    ESCAPE,
+    ESCAPE + "#2",
+    "#",
+    "#0",
+    " ",
+    "\t\n",
+]
+"""Keys that a plain grouping value would put among or before the control groups."""
+
+
+@given(
+    st.one_of(st.sampled_from(CONTROL_LIKE_KEYS), keys_strategy),
+    st.integers(min_value=1, max_value=16),
+    st.sampled_from([None, (0,), (1, 2)]),
+)
+def test_every_key_routes_between_the_control_groups_and_back(
+    key: str, n: int, active: tuple[int, ...] | None
+) -> None:
+    """Whatever a key holds, its grouping value sorts after every NUL-started control group
+    and before every U+10FFFF-started one (the JVM stages' order), lands on the key's own
+    (folded) partition, and gives the key back."""
+    active = None if active is None or max(active) >= n else active
+    table = RoutedKeyTable(n_instances=n, routing={}, active=active)
+    for values in (table.route(key), table.route_all([key])[key]):
+        (value,) = values
+        assert value and not value.startswith(CONTROL_STARTS)
+        assert value.startswith(ESCAPE) == escaped(key)
+        assert b"\x00" < value.encode() < "\U0010ffff".encode()
+        assert original_key(value) == key
+        assert spark_partition(value, n) == table.fallback_instance(key)
+
+
+@pytest.mark.parametrize("key", CONTROL_LIKE_KEYS)
+def test_control_like_keys_route_as_tabled_and_hot_keys_pure(key: str) -> None:
+    table = RoutedKeyTable(n_instances=4, routing={key: 2}, hot_keys={key + "h": (0, 3)})
+    (tabled,) = table.route(key)
+    assert original_key(tabled) == key and table.instance_of(tabled) == 2
+    assert not tabled.startswith(CONTROL_STARTS)
+    hot = table.route(key + "h")
+    assert [original_key(v) for v in hot] == [key + "h"] * 2
+    assert [spark_partition(v, 4) for v in hot] == [0, 3]
 
 
 @given(st.lists(st.sampled_from(["a", SEPARATOR, "1", "0", "é"]), max_size=8).map("".join))
@@ -282,9 +337,10 @@ def unbounded_fallback(key: str, n: int, active: tuple[int, ...]) -> str:
     """The scaled-in hash fallback of ``key`` worked out from scratch, nothing kept."""
     natural = spark_partition(key, n)
     target = fold_instance(natural, active, n)
-    if target == natural and SEPARATOR not in key:
+    if target == natural and stands_alone(key):
         return key
-    return routed_key(key, find_salt(key, target, n))
+    prefix = salt_prefix(key)
+    return routed_key(prefix, find_salt(prefix, target, n))
 
 
 def test_a_scaled_in_table_keeps_only_the_most_recent_fallback_keys(
@@ -375,7 +431,7 @@ def test_route_and_route_all_agree_on_any_keys(case: tuple[dict[str, Any], list[
         assert one_at_a_time.fallback_instance(key) == expected
         assert spark_partition(value, n) == expected
         assert original_key(value) == key
-        assert (value == key) == (expected == natural and SEPARATOR not in key)
+        assert (value == key) == (expected == natural and stands_alone(key))
 
 
 @pytest.mark.parametrize(

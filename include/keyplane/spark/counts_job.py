@@ -58,6 +58,7 @@ from keyplane.kafka.producer import Delivery
 from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
 from keyplane.partials import merge_partials
+from keyplane.quarantine import PoisonUnresolved, Quarantine
 from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.kafka_sink import write_to_kafka
@@ -443,6 +444,8 @@ def _start_routed_query(
         jvm_loaded=jvm_stages.loaded(spark),
         recorded=recorded_engine(settings.checkpoint),
     )
+    if engine == "jvm":
+        check_jvm_stages(spark, partitions)
     record_engine(settings.checkpoint, engine)
     log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
     inputs = read_routed_events(
@@ -461,6 +464,7 @@ def _start_routed_query(
         # The JVM stages take a rollout's moves per instance (routed_source).
         handoff="per-instance" if engine == "jvm" else "per-key",
         primers=settings.handoff_primers,
+        quarantine=Quarantine(settings.checkpoint).option(),
     )
     inputs = with_stage_watermark(inputs, settings.checkpoint, time_mode)
     writer = RoutedBatchWriter(
@@ -483,6 +487,27 @@ def _start_routed_query(
     query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
     MetricsListener.attach(spark, query, writer, settings.metrics_topic)
     return query
+
+
+_JVM_STAGES_CHECKED: set[tuple[str, int]] = set()
+"""The sessions (application id) and state partitions whose Spark passed the check."""
+
+
+def check_jvm_stages(spark: SparkSession, partitions: int) -> None:
+    """Refuse, in one line, to run the JVM stages on a Spark that does not behave as they need.
+
+    :func:`keyplane.spark.jvm.spark_behaviour_problems` says what they rely on; a
+    session is checked once, not again at each of the query's restarts.
+    """
+    checked = (spark.sparkContext.applicationId, partitions)
+    if checked in _JVM_STAGES_CHECKED:
+        return
+    problems = jvm_stages.spark_behaviour_problems(spark, partitions)
+    if problems:
+        raise StageEngineError(
+            f"stage engine 'jvm': {problems[0]}; run the job with --stage-engine python"
+        )
+    _JVM_STAGES_CHECKED.add(checked)
 
 
 def job_command(settings: CountsJobSettings) -> list[str]:
@@ -517,6 +542,7 @@ def run_counts_job(
         "keyplane-running-counts", settings.master, shuffle_partitions=settings.shuffle_partitions
     )
     restarts = QueryRestarts(settings.restarts, settings.restart_delay_s, should_stop)
+    quarantine = Quarantine(settings.checkpoint) if settings.routing_store else None
     start = functools.partial(start_counts_query, spark, settings)
     try:
         query = restarts.start(start)
@@ -551,6 +577,12 @@ def run_counts_job(
             if not query.isActive:
                 if query.exception() is None:
                     break
+                if quarantine is not None and quarantine.after_failure(str(query.exception())):
+                    # A poison record (keyplane.quarantine): a restart that spends none of
+                    # the user's, since each one either retries once or quarantines.
+                    log.warning("a stage's aggregate failed the batch; starting it again")
+                    query = restarts.start(start)
+                    continue
                 try:
                     query = restarts.after_failure(query.exception(), start)
                 except RestartStopped:
@@ -799,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     try:
         run_counts_job(settings, on_progress=_print_progress, should_stop=stop.is_set)
-    except (StageEngineError, CheckpointRecordError) as exc:
+    except (StageEngineError, CheckpointRecordError, PoisonUnresolved) as exc:
         print(f"running_counts: error: {exc}", file=sys.stderr)
         return 2
     _print_committed(settings)

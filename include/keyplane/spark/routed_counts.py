@@ -89,6 +89,8 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from keyplane.aggregates import KeyedAggregate, RunningCount
 from keyplane.batchmetrics import TOP_PAIRS_PER_INSTANCE
 from keyplane.events import Forward
+from keyplane.quarantine import Stage, blame
+from keyplane.settings import StageEngine
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
 from keyplane.spark.watermark import WATERMARK_COLUMN, event_time_column, input_time_mode
@@ -257,7 +259,7 @@ class RoutedStageA(_RoutedStage):
             values: list[str] = []
             for row in events:
                 values += [row.b] * row.n
-            state = agg.add(state, values)
+            state = _added(agg, "A", key_a, state, values)
             count += len(values)
         text = agg.encode(state)
         if installs or events:
@@ -328,6 +330,18 @@ class RoutedStageA(_RoutedStage):
             rb=control_group("A", routed, self.parallelism), n=None, watermark_ts=None,
             ctl=json.dumps(control),
         )  # fmt: skip
+
+
+def _added(
+    aggregate: KeyedAggregate[Any], stage: Stage, key: str, state: Any, values: list[str]
+) -> Any:
+    """``aggregate.add(state, values)``; when it raises, the task fails with the values to
+    blame (:func:`keyplane.quarantine.blame`), which the driver quarantines if the
+    batch's replay fails the same way."""
+    try:
+        return aggregate.add(state, values)
+    except Exception as error:
+        raise blame(aggregate, stage, key, state, values, error) from error
 
 
 def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:
@@ -401,7 +415,7 @@ class RoutedStageB(_RoutedStage):
                 control = json.loads(row.ctl)
                 evict = (control["target_rk"], int(control["marker"]))
         held, sources = _installed(agg, held, installs)
-        partial = agg.add(held.state, values) if values else held.state
+        partial = _added(agg, "B", key_b or "", held.state, values) if values else held.state
         count = held.count + len(values)
         partial_text = agg.encode(partial)
         instance, executor = _task_partition(), executor_id()
@@ -467,11 +481,6 @@ def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
     return inputs.select(
         "ra", "kind", "a", "b", WATERMARK_COLUMN, "rb", "n", control.alias("ctl"), *padding
     )
-
-
-StageEngine = Literal["auto", "jvm", "python"]
-"""Where the routed stages run: ``jvm`` (:mod:`keyplane.spark.jvm`, the running count
-only), ``python`` (any aggregate, this module), or ``auto``: the JVM when it can."""
 
 
 class StageEngineError(ValueError):

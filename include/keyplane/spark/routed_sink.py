@@ -55,7 +55,7 @@ from keyplane.aggregates import KeyedAggregate, merge_encoded
 from keyplane.batchmetrics import BatchMetrics, traffic_metrics
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, LongLivedProducer
-from keyplane.partials import latest_partials
+from keyplane.partials import last_of_each, latest_partials
 from keyplane.spark.progress import phases_ms, progress_of
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def latest_partials_of_batch(output: pd.DataFrame) -> pd.DataFrame:
     without it).
     """
     counts = output.loc[output["kind"] == "count", COUNT_COLUMNS]
-    latest = counts.sort_values("count", kind="mergesort").drop_duplicates(PARTIAL_KEY, keep="last")
+    latest = last_of_each(counts.sort_values("count", kind="mergesort"), PARTIAL_KEY)
     frame = latest.sort_index(kind="mergesort").reset_index(drop=True)
     frame["instance"] = frame["instance"].astype("Int32")
     frame["count"] = frame["count"].astype("int64")

@@ -69,8 +69,8 @@ group before its state, which is what the buffer of 000 §3.4 guarantees.
 
 Rows addressed to stage B travel through stage A under a reserved grouping
 value (``CONTROL_PREFIX``) that no key can take (:mod:`keyplane.routedkeys`
-never produces a leading NUL), and stage A forwards them; there is one such
-group per instance (:func:`control_group`).
+escapes every key whose value could start like one), and stage A forwards
+them; there is one such group per instance (:func:`control_group`).
 
 An event row's ``ts`` is the event's own time, as data: the stages run
 without a time mode, or, on a checkpoint written in event time, with a
@@ -104,7 +104,6 @@ from keyplane.events import (
     _EPOCH,
     FORWARD_MODES,
     MAX_EVENT_BYTES,
-    RESERVED_KEY_STARTS,
     Forward,
     dead_letter_value,
     decode_events,
@@ -117,6 +116,7 @@ from keyplane.kafka.ranges import OffsetRange, read_range, split_range
 from keyplane.operators import OPERATORS
 from keyplane.protocol import ControlMessage, JobProtocol, Reaction
 from keyplane.routedkeys import (
+    CONTROL_STARTS,
     RoutedKeyTable,
     find_salt,
     routed_key,
@@ -137,11 +137,11 @@ if TYPE_CHECKING:
     from keyplane.kafka.control import ControlChannel, ControlRead
 
 SOURCE_NAME = "keyplane-routed-events"
-CONTROL_PREFIX, CLOSING_PREFIX = RESERVED_KEY_STARTS
+CONTROL_PREFIX, CLOSING_PREFIX = CONTROL_STARTS
 """What the grouping values that are not a key's routed key start with: NUL, and, for
 the control groups that sort after every routed key, U+10FFFF (the last code point:
 Spark calls a stateful operator's groups in the order of their grouping values). No
-event key may start with either (:data:`keyplane.events.RESERVED_KEY_STARTS`)."""
+key's grouping value starts with either (:data:`keyplane.routedkeys.CONTROL_STARTS`)."""
 
 HandoffMode = Literal["per-key", "per-instance"]
 """How a rollout's moves reach the stages: one row per moved routed key, which the
@@ -321,6 +321,9 @@ class RoutedEventsPartition(InputPartition):
     """Whether this task reads the batch's :func:`primer_rows` before its events."""
     batch_end: bool = False
     """Whether this task reads the batch's :func:`batch_end_rows` (primers hold them)."""
+    quarantine: tuple[tuple[str, str, str], ...] = ()
+    """The quarantined (field-1 key, field-2 key, reason) pairs, whose events are
+    dead-lettered with that reason rather than routed (:mod:`keyplane.quarantine`)."""
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}
@@ -431,9 +434,12 @@ def _routed_part(
     which :func:`read_events` combines over its task."""
     source = f"{p.events.topic}[{p.events.partition}]"
     tuples = p.forward == "tuples"
+    quarantined = {(a, b): reason for a, b, reason in p.quarantine}
     for records in read_range(p.events):
         values = records.column("value").to_pylist()
         decoded = None if tuples else decode_events(values, p.max_event_bytes)
+        if decoded is not None and quarantined and _holds_any(decoded, quarantined):
+            decoded = None
         if decoded is not None:
             routed.append(_routed(decoded, table_a, balancer))
             continue
@@ -442,6 +448,9 @@ def _routed_part(
         offsets = records.column("offset").to_pylist()
         for value, offset in zip(values, offsets, strict=True):
             event, problem = parse_event(value, p.max_event_bytes)
+            if event is not None and quarantined:
+                problem = quarantined.get((event["a"], event["b"]))
+                event = None if problem else event
             if event is None:
                 detail = json.dumps(
                     {
@@ -469,6 +478,12 @@ def _routed_part(
             yield out.batch()
         if events["ra"]:
             routed.append(pa.table(events, schema=_ROUTED_EVENTS))
+
+
+def _holds_any(decoded: pa.Table, pairs: Mapping[tuple[str, str], str]) -> bool:
+    """Whether a chunk of decoded events holds one of ``pairs`` (its field-1 and field-2 keys)."""
+    keys = zip(decoded.column("a").to_pylist(), decoded.column("b").to_pylist(), strict=True)
+    return any(pair in pairs for pair in keys)
 
 
 def event_time(ts_ms: int) -> datetime:
@@ -778,6 +793,19 @@ def _flag(options: Mapping[str, str], name: str, *, default: bool) -> bool:
     return raw == "true"
 
 
+def _quarantine(options: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
+    """The ``quarantine`` option: a JSON list of [field-1 key, field-2 key, reason]."""
+    text = options.get("quarantine")
+    if not text:
+        return ()
+    try:
+        pairs = tuple((str(a), str(b), str(reason)) for a, b, reason in json.loads(text))
+    except (ValueError, TypeError) as error:
+        message = f"option quarantine: not a JSON list of triples ({error})"
+        raise KafkaSourceOptionError(message) from None
+    return pairs
+
+
 def _max_event_bytes(options: Mapping[str, str]) -> int:
     raw = options.get("max.event.bytes")
     if raw is None:
@@ -818,6 +846,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         # Only the JVM stages take per-instance rows; the option is checked either way.
         primers = _flag(options, "handoff.primers", default=True)
         self.primers = primers and self.handoff == "per-instance"
+        self.quarantine = _quarantine(options)
         self._channel: ControlChannel | None = None
         self._watermarks: HighWatermarks | None = None
         self._planner: ThreadPoolExecutor | None = None
@@ -1144,6 +1173,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                         self.max_event_bytes,
                         self.forward,
                         prepared=end.get("prepared"),
+                        quarantine=self.quarantine,
                     )
                 )
         return out
@@ -1239,6 +1269,7 @@ def read_routed_events(
     forward: Forward = "pairs",
     handoff: HandoffMode = "per-key",
     primers: bool = True,
+    quarantine: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
@@ -1248,7 +1279,8 @@ def read_routed_events(
     default: one per events partition). ``forward`` is what stage A will send
     stage B, and ``handoff`` how its stages take a rollout's moves (module docstring);
     with ``per-instance`` hand-offs, ``primers`` says whether each batch carries
-    :func:`primer_rows`.
+    :func:`primer_rows`. ``quarantine`` is the quarantined pairs
+    (:meth:`keyplane.quarantine.Quarantine.option`), whose events are dead-lettered.
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
@@ -1270,4 +1302,6 @@ def read_routed_events(
         reader = reader.option("max.event.bytes", str(max_event_bytes))
     if max_partitions is not None:
         reader = reader.option("maxPartitions", str(max_partitions))
+    if quarantine:
+        reader = reader.option("quarantine", quarantine)
     return reader.load()

@@ -60,8 +60,6 @@ def test_a_valid_event_parses_pure() -> None:
         (json.dumps({"seq": "1", "a": "x", "b": "y", "ts": 5}).encode(), "field 'seq'"),
         (json.dumps({"seq": True, "a": "x", "b": "y", "ts": 5}).encode(), "field 'seq'"),
         (b"\xff\xfe", "not JSON"),
-        (json.dumps({"seq": 1, "a": "\x00B#2", "b": "y", "ts": 5}).encode(), "reserved"),
-        (json.dumps({"seq": 1, "a": "x", "b": "\U0010ffffe", "ts": 5}).encode(), "reserved"),
         (b"{" + b" " * MAX_EVENT_BYTES + b"}", "oversized"),
         (b'{"seq":1,"a":"\xed\xa0\x80","b":"y","ts":5}', "not JSON"),
         (b'{"seq":1,"a":"\\ud800","b":"y","ts":5}', "surrogate"),
@@ -85,6 +83,13 @@ def test_invalid_records_say_why_pure(raw: bytes | None, reason: str) -> None:
     assert problem is not None and reason in problem
 
 
+@pytest.mark.parametrize("key", ["", "\x00B#2", "\U0010ffffe", "\x01", " "])
+def test_keys_like_control_groups_are_valid_events_pure(key: str) -> None:
+    """A key is data: its grouping value is escaped (keyplane.routedkeys), not refused."""
+    event, problem = parse_event(json.dumps({"seq": 1, "a": key, "b": key, "ts": 5}).encode())
+    assert problem is None and event is not None and event["a"] == event["b"] == key
+
+
 def test_control_groups_cannot_collide_with_keys_pure() -> None:
     assert control_group("B", "k", 4).startswith("\x00")
     assert control_group("A", "k", 4) != control_group("B", "k", 4)
@@ -93,14 +98,16 @@ def test_control_groups_cannot_collide_with_keys_pure() -> None:
 def test_install_groups_sort_before_every_key_and_evict_groups_after_pure() -> None:
     """Spark calls a stateful operator's groups in the order of their grouping values
     (UTF-8 bytes): installs must run before any key's tuples, evictions after them."""
-    keys = ["", "a", "\x01", "zz#3", "\uffff", "\U0010fffe#1", "日本#0"]
+    table = RoutedKeyTable(n_instances=4, routing={})
+    raw = ["", "a", "\x00", "\x01", "zz#3", "\uffff", "\U0010fffe#1", "\U0010ffff", "日本#0"]
+    keys = [value for key in raw for value in table.route(key)]
     for stage in OPERATORS:
         for instance, (first, last) in enumerate(
             zip(install_groups(stage, 4), evict_groups(stage, 4), strict=True)
         ):
             assert spark_partition(first, 4) == spark_partition(last, 4) == instance
             for key in keys:
-                assert first.encode() < key.encode() < last.encode() or key == ""
+                assert first.encode() < key.encode() < last.encode()
     assert len(set(install_groups("A", 4)) | set(install_groups("B", 4))) == 8
 
 

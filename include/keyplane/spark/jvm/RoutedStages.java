@@ -940,6 +940,62 @@ public final class RoutedStages {
     }
   }
 
+  /** One group call of {@link #probe}: the group, its task's partition and call index. */
+  static final StructType PROBE_OUTPUT =
+      new StructType()
+          .add("group", DataTypes.StringType)
+          .add("partition", DataTypes.IntegerType)
+          .add("call", DataTypes.IntegerType)
+          .add("redirected", DataTypes.BooleanType);
+
+  /**
+   * What the stages rely on in Spark, observed with the stages' own operator on {@code values}
+   * (a column {@code value}): which partition each grouping value lands on, in which order a
+   * task calls its groups, and whether {@link Stage#atKey} points the state calls at another key.
+   * {@code keyplane.spark.jvm.spark_behaviour_problems} checks the rows when the job starts.
+   */
+  public static Dataset<Row> probe(Dataset<Row> values) {
+    int value = values.schema().fieldIndex("value");
+    return values
+        .groupByKey((MapFunction<Row, String>) row -> row.getString(value), Encoders.STRING())
+        .transformWithState(
+            new Probe(), TimeMode.None(), OutputMode.Append(), Encoders.row(PROBE_OUTPUT));
+  }
+
+  /** The processor of {@link #probe}. */
+  static final class Probe extends StatefulProcessor<String, Row, Row> {
+    private transient ValueState<Long> state;
+    private transient int calls;
+
+    @Override
+    public void init(OutputMode outputMode, TimeMode timeMode) {
+      state = getHandle().getValueState("probe", Encoders.LONG(), TTLConfig.NONE());
+    }
+
+    @Override
+    public scala.collection.Iterator<Row> handleInputRows(
+        String group, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
+      while (rows.hasNext()) {
+        rows.next();
+      }
+      state.update(1L);
+      boolean redirected;
+      try {
+        Stage.atKey(group + "\u0002probe");
+        redirected = state.get() == null;
+        state.update(2L);
+        redirected = redirected && state.get() == 2L;
+        state.clear();
+      } finally {
+        Stage.atKey(group);
+      }
+      redirected = redirected && state.get() == 1L;
+      state.clear();
+      Row row = RowFactory.create(group, TaskContext.getPartitionId(), calls++, redirected);
+      return CollectionConverters.asScala(List.of(row).iterator());
+    }
+  }
+
   /**
    * The partition Spark's {@code HashPartitioning} gives a string grouping value: {@code
    * pmod(murmur3(value, 42), n)}, as {@code keyplane.routedkeys.spark_partition} computes it.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -176,6 +177,101 @@ def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool)
         groups.add(group)
     stages = getattr(jvm, CLASS_NAME)
     return DataFrame(stages.runningCounts(inputs._jdf, tuples, groups, event_time), spark)
+
+
+PROBE_KEYS = ("", " ", "a", "zz#3", "#", "\x00", "\x01", "é", "\uffff", "\U0010fffe", "\U0010ffff")
+"""Keys whose grouping values the start-up probe sends through the stages' operator: the
+empty key, escaped keys, and keys at both ends of the code points."""
+
+ProbeRow = tuple[str, int, int, bool]
+"""A group call the probe saw: (grouping value, partition, call index in its task, whether
+``atKey`` pointed the state calls at another key and back)."""
+
+
+def probe_values(parallelism: int) -> list[str]:
+    """The grouping values of the start-up probe: :data:`PROBE_KEYS`' and every control
+    group's, so that each of the ``parallelism`` partitions sees both kinds."""
+    from keyplane.operators import OPERATORS
+    from keyplane.routedkeys import RoutedKeyTable
+    from keyplane.spark.routed_source import control_groups, evict_groups, install_groups
+
+    table = RoutedKeyTable(n_instances=parallelism, routing={})
+    values = {value for key in PROBE_KEYS for value in table.route(key)}
+    for stage in OPERATORS:
+        values.update(install_groups(stage, parallelism), evict_groups(stage, parallelism))
+    for stage in (*OPERATORS, "I"):
+        values.update(control_groups(stage, parallelism))
+    return sorted(values)
+
+
+def spark_behaviour_problems(spark: SparkSession, parallelism: int) -> list[str]:
+    """What the JVM stages rely on in Spark and this session does not do (empty: all holds).
+
+    The stages take a rollout's moves per instance, in control groups that must run
+    before (installs) or after (evictions) every key's group of their task, so they rely
+    on Spark calling a task's groups in ascending grouping-value order, on
+    ``ImplicitGroupingKeyTracker`` pointing their state calls at a moved key, and, as
+    every routed stage does, on Spark's hash partitioning of a grouping value
+    (:func:`keyplane.routedkeys.spark_partition`). None of it is an API, so the job
+    checks it when it starts, with the stages' own operator on a small batch query
+    (``RoutedStages.probe``), rather than count wrong after a Spark upgrade. Adaptive
+    execution, which a streaming query never uses, is off while it runs, so that its
+    partitions are the shuffle's own.
+    """
+    from pyspark.sql import DataFrame
+
+    jvm = spark._jvm
+    assert jvm is not None
+    values = probe_values(parallelism)
+    frame = spark.createDataFrame([(value,) for value in values], "value STRING")
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        probed = DataFrame(getattr(jvm, CLASS_NAME).probe(frame._jdf), spark).collect()
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", adaptive or "true")
+    rows = [(r["group"], r["partition"], r["call"], r["redirected"]) for r in probed]
+    return behaviour_problems(rows, values, parallelism)
+
+
+def behaviour_problems(rows: list[ProbeRow], values: list[str], parallelism: int) -> list[str]:
+    """The problems :func:`spark_behaviour_problems` reports, from the probe's rows."""
+    from keyplane.routedkeys import spark_partition
+
+    problems: list[str] = []
+    called = sorted(row[0] for row in rows)
+    if called != sorted(values):
+        problems.append(
+            f"transformWithState called {len(called)} groups for {len(values)} grouping values"
+        )
+    for value, partition, _, _ in rows:
+        expected = spark_partition(value, parallelism)
+        if partition != expected:
+            problems.append(
+                f"Spark put grouping value {value!r} on partition {partition}, not on "
+                f"{expected} as keyplane.routedkeys computes it, so keys would not land "
+                "where the routing says"
+            )
+            break
+    by_task: dict[int, list[ProbeRow]] = {}
+    for row in rows:
+        by_task.setdefault(row[1], []).append(row)
+    for partition, calls in sorted(by_task.items()):
+        order = [row[0] for row in sorted(calls, key=lambda row: row[2])]
+        for before, after in itertools.pairwise(order):
+            if before.encode() > after.encode():
+                problems.append(
+                    f"transformWithState called group {before!r} before {after!r} in the task "
+                    f"of partition {partition}, out of grouping-value order, which the stages' "
+                    "per-instance hand-offs need"
+                )
+                break
+    if not all(row[3] for row in rows):
+        problems.append(
+            "the state calls did not follow ImplicitGroupingKeyTracker.setImplicitKey, with "
+            "which the stages install and evict moved states"
+        )
+    return problems
 
 
 def main() -> None:
