@@ -912,10 +912,11 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     bootstrap = settings.resolved_bootstrap_servers()
     up = answers_kafka(bootstrap, timeout_s=2.0)
     if up:
-        embedded, stale = EmbeddedBroker(settings.home, settings.broker_port).inspect()
+        running, stale = EmbeddedBroker(settings.home, settings.broker_port).inspect()
         for removed in stale:
             print(removed.describe())
-        detail = "" if embedded is None else f" (embedded, pid {embedded.pid})"
+        name = {"embedded": "embedded", "kafka": "Apache Kafka"}
+        detail = "" if running is None else f" ({name[running.engine]}, pid {running.pid})"
         lines = [_line("broker", f"up at {bootstrap}{detail}")]
     else:
         lines = [_line("broker", f"down at {bootstrap}: start it with `keyplane broker start`")]

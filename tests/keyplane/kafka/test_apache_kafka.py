@@ -152,6 +152,14 @@ def test_cli_starts_apache_kafka_whose_records_and_offsets_survive_a_stop_and_st
         status = _keyplane(home, port, "status")
         assert status.returncode == 0
         assert status.stdout.startswith(f"broker: running on {bootstrap} (pid ")
+        overview = subprocess.run(
+            [sys.executable, "-m", "keyplane.cli", "status"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "KEYPLANE_HOME": str(home), "KEYPLANE_BROKER_PORT": str(port)},
+            timeout=300,
+        )
+        assert f"up at {bootstrap} (Apache Kafka, pid " in overview.stdout, overview.stdout
         assert high_watermarks(bootstrap, "kept") == {0: 500}
         assert _committed(bootstrap, "readers", "kept") == 321
     finally:
