@@ -42,6 +42,18 @@ def whole_strings(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype(text) if text else frame
 
 
+def sum_by(frame: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
+    """``frame.groupby(keys, as_index=False)[values].sum()``, its keys compared whole.
+
+    The key columns are grouped as Arrow strings (:func:`whole_strings`) and
+    come back with their own dtype, so callers see the frame they expect.
+    """
+    text = [name for name in keys if frame[name].dtype == object]
+    whole = frame.astype(dict.fromkeys(text, "string[pyarrow]")) if text else frame
+    summed = whole.groupby(keys, as_index=False, sort=True)[values].sum()
+    return summed.astype(dict.fromkeys(text, object)) if text else summed
+
+
 def last_of_each(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """``frame.drop_duplicates(columns, keep="last")``, its keys compared whole
     (:func:`whole_strings`)."""

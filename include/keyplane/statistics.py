@@ -66,6 +66,7 @@ from keyplane.config import RoutingConfig
 from keyplane.costmodel import CostModel, calibrate
 from keyplane.operators import OPERATORS
 from keyplane.parquet_files import read_frame
+from keyplane.partials import sum_by
 from keyplane.routedkeys import routed_shares
 
 log = logging.getLogger(__name__)
@@ -278,14 +279,10 @@ def window_pairs(grouped: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"a": [], "b": [], "train": [], "holdout": []}).astype(
             {"a": object, "b": object, "train": np.float64, "holdout": np.float64}
         )
-    frame = grouped.assign(
-        side=np.where(grouped["holdout"].astype(bool), "holdout", "train"),
-        n=grouped["n"].astype(np.float64),
-    )
-    table = frame.pivot_table(index=["a", "b"], columns="side", values="n", aggfunc="sum")
-    table = table.reindex(columns=["train", "holdout"]).fillna(0.0).reset_index()
-    table.columns.name = None
-    return table[["a", "b", "train", "holdout"]]
+    n = grouped["n"].astype(np.float64).to_numpy()
+    held = grouped["holdout"].astype(bool).to_numpy()
+    frame = grouped[["a", "b"]].assign(train=np.where(held, 0.0, n), holdout=np.where(held, n, 0.0))
+    return sum_by(frame, ["a", "b"], ["train", "holdout"])
 
 
 def _fold(
@@ -299,7 +296,7 @@ def _fold(
     Returns ``keys…, count, train, holdout``: ``count`` is the raw window
     count, ``train`` the decayed history plus the window's older part.
     """
-    current = window.groupby(keys, as_index=False)[["train", "holdout"]].sum()
+    current = sum_by(window, keys, ["train", "holdout"])
     current["count"] = current["train"] + current["holdout"]
     if previous is not None and not previous.empty and settings.decay > 0:
         history = previous[[*keys, "train", "holdout"]].copy()
@@ -344,7 +341,7 @@ def fold_frequencies(
     """
     frames = []
     for stage, column in STAGE_COLUMN.items():
-        per_key = window.groupby(column, as_index=False)[["train", "holdout"]].sum()
+        per_key = sum_by(window, [column], ["train", "holdout"])
         per_key = per_key.rename(columns={column: "key"})
         before = None if previous is None else previous[previous["stage"] == stage]
         folded = _fold(before, per_key, ["key"], settings)
@@ -538,11 +535,7 @@ def lookback(root: Path | str, snapshot: Snapshot, min_total_count: int) -> Look
     window = (manifest.window[0], snapshot.manifest.window[1])
     if len(frames) == 1:
         return Lookback(frames[0], snapshot.manifest.window, tuple(runs))
-    counts = (
-        pd.concat(frames, ignore_index=True)
-        .groupby(["stage", "key"], as_index=False, sort=True)["count"]
-        .sum()
-    )
+    counts = sum_by(pd.concat(frames, ignore_index=True), ["stage", "key"], ["count"])
     epoch = int(snapshot.manifest.sequence)
     frame = counts.assign(
         epoch=np.int64(epoch), window_start=np.int64(window[0]), window_end=np.int64(window[1])

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from keyplane.events import key_name
+from keyplane.partials import sum_by
 from keyplane.workloads import WorkloadSpec
 
 
@@ -49,7 +50,7 @@ def expected_counts_of(specs: Iterable[WorkloadSpec]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame({"stage": [], "key": [], "count": []}).astype({"count": "int64"})
     together = pd.concat(frames, ignore_index=True)
-    return together.groupby(["stage", "key"], as_index=False).agg(count=("count", "sum"))
+    return sum_by(together, ["stage", "key"], ["count"])
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,36 @@ def test_window_pairs_splits_train_and_holdout() -> None:
     assert rows == {("1", "x"): (3.0, 1.0), ("2", "y"): (0.0, 2.0)}
 
 
+def test_keys_that_differ_only_after_a_nul_keep_their_own_pairs_and_frequencies() -> None:
+    """pandas groups an object column's strings as C strings, up to their first NUL; the
+    job counts ``"\x00a"`` and ``"\x00b"`` apart, so the statistics must too."""
+    window = stats.window_pairs(
+        _events([("\x00a", "x", False, 3), ("\x00b", "x", True, 2), ("1", "\x00y", False, 1)])
+    )
+    rows = {(r.a, r.b): (r.train, r.holdout) for r in window.itertuples()}
+    assert rows == {
+        ("\x00a", "x"): (3.0, 0.0),
+        ("\x00b", "x"): (0.0, 2.0),
+        ("1", "\x00y"): (1.0, 0.0),
+    }
+    assert window["a"].dtype == object
+    pairs = stats.fold_pairs(None, window, SETTINGS)
+    assert {(r.a, r.b): r.count for r in pairs.itertuples()} == {
+        ("\x00a", "x"): 3,
+        ("\x00b", "x"): 2,
+        ("1", "\x00y"): 1,
+    }
+    freq = stats.fold_frequencies(None, window, SETTINGS, epoch=1, window_bounds=(0, 6))
+    counts = {(r.stage, r.key): r.count for r in freq.itertuples()}
+    assert counts == {
+        ("A", "\x00a"): 3,
+        ("A", "\x00b"): 2,
+        ("A", "1"): 1,
+        ("B", "x"): 5,
+        ("B", "\x00y"): 1,
+    }
+
+
 def test_fold_decays_history_fish_style_and_forgets_light_entries() -> None:
     first = stats.fold_pairs(
         None, stats.window_pairs(_events([("1", "x", False, 8), ("2", "y", False, 1)])), SETTINGS
