@@ -4,10 +4,9 @@ A rollout's moved states cost the stateful stages work in the two batches
 that switch and install them: each moved state is read, evicted, shipped and
 installed through Spark's keyed state store, one key at a time (paper 000
 §3.4). That work does not shrink (each wave even adds a little of its own),
-but it can be spread: a rollout that moves 10,000 keys at once slows its two
-batches by about a fifth, and the same moves in four waves of 2,550 slow
-each wave's batches by about a tenth, over 12 batches instead of 3
-(docs/reconfiguration-record.md, "Rollouts in waves").
+but it can be spread: the same moves in several waves slow each wave's two
+batches less, over more batches in all (docs/benchmarks.md gives the
+measured dips).
 
 A wave is an ordinary configuration: the old one with a share of the moves
 applied. Each wave is stored (checksummed) and rolled out like any other

@@ -93,7 +93,7 @@ def unpacked_partials(output: pd.DataFrame) -> pd.DataFrame:
 
     The JVM stages report a batch's installs per instance, one row for
     thousands of tombstones and partials, so that those reports do not each
-    cross stage B's shuffle and the collect (docs/reconfiguration-record.md).
+    cross stage B's shuffle and the collect.
     """
     packed = output["kind"] == "partials"
     if not packed.any():

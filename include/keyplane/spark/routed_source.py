@@ -51,8 +51,7 @@ are done, so that it writes what it gathered over them
 (``RoutedStages.Stage.endOfTask``). By default they come as *primers*
 (:func:`primer_rows`), which add an ``installs`` row per stage and instance
 and pad both, so that the JVM's compiler has seen the hand-off rows' shape
-long before a rollout sends real ones (docs/reconfiguration-record.md, "The
-JIT's traps").
+long before a rollout sends real ones.
 
 The ``forward`` option (:data:`keyplane.events.Forward`) says what stage A
 sends stage B. ``pairs`` (the default): one row per (field-1 routed key,
@@ -635,9 +634,7 @@ def primer_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     hand-off columns set, a string of kilobytes, or a grouping value outside
     the BMP (the closing groups' U+10FFFF). So the switch and install batches
     hit each of those traps: the method falls back to the interpreter and is
-    compiled again, on the cores the batch's tasks need. That cost the
-    switch batch 0.1-0.2 s at 20,000 events and 0.5-0.7 s at 500,000
-    (docs/reconfiguration-record.md, "The JIT's traps"). With primers, every batch takes
+    compiled again, on the cores the batch's tasks need. With primers, every batch takes
     those branches, so they are compiled from the first batches on and a
     rollout finds them ready. HotSpot's ``-XX:PerMethodTrapLimit=0`` does the
     same for every method of the JVM, at a cost to every batch.
@@ -1065,8 +1062,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         The switch batch then finds its moves computed (000 §3.4, PREPARE).
         The version's tables are built and its moves planned on a thread of
         their own, which overlaps the batch that acknowledges: done in
-        ``latestOffset``, 10,000 moves held that batch's start back by about
-        0.27 s (docs/reconfiguration-record.md, "The ACK batch, since").
+        ``latestOffset``, planning many moves would hold that batch's start back.
         :meth:`partitions` waits for them before it reads them.
         """
         if self._planning is not None and self._planning[0] == (active, prepared):
