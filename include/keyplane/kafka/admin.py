@@ -109,9 +109,8 @@ class HighWatermarks:
 
     A job's driver asks for the events' and the migration topic's marks at
     every micro-batch boundary. A consumer of its own for each query costs a
-    connection and a metadata round trip first: about 15 ms a topic on the
-    embedded broker, every batch. Kept open, a query is a ListOffsets and
-    one small fetch.
+    connection and a metadata round trip first, for every topic at every
+    batch. Kept open, a query is a ListOffsets and one small fetch.
 
     The broker answers a fetch at the end of an empty partition only after
     ``fetch_max_wait_ms``; waiting 50 ms instead of the default 500, and

@@ -3,8 +3,7 @@
 Why a pool. Every bounded read in keyplane (:func:`keyplane.kafka.ranges.read_range`)
 assigns itself one partition, seeks, reads and stops; a fresh kafka-python
 consumer for each read pays a connection, an API-version probe and a
-metadata request first: 4.6 ms of the 12.6 ms a range took on the reference
-machine (docs/benchmarks.md, "One consumer per worker and topic"). A source
+metadata request first, a large part of a small range's read. A source
 task reads several ranges per micro-batch (events, and during a rollout the
 migration topic's), and Spark reuses its Python workers, so the same process
 would open and close a consumer per range at every batch. Lent from here, a

@@ -2,13 +2,11 @@
 
 A switch batch evicts every moved routed key's state and the sink writes
 them here; the next batch's source reads them back as install rows (paper
-000 §3.4). A rollout that moves 10,000 keys used to write 10,000 records:
-with kafka-python that cost the switch batch about 0.4 s on the driver, and
-the install batch a JSON parse and a Kafka record per move on the executor.
-Packed into records of at most :data:`MAX_RECORD_BYTES`, the same moves are
-a few records (a JVM stage packs each task's own), sent in 0.07 s instead
-of 0.34 s and read back in 0.11 s instead of 0.23 s
-(``bench/migration_records.py``, docs/benchmarks.md).
+000 §3.4). One record per move would cost a rollout that moves many keys a
+Kafka send per move on the driver, and the install batch a JSON parse and a
+Kafka record per move on the executor. Packed into records of at most
+:data:`MAX_RECORD_BYTES`, the moves are a few records (a JVM stage packs
+each task's own); ``bench/migration_records.py`` compares the two.
 
 A record's value is ``{"moves": [move, ...]}``; a move is ``{"operator",
 "key", "source", "target", "count", "state", "marker"}``. A record written

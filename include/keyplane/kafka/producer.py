@@ -101,9 +101,8 @@ class LongLivedProducer:
     """One producer for a component's sends, made at the first and replaced after a failure.
 
     Why keep one: making a producer opens a connection and fetches the
-    cluster's metadata (about 10 ms on the embedded broker; on a cluster
-    that requires TLS and SASL, a handshake and a login too), and a
-    streaming job's sink sends every micro-batch.
+    cluster's metadata (on a cluster that requires TLS and SASL, a handshake
+    and a login too), and a streaming job's sink sends every micro-batch.
 
     Why replace it: after a broker restart, an idempotent producer whose id
     the broker no longer knows fails every later send (the broker restart

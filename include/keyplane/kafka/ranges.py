@@ -83,11 +83,10 @@ def balanced_groups(sizes: Sequence[int], groups: int) -> list[list[int]]:
     total size (largest first, each to the lightest group so far); each group lists its
     indices in order.
 
-    Used to read several ranges in one Spark task: a task of a Python source
-    costs about 0.1 s whatever it reads (launch, worker hand-off, shuffle
-    files), so a micro-batch of eight small ranges on two cores spends most of
-    its read starting tasks (docs/benchmarks.md, "Reading a micro-batch in as
-    many tasks as cores").
+    This reads several ranges in one Spark task: a task of a Python source
+    has a fixed cost whatever it reads (launch, worker hand-off, shuffle
+    files), so a micro-batch of many small ranges on few cores would spend
+    most of its read starting tasks.
     """
     if groups < 1:
         raise ValueError(f"ranges are dealt into 1 group or more, not {groups}")
