@@ -176,7 +176,7 @@ class CountsJobSettings(BaseModel):
         description="The most Spark tasks that read one micro-batch with keyplane's Kafka "
         "sources (their maxPartitions option); Kafka partitions share tasks when there are "
         "more. Default: the session's cores (spark.cores.max, else its default parallelism), "
-        "since a Python task costs about 0.1 s to start whatever it reads.",
+        "since a Python task has a fixed cost to start whatever it reads.",
     )
     stage_engine: StageEngine = Field(
         default="auto",
@@ -403,13 +403,11 @@ def _no_batches_without_data(spark: SparkSession) -> None:
     in event-time mode on a checkpoint written in it, which keeps it for
     life (:mod:`keyplane.spark.watermark`); neither stage
     sets a timer or keeps state by time, so those batches do nothing but
-    commit every state partition. While the watermark followed the events'
-    times, on a live topic, where each batch reads what arrived since the
-    last, every other batch was one: 58 batches for 29 that read events,
-    1.44× the batch time, and no event counted sooner
-    (``bench/live_batches.py``, docs/benchmarks.md). The watermark now
-    moves once in a checkpoint's life (:mod:`keyplane.spark.watermark`), so
-    this saves at most one such batch per checkpoint. A value the user sets
+    commit every state partition. A watermark that followed the events'
+    times would, on a live topic, add such a batch after nearly every batch
+    that reads events (``bench/live_batches.py``); since it moves once in a
+    checkpoint's life (:mod:`keyplane.spark.watermark`), this saves at most
+    one such batch per checkpoint. A value the user sets
     in the Spark configuration (``spark-submit --conf``,
     ``spark-defaults.conf``) stands.
     """

@@ -72,12 +72,10 @@ class KafkaInputPartition(OffsetRange, InputPartition):
 class ReadTask(InputPartition):
     """Several input partitions read one after the other in one Spark task.
 
-    A Python source's task costs about 0.1 s whatever it reads: the task's
+    A Python source's task has a fixed cost whatever it reads: the task's
     launch, the hand-off to a Python worker and the shuffle files it writes.
-    A micro-batch of eight Kafka partitions on two cores paid that eight
-    times; read in two tasks, the routed job ran 1.19× faster and plain
-    Spark's counts 1.26× (docs/benchmarks.md, "Reading a micro-batch in as
-    many tasks as cores").
+    A micro-batch of many Kafka partitions on few cores would pay it once a
+    partition; grouped into as many tasks as cores, it pays it once a core.
     """
 
     parts: tuple[InputPartition, ...]

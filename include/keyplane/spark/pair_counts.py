@@ -7,9 +7,8 @@ with :func:`keyplane.kafka.ranges.read_range`, as the Kafka source's tasks do,
 parses the values with Arrow (:func:`keyplane.events.decode_keys`) and counts
 the pairs with Arrow's group-by, so only counts leave the Python worker; Spark
 then sums the partitions' counts. Reading the window through the data source
-and parsing in the JVM instead moved every event across the Python-JVM
-boundary and paid the data source's planning workers: on one million events
-that took about 40 % longer (docs/benchmarks.md).
+and parsing in the JVM instead would move every event across the Python-JVM
+boundary and pay the data source's planning workers.
 """
 
 from __future__ import annotations

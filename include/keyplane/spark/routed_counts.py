@@ -380,9 +380,8 @@ class RoutedStageB(_RoutedStage):
     row-based ``transformWithState`` and not ``applyInPandasWithState``:
     PySpark hands the latter each group as one pandas Series per input
     column, concatenated into a frame, and takes a frame back. For stage A's
-    16 columns that cost about 5 ms per group, ten times what this stage
-    costs per group with its state calls (docs/benchmarks.md, "Live routing:
-    overhead against plain Spark").
+    many columns that costs a group far more than this stage's state calls
+    do.
     """
 
     def __init__(self, aggregate: KeyedAggregate[Any]) -> None:

@@ -255,12 +255,11 @@ class EvictPartition(InputPartition):
 
     The driver computes a switch's moves once (:meth:`RoutedEventsReader.partitions`)
     and deals them out. Each Python worker computing all of them itself, to
-    emit its share, cost it 0.2 s per 10,000 moves in the switch batch:
-    loading the new version and salting its routed keys. The moves travel as
-    plain tuples (:meth:`of`), not :class:`~keyplane.handoff.StateMove`
-    objects: Spark pickles the partition on the driver and unpickles it in
-    the task, and for 10,000 moves that took 17 ms and 9-29 ms as dataclass
-    instances, 2 ms each as tuples.
+    emit its share, would load the new version and salt its routed keys in
+    the switch batch. The moves travel as plain tuples (:meth:`of`), not
+    :class:`~keyplane.handoff.StateMove` objects: Spark pickles the partition
+    on the driver and unpickles it in the task, and tuples pickle far faster
+    than dataclass instances.
     """
 
     operator: str
@@ -380,8 +379,8 @@ def read_events(*parts: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     :mod:`keyplane.spark.routed_counts`). A task that reads several Kafka
     partitions (:class:`~keyplane.spark.kafka_source.ReadTask`) combines
     them all, as Spark's partial aggregation combines its input partition:
-    per Kafka partition, the same pair came once from each, and stage A read
-    1.7 times the rows (docs/benchmarks.md, "One row per pair and task").
+    per Kafka partition, the same pair would come once from each, and stage A
+    would read more rows.
     Stage A adds a pair's field-2 key
     ``n`` times, so an aggregate sees every event's value, and the batch's
     events are counted from its offsets, not its rows
@@ -407,8 +406,8 @@ def read_events(*parts: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     if p.prepared is not None:
         # 000 §3.4: an instance that acknowledges a PREPARE holds the new
         # configuration. Loading it here, in the batches before the switch,
-        # keeps its cost (0.1 s per worker for 10,000 routed keys) out of
-        # the switch and install batches, which route on it.
+        # keeps its cost (it grows with the routed keys) out of the switch
+        # and install batches, which route on it.
         for operator in OPERATORS:
             tables.table(p.prepared, operator)
     table_a = tables.table(p.version_a, "A")
@@ -490,9 +489,9 @@ def event_time(ts_ms: int) -> datetime:
 
     ``datetime.fromtimestamp(ts_ms / 1000)`` goes through a float, whose
     53 bits hold a time of the events' range (years 1 to 9999) only to some
-    microseconds: it put most times up to 15 µs off (9999-12-31T23:59:59.999
-    became …59.998993), and an event's ``ts`` in ``tuples`` mode differed
-    from the same event's in ``pairs`` mode, which Arrow computes in integers.
+    microseconds (9999-12-31T23:59:59.999 would become …59.998993), and an
+    event's ``ts`` in ``tuples`` mode would differ from the same event's in
+    ``pairs`` mode, which Arrow computes in integers.
     """
     return _EPOCH + timedelta(milliseconds=ts_ms)
 

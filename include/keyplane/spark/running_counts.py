@@ -52,7 +52,7 @@ def parse_events(
     ``checkpoint`` in ``time_mode`` (:func:`keyplane.spark.watermark.with_stage_watermark`).
 
     ``ts`` is the event's time, exact to the millisecond (``timestamp_millis``
-    computes in integers; ``ts / 1000`` as a double was off by microseconds).
+    computes in integers; ``ts / 1000`` as a double is off by microseconds).
     The watermark is not on it (:func:`keyplane.spark.watermark.with_stage_watermark`).
     """
     parsed = raw.select(F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e"))
@@ -105,8 +105,7 @@ class CountBySecondKey(StatefulProcessor):
     limits throughput on keys with many distinct values. A row-based
     ``transformWithState`` costs a group its state calls only;
     ``applyInPandasWithState`` would also build a pandas frame in and out of
-    every group (docs/benchmarks.md, "Live routing: overhead against plain
-    Spark").
+    every group.
     """
 
     def init(self, handle: StatefulProcessorHandle) -> None:

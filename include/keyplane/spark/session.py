@@ -32,17 +32,13 @@ def jit_options() -> str:
     rollout's hand-off rows are rows the job's hot code never saw: non-null
     columns that every event row leaves null, JSON strings long enough to
     grow the row buffer, control-group values outside the Basic Multilingual
-    Plane. In the switch batch they tripped those traps in Spark's generated
-    projections and in the shuffle's sort: 33 deoptimizations in the stage
-    that reads the source and 34 in stage A, against 0 to 3 per stage in
-    other batches (Java Flight Recorder). Each sends a hot method back to
-    the interpreter, and C2 compiles it again while the batch runs, on the
-    cores the tasks use (1.07 s of compilation in that stage against
-    0.27-0.35 s). With no trap budget C2 compiles those branches from the
-    start: the source stage's share of a rollout's extra time fell from
-    0.10-0.18 s to 0.02-0.04 s. But C2's code may then be a little slower
-    everywhere, 1-3 % of every batch, so it is not the default
-    (docs/benchmarks.md, "A live reconfiguration that moves 10k keys").
+    Plane. In the switch batch they trip those traps in Spark's generated
+    projections and in the shuffle's sort, many times more than in other
+    batches. Each sends a hot method back to the interpreter, and C2
+    compiles it again while the batch runs, on the cores the tasks use.
+    With no trap budget C2 compiles those branches from the start, which
+    shrinks a rollout's extra time. But C2's code may then be a little
+    slower everywhere, in every batch, so it is not the default.
     """
     return Settings().jvm_jit_options
 
@@ -77,8 +73,8 @@ def build_session(
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
         # A commit writes the batch's changed rows (a changelog) instead of
-        # uploading a RocksDB snapshot: measured, the snapshot was ~70 % of a
-        # stateful stage's time per batch. Snapshots are then made in the
+        # uploading a RocksDB snapshot, which would be most of a stateful
+        # stage's time per batch. Snapshots are then made in the
         # background. Existing checkpoints take it as they are.
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.driver.memory", "2g")
@@ -109,18 +105,16 @@ def use_file_system_checkpoint_manager(spark: SparkSession) -> str | None:
     where a ``FileSystem`` rename is atomic. Spark prefers ``FileContext``,
     whose rename can replace the target; Hadoop's local ``FileSystem`` rename
     refuses an existing one, which keyplane's own manager (below) mends. On
-    the local file system the ``FileContext`` path was slow:
-    each state store partition's commit, which writes one small changelog
-    file, took 40-75 ms, about a third of a keyed stage's task; through
-    ``FileSystem`` the same commits took 0-15 ms (docs/benchmarks.md,
-    "Committing state").
+    the local file system the ``FileContext`` path is slow: each state store
+    partition's commit, which writes one small changelog file, costs a large
+    share of a keyed stage's task, several times what it costs through
+    ``FileSystem``.
 
     Where the session has keyplane's jar, its manager is Spark's ``FileSystem``
     one that creates local files in Java (``LocalCheckpointFileManager.java``):
     Hadoop's local file system, without its native library, starts a
-    ``chmod`` process for every file it creates, 11-16 ms each, and a query
-    creates one per stateful partition in each batch, and two on the driver
-    (docs/benchmarks.md, "Creating checkpoint files without a process each").
+    ``chmod`` process for every file it creates, and a query creates one per
+    stateful partition in each batch, and two on the driver.
     Checkpoints written by either manager are read by the other.
     """
     jvm = spark.sparkContext._jvm

@@ -53,8 +53,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>Unlike the Python stages, a task writes some rows once for all its groups, in its first
  * closing group ({@link Stage#endOfTask}): stage A its events for B, one row per (field-2 key,
  * routed key of B) with their weights summed, and its heaviest pairs per B instance; stage B its
- * {@code hop} rows. Per group, they were about two fifths of B's input and four fifths of the
- * rows collected (docs/benchmarks.md, "One row per task").
+ * {@code hop} rows. Written per group, they would be a large share of B's input and most of the
+ * rows collected.
  *
  * <p>A rollout's moves arrive per instance, not per routed key: one {@code installs} row in an
  * opening control group (it sorts before every routed key) and one {@code evicts} row in a
@@ -65,9 +65,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * order of the groups makes this exact.
  *
  * <p>Why a second implementation: PySpark serves each state call of a Python {@code
- * transformWithState} with a socket round trip to the executor's JVM, about 0.46 ms per group on
- * the reference machine, five times what a key of Spark's own count costs (docs/benchmarks.md,
- * "The floor under a Python stateful stage"). In the JVM a state call is a method call. Users'
+ * transformWithState} with a socket round trip to the executor's JVM, which dominates a Python
+ * stage's cost per group, several times what a key of Spark's own count costs. In the JVM a state call is a method call. Users'
  * own aggregates keep running in Python; the running count, whose state is a number, runs here.
  */
 public final class RoutedStages {

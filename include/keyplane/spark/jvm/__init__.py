@@ -1,10 +1,9 @@
 """The routed stages of the running count in the JVM: build, find and call them.
 
 Both routed stages are stateful processors whose every state call crosses
-from a Python worker to the executor's JVM: about 0.46 ms per group on the
-reference machine, five times what a key of Spark's own count costs
-(docs/benchmarks.md, "The floor under a Python stateful stage"). The
-reference application's aggregate, :class:`~keyplane.aggregates.RunningCount`,
+from a Python worker to the executor's JVM, a socket round trip per group
+that dominates a Python stage's cost, several times what a key of Spark's
+own count costs. The reference application's aggregate, :class:`~keyplane.aggregates.RunningCount`,
 keeps a number, so its stages run as Java ``StatefulProcessor``\\ s
 (``RoutedStages.java`` beside this file) that speak the same protocol and
 write the same rows as :mod:`keyplane.spark.routed_counts`, in Spark's own
