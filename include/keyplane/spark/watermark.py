@@ -12,12 +12,10 @@ Why not event time. Checkpoints written by earlier versions of keyplane ran stag
 event-time mode, once thought needed for a second stateful operator to follow
 the first (PySpark 4.3 chains two ``transformWithState`` stages without it). In
 that mode Spark scans the stage's timers after every task's rows although none
-is ever set (49 ms of task time a 50,000-event batch on the reference machine,
-about 2 % of the batch: within the runs' spread of throughput), keeps timer
-column families in every state partition, and needs a watermark, which could
-drop rows (below) and makes batches without input (docs/benchmarks.md, "Stage
-A without a time mode"). Such a checkpoint keeps event time, read from Spark's
-operator metadata (:func:`checkpoint_time_mode`), and the job carries on with it.
+is ever set, keeps timer column families in every state partition, and needs a
+watermark, which could drop rows (below) and makes batches without input. Such
+a checkpoint keeps event time, read from Spark's operator metadata
+(:func:`checkpoint_time_mode`), and the job carries on with it.
 
 What an event-time checkpoint's watermark must not do is drop rows. Spark drops
 each input row of an event-time ``transformWithState`` whose event time is at or
