@@ -48,9 +48,8 @@ HotAssignment = dict[int, tuple[int, ...]]
 BULK_CANDIDATES = 48
 """From this many candidates on, a hot key's tuples in a segment are placed in
 bulk by :func:`greedy_fill` instead of one ``min`` over the candidates per
-tuple, which costs O(d) interpreted steps per tuple. Measured crossover: at
-d = 32 the per-tuple loop is still cheaper than greedy_fill's fixed cost of
-some twenty numpy calls, at d = 64 it takes twice as long."""
+tuple, which costs O(d) interpreted steps per tuple; below it, the per-tuple
+loop is cheaper than greedy_fill's fixed cost of some twenty numpy calls."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ find it. Its stdout and stderr go to ``<home>/job/job.log``, and
 ``<home>/job/aggregates.json`` names the stages' keyed aggregates
 (:mod:`keyplane.aggregates`) whose states the checkpoint holds.
 
-Start returns once the job is demonstrably up, because Spark takes 10-20 s to
+Start returns once the job is demonstrably up, because Spark takes seconds to
 start and most failures (Kafka, the configuration store, the signing key)
 show up only when the query plans its first batch. Up means a ``progress``
 line in the log (a batch that read events) or a new commit in the

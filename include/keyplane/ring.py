@@ -43,7 +43,7 @@ BUCKETS = 2**32
 
 BUCKET_CACHE_SLOTS = 1 << 18
 """Slots of the direct-mapped cache of key buckets (4 MiB). Why a cache: SHA-1
-costs about a microsecond per key in Python, and a skewed stream repeats its
+costs a Python call per key, and a skewed stream repeats its
 frequent keys constantly. Why direct-mapped: a lookup is then a few numpy
 operations on the whole chunk, with no per-key Python work on a hit; a
 colliding key only evicts one other key."""

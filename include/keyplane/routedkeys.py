@@ -658,9 +658,9 @@ class RoutedKeyTable:
         """:meth:`route` of each distinct key of ``keys``, the hash fallback's salts searched
         at once (:func:`find_salts`), for a reader that routes a chunk of tuples.
 
-        A scaled-in operator's new keys each need a salt search: for 20,000
-        of them, one at a time took 1 s over 4 instances and 20 s over 200;
-        at once, 0.1 s and 0.4 s. Kept keys cost the same either way.
+        A scaled-in operator's new keys each need a salt search, which costs
+        far less done for all of them at once than one at a time, the more so
+        the more instances. Kept keys cost the same either way.
         """
         found: dict[str, list[str]] = {}
         fallback: list[str] = []
@@ -700,8 +700,8 @@ class RoutedKeyTable:
         """The grouping value the hash fallback gives ``key``, its salt searched alone.
 
         :meth:`_fallback_values` of one key, but searched by :func:`find_salt`:
-        for a single key, :func:`find_salts` took 7 times as long over 8
-        instances and 1.4 times over 64.
+        for a single key, :func:`find_salts`' vectorised search costs more
+        than it saves.
         """
         target = self._salt_target(key, spark_partition(key, self.n_instances))
         if target is None:

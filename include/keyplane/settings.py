@@ -24,7 +24,7 @@ that reading the settings imports no Arrow."""
 
 NO_TRAP_JIT_OPTIONS = "-XX:PerMethodTrapLimit=0"
 """HotSpot options with which C2 compiles rarely taken branches instead of trapping on them:
-a rollout's extra work fell by about a fifth, every batch's may rise by 1-3 %
+less of a rollout's extra work, a little more of every batch's
 (:func:`keyplane.spark.session.jit_options` says why). Here, like
 :data:`MAX_EVENT_BYTES`, so that reading the settings imports no Spark."""
 
@@ -141,8 +141,8 @@ class Settings(BaseSettings):
         default="",
         description="HotSpot options for the Spark driver and executors, before any "
         "extraJavaOptions of the job's own. Empty (the default): the JVM's own. "
-        f"'{NO_TRAP_JIT_OPTIONS}' trades up to 3 % of every batch for a fifth of a "
-        "rollout's extra work (docs/benchmarks.md).",
+        f"'{NO_TRAP_JIT_OPTIONS}' trades a little of every batch's time for less of a "
+        "rollout's extra work.",
     )
     handoff_primers: bool = Field(
         default=True,

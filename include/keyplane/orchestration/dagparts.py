@@ -56,8 +56,7 @@ with a wait for its ACK and one for each operator's MIGRATED, and
 waves is known only once the run has planned, so it is bounded here. A
 change that needs more fails in ``compute_configuration``, before anything
 is stored, naming the smallest ``max_moves_per_wave`` that fits. Each wave
-costs a rollout's fixed part again, so more than a few gain nothing
-(docs/benchmarks.md, "A live reconfiguration that moves 10k keys").
+costs a rollout's fixed part again, so more than a few gain nothing.
 """
 
 ROLL_OUT_WAVES_WAITS = (MAX_WAVES_PER_RUN - 1) * (1 + len(OPERATORS))
