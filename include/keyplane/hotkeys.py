@@ -65,12 +65,11 @@ class FishSettings:
             tails routed by two choices (PKG), but FISH routes a cold key to
             one worker, so nothing evens out the cold load afterwards: a key
             just under 1/(5n) carries a fifth of a worker's fair share, and
-            at 128 workers on Zipf 1.0 four such keys met on one worker,
-            whose cold load alone was 1.5x its share (1.12x shuffle's
-            execution time). Under 1/(10n) a cold key carries at most a
-            tenth; FISH then stays within 1.002x shuffle at 16–128 workers
-            (three seeds) for 1.01–1.37x fields grouping's memory, inside
-            the 1.11–2.61x 001 §6.2 reports (``docs/reproduction/001-fish.md``).
+            on many workers a few such keys meeting on one overload it by
+            their cold load alone. Under 1/(10n) a cold key carries at most a
+            tenth; FISH then keeps shuffle grouping's balance for a memory
+            cost inside the range 001 §6.2 reports
+            (``docs/reproduction/001-fish.md``).
         d_min: fewest workers a hot key gets (001 Algorithm 2). Default 2: a hot
             key gets at least the two choices of partial key grouping.
         decay: factor all counts are multiplied by at each epoch end (001
@@ -180,8 +179,8 @@ def hot_key_worker_count(frequency: float, max_frequency: float, n_workers: int,
     below average, and only hot tuples can fill the gaps, so some hot key
     must be able to reach every worker. A rule that shares the cluster among
     the hot keys by ``n · f / F_hot`` (``F_hot`` the hot keys' total) leaves
-    gaps: on Zipf(1.2) over 16 workers, 3 workers were reached by no hot key
-    and max/avg load stayed at 1.13. Memory stays bounded: only hot keys are
+    gaps: some workers are reached by no hot key, and the load stays
+    unbalanced. Memory stays bounded: only hot keys are
     split, and there are at most ``1/θ`` of them.
     """
     if n_workers < 1:

@@ -21,10 +21,11 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * <p>Why: without Hadoop's native library (the pyspark wheel has none), Hadoop's local file
  * system sets the permission of every file it creates by starting a {@code chmod} process, and a
  * streaming query creates several files in every micro-batch: its offset and commit log entries on
- * the driver, and a changelog for each partition of each stateful operator in its tasks. Here a file is opened with {@code java.nio}, which creates it
- * with the mode Hadoop would have set (0666 under the process's umask, Hadoop's default umask
- * being the usual 022) in one system call. The file has no Hadoop {@code .crc} checksum beside
- * it, as with Spark's {@code FileContext} manager; Hadoop reads a file without one unchecked.
+ * the driver, and a changelog for each partition of each stateful operator in its tasks. Here a
+ * file is opened with {@code java.nio}, which creates it with the mode Hadoop would have set (0666
+ * under the process's umask, Hadoop's default umask being the usual 022) in one system call. The
+ * file has no Hadoop {@code .crc} checksum beside it, as with Spark's {@code FileContext} manager;
+ * Hadoop reads a file without one unchecked.
  *
  * <p>The rename keeps the contract of Spark's {@code RenameHelperMethods}, which Hadoop's local
  * {@code rename} does not: it refuses an existing target, so Spark's own manager silently keeps

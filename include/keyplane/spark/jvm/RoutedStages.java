@@ -66,8 +66,9 @@ import scala.jdk.javaapi.CollectionConverters;
  *
  * <p>Why a second implementation: PySpark serves each state call of a Python {@code
  * transformWithState} with a socket round trip to the executor's JVM, which dominates a Python
- * stage's cost per group, several times what a key of Spark's own count costs. In the JVM a state call is a method call. Users'
- * own aggregates keep running in Python; the running count, whose state is a number, runs here.
+ * stage's cost per group, several times what a key of Spark's own count costs. In the JVM a
+ * state call is a method call. Users' own aggregates keep running in Python; the running count,
+ * whose state is a number, runs here.
  */
 public final class RoutedStages {
   private RoutedStages() {}
