@@ -26,49 +26,22 @@ delivers them in:
    moved states to the migration topic; the next batch installs them.
 
 Stage A sends each of its output rows to the routed key of stage B that the
-source chose for the row's pair (``rb``,
-:func:`keyplane.spark.routed_source.read_events`). What it sends is the job's ``forward`` mode
-(:data:`~keyplane.events.Forward`): in ``pairs`` mode one row
-per (field-2 key, B version) and batch with the number of tuples ``n``; in
-``tuples`` mode every tuple, ``n`` = 1, with its padding (``pad``), as the
-application of paper 000 §4.1 forwards tuples, so that the A→B shuffle
-carries the bytes a locality-aware table can keep on one executor (000
-§4.2). Stage B counts ``n`` either way, so the counts are the same.
+source chose for the row's pair (``rb``). The job's ``forward`` mode
+(:data:`~keyplane.events.Forward`) says what: one row per (field-2 key, B
+version) and batch with its tuple count ``n`` (``pairs``), or every tuple
+with its padding, as paper 000 §4.1-4.2 forwards them, so that the A→B
+shuffle carries the bytes a locality-aware table keeps on one executor
+(``tuples``). Both stages report where they ran, read from ``TaskContext``,
+so placement is observed, not assumed.
 
-Both stages report where they ran, read inside the operator from
-``TaskContext``, so placement is observed, not assumed.
-
-For the reference application's running count, the same two stages also
-exist in the JVM (:mod:`keyplane.spark.jvm`), with the same protocol and the
-same output; :func:`routed_running_counts` picks the engine
-(:data:`StageEngine`). The Python stages of this module run any aggregate.
-
-Both stages are row-based ``transformWithState`` processors without a time
-mode; on a checkpoint written in event-time mode, which keeps it for life,
-stage A runs in it, its watermark on a column on which no row is ever late, so
-no event is dropped however far behind the others its time is
-(:mod:`keyplane.spark.watermark`). PySpark
-builds each row such a stage reads cell by cell and serves each state call
-with a round trip to the JVM, so a stage costs per column of its rows and
-per group: the fields only control rows use travel packed in one JSON
-column, ``ctl`` (:func:`_narrow_input`), and stage A's partial travels once
-per group and batch, not on the rows it sends stage B.
-
-Output (:data:`ROUTED_OUTPUT_SCHEMA`), by ``kind``:
-
-* ``count`` — a routed key's partial (``stage, key, routed_key, instance,
-  count, state``); a tombstone has ``count`` 0, the encoded zero and no
-  instance;
-* ``moved`` — a state leaving ``routed_key`` for ``target`` (``marker``: the
-  switch batch's plan id);
-* ``hop`` — ``n`` tuples went from stage-A instance ``upstream`` (on
-  ``upstream_executor``) to stage-B instance ``instance`` (on ``executor``):
-  the traffic matrix, from which loads and locality follow;
-* ``pair`` — heavy (a, b) pairs that reached stage-B instance ``instance``
-  (``detail`` = a): here each group's heaviest; the JVM stages report each
-  stage-A task's heaviest per instance (``RoutedStages``), and the metrics
-  keep an instance's heaviest of either (:func:`keyplane.batchmetrics.traffic_metrics`);
-* ``invalid`` — a record that was not a valid event (``detail``: why).
+The Python stages run any aggregate; for the running count
+:func:`routed_running_counts` may pick the same stages in the JVM
+(:mod:`keyplane.spark.jvm`, :data:`StageEngine`), with the same protocol and
+output. Both are row-based ``transformWithState`` processors without a time
+mode. PySpark builds each row cell by cell and serves each state call with a
+round trip to the JVM, so the fields only control rows use travel packed in
+one JSON column, ``ctl`` (:func:`_narrow_input`), and stage A's partial
+travels once per group and batch, not on the rows it sends stage B.
 """
 
 from __future__ import annotations
@@ -108,6 +81,21 @@ ROUTED_OUTPUT_SCHEMA = (
     "state STRING, target STRING, marker LONG, upstream INT, n LONG, executor STRING, "
     "upstream_executor STRING, detail STRING"
 )
+"""The stages' output rows, by ``kind``:
+
+* ``count`` — a routed key's partial (``stage, key, routed_key, instance,
+  count, state``); a tombstone has ``count`` 0, the encoded zero and no
+  instance;
+* ``moved`` — a state leaving ``routed_key`` for ``target`` (``marker``: the
+  switch batch's plan id);
+* ``hop`` — ``n`` tuples went from stage-A instance ``upstream`` (on
+  ``upstream_executor``) to stage-B instance ``instance`` (on ``executor``):
+  the traffic matrix, from which loads and locality follow;
+* ``pair`` — heavy (a, b) pairs that reached stage-B instance ``instance``
+  (``detail`` = a): here each group's heaviest; the JVM stages report each
+  stage-A task's heaviest per instance (``RoutedStages``), and the metrics
+  keep an instance's heaviest of either (:func:`keyplane.batchmetrics.traffic_metrics`);
+* ``invalid`` — a record that was not a valid event (``detail``: why)."""
 STATE_SCHEMA = "state STRING, count LONG, marker LONG"
 TOP_PAIRS_PER_GROUP = TOP_PAIRS_PER_INSTANCE
 """Pairs a stage-B group reports per batch: as many as the metrics keep per instance.

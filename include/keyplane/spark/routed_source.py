@@ -7,10 +7,9 @@ sources' ``latestOffset``. So this source is where keyplane's driver side of
 the reconfiguration protocol lives (paper 000 §3.4): at each boundary it
 
 1. reads the new control messages (:class:`~keyplane.kafka.control.ControlChannel`)
-   and feeds them to the job's :class:`~keyplane.protocol.JobProtocol`; one it
-   will not act on (unsigned or wrongly signed, stale, for a configuration
-   it cannot load) is refused: one log line with the reason, a count in the
-   batch's metrics, no reply, and the job stays on its last good version;
+   and feeds them to the job's :class:`~keyplane.protocol.JobProtocol`, which
+   refuses (one log line, a count in the metrics, no reply) one that is
+   unsigned, stale or for a configuration it cannot load;
 2. fixes the batch's routing with :meth:`JobProtocol.begin_batch`;
 3. publishes the protocol's replies (ACK, MIGRATED);
 4. returns an *offset* that holds everything the batch needs: the events
@@ -23,59 +22,22 @@ routing, the same evictions and the same installs: counts stay exact across
 driver restarts with no checkpoint of keyplane's own.
 
 What the batch reads, as rows of :data:`ROUTED_INPUT_SCHEMA` distinguished
-by ``kind`` (one input partition per events partition with new events, each
-also reading its share of the evict and install rows,
-:meth:`RoutedEventsReader.partitions`):
-
-* ``event`` — one per event, its stage-A routed key ``ra`` and its stage-B
-  routed key ``rb`` computed here from the planned versions (so no Python UDF
-  and no join on the data path; ``vb`` is B's version);
-* ``evict`` — for every state move of an operator switching in this batch:
-  "after your last tuples, hand your state to ``target_rk``";
-* ``install`` — the moved states that the previous batch wrote to the
-  migration topic: "add this state before your first tuple".
-* ``evicts`` and ``installs`` — the same moves, many to a row: with the
-  ``handoff`` option ``per-instance`` (the JVM stages), one row per stage and
-  instance lists that instance's moves as JSON, and travels in a control
-  group that runs before (installs) or after (evictions) every routed key's
-  group (:func:`install_groups`, :func:`evict_groups`). A moved key then
-  costs its stage no group call of its own.
-* ``invalid`` — a record that is not a valid event, with the reason, so the
-  sink can dead-letter it and nothing is silently dropped.
-
-With ``per-instance`` hand-offs, every batch of events also carries *end
-rows* (:func:`batch_end_rows`): an ``evicts`` row per stage and instance with
-an empty list of moves, in the instance's closing group. They change no
-state; they tell each task of the JVM stages that its routed keys' groups
-are done, so that it writes what it gathered over them
-(``RoutedStages.Stage.endOfTask``). By default they come as *primers*
-(:func:`primer_rows`), which add an ``installs`` row per stage and instance
-and pad both, so that the JVM's compiler has seen the hand-off rows' shape
-long before a rollout sends real ones.
-
-The ``forward`` option (:data:`keyplane.events.Forward`) says what stage A
-sends stage B. ``pairs`` (the default): one row per (field-1 routed key,
-field-2 key) and batch, with a weight, so the event's padding is parsed and
-dropped here. ``tuples``: every tuple, as the application of paper 000 §4.1
-forwards it, so the rows carry the event's ``pad`` (a string; other types are
-not carried) in one more column, and the A→B shuffle moves the tuples' bytes.
-Only ``tuples`` rows have that column, so ``pairs`` pays nothing for it.
+by ``kind`` (:meth:`RoutedEventsReader.partitions`): ``event`` rows with
+their stage-A and stage-B routed keys computed here from the planned
+versions (no Python UDF and no join on the data path); ``evict`` and
+``install`` rows for the states moving in this batch, or ``evicts`` and
+``installs`` rows that carry an instance's moves together in a control group
+(``per-instance`` hand-offs, the JVM stages: :func:`install_groups`,
+:func:`evict_groups`, :func:`batch_end_rows`); and ``invalid`` rows, so that
+the sink dead-letters a bad record rather than dropping it.
 
 The switch batch routes its tuples with the *old* version, so the old group
 sees every tuple up to the switch before it hands over, and the new group
 gets its state in the same batch as its first tuples. No tuple ever reaches a
 group before its state, which is what the buffer of 000 §3.4 guarantees.
-
 Rows addressed to stage B travel through stage A under a reserved grouping
-value (``CONTROL_PREFIX``) that no key can take (:mod:`keyplane.routedkeys`
-escapes every key whose value could start like one), and stage A forwards
-them; there is one such group per instance (:func:`control_group`).
-
-An event row's ``ts`` is the event's own time, as data: the stages run
-without a time mode, or, on a checkpoint written in event time, with a
-watermark on a column of their own, on which no row is ever late
-(:mod:`keyplane.spark.watermark`), so an event whose time is far behind the
-others is counted like any other.
+value (``CONTROL_PREFIX``, :func:`control_group`) that no key can take
+(:mod:`keyplane.routedkeys`).
 """
 
 from __future__ import annotations
