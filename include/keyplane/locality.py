@@ -9,15 +9,11 @@ within an imbalance bound α (000 §3.1):
 
 1. Build the bipartite key graph: a vertex per key of either stage weighted by
    the key's frequency, an edge per pair weighted by its count (000 §3.3).
-2. Take out the *heavy* keys, whose weight alone exceeds α times the mean
-   instance load of the stage. A single such key caps the balance: its
-   instance is over the bound whatever else it holds, so no partition can
-   meet α. The mean is the stage's, heavy keys included: taking one key out
-   and re-testing the next against a lower mean would cascade down a short
-   key list until every key is "heavy". They are returned as heavy keys for
-   the hot-key splitter (paper 001 §4.2) to spread over several instances, or
-   pinned to the least loaded instance on request (as many as the table
-   budget has room for; the others are split).
+2. Take out the *heavy* keys, whose weight alone exceeds α times the stage's
+   mean instance load (heavy keys included, so that the test does not
+   cascade): no partition can meet α with one. They go to the hot-key
+   splitter (paper 001 §4.2), or are pinned to the least loaded instance on
+   request, as far as the table budget has room.
 3. Keep the most valuable keys within the table budget: first by the pair
    weight they can make local, then by frequency. Other keys use the hash
    fallback (000 §3.3), which fixes their instance: the caller says where
@@ -25,26 +21,18 @@ within an imbalance bound α (000 §3.1):
    :func:`spark_workers`, the placement the job uses).
 4. Partition the table keys with METIS (000 §3.3), target part sizes set to the
    capacity the hashed keys leave on each instance.
-5. METIS balances one constraint only (pymetis passes one weight per vertex),
-   while α must hold for each stage separately, and METIS may overshoot its own
-   tolerance. A greedy pass therefore moves the cheapest keys (locality lost
-   per unit of load moved) out of overloaded instances. When no key fits, it
-   takes the move (beyond the bound) or split of a key of the overloaded
-   instance that saves most batch time under the
-   :class:`~keyplane.costmodel.CostModel` (straggler time saved against remote
-   tuples added), and stops when none saves any: the stage may stay above α,
-   and at most half a stage's keys are split. Splitting
-   keys one after another just to meet α on the training window trades real
-   locality for an in-sample balance the next window does not keep.
-   (``split_rule="alpha"`` keeps the older rule, which always splits until
-   α holds, for comparisons.)
+5. METIS balances one constraint only, while α must hold for each stage, and
+   may overshoot its tolerance. A greedy pass moves the cheapest keys (locality
+   lost per unit of load moved) out of overloaded instances; when none fits, it
+   moves or splits the key that saves most batch time under the
+   :class:`~keyplane.costmodel.CostModel`, and stops when none saves any (or
+   half a stage's keys are split), since splitting just to meet α on the
+   training window buys a balance the next window does not keep
+   (``split_rule="alpha"`` splits until α holds, for comparisons).
 
-What the balance counts, here and in :func:`evaluate`. The load of an
-instance in a stage is the summed weight of that stage's keys placed on it:
-table keys at their table instance, hashed keys (known keys outside the table)
-at their hash instance, and each split key's weight spread evenly over the
-instances, as the splitter spreads it. Pinned heavy keys are counted where
-pinned.
+An instance's load (here and in :func:`evaluate`) is the summed weight of the
+stage's keys placed on it: table keys at their table instance, hashed keys at
+their hash instance, split keys spread evenly, pinned keys where pinned.
 
 :func:`choose_plan` is the planner: it builds a plan with balance headroom
 sized from the drift :class:`PairHistory` measured, keeps it only if the cost

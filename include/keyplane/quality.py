@@ -26,34 +26,19 @@ batch, and the frames have different columns):
   instance's predicted load from the statistics keeps max/mean within α.
 
 The last check does not trust the planner's own imbalance figure: it routes
-the statistics' per-key loads through the configuration exactly as the job
-will (:func:`keyplane.routedkeys.predicted_instance_loads`: table entry,
-hot-key split, else Spark's hash fallback, folded when scaled in), so a
-configuration that was mistranslated or tampered with after planning fails
-even when the plan's prediction looks fine. It shares that routing with the
-planner on purpose: what is independent is the figure, recomputed from the
-configuration as published, not the rules of routing, which are the job's.
-The configuration here may not have passed the model's validation; a route
-to an instance outside ``[0, P)`` carries no load in that recomputation, and
-the keys suite reports it.
+the statistics' per-key loads through the configuration as published, exactly
+as the job will (:func:`keyplane.routedkeys.predicted_instance_loads`), so a
+configuration mistranslated or tampered with after planning fails even when
+the plan's prediction looks fine; a route outside ``[0, P)`` carries no load
+there, and the keys suite reports it.
 
-Thresholds that change between runs (α lives in the frames; d_min, the
-locality tolerance, the sample minimums and the expected offset window are
-suite parameters) are supplied at run time, so the stored suites never change
-and creating the context twice leaves exactly one copy of each.
-
-Great Expectations is imported lazily: importing it takes several seconds
-(over ten on a small machine), and Airflow parses DAG files that import this
-module under a timeout.
-
-One validation at a time per ``gx_root``. The file data context is not safe
-for concurrent writers: building it rewrites ``great_expectations.yml`` and
-the stored suites, and a checkpoint's run writes its result and rebuilds the
-Data Docs index. Both DAGs validate under one ``gx_root`` and can run at the
-same time (their ``max_active_runs`` bounds each DAG's own runs only), so
-:func:`locked_context` holds an exclusive lock on ``gx_root/.lock``
-(:func:`gx_lock`) from building the context until its checkpoints have run;
-another process's validation waits for it.
+Thresholds that change between runs are suite parameters supplied at run
+time, so the stored suites never change. Great Expectations is imported
+lazily: importing it takes seconds, and Airflow parses DAG files that import
+this module under a timeout. The file data context is not safe for
+concurrent writers, and both DAGs validate under one ``gx_root``, so
+:func:`locked_context` holds an exclusive lock (:func:`gx_lock`) from
+building the context until its checkpoints have run.
 """
 
 from __future__ import annotations

@@ -1,67 +1,42 @@
 """Routed keys: put a key on a chosen partition of a Spark stateful operator.
 
 Why this exists. keyplane treats a partition of a stateful operator as an
-operator instance (see "How the papers map onto Spark" in the design brief).
-Spark gives us no hook to say "key k goes to partition p": a stateful operator
-(``groupBy(...).applyInPandasWithState`` / ``transformWithState``) requires a
-``StatefulOpClusteredDistribution``, which Spark satisfies with
-``HashPartitioning(grouping, P)``, whose ``partitionIdExpression`` is
-``Pmod(CollationAwareMurmur3Hash(grouping), P)`` in Spark 4.3 (checked in its
-bytecode; ``Murmur3Hash`` in Spark 3.x). For a ``UTF8_BINARY`` string column,
-the default collation, both hash the same UTF-8 bytes with the same seed (42)
-as ``pyspark.sql.functions.hash``. ``df.repartition(P, col)`` builds the same
-``HashPartitioning``, so it lands a value where the stateful operator would.
+operator instance, but Spark gives no hook to say "key k goes to partition
+p": a stateful operator requires ``HashPartitioning(grouping, P)``, whose
+partition is ``Pmod(CollationAwareMurmur3Hash(grouping), P)`` in Spark 4.3
+(``Murmur3Hash`` in 3.x), over the same UTF-8 bytes and seed (42) as
+``pyspark.sql.functions.hash`` for a default-collation string.
 
 So instead of the key, the job groups by a *routed key*: the key, a separator
-and a decimal salt (``"user42#17"``). The salt is searched so that the routed
-key's Spark hash lands on the wanted partition. The routed key must be the only
-grouping column: with several, Spark chains the hash through all of them. This
-implements a routing table with hash fallback (Caneill et al., paper 000 §3.3:
-"When a key is not present in the routing table, it falls back to the standard
-hash-based routing policy") and hot-key splitting (FISH, paper 001 §4.1.2: a
-hot key is assigned to several workers, chosen by consistent hashing in §5) on
-top of Spark's own keyed state store.
+and a decimal salt (``"user42#17"``), the salt searched so that the routed
+key's hash lands on the wanted partition. It must be the only grouping
+column, since Spark chains the hash through several. This implements a
+routing table with hash fallback (paper 000 §3.3) and hot-key splitting over
+several workers (paper 001 §4.1.2, §5) on top of Spark's own keyed state store.
 
 Hash fallback. A key with no table entry is grouped by itself, so it keeps its
-natural partition ``spark_partition(key, P)``. The one exception keeps grouping
-values unambiguous: a plain key that contains the separator could equal another
-key's routed key (plain ``"a#3"`` versus key ``"a"`` with salt 3) and the two
-would then share state. Such a key is therefore also salted, to its own natural
-partition. Every grouping value either has no separator (a plain key) or is
-``key + SEPARATOR + canonical decimal salt`` (a routed key), and
-``original_key`` inverts both.
-
-Control rows. The routed job's control rows travel under grouping values of
-their own (``keyplane.spark.routed_source``), which start with a character of
-:data:`CONTROL_STARTS`: NUL, so that they sort before every key's value, or
-U+10FFFF, after. The JVM stages rely on that order (Spark calls a task's groups
-in ascending grouping-value order, checked when the job starts). So that any
-key, whatever its characters, reaches only the key space between, a key that
-is empty or starts with a control start or with :data:`ESCAPE` is *escaped*:
-its grouping value is ``ESCAPE + key`` salted to the key's own partition, like
-a key with a separator. No key is refused for its value.
+natural partition ``spark_partition(key, P)``. A plain key that contains the
+separator could equal another key's routed key (``"a#3"`` versus ``"a"`` with
+salt 3), so it is salted too, to its own natural partition; ``original_key``
+inverts both forms. Likewise a key that is empty or starts with a character of
+:data:`CONTROL_STARTS` (the routed job's control rows, which sort before or
+after every key and which the JVM stages rely on) or with :data:`ESCAPE` is
+*escaped* to ``ESCAPE + key`` and salted. No key is refused for its value.
 
 Scaled fallback. When only some instances are active (paper 003's scale-in,
-see :class:`keyplane.config.OperatorRouting`), a key whose natural partition
-is inactive is salted onto ``fold_instance(natural)``: the inactive partitions
-are dealt round robin over the active ones, as Stela deals the instances of
-released machines (003 §5.3), so every key of one natural partition lands on
-the same active instance, like a Flink key group.
+:class:`keyplane.config.OperatorRouting`), a key whose natural partition is
+inactive is salted onto ``fold_instance(natural)``: inactive partitions are
+dealt round robin over the active ones, as Stela deals released machines'
+instances (003 §5.3), so one natural partition's keys stay together.
 
-Routed loads. :func:`routed_shares` and :func:`predicted_instance_loads`
-answer, for a whole :class:`keyplane.config.OperatorRouting`, where the keys'
-tuples land when the job routes them as above: they are the one prediction
-of per-instance load that the planner, its backtest, the snapshot's traffic
-matrix and the configuration gate all use, so they cannot disagree on it.
-
-``P`` must be the number of state partitions of the query, which is
-``spark.sql.shuffle.partitions`` when the checkpoint was first created; Spark
-keeps it fixed for the life of the checkpoint.
-
-The hash is pure Python and numpy, no Spark import, so the control plane can
-compute routing without a JVM. The vectorised salt search hashes only the
-bytes after the key's last whole 4-byte block, since Murmur3's state after the
-shared prefix blocks is the same for every salt.
+:func:`routed_shares` and :func:`predicted_instance_loads` are the one
+prediction of per-instance load that the planner, its backtest, the
+snapshot's traffic matrix and the configuration gate all use. ``P`` is the
+query's number of state partitions, fixed by ``spark.sql.shuffle.partitions``
+when the checkpoint was created. The hash is pure Python and numpy, so the
+control plane routes without a JVM; the vectorised salt search hashes only
+the bytes after the key's last whole 4-byte block, since Murmur3's state
+after the shared prefix is the same for every salt.
 """
 
 from __future__ import annotations
