@@ -27,29 +27,22 @@ Kafka delivers at least once, and a driver or an Airflow task may be killed
 and retried at any point, so every step is idempotent: a duplicate changes
 nothing and earns the reply the original earned. Messages that arrive early
 are held until they apply (a PROPAGATE before its PREPARE, a PREPARE while
-another reconfiguration is still in flight, the controller's next step read
-by a restarted driver before it has planned again the install that the step
-follows); messages that can never apply are ignored with a reason. A version
-that was finished or aborted is never prepared again: configuration versions
-only grow, and a rollback publishes a new version with the old contents. An
-ABORT puts every operator back on the active version at once; an operator
-that had already routed a batch on the aborted version hands its state back
-the same way it handed it over.
+another reconfiguration is in flight); messages that can never apply are
+ignored with a reason. Versions only grow: a rollback publishes a new version
+with the old contents. An ABORT puts every operator back on the active
+version at once, handing back any state already handed over.
 
 Micro-batches make two things simpler than in the paper. A batch is planned
-atomically, so the job records which version routes each operator in the
-batches Spark may still replay; a replayed batch then routes exactly as it
-did the first time, which keeps counts exact across driver restarts. And a
-batch is a barrier: the paper propagates operator by operator, waiting for
-each to migrate, so that once an instance has handed a key's state over, no
-tuple of that key is still on its way to it under the old routing. In a
-micro-batch job every row of a batch, in every stage, is routed by that
-batch's plan and no row outlives its batch, so that guarantee holds as soon
-as the operators switch in the same batch. keyplane keeps the paper's order
-(an operator is never propagated before its upstream, nor migrated before
-it) but lets the controller propagate every operator at once: the whole
-rollout then takes the ACK's batch, one switch batch and one install batch,
-instead of two batches per operator.
+atomically, and the job records which version routes each operator in the
+batches Spark may replay, so a replayed batch routes as it did the first time
+and counts stay exact across driver restarts. And a batch is a barrier: every
+row of a batch is routed by that batch's plan and no row outlives it, so the
+paper's guarantee (no tuple of a moved key still on its way to the old
+instance) holds as soon as the operators switch in the same batch. keyplane
+keeps the paper's order (no operator propagated before its upstream, nor
+migrated before it) but lets the controller propagate every operator at
+once: a rollout takes the ACK's batch, one switch batch and one install
+batch, not two batches per operator.
 """
 
 from __future__ import annotations
