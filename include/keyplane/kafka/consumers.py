@@ -12,14 +12,14 @@ worker's consumer connects once.
 A lent consumer is its borrower's alone: the pool hands out an idle consumer
 of the same topic or makes a new one. It is lent for one topic because
 kafka-python keeps metadata only for the topics a consumer is assigned: a
-consumer moved to another topic waits out a metadata refresh backoff,
-about 100 ms, before its first fetch. The borrower assigns the partitions
-it reads and seeks to where it starts. It must not rely on fetch state it did
-not set: kafka-python keeps a partition's state (position, high watermark)
-when a consumer is assigned the same partitions again, and records fetched
-for the last borrower are dropped only because their offsets no longer match
-the position. A borrower that fails closes the consumer instead of
-returning it (its state is unknown).
+consumer moved to another topic waits out a metadata refresh backoff
+(``retry_backoff_ms``, 100 ms by default) before its first fetch. The borrower
+assigns the partitions it reads and seeks to where it starts. It must not rely
+on fetch state it did not set: kafka-python keeps a partition's state
+(position, high watermark) when a consumer is assigned the same partitions
+again, and records fetched for the last borrower are dropped only because
+their offsets no longer match the position. A borrower that fails closes the
+consumer instead of returning it (its state is unknown).
 Consumers are per process: a forked child (Spark's Python workers are forked
 from a daemon) never uses its parent's sockets, it starts a pool of its own.
 """
