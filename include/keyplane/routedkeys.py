@@ -81,8 +81,8 @@ FOLDS_KEPT = 1 << 15
 A key whose natural partition is inactive is salted onto an active one, a
 search of about ``n`` hashes, so a table keeps the result for the key's next
 tuples. A table lives as long as its Python worker, and a stream's distinct
-keys keep coming: unbounded, the kept values grew by 2.5 MB for every 20,000
-new keys. The least recently routed go first; 2^15 values take about 7 MB.
+keys keep coming, so the kept values are bounded: the least recently routed
+go first.
 """
 
 _MASK = 0xFFFFFFFF

@@ -458,8 +458,7 @@ class GeoTagsWorkload(_StreamSpec):
       offline settles near 40 % locality, online stays near 50 %). With the
       default ``stable_favourites=0`` an old table's hits fall to chance after
       ``1 / drift_share`` epochs; ``stable_favourites=3`` gives the paper's
-      shape (a first-epoch top-20 table covers about 43 % of the events nine
-      epochs later, a table retrained on the previous epoch about 71 %).
+      shape, an old table keeping a part of a retrained one's hits.
     * Flash events: in each period of ``flash_every`` events one tag (random,
       so usually cold) becomes, for ``flash_duration`` events starting at a
       random offset, the tag of a share ``flash_share`` of the events of
