@@ -105,8 +105,8 @@ class LongLivedProducer:
     and a login too), and a streaming job's sink sends every micro-batch.
 
     Why replace it: after a broker restart, an idempotent producer whose id
-    the broker no longer knows fails every later send (the broker restart
-    fault test lost every later metrics record this way). So a send that
+    the broker no longer knows fails every later send, and every later
+    record would be lost. So a send that
     fails closes the producer and sends its records once more through a new
     one; only if that fails too does :meth:`send` raise. Records the first
     producer delivered before it failed may then arrive twice, which every
