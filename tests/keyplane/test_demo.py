@@ -1,9 +1,13 @@
-"""The demo's before/after measurement, its summary table and its set-up (no job).
+"""The demo: ``make demo``'s code path end to end, and its pure parts on their own.
 
-The demo itself (broker, routed job, ``airflow dags test``) is what
-``tests/dags/test_reconfigure_end_to_end.py`` runs under test; here the
-figures the summary prints are checked on hand-written metrics records, and
-the set-up's failures against a fake broker that only records its calls.
+The end-to-end test runs :func:`run_demo` as ``make demo`` does, smaller: the
+real embedded broker, the routed job on two executors, a real ``airflow dags
+test`` run. It then reads the job's metrics topic itself and checks that every
+number of the summary's before/after table comes from those records, over
+the same number of events on both versions, and that every count is exact.
+The unit tests check the phase selection and the table on hand-written
+records, and the set-up's failures against a fake broker that only records
+its calls.
 """
 
 from __future__ import annotations
@@ -17,8 +21,19 @@ from pydantic import ValidationError
 from keyplane import config as config_store
 from keyplane import demo
 from keyplane.batchmetrics import BatchMetrics
-from keyplane.demo import DemoResult, Migration, measure_phase, run_demo, summary_lines
+from keyplane.demo import (
+    DemoResult,
+    Migration,
+    compare_phases,
+    gain_line,
+    measure_phase,
+    phase_candidates,
+    run_demo,
+    summary_lines,
+)
+from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.broker import BrokerState
+from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.orchestration.dagrun import DagRunRecord
 from keyplane.settings import Settings
 from keyplane.testing import free_port
@@ -27,13 +42,14 @@ from keyplane.workloads import PairsWorkload
 
 
 def _batch(
-    batch_id: int, version: int, rows: int, rows_per_s: float, a: list[int], lag: int = 0
+    batch_id: int, version: int, rows: int, duration_ms: int, a: list[int], lag: int = 0
 ) -> BatchMetrics:
     return BatchMetrics(
         batch_id=batch_id,
         versions={"A": version, "B": version},
         rows=rows,
-        rows_per_s=rows_per_s,
+        rows_per_s=rows / duration_ms * 1000 if duration_ms else 0.0,
+        duration_ms=duration_ms,
         input_lag=lag,
         load={"A": dict(enumerate(a)), "B": {0: rows, 1: 0}},
         hops=rows,
@@ -42,33 +58,56 @@ def _batch(
 
 
 RECORDS = [
-    _batch(0, 1, 100, 10.0, [50, 50], lag=900),
-    _batch(1, 1, 1_000, 500.0, [900, 100], lag=100),
-    _batch(2, 1, 1_000, 700.0, [600, 400], lag=300),
-    _batch(3, 2, 1_000, 800.0, [500, 500], lag=0),
-    BatchMetrics(batch_id=4, versions={"A": 1, "B": 2}, rows=1_000, rows_per_s=1.0),
-    _batch(5, 2, 0, 0.0, [0, 0]),
+    _batch(0, 1, 1_000, 4_000, [500, 500], lag=900),
+    _batch(1, 1, 1_000, 2_000, [900, 100], lag=100),
+    _batch(2, 1, 1_000, 1_000, [600, 400], lag=300),
+    _batch(3, 1, 100, 1_000, [50, 50]),
+    BatchMetrics(batch_id=4, versions={"A": 1, "B": 2}, rows=1_000, duration_ms=1_000),
+    _batch(5, 2, 0, 0, [0, 0]),
+    _batch(6, 2, 1_000, 500, [500, 500], lag=0),
+    _batch(7, 2, 1_000, 500, [500, 500], lag=0),
+    _batch(8, 2, 1_000, 400, [500, 500], lag=0),
 ]
 
 
-def test_measure_phase_rates_full_batches_and_sums_loads_over_the_version() -> None:
-    before = measure_phase(RECORDS, 1, full_rows=1_000)
-    assert before is not None
-    assert (before.version, before.batches, before.rows) == (1, 3, 2_100)
-    assert before.rows_per_s == pytest.approx(600.0)
-    assert before.lag == pytest.approx(200.0)
-    assert before.imbalance["A"] == pytest.approx(1_550 / 1_050)
+def test_unit_phase_candidates_are_full_batches_of_one_version_after_the_warm_up() -> None:
+    before = phase_candidates(RECORDS, 1, full_rows=1_000, batch_ids=range(1, 6))
+    after = phase_candidates(RECORDS, 2, full_rows=1_000, batch_ids=range(6, 100))
+    assert [r.batch_id for r in before] == [1, 2]
+    assert [r.batch_id for r in after] == [6, 7, 8]
+
+
+def test_unit_compare_phases_measures_both_versions_over_the_same_number_of_batches() -> None:
+    before, after = compare_phases(
+        phase_candidates(RECORDS, 1, 1_000, range(1, 6)),
+        phase_candidates(RECORDS, 2, 1_000, range(6, 100)),
+        (1, 2),
+    )
+    assert before is not None and after is not None
+    assert (before.batch_ids, after.batch_ids) == ((1, 2), (6, 7))
+    assert before.rows == after.rows == 2_000
+    assert before.rows_per_s == pytest.approx(2_000 / 3.0)
+    assert after.rows_per_s == pytest.approx(2_000 / 1.0)
+    assert before.imbalance["A"] == pytest.approx(1_500 / 1_000)
     assert before.imbalance["B"] == pytest.approx(2.0)
-    assert before.locality == pytest.approx(1_050 / 2_100)
+    assert before.locality == pytest.approx(0.5)
+    assert gain_line(before, after).startswith("3.00× the rows/s of v1")
 
 
-def test_measure_phase_without_full_batches_rates_every_batch_and_none_without_rows() -> None:
-    after = measure_phase(RECORDS, 2, full_rows=5_000)
-    assert after is not None and after.batches == 1 and after.rows_per_s == 800.0
-    assert measure_phase(RECORDS, 3, full_rows=1_000) is None
+def test_unit_gain_line_says_plainly_when_there_was_no_gain_or_no_measurement() -> None:
+    slow = measure_phase(1, [RECORDS[2]])
+    same = measure_phase(2, [_batch(9, 2, 1_000, 1_020, [500, 500])])
+    assert gain_line(slow, same).startswith("none: 0.98× the rows/s of v1")
+    assert gain_line(slow, None).startswith("not measured")
+    assert compare_phases(RECORDS[:2], [], (1, 2)) == (None, None)
 
 
-def test_summary_table_shows_before_after_migration_and_the_count_verdict() -> None:
+def test_unit_summary_table_shows_both_phases_the_migration_and_the_count_verdict() -> None:
+    before, after = compare_phases(
+        phase_candidates(RECORDS, 1, 1_000, range(1, 6)),
+        phase_candidates(RECORDS, 2, 1_000, range(6, 100)),
+        (1, 2),
+    )
     result = DemoResult(
         events=2_100,
         batches=[],
@@ -76,8 +115,8 @@ def test_summary_table_shows_before_after_migration_and_the_count_verdict() -> N
         wall_s=12.0,
         dag=DagRunRecord(run_id="manual__x", state="success", returncode=0, tasks=[], output=""),
         decision="gain 0.5 repays cost 0.05",
-        before=measure_phase(RECORDS, 1, full_rows=1_000),
-        after=measure_phase(RECORDS, 2, full_rows=1_000),
+        before=before,
+        after=after,
         migration=Migration(
             version=2,
             parent=1,
@@ -91,7 +130,9 @@ def test_summary_table_shows_before_after_migration_and_the_count_verdict() -> N
     text = "\n".join(summary_lines(result, Path("run")))
     assert "before (v1)" in text and "after (v2)" in text
     assert "0.250         0.900" in text
-    assert "600           800" in text
+    assert "1-2           6-7" in text
+    assert "667         2,000" in text
+    assert "gain                  3.00× the rows/s of v1" in text
     assert "v1 → v2: 1,234 states moved (75% of key weight), 4 batches" in text
     assert "MISMATCH" in text and "duplicated 3" in text
     assert not result.succeeded
@@ -137,8 +178,9 @@ def fake_broker(monkeypatch: pytest.MonkeyPatch) -> list[FakeBroker]:
         ({"partitions": 0}, ValueError, "1 partition or more, not 0"),
         ({"rate": 0.0}, ValueError, "rate must be a positive, finite number"),
         ({"rate": float("nan")}, ValueError, "rate must be a positive, finite number"),
+        ({"warmup_batches": 1}, ValueError, "larger than the warm-up"),
     ],
-    ids=["max-offsets", "instances", "partitions", "rate-0", "rate-nan"],
+    ids=["max-offsets", "instances", "partitions", "rate-0", "rate-nan", "warm-up"],
 )
 def test_demo_with_a_bad_option_starts_no_fake_broker_and_creates_no_run_directory(
     tmp_path: Path,
@@ -150,7 +192,12 @@ def test_demo_with_a_bad_option_starts_no_fake_broker_and_creates_no_run_directo
     settings = Settings(home=tmp_path, bootstrap_servers=None, broker_port=free_port())
 
     with pytest.raises(error, match=message):
-        run_demo(PairsWorkload(n_events=10), settings, echo=lambda _: None, **options)
+        run_demo(
+            PairsWorkload(n_events=10),
+            settings,
+            echo=lambda _: None,
+            **{"warmup_batches": 0, **options},
+        )
 
     assert all(broker.calls == [] for broker in fake_broker)
     assert not (tmp_path / "demo").exists()
@@ -166,6 +213,6 @@ def test_demo_stops_the_fake_broker_it_started_when_a_later_set_up_step_fails(
     settings = Settings(home=tmp_path, bootstrap_servers=None, broker_port=free_port())
 
     with pytest.raises(OSError, match="No space left"):
-        run_demo(PairsWorkload(n_events=10), settings, echo=lambda _: None)
+        run_demo(PairsWorkload(n_events=10), settings, warmup_batches=0, echo=lambda _: None)
 
     assert [broker.calls for broker in fake_broker] == [["start", "stop"]]
