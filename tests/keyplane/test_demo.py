@@ -85,19 +85,27 @@ def test_unit_compare_phases_measures_both_versions_over_the_same_number_of_batc
     )
     assert before is not None and after is not None
     assert (before.batch_ids, after.batch_ids) == ((1, 2), (6, 7))
+    assert after.locality == pytest.approx(0.5)
     assert before.rows == after.rows == 2_000
     assert before.rows_per_s == pytest.approx(2_000 / 3.0)
     assert after.rows_per_s == pytest.approx(2_000 / 1.0)
     assert before.imbalance["A"] == pytest.approx(1_500 / 1_000)
     assert before.imbalance["B"] == pytest.approx(2.0)
     assert before.locality == pytest.approx(0.5)
-    assert gain_line(before, after).startswith("3.00× the rows/s of v1")
+    assert gain_line(before, after).startswith(
+        "none from routing: 3.00× the rows/s of v1, but executor locality 0.500 → 0.500 "
+        "did not rise"
+    )
 
 
-def test_unit_gain_line_says_plainly_when_there_was_no_gain_or_no_measurement() -> None:
+def test_unit_gain_line_gives_the_gain_only_with_a_locality_that_rose_and_else_says_none() -> None:
     slow = measure_phase(1, [RECORDS[2]])
     same = measure_phase(2, [_batch(9, 2, 1_000, 1_020, [500, 500])])
+    local = _batch(10, 2, 1_000, 500, [500, 500]).model_copy(update={"local_hops": 900})
     assert gain_line(slow, same).startswith("none: 0.98× the rows/s of v1")
+    assert gain_line(slow, measure_phase(2, [local])) == (
+        "2.00× the rows/s of v1, executor locality 0.500 → 0.900"
+    )
     assert gain_line(slow, None).startswith("not measured")
     assert compare_phases(RECORDS[:2], [], (1, 2)) == (None, None)
 
@@ -132,7 +140,7 @@ def test_unit_summary_table_shows_both_phases_the_migration_and_the_count_verdic
     assert "0.250         0.900" in text
     assert "1-2           6-7" in text
     assert "667         2,000" in text
-    assert "gain                  3.00× the rows/s of v1" in text
+    assert "gain                  none from routing: 3.00× the rows/s of v1" in text
     assert "v1 → v2: 1,234 states moved (75% of key weight), 4 batches" in text
     assert "MISMATCH" in text and "duplicated 3" in text
     assert not result.succeeded
@@ -216,3 +224,85 @@ def test_demo_stops_the_fake_broker_it_started_when_a_later_set_up_step_fails(
         run_demo(PairsWorkload(n_events=10), settings, warmup_batches=0, echo=lambda _: None)
 
     assert [broker.calls for broker in fake_broker] == [["start", "stop"]]
+
+
+def _table(lines: list[str]) -> dict[str, tuple[str, str]]:
+    """The summary's before/after rows: label → (before, after), as printed."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in lines:
+        parts = line.strip().rsplit(maxsplit=2)
+        if line.startswith("  ") and len(parts) == 3 and "  " in line.strip():
+            rows[parts[0].strip()] = (parts[1], parts[2])
+    return rows
+
+
+@pytest.mark.integration
+def test_make_demo_path_end_to_end_summary_numbers_come_from_the_runs_metrics(
+    tmp_path: Path, broker: str
+) -> None:
+    """``make demo``'s code path, smaller: every figure of the table is recomputed here from
+    the metrics topic, and the counts are exact."""
+    lines: list[str] = []
+    settings = Settings(home=tmp_path, bootstrap_servers=broker)
+    max_offsets = 2_000
+    result = run_demo(
+        PairsWorkload(n_events=30_000, n_keys=200, locality=0.9, relabel_b=True, seed=7),
+        settings,
+        rate=None,
+        max_offsets_per_trigger=max_offsets,
+        warmup_batches=2,
+        echo=lines.append,
+    )
+
+    assert result.dag.state == "success", result.dag.output[-3_000:]
+    assert result.report.exact
+    assert (result.report.lost, result.report.duplicated, result.report.wrong_keys) == (0, 0, 0)
+    (run_dir,) = (tmp_path / "demo").iterdir()
+    topic = f"{settings.events_topic}.demo-{run_dir.name}"
+    events = sum(high_watermarks(broker, topic).values())
+    assert result.events == events >= 30_000
+    assert result.batches[-1].committed == events
+
+    metrics_topic = f"{topic}.metrics"
+    end = high_watermarks(broker, metrics_topic)
+    records = {
+        r.metrics.batch_id: r.metrics
+        for r in read_metrics(broker, metrics_topic, dict.fromkeys(end, 0), end)
+    }
+    before, after = result.before, result.after
+    assert before is not None and after is not None and result.migration is not None
+    assert (before.version, after.version) == (1, result.migration.version)
+    assert before.batches == after.batches >= 1
+    assert max(before.batch_ids) < min(after.batch_ids)
+    # Not the warm-up's batches: they committed the first 2 × max_offsets offsets.
+    warm = [p.batch_id for p in result.batches if p.committed <= 2 * max_offsets]
+    assert min(before.batch_ids) > max(warm)
+
+    table = _table(summary_lines(result, run_dir))
+    assert table == _table(lines[-len(summary_lines(result, run_dir)) :])
+    for column, phase in enumerate((before, after)):
+        batches = [records[i] for i in phase.batch_ids]
+        assert all(set(r.versions.values()) == {phase.version} for r in batches)
+        assert all(r.rows >= max_offsets for r in batches)
+        rows = sum(r.rows for r in batches)
+        seconds = sum(r.duration_ms for r in batches) / 1000
+        hops = sum(r.hops for r in batches)
+        local = sum(r.local_hops for r in batches)
+        ids = f"{phase.batch_ids[0]}-{phase.batch_ids[-1]}"
+        assert table["batches measured (ids)"][column] == ids
+        assert table["rows measured"][column] == f"{rows:,}"
+        assert table["seconds (sum of batch durations)"][column] == f"{seconds:,.1f}"
+        assert table["rows/s"][column] == f"{rows / seconds:,.0f}"
+        assert table["locality, executors (measured)"][column] == f"{local / hops:.3f}"
+    # Same number of events on both sides: full batches hold max_offsets offsets each.
+    assert table["rows measured"][0] == table["rows measured"][1]
+    # Two executors: the run saw both, so locality is measured, not 1.000 by construction.
+    seen = {e for r in records.values() for per in r.executors.values() for e in per.values()}
+    assert len(seen) == 2, seen
+    gain = next(line for line in lines if line.startswith("  gain "))
+    ratio = after.rows_per_s / before.rows_per_s  # type: ignore[operator]
+    assert f"{ratio:.2f}× the rows/s of v1" in gain
+    rose = after.locality - before.locality >= demo.LOCALITY_THRESHOLD  # type: ignore[operator]
+    faster = ratio > 1 + demo.GAIN_THRESHOLD
+    assert gain.startswith("  gain                  none") == (not (rose and faster))
+    assert "EXACT" in next(line for line in lines if "counts vs truth" in line)
