@@ -300,9 +300,11 @@ def test_make_demo_path_end_to_end_summary_numbers_come_from_the_runs_metrics(
     seen = {e for r in records.values() for per in r.executors.values() for e in per.values()}
     assert len(seen) == 2, seen
     gain = next(line for line in lines if line.startswith("  gain "))
-    ratio = after.rows_per_s / before.rows_per_s  # type: ignore[operator]
+    assert after.rows_per_s is not None and before.rows_per_s is not None
+    assert after.locality is not None and before.locality is not None
+    ratio = after.rows_per_s / before.rows_per_s
     assert f"{ratio:.2f}× the rows/s of v1" in gain
-    rose = after.locality - before.locality >= demo.LOCALITY_THRESHOLD  # type: ignore[operator]
+    rose = after.locality - before.locality >= demo.LOCALITY_THRESHOLD
     faster = ratio > 1 + demo.GAIN_THRESHOLD
     assert gain.startswith("  gain                  none") == (not (rose and faster))
     assert "EXACT" in next(line for line in lines if "counts vs truth" in line)
