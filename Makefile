@@ -5,7 +5,7 @@ bootstrap:
 	@scripts/bootstrap
 
 demo: bootstrap
-	.venv/bin/keyplane demo pairs --n-events 120000 --n-keys 1000 --locality 0.9 --relabel-b --seed 7 \
+	.venv/bin/keyplane demo pairs --n-events 150000 --n-keys 1000 --locality 0.9 --relabel-b --seed 7 \
 		--rate 25000 --max-offsets-per-trigger 10000
 
 lint: bootstrap

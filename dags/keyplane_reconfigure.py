@@ -191,6 +191,14 @@ PARAMS = {
         description="Micro-batches the job must run on the new version before verify compares "
         "their locality, balance and lag with the batches before (a regression rolls back).",
     ),
+    "verify_locality_tolerance": Param(
+        0.05,
+        type="number",
+        minimum=0,
+        maximum=1,
+        description="Points of executor locality the new version may lose in verify before it "
+        "counts as a regression (1 ignores locality: where Spark places tasks is not pinned).",
+    ),
     "reply_timeout_s": Param(
         300,
         type="integer",
@@ -339,7 +347,10 @@ with DAG(
         record = tasks.verify(
             deployment(),
             dagparts.run_id(),
-            planning.VerifyTolerances(alpha=float(params["alpha"])),
+            planning.VerifyTolerances(
+                alpha=float(params["alpha"]),
+                locality=float(params["verify_locality_tolerance"]),
+            ),
             batches=int(params["verify_batches"]),
         )
         return "rollback.prepare_rollback" if record["regressed"] else None

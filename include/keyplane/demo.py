@@ -4,9 +4,12 @@ One command shows the whole control loop of paper 000 on one machine:
 
 1. the embedded broker starts (unless Kafka is configured) and the routed
    job (:mod:`keyplane.spark.counts_job` with a routing store) starts on an
-   all-hash v1, in its own process;
-2. the first half of the workload arrives as a backlog, so the job's
-   batches run at capacity on v1 ("before");
+   all-hash v1, in its own process, on two executors (``local-cluster``), so
+   that where a key's stage-B state lives decides whether its tuples cross
+   the network (000 §2);
+2. a warm-up share of the workload warms the JVM and is not measured; then
+   the first half of the rest arrives as a backlog, so the job's batches run
+   at capacity on v1 ("before");
 3. ``airflow dags test keyplane_reconfigure`` (Airflow on SQLite under
    ``$KEYPLANE_HOME/airflow``) collects statistics with Spark, plans METIS
    tables and FISH hot keys (000 §3.3, 001 §4), validates and backtests
@@ -14,8 +17,11 @@ One command shows the whole control loop of paper 000 on one machine:
    the workload keep arriving, so the new version has batches to verify;
 4. the second half arrives as a backlog on the new version ("after");
 5. once every event is committed, the summary compares before and after
-   (locality, imbalance, rows/s, lag), describes the migration and checks
-   every count against the generator's ground truth.
+   like with like: the same number of full batches (so the same number of
+   events) on each version, both on a warm JVM. It prints the measured
+   executor locality, balance and rows/s of each, the gain or that there was
+   none, the migration, and every count checked against the generator's
+   ground truth.
 
 Each run has its own topics, checkpoint, configuration store and controller
 state under ``$KEYPLANE_HOME/demo/<run-id>/``, so the command can be repeated.
@@ -36,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
@@ -67,6 +72,15 @@ from keyplane.workloads import WorkloadSpec
 Echo = Callable[[str], None]
 
 REPO = Path(__file__).resolve().parents[2]
+DEMO_MASTER = "local-cluster[2,1,1024]"
+"""Two executors: with one, every tuple stays on its executor and routing cannot pay."""
+WARMUP_BATCHES = 5
+"""Full batches' worth of events that warm the JVMs before anything is measured."""
+GAIN_THRESHOLD = 0.05
+"""A rows/s ratio within this of 1 is reported as no gain: one run is not a benchmark."""
+LOCALITY_THRESHOLD = 0.05
+"""Executor locality that moved less than this did not change: a rows/s difference
+without it is the machine's (JIT, other load), not the routing's."""
 TRICKLE_EVENTS = 1_000
 TRICKLE_PAUSE_S = 2.0
 """Chunks while the DAG runs: enough for its verify batches, few enough that the job keeps
@@ -75,15 +89,22 @@ up even on a busy machine."""
 
 @dataclass(frozen=True)
 class Phase:
-    """What the job measured on one version: full batches only when there are any."""
+    """What the job's metrics records say about the counted batches of one version."""
 
     version: int
-    batches: int
+    batch_ids: tuple[int, ...]
     rows: int
-    rows_per_s: float | None
-    lag: float | None
+    seconds: float
     locality: float | None
     imbalance: dict[str, float]
+
+    @property
+    def batches(self) -> int:
+        return len(self.batch_ids)
+
+    @property
+    def rows_per_s(self) -> float | None:
+        return self.rows / self.seconds if self.seconds > 0 else None
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,7 @@ class DemoResult:
     before: Phase | None
     after: Phase | None
     migration: Migration | None
+    warmup_events: int = 0
 
     @property
     def succeeded(self) -> bool:
@@ -127,6 +149,11 @@ class _Follower(threading.Thread):
     @property
     def committed(self) -> int:
         return self.batches[-1].committed if self.batches else 0
+
+    @property
+    def next_batch(self) -> int:
+        """The id of the next batch to come: the first of a phase that starts now."""
+        return self.batches[-1].batch_id + 1 if self.batches else 0
 
     def run(self) -> None:
         assert self.job.stdout is not None
@@ -152,10 +179,13 @@ def run_demo(
     partitions: int = 8,
     max_offsets_per_trigger: int = 20_000,
     instances: int = 4,
+    master: str = DEMO_MASTER,
+    warmup_batches: int = WARMUP_BATCHES,
     dag_conf: dict[str, Any] | None = None,
     echo: Echo = tqdm.write,
 ) -> DemoResult:
-    """Run the main job on ``spec`` (half before, half after the reconfiguration).
+    """Run the main job on ``spec``: a warm-up, then half before and half after the
+    reconfiguration.
 
     Every option is checked before anything starts: a bad one found later
     would leave the demo's broker running and a half-made run directory
@@ -164,6 +194,12 @@ def run_demo(
     """
     started = time.monotonic()
     check_workload_options(rate, partitions)
+    warmup_events = warmup_batches * max_offsets_per_trigger
+    if warmup_batches < 0 or spec.n_events - warmup_events < 2:
+        raise ValueError(
+            f"warmup_batches must be 0 or more and the workload ({spec.n_events:,} events) "
+            f"at least 2 events larger than the warm-up ({warmup_events:,})"
+        )
     run_id = time.strftime("%Y%m%d-%H%M%S")
     home = settings.home.resolve()
     run_dir = home / "demo" / run_id
@@ -182,6 +218,7 @@ def run_demo(
         output=run_dir / "output",
         shuffle_partitions=instances,
         max_offsets_per_trigger=max_offsets_per_trigger,
+        master=master,
         routing_store=store,
         routing_version=1,
         **topics,
@@ -193,11 +230,11 @@ def run_demo(
         dags_folder=REPO / "dags",
         control_key=key,
     )
+    measured = spec.n_events - warmup_events
+    warmup = spec.model_copy(update={"n_events": warmup_events, "seed": spec.seed + 2_000})
     halves = [
-        spec.model_copy(update={"n_events": spec.n_events // 2, "seed": spec.seed}),
-        spec.model_copy(
-            update={"n_events": spec.n_events - spec.n_events // 2, "seed": spec.seed + 1}
-        ),
+        spec.model_copy(update={"n_events": measured // 2, "seed": spec.seed}),
+        spec.model_copy(update={"n_events": measured - measured // 2, "seed": spec.seed + 1}),
     ]
     sent: list[WorkloadSpec] = []
     trickle = WorkloadTrickle(
@@ -226,7 +263,11 @@ def run_demo(
         config_store.save(initial, store)
         ensure_topic(bootstrap, topic, partitions)
         echo(f"topic    {topic} ({partitions} partitions), {instances} instances per operator")
-        echo(f"workload {spec.kind}: {spec.n_events:,} events (two halves), seed {spec.seed}")
+        echo(
+            f"workload {spec.kind}: {spec.n_events:,} events ({warmup_events:,} warm-up, then "
+            f"two halves), seed {spec.seed}"
+        )
+        echo(f"spark    {master}")
         echo(f"airflow  {setup.airflow_home} (SQLite): airflow db migrate")
         dagrun.migrate_database(setup)
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, KEY_ENV_VAR: key}
@@ -241,19 +282,37 @@ def run_demo(
             )
             follower = _Follower(job, log, echo)
             follower.start()
+            if warmup.n_events:
+                echo("\n== warm-up: not measured")
+                _produce(warmup, bootstrap, topic, partitions, rate)
+                sent.append(warmup)
+                _wait_committed(follower, job, warmup.n_events, log_path)
+            warm_from = follower.next_batch
             echo("\n== before: the first half on v1 (all-hash routing)")
             _produce(halves[0], bootstrap, topic, partitions, rate)
             sent.append(halves[0])
-            _wait_committed(follower, job, halves[0].n_events, log_path)
+            _wait_committed(follower, job, warmup.n_events + halves[0].n_events, log_path)
+            before_until = follower.next_batch
 
             echo("\n== reconfigure: airflow dags test keyplane_reconfigure")
             trickle.start()
-            conf = {"verify_batches": 3, "reply_timeout_s": 300, **(dag_conf or {})}
+            # Spark places the two stages' tasks on either executor freely, so the executor
+            # locality of a few small verify batches is noise: verify judges balance and lag.
+            conf = {
+                "verify_batches": 3,
+                "verify_locality_tolerance": 1.0,
+                "reply_timeout_s": 300,
+                **(dag_conf or {}),
+            }
             run = dagrun.dag_test(
                 setup, conf, log=run_dir / "airflow.log", on_task=lambda t: echo(_task_line(t))
             )
             sent += trickle.finish()
             echo(f"dag run  {run.run_id}: {run.state}")
+            _wait_committed(
+                follower, job, sum(high_watermarks(bootstrap, topic).values()), log_path
+            )
+            after_from = follower.next_batch
 
             echo("\n== after: the second half on the active version")
             _produce(halves[1], bootstrap, topic, partitions, rate)
@@ -273,8 +332,11 @@ def run_demo(
             report,
             follower.batches,
             full_rows=max_offsets_per_trigger,
+            before_batches=range(warm_from, before_until),
+            after_from=after_from,
             states_moved=moved,
             started=started,
+            warmup_events=warmup.n_events,
         )
     finally:
         trickle.stop.set()
@@ -309,31 +371,55 @@ def _task_line(record: dagrun.TaskRecord) -> str:
     return f"task  {record.task_id:<36} {record.state or '-':<8} {took}"
 
 
-def measure_phase(records: Sequence[BatchMetrics], version: int, full_rows: int) -> Phase | None:
-    """Batches with rows routed entirely on ``version``; rows/s over the full ones.
+def phase_candidates(
+    records: Sequence[BatchMetrics], version: int, full_rows: int, batch_ids: range
+) -> list[BatchMetrics]:
+    """The full batches (``full_rows`` rows, read from a backlog) routed entirely on
+    ``version`` among ``batch_ids``, in order: only they measure the job's capacity. A
+    batch of a trickle measures the arrival rate, and a batch before the warm-up ends,
+    a cold JVM."""
+    return sorted(
+        (
+            r
+            for r in records
+            if r.batch_id in batch_ids
+            and r.rows >= full_rows
+            and r.versions
+            and set(r.versions.values()) == {version}
+        ),
+        key=lambda r: r.batch_id,
+    )
 
-    Full batches (``full_rows`` rows, a backlog) measure the job's capacity;
-    a batch of a trickle measures the arrival rate, so it only counts when
-    there is no full batch.
-    """
-    on_version = [
-        r for r in records if r.rows and r.versions and set(r.versions.values()) == {version}
-    ]
-    if not on_version:
+
+def measure_phase(version: int, batches: Sequence[BatchMetrics]) -> Phase | None:
+    """Rows/s, executor locality and balance over exactly ``batches``, from their records."""
+    if not batches:
         return None
-    full = [r for r in on_version if r.rows >= full_rows] or on_version
-    measured = planning.measure(on_version)
-    imbalance = planning.measured_imbalance(on_version)
-    per_operator = {op: imbalance[op] for op in OPERATORS if op in imbalance}
+    measured = planning.measure(batches)
+    imbalance = planning.measured_imbalance(batches)
     return Phase(
         version=version,
-        batches=len(on_version),
+        batch_ids=tuple(r.batch_id for r in batches),
         rows=measured.rows,
-        rows_per_s=float(np.mean([r.rows_per_s for r in full])),
-        lag=float(np.mean([r.input_lag for r in full])),
+        seconds=sum(r.duration_ms for r in batches) / 1000,
         locality=measured.locality,
-        imbalance=per_operator,
+        imbalance={op: imbalance[op] for op in OPERATORS if op in imbalance},
     )
+
+
+def compare_phases(
+    before: Sequence[BatchMetrics], after: Sequence[BatchMetrics], versions: tuple[int, int]
+) -> tuple[Phase | None, Phase | None]:
+    """Like with like: ``n`` candidates of each version, ``n`` the smaller count, the ones
+    nearest the reconfiguration (the last of before, the warmest; the first of after).
+
+    Full batches all hold ``full_rows`` rows, so both phases then cover the same number of
+    events; when one version has no full batch, neither is measured.
+    """
+    n = min(len(before), len(after))
+    if n == 0:
+        return None, None
+    return measure_phase(versions[0], before[-n:]), measure_phase(versions[1], after[:n])
 
 
 def _result(
@@ -343,8 +429,11 @@ def _result(
     batches: list[BatchProgress],
     *,
     full_rows: int,
+    before_batches: range,
+    after_from: int,
     states_moved: int,
     started: float,
+    warmup_events: int,
 ) -> DemoResult:
     from keyplane import statistics as stats
     from keyplane.controller import ControllerFile
@@ -357,14 +446,18 @@ def _result(
         else "the run stopped before deciding"
     )
     records = tasks.read_metrics(deployment, {0: 0})
-    before = measure_phase(records, 1, full_rows)
+    before_candidates = phase_candidates(records, 1, full_rows, before_batches)
+    before, _ = compare_phases(before_candidates, before_candidates, (1, 1))
     migration = None
     after = None
     if deployment.controller_state.is_file():
         state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
         last = state.protocol.last
         if last is not None and last.finish is not None and last.finish.type == "DONE":
-            after = measure_phase(records, last.version, full_rows)
+            after_candidates = phase_candidates(
+                records, last.version, full_rows, range(after_from, sys.maxsize)
+            )
+            before, after = compare_phases(before_candidates, after_candidates, (1, last.version))
             acked = last.ack.batch_id if last.ack is not None else None
             migrated = last.migrated.get(OPERATORS[-1])
             last_batch = migrated.batch_id if migrated is not None else None
@@ -393,6 +486,7 @@ def _result(
         before=before,
         after=after,
         migration=migration,
+        warmup_events=warmup_events,
     )
 
 
@@ -415,18 +509,44 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ids(phase: Phase) -> str:
+    return f"{phase.batch_ids[0]}-{phase.batch_ids[-1]}" if phase.batch_ids else "-"
+
+
+def gain_line(before: Phase | None, after: Phase | None) -> str:
+    """What the run measured, in one line: a gain with the locality that explains it, or
+    plainly none. A faster v2 whose executor locality did not change is no routing gain."""
+    if before is None or after is None or not before.rows_per_s or not after.rows_per_s:
+        return "not measured: a version had no full batch after the warm-up"
+    ratio = after.rows_per_s / before.rows_per_s
+    rate = f"{ratio:.2f}× the rows/s of v{before.version}"
+    if before.locality is None or after.locality is None:
+        return f"none from routing: {rate}, with no A→B tuples to measure locality on"
+    locality = f"executor locality {before.locality:.3f} → {after.locality:.3f}"
+    if ratio <= 1 + GAIN_THRESHOLD:
+        return f"none: {rate} (within ±{GAIN_THRESHOLD:.0%} or slower), {locality}"
+    if after.locality - before.locality < LOCALITY_THRESHOLD:
+        return (
+            f"none from routing: {rate}, but {locality} did not rise, so the difference is "
+            "the machine's (JIT, other load), not the routing's"
+        )
+    return f"{rate}, {locality}"
+
+
 def summary_lines(result: DemoResult, run_dir: Path) -> list[str]:
-    """The summary table: before vs after, the migration, counts vs ground truth."""
+    """The summary table: before vs after over the same events, the gain, the migration,
+    counts vs ground truth."""
     b, a, m, r = result.before, result.after, result.migration, result.report
     # Committed offsets, not input rows: the routed source adds an evict and an
     # install row per moved state to the batches' input.
     processed = max((p.committed for p in result.batches), default=0)
     verdict = "EXACT" if r.exact else "MISMATCH"
+    before_name = f"before (v{b.version})" if b is not None else "before (v1)"
     after_name = f"after (v{a.version})" if a is not None else "after"
     lines = [
         "",
         "summary",
-        f"  {'':<34}{'before (v1)':>14}{after_name:>14}",
+        f"  {'':<34}{before_name:>14}{after_name:>14}",
     ]
 
     def row(label: str, pick: Callable[[Phase], float | None], spec: str) -> str:
@@ -434,16 +554,23 @@ def summary_lines(result: DemoResult, run_dir: Path) -> list[str]:
         right = _fmt(pick(a), spec) if a is not None else "-"
         return f"  {label:<34}{left:>14}{right:>14}"
 
-    if m is not None:
+    def text_row(label: str, pick: Callable[[Phase], str]) -> str:
+        left = pick(b) if b is not None else "-"
+        right = pick(a) if a is not None else "-"
+        return f"  {label:<34}{left:>14}{right:>14}"
+
+    if m is not None and m.parent == 1:  # a rollback's migration has no backtest of its own
         old, new = m.predicted_locality
         lines.append(f"  {'locality, instances (backtest)':<34}{old:>14.3f}{new:>14.3f}")
     lines += [
+        text_row("batches measured (ids)", _ids),
+        row("rows measured", lambda p: float(p.rows), ",.0f"),
+        row("seconds (sum of batch durations)", lambda p: p.seconds, ",.1f"),
+        row("rows/s", lambda p: p.rows_per_s, ",.0f"),
         row("locality, executors (measured)", lambda p: p.locality, ".3f"),
         *[row(f"imbalance max/avg, operator {op}", _imbalance_of(op), ".3f") for op in OPERATORS],
-        row("rows/s (full batches, mean)", lambda p: p.rows_per_s, ",.0f"),
-        row("lag (records, mean)", lambda p: p.lag, ",.0f"),
-        row("batches with rows", lambda p: float(p.batches), ",.0f"),
         "",
+        f"  gain                  {gain_line(b, a)}",
     ]
     if m is not None:
         lines += [
@@ -456,7 +583,8 @@ def summary_lines(result: DemoResult, run_dir: Path) -> list[str]:
         lines.append(f"  migration             none: {result.decision}")
     lines += [
         f"  dag run               {result.dag.run_id}: {result.dag.state}",
-        f"  events                {result.events:>12,} generated, {processed:,} processed",
+        f"  events                {result.events:>12,} generated "
+        f"({result.warmup_events:,} warm-up, not measured), {processed:,} processed",
         f"  counts vs truth       {verdict:>12}  (lost {r.lost}, duplicated {r.duplicated})",
         f"  wall time             {result.wall_s:>12.1f} s",
         f"  run directory         {run_dir}",
