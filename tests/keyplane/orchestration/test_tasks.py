@@ -156,7 +156,6 @@ def test_a_small_window_is_validated_over_the_windows_before_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from keyplane.batchmetrics import BatchMetrics
-    from keyplane.quality import ValidationFailed
     from keyplane.testing import paired_tuple_counts
 
     deployment = deployment_under(tmp_path)
@@ -184,5 +183,5 @@ def test_a_small_window_is_validated_over_the_windows_before_it(
         checked = tasks.validate_statistics(deployment, "run2", min_total_count=2 * one_window)
     assert "all" in checked["summary"]
     assert "window widened to" in caplog.text and "run1" in caplog.text
-    with pytest.raises(ValidationFailed):
+    with pytest.raises(tasks.Refused, match="failed validation"):
         tasks.validate_statistics(deployment, "run2", min_total_count=100 * one_window)
