@@ -220,12 +220,14 @@ class KilledJob:
 
 
 def keyplane_cli(home: Path, settings: CountsJobSettings, *args: str) -> subprocess.Popen[str]:
-    """``keyplane ARGS`` as its own process, on the job's broker and control topic."""
+    """``keyplane ARGS`` as its own process, on the job's broker, control and metrics topics."""
     env = {
         **os.environ,
         "KEYPLANE_HOME": str(home),
         "KEYPLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "KEYPLANE_CONTROL_TOPIC": settings.control_topic,
+        # config publish checks the job by its metrics (it runs outside keyplane job start).
+        "KEYPLANE_METRICS_TOPIC": settings.metrics_topic,
     }
     return subprocess.Popen(
         [sys.executable, "-m", "keyplane.cli", *args],
