@@ -36,6 +36,7 @@ from keyplane.kafka.broker import (
     BrokerState,
     answers_kafka,
     port_is_free,
+    refuse_to_start,
 )
 from keyplane.kafka.security import _jaas_quoted
 from keyplane.processes import (
@@ -276,17 +277,7 @@ class ApacheKafkaBroker:
         The JVM takes a few seconds to start, and longer on a busy machine,
         hence the longer default wait than the embedded broker's.
         """
-        running = self.status()
-        if running is not None:
-            raise BrokerError(
-                f"a broker is already running (pid {running.pid}, port {running.port}); "
-                "stop it first with `keyplane broker stop`"
-            )
-        if not port_is_free(self.port):
-            raise BrokerError(
-                f"port {self.port} is taken by another process; free it or choose another "
-                "port with --port (or KEYPLANE_BROKER_PORT)"
-            )
+        refuse_to_start(self.status(), self.port)
         if self.sasl_plain is not None and not port_is_free(self.sasl_plain.port):
             raise BrokerError(f"SASL port {self.sasl_plain.port} is taken by another process")
         java = java_binary()

@@ -94,6 +94,23 @@ def broker_binary() -> Path:
     return path
 
 
+def refuse_to_start(running: BrokerState | None, port: int) -> None:
+    """Refuse to start a second broker in a home, or one on a port another process holds.
+
+    One home runs one broker, whichever its engine, so both engines check the same.
+    """
+    if running is not None:
+        raise BrokerError(
+            f"a broker is already running (pid {running.pid}, port {running.port}); "
+            "stop it first with `keyplane broker stop`"
+        )
+    if not port_is_free(port):
+        raise BrokerError(
+            f"port {port} is taken by another process; free it or choose another "
+            "port with --port (or KEYPLANE_BROKER_PORT)"
+        )
+
+
 def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -256,17 +273,7 @@ class EmbeddedBroker:
                 "start with --storage s3 (or KEYPLANE_BROKER_STORAGE=s3), or pass "
                 "--allow-memory to start an empty broker on memory storage"
             )
-        running = self.status()
-        if running is not None:
-            raise BrokerError(
-                f"a broker is already running (pid {running.pid}, port {running.port}); "
-                "stop it first with `keyplane broker stop`"
-            )
-        if not port_is_free(self.port):
-            raise BrokerError(
-                f"port {self.port} is taken by another process; free it or choose another "
-                "port with --port (or KEYPLANE_BROKER_PORT)"
-            )
+        refuse_to_start(self.status(), self.port)
         self.home.mkdir(parents=True, exist_ok=True)
         log = self.home / "broker.log"
         url = f"tcp://127.0.0.1:{self.port}"
