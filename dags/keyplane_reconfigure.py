@@ -59,8 +59,8 @@ from keyplane.orchestration.approval import RolloutApprovalOperator
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     MAX_WAVES_PER_RUN,
-    REPLY_TIMEOUT_MAX_S,
     ROLL_OUT_WAVES_WAITS,
+    reply_timeout_param,
     rollout_chain,
     rollout_dag_args,
 )
@@ -199,15 +199,7 @@ PARAMS = {
         description="Points of executor locality the new version may lose in verify before it "
         "counts as a regression (1 ignores locality: where Spark places tasks is not pinned).",
     ),
-    "reply_timeout_s": Param(
-        300,
-        type="integer",
-        minimum=5,
-        maximum=REPLY_TIMEOUT_MAX_S,
-        description="Seconds to wait for each reply of the job (ACK, each MIGRATED, the "
-        "batches to verify) before the rollout is aborted and the job returns to the "
-        f"version it ran (5 to {REPLY_TIMEOUT_MAX_S}).",
-    ),
+    "reply_timeout_s": reply_timeout_param(),
 }
 
 

@@ -34,10 +34,10 @@ from airflow.sdk import DAG, Param, task
 from keyplane.operators import OPERATORS
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
-    REPLY_TIMEOUT_MAX_S,
     fail_fast,
     params,
     published_version,
+    reply_timeout_param,
     rollout_chain,
     rollout_dag_args,
     run_id,
@@ -120,15 +120,7 @@ PARAMS = {
         description="Micro-batches the job must run on the scaled version before verify checks "
         "that no tuple reached a released instance.",
     ),
-    "reply_timeout_s": Param(
-        300,
-        type="integer",
-        minimum=5,
-        maximum=REPLY_TIMEOUT_MAX_S,
-        description="Seconds to wait for each reply of the job (ACK, each MIGRATED, the "
-        "batches to verify) before the rollout is aborted and the job returns to the "
-        f"version it ran (5 to {REPLY_TIMEOUT_MAX_S}).",
-    ),
+    "reply_timeout_s": reply_timeout_param(),
 }
 
 

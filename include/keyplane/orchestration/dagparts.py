@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
-from airflow.sdk import Asset, Context, get_current_context, task
+from airflow.sdk import Asset, Context, Param, get_current_context, task
 
 from keyplane.operators import OPERATORS
 from keyplane.orchestration import triggers
@@ -46,6 +46,21 @@ quiet_client_logs()
 
 REPLY_TIMEOUT_MAX_S = 3600
 """The largest ``reply_timeout_s`` Param of either DAG: the longest wait for one reply."""
+
+
+def reply_timeout_param() -> Param:
+    """Both rollout DAGs' ``reply_timeout_s``: one wait per reply, bounded so that
+    :func:`rollout_dag_args` can size the run's timeout."""
+    return Param(
+        300,
+        type="integer",
+        minimum=5,
+        maximum=REPLY_TIMEOUT_MAX_S,
+        description="Seconds to wait for each reply of the job (ACK, each MIGRATED, the "
+        "batches to verify) before the rollout is aborted and the job returns to the "
+        f"version it ran (5 to {REPLY_TIMEOUT_MAX_S}).",
+    )
+
 
 MAX_WAVES_PER_RUN = 16
 """The most waves a reconfigure run splits its change into (``max_moves_per_wave``).
