@@ -115,6 +115,12 @@ class Settings(BaseSettings):
         pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
         description="Bucket of the embedded broker's 's3' storage.",
     )
+    pipeline: str = Field(
+        default="keyplane.reference.pipeline:counts",
+        description="The managed job's pipeline, as module:attribute (a keyplane Pipeline, or a "
+        "function returning one). `keyplane job start`, the DAGs and the dashboard all follow "
+        "its stages. Default: the reference two-stage count.",
+    )
     events_topic: str = "keyplane.events"
     results_topic: str = "keyplane.results"
     control_topic: str = Field(
