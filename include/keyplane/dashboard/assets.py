@@ -125,7 +125,9 @@ def install(node_modules: Path, vendor: Path = VENDOR) -> int:
     Idempotent: a file whose copy has the same size and is not older is
     skipped. Returns how many files were copied.
     """
-    missing = [src for src in (*FILES.values(), *FOLDERS.values()) if not (node_modules / src).exists()]
+    missing = [
+        src for src in (*FILES.values(), *FOLDERS.values()) if not (node_modules / src).exists()
+    ]
     if missing:
         raise AssetsMissing(f"not in {node_modules} (run npm ci): {', '.join(missing)}")
     pairs = [(node_modules / src, vendor / dest) for dest, src in FILES.items()]
