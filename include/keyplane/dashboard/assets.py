@@ -164,6 +164,18 @@ def offline_data_doc(html: str, depth: int, vendor_url: str) -> str:
     return _INTEGRITY.sub("", html)
 
 
+def static_file(relative: str, root: Path = STATIC) -> Path | None:
+    """The file at ``relative`` under ``root``; None if absent or outside it (``..``, symlinks)."""
+    try:
+        base = root.resolve()
+        target = (base / relative).resolve()
+        if not target.is_relative_to(base) or not target.is_file():
+            return None
+    except (OSError, ValueError):
+        return None
+    return target
+
+
 def remote_assets(html: str) -> list[str]:
     """The ``src``/``href`` of ``<script>``, ``<link>`` and ``<img>`` tags that leave the server."""
     return [url for url in _ASSET.findall(html) if re.match(r"(?:https?:)?//", url)]
