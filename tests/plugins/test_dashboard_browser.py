@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
-from dashboard_home import PreparedHome
+from dashboard_home import P, PreparedHome
 
 from keyplane.dashboard.assets import remote_assets
 from keyplane.operators import OPERATORS
@@ -246,6 +246,8 @@ def _rendered_dashboard(browser: DevTools) -> dict[str, Any]:
   heatmaps: Array.from(document.querySelectorAll('.heatmap')).map(h => [h.dataset.stage,
     !!h.querySelector('canvas') && h.querySelector('canvas').width > 300]),
   charts: Array.from(document.querySelectorAll('.chart canvas')).length,
+  note: document.getElementById('metrics-note').textContent,
+  health: document.getElementById('health-state').textContent,
   hot: document.querySelectorAll('#hot-keys tr.hot-key').length,
   moved: document.querySelectorAll('#moved-keys tr.moved-key').length,
   routing: document.querySelectorAll('.routing-stage').length,
@@ -274,6 +276,7 @@ def test_dashboard_shows_timeline_rollout_and_heatmaps_in_airflow(
     assert [v["version"] for v in state["versions"]] == [2, 1]
     assert state["metrics"]["available"], state["metrics"]
     assert [h["stage"] for h in state["heatmaps"]] == list(OPERATORS)
+    assert all(len(h["cells"]) == prepared_home.batches * P for h in state["heatmaps"])
     assert state["rollout"]["state"] == "done" and state["rollout"]["version"] == 2
     assert state["failed_runs"] == []
     page = httpx.get(f"{base}/keyplane/", headers=headers, timeout=30)
@@ -295,6 +298,9 @@ def test_dashboard_shows_timeline_rollout_and_heatmaps_in_airflow(
     ], steps
     assert shown["heatmaps"] == [[op, True] for op in OPERATORS], shown["heatmaps"]
     assert shown["charts"] >= 5 and shown["routing"] == len(OPERATORS)
+    assert f"{prepared_home.batches} batches with rows in the range" in shown["note"], shown
+    # No job process runs in the prepared home: the version is the last known, not live.
+    assert (shown["health"], shown["live"]) == ("down", "last known: job down"), shown
     assert shown["hot"] >= 1 and shown["moved"] >= 1 and shown["quality"] >= 1
     assert shown["docs"], "no Data Docs link"
     alone = ARTIFACTS / "dashboard.png"

@@ -79,8 +79,9 @@ function rangeStart(state) {
   return seconds > 0 ? state.generated_at - seconds * 1000 : null;
 }
 function inRange(items, start) {
-  // Batches without a start time (old records) cannot be placed: shown only under "all".
-  if (start == null) return items;
+  // Records without a start time (written by an older job) cannot be placed in time:
+  // when none has one, the range does not apply; otherwise they show only under "all".
+  if (start == null || !items.some((b) => b.t != null)) return items;
   return items.filter((b) => b.t != null && b.t >= start);
 }
 
@@ -168,7 +169,7 @@ function drawHeatmaps(state) {
       node = el("div", { class: "heatmap", id, "data-stage": heat.stage });
       container.append(node);
     }
-    const shown = heat.batches.map((b, i) => ({ ...b, i })).filter((b) => start == null || (b.t != null && b.t >= start));
+    const shown = inRange(heat.batches.map((b, i) => ({ ...b, i })), start);
     const index = new Map(shown.map((b, j) => [b.i, j]));
     const cells = heat.cells.filter((c) => index.has(c[0])).map((c) => [index.get(c[0]), heat.instances.indexOf(c[1]), c[2]]);
     const timed = shown.every((b) => b.t != null);
