@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MAX_EVENT_BYTES = 64 * 1024
 """Default bound on one event's record: larger records are dead-lettered as
 ``oversized`` by the routed job and not counted by the statistics (generated
-events pad to 20 kB at most). Here rather than in :mod:`keyplane.events`, so
+events pad to 20 kB at most). Here rather than in :mod:`keyplane.reference.events`, so
 that reading the settings imports no Arrow."""
 
 
@@ -114,6 +114,12 @@ class Settings(BaseSettings):
         default="keyplane-broker",
         pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
         description="Bucket of the embedded broker's 's3' storage.",
+    )
+    pipeline: str = Field(
+        default="keyplane.reference.pipeline:counts",
+        description="The managed job's pipeline, as module:attribute (a keyplane Pipeline, or a "
+        "function returning one). `keyplane job start`, the DAGs and the dashboard all follow "
+        "its stages. Default: the reference two-stage count.",
     )
     events_topic: str = "keyplane.events"
     results_topic: str = "keyplane.results"

@@ -35,8 +35,8 @@ import httpx
 import pytest
 from dashboard_home import P, PreparedHome
 
+from keyplane.control.operators import OPERATORS
 from keyplane.dashboard.assets import remote_assets
-from keyplane.operators import OPERATORS
 from keyplane.testing import free_port
 
 pytestmark = pytest.mark.integration

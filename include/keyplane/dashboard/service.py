@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.dashboard.assets import offline_data_doc, static_file
 from keyplane.dashboard.metrics import CachedMetrics, MetricsRead, active_instances, summaries
 from keyplane.dashboard.timeline import DashboardPaths, load_dashboard
@@ -111,13 +111,13 @@ def job_facts(settings: Any, read: MetricsRead) -> JobFacts:
     """
     from kafka.errors import KafkaError
 
-    from keyplane.jobprocess import JobProcess, last_committed_batch
     from keyplane.kafka.admin import (
         TopicError,
         earliest_offsets,
         high_watermarks,
         partitions_of,
     )
+    from keyplane.spark.jobprocess import JobProcess, last_committed_batch
 
     try:
         job = JobProcess(settings)

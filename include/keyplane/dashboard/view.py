@@ -23,8 +23,8 @@ from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import RoutingConfig
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.control.protocol import ControllerState, Reconfiguration
 from keyplane.dashboard.metrics import (
     ActiveInstances,
     MetricsRead,
@@ -36,7 +36,7 @@ from keyplane.dashboard.metrics import (
 )
 from keyplane.dashboard.records import ValidationRecord
 from keyplane.dashboard.timeline import Dashboard, VersionRow
-from keyplane.protocol import ControllerState, Reconfiguration
+from keyplane.routing.config import RoutingConfig
 
 STALE_AFTER_S = 120.0
 """A job whose newest batch started longer ago than this is not called up: the

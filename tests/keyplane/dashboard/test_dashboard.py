@@ -15,9 +15,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from keyplane import config as config_store
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.control.protocol import ControllerState, ControlMessage, Reconfiguration
 from keyplane.dashboard import metrics as dm
 from keyplane.dashboard import view
 from keyplane.dashboard.records import (
@@ -37,9 +36,10 @@ from keyplane.dashboard.timeline import (
     load_dashboard,
     moved_key_rows,
 )
-from keyplane.handoff import state_moves
-from keyplane.protocol import ControllerState, ControlMessage, Reconfiguration
-from keyplane.routedkeys import spark_partition
+from keyplane.routing import config as config_store
+from keyplane.routing.config import OperatorRouting, RoutingConfig
+from keyplane.routing.handoff import state_moves
+from keyplane.routing.routedkeys import spark_partition
 from keyplane.testing import free_port
 
 T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from great_expectations.render import view as gx_view
 
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.control.protocol import ControllerState, ControlMessage, Reconfiguration
 from keyplane.dashboard import assets, view
 from keyplane.dashboard.metrics import MetricsRead
-from keyplane.protocol import ControllerState, ControlMessage, Reconfiguration
+from keyplane.routing.config import OperatorRouting, RoutingConfig
 
 T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
 STAGES = ("parse", "enrich", "count")
