@@ -89,6 +89,8 @@ function inRange(items, start) {
 function chart(id) {
   const node = document.getElementById(id);
   if (!charts[id]) charts[id] = echarts.init(node, null, { renderer: "canvas" });
+  // No animation: a refresh every few seconds must redraw at once, not replay a transition.
+  charts[id].setOption({ animation: false });
   return charts[id];
 }
 function colours(versions) {
