@@ -36,6 +36,14 @@ class DashboardService:
         self.paths = paths
         self.metrics = metrics
         self.facts = facts
+        self._facts: tuple[MetricsRead, JobFacts] | None = None
+
+    def _job_facts(self, read: MetricsRead) -> JobFacts:
+        """The job's facts, asked once per metrics read: a refresh within the metrics
+        cache's lifetime costs no Kafka round trip."""
+        if self._facts is None or self._facts[0] is not read:
+            self._facts = (read, self.facts(read))
+        return self._facts[1]
 
     @classmethod
     def from_environment(cls) -> DashboardService:
@@ -71,7 +79,7 @@ class DashboardService:
             configs=dashboard.configs,
             weights=dashboard.weights,
             validations=dashboard.validations,
-            health=job_health(self.facts(read), read, now),
+            health=job_health(self._job_facts(read), read, now),
             failed=failed,
             generated_at=now,
             metrics_topic=self.metrics.topic,
