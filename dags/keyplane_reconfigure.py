@@ -207,7 +207,7 @@ with DAG(
     dag_id="keyplane_reconfigure",
     description="Statistics → routing plan → GX → backtest → live rollout → verify/rollback",
     tags=["keyplane", "reconfiguration", "spark"],
-    params=PARAMS,
+    params=dagparts.unclamped(PARAMS),
     doc_md=__doc__,
     # await_ack, await_migrated_A/B, await_new_version_batches, the rollback's three, and
     # roll_out_waves's, at most MAX_WAVES_PER_RUN waves.
