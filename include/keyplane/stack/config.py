@@ -1,9 +1,10 @@
 """The stack's sizes, ports and link shaping: one frozen object, from ``KEYPLANE_STACK_*``.
 
-Sized for a machine of 2 cores: three workers of 1 core and 1 GiB each (the
-routed job takes 2 of those cores, so the reconfiguration run's statistics
-job gets the third, as ``spark.deploy.defaultCores`` gives a job that does
-not ask), and 4 task slots for Airflow's LocalExecutor. The ports are those
+Sized for a machine of 2 cores: three workers of 1 core and 1 GiB each, of
+which the routed job holds 2 (``spark.cores.max``) and any other application
+at most 1 (``spark.deploy.defaultCores``), so the reconfiguration run's
+statistics job never waits for the streaming job, which never ends; and 4
+task slots for Airflow's LocalExecutor. The ports are those
 that ``docker-compose.yml`` publishes on its host.
 """
 
@@ -13,7 +14,7 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -41,10 +42,13 @@ class StackConfig(BaseSettings):
     worker_cores: int = Field(default=1, ge=1)
     worker_memory: str = Field(default="1g", pattern=r"^[1-9][0-9]*[mg]$")
     job_cores: int = Field(
-        default=2,
+        default=2, ge=1, description="Cores the routed job holds (spark.cores.max)."
+    )
+    batch_cores: int = Field(
+        default=1,
         ge=1,
-        description="Cores an application gets when it does not set spark.cores.max (the "
-        "routed job); the rest stay free for the reconfiguration run's statistics job.",
+        description="The most cores any other application gets (spark.deploy.defaultCores): "
+        "the reconfiguration run's statistics job.",
     )
     postgres_port: int = Field(default=5432, ge=1, le=65535)
     airflow_port: int = Field(default=8080, ge=1, le=65535)
@@ -59,6 +63,16 @@ class StackConfig(BaseSettings):
     subnet: str = Field(
         default="10.55.0.0/24", description="The bridge's network; the bridge takes .1."
     )
+
+    @model_validator(mode="after")
+    def _cores_for_both(self) -> StackConfig:
+        offered = self.workers * self.worker_cores
+        if self.job_cores + self.batch_cores > offered:
+            raise ValueError(
+                f"job_cores {self.job_cores} + batch_cores {self.batch_cores} exceed the "
+                f"workers' {offered} cores: the statistics job would wait forever"
+            )
+        return self
 
     @field_validator("subnet")
     @classmethod

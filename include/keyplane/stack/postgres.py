@@ -86,6 +86,11 @@ class PostgresPiece:
             owner = pwd.getpwnam(SYSTEM_USER)
             for path in (self.folder, self.sockets, self.log):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
+            if self._as_owner(["test", "-w", str(self.folder)], check=False).returncode != 0:
+                raise StackError(
+                    f"postgres: the {SYSTEM_USER} user cannot reach {self.folder} (a parent "
+                    "folder is not searchable by others); choose a KEYPLANE_HOME it can reach"
+                )
         if (self.data / "PG_VERSION").is_file():
             return
         self._as_owner(

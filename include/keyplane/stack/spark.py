@@ -4,9 +4,10 @@ The master runs on this machine; each worker runs ``spark-class
 org.apache.spark.deploy.worker.Worker`` with ``worker_cores`` cores and
 ``worker_memory``, in its network namespace when the links are shaped
 (:mod:`keyplane.stack.network`). The master gives an application that does
-not set ``spark.cores.max`` ``job_cores`` cores
-(``spark.deploy.defaultCores``), so the routed job leaves a core to the
-reconfiguration run's statistics job, as in ``docker-compose.yml``.
+not set ``spark.cores.max`` at most ``batch_cores`` cores
+(``spark.deploy.defaultCores``), and the routed job's driver reads
+``spark.cores.max`` = ``job_cores`` from a ``spark-defaults.conf`` of its
+own (:func:`job_conf_dir`), as ``docker-compose.yml`` sets both.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
+
+
+def job_conf_dir(home: Path, config: StackConfig) -> Path:
+    """A ``SPARK_CONF_DIR`` for the routed job's driver: the cores it holds."""
+    folder = home / "spark" / "job-conf"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spark-defaults.conf").write_text(f"spark.cores.max {config.job_cores}\n")
+    return folder
 
 
 def master_state(ui_url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
@@ -95,7 +104,7 @@ class SparkMaster:
                 str(self.config.spark_ui_port),
             ]
             env = _environment(self.host, self.folder)
-            env["SPARK_MASTER_OPTS"] = f"-Dspark.deploy.defaultCores={self.config.job_cores}"
+            env["SPARK_MASTER_OPTS"] = f"-Dspark.deploy.defaultCores={self.config.batch_cores}"
             env["SPARK_DAEMON_MEMORY"] = "512m"
             (self.folder / "tmp").mkdir(parents=True, exist_ok=True)
             self.processes.start(self.name, command, self.log, env)

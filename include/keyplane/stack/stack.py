@@ -22,7 +22,7 @@ from keyplane.stack.kafka import KafkaPiece
 from keyplane.stack.network import Network
 from keyplane.stack.piece import Health, Piece
 from keyplane.stack.postgres import PostgresPiece
-from keyplane.stack.spark import SparkMaster, SparkWorkers
+from keyplane.stack.spark import SparkMaster, SparkWorkers, job_conf_dir
 
 CONTROL_KEY_ENV = "KEYPLANE_CONTROL_KEY"
 
@@ -70,6 +70,10 @@ class Stack:
             CONTROL_KEY_ENV: self.control_key(),
             "SPARK_LOCAL_IP": bridge if made.shaped else "127.0.0.1",
         }
+        job_environment = {
+            **driver_environment,
+            "SPARK_CONF_DIR": str(job_conf_dir(home, config)),
+        }
         dags, plugins = project_folders()
         local = LocalAirflow(
             setup=AirflowSetup(
@@ -92,7 +96,7 @@ class Stack:
         )
         pieces: list[Piece] = [kafka, master, workers, postgres, AirflowPiece(home, local)]
         if self.with_job:
-            pieces.append(JobPiece(job_settings, master.ui_url, driver_environment))
+            pieces.append(JobPiece(job_settings, master.ui_url, job_environment))
         return pieces
 
     def up(self, echo: Callable[[str], None]) -> list[Health]:
