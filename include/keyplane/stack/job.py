@@ -54,7 +54,10 @@ class JobPiece:
                 raise StackError(f"job did not come up: {error}") from None
 
     def down(self) -> bool:
-        return self.process.stop().outcome in ("stopped", "killed")
+        try:
+            return self.process.stop().outcome in ("stopped", "killed")
+        except JobError as error:
+            raise StackError(f"job: {error}") from None
 
     def health(self) -> Health:
         running = self.process.status().running is not None

@@ -57,7 +57,10 @@ class KafkaPiece:
             )
 
     def down(self) -> bool:
-        return self.broker.stop()
+        try:
+            return self.broker.stop()
+        except BrokerError as error:
+            raise StackError(f"kafka: {error}") from None
 
     def health(self) -> Health:
         up = answers_kafka(self.bootstrap_servers)

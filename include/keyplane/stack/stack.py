@@ -20,7 +20,7 @@ from keyplane.stack.config import StackConfig, stack_home
 from keyplane.stack.job import JobPiece
 from keyplane.stack.kafka import KafkaPiece
 from keyplane.stack.network import Network
-from keyplane.stack.piece import Health, Piece
+from keyplane.stack.piece import Health, Piece, StackError
 from keyplane.stack.postgres import PostgresPiece
 from keyplane.stack.spark import SparkMaster, SparkWorkers, job_conf_dir
 
@@ -118,13 +118,23 @@ class Stack:
         return healths
 
     def down(self, echo: Callable[[str], None]) -> None:
+        """Stop every piece, in reverse order, and remove the network; a piece that cannot be
+        stopped does not keep the others running. Raises the first failure at the end."""
         made = network.read(self.network_file) or self.network()
+        failures: list[StackError] = []
         for piece in reversed(self.pieces(made)):
-            stopped = piece.down()
+            try:
+                stopped = piece.down()
+            except StackError as failure:
+                failures.append(failure)
+                echo(f"{piece.name}: not stopped: {failure}")
+                continue
             echo(f"{piece.name}: {'stopped' if stopped else 'was not running'}")
         removed = network.remove(self.network_file)
         if removed:
             echo(f"network: removed {', '.join(removed)}")
+        if failures:
+            raise failures[0]
 
     def status(self) -> tuple[Network, list[Health]]:
         made = self.network()

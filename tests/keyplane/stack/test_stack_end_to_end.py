@@ -129,6 +129,9 @@ def _wait_exact(truth_specs: list[PairsWorkload], output: Path, timeout_s: float
     return report
 
 
+# A fresh home migrates Airflow's database and formats Kafka; on a busy machine of 2 cores the
+# whole flow takes minutes beyond the suite's default timeout.
+@pytest.mark.timeout(1500)
 def test_stack_up_counts_exact_a_scheduled_reconfigure_succeeds_and_down_leaves_nothing(
     home: Path,
 ) -> None:
@@ -173,17 +176,17 @@ def test_stack_up_counts_exact_a_scheduled_reconfigure_succeeds_and_down_leaves_
 
         def trickle() -> None:
             seed = 100
-            while not done.is_set() and seed < 300:
-                spec = PairsWorkload(n_events=2_000, n_keys=200, locality=0.8, seed=seed)
+            while not done.is_set() and seed < 1_000:
+                spec = PairsWorkload(n_events=1_000, n_keys=200, locality=0.8, seed=seed)
                 produce_workload(
-                    spec, bootstrap, topic, partitions=config.topic_partitions, rate=1_000
+                    spec, bootstrap, topic, partitions=config.topic_partitions, rate=500
                 )
                 sent.append(spec)
                 seed += 1
 
         producer = threading.Thread(target=trickle, daemon=True)
         producer.start()
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
         run: dict[str, Any] | None = None
         try:
             while time.monotonic() < deadline:
@@ -196,7 +199,7 @@ def test_stack_up_counts_exact_a_scheduled_reconfigure_succeeds_and_down_leaves_
         finally:
             done.set()
             producer.join(timeout=30)
-        assert run is not None, f"no scheduled run of {DAG_ID} ended within 300 s"
+        assert run is not None, f"no scheduled run of {DAG_ID} ended within 600 s"
         assert run["state"] == "success", airflow.failed_tasks(DAG_ID, run["dag_run_id"])
 
         report = _wait_exact(sent, output, timeout_s=180)
