@@ -53,7 +53,9 @@ class Stack:
             path.write_text(secrets.token_urlsafe(32))
         return path.read_text().strip()
 
-    def pieces(self, made: Network) -> list[Piece]:
+    def pieces(self, made: Network, starting: bool = False) -> list[Piece]:
+        """The pieces on ``made``; ``starting`` writes what only ``up`` needs (the control
+        key, the job's Spark configuration), so that ``status`` and ``down`` write nothing."""
         config, home = self.config, self.home
         bridge = config.address(0)
         external = (bridge, config.kafka_external_port) if made.shaped else None
@@ -67,12 +69,12 @@ class Stack:
             update={"bootstrap_servers": kafka.bootstrap_servers, "spark_master": master.url}
         )
         driver_environment = {
-            CONTROL_KEY_ENV: self.control_key(),
+            CONTROL_KEY_ENV: self.control_key() if starting else "",
             "SPARK_LOCAL_IP": bridge if made.shaped else "127.0.0.1",
         }
         job_environment = {
             **driver_environment,
-            "SPARK_CONF_DIR": str(job_conf_dir(home, config)),
+            "SPARK_CONF_DIR": str(job_conf_dir(home, config) if starting else ""),
         }
         dags, plugins = project_folders()
         local = LocalAirflow(
@@ -108,8 +110,8 @@ class Stack:
         healths: list[Health] = []
         # Airflow's database URL exists once PostgreSQL made its user: build the pieces
         # again after it, so Airflow never falls back to SQLite.
-        for index in range(len(self.pieces(made))):
-            piece = self.pieces(made)[index]
+        for index in range(len(self.pieces(made, starting=True))):
+            piece = self.pieces(made, starting=True)[index]
             echo(f"{piece.name}: starting")
             piece.up()
             health = piece.health()
