@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up everything first (idempotent).
-.PHONY: demo test lint bootstrap airflow
+.PHONY: demo test lint bootstrap airflow stack stack-down
 
 bootstrap:
 	@scripts/bootstrap
@@ -23,6 +23,16 @@ lint: bootstrap
 # The Airflow UI, scheduler, dag processor and triggerer on dags/ and plugins/ (README).
 airflow: bootstrap
 	.venv/bin/keyplane airflow
+
+# Production on one machine (docs/deploy.md): Apache Kafka, Spark standalone with 3 workers
+# on shaped links, PostgreSQL, Airflow's four components and the routed job; returns once all
+# are healthy. `make stack-down` stops everything it started.
+stack: bootstrap
+	.venv/bin/keyplane stack up
+	.venv/bin/keyplane stack status
+
+stack-down:
+	.venv/bin/keyplane stack down
 
 test: lint
 	@scripts/install-browser

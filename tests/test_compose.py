@@ -2082,11 +2082,11 @@ def test_dashboard_check_rejects_broken_data_docs(
     [
         (
             lambda c: replace_token(c, "keyplane-job", "spark.cores.max=2", "spark.cores.max=4"),
-            "the job's 4 cores and 2 for other applications exceed the workers' 4 cores",
+            "the job's 4 cores and 1 for other applications exceed the workers' 3 cores",
         ),
         (
             lambda c: svc(c, "spark-master")["environment"].pop("SPARK_MASTER_OPTS"),
-            "the job's 2 cores and 4 for other applications exceed",
+            "the job's 2 cores and 3 for other applications exceed",
         ),
         (
             lambda c: remove_option(c, "keyplane-job", "--conf", "spark.cores.max=2"),
@@ -2094,7 +2094,7 @@ def test_dashboard_check_rejects_broken_data_docs(
         ),
         (
             lambda c: svc(c, "spark-worker")["deploy"].update(replicas=1),
-            "exceed the workers' 2 cores",
+            "exceed the workers' 1 cores",
         ),
     ],
     ids=["job-takes-all", "batch-uncapped", "job-uncapped", "one-worker"],
@@ -2103,3 +2103,26 @@ def test_spark_cores_check_rejects_starved_statistics_job(
     resolved: Compose, mutate: Callable[[Compose], None], message: str
 ) -> None:
     assert message in problems_after(check_spark_cores, resolved, mutate)
+
+
+def test_compose_sizes_the_cluster_and_airflow_as_keyplane_stack_does(resolved: Compose) -> None:
+    """One stack, two deployments: compose's defaults are ``keyplane stack``'s sizes."""
+    from keyplane.stack.config import StackConfig
+
+    stack = StackConfig()
+    worker = services(resolved)["spark-worker"]
+    command = command_of(worker)
+    assert int(worker["deploy"]["replicas"]) == stack.workers
+    assert option_values(command, "--cores") == [str(stack.worker_cores)]
+    assert option_values(command, "--memory") == [stack.worker_memory]
+    opts = env_of(services(resolved)["spark-master"])["SPARK_MASTER_OPTS"]
+    assert f"-Dspark.deploy.defaultCores={stack.batch_cores}" in opts.split()
+    job = job_service(resolved)
+    assert job is not None
+    submit, _, _ = split_submit(command_of(job[1]))
+    assert f"spark.cores.max={stack.job_cores}" in option_values(submit, "--conf")
+    for name in ("airflow-scheduler", "airflow-apiserver"):
+        env = env_of(services(resolved)[name])
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+        assert env["AIRFLOW__CORE__PARALLELISM"] == str(stack.airflow_parallelism)
+        assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")

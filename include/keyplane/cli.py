@@ -908,6 +908,31 @@ def cmd_airflow(settings: Settings, args: argparse.Namespace) -> int:
     return serve(local)
 
 
+def cmd_stack(settings: Settings, args: argparse.Namespace) -> int:
+    """Production on one machine: Kafka, Spark standalone, PostgreSQL, Airflow, the job."""
+    from keyplane.stack.config import StackConfig
+    from keyplane.stack.piece import StackError
+    from keyplane.stack.stack import Stack
+
+    stack = Stack(settings, StackConfig(), with_job=not getattr(args, "without_job", False))
+    try:
+        if args.action == "up":
+            stack.up(print)
+            print(f"stack up; logs under {stack.home}; `keyplane stack down` stops it")
+            return 0
+        if args.action == "down":
+            stack.down(print)
+            return 0
+        made, healths = stack.status()
+    except (StackError, FileNotFoundError) as error:
+        raise CliError(str(error)) from None
+    print(_line("network", made.describe()))
+    for health in healths:
+        state = "up" if health.up else "down"
+        print(_line(health.piece, f"{state} at {health.url}: {health.detail}"))
+    return 0 if all(health.up for health in healths) else 1
+
+
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """One screen for the whole stack: is everything up, what runs, how far behind."""
     bootstrap = settings.resolved_bootstrap_servers()
@@ -1156,6 +1181,18 @@ def build_parser() -> argparse.ArgumentParser:
     airflow.add_argument("--dags-folder", type=Path, help="default: the project's dags/")
     airflow.add_argument("--plugins-folder", type=Path, help="default: the project's plugins/")
     airflow.set_defaults(func=cmd_airflow)
+
+    stack = sub.add_parser(
+        "stack",
+        help="production on one machine: Apache Kafka, a Spark standalone master and workers "
+        "(on shaped links where namespaces can be made), PostgreSQL, Airflow's four components "
+        "and the routed job; up, down, or each piece's status (exit 1 unless all are up)",
+    )
+    stack.add_argument("action", choices=("up", "down", "status"))
+    stack.add_argument(
+        "--without-job", action="store_true", help="up: everything but the routed job"
+    )
+    stack.set_defaults(func=cmd_stack)
 
     configs = sub.add_parser(
         "config", help="show or diff stored routing configurations; publish one live or abort it"

@@ -115,7 +115,11 @@ def new_cluster_id() -> str:
 
 
 def server_properties(
-    port: int, controller_port: int, log_dir: Path, sasl_plain: SaslPlainListener | None = None
+    port: int,
+    controller_port: int,
+    log_dir: Path,
+    sasl_plain: SaslPlainListener | None = None,
+    external: tuple[str, int] | None = None,
 ) -> str:
     """A combined broker and controller on loopback, replication factors of one node.
 
@@ -125,10 +129,17 @@ def server_properties(
     three seconds: a single consumer joins each group here. ``sasl_plain``
     adds a ``SASL_PLAINTEXT`` listener that accepts its users (mechanism
     PLAIN) beside the ``PLAINTEXT`` one, which the broker's own health
-    check and its inter-broker traffic keep using.
+    check and its inter-broker traffic keep using. ``external`` (host, port)
+    adds a ``PLAINTEXT`` listener named ``EXTERNAL`` on another address, for
+    clients to which loopback is not this machine's (processes in network
+    namespaces of their own); a client that bootstraps there is given that
+    address for the broker.
     """
     listeners = [f"PLAINTEXT://127.0.0.1:{port}"]
     protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+    if external is not None:
+        listeners.append(f"EXTERNAL://{external[0]}:{external[1]}")
+        protocols.append("EXTERNAL:PLAINTEXT")
     sasl_lines: list[str] = []
     if sasl_plain is not None:
         listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{sasl_plain.port}")
@@ -213,9 +224,11 @@ class ApacheKafkaBroker:
         port: int = 19092,
         install: Path | None = None,
         sasl_plain: SaslPlainListener | None = None,
+        external: tuple[str, int] | None = None,
     ) -> None:
         if not 1 <= port <= 65535:
             raise BrokerError(f"port {port} is not one of 1..65535")
+        self.external = external
         self.home = Path(home)
         self.port = port
         self.sasl_plain = sasl_plain
@@ -290,7 +303,9 @@ class ApacheKafkaBroker:
         controller_port = _free_loopback_port()
         write_atomically(
             properties,
-            server_properties(self.port, controller_port, self.log_dir, self.sasl_plain),
+            server_properties(
+                self.port, controller_port, self.log_dir, self.sasl_plain, self.external
+            ),
         )
         write_atomically(self.kafka_dir / "log4j2.properties", _LOG4J2)
         log = self.home / "broker.log"

@@ -166,12 +166,13 @@ def airflow_command() -> str:
     return str(Path(sys.executable).parent / "airflow")
 
 
-def migrate_database(setup: AirflowSetup) -> None:
-    """Create or upgrade the SQLite metadata database (``airflow db migrate``, idempotent)."""
+def migrate_database(setup: AirflowSetup, env: Mapping[str, str] | None = None) -> None:
+    """Create or upgrade the metadata database (``airflow db migrate``, idempotent): SQLite
+    under the setup's home, or the database that ``env`` names (default: the setup's)."""
     setup.airflow_home.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         [airflow_command(), "db", "migrate"],
-        env=setup.environment(),
+        env=setup.environment() if env is None else dict(env),
         capture_output=True,
         text=True,
     )

@@ -4,7 +4,8 @@ Four processes, as Airflow 3 runs in production: the API server (the UI and
 the REST API), the scheduler (with the LocalExecutor, whose workers run the
 tasks), the dag processor (parses the DAG files) and the triggerer (the
 rollout's deferred waits, the metrics watcher). Metadata in SQLite under
-``$KEYPLANE_HOME/airflow``; the connections and ``KEYPLANE_*`` variables are
+``$KEYPLANE_HOME/airflow``, or in the database that ``database_url`` names
+(``keyplane stack`` runs them on PostgreSQL); the connections and ``KEYPLANE_*`` variables are
 those of :class:`~keyplane.orchestration.dagrun.AirflowSetup`, so the tasks
 see the same deployment as ``keyplane job`` and ``airflow dags test``.
 
@@ -16,6 +17,7 @@ most one slot at a time besides its Spark job, which is parallel by itself.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -42,6 +44,10 @@ class LocalAirflow:
     port: int = 8080
     parallelism: int = 4
     host: str = "127.0.0.1"
+    database_url: str | None = None
+    """SQLAlchemy URL of the metadata database; None: SQLite under the Airflow home."""
+    extra_environment: tuple[tuple[str, str], ...] = ()
+    """More variables for every component and the tasks they run (``SPARK_LOCAL_IP``)."""
 
     @property
     def url(self) -> str:
@@ -63,8 +69,15 @@ class LocalAirflow:
         return path.read_text().strip()
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        database = (
+            {}
+            if self.database_url is None
+            else {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url}
+        )
         return {
             **self.setup.environment(base),
+            **database,
+            **dict(self.extra_environment),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.plugins_folder),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
@@ -96,6 +109,21 @@ class LocalAirflow:
             "  (written when the API server first starts)",
             f"logs: {self.setup.airflow_home / 'logs'}; stop with Ctrl-C",
         ]
+
+
+def component_health(url: str, timeout_s: float = 2.0) -> dict[str, str]:
+    """Each component's status as the API server reports it (``metadatabase``,
+    ``scheduler``, ``triggerer``, ``dag_processor``); empty when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=timeout_s) as reply:
+            report = json.loads(reply.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+    return {
+        name: str(part.get("status"))
+        for name, part in report.items()
+        if isinstance(part, dict) and "status" in part
+    }
 
 
 def healthy(url: str, timeout_s: float = 2.0) -> bool:
@@ -142,8 +170,8 @@ def _signal_group(process: subprocess.Popen[bytes], sent: signal.Signals) -> Non
 
 def start(local: LocalAirflow) -> Running:
     """Migrate the metadatabase, then start the four components, each logging to a file."""
-    migrate_database(local.setup)
     env = local.environment()
+    migrate_database(local.setup, env)
     folder = local.setup.airflow_home / "logs" / "components"
     folder.mkdir(parents=True, exist_ok=True)
     processes: dict[str, subprocess.Popen[bytes]] = {}
