@@ -552,5 +552,13 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
             f" h.batches.filter(b => b.version === {published}).length))"
         )
         assert all(count > 0 for count in new_version_cells), new_version_cells
+        # The schedule's run, marked failed above, is listed with a link to it in the UI.
+        failed = browser.evaluate(
+            "Array.from(document.querySelectorAll('#failed-runs a.run'))"
+            ".map(a => a.getAttribute('href'))"
+        )
+        assert failed and all(
+            href.startswith(f"/dags/{tasks.RECONFIGURE_DAG_ID}/runs/scheduled__") for href in failed
+        ), failed
         browser.screenshot(ARTIFACTS / "flow-4-dashboard.png")
     print(f"\ntrigger → approval → success in {flow_s:.0f} s; screenshots in {ARTIFACTS}")
