@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.control.protocol import ControllerState, Reconfiguration
+from keyplane.control.controller_protocol import ControllerState, Reconfiguration
 from keyplane.dashboard.metrics import SwitchWindow, switch_windows
 from keyplane.dashboard.records import (
     DecisionRecord,

@@ -304,7 +304,7 @@ def rollout_chain(
     One task sends every operator's PROPAGATE in one publish, before the
     first wait, so that the job reads them at one batch boundary: all
     operators switch in the same micro-batch and install in the next (see
-    :mod:`keyplane.control.protocol` for why a micro-batch job may). A task per
+    :mod:`keyplane.control.messages` for why a micro-batch job may). A task per
     operator would let a boundary fall between their publishes, and the
     downstream operators would switch, and the rollout end, one batch
     later. Each operator's install is still a step of its own: its wait for

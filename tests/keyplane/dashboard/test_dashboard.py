@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.control.protocol import ControllerState, ControlMessage, Reconfiguration
+from keyplane.control.controller_protocol import ControllerState, Reconfiguration
+from keyplane.control.messages import ControlMessage
 from keyplane.dashboard import metrics as dm
 from keyplane.dashboard import view
 from keyplane.dashboard.records import (
