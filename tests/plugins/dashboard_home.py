@@ -17,14 +17,19 @@ production:
   Spark), which leaves the controller's state file with its timings;
 * BatchMetrics records on the metrics topic, written with keyplane's
   producer: batches on v1, two mid-migration batches, batches on v2.
+
+:class:`MeteredProtocolJob` then stands in for the running job while a DAG
+run rolls a version out.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from keyplane.algorithms.batchmetrics import BatchMetrics, PairCount
 from keyplane.control.operators import OPERATORS
@@ -146,3 +151,79 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
     finally:
         producer.close()
     return PreparedHome(deployment, deployment.metrics_topic, bootstrap_servers, len(records))
+
+
+class MeteredProtocolJob:
+    """The job's protocol and metrics, without Spark: what a DAG run needs from a job.
+
+    :class:`keyplane.testing.ProtocolOnlyJob` answers the rollout (ACK, and
+    MIGRATED for each stage) over the real control topic; a second thread
+    writes one :class:`BatchMetrics` record a second to the metrics topic,
+    each stage on the version the protocol routes it with, so that the run's
+    ``await_new_version_batches`` and ``verify`` read real records of the
+    new version. Even loads, a fixed locality: the figures are not under test.
+    """
+
+    def __init__(self, prepared: PreparedHome, active_version: int) -> None:
+        self.prepared = prepared
+        self.active_version = active_version
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._write, name="metrics-writer", daemon=True)
+        self._job: Any = None
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> MeteredProtocolJob:
+        from keyplane.kafka.control import ControlChannel
+        from keyplane.testing import ProtocolOnlyJob
+
+        deployment = self.prepared.deployment
+        channel = ControlChannel(
+            self.prepared.bootstrap_servers, deployment.control_topic, key=CONTROL_KEY
+        )
+        channel.ensure()
+        self._job = ProtocolOnlyJob(
+            channel, deployment.routing_store, OPERATORS, self.active_version, batch_interval_s=0.5
+        ).__enter__()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._job.__exit__(None, None, None)
+        if self._error is not None:
+            raise AssertionError("the metrics writer failed") from self._error
+
+    def _write(self) -> None:
+        from keyplane.kafka.producer import make_producer
+
+        producer = make_producer(self.prepared.bootstrap_servers)
+        batch = 1000
+        try:
+            while not self._stop.is_set():
+                state = self._job.state
+                versions = {
+                    op: state.routes[op][-1][1] if state.routes.get(op) else state.active_version
+                    for op in OPERATORS
+                }
+                load = {op: dict.fromkeys(range(P), 1000) for op in OPERATORS}
+                record = BatchMetrics(
+                    batch_id=batch,
+                    started_at=datetime.now(UTC),
+                    versions=versions,
+                    rows=4000,
+                    rows_per_s=5000.0,
+                    duration_ms=800,
+                    input_lag=100,
+                    load=load,
+                    hops=4000,
+                    local_hops=3200,
+                )
+                producer.send(self.prepared.metrics_topic, value=record.model_dump_json().encode())
+                producer.flush(timeout=10)
+                batch += 1
+                self._stop.wait(1.0)
+        except BaseException as error:
+            self._error = error
+        finally:
+            producer.close()

@@ -30,21 +30,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
-from dashboard_home import P, PreparedHome
+from dashboard_home import HOT_KEY, MeteredProtocolJob, P, PreparedHome
 
 from keyplane.control.operators import OPERATORS
 from keyplane.dashboard.assets import remote_assets
-from keyplane.testing import free_port
+from keyplane.orchestration import tasks
+from keyplane.testing import free_port, paired_tuple_counts, write_statistics_snapshot
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "dashboard"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-STARTUP_TIMEOUT_S = 90
+STARTUP_TIMEOUT_S = 180
 
 
 @dataclass(frozen=True)
@@ -57,18 +59,22 @@ class Airflow:
 def airflow(
     prepared_home: PreparedHome, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Airflow]:
-    """``airflow standalone`` with the keyplane plugin, its API server on a free port."""
+    """``airflow standalone`` with the keyplane plugin and DAGs, its API server on a free port.
+
+    The DAGs are paused, as Airflow creates them, until a trigger unpauses one."""
     home = tmp_path_factory.mktemp("airflow_home")
-    dags = home / "dags"
-    dags.mkdir()
     port = free_port()
     venv_bin = Path(sys.executable).parent
     env = {
         **os.environ,
         **prepared_home.environment(),
         "AIRFLOW_HOME": str(home),
+        # SQLite with a 60 s busy timeout: under load the scheduler, the API server and
+        # the task processes contend for the one file, and the default 5 s ends the
+        # scheduler with "database is locked".
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=60",
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
@@ -131,7 +137,12 @@ class DevTools:
     def __init__(self, url: str) -> None:
         from websockets.sync.client import connect
 
-        self._socket = connect(url, max_size=64 * 1024 * 1024, open_timeout=10)
+        # No keepalive and no receive bound: the browser's events pile up while a test
+        # waits minutes for a DAG run, and a bounded queue would stop reading the socket,
+        # pongs included, and end the connection.
+        self._socket = connect(
+            url, max_size=64 * 1024 * 1024, open_timeout=10, ping_interval=None, max_queue=None
+        )
         self._ids = itertools.count(1)
 
     def call(self, method: str, timeout_s: float = 30, **params: Any) -> dict[str, Any]:
@@ -354,3 +365,200 @@ def test_dashboard_shows_timeline_rollout_and_heatmaps_in_airflow(
     ):
         assert time.monotonic() < deadline, "the Browse menu has no keyplane entry"
         time.sleep(0.25)
+
+
+FLOW_TIMEOUT_S = 420
+"""Longest wait for one step of the run (a shared CI machine may be slow)."""
+
+
+def _api(airflow: Airflow, token: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=f"{airflow.base}/api/v2", headers={"Authorization": f"Bearer {token}"}, timeout=60
+    )
+
+
+def _wait(what: str, check: Any, timeout_s: float = FLOW_TIMEOUT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s} s")
+        time.sleep(1)
+
+
+def _task_states(api: httpx.Client, run_path: str) -> dict[str, str | None]:
+    listed = api.get(f"{run_path}/taskInstances")
+    if listed.status_code != 200:
+        return {}
+    return {t["task_id"]: t["state"] for t in listed.json()["task_instances"]}
+
+
+def _click(browser: DevTools, selector: str, text: str | None = None) -> None:
+    found = browser.evaluate(
+        f"""(() => {{ const all = Array.from(document.querySelectorAll({json.dumps(selector)}));
+  const want = {json.dumps(text)};
+  const e = all.find(e => want === null || e.textContent.trim() === want);
+  if (!e) return false; e.scrollIntoView({{block: 'center'}}); e.click(); return true; }})()"""
+    )
+    assert found, f"no {selector} {text or ''} to click"
+
+
+def _type(browser: DevTools, selector: str, text: str) -> None:
+    """Type into a field as a person does: focus, select what is there, type, Tab away."""
+    focused = browser.evaluate(
+        f"""(() => {{ const e = document.querySelector({json.dumps(selector)});
+  if (!e) return false; e.scrollIntoView({{block: 'center'}});
+  e.focus(); e.select(); return true; }})()"""
+    )
+    assert focused, f"no field {selector}"
+    browser.call("Input.insertText", text=text)
+    for kind in ("keyDown", "keyUp"):
+        browser.call(
+            "Input.dispatchKeyEvent", type=kind, key="Tab", code="Tab", windowsVirtualKeyCode=9
+        )
+
+
+def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_dashboard(
+    airflow: Airflow, prepared_home: PreparedHome, browser: DevTools
+) -> None:
+    """The operator's path: the trigger form with ``require_approval`` on, the run's
+    Required action approved in the UI, the run succeeds, the dashboard shows the version.
+
+    Only Spark is stood in for. As soon as the run exists, its statistics snapshot is
+    written and ``collect_statistics`` (spark-submit) is marked successful through the
+    REST API; the
+    schedule's own run, which the form's "unpause on trigger" starts, is marked
+    failed for the same reason. A :class:`MeteredProtocolJob` answers the rollout
+    and writes the new version's metrics. Everything else is the real DAG: GX
+    validations, the METIS/FISH plan, backtest, decision, Airflow's approval
+    operator, the controller over the embedded broker, verify.
+    """
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    deployment = prepared_home.deployment
+    token = _admin_token(airflow.base, airflow.home)
+    api = _api(airflow, token)
+    browser.call("Network.setCookie", name="_token", value=token, url=airflow.base, path="/")
+    started = time.monotonic()
+
+    with MeteredProtocolJob(prepared_home, active_version=2):
+        # 1. The trigger form: approval and force on, alpha typed.
+        browser.open(
+            f"{airflow.base}/dags/{tasks.RECONFIGURE_DAG_ID}",
+            "Array.from(document.querySelectorAll('button'))"
+            ".some(b => b.textContent.trim() === 'Trigger')",
+            timeout_s=60,
+        )
+        _click(browser, "button", "Trigger")
+        _wait(
+            "the trigger form",
+            lambda: browser.evaluate("!!document.querySelector('input[name=element_alpha]')"),
+            30,
+        )
+        for name in ("require_approval", "force"):
+            _click(browser, f"label[id='switch:element_{name}']")
+            checked = f"document.querySelector('input[name=element_{name}]').checked"
+            assert browser.evaluate(checked), name
+        _type(browser, "input[name=element_alpha]", "1.1")
+        browser.evaluate(
+            "document.querySelector(\"label[id='switch:element_force']\")"
+            ".scrollIntoView({block: 'start'})"
+        )
+        browser.screenshot(ARTIFACTS / "flow-1-trigger-form.png", full_page=False)
+        _click(browser, "[role=dialog] button", "Trigger")
+
+        # Spark's step stands in: the run's snapshot, then collect_statistics marked done.
+        runs_path = f"/dags/{tasks.RECONFIGURE_DAG_ID}/dagRuns"
+
+        def manual_run() -> dict[str, Any] | None:
+            listed = api.get(runs_path).json()["dag_runs"]
+            return next((r for r in listed if r["run_type"] == "manual"), None)
+
+        run = _wait("the triggered run", manual_run, 60)
+        run_id = run["dag_run_id"]
+        run_path = f"{runs_path}/{quote(run_id, safe='')}"
+        assert run["conf"]["require_approval"] is True and run["conf"]["force"] is True, run
+        assert run["conf"]["alpha"] == 1.1, run
+        write_statistics_snapshot(
+            deployment.snapshots, run_id, paired_tuple_counts(48, 11, {HOT_KEY: 30})
+        )
+        marked = api.patch(
+            f"{run_path}/taskInstances/collect_statistics", json={"new_state": "success"}
+        )
+        assert marked.status_code == 200, marked.text
+
+        def awaiting_approval() -> dict[str, str | None] | None:
+            # The schedule's run, started by the unpause, cannot collect statistics
+            # without Spark and would hold the DAG's one active run: failed at once.
+            for other in api.get(runs_path).json()["dag_runs"]:
+                if other["run_type"] == "scheduled" and other["state"] in ("queued", "running"):
+                    other_path = f"{runs_path}/{quote(other['dag_run_id'], safe='')}"
+                    api.patch(other_path, json={"state": "failed"})
+            states = _task_states(api, run_path)
+            return states if states.get("approve_rollout") == "awaiting_input" else None
+
+        # 2. The run plans, validates, backtests, decides, then waits for a person.
+        states = _wait("approve_rollout awaiting input", awaiting_approval)
+        assert states["decide"] == "success" and states["publish"] is None, states
+        browser.open(
+            f"{airflow.base}/dags/{tasks.RECONFIGURE_DAG_ID}/runs/{quote(run_id, safe='')}"
+            "/tasks/approve_rollout/required_actions",
+            "Array.from(document.querySelectorAll('button'))"
+            ".some(b => b.textContent.trim() === 'Approve')",
+            timeout_s=60,
+        )
+        body = browser.evaluate("document.body.innerText")
+        assert "Roll out v" in body and "keys moved" in body, body[:2000]
+        browser.screenshot(ARTIFACTS / "flow-2-approval.png", full_page=False)
+        _click(browser, "button", "Approve")
+
+        # 3. Approved: the rollout runs against the job and the run succeeds.
+        _wait(
+            "the run's success",
+            lambda: api.get(run_path).json()["state"] in ("success", "failed"),
+        )
+        final = _task_states(api, run_path)
+        state = api.get(run_path).json()["state"]
+        assert state == "success", final
+        assert final["approve_rollout"] == final["done"] == final["verify"] == "success", final
+        browser.open(
+            f"{airflow.base}/dags/{tasks.RECONFIGURE_DAG_ID}/runs/{quote(run_id, safe='')}",
+            "document.body.innerText.includes('approve_rollout')",
+            timeout_s=60,
+        )
+        browser.screenshot(ARTIFACTS / "flow-3-run-succeeded.png", full_page=False)
+        flow_s = time.monotonic() - started
+
+        # 4. The dashboard: the new version active, its rollout's steps, its heatmaps.
+        published = tasks._read(
+            tasks.run_folder(deployment, tasks.RECONFIGURE_DAG_ID, run_id) / tasks.PROPOSAL, "p"
+        )["version"]
+        browser.open(
+            f"{airflow.base}/keyplane/",
+            DASHBOARD_READY
+            + f" && document.getElementById('active-version').textContent === 'v{published}'"
+            " && document.querySelectorAll('#rollout-steps li.step.done').length > 0",
+            timeout_s=60,
+        )
+        shown = _rendered_dashboard(browser)
+        assert shown["rows"][0] == str(published), shown
+        assert shown["rollout"].startswith(f"v2 → v{published}: done"), shown["rollout"]
+        assert all(done for _, _, done in shown["steps"]), shown["steps"]
+        assert [s[0] for s in shown["steps"]][-1] == "DONE"
+        assert shown["heatmaps"] == [[op, True] for op in OPERATORS], shown
+        new_version_cells = browser.evaluate(
+            "fetch('api/state').then(r => r.json()).then(s => s.heatmaps.map(h =>"
+            f" h.batches.filter(b => b.version === {published}).length))"
+        )
+        assert all(count > 0 for count in new_version_cells), new_version_cells
+        # The schedule's run, marked failed above, is listed with a link to it in the UI.
+        failed = browser.evaluate(
+            "Array.from(document.querySelectorAll('#failed-runs a.run'))"
+            ".map(a => a.getAttribute('href'))"
+        )
+        assert failed and all(
+            href.startswith(f"/dags/{tasks.RECONFIGURE_DAG_ID}/runs/scheduled__") for href in failed
+        ), failed
+        browser.screenshot(ARTIFACTS / "flow-4-dashboard.png")
+    print(f"\ntrigger → approval → success in {flow_s:.0f} s; screenshots in {ARTIFACTS}")

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.control.protocol import ControllerState, Reconfiguration
+from keyplane.control.controller_protocol import ControllerState, Reconfiguration
 from keyplane.dashboard.metrics import (
     ActiveInstances,
     MetricsRead,

@@ -561,3 +561,34 @@ def test_versions_planned_but_not_published_are_not_listed(tmp_path: Path) -> No
     assert [r.version for r in dashboard.rows] == [1]
     assert dashboard.hidden == 2
     assert _document(dashboard)["hidden_versions"] == 2
+
+
+def test_moved_keys_keep_their_order_when_a_newer_snapshot_arrives(tmp_path: Path) -> None:
+    """The moved keys of v1 → v2 are ranked by the snapshot v2 was planned from, so a
+    refresh after the next run's snapshot does not re-rank the table."""
+    store = tmp_path / "configs"
+    config_store.save(_config(1, None, "initial"), store)
+    config_store.save(_config(2, 1, "schedule"), store)
+    snapshots = tmp_path / "statistics"
+    (snapshots / "run-1").mkdir(parents=True)
+    (snapshots / "run-1" / "proposal.json").write_text(json.dumps({"version": 2}))
+    _frequencies(
+        snapshots / "run-1" / "frequencies.parquet",
+        stage=["A", "A"],
+        key=["us", "eu"],
+        count=[500, 10],
+    )
+    paths = DashboardPaths(store, snapshots, tmp_path / "controller.json", tmp_path)
+    before = [m.key for m in load_dashboard(paths, []).moved_keys or () if m.operator == "A"]
+    assert before == ["us", "eu"]
+
+    _frequencies(
+        snapshots / "run-2" / "frequencies.parquet",
+        stage=["A", "A"],
+        key=["us", "eu"],
+        count=[1, 900],
+    )
+    dashboard = load_dashboard(paths, [])
+    assert [m.key for m in dashboard.moved_keys or () if m.operator == "A"] == before
+    # The hot-key weights still come from the newest snapshot.
+    assert dashboard.weights["A"]["eu"] == 900.0

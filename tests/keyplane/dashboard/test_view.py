@@ -14,7 +14,8 @@ import pytest
 from great_expectations.render import view as gx_view
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.control.protocol import ControllerState, ControlMessage, Reconfiguration
+from keyplane.control.controller_protocol import ControllerState, Reconfiguration
+from keyplane.control.messages import ControlMessage
 from keyplane.dashboard import assets, view
 from keyplane.dashboard.metrics import MetricsRead
 from keyplane.routing.config import OperatorRouting, RoutingConfig
