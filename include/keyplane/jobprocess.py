@@ -126,22 +126,19 @@ class JobRecord(BaseModel):
     log_offset: int = Field(default=0, ge=0)
 
     def flags(self) -> dict[str, str]:
-        """The job's ``--flag=value`` options as its command line has them (either spelling,
-        as :meth:`aggregates` reads them)."""
-        flags = dict(zip(self.command, self.command[1:], strict=False))
+        """The job's ``--flag=value`` options as its command line has them."""
+        flags = {}
         for arg in self.command:
             flag, equals, value = arg.partition("=")
             if flag.startswith("--") and equals:
                 flags[flag] = value
-        return {flag: value for flag, value in flags.items() if flag.startswith("--")}
+        return flags
 
     def aggregates(self) -> dict[str, str | None]:
         """Each stage's ``module:attr`` as the job's command line names it; None: the default.
 
         Read from the recorded command, the job's own settings, so that
-        ``status`` needs neither PySpark nor the user's module to say it. The
-        job's flags are ``--flag=value``; a job launched by an earlier keyplane,
-        still running, has them as ``--flag value``, so both spellings are read.
+        ``status`` needs neither PySpark nor the user's module to say it.
         """
         flags = self.flags()
         return {stage: canonical_spec(flags.get(flag)) for stage, flag in AGGREGATE_FLAGS.items()}

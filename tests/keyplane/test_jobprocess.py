@@ -383,13 +383,6 @@ def test_stage_aggregates_reach_the_job_command_line_and_its_record(tmp_path: Pa
     assert _record(1).aggregates() == {"A": None, "B": None}
 
 
-def test_a_record_of_a_job_launched_with_separate_flag_values_still_names_its_aggregates() -> None:
-    """A job an earlier keyplane launched, still running, has ``--flag value`` arguments."""
-    earlier = (*JOB_COMMAND, "--stage-a-aggregate", VALUE_COUNTS, "--forward", "tuples")
-
-    assert _record(1, earlier).aggregates() == {"A": VALUE_COUNTS, "B": None}
-
-
 @pytest.mark.parametrize(
     ("spec", "problem"),
     [
@@ -483,8 +476,7 @@ def test_a_stand_in_job_running_an_aggregate_is_shown_and_not_taken_for_another(
         sys.executable,
         "-c",
         "import time; time.sleep(300)",
-        "--stage-b-aggregate",
-        VALUE_COUNTS,
+        f"--stage-b-aggregate={VALUE_COUNTS}",
     )
     proc = start_detached(command, tmp_path / "stand-in.log")
     try:

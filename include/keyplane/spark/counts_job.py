@@ -76,13 +76,6 @@ from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge
 from keyplane.spark.routed_source import read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
-from keyplane.spark.watermark import (
-    NEW_CHECKPOINT_TIME_MODE,
-    CheckpointRecordError,
-    StageTimeMode,
-    stage_time_mode,
-    with_stage_watermark,
-)
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +157,6 @@ class CountsJobSettings(BaseModel):
         "a Python worker's memory. Default KEYPLANE_MAX_EVENT_BYTES, the bound the "
         "statistics use too.",
     )
-    handoff_primers: bool = Field(
-        default_factory=lambda: Settings().handoff_primers,
-        description="With the JVM stages, each batch carries empty hand-off rows so that a "
-        "rollout finds their code compiled (keyplane.spark.routed_source.primer_rows). "
-        "Default KEYPLANE_HANDOFF_PRIMERS (on).",
-    )
     read_tasks: int | None = Field(
         default=None,
         ge=1,
@@ -183,13 +170,6 @@ class CountsJobSettings(BaseModel):
         description="Where the routed job's stages run: 'jvm', Java stateful processors "
         "(the running count only; keyplane.spark.jvm), 'python' (any aggregate), or 'auto': "
         "the JVM when both stages run the running count and the session has the jar.",
-    )
-    new_checkpoint_time_mode: StageTimeMode = Field(
-        default=NEW_CHECKPOINT_TIME_MODE,
-        description="The time mode stage A starts a new checkpoint in: 'None' (the stages "
-        "have no timers) or 'EventTime', as earlier versions of keyplane wrote checkpoints, to "
-        "compare the two or test such a checkpoint's restart. An existing checkpoint keeps the "
-        "mode it was written in (keyplane.spark.watermark).",
     )
     restarts: int = Field(
         default=0,
@@ -350,13 +330,8 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
     With ``settings.routing_store`` this is the routed job, whose operators
     have as many instances as the session's ``spark.sql.shuffle.partitions``.
     """
-    _no_batches_without_data(spark)
-    # Read once, before anything starts: an unreadable record is one line, not a failed query.
-    time_mode = stage_time_mode(settings.checkpoint, settings.new_checkpoint_time_mode)
-    if settings.routing_store is not None or settings.pipeline == "two-stage":
-        log.info("stage A runs %s", "in event time" if time_mode == "EventTime" else "untimed")
     if settings.routing_store is not None:
-        return _start_routed_query(spark, settings, time_mode)
+        return _start_routed_query(spark, settings)
     raw = read_kafka(
         spark,
         settings.bootstrap_servers,
@@ -365,7 +340,7 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         max_partitions=read_tasks(spark, settings),
         implementation=settings.source,
     )
-    events = parse_events(raw, settings.checkpoint, time_mode)
+    events = parse_events(raw)
     if settings.pipeline == "two-stage":
         updates, mode = running_counts(events), "append"
     elif settings.pipeline == "native-counts":
@@ -391,30 +366,6 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
     )
 
 
-NO_DATA_BATCHES_KEY = "spark.sql.streaming.noDataMicroBatches.enabled"
-
-
-def _no_batches_without_data(spark: SparkSession) -> None:
-    """Run a batch only when the source has something new: no "no-data" batches.
-
-    Why: a stateful stage in event-time mode makes Spark run one more batch,
-    with no input, each time the watermark advances, so that the stage may
-    fire its timers and evict by the new watermark. The job's stage A runs
-    in event-time mode on a checkpoint written in it, which keeps it for
-    life (:mod:`keyplane.spark.watermark`); neither stage
-    sets a timer or keeps state by time, so those batches do nothing but
-    commit every state partition. A watermark that followed the events'
-    times would, on a live topic, add such a batch after nearly every batch
-    that reads events (``bench/live_batches.py``); since it moves once in a
-    checkpoint's life (:mod:`keyplane.spark.watermark`), this saves at most
-    one such batch per checkpoint. A value the user sets
-    in the Spark configuration (``spark-submit --conf``,
-    ``spark-defaults.conf``) stands.
-    """
-    if not spark.sparkContext.getConf().contains(NO_DATA_BATCHES_KEY):
-        spark.conf.set(NO_DATA_BATCHES_KEY, "false")
-
-
 def _start(writer: DataStreamWriter, settings: CountsJobSettings) -> StreamingQuery:
     return (
         writer.option("checkpointLocation", str(settings.checkpoint))
@@ -424,9 +375,7 @@ def _start(writer: DataStreamWriter, settings: CountsJobSettings) -> StreamingQu
     )
 
 
-def _start_routed_query(
-    spark: SparkSession, settings: CountsJobSettings, time_mode: StageTimeMode
-) -> StreamingQuery:
+def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> StreamingQuery:
     assert settings.routing_store is not None
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
     bootstrap = settings.bootstrap_servers
@@ -461,10 +410,8 @@ def _start_routed_query(
         forward=settings.forward,
         # The JVM stages take a rollout's moves per instance (routed_source).
         handoff="per-instance" if engine == "jvm" else "per-key",
-        primers=settings.handoff_primers,
         quarantine=Quarantine(settings.checkpoint).option(),
     )
-    inputs = with_stage_watermark(inputs, settings.checkpoint, time_mode)
     writer = RoutedBatchWriter(
         output=settings.output,
         bootstrap_servers=bootstrap,
@@ -776,12 +723,6 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         f"(default: KEYPLANE_MAX_EVENT_BYTES or {MAX_EVENT_BYTES:,})",
     )
     parser.add_argument(
-        "--handoff-primers",
-        choices=["True", "False"],
-        help="whether each batch of the JVM stages carries empty hand-off rows "
-        "(default: KEYPLANE_HANDOFF_PRIMERS or True)",
-    )
-    parser.add_argument(
         "--read-tasks",
         type=int,
         help="the most tasks that read one micro-batch; Kafka partitions share tasks when "
@@ -792,12 +733,6 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         choices=get_args(StageEngine),
         help="where the routed job's stages run: jvm (the running count), python (any "
         "aggregate) or auto (the JVM where it can; the default)",
-    )
-    parser.add_argument(
-        "--new-checkpoint-time-mode",
-        choices=get_args(StageTimeMode),
-        help="the time mode stage A starts a new checkpoint in: None (the default) or "
-        "EventTime, as earlier versions wrote them; a checkpoint keeps its own",
     )
     parser.add_argument(
         "--restarts",
@@ -829,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     try:
         run_counts_job(settings, on_progress=_print_progress, should_stop=stop.is_set)
-    except (StageEngineError, CheckpointRecordError, PoisonUnresolved) as exc:
+    except (StageEngineError, PoisonUnresolved) as exc:
         print(f"running_counts: error: {exc}", file=sys.stderr)
         return 2
     _print_committed(settings)
