@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from keyplane.events import EVENT_DDL
+from keyplane.reference.events import EVENT_DDL
 
 STAGE_A_OUTPUT = "a STRING, b STRING, n LONG, count_a LONG"
 COUNTS_SCHEMA = "stage STRING, key STRING, count LONG"

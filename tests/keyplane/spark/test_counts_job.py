@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
-from keyplane.events import MAX_EVENT_BYTES
+from keyplane.reference.events import MAX_EVENT_BYTES
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     job_command,
