@@ -79,7 +79,7 @@ def settings(
         output=tmp / f"out-{name}",
         max_offsets_per_trigger=batch,
         stop_at_offset_total=total,
-        pipeline="two-stage" if routed else variant,
+        variant="two-stage" if routed else variant,
         routing_store=tmp / f"store-{name}" if routed else None,
         stage_engine="python" if variant == "routed-python" else "auto",
         **(routed_job_topics(name) if routed else {}),

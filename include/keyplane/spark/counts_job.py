@@ -55,13 +55,21 @@ from keyplane.control.operators import OPERATORS
 from keyplane.control.quarantine import PoisonUnresolved, Quarantine
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
+from keyplane.pipeline import Pipeline, PipelineError, load_pipeline
 from keyplane.reference.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward
+from keyplane.reference.pipeline import counts as reference_counts
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
 from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
+from keyplane.spark.pipeline_frames import (
+    check_expressions,
+    check_recorded_pipeline,
+    record_pipeline,
+)
+from keyplane.spark.pipeline_sink import MergedResults
 from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress, progress_of
 from keyplane.spark.routed_counts import (
     StageEngine,
@@ -113,12 +121,18 @@ class CountsJobSettings(BaseModel):
         default=None, gt=0, description="Stop after this long with no new input and no lag."
     )
     source: Literal["python", "jvm"] = "python"
-    pipeline: Literal["two-stage", "count-by-first-key", "native-counts"] = Field(
+    variant: Literal["two-stage", "count-by-first-key", "native-counts"] = Field(
         default="two-stage",
-        description="'two-stage': the reference A → B running counts; "
-        "'count-by-first-key': Spark's native streaming count by field 1; "
-        "'native-counts': the same counts as the two-stage job from one plain Spark "
-        "groupBy (baselines for benchmarks).",
+        description="The unrouted job (no routing_store): 'two-stage', the reference "
+        "running counts in two stateful stages; 'count-by-first-key': Spark's native "
+        "streaming count by field 1; 'native-counts': the same counts as the two-stage job "
+        "from one plain Spark groupBy (baselines for benchmarks).",
+    )
+    pipeline: str | None = Field(
+        default=None,
+        description="The routed job's pipeline, 'module:attr' (keyplane.pipeline); default "
+        "KEYPLANE_PIPELINE. Its stages' aggregates apply unless stage_a_aggregate or "
+        "stage_b_aggregate name others.",
     )
     routing_store: Path | None = Field(
         default=None,
@@ -190,11 +204,34 @@ class CountsJobSettings(BaseModel):
         return spec
 
     def aggregates(self) -> dict[str, KeyedAggregate[Any]]:
-        """Each stage's keyed aggregate, by operator name."""
-        specs = {"A": self.stage_a_aggregate, "B": self.stage_b_aggregate}
-        return {
-            stage: load_aggregate(spec) if spec else RunningCount() for stage, spec in specs.items()
-        }
+        """Each stage's keyed aggregate, by stage name (:meth:`job_pipeline`)."""
+        return {stage.name: stage.aggregate for stage in self.job_pipeline().stages}
+
+    def job_pipeline(self) -> Pipeline:
+        """The routed job's pipeline, with the aggregates the stage flags name in its stages.
+
+        The routed data path runs the reference pipeline's shape: its stages,
+        keys and values (:func:`keyplane.reference.pipeline.counts`), with any
+        aggregates. Another shape is refused in one line, before Spark starts.
+        """
+        pipeline = load_pipeline(self.pipeline or Settings().pipeline)
+        shape = [(s.name, s.key, s.value) for s in pipeline.stages]
+        reference = [(s.name, s.key, s.value) for s in reference_counts().stages]
+        if shape != reference:
+            raise PipelineError(
+                f"pipeline {pipeline.name!r}: the routed job runs the stages (name, key, "
+                f"value) {reference} so far, not {shape}"
+            )
+        flagged = dict(
+            zip(OPERATORS, (self.stage_a_aggregate, self.stage_b_aggregate), strict=True)
+        )
+        stages = tuple(
+            dataclasses.replace(stage, aggregate=load_aggregate(spec))
+            if (spec := flagged.get(stage.name))
+            else stage
+            for stage in pipeline.stages
+        )
+        return dataclasses.replace(pipeline, stages=stages)
 
     @model_validator(mode="after")
     def _check_routing(self) -> CountsJobSettings:
@@ -209,8 +246,10 @@ class CountsJobSettings(BaseModel):
             raise ValueError(f"forward={self.forward!r} needs the routed job (routing_store)")
         if self.routing_store is None and "max_event_bytes" in self.model_fields_set:
             raise ValueError("max_event_bytes needs the routed job (routing_store)")
-        if self.routing_store is not None and self.pipeline != "two-stage":
-            raise ValueError("routing applies to the 'two-stage' pipeline only")
+        if self.routing_store is not None and self.variant != "two-stage":
+            raise ValueError("routing applies to the 'two-stage' variant only")
+        if self.routing_store is None and self.pipeline is not None:
+            raise ValueError("a pipeline needs the routed job (routing_store)")
         if self.routing_store is not None and self.source != "python":
             raise ValueError(
                 "the routed job plans each batch in keyplane's own source; use source='python'"
@@ -341,9 +380,9 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         implementation=settings.source,
     )
     events = parse_events(raw)
-    if settings.pipeline == "two-stage":
+    if settings.variant == "two-stage":
         updates, mode = running_counts(events), "append"
-    elif settings.pipeline == "native-counts":
+    elif settings.variant == "native-counts":
         # One scan: each event becomes its stage-A and its stage-B key.
         both = events.select(
             F.explode(
@@ -383,7 +422,10 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     for topic in (settings.migration_topic, settings.metrics_topic, settings.dead_letter_topic):
         ensure_topic(bootstrap, topic, 1)
     store = settings.routing_store.resolve()
-    aggregates = settings.aggregates()
+    pipeline = settings.job_pipeline()
+    check_expressions(spark, pipeline)
+    check_recorded_pipeline(settings.checkpoint, pipeline)
+    aggregates = {stage.name: stage.aggregate for stage in pipeline.stages}
     engine = resolve_engine(
         settings.stage_engine,
         aggregates["A"],
@@ -394,7 +436,14 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     if engine == "jvm":
         check_jvm_stages(spark, partitions)
     record_engine(settings.checkpoint, engine)
-    log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
+    record_pipeline(settings.checkpoint, pipeline)
+    log.info(
+        "pipeline %r: stages %s run in %s (the JVM stages run the reference running count "
+        "only; any other aggregate runs in Python)",
+        pipeline.name,
+        ", ".join(pipeline.stage_names),
+        "the JVM" if engine == "jvm" else "Python",
+    )
     inputs = read_routed_events(
         spark,
         bootstrap,
@@ -420,6 +469,10 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         parallelism=partitions,
         results_topic=settings.results_topic,
         delivery=settings.delivery(),
+        # The pipeline's own sink gets merged results when a pipeline is named.
+        sink=None
+        if settings.pipeline is None
+        else (pipeline.sink, MergedResults(aggregates, settings.output)),
     )
     updates = routed_running_counts(
         inputs,
@@ -692,7 +745,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         default=Settings().kafka_source,
         help="Kafka source implementation (default: KEYPLANE_KAFKA_SOURCE or python)",
     )
-    parser.add_argument("--pipeline", choices=["two-stage", "count-by-first-key", "native-counts"])
+    parser.add_argument("--variant", choices=["two-stage", "count-by-first-key", "native-counts"])
+    parser.add_argument(
+        "--pipeline",
+        metavar="MODULE:ATTR",
+        help="the routed job's pipeline (default: KEYPLANE_PIPELINE)",
+    )
     parser.add_argument(
         "--routing-store",
         type=Path,
@@ -764,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     try:
         run_counts_job(settings, on_progress=_print_progress, should_stop=stop.is_set)
-    except (StageEngineError, PoisonUnresolved) as exc:
+    except (StageEngineError, PoisonUnresolved, PipelineError) as exc:
         print(f"running_counts: error: {exc}", file=sys.stderr)
         return 2
     _print_committed(settings)

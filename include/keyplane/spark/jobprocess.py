@@ -66,6 +66,7 @@ from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of, tai
 from keyplane.kafka.broker import answers_kafka
 from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.kafka.offsets import CheckpointAheadError, check_not_ahead
+from keyplane.pipeline import load_pipeline
 from keyplane.reference.events import Forward
 from keyplane.routing import config as config_store
 from keyplane.settings import Settings, StageEngine
@@ -269,10 +270,12 @@ class JobProcess:
         restarts: int | None = None,
         restart_delay_s: float | None = None,
         stage_engine: StageEngine = "auto",
+        pipeline: str | None = None,
     ) -> None:
         self.given = {
             flag: str(value)
             for flag, value in (
+                ("--pipeline", pipeline),
                 ("--shuffle-partitions", shuffle_partitions),
                 ("--max-offsets-per-trigger", max_offsets_per_trigger),
                 ("--master", master),
@@ -297,6 +300,9 @@ class JobProcess:
         for spec in (stage_a_aggregate, stage_b_aggregate):
             if spec is not None:
                 load_aggregate(spec)
+        if pipeline is not None:
+            load_pipeline(pipeline)
+        self.pipeline = pipeline
         self.settings = settings
         self.directory = settings.home.resolve() / "job"
         self.pid_file = self.directory / "job.pid"
@@ -353,6 +359,7 @@ class JobProcess:
             values["restart_delay_s"] = self.restart_delay_s
         if self.stage_engine != "auto":
             values["stage_engine"] = self.stage_engine
+        values["pipeline"] = self.pipeline or s.pipeline
         return CountsJobSettings.model_validate(values)
 
     def shuffle_partitions(self) -> int:
@@ -481,8 +488,12 @@ class JobProcess:
                 self._check_same_options(running)
                 return StartResult(record=running, already_running=True)
             from keyplane.spark.counts_job import job_command
+            from keyplane.spark.pipeline_frames import check_recorded_pipeline
 
             settings = self.job_settings()
+            # The pipeline's shape and its checkpoint's record, in one line, before the launch.
+            pipeline = settings.job_pipeline()
+            check_recorded_pipeline(self.checkpoint, pipeline)
             self._check_checkpoint_aggregates()
             self._check_checkpoint_engine()
             waiting = self._events_waiting(settings)
@@ -554,8 +565,7 @@ class JobProcess:
         keeps each routed key's state as their ``encode`` wrote it, and another
         aggregate's ``decode`` would misread it inside a Spark task, after the
         job is up. So the first start of a checkpoint records them next to it,
-        and a restart must name the same ones. A checkpoint with commits but
-        no record dates from before the option and holds running counts.
+        and a restart must name the same ones.
         """
         if _last_commit(self.checkpoint) is None:
             write_atomically(self.aggregates_file, json.dumps(self.aggregates) + "\n")
@@ -563,8 +573,6 @@ class JobProcess:
         try:
             recorded = json.loads(self.aggregates_file.read_text(encoding="utf-8"))
             stored = {stage: canonical_spec(spec) for stage, spec in recorded.items()}
-        except FileNotFoundError:
-            stored = {"A": None, "B": None}
         except (OSError, ValueError, AttributeError) as exc:
             raise JobError(
                 f"cannot read {self.aggregates_file} ({exc}); it names the aggregates "

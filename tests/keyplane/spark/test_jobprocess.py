@@ -435,19 +435,18 @@ def test_a_checkpoint_keeps_the_aggregates_it_was_started_with(
     assert not first.pid_file.exists() and not first.log.exists()
 
 
-def test_a_checkpoint_from_before_the_aggregate_options_holds_running_counts(
+def test_a_checkpoint_with_commits_and_no_aggregates_record_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its states were written by aggregates nobody recorded: the start says which file is
+    missing rather than guess them."""
     monkeypatch.delenv("KEYPLANE_CONTROL_KEY", raising=False)
-    settings = Settings(home=tmp_path)
-    job = JobProcess(settings, stage_a_aggregate=VALUE_COUNTS)
+    job = JobProcess(Settings(home=tmp_path), stage_a_aggregate=VALUE_COUNTS)
     (job.checkpoint / "commits").mkdir(parents=True)
     (job.checkpoint / "commits" / "3").write_text("v1\n{}\n")
 
-    with pytest.raises(JobError, match="holds the states of A the running count, B the running"):
+    with pytest.raises(JobError, match=r"cannot read .*aggregates.json .*names the aggregates"):
         job.start()
-    with pytest.raises(MissingKeyError):
-        JobProcess(settings).start()
 
 
 # --- the pid file, with a stand-in process ---------------------------------------------------
