@@ -21,14 +21,15 @@ import pytest
 
 from keyplane.aggregates import RunningCount
 from keyplane.control.controller import Controller
-from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
-from keyplane.kafka.producer import produce_workload
+from keyplane.kafka.producer import LongLivedProducer, produce_workload
 from keyplane.kafka.ranges import offset_ranges, read_range
+from keyplane.pipeline import BatchSink, KafkaSink
 from keyplane.reference.workloads import GeoTagsWorkload
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.spark.counts_job import start_counts_query, stop_between_batches
-from keyplane.spark.pipeline_sink import MergedResults, read_parquet_results
+from keyplane.spark.pipeline_sink import MergedResults, read_parquet_results, write_results
 from keyplane.spark.routed_sink import latest_partials_of_batch
 from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_settings
 
@@ -193,3 +194,46 @@ def test_the_sink_holds_exact_merged_results_through_a_split_and_a_live_move(
     assert observed == _truth(events)
     # The hot keys were split, then merged or re-split, and still answer once each.
     assert rows[(rows["stage"] == "A") & (rows["key"] == a_keys[0])]["batch_id"].nunique() >= 2
+
+
+@pytest.mark.integration
+def test_kafka_and_batch_sinks_get_the_rows_as_documented(
+    spark, broker: str, topic_name: str
+) -> None:
+    """A KafkaSink gets one record per row, key ``stage/key``, the row as JSON; a BatchSink
+    a DataFrame of OUTPUT_SCHEMA and the batch id (real broker, real SparkSession)."""
+    results = pd.DataFrame(
+        [
+            {"stage": "users", "key": "u1", "result": '{"n":2}', "batch_id": 4},
+            {"stage": "pages", "key": "p/9", "result": "[1,2]", "batch_id": 4},
+        ]
+    )
+    ensure_topic(broker, topic_name, 1)
+    producer = LongLivedProducer(broker)
+    try:
+        write_results(KafkaSink(topic_name), results, 4, spark=spark, producer=producer)
+    finally:
+        producer.close()
+    [part] = offset_ranges(broker, topic_name, {}, high_watermarks(broker, topic_name))
+    records = [table.to_pylist() for table in read_range(part)]
+    sent = [(r["key"].decode(), json.loads(r["value"])) for batch in records for r in batch]
+    assert sent == [
+        ("users/u1", {"stage": "users", "key": "u1", "result": '{"n":2}', "batch_id": 4}),
+        ("pages/p/9", {"stage": "pages", "key": "p/9", "result": "[1,2]", "batch_id": 4}),
+    ]
+
+    handed: list[tuple[list[tuple], int, str]] = []
+
+    def keep(frame, batch_id: int) -> None:
+        handed.append(
+            ([tuple(row) for row in frame.collect()], batch_id, frame.schema.simpleString())
+        )
+
+    write_results(BatchSink(keep), results, 4, spark=spark, producer=producer)
+    assert handed == [
+        (
+            [("users", "u1", '{"n":2}', 4), ("pages", "p/9", "[1,2]", 4)],
+            4,
+            "struct<stage:string,key:string,result:string,batch_id:bigint>",
+        )
+    ]
