@@ -170,6 +170,72 @@ def keyed_events(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
     )
 
 
+def routed_column(index: int) -> str:
+    """The column of the ``index``-th stage's routed key (chain order, from 0)."""
+    return f"r{index}"
+
+
+VERSIONS_COLUMN = "versions"
+"""The routing version of each stage (chain order) that an event is routed by: the
+batch's, as the driver fixed it (:mod:`keyplane.spark.routed_source`)."""
+
+
+def with_routed_keys(
+    keyed: DataFrame, pipeline: Pipeline, store: Path, parallelism: int
+) -> DataFrame:
+    """:func:`keyed_events` rows with each stage's routed key, ``r0 .. r{n-1}``.
+
+    Each row carries its stages' routing versions in :data:`VERSIONS_COLUMN`.
+    On the executors, each stage's key is routed by that version's stored
+    table (000 §3.3): a tabled key to its routed key, a hot key's events
+    spread over its routed keys by the reader's own least-loaded choice in
+    row order (001 §4.1.2), any other key to itself. The same rows in the same
+    order route the same way, so a replayed batch routes as it first did.
+    An invalid row gets no routed key.
+    """
+    import pyarrow as pa
+
+    from keyplane.routing.handoff import LeastLoadedRoutes
+    from keyplane.spark.routed_source import tables_for
+
+    names = pipeline.stage_names
+    location = str(store.resolve())
+    routed_fields = ", ".join(f"{routed_column(i)} STRING" for i in range(len(names)))
+    schema = f"{_ddl(keyed)}, {routed_fields}"
+
+    def route(batches: Any) -> Any:
+        tables = tables_for(location, parallelism)
+        balancers: dict[tuple[int, int], LeastLoadedRoutes] = {}
+        for batch in batches:
+            versions = batch.column(VERSIONS_COLUMN).to_pylist()
+            invalid = batch.column("invalid").to_pylist()
+            columns = {}
+            for index, name in enumerate(names):
+                keys = batch.column(key_column(index)).to_pylist()
+                routed: list[str | None] = []
+                for key, version, bad in zip(keys, versions, invalid, strict=True):
+                    if bad is not None or key is None:
+                        routed.append(None)
+                        continue
+                    table = tables.table(int(version[index]), name)
+                    balancer = balancers.get((index, int(version[index])))
+                    if balancer is None:
+                        balancer = LeastLoadedRoutes(table.instances_of, split=bool(table.hot_keys))
+                        balancers[index, int(version[index])] = balancer
+                    routed.append(balancer.pick(table.route(key)))
+                columns[routed_column(index)] = pa.array(routed, pa.string())
+            for column_name, values in columns.items():
+                batch = batch.append_column(column_name, values)
+            yield batch
+
+    return keyed.mapInArrow(route, schema)
+
+
+def _ddl(frame: DataFrame) -> str:
+    """``frame``'s schema as a DDL string."""
+    return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in frame.schema.fields)
+
+
 def check_recorded_pipeline(checkpoint: Path, pipeline: Pipeline) -> None:
     """Refuse to run ``pipeline`` on a checkpoint that another definition of it wrote.
 

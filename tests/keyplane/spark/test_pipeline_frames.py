@@ -20,6 +20,7 @@ from keyplane.spark.pipeline_frames import (
     check_recorded_pipeline,
     keyed_events,
     record_pipeline,
+    with_routed_keys,
 )
 
 SCHEMA = (
@@ -122,3 +123,43 @@ def test_a_checkpoint_refuses_a_pipeline_that_changed_pure(tmp_path: Path) -> No
         check_recorded_pipeline(checkpoint, rekeyed)
     with pytest.raises(PipelineError, match="stage 'sessions' was removed"):
         check_recorded_pipeline(checkpoint, clicks(users, categories))
+
+
+@pytest.mark.integration
+def test_each_stage_routes_its_key_by_the_rows_version_of_its_table(spark, tmp_path: Path) -> None:
+    """v1 moves user u1 off its hash instance and splits the hot user u0 over three
+    instances; the categories stage routes by hash. u0's events spread over exactly its
+    three routed keys, u1's reach the instance the table names, the rest route to
+    themselves; an invalid event gets no routed key."""
+    from pyspark.sql import functions as F
+
+    from keyplane.routing.config import save
+    from keyplane.routing.routedkeys import spark_partition
+    from keyplane.testing import moved_off_hash, moved_off_hash_config
+
+    pipeline = clicks(
+        Stage("users", "user_id", value="session_id"), Stage("categories", "page.category")
+    )
+    save(moved_off_hash_config(1, {"users": ["u1"]}, 4, hot_keys={"users": {"u0": (0, 1, 2)}}),
+         tmp_path / "store")  # fmt: skip
+    events = [
+        {"user_id": f"u{i % 3 if i % 2 else 0}", "session_id": f"s{i}", "page": {"category": "c"}}
+        for i in range(60)
+    ]
+    values = [json.dumps(e).encode() for e in events] + [b"{broken"]
+    keyed = keyed_events(_raw(spark, values), pipeline).withColumn(
+        "versions", F.array(F.lit(1), F.lit(1))
+    )
+    rows = with_routed_keys(keyed, pipeline, tmp_path / "store", 4).collect()
+
+    by_user: dict[str | None, set[str | None]] = {}
+    for row in rows:
+        by_user.setdefault(row.k0, set()).add(row.r0)
+        if row.invalid is None:
+            assert row.r1 == row.k1 == "c"
+    assert by_user.pop(None) == {None}
+    hot = by_user.pop("u0")
+    assert len(hot) == 3 and {spark_partition(r, 4) for r in hot} == {0, 1, 2}
+    [moved] = by_user.pop("u1")
+    assert spark_partition(moved, 4) == moved_off_hash(["u1"], 4, 1)["u1"]
+    assert by_user == {"u2": {"u2"}}
