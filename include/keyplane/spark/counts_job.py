@@ -57,6 +57,7 @@ from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
 from keyplane.pipeline import Pipeline, PipelineError, load_pipeline
 from keyplane.reference.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward
+from keyplane.reference.pipeline import REFERENCE_PIPELINE
 from keyplane.reference.pipeline import counts as reference_counts
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
@@ -215,6 +216,12 @@ class CountsJobSettings(BaseModel):
         aggregates. Another shape is refused in one line, before Spark starts.
         """
         pipeline = load_pipeline(self.pipeline or Settings().pipeline)
+        named = self.pipeline not in (None, REFERENCE_PIPELINE)
+        if named and pipeline.source.topics != (self.events_topic,):
+            raise PipelineError(
+                f"pipeline {pipeline.name!r} reads {list(pipeline.source.topics)}, but the job "
+                f"is set to read {self.events_topic!r}"
+            )
         shape = [(s.name, s.key, s.value) for s in pipeline.stages]
         reference = [(s.name, s.key, s.value) for s in reference_counts().stages]
         if shape != reference:

@@ -68,6 +68,7 @@ from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.kafka.offsets import CheckpointAheadError, check_not_ahead
 from keyplane.pipeline import load_pipeline
 from keyplane.reference.events import Forward
+from keyplane.reference.pipeline import REFERENCE_PIPELINE
 from keyplane.routing import config as config_store
 from keyplane.settings import Settings, StageEngine
 from keyplane.util.processes import (
@@ -300,9 +301,19 @@ class JobProcess:
         for spec in (stage_a_aggregate, stage_b_aggregate):
             if spec is not None:
                 load_aggregate(spec)
-        if pipeline is not None:
-            load_pipeline(pipeline)
-        self.pipeline = pipeline
+        spec = pipeline or settings.pipeline
+        self.pipeline = None if spec == REFERENCE_PIPELINE else spec
+        """The pipeline the job runs and whose sink it writes; None: the reference one."""
+        self.events_topic = settings.events_topic
+        """What the job reads, and what ``status`` measures its lag on."""
+        if self.pipeline is not None:
+            source = load_pipeline(self.pipeline).source
+            if len(source.topics) != 1:
+                raise JobError(
+                    f"pipeline {self.pipeline!r} reads {len(source.topics)} topics; the routed "
+                    "job reads one"
+                )
+            self.events_topic = source.topics[0]
         self.settings = settings
         self.directory = settings.home.resolve() / "job"
         self.pid_file = self.directory / "job.pid"
@@ -331,7 +342,7 @@ class JobProcess:
         s = self.settings
         values: dict[str, object] = {
             "bootstrap_servers": s.resolved_bootstrap_servers(),
-            "events_topic": s.events_topic,
+            "events_topic": self.events_topic,
             "checkpoint": self.checkpoint,
             "output": self.output,
             "master": self.master,
@@ -359,7 +370,8 @@ class JobProcess:
             values["restart_delay_s"] = self.restart_delay_s
         if self.stage_engine != "auto":
             values["stage_engine"] = self.stage_engine
-        values["pipeline"] = self.pipeline or s.pipeline
+        if self.pipeline is not None:
+            values["pipeline"] = self.pipeline
         return CountsJobSettings.model_validate(values)
 
     def shuffle_partitions(self) -> int:
@@ -776,11 +788,11 @@ class JobProcess:
             events_waiting=waiting,
             metrics_problem=metrics_problem,
             rollout_problem=rollout_problem,
-            committed=last_committed_batch(self.checkpoint, self.settings.events_topic),
+            committed=last_committed_batch(self.checkpoint, self.events_topic),
         )
 
     def _events_unread(self, bootstrap: str) -> int | None:
-        topic = self.settings.events_topic
+        topic = self.events_topic
         try:
             partitions = partitions_of(bootstrap, topic, timeout_s=1.0)
         except TopicError:

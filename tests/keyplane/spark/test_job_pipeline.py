@@ -13,8 +13,11 @@ import pytest
 
 from keyplane.aggregates import RunningCount, ValueCounts
 from keyplane.cli import main as cli_main
+from keyplane.pipeline import PipelineError
 from keyplane.reference.pipeline import counts
+from keyplane.settings import Settings
 from keyplane.spark.counts_job import CountsJobSettings, job_command, parse_settings
+from keyplane.spark.jobprocess import JobProcess
 from keyplane.spark.pipeline_frames import record_pipeline
 from keyplane.testing import free_port
 
@@ -120,3 +123,35 @@ def test_the_job_runs_the_reference_pipeline_with_the_aggregates_its_flags_name_
         CountsJobSettings.model_validate(
             {**base, "routing_store": None, "pipeline": "keyplane.reference.pipeline:counts"}
         )
+
+
+REFERENCE_SHAPED = """
+from keyplane import KafkaSource, ParquetSink, Pipeline, Stage
+from keyplane.reference.pipeline import EVENT_SCHEMA
+
+mine = Pipeline(
+    "mine",
+    KafkaSource("my-events", EVENT_SCHEMA),
+    (Stage("A", "a", value="b"), Stage("B", "b", value="a")),
+    ParquetSink("results"),
+)
+"""
+
+
+def test_a_named_pipeline_sets_the_topic_the_job_reads_and_a_mismatch_is_refused(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The managed job reads the named pipeline's topic (and ``status`` measures lag there);
+    a job set to read another topic than its pipeline's is refused in one line."""
+    (tmp_path / "user_pipelines.py").write_text(THREE_STAGES + REFERENCE_SHAPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = JobProcess(Settings(home=home), pipeline="user_pipelines:mine")
+    settings = job.job_settings()
+
+    assert (job.events_topic, settings.events_topic) == ("my-events", "my-events")
+    assert settings.job_pipeline().name == "mine"
+    other = settings.model_copy(update={"events_topic": "keyplane.events"})
+    with pytest.raises(PipelineError, match=r"reads \['my-events'\], but the job is set to read"):
+        other.job_pipeline()
+    default = JobProcess(Settings(home=home, events_topic="configured"))
+    assert (default.pipeline, default.events_topic) == (None, "configured")
