@@ -12,8 +12,7 @@ and refuses to rename onto an existing one
 (``keyplane.spark.jvm.LocalCheckpointFileManager``).
 
 The routed job and plain Spark's ``groupBy`` counts (pipelines of
-``bench/reference_job.py``; also the routed job on a checkpoint whose stage
-A runs in event time, ``routed, event time``) run on the same topic with
+``bench/reference_job.py``) run on the same topic with
 each manager, taking turns. Spark's event log gives, per steady batch (all but each run's first),
 its duration, each stateful operator's ``commitTimeMs`` and state store load
 time (``rocksdbLoadLatencyMs``, which includes opening the batch's changelog
@@ -53,7 +52,6 @@ MANAGERS = {
 }
 PIPELINES = {
     "routed": "routed",
-    "routed, event time": "routed-event-time",
     "plain Spark": "native-counts",
 }
 

@@ -54,7 +54,7 @@ def settings(
         master=f"local[{CORES}]",
         max_offsets_per_trigger=args.batch,
         stop_at_offset_total=args.events,
-        pipeline="two-stage" if routed else "native-counts",
+        variant="two-stage" if routed else "native-counts",
         routing_store=tmp / f"store-{name}" if routed else None,
         read_tasks=tasks,
         **(routed_job_topics(name) if routed else {}),

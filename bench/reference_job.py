@@ -10,9 +10,6 @@ batch cap, each in its own process, one after the other:
   on an initial all-hash configuration, its stages in Python;
 * ``routed``: the same job with its stages in the JVM
   (:mod:`keyplane.spark.jvm`), as it runs by default;
-* ``routed-event-time``: ``routed`` on a checkpoint whose stage A runs in
-  event-time mode, as earlier versions of keyplane wrote them
-  (:mod:`keyplane.spark.watermark`);
 * ``routed-stages-jar``: ``routed`` on the JVM stages of ``--stages-jar``, a
   jar another version of keyplane built (``python -m keyplane.spark.jvm
   --out PATH`` in its checkout), to compare its stages with this version's
@@ -62,7 +59,6 @@ VARIANTS = (
     "two-stage",
     "routed-python",
     "routed",
-    "routed-event-time",
     "routed-stages-jar",
     "routed-checkout",
 )
@@ -83,10 +79,9 @@ def settings(
         output=tmp / f"out-{name}",
         max_offsets_per_trigger=batch,
         stop_at_offset_total=total,
-        pipeline="two-stage" if routed else variant,
+        variant="two-stage" if routed else variant,
         routing_store=tmp / f"store-{name}" if routed else None,
         stage_engine="python" if variant == "routed-python" else "auto",
-        new_checkpoint_time_mode="EventTime" if variant == "routed-event-time" else "None",
         **(routed_job_topics(name) if routed else {}),
     )
 
@@ -169,7 +164,6 @@ def main() -> None:
         ", ".join(
             f"routed / {name}: **{rates['routed'] / rates[v]:.2f}**"
             for v, name in (
-                ("routed-event-time", "routed-event-time"),
                 ("routed-stages-jar", "routed-stages-jar"),
                 ("routed-checkout", "routed-checkout"),
                 ("routed-python", "routed-python"),

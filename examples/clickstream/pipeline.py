@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
-from examples.clickstream.aggregates import DistinctCount, Sum, TopK
 from keyplane import KafkaSource, ParquetSink, Pipeline, Stage
+from keyplane.aggregates import DistinctCount, Sum, TopK
 
 SCHEMA = (
     "user_id STRING, session_id STRING, page STRUCT<category: STRING, path: STRING>, dwell_ms LONG"

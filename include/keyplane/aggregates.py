@@ -34,8 +34,8 @@ The contract, and why each law matters:
 :func:`keyplane.testing.check_aggregate_laws` checks all of them on examples;
 run it under a property-testing library on your own aggregate.
 
-What a stage passes to ``add``: stage A (keyed by field 1 of an event) gets
-each event's field 2; stage B (keyed by field 2) gets each event's field 1.
+What a stage passes to ``add``: each event's value, the stage's ``value``
+expression turned into a string (:class:`keyplane.pipeline.Stage`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import importlib
 import json
 from collections import Counter
 from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 S = TypeVar("S")
@@ -130,6 +131,85 @@ class ValueCounts:
 
     def decode(self, text: str) -> Counter[str]:
         return Counter({str(k): int(v) for k, v in json.loads(text).items()})
+
+
+class Sum:
+    """The sum of a key's values, each a decimal number written as text.
+
+    Exact in decimal arithmetic, so that partials of a split key add up to
+    what one state would hold whatever order they merge in (floats would
+    not: their addition is not associative). The result is an ``int`` when
+    the sum is whole, else a ``float``.
+    """
+
+    def zero(self) -> Decimal:
+        return Decimal(0)
+
+    def add(self, state: Decimal, values: Sequence[str]) -> Decimal:
+        total = state
+        for value in values:
+            try:
+                total += Decimal(value)
+            except InvalidOperation:
+                raise ValueError(f"Sum: {value!r} is not a number") from None
+        return total
+
+    def merge(self, a: Decimal, b: Decimal) -> Decimal:
+        return a + b
+
+    def result(self, state: Decimal) -> int | float:
+        return int(state) if state == state.to_integral_value() else float(state)
+
+    def encode(self, state: Decimal) -> str:
+        return str(state)
+
+    def decode(self, text: str) -> Decimal:
+        return Decimal(text)
+
+
+class DistinctCount:
+    """How many distinct values a key has seen, exactly.
+
+    The state is the set of values: an exact distinct count must know them
+    to merge two partials that share some (a sketch would merge smaller,
+    but not exactly).
+    """
+
+    def zero(self) -> frozenset[str]:
+        return frozenset()
+
+    def add(self, state: frozenset[str], values: Sequence[str]) -> frozenset[str]:
+        return state | frozenset(values)
+
+    def merge(self, a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+        return a | b
+
+    def result(self, state: frozenset[str]) -> int:
+        return len(state)
+
+    def encode(self, state: frozenset[str]) -> str:
+        return json.dumps(sorted(state), separators=(",", ":"))
+
+    def decode(self, text: str) -> frozenset[str]:
+        return frozenset(str(v) for v in json.loads(text))
+
+
+class TopK(ValueCounts):
+    """A key's ``k`` most frequent values with their counts, heaviest first (ties by value).
+
+    It keeps every value's count, as :class:`ValueCounts` does: a partial
+    that kept only its own top ``k`` could drop a value that is heavy
+    overall, so merged partials would not give the exact answer.
+    """
+
+    def __init__(self, k: int = 3) -> None:
+        if k < 1:
+            raise ValueError(f"TopK: k must be 1 or more, not {k}")
+        self.k = k
+
+    def result(self, state: Counter[str]) -> list[list[Any]]:  # type: ignore[override]
+        ranked = sorted(state.items(), key=lambda item: (-item[1], item[0]))
+        return [[value, count] for value, count in ranked[: self.k]]
 
 
 class AggregateSpecError(ValueError):

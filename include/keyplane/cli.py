@@ -39,6 +39,7 @@ from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import WorkloadNotDelivered, produce_workload
+from keyplane.pipeline import PipelineError
 from keyplane.reference.events import FORWARD_MODES, MAX_EVENT_BYTES
 from keyplane.reference.workloads import GeoTagsWorkload, PairsWorkload, ZipfEvolvingWorkload
 from keyplane.routing import config as config_store
@@ -806,10 +807,11 @@ def _import_from_the_working_directory() -> None:
 
 def _job_process(settings: Settings, args: argparse.Namespace) -> JobProcess:
     specs = (getattr(args, "stage_a_aggregate", None), getattr(args, "stage_b_aggregate", None))
-    if any(specs):
+    if any(specs) or getattr(args, "pipeline", None):
         _import_from_the_working_directory()
     return JobProcess(
         settings,
+        pipeline=getattr(args, "pipeline", None),
         shuffle_partitions=getattr(args, "shuffle_partitions", None),
         max_offsets_per_trigger=getattr(args, "max_offsets_per_trigger", None),
         master=getattr(args, "master", None),
@@ -1074,6 +1076,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="launch the routed job in the background (pid file and log in "
         "KEYPLANE_HOME/job) and wait until it is up; a running job is left alone, and "
         "options it does not run with are refused",
+    )
+    job_start.add_argument(
+        "--pipeline",
+        metavar="MODULE:ATTR",
+        help="the job's pipeline (keyplane.Pipeline, or a function that returns one); its "
+        "stages are fixed for the life of the checkpoint (default: KEYPLANE_PIPELINE, the "
+        "reference two-stage count)",
     )
     job_start.add_argument(
         "--shuffle-partitions",
@@ -1345,6 +1354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keyplane: invalid {first_problem(exc, 'input')}", file=sys.stderr)
     except (
         AggregateSpecError,
+        PipelineError,
         BrokerError,
         TopicError,
         CliError,

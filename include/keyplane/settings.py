@@ -151,12 +151,6 @@ class Settings(BaseSettings):
         f"'{NO_TRAP_JIT_OPTIONS}' trades a little of every batch's time for less of a "
         "rollout's extra work.",
     )
-    handoff_primers: bool = Field(
-        default=True,
-        description="Whether each batch of the routed job's JVM stages carries empty hand-off "
-        "rows, so that the JVM compiles the hand-off rows' paths before a rollout needs them "
-        "(keyplane.spark.routed_source.primer_rows). Off only to measure what they save.",
-    )
     max_event_bytes: int = Field(
         default=MAX_EVENT_BYTES,
         ge=1,

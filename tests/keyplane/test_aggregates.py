@@ -20,7 +20,10 @@ from hypothesis import strategies as st
 
 from keyplane.aggregates import (
     AggregateSpecError,
+    DistinctCount,
     RunningCount,
+    Sum,
+    TopK,
     ValueCounts,
     load_aggregate,
     merge_encoded,
@@ -59,6 +62,52 @@ def test_a_split_keys_partials_merge_to_the_unsplit_answer(
         everything = [v for part in splits for batch in part for v in batch]
         whole = agg.result(agg.add(agg.zero(), everything))
         assert merge_encoded(agg, [*encoded, agg.encode(agg.zero())]) == whole
+
+
+numbers = st.one_of(
+    st.integers(-(10**12), 10**12).map(str),
+    st.decimals(
+        allow_nan=False, allow_infinity=False, places=3, max_value=10**9, min_value=-(10**9)
+    ).map(str),
+)
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(numbers, max_size=8), max_size=5))
+def test_sum_satisfies_the_laws(batches_: list[list[str]]) -> None:
+    check_aggregate_laws(Sum(), batches_)
+
+
+@settings(deadline=None)
+@given(batches)
+def test_distinct_count_and_top_k_satisfy_the_laws(batches_: list[list[str]]) -> None:
+    check_aggregate_laws(DistinctCount(), batches_)
+    check_aggregate_laws(TopK(2), batches_)
+
+
+def test_sum_distinct_count_and_top_k_answer_what_they_say() -> None:
+    """Sums are exact decimals (0.1 + 0.2 is 0.3); a whole sum is an int; distinct values
+    count once; the top k are the heaviest, ties by value, and k bounds them."""
+    assert Sum().result(Sum().add(Sum().zero(), ["0.1", "0.2"])) == 0.3
+    assert Sum().result(Sum().add(Sum().zero(), ["2", "-5", "1.5", "1.5"])) == 0
+    assert isinstance(Sum().result(Sum().add(Sum().zero(), ["2", "3"])), int)
+    with pytest.raises(ValueError, match="Sum: 'x' is not a number"):
+        Sum().add(Sum().zero(), ["1", "x"])
+    distinct = DistinctCount()
+    assert (
+        distinct.result(
+            distinct.merge(
+                distinct.add(distinct.zero(), ["a", "b", "a"]),
+                distinct.add(distinct.zero(), ["b", "c"]),
+            )
+        )
+        == 3
+    )
+    top = TopK(2)
+    state = top.merge(top.add(top.zero(), ["x", "y", "y"]), top.add(top.zero(), ["z", "x", "z"]))
+    assert top.result(state) == [["x", 2], ["y", 2]]
+    with pytest.raises(ValueError, match="k must be 1 or more"):
+        TopK(0)
 
 
 def test_value_counts_answers_how_often_each_value_came() -> None:

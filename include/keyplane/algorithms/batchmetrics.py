@@ -98,16 +98,28 @@ def traffic_metrics(
 ) -> BatchMetrics:
     """Loads, executors, locality and top pairs of one batch's routed output.
 
-    Every instance of an operator appears in ``load`` (0 when idle), so the
-    imbalance counts idle instances as the paper does.
+    ``parallelism`` holds each stage's instances, in chain order. A ``hop``
+    row counts tuples that reached an instance of the stage its ``stage``
+    column names from an instance of the stage before it in the chain; a
+    hop with no stage goes into the chain's first pair. A stage's load is
+    the tuples its hops bring it; the first stage's, the tuples its hops take
+    out. Every instance of a stage appears in ``load`` (0 when idle), so the imbalance counts idle
+    instances as the paper does.
     """
+    chain = list(parallelism)
     hops = output[output["kind"] == "hop"]
+    downstream = (
+        hops["stage"].fillna(chain[min(1, len(chain) - 1)]).tolist()
+        if "stage" in hops.columns
+        else [chain[min(1, len(chain) - 1)]] * len(hops)
+    )
     load: dict[str, dict[int, int]] = {
         op: dict.fromkeys(range(n), 0) for op, n in parallelism.items()
     }
     executors: dict[str, dict[int, str]] = {op: {} for op in parallelism}
     local = total = 0
-    for up, up_ex, inst, ex, n in zip(
+    for stage, up, up_ex, inst, ex, n in zip(
+        downstream,
         hops["upstream"].tolist(),
         hops["upstream_executor"].tolist(),
         hops["instance"].tolist(),
@@ -116,10 +128,13 @@ def traffic_metrics(
         strict=True,
     ):
         n = int(n)
-        load["A"][int(up)] = load["A"].get(int(up), 0) + n
-        load["B"][int(inst)] = load["B"].get(int(inst), 0) + n
-        executors["A"][int(up)] = str(up_ex)
-        executors["B"][int(inst)] = str(ex)
+        upstream = chain[chain.index(stage) - 1]
+        if upstream == chain[0]:
+            # Every tuple reaches every stage: a later stage's load is what its hops bring it.
+            load[upstream][int(up)] = load[upstream].get(int(up), 0) + n
+        load[stage][int(inst)] = load[stage].get(int(inst), 0) + n
+        executors[upstream][int(up)] = str(up_ex)
+        executors[stage][int(inst)] = str(ex)
         total += n
         local += n if up_ex == ex else 0
     pairs = output[output["kind"] == "pair"]

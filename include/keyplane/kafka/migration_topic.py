@@ -9,8 +9,7 @@ Kafka record per move on the executor. Packed into records of at most
 each task's own); ``bench/migration_records.py`` compares the two.
 
 A record's value is ``{"moves": [move, ...]}``; a move is ``{"operator",
-"key", "source", "target", "count", "state", "marker"}``. A record written
-before packing holds one move, as the object itself, and still reads.
+"key", "source", "target", "count", "state", "marker"}``.
 Installs are idempotent per marker and source, so a replayed batch that
 writes its records again, packed the same way or not, installs nothing twice.
 """
@@ -52,12 +51,12 @@ def _packed(texts: list[str]) -> bytes:
 
 
 def moves_of(value: bytes | str) -> list[dict[str, Any]]:
-    """The moves one record holds: packed, or one move as written before packing."""
+    """The moves one record holds."""
     record = json.loads(value)
-    if not isinstance(record, dict):
-        raise ValueError(f"a migration record is a JSON object, not {type(record).__name__}")
-    moves = record.get("moves")
-    return list(moves) if isinstance(moves, list) else [record]
+    moves = record.get("moves") if isinstance(record, dict) else None
+    if not isinstance(moves, list):
+        raise ValueError('a migration record is a JSON object {"moves": [...]}')
+    return list(moves)
 
 
 def read_moves(bootstrap_servers: str, topic: str) -> list[dict[str, Any]]:

@@ -12,6 +12,9 @@ from keyplane.aggregates import RunningCount
 from keyplane.pipeline import KafkaSource, ParquetSink, Pipeline, Stage
 from keyplane.settings import Settings
 
+REFERENCE_PIPELINE = "keyplane.reference.pipeline:counts"
+"""The reference pipeline as ``module:attr``: the managed job's default, which reads the
+configured events topic and keeps its results where the job's output is."""
 EVENT_SCHEMA = "seq LONG, a STRING, b STRING, ts DOUBLE, pad STRING"
 """The reference events' fields, as :mod:`keyplane.reference.events` writes them."""
 

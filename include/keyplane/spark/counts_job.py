@@ -55,13 +55,22 @@ from keyplane.control.operators import OPERATORS
 from keyplane.control.quarantine import PoisonUnresolved, Quarantine
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
+from keyplane.pipeline import Pipeline, PipelineError, load_pipeline
 from keyplane.reference.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward
+from keyplane.reference.pipeline import REFERENCE_PIPELINE
+from keyplane.reference.pipeline import counts as reference_counts
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
 from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
+from keyplane.spark.pipeline_frames import (
+    check_expressions,
+    check_recorded_pipeline,
+    record_pipeline,
+)
+from keyplane.spark.pipeline_sink import MergedResults
 from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress, progress_of
 from keyplane.spark.routed_counts import (
     StageEngine,
@@ -75,13 +84,6 @@ from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge
 from keyplane.spark.routed_source import read_routed_events
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
-from keyplane.spark.watermark import (
-    NEW_CHECKPOINT_TIME_MODE,
-    CheckpointRecordError,
-    StageTimeMode,
-    stage_time_mode,
-    with_stage_watermark,
-)
 from keyplane.util.parquet_files import read_frame
 
 log = logging.getLogger(__name__)
@@ -120,12 +122,18 @@ class CountsJobSettings(BaseModel):
         default=None, gt=0, description="Stop after this long with no new input and no lag."
     )
     source: Literal["python", "jvm"] = "python"
-    pipeline: Literal["two-stage", "count-by-first-key", "native-counts"] = Field(
+    variant: Literal["two-stage", "count-by-first-key", "native-counts"] = Field(
         default="two-stage",
-        description="'two-stage': the reference A → B running counts; "
-        "'count-by-first-key': Spark's native streaming count by field 1; "
-        "'native-counts': the same counts as the two-stage job from one plain Spark "
-        "groupBy (baselines for benchmarks).",
+        description="The unrouted job (no routing_store): 'two-stage', the reference "
+        "running counts in two stateful stages; 'count-by-first-key': Spark's native "
+        "streaming count by field 1; 'native-counts': the same counts as the two-stage job "
+        "from one plain Spark groupBy (baselines for benchmarks).",
+    )
+    pipeline: str | None = Field(
+        default=None,
+        description="The routed job's pipeline, 'module:attr' (keyplane.pipeline); default "
+        "KEYPLANE_PIPELINE. Its stages' aggregates apply unless stage_a_aggregate or "
+        "stage_b_aggregate name others.",
     )
     routing_store: Path | None = Field(
         default=None,
@@ -164,12 +172,6 @@ class CountsJobSettings(BaseModel):
         "a Python worker's memory. Default KEYPLANE_MAX_EVENT_BYTES, the bound the "
         "statistics use too.",
     )
-    handoff_primers: bool = Field(
-        default_factory=lambda: Settings().handoff_primers,
-        description="With the JVM stages, each batch carries empty hand-off rows so that a "
-        "rollout finds their code compiled (keyplane.spark.routed_source.primer_rows). "
-        "Default KEYPLANE_HANDOFF_PRIMERS (on).",
-    )
     read_tasks: int | None = Field(
         default=None,
         ge=1,
@@ -183,13 +185,6 @@ class CountsJobSettings(BaseModel):
         description="Where the routed job's stages run: 'jvm', Java stateful processors "
         "(the running count only; keyplane.spark.jvm), 'python' (any aggregate), or 'auto': "
         "the JVM when both stages run the running count and the session has the jar.",
-    )
-    new_checkpoint_time_mode: StageTimeMode = Field(
-        default=NEW_CHECKPOINT_TIME_MODE,
-        description="The time mode stage A starts a new checkpoint in: 'None' (the stages "
-        "have no timers) or 'EventTime', as earlier versions of keyplane wrote checkpoints, to "
-        "compare the two or test such a checkpoint's restart. An existing checkpoint keeps the "
-        "mode it was written in (keyplane.spark.watermark).",
     )
     restarts: int = Field(
         default=0,
@@ -210,11 +205,40 @@ class CountsJobSettings(BaseModel):
         return spec
 
     def aggregates(self) -> dict[str, KeyedAggregate[Any]]:
-        """Each stage's keyed aggregate, by operator name."""
-        specs = {"A": self.stage_a_aggregate, "B": self.stage_b_aggregate}
-        return {
-            stage: load_aggregate(spec) if spec else RunningCount() for stage, spec in specs.items()
-        }
+        """Each stage's keyed aggregate, by stage name (:meth:`job_pipeline`)."""
+        return {stage.name: stage.aggregate for stage in self.job_pipeline().stages}
+
+    def job_pipeline(self) -> Pipeline:
+        """The routed job's pipeline, with the aggregates the stage flags name in its stages.
+
+        The routed data path runs the reference pipeline's shape: its stages,
+        keys and values (:func:`keyplane.reference.pipeline.counts`), with any
+        aggregates. Another shape is refused in one line, before Spark starts.
+        """
+        pipeline = load_pipeline(self.pipeline or Settings().pipeline)
+        named = self.pipeline not in (None, REFERENCE_PIPELINE)
+        if named and pipeline.source.topics != (self.events_topic,):
+            raise PipelineError(
+                f"pipeline {pipeline.name!r} reads {list(pipeline.source.topics)}, but the job "
+                f"is set to read {self.events_topic!r}"
+            )
+        shape = [(s.name, s.key, s.value) for s in pipeline.stages]
+        reference = [(s.name, s.key, s.value) for s in reference_counts().stages]
+        if shape != reference:
+            raise PipelineError(
+                f"pipeline {pipeline.name!r}: the routed job runs the stages (name, key, "
+                f"value) {reference} so far, not {shape}"
+            )
+        flagged = dict(
+            zip(OPERATORS, (self.stage_a_aggregate, self.stage_b_aggregate), strict=True)
+        )
+        stages = tuple(
+            dataclasses.replace(stage, aggregate=load_aggregate(spec))
+            if (spec := flagged.get(stage.name))
+            else stage
+            for stage in pipeline.stages
+        )
+        return dataclasses.replace(pipeline, stages=stages)
 
     @model_validator(mode="after")
     def _check_routing(self) -> CountsJobSettings:
@@ -229,8 +253,10 @@ class CountsJobSettings(BaseModel):
             raise ValueError(f"forward={self.forward!r} needs the routed job (routing_store)")
         if self.routing_store is None and "max_event_bytes" in self.model_fields_set:
             raise ValueError("max_event_bytes needs the routed job (routing_store)")
-        if self.routing_store is not None and self.pipeline != "two-stage":
-            raise ValueError("routing applies to the 'two-stage' pipeline only")
+        if self.routing_store is not None and self.variant != "two-stage":
+            raise ValueError("routing applies to the 'two-stage' variant only")
+        if self.routing_store is None and self.pipeline is not None:
+            raise ValueError("a pipeline needs the routed job (routing_store)")
         if self.routing_store is not None and self.source != "python":
             raise ValueError(
                 "the routed job plans each batch in keyplane's own source; use source='python'"
@@ -350,13 +376,8 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
     With ``settings.routing_store`` this is the routed job, whose operators
     have as many instances as the session's ``spark.sql.shuffle.partitions``.
     """
-    _no_batches_without_data(spark)
-    # Read once, before anything starts: an unreadable record is one line, not a failed query.
-    time_mode = stage_time_mode(settings.checkpoint, settings.new_checkpoint_time_mode)
-    if settings.routing_store is not None or settings.pipeline == "two-stage":
-        log.info("stage A runs %s", "in event time" if time_mode == "EventTime" else "untimed")
     if settings.routing_store is not None:
-        return _start_routed_query(spark, settings, time_mode)
+        return _start_routed_query(spark, settings)
     raw = read_kafka(
         spark,
         settings.bootstrap_servers,
@@ -365,10 +386,10 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         max_partitions=read_tasks(spark, settings),
         implementation=settings.source,
     )
-    events = parse_events(raw, settings.checkpoint, time_mode)
-    if settings.pipeline == "two-stage":
+    events = parse_events(raw)
+    if settings.variant == "two-stage":
         updates, mode = running_counts(events), "append"
-    elif settings.pipeline == "native-counts":
+    elif settings.variant == "native-counts":
         # One scan: each event becomes its stage-A and its stage-B key.
         both = events.select(
             F.explode(
@@ -391,30 +412,6 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
     )
 
 
-NO_DATA_BATCHES_KEY = "spark.sql.streaming.noDataMicroBatches.enabled"
-
-
-def _no_batches_without_data(spark: SparkSession) -> None:
-    """Run a batch only when the source has something new: no "no-data" batches.
-
-    Why: a stateful stage in event-time mode makes Spark run one more batch,
-    with no input, each time the watermark advances, so that the stage may
-    fire its timers and evict by the new watermark. The job's stage A runs
-    in event-time mode on a checkpoint written in it, which keeps it for
-    life (:mod:`keyplane.spark.watermark`); neither stage
-    sets a timer or keeps state by time, so those batches do nothing but
-    commit every state partition. A watermark that followed the events'
-    times would, on a live topic, add such a batch after nearly every batch
-    that reads events (``bench/live_batches.py``); since it moves once in a
-    checkpoint's life (:mod:`keyplane.spark.watermark`), this saves at most
-    one such batch per checkpoint. A value the user sets
-    in the Spark configuration (``spark-submit --conf``,
-    ``spark-defaults.conf``) stands.
-    """
-    if not spark.sparkContext.getConf().contains(NO_DATA_BATCHES_KEY):
-        spark.conf.set(NO_DATA_BATCHES_KEY, "false")
-
-
 def _start(writer: DataStreamWriter, settings: CountsJobSettings) -> StreamingQuery:
     return (
         writer.option("checkpointLocation", str(settings.checkpoint))
@@ -424,9 +421,7 @@ def _start(writer: DataStreamWriter, settings: CountsJobSettings) -> StreamingQu
     )
 
 
-def _start_routed_query(
-    spark: SparkSession, settings: CountsJobSettings, time_mode: StageTimeMode
-) -> StreamingQuery:
+def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> StreamingQuery:
     assert settings.routing_store is not None
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
     bootstrap = settings.bootstrap_servers
@@ -434,7 +429,10 @@ def _start_routed_query(
     for topic in (settings.migration_topic, settings.metrics_topic, settings.dead_letter_topic):
         ensure_topic(bootstrap, topic, 1)
     store = settings.routing_store.resolve()
-    aggregates = settings.aggregates()
+    pipeline = settings.job_pipeline()
+    check_expressions(spark, pipeline)
+    check_recorded_pipeline(settings.checkpoint, pipeline)
+    aggregates = {stage.name: stage.aggregate for stage in pipeline.stages}
     engine = resolve_engine(
         settings.stage_engine,
         aggregates["A"],
@@ -445,7 +443,14 @@ def _start_routed_query(
     if engine == "jvm":
         check_jvm_stages(spark, partitions)
     record_engine(settings.checkpoint, engine)
-    log.info("routed stages run in %s", "the JVM" if engine == "jvm" else "Python")
+    record_pipeline(settings.checkpoint, pipeline)
+    log.info(
+        "pipeline %r: stages %s run in %s (the JVM stages run the reference running count "
+        "only; any other aggregate runs in Python)",
+        pipeline.name,
+        ", ".join(pipeline.stage_names),
+        "the JVM" if engine == "jvm" else "Python",
+    )
     inputs = read_routed_events(
         spark,
         bootstrap,
@@ -461,10 +466,8 @@ def _start_routed_query(
         forward=settings.forward,
         # The JVM stages take a rollout's moves per instance (routed_source).
         handoff="per-instance" if engine == "jvm" else "per-key",
-        primers=settings.handoff_primers,
         quarantine=Quarantine(settings.checkpoint).option(),
     )
-    inputs = with_stage_watermark(inputs, settings.checkpoint, time_mode)
     writer = RoutedBatchWriter(
         output=settings.output,
         bootstrap_servers=bootstrap,
@@ -473,6 +476,10 @@ def _start_routed_query(
         parallelism=partitions,
         results_topic=settings.results_topic,
         delivery=settings.delivery(),
+        # The pipeline's own sink gets merged results when a pipeline is named.
+        sink=None
+        if settings.pipeline is None
+        else (pipeline.sink, MergedResults(aggregates, settings.output)),
     )
     updates = routed_running_counts(
         inputs,
@@ -745,7 +752,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         default=Settings().kafka_source,
         help="Kafka source implementation (default: KEYPLANE_KAFKA_SOURCE or python)",
     )
-    parser.add_argument("--pipeline", choices=["two-stage", "count-by-first-key", "native-counts"])
+    parser.add_argument("--variant", choices=["two-stage", "count-by-first-key", "native-counts"])
+    parser.add_argument(
+        "--pipeline",
+        metavar="MODULE:ATTR",
+        help="the routed job's pipeline (default: KEYPLANE_PIPELINE)",
+    )
     parser.add_argument(
         "--routing-store",
         type=Path,
@@ -776,12 +788,6 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         f"(default: KEYPLANE_MAX_EVENT_BYTES or {MAX_EVENT_BYTES:,})",
     )
     parser.add_argument(
-        "--handoff-primers",
-        choices=["True", "False"],
-        help="whether each batch of the JVM stages carries empty hand-off rows "
-        "(default: KEYPLANE_HANDOFF_PRIMERS or True)",
-    )
-    parser.add_argument(
         "--read-tasks",
         type=int,
         help="the most tasks that read one micro-batch; Kafka partitions share tasks when "
@@ -792,12 +798,6 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         choices=get_args(StageEngine),
         help="where the routed job's stages run: jvm (the running count), python (any "
         "aggregate) or auto (the JVM where it can; the default)",
-    )
-    parser.add_argument(
-        "--new-checkpoint-time-mode",
-        choices=get_args(StageTimeMode),
-        help="the time mode stage A starts a new checkpoint in: None (the default) or "
-        "EventTime, as earlier versions wrote them; a checkpoint keeps its own",
     )
     parser.add_argument(
         "--restarts",
@@ -829,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     try:
         run_counts_job(settings, on_progress=_print_progress, should_stop=stop.is_set)
-    except (StageEngineError, CheckpointRecordError, PoisonUnresolved) as exc:
+    except (StageEngineError, PoisonUnresolved, PipelineError) as exc:
         print(f"running_counts: error: {exc}", file=sys.stderr)
         return 2
     _print_committed(settings)

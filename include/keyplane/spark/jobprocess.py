@@ -66,7 +66,9 @@ from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of, tai
 from keyplane.kafka.broker import answers_kafka
 from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.kafka.offsets import CheckpointAheadError, check_not_ahead
+from keyplane.pipeline import load_pipeline
 from keyplane.reference.events import Forward
+from keyplane.reference.pipeline import REFERENCE_PIPELINE
 from keyplane.routing import config as config_store
 from keyplane.settings import Settings, StageEngine
 from keyplane.util.processes import (
@@ -126,22 +128,19 @@ class JobRecord(BaseModel):
     log_offset: int = Field(default=0, ge=0)
 
     def flags(self) -> dict[str, str]:
-        """The job's ``--flag=value`` options as its command line has them (either spelling,
-        as :meth:`aggregates` reads them)."""
-        flags = dict(zip(self.command, self.command[1:], strict=False))
+        """The job's ``--flag=value`` options as its command line has them."""
+        flags = {}
         for arg in self.command:
             flag, equals, value = arg.partition("=")
             if flag.startswith("--") and equals:
                 flags[flag] = value
-        return {flag: value for flag, value in flags.items() if flag.startswith("--")}
+        return flags
 
     def aggregates(self) -> dict[str, str | None]:
         """Each stage's ``module:attr`` as the job's command line names it; None: the default.
 
         Read from the recorded command, the job's own settings, so that
-        ``status`` needs neither PySpark nor the user's module to say it. The
-        job's flags are ``--flag=value``; a job launched by an earlier keyplane,
-        still running, has them as ``--flag value``, so both spellings are read.
+        ``status`` needs neither PySpark nor the user's module to say it.
         """
         flags = self.flags()
         return {stage: canonical_spec(flags.get(flag)) for stage, flag in AGGREGATE_FLAGS.items()}
@@ -178,8 +177,8 @@ class StopResult:
 class MetricsSnapshot:
     """The end of the metrics topic: the newest batch, and the newest one that read events.
 
-    The newest batch may have read none (it only advanced the watermark, or
-    carried control messages), so throughput, locality and imbalance come
+    The newest batch may have read none (it carried only control messages or state
+    moves), so throughput, locality and imbalance come
     from ``last_busy``; versions and lag from ``latest``.
     """
 
@@ -272,10 +271,12 @@ class JobProcess:
         restarts: int | None = None,
         restart_delay_s: float | None = None,
         stage_engine: StageEngine = "auto",
+        pipeline: str | None = None,
     ) -> None:
         self.given = {
             flag: str(value)
             for flag, value in (
+                ("--pipeline", pipeline),
                 ("--shuffle-partitions", shuffle_partitions),
                 ("--max-offsets-per-trigger", max_offsets_per_trigger),
                 ("--master", master),
@@ -300,6 +301,19 @@ class JobProcess:
         for spec in (stage_a_aggregate, stage_b_aggregate):
             if spec is not None:
                 load_aggregate(spec)
+        spec = pipeline or settings.pipeline
+        self.pipeline = None if spec == REFERENCE_PIPELINE else spec
+        """The pipeline the job runs and whose sink it writes; None: the reference one."""
+        self.events_topic = settings.events_topic
+        """What the job reads, and what ``status`` measures its lag on."""
+        if self.pipeline is not None:
+            source = load_pipeline(self.pipeline).source
+            if len(source.topics) != 1:
+                raise JobError(
+                    f"pipeline {self.pipeline!r} reads {len(source.topics)} topics; the routed "
+                    "job reads one"
+                )
+            self.events_topic = source.topics[0]
         self.settings = settings
         self.directory = settings.home.resolve() / "job"
         self.pid_file = self.directory / "job.pid"
@@ -328,7 +342,7 @@ class JobProcess:
         s = self.settings
         values: dict[str, object] = {
             "bootstrap_servers": s.resolved_bootstrap_servers(),
-            "events_topic": s.events_topic,
+            "events_topic": self.events_topic,
             "checkpoint": self.checkpoint,
             "output": self.output,
             "master": self.master,
@@ -356,6 +370,8 @@ class JobProcess:
             values["restart_delay_s"] = self.restart_delay_s
         if self.stage_engine != "auto":
             values["stage_engine"] = self.stage_engine
+        if self.pipeline is not None:
+            values["pipeline"] = self.pipeline
         return CountsJobSettings.model_validate(values)
 
     def shuffle_partitions(self) -> int:
@@ -484,8 +500,12 @@ class JobProcess:
                 self._check_same_options(running)
                 return StartResult(record=running, already_running=True)
             from keyplane.spark.counts_job import job_command
+            from keyplane.spark.pipeline_frames import check_recorded_pipeline
 
             settings = self.job_settings()
+            # The pipeline's shape and its checkpoint's record, in one line, before the launch.
+            pipeline = settings.job_pipeline()
+            check_recorded_pipeline(self.checkpoint, pipeline)
             self._check_checkpoint_aggregates()
             self._check_checkpoint_engine()
             waiting = self._events_waiting(settings)
@@ -557,8 +577,7 @@ class JobProcess:
         keeps each routed key's state as their ``encode`` wrote it, and another
         aggregate's ``decode`` would misread it inside a Spark task, after the
         job is up. So the first start of a checkpoint records them next to it,
-        and a restart must name the same ones. A checkpoint with commits but
-        no record dates from before the option and holds running counts.
+        and a restart must name the same ones.
         """
         if _last_commit(self.checkpoint) is None:
             write_atomically(self.aggregates_file, json.dumps(self.aggregates) + "\n")
@@ -566,8 +585,6 @@ class JobProcess:
         try:
             recorded = json.loads(self.aggregates_file.read_text(encoding="utf-8"))
             stored = {stage: canonical_spec(spec) for stage, spec in recorded.items()}
-        except FileNotFoundError:
-            stored = {"A": None, "B": None}
         except (OSError, ValueError, AttributeError) as exc:
             raise JobError(
                 f"cannot read {self.aggregates_file} ({exc}); it names the aggregates "
@@ -771,11 +788,11 @@ class JobProcess:
             events_waiting=waiting,
             metrics_problem=metrics_problem,
             rollout_problem=rollout_problem,
-            committed=last_committed_batch(self.checkpoint, self.settings.events_topic),
+            committed=last_committed_batch(self.checkpoint, self.events_topic),
         )
 
     def _events_unread(self, bootstrap: str) -> int | None:
-        topic = self.settings.events_topic
+        topic = self.events_topic
         try:
             partitions = partitions_of(bootstrap, topic, timeout_s=1.0)
         except TopicError:

@@ -66,14 +66,12 @@ from keyplane.reference.events import Forward
 from keyplane.settings import StageEngine
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
-from keyplane.spark.watermark import WATERMARK_COLUMN, event_time_column, input_time_mode
 
 CONTROL_FIELDS = ("stage", "source_rk", "target_rk", "count", "state", "marker", "detail")
 """The source's columns that only control rows use; both stages read them packed into
 one JSON column, ``ctl`` (:func:`_narrow_input`)."""
 ROUTED_STAGE_A_OUTPUT = (
-    "kind STRING, a STRING, ra STRING, ia INT, ea STRING, b STRING, rb STRING, n LONG, "
-    f"{WATERMARK_COLUMN} TIMESTAMP, ctl STRING"
+    "kind STRING, a STRING, ra STRING, ia INT, ea STRING, b STRING, rb STRING, n LONG, ctl STRING"
 )
 """Stage A's rows for stage B in ``pairs`` mode; see :func:`stage_a_output`."""
 ROUTED_OUTPUT_SCHEMA = (
@@ -283,8 +281,6 @@ class RoutedStageA(_RoutedStage):
         weights: dict[tuple[str, str], int] = {}
         for row in events:
             weights[(row.b, row.rb)] = weights.get((row.b, row.rb), 0) + row.n
-        # The watermark's own column, the same on every row: an event-time stage A's event time.
-        watermark_ts = events[0].watermark_ts
         instance, executor = where
         if self.forward == "pairs":
             sent = [(pair, n, None) for pair, n in weights.items()]
@@ -293,7 +289,7 @@ class RoutedStageA(_RoutedStage):
         for (b, rb), n, pad in sent:
             yield _stage_a_row(
                 self.forward, pad, kind="event", a=key_a, ra=group, ia=instance, ea=executor,
-                b=b, rb=rb, n=n, watermark_ts=watermark_ts, ctl=None,
+                b=b, rb=rb, n=n, ctl=None,
             )  # fmt: skip
 
     def _report(
@@ -315,8 +311,7 @@ class RoutedStageA(_RoutedStage):
         control = {"count": count, "state": state, "target_rk": target, "marker": marker}
         return _stage_a_row(
             self.forward, kind=kind, a=key, ra=routed, ia=instance, ea=None, b=None,
-            rb=control_group("A", routed, self.parallelism), n=None, watermark_ts=None,
-            ctl=json.dumps(control),
+            rb=control_group("A", routed, self.parallelism), n=None, ctl=json.dumps(control),
         )  # fmt: skip
 
 
@@ -338,7 +333,7 @@ def _forward_through_a(rows: Iterable[Any], forward: Forward) -> Iterator[Row]:
         rb = row.rb or row.ra
         yield _stage_a_row(
             forward, kind=row.kind, a=row.a, ra=row.ra, ia=None, ea=None, b=row.b, rb=rb, n=None,
-            watermark_ts=None, ctl=row.ctl,
+            ctl=row.ctl,
         )  # fmt: skip
 
 
@@ -455,8 +450,7 @@ def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
     PySpark hands a row-based ``transformWithState`` each input row as a
     ``Row`` built cell by cell, one Arrow-to-Python conversion per column,
     so a stage's cost grows with the width of its input as much as with its
-    rows. Stage A reads seven of the source's columns from an event, the
-    watermark's among them (:mod:`keyplane.spark.watermark`);
+    rows. Stage A reads six of the source's columns from an event;
     seven others are null on every event and read only by the few control
     rows, so Spark packs them here (in the JVM, null for an event) and a
     stage unpacks them for a control row only; ``seq``, ``vb`` and the
@@ -465,9 +459,7 @@ def _narrow_input(inputs: DataFrame, forward: Forward) -> DataFrame:
     """
     control = F.when(F.col("kind") != "event", F.to_json(F.struct(*CONTROL_FIELDS)))
     padding = ["pad"] if forward == "tuples" else []
-    return inputs.select(
-        "ra", "kind", "a", "b", WATERMARK_COLUMN, "rb", "n", control.alias("ctl"), *padding
-    )
+    return inputs.select("ra", "kind", "a", "b", "rb", "n", control.alias("ctl"), *padding)
 
 
 class StageEngineError(ValueError):
@@ -515,19 +507,14 @@ def resolve_engine(
 
 
 def recorded_engine(checkpoint: Path) -> Literal["jvm", "python"] | None:
-    """The engine ``checkpoint``'s stages ran on; None for a checkpoint with no batch yet.
-
-    A checkpoint with batches and no record was written before the JVM
-    stages existed, by the Python ones.
-    """
+    """The engine ``checkpoint``'s stages ran on; None for a checkpoint that has not run yet."""
     record = checkpoint / ENGINE_RECORD
-    if record.is_file():
-        engine = json.loads(record.read_text()).get("engine")
-        if engine not in ("jvm", "python"):
-            raise StageEngineError(f"{record}: unknown stage engine {engine!r}")
-        return cast(Literal["jvm", "python"], engine)
-    offsets = checkpoint / "offsets"
-    return "python" if offsets.is_dir() and any(offsets.iterdir()) else None
+    if not record.is_file():
+        return None
+    engine = json.loads(record.read_text()).get("engine")
+    if engine not in ("jvm", "python"):
+        raise StageEngineError(f"{record}: unknown stage engine {engine!r}")
+    return cast(Literal["jvm", "python"], engine)
 
 
 def record_engine(checkpoint: Path, engine: Literal["jvm", "python"]) -> None:
@@ -550,13 +537,9 @@ def routed_running_counts(
     reference application's :class:`~keyplane.aggregates.RunningCount`).
     ``forward`` is what stage A sends stage B (module docstring); ``inputs``
     must come from a routed source read in the same mode.
-    ``inputs`` must carry the stages' watermark column
-    (:func:`keyplane.spark.watermark.with_stage_watermark`), which says stage A's
-    time mode, and no other watermark: in event-time mode, one on the events'
-    own times would drop late events. ``engine`` says where the stages run
+    Both stages run without a time mode: neither sets a timer. ``engine`` says where the stages run
     (:data:`StageEngine`); both engines write the same rows.
     """
-    mode = input_time_mode(inputs)
     loaded = jvm_stages.loaded(inputs.sparkSession)
     if resolve_engine(engine, stage_a, stage_b, loaded) == "jvm":
         return jvm_stages.routed_running_counts_jvm(inputs, parallelism, forward == "tuples")
@@ -567,8 +550,7 @@ def routed_running_counts(
             RoutedStageA(parallelism, stage_a or RunningCount(), forward),
             stage_a_output(forward),
             "Append",
-            mode,
-            eventTimeColumnName=event_time_column(mode),
+            "None",
         )
     )
     return stage_a_rows.groupBy("rb").transformWithState(

@@ -7,7 +7,8 @@ re-run the stateful plan) and splits it by ``kind``
 * ``count`` rows: the latest partial (tuple count and encoded state) per
   routed key and instance, to
   ``<output>/batch-<id>.parquet`` (atomic rename, so a replay rewrites the same
-  file) and optionally the results topic;
+  file) and optionally the results topic; merged per key, to the pipeline's
+  sink (:mod:`keyplane.spark.pipeline_sink`);
 * ``moved`` rows: to the migration topic, flushed before the batch commits,
   so the next batch's plan finds them (paper 000 §3.4's state transfer);
   ``moves`` rows are such records already packed by the JVM stages
@@ -54,8 +55,11 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from keyplane.aggregates import KeyedAggregate, merge_encoded
 from keyplane.algorithms.batchmetrics import BatchMetrics, traffic_metrics
 from keyplane.algorithms.partials import last_of_each, latest_partials
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, LongLivedProducer
+from keyplane.pipeline import Sink
+from keyplane.spark.pipeline_sink import MergedResults, write_results
 from keyplane.spark.progress import phases_ms, progress_of
 
 log = logging.getLogger(__name__)
@@ -149,8 +153,11 @@ class RoutedBatchWriter:
         parallelism: int,
         results_topic: str | None = None,
         delivery: Delivery = SAFE_DELIVERY,
+        sink: tuple[Sink, MergedResults] | None = None,
     ) -> None:
         self.output = output
+        self.sink = sink
+        """The pipeline's sink and the merge that feeds it (:mod:`keyplane.spark.pipeline_sink`)."""
         self.migration_topic = migration_topic
         self.dead_letter_topic = dead_letter_topic
         self.results_topic = results_topic
@@ -194,9 +201,13 @@ class RoutedBatchWriter:
                 self.results_topic,
                 _json((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
             )
+        if self.sink is not None:
+            sink, merged = self.sink
+            results = merged.batch(partials, batch_id)
+            write_results(sink, results, batch_id, spark=batch.sparkSession, producer=self.producer)
         tmp.rename(self.output / f"batch-{batch_id:08d}.parquet")
         self.metrics[batch_id] = traffic_metrics(
-            batch_id, output, {"A": self.parallelism, "B": self.parallelism}
+            batch_id, output, dict.fromkeys(OPERATORS, self.parallelism)
         )
 
 

@@ -47,7 +47,7 @@ import functools
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -278,10 +278,8 @@ class RoutedEventsPartition(InputPartition):
     prepared: int | None = None
     """A version the job has acknowledged and not yet routes on: the task loads its
     tables ahead (:func:`read_events`)."""
-    primers: bool = False
-    """Whether this task reads the batch's :func:`primer_rows` before its events."""
     batch_end: bool = False
-    """Whether this task reads the batch's :func:`batch_end_rows` (primers hold them)."""
+    """Whether this task reads the batch's :func:`batch_end_rows` before its events."""
     quarantine: tuple[tuple[str, str, str], ...] = ()
     """The quarantined (field-1 key, field-2 key, reason) pairs, whose events are
     dead-lettered with that reason rather than routed (:mod:`keyplane.control.quarantine`)."""
@@ -579,42 +577,6 @@ def _evicts_per_instance(p: EvictPartition) -> pa.RecordBatch:
     )
 
 
-PRIMER_BYTES = 4096
-"""How long a primer's list of moves is, padded with spaces: longer than the row
-buffers Spark's generated code starts with, so the primer takes their ``grow``
-branch as a real hand-off row does."""
-
-
-@functools.cache
-def primer_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
-    """An empty ``evicts`` and ``installs`` row per stage and instance: they move nothing.
-
-    Why every batch carries them. HotSpot's C2 compiles a branch that its
-    profile never saw taken as a trap. Before the first rollout, no row of
-    the job's hot paths (Spark's generated projections, ``processNext``,
-    ``createExternalRow``, the shuffle's sort, UTF-8 coding) has the
-    hand-off columns set, a string of kilobytes, or a grouping value outside
-    the BMP (the closing groups' U+10FFFF). So the switch and install batches
-    hit each of those traps: the method falls back to the interpreter and is
-    compiled again, on the cores the batch's tasks need. With primers, every batch takes
-    those branches, so they are compiled from the first batches on and a
-    rollout finds them ready. HotSpot's ``-XX:PerMethodTrapLimit=0`` does the
-    same for every method of the JVM, at a cost to every batch.
-
-    The lists are empty JSON lists (``[]`` and :data:`PRIMER_BYTES` of
-    padding), so a stage installs and evicts nothing
-    (``RoutedStages.Stage.handleInputRows``). Stage B's primers pass through
-    stage A's control groups as its real hand-off rows do. Their ``evicts``
-    rows are the batch's end rows (:func:`batch_end_rows`).
-    """
-    return _empty_handoffs(
-        forward,
-        parallelism,
-        (("installs", install_groups, None), ("evicts", evict_groups, -1)),
-        "[]".ljust(PRIMER_BYTES),
-    )
-
-
 @functools.cache
 def batch_end_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     """An empty ``evicts`` row per stage and instance, in the instance's closing group.
@@ -624,37 +586,23 @@ def batch_end_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     and writes them in its first closing group, which Spark calls after every
     routed key's (``RoutedStages.Stage.endOfTask``). So every batch of events
     carries one for each stage and instance; a task that ends without one
-    fails rather than lose what it gathered.
-    """
-    return _empty_handoffs(forward, parallelism, (("evicts", evict_groups, -1),), "[]")
-
-
-def _empty_handoffs(
-    forward: Forward,
-    parallelism: int,
-    kinds: tuple[tuple[str, Callable[[str, int], tuple[str, ...]], int | None], ...],
-    moves: str,
-) -> pa.RecordBatch:
-    """For each ``(kind, groups, marker)`` of ``kinds``, a hand-off row of that kind per stage
-    and instance, in the instance's group of ``groups``, its list of moves ``moves`` (empty).
-
-    Stage B's rows name their group in ``rb`` too, so they pass through stage A's.
+    fails rather than lose what it gathered. Stage B's rows name their group in
+    ``rb`` too, so they pass through stage A's.
     """
     rows = [
-        (kind, stage, groups(stage, parallelism)[i], marker)
-        for kind, groups, marker in kinds
+        (stage, evict_groups(stage, parallelism)[i])
         for stage in OPERATORS
         for i in range(parallelism)
     ]
     return _rows(
         forward,
         len(rows),
-        kind=[kind for kind, _, _, _ in rows],
-        stage=[stage for _, stage, _, _ in rows],
-        ra=[group for _, _, group, _ in rows],
-        rb=[group if stage == "B" else None for _, stage, group, _ in rows],
-        state=[moves] * len(rows),
-        marker=[marker for _, _, _, marker in rows],
+        kind=["evicts"] * len(rows),
+        stage=[stage for stage, _ in rows],
+        ra=[group for _, group in rows],
+        rb=[group if stage == "B" else None for stage, group in rows],
+        state=["[]"] * len(rows),
+        marker=[-1] * len(rows),
     )
 
 
@@ -744,14 +692,6 @@ def _one_of(options: Mapping[str, str], name: str, modes: tuple[_Mode, ...]) -> 
     raise KafkaSourceOptionError(f"option {name!r} is one of {', '.join(modes)}, got {raw!r}")
 
 
-def _flag(options: Mapping[str, str], name: str, *, default: bool) -> bool:
-    """Boolean option ``name``: ``true`` or ``false``, refused in one line otherwise."""
-    raw = options.get(name, str(default).lower())
-    if raw not in ("true", "false"):
-        raise KafkaSourceOptionError(f"option {name!r} is true or false, got {raw!r}")
-    return raw == "true"
-
-
 def _quarantine(options: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
     """The ``quarantine`` option: a JSON list of [field-1 key, field-2 key, reason]."""
     text = options.get("quarantine")
@@ -802,9 +742,6 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.max_partitions = max_partitions_option(options)
         self.forward = _forward(options)
         self.handoff = _handoff(options)
-        # Only the JVM stages take per-instance rows; the option is checked either way.
-        primers = _flag(options, "handoff.primers", default=True)
-        self.primers = primers and self.handoff == "per-instance"
         self.quarantine = _quarantine(options)
         self._channel: ControlChannel | None = None
         self._watermarks: HighWatermarks | None = None
@@ -1105,7 +1042,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         if not events:
             return list(handoffs)
         if self.handoff == "per-instance":
-            events[0] = dataclasses.replace(events[0], primers=self.primers, batch_end=True)
+            events[0] = dataclasses.replace(events[0], batch_end=True)
         tasks = spread_handoffs(events, handoffs)
         sizes = [p.events.end - p.events.start for p in events]
         return grouped_into_tasks(tasks, sizes, self.max_partitions)
@@ -1166,13 +1103,11 @@ class RoutedEventsReader(DataSourceStreamReader):
             raise TypeError(f"not a routed-source partition: {partition!r}")
 
     def _read_event_task(self, parts: list[RoutedEventsPartition]) -> Iterator[pa.RecordBatch]:
-        """A task's event partitions: the batch's primers or end rows if the task carries
-        them, the events of all its partitions combined (:func:`read_events`), then
-        the hand-offs each partition brought along (:func:`spread_handoffs`)."""
+        """A task's event partitions: the batch's end rows if the task carries them, the
+        events of all its partitions combined (:func:`read_events`), then the hand-offs
+        each partition brought along (:func:`spread_handoffs`)."""
         for part in parts:
-            if part.primers:
-                yield primer_rows(part.forward, part.parallelism)
-            elif part.batch_end:
+            if part.batch_end:
                 yield batch_end_rows(part.forward, part.parallelism)
         yield from read_events(*parts)
         for part in parts:
@@ -1226,7 +1161,6 @@ def read_routed_events(
     max_partitions: int | None = None,
     forward: Forward = "pairs",
     handoff: HandoffMode = "per-key",
-    primers: bool = True,
     quarantine: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
@@ -1235,9 +1169,8 @@ def read_routed_events(
     record; larger ones are dead-lettered as ``oversized``. ``max_partitions``
     bounds the tasks that read a batch (:class:`~keyplane.spark.kafka_source.ReadTask`;
     default: one per events partition). ``forward`` is what stage A will send
-    stage B, and ``handoff`` how its stages take a rollout's moves (module docstring);
-    with ``per-instance`` hand-offs, ``primers`` says whether each batch carries
-    :func:`primer_rows`. ``quarantine`` is the quarantined pairs
+    stage B, and ``handoff`` how its stages take a rollout's moves (module docstring).
+    ``quarantine`` is the quarantined pairs
     (:meth:`keyplane.control.quarantine.Quarantine.option`), whose events are dead-lettered.
     """
     spark.dataSource.register(RoutedEventsSource)
@@ -1252,7 +1185,6 @@ def read_routed_events(
         .option("initial.version", str(initial_version))
         .option("forward", forward)
         .option("handoff", handoff)
-        .option("handoff.primers", str(primers).lower())
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))

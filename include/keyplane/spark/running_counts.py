@@ -5,11 +5,8 @@ running count per field-1 key, stage B a running count per field-2 key, and
 every tuple flows A → B. Both stages keep their state in Spark's own keyed
 state store, so checkpoints, recovery and exactly-once come from Spark.
 
-Stage A is a ``transformWithState`` processor without a time mode, or in
-event-time mode on a checkpoint written in it, which keeps it for life; then
-its watermark follows a column on which no row is ever late, so no event is
-dropped however far behind the others its time is
-(:mod:`keyplane.spark.watermark`). It emits one
+Stage A is a ``transformWithState`` processor without a time mode (it sets
+no timer), so no event is ever dropped as late. It emits one
 row per (a, b) pair it saw in the batch, with the pair's tuple count ``n``
 and a's new running count, so stage B receives every tuple's weight without
 one row per tuple. Stage B, a ``transformWithState`` processor too, adds ``n``
@@ -25,7 +22,6 @@ The routed variant, which takes new routing configurations live, is
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, Row
@@ -33,33 +29,22 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.reference.events import EVENT_DDL
-from keyplane.spark.watermark import (
-    WATERMARK_COLUMN,
-    StageTimeMode,
-    event_time_column,
-    input_time_mode,
-    with_stage_watermark,
-)
 
-STAGE_A_OUTPUT = f"a STRING, b STRING, n LONG, count_a LONG, {WATERMARK_COLUMN} TIMESTAMP"
+STAGE_A_OUTPUT = "a STRING, b STRING, n LONG, count_a LONG"
 COUNTS_SCHEMA = "stage STRING, key STRING, count LONG"
 
 
-def parse_events(
-    raw: DataFrame, checkpoint: Path | None = None, time_mode: StageTimeMode | None = None
-) -> DataFrame:
-    """Kafka records → typed events, with the stages' watermark column for a run of
-    ``checkpoint`` in ``time_mode`` (:func:`keyplane.spark.watermark.with_stage_watermark`).
+def parse_events(raw: DataFrame) -> DataFrame:
+    """Kafka records → typed events.
 
     ``ts`` is the event's time, exact to the millisecond (``timestamp_millis``
     computes in integers; ``ts / 1000`` as a double is off by microseconds).
-    The watermark is not on it (:func:`keyplane.spark.watermark.with_stage_watermark`).
+    No watermark is on it: the stages keep no state by time.
     """
     parsed = raw.select(F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e"))
-    events = parsed.select(
+    return parsed.select(
         "e.seq", "e.a", "e.b", "e.pad", F.timestamp_millis(F.col("e.ts")).alias("ts")
     ).where(F.col("a").isNotNull() & F.col("b").isNotNull())
-    return with_stage_watermark(events, checkpoint, time_mode)
 
 
 class CountByFirstKey(StatefulProcessor):
@@ -69,24 +54,21 @@ class CountByFirstKey(StatefulProcessor):
         self.count = handle.getValueState("count", "count LONG")
 
     def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Row]:
-        per_b, watermark_ts = _pair_weights(rows)
+        per_b = _pair_weights(rows)
         total = _add_to_count(self.count, sum(per_b.values()))
         for b, n in per_b.items():
-            yield Row(a=key[0], b=b, n=n, count_a=total, watermark_ts=watermark_ts)
+            yield Row(a=key[0], b=b, n=n, count_a=total)
 
     def close(self) -> None:
         pass
 
 
-def _pair_weights(rows: Iterator[Any]) -> tuple[dict[str, int], Any]:
-    """Tuples per field-2 key of one group's rows, and their watermark time (stage A's
-    event time: the same on every row, :mod:`keyplane.spark.watermark`)."""
+def _pair_weights(rows: Iterator[Any]) -> dict[str, int]:
+    """Tuples per field-2 key of one group's rows."""
     per_b: dict[str, int] = {}
-    watermark_ts = None
     for row in rows:
         per_b[row.b] = per_b.get(row.b, 0) + 1
-        watermark_ts = row.watermark_ts
-    return per_b, watermark_ts
+    return per_b
 
 
 def _add_to_count(count: Any, n: int) -> int:
@@ -127,15 +109,9 @@ class CountBySecondKey(StatefulProcessor):
 
 
 def running_counts(events: DataFrame) -> DataFrame:
-    """Events (``a``, ``b``, with the stages' watermark: :func:`parse_events`) → the two
-    stages' updated running counts."""
-    mode = input_time_mode(events)
+    """Events (``a``, ``b``: :func:`parse_events`) → the two stages' updated running counts."""
     stage_a = events.groupBy("a").transformWithState(
-        CountByFirstKey(),
-        STAGE_A_OUTPUT,
-        "Append",
-        mode,
-        eventTimeColumnName=event_time_column(mode),
+        CountByFirstKey(), STAGE_A_OUTPUT, "Append", "None"
     )
     return stage_a.groupBy("b").transformWithState(
         CountBySecondKey(), COUNTS_SCHEMA, "Append", "None"

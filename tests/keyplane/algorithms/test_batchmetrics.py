@@ -48,3 +48,23 @@ def test_an_empty_batch_has_no_locality_and_no_imbalance_pure() -> None:
     metrics = traffic_metrics(0, pd.DataFrame(columns=[*columns, "detail"]), {"A": 2, "B": 2})
     assert metrics.locality is None
     assert metrics.imbalance("A") is None
+
+
+def test_hops_of_a_three_stage_chain_load_the_stage_pair_they_name_pure() -> None:
+    """A hop names its downstream stage; its upstream is the stage before in the chain. A
+    middle stage's load is what reaches it, not also what leaves it."""
+    rows = pd.DataFrame(
+        [
+            {**_hop(0, "e1", 1, "e2", 5), "stage": "users"},
+            {**_hop(1, "e2", 0, "e1", 7), "stage": "pages"},
+        ]
+    )
+    metrics = traffic_metrics(3, rows, {"sessions": 2, "users": 2, "pages": 2})
+    assert metrics.load == {
+        "sessions": {0: 5, 1: 0},
+        "users": {0: 0, 1: 5},
+        "pages": {0: 7, 1: 0},
+    }
+    assert metrics.executors == {"sessions": {0: "e1"}, "users": {1: "e2"}, "pages": {0: "e1"}}
+    assert metrics.imbalance("users") == 2.0
+    assert (metrics.hops, metrics.local_hops) == (12, 0)

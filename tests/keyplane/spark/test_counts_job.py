@@ -10,14 +10,11 @@ from typing import cast
 
 import pytest
 from pydantic import ValidationError
-from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from keyplane.reference.events import MAX_EVENT_BYTES
 from keyplane.spark.counts_job import (
-    NO_DATA_BATCHES_KEY,
     CountsJobSettings,
-    _no_batches_without_data,
     job_command,
     parse_settings,
     read_tasks,
@@ -88,7 +85,7 @@ def test_job_command_round_trips_through_the_job_parser() -> None:
         events_topic="ev",
         checkpoint=Path("/ck"),
         output=Path("/out"),
-        pipeline="count-by-first-key",
+        variant="count-by-first-key",
         max_offsets_per_trigger=100,
         trigger_interval="0 seconds",
         stop_at_offset_total=5,
@@ -120,7 +117,8 @@ def test_every_setting_round_trips_through_the_job_command_line_even_a_dash_lead
         stop_at_offset_total=5,
         stop_when_idle_s=2.5,
         source="python",
-        pipeline="two-stage",
+        variant="two-stage",
+        pipeline="keyplane.reference.pipeline:counts",
         routing_store=Path("/store"),
         routing_version=2,
         control_topic="-control",
@@ -131,10 +129,8 @@ def test_every_setting_round_trips_through_the_job_command_line_even_a_dash_lead
         stage_b_aggregate="keyplane.aggregates:RunningCount",
         forward="tuples",
         max_event_bytes=4096,
-        handoff_primers=False,
         read_tasks=3,
         stage_engine="python",
-        new_checkpoint_time_mode="EventTime",
         restarts=2,
         restart_delay_s=0.0,
     )
@@ -244,21 +240,3 @@ def test_stop_gives_up_waiting_after_the_grace_with_a_fake_query() -> None:
     stop_between_batches(query, grace_s=0.2, poll_s=0.01)
     assert query.stopped_after is not None and query.stopped_after > 1
     assert time.monotonic() - started >= 0.2
-
-
-@pytest.mark.parametrize(
-    ("started_with", "set_to"), [({}, "false"), ({NO_DATA_BATCHES_KEY: "true"}, None)]
-)
-def test_batches_without_input_are_off_unless_the_user_set_them_with_a_fake_session(
-    started_with: dict[str, str], set_to: str | None
-) -> None:
-    """The job turns Spark's batches without input off; a user's ``--conf`` stands."""
-    sql_conf: dict[str, str] = {}
-    session = SimpleNamespace(
-        sparkContext=SimpleNamespace(
-            getConf=lambda: SparkConf(loadDefaults=False).setAll(list(started_with.items()))
-        ),
-        conf=SimpleNamespace(set=sql_conf.__setitem__),
-    )
-    _no_batches_without_data(cast(SparkSession, session))
-    assert sql_conf.get(NO_DATA_BATCHES_KEY) == set_to

@@ -1,8 +1,7 @@
 """The routed job runs a micro-batch only for new input (real broker, real SparkSession).
 
-On a live topic each batch reads what arrived since the last and moves the
-watermark on; Spark would follow every such batch with one of no input for
-the event-time stage's timers, which keyplane's stages do not have.
+On a live topic each batch reads what arrived since the last; the stages
+have no time mode and no watermark, so Spark runs no batch without input.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def test_every_batch_the_job_ran_has_a_progress_line_up_to_the_last(
         events_topic=topic_name,
         checkpoint=tmp_path / "checkpoint",
         output=tmp_path / "output",
-        pipeline="count-by-first-key",
+        variant="count-by-first-key",
         max_offsets_per_trigger=2_000,
         trigger_interval="0 seconds",
         stop_at_offset_total=4_000,

@@ -41,7 +41,7 @@ def _job(broker: str, topic: str, tmp: Path, log: Path) -> subprocess.Popen[byte
             events_topic=topic,
             checkpoint=tmp / "checkpoint",
             output=tmp / "output",
-            pipeline="count-by-first-key",
+            variant="count-by-first-key",
             max_offsets_per_trigger=BATCH_EVENTS,
             trigger_interval="0 seconds",
             stop_at_offset_total=N_EVENTS,

@@ -383,13 +383,6 @@ def test_stage_aggregates_reach_the_job_command_line_and_its_record(tmp_path: Pa
     assert _record(1).aggregates() == {"A": None, "B": None}
 
 
-def test_a_record_of_a_job_launched_with_separate_flag_values_still_names_its_aggregates() -> None:
-    """A job an earlier keyplane launched, still running, has ``--flag value`` arguments."""
-    earlier = (*JOB_COMMAND, "--stage-a-aggregate", VALUE_COUNTS, "--forward", "tuples")
-
-    assert _record(1, earlier).aggregates() == {"A": VALUE_COUNTS, "B": None}
-
-
 @pytest.mark.parametrize(
     ("spec", "problem"),
     [
@@ -442,19 +435,18 @@ def test_a_checkpoint_keeps_the_aggregates_it_was_started_with(
     assert not first.pid_file.exists() and not first.log.exists()
 
 
-def test_a_checkpoint_from_before_the_aggregate_options_holds_running_counts(
+def test_a_checkpoint_with_commits_and_no_aggregates_record_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its states were written by aggregates nobody recorded: the start says which file is
+    missing rather than guess them."""
     monkeypatch.delenv("KEYPLANE_CONTROL_KEY", raising=False)
-    settings = Settings(home=tmp_path)
-    job = JobProcess(settings, stage_a_aggregate=VALUE_COUNTS)
+    job = JobProcess(Settings(home=tmp_path), stage_a_aggregate=VALUE_COUNTS)
     (job.checkpoint / "commits").mkdir(parents=True)
     (job.checkpoint / "commits" / "3").write_text("v1\n{}\n")
 
-    with pytest.raises(JobError, match="holds the states of A the running count, B the running"):
+    with pytest.raises(JobError, match=r"cannot read .*aggregates.json .*names the aggregates"):
         job.start()
-    with pytest.raises(MissingKeyError):
-        JobProcess(settings).start()
 
 
 # --- the pid file, with a stand-in process ---------------------------------------------------
@@ -483,8 +475,7 @@ def test_a_stand_in_job_running_an_aggregate_is_shown_and_not_taken_for_another(
         sys.executable,
         "-c",
         "import time; time.sleep(300)",
-        "--stage-b-aggregate",
-        VALUE_COUNTS,
+        f"--stage-b-aggregate={VALUE_COUNTS}",
     )
     proc = start_detached(command, tmp_path / "stand-in.log")
     try:

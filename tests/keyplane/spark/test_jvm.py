@@ -26,7 +26,6 @@ from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark import jvm, routed_source
 from keyplane.spark.counts_job import (
-    NO_DATA_BATCHES_KEY,
     CountsJobSettings,
     read_output,
     start_counts_query,
@@ -41,7 +40,6 @@ from keyplane.spark.routed_counts import (
     resolve_engine,
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, unpacked_partials
-from keyplane.spark.watermark import with_stage_watermark
 from keyplane.testing import routed_job_settings
 
 
@@ -106,13 +104,10 @@ def test_both_engines_report_as_many_pairs_as_the_metrics_keep_pure() -> None:
 
 
 def test_a_checkpoint_keeps_its_engine_pure(tmp_path: Path) -> None:
-    """A new checkpoint has no engine; one with batches and no record was written by the
-    Python stages (before the JVM ones existed); a record names its engine."""
+    """A new checkpoint has no engine; a record names its engine."""
     checkpoint = tmp_path / "checkpoint"
     assert recorded_engine(checkpoint) is None
-    (checkpoint / "offsets").mkdir(parents=True)
-    assert recorded_engine(checkpoint) is None
-    (checkpoint / "offsets" / "0").write_text("v1\n")
+    record_engine(checkpoint, "python")
     assert recorded_engine(checkpoint) == "python"
     record_engine(checkpoint, "jvm")
     assert recorded_engine(checkpoint) == "jvm"
@@ -130,8 +125,8 @@ def test_a_checkpoint_keeps_its_engine_pure(tmp_path: Path) -> None:
 def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
     spark, broker: str, topic_name: str, tmp_path: Path
 ) -> None:
-    """The upgrade path: a checkpoint the Python stages wrote goes on in Python under
-    ``auto``, counts exact, and asking for the JVM is refused before Spark starts."""
+    """A checkpoint the Python stages wrote goes on in Python under ``auto``, counts exact,
+    and asking for the JVM is refused before Spark starts."""
     store = tmp_path / "routing"
     save(
         RoutingConfig(
@@ -165,7 +160,6 @@ def test_a_python_checkpoint_resumes_in_python_with_exact_counts(
     second = ZipfEvolvingWorkload(n_keys=200, n_categories=10, n_events=2_000, seed=9)
     produce_workload(first, broker, topic_name, partitions=2)
     assert "TransformWithStateInPySpark" in run("python")
-    (tmp_path / "checkpoint" / ENGINE_RECORD).unlink()  # as a checkpoint of an older release
     produce_workload(second, broker, topic_name, partitions=2)
     with pytest.raises(StageEngineError, match="keeps its engine for life"):
         run("jvm")
@@ -182,10 +176,7 @@ def _outputs_by_batch(
     """The JVM stages' output rows of each micro-batch, one input file per batch, without
     the executor columns (the same in every run of one process). Each batch ends with the
     rows the routed source sends with every batch (:func:`routed_source.batch_end_rows`)
-    unless ``end_rows`` is false. Without the input's "no-data" batches, as the job runs
-    them (:data:`NO_DATA_BATCHES_KEY`): whether an earlier test's job set it must not
-    decide which batch is which."""
-    spark.conf.set(NO_DATA_BATCHES_KEY, "false")
+    unless ``end_rows`` is false."""
     inputs = root / "in"
     inputs.mkdir(parents=True)
     for i, batch in enumerate(batches):
@@ -193,11 +184,10 @@ def _outputs_by_batch(
         ends = [routed_source.batch_end_rows("pairs", 4)] if end_rows else []
         pq.write_table(pa.Table.from_batches([*batch, *ends]), path)
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source's order
-    rows = with_stage_watermark(
+    rows = (
         spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
         .option("maxFilesPerTrigger", 1)
-        .parquet(str(inputs)),
-        None,
+        .parquet(str(inputs))
     )
     seen: list[list[Row]] = []
     query = (
@@ -231,36 +221,6 @@ def _stage_a_partials(rows: list[Row]) -> dict[str, int]:
     partials = latest_partials_of_batch(unpacked_partials(output))
     mine = partials[partials["stage"] == "A"]
     return dict(zip(mine["routed_key"], mine["count"], strict=True))
-
-
-@pytest.mark.integration
-def test_the_stages_take_primers_and_change_nothing(spark, tmp_path: Path) -> None:
-    """A micro-batch with the primers gives the JVM stages' output without them, row for
-    row: a moved state leaves with its count, every key counts exactly, and the empty
-    hand-off rows add no row (:func:`keyplane.spark.routed_source.primer_rows`)."""
-    events = _events(["x", "y", "x"], ["x", "y", "x"], [2, 1, 3], b=["p", "q", "q"])
-    evicts = next(
-        routed_source.read_evictions(
-            routed_source.EvictPartition("A", (("x", "x", "x#1"),), 4, 7, "pairs", "per-instance")
-        )
-    )
-
-    def output(batches: list[pa.RecordBatch], name: str) -> list[tuple]:
-        [rows] = _outputs_by_batch(spark, [batches], tmp_path / name)
-        return sorted(tuple(row) for row in rows)
-
-    plain = output([events, evicts], "plain")
-    primed = output([routed_source.primer_rows("pairs", 4), events, evicts], "primed")
-
-    assert primed == plain
-    [moved] = [row for row in plain if row[0] == "moves"]
-    [state] = json.loads(moved[6])["moves"]
-    assert (state["key"], state["target"], state["count"], state["marker"]) == ("x", "x#1", 5, 7)
-    assert {(row[1], row[2], row[5]) for row in plain if row[0] == "count"} >= {
-        ("A", "y", 1),
-        ("B", "p", 2),
-        ("B", "q", 4),
-    }
 
 
 @pytest.mark.integration

@@ -144,7 +144,6 @@ def _settings(
     forward: Forward = "pairs",
     stage_engine: StageEngine = "auto",
     max_event_bytes: int | None = None,
-    handoff_primers: bool = True,
 ) -> CountsJobSettings:
     routed_only = {} if max_event_bytes is None else {"max_event_bytes": max_event_bytes}
     return routed_job_settings(
@@ -158,22 +157,16 @@ def _settings(
         stage_engine=stage_engine,
         **routed_only,
         routing_store=routing_store,
-        handoff_primers=handoff_primers,
     )
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(
-    ("engine", "primers"),
-    [("jvm", True), ("jvm", False), ("python", True)],
-    ids=["jvm", "jvm-without-primers", "python"],
-)
+@pytest.mark.parametrize("engine", ["jvm", "python"])
 def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
-    spark, broker: str, topic_name: str, tmp_path: Path, engine: StageEngine, primers: bool
+    spark, broker: str, topic_name: str, tmp_path: Path, engine: StageEngine
 ) -> None:
-    """Either engine (:mod:`keyplane.spark.jvm` or Python) places, splits and counts the same;
-    the JVM stages also without the primers, whose end rows the source then sends alone
-    (:func:`keyplane.spark.routed_source.batch_end_rows`)."""
+    """Either engine (:mod:`keyplane.spark.jvm` or Python) places, splits and counts the
+    same."""
     spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=4_000, seed=5)
     assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
     truth = expected_counts(spec)
@@ -192,7 +185,6 @@ def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
         tmp_path,
         routing_store=tmp_path / "routing",
         stage_engine=engine,
-        handoff_primers=primers,
     )
     operators = _run_to_end(spark, settings)
     assert operators == [OPERATOR_NAMES[engine]] * 2

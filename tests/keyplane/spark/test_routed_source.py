@@ -25,7 +25,6 @@ from keyplane.routing.routedkeys import RoutedKeyTable, spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
 from keyplane.spark.routed_source import (
-    PRIMER_BYTES,
     ControlMessagesLost,
     EvictPartition,
     MigrationPartition,
@@ -35,7 +34,6 @@ from keyplane.spark.routed_source import (
     control_group,
     evict_groups,
     install_groups,
-    primer_rows,
     read_events,
     read_evictions,
     read_installs,
@@ -594,7 +592,7 @@ def test_a_task_combines_the_events_of_all_its_partitions_per_pair_pure(
     evicts = [json.loads(r["state"]) for r in rows if r["kind"] == "evicts"]
     moved = sorted(tuple(m) for listed in evicts for m in listed)
     assert moved == sorted((m.key, m.source, m.target) for m in state_moves(v1, v2, "A", 4))
-    assert evicts.count([]) == 2 * 4  # the batch's primers, once: each stage's instances
+    assert evicts.count([]) == 2 * 4  # the batch's end rows, once: each stage's instances
 
 
 def test_a_task_refuses_partitions_planned_on_different_versions_pure(tmp_path: Path) -> None:
@@ -728,20 +726,14 @@ def test_an_unknown_handoff_mode_is_refused_in_one_line_pure(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    ("options", "primed", "ended"),
-    [
-        ({"handoff": "per-instance"}, True, True),
-        ({"handoff": "per-instance", "handoff.primers": "false"}, False, True),
-        ({"handoff": "per-key"}, False, False),
-        ({"handoff": "per-key", "handoff.primers": "true"}, False, False),
-    ],
+    ("options", "ended"),
+    [({"handoff": "per-instance"}, True), ({"handoff": "per-key"}, False)],
 )
-def test_per_instance_batches_carry_one_set_of_primers_in_their_first_task_pure(
-    options: dict[str, str], primed: bool, ended: bool, tmp_path: Path
+def test_per_instance_batches_carry_one_set_of_end_rows_in_their_first_task_pure(
+    options: dict[str, str], ended: bool, tmp_path: Path
 ) -> None:
-    """With the JVM stages' hand-offs, every batch with events carries the primers once,
-    in its first task, rollout or not, unless ``handoff.primers`` is false; its end rows
-    once, primers or not. The Python stages' batches carry neither."""
+    """With the JVM stages' hand-offs, every batch with events carries its end rows once,
+    in its first task, rollout or not. The Python stages' batches carry none."""
     store, _, _ = _rollout_store(tmp_path)
     reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store), **options})
     switches = [{"operator": "A", "from_version": 1, "to_version": 2}]
@@ -751,49 +743,19 @@ def test_per_instance_batches_carry_one_set_of_primers_in_their_first_task_pure(
         _offsets({"0": 5, "1": 5, "2": 5}, {"0": 0}, switches),
     ):
         parts = reader.partitions(start, end)
-        assert [isinstance(p, RoutedEventsPartition) and p.primers for p in parts] == [
-            primed,
-            False,
-            False,
-        ]
         assert [isinstance(p, RoutedEventsPartition) and p.batch_end for p in parts] == [
             ended,
             False,
             False,
         ]
-    with pytest.raises(KafkaSourceOptionError, match=r"'handoff\.primers' is true or false"):
-        RoutedEventsReader({**OPTIONS, "routing.store": str(store), "handoff.primers": "yes"})
 
 
 def test_end_rows_are_an_empty_evicts_row_in_every_closing_group_pure() -> None:
     """One ``evicts`` row per stage and instance, in that instance's closing group (stage
-    B's addressed to B through stage A), each listing no move; the primers hold the same
-    groups, so a primed batch ends every task too."""
+    B's addressed to B through stage A), each listing no move."""
     rows = pa.Table.from_batches([batch_end_rows("pairs", 4)]).to_pylist()
     expected = sorted((stage, group) for stage in OPERATORS for group in evict_groups(stage, 4))
 
     assert sorted((r["stage"], r["ra"]) for r in rows) == expected
     assert {(r["kind"], r["state"]) for r in rows} == {("evicts", "[]")}
     assert all(r["rb"] == (r["ra"] if r["stage"] == "B" else None) for r in rows)
-    primed = pa.Table.from_batches([primer_rows("pairs", 4)]).to_pylist()
-    assert sorted((r["stage"], r["ra"]) for r in primed if r["kind"] == "evicts") == expected
-
-
-def test_primers_are_empty_hand_off_rows_for_every_stage_and_instance_pure() -> None:
-    """An ``installs`` row in each opening group and an ``evicts`` row in each closing
-    group of both stages, each listing no move, its list padded to ``PRIMER_BYTES``."""
-    rows = pa.Table.from_batches([primer_rows("pairs", 4)]).to_pylist()
-
-    for kind, groups in (("installs", install_groups), ("evicts", evict_groups)):
-        mine = [r for r in rows if r["kind"] == kind]
-        assert sorted((r["stage"], r["ra"]) for r in mine) == sorted(
-            (stage, group) for stage in OPERATORS for group in groups(stage, 4)
-        )
-        for r in mine:
-            assert json.loads(r["state"]) == []
-            assert len(r["state"]) == PRIMER_BYTES
-            # Stage-B rows pass stage A under the same group, as real hand-off rows do.
-            assert r["rb"] == (r["ra"] if r["stage"] == "B" else None)
-            assert (r["marker"] is None) == (kind == "installs")
-    assert len(rows) == 2 * 2 * 4
-    assert "pad" in primer_rows("tuples", 4).schema.names

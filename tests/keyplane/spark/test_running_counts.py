@@ -8,7 +8,6 @@ import pytest
 from pyspark.sql import functions as F
 
 from keyplane.spark.running_counts import parse_events
-from keyplane.spark.watermark import WATERMARK_COLUMN
 
 
 @pytest.mark.integration
@@ -26,4 +25,4 @@ def test_parsed_event_times_are_exact_to_the_millisecond(spark) -> None:
     got = events.orderBy("seq").select(F.unix_micros("ts").alias("us")).collect()
 
     assert [row.us for row in got] == [ts * 1000 for ts in times]
-    assert WATERMARK_COLUMN in events.columns
+    assert "watermark_ts" not in events.columns

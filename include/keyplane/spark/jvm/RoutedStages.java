@@ -4,7 +4,6 @@ import java.net.InetAddress;
 import java.net.UnknownHostException;
 import java.nio.file.Path;
 import java.nio.file.Paths;
-import java.sql.Timestamp;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -92,12 +91,6 @@ public final class RoutedStages {
    * reports per stage-B instance, as many as the metrics keep per instance.
    */
   static final int TOP_PAIRS_PER_INSTANCE = 5;
-  /**
-   * {@code keyplane.spark.watermark.WATERMARK_COLUMN}: one time on every row; in event-time mode
-   * the column stage A's watermark follows, so that no event is dropped as late, and its output
-   * event time.
-   */
-  static final String WATERMARK_COLUMN = "watermark_ts";
 
   /** Stage A's rows for stage B: the source's columns that B reads, control fields unpacked. */
   static final StructType STAGE_A_OUTPUT =
@@ -110,7 +103,6 @@ public final class RoutedStages {
           .add("b", DataTypes.StringType)
           .add("rb", DataTypes.StringType)
           .add("n", DataTypes.LongType)
-          .add(WATERMARK_COLUMN, DataTypes.TimestampType)
           .add("source_rk", DataTypes.StringType)
           .add("target_rk", DataTypes.StringType)
           .add("count", DataTypes.LongType)
@@ -138,14 +130,12 @@ public final class RoutedStages {
 
   /**
    * Routed-source rows to both stages' outputs, as {@code routed_running_counts} builds them in
-   * Python. {@code inputs} carries {@link #WATERMARK_COLUMN} and, for every event, the routed key
-   * of stage B in {@code rb}; {@code controlGroupsA[i]} is stage A's control group on instance i.
-   * Stage A runs in event-time mode, its watermark on that column, where {@code eventTime} (a
-   * checkpoint written in it keeps it, {@code keyplane.spark.watermark}); else without a time
-   * mode, as stage B always does.
+   * Python. {@code inputs} carry, for every event, the routed key of stage B in {@code rb};
+   * {@code controlGroupsA[i]} is stage A's control group on instance i. Both stages run without a
+   * time mode: neither sets a timer.
    */
   public static Dataset<Row> runningCounts(
-      Dataset<Row> inputs, boolean tuples, List<String> controlGroupsA, boolean eventTime) {
+      Dataset<Row> inputs, boolean tuples, List<String> controlGroupsA) {
     StructType stageAOutput =
         tuples ? STAGE_A_OUTPUT.add("pad", DataTypes.StringType) : STAGE_A_OUTPUT;
     int ra = inputs.schema().fieldIndex("ra");
@@ -154,11 +144,8 @@ public final class RoutedStages {
             (MapFunction<Row, String>) row -> row.getString(ra), Encoders.STRING());
     StageA stageA = new StageA(tuples, controlGroupsA.toArray(new String[0]));
     Dataset<Row> toStageB =
-        eventTime
-            ? byRa.transformWithState(
-                stageA, WATERMARK_COLUMN, OutputMode.Append(), Encoders.row(stageAOutput))
-            : byRa.transformWithState(
-                stageA, TimeMode.None(), OutputMode.Append(), Encoders.row(stageAOutput));
+        byRa.transformWithState(
+            stageA, TimeMode.None(), OutputMode.Append(), Encoders.row(stageAOutput));
     int rb = stageAOutput.fieldIndex("rb");
     return toStageB
         .groupByKey((MapFunction<Row, String>) row -> row.getString(rb), Encoders.STRING())
@@ -174,7 +161,7 @@ public final class RoutedStages {
 
   /** Where a stage's rows are read from: column positions, looked up once per schema. */
   static final class Columns {
-    final int kind, a, b, ra, rb, ia, ea, n, watermarkTs, sourceRk, targetRk, count, state, marker;
+    final int kind, a, b, ra, rb, ia, ea, n, sourceRk, targetRk, count, state, marker;
     final int detail;
     /** The source's {@code stage} column; stage A's rows for B have none (-1). */
     final int stage;
@@ -189,7 +176,6 @@ public final class RoutedStages {
       ia = index(schema, "ia");
       ea = index(schema, "ea");
       n = schema.fieldIndex("n");
-      watermarkTs = schema.fieldIndex(WATERMARK_COLUMN);
       sourceRk = schema.fieldIndex("source_rk");
       targetRk = schema.fieldIndex("target_rk");
       count = schema.fieldIndex("count");
@@ -542,9 +528,6 @@ public final class RoutedStages {
     /** This task's (field-1 key, field-2 key, routed key of B) pairs and their weights. */
     private transient Map<List<String>, Long> pairs;
 
-    /** The batch's one event time ({@link #WATERMARK_COLUMN}), from its first event. */
-    private transient Timestamp eventTime;
-
     StageA(boolean tuples, String[] controlGroupsA) {
       this.tuples = tuples;
       this.controlGroupsA = controlGroupsA;
@@ -577,7 +560,7 @@ public final class RoutedStages {
       for (Map.Entry<List<String>, Long> row : forB.entrySet()) {
         List<String> key = row.getKey();
         out.add(
-            eventRow(null, null, instance, key.get(0), key.get(1), row.getValue(), eventTime, null));
+            eventRow(null, null, instance, key.get(0), key.get(1), row.getValue(), null));
       }
       Map<Integer, List<Map.Entry<List<String>, Long>>> byInstanceB = new TreeMap<>();
       for (Map.Entry<List<String>, Long> pair : pairs.entrySet()) {
@@ -592,7 +575,7 @@ public final class RoutedStages {
           List<String> key = pair.getKey();
           Object[] values = {
             key.get(0), null, instance, executor, key.get(1), controlGroupsA[one.getKey()],
-            pair.getValue(), eventTime, null, null, null, null, null, null
+            pair.getValue(), null, null, null, null, null, null
           };
           out.add(withKind("pair", values, null));
         }
@@ -703,16 +686,13 @@ public final class RoutedStages {
     private void toStageB(
         String group, String keyA, List<Row> events, int instance, List<Row> out) {
       Columns c = columns;
-      // Stage A's event time: the watermark's own column, the same on every row.
-      Timestamp watermarkTs = events.get(0).getTimestamp(c.watermarkTs);
-      eventTime = eventTime == null ? watermarkTs : eventTime;
       for (Row row : events) {
         String b = row.getString(c.b);
         String rb = row.getString(c.rb);
         long n = tuples ? 1 : row.getLong(c.n);
         pairs.merge(List.of(keyA, b, rb), n, Long::sum);
         if (tuples) {
-          out.add(eventRow(keyA, group, instance, b, rb, 1, watermarkTs, row.getString(c.pad)));
+          out.add(eventRow(keyA, group, instance, b, rb, 1, row.getString(c.pad)));
         } else {
           forB.merge(List.of(b, rb), n, Long::sum);
         }
@@ -720,8 +700,8 @@ public final class RoutedStages {
     }
 
     private Row eventRow(
-        String a, String ra, int ia, String b, String rb, long n, Timestamp time, String pad) {
-      Object[] values = {a, ra, ia, executor, b, rb, n, time, null, null, null, null, null, null};
+        String a, String ra, int ia, String b, String rb, long n, String pad) {
+      Object[] values = {a, ra, ia, executor, b, rb, n, null, null, null, null, null, null};
       return withKind("event", values, pad);
     }
 
@@ -737,8 +717,8 @@ public final class RoutedStages {
         String target,
         Long marker) {
       Object[] values = {
-        key, routed, instance, null, null, reportGroup, null, null, null, target, count, state,
-        marker, null
+        key, routed, instance, null, null, reportGroup, null, null, target, count, state, marker,
+        null
       };
       return withKind(kind, values, null);
     }
@@ -755,7 +735,6 @@ public final class RoutedStages {
         null,
         row.getString(c.b),
         rb,
-        null,
         null,
         row.getString(c.sourceRk),
         row.getString(c.targetRk),

@@ -156,17 +156,13 @@ def loaded(spark: SparkSession) -> bool:
 def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool) -> DataFrame:
     """Both routed stages of the running count, in the JVM (module docstring).
 
-    ``inputs`` are the routed source's rows with the stages' watermark column
-    (:func:`keyplane.spark.watermark.with_stage_watermark`), which says stage A's
-    time mode, and, for every event, stage B's routed key in ``rb``; the output
-    is :data:`~keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`.
+    ``inputs`` are the routed source's rows with, for every event, stage B's
+    routed key in ``rb``; the output is
+    :data:`~keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`.
     """
     from pyspark.sql import DataFrame
 
     from keyplane.spark.routed_source import control_groups
-    from keyplane.spark.watermark import input_time_mode
-
-    event_time = input_time_mode(inputs) == "EventTime"
 
     spark = inputs.sparkSession
     jvm = spark._jvm
@@ -175,7 +171,7 @@ def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool)
     for group in control_groups("A", parallelism):
         groups.add(group)
     stages = getattr(jvm, CLASS_NAME)
-    return DataFrame(stages.runningCounts(inputs._jdf, tuples, groups, event_time), spark)
+    return DataFrame(stages.runningCounts(inputs._jdf, tuples, groups), spark)
 
 
 PROBE_KEYS = ("", " ", "a", "zz#3", "#", "\x00", "\x01", "é", "\uffff", "\U0010fffe", "\U0010ffff")

@@ -1,0 +1,165 @@
+"""A pipeline's events as Spark columns (real SparkSession), and the checks before a query.
+
+Keys and values are the user's Spark SQL expressions over their own schema,
+nested fields included; an event that cannot be keyed is an ``invalid`` row
+with its reason, never dropped; an expression naming an unknown column and a
+pipeline that differs from its checkpoint's are refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from keyplane.aggregates import DistinctCount, Sum, TopK
+from keyplane.pipeline import KafkaSource, ParquetSink, Pipeline, PipelineError, Stage
+from keyplane.spark.pipeline_frames import (
+    check_expressions,
+    check_recorded_pipeline,
+    keyed_events,
+    record_pipeline,
+    with_routed_keys,
+)
+
+SCHEMA = (
+    "user_id STRING, session_id STRING, amount DOUBLE, "
+    "page STRUCT<category: STRING, tags: ARRAY<STRING>>"
+)
+
+
+def clicks(*stages: Stage) -> Pipeline:
+    stages = stages or (
+        Stage("users", "user_id", DistinctCount(), value="session_id"),
+        Stage("categories", "lower(page.category)", Sum(), value="amount"),
+        Stage("sessions", "session_id", TopK(2), value="page.tags"),
+    )
+    return Pipeline("clicks", KafkaSource("clicks", SCHEMA), stages, ParquetSink("out"))
+
+
+def _raw(spark, values: list[bytes | None]):
+    rows = [("clicks", 0, offset, value) for offset, value in enumerate(values)]
+    return spark.createDataFrame(rows, "topic STRING, partition INT, offset LONG, value BINARY")
+
+
+@pytest.mark.integration
+def test_events_are_keyed_by_each_stages_expression_and_bad_ones_say_why(spark) -> None:
+    good = {
+        "user_id": "u1",
+        "session_id": "s1",
+        "amount": 2.5,
+        "page": {"category": "Shoes", "tags": ["red", "x"]},
+        "extra": "ignored",
+    }
+    values = [
+        json.dumps(good).encode(),
+        b"{not json",
+        None,
+        json.dumps({**good, "user_id": None}).encode(),
+        json.dumps({**good, "page": {"category": "Hats"}}).encode(),
+        json.dumps(
+            {"user_id": 7, "session_id": "s2", "amount": 1, "page": {"category": "A"}}
+        ).encode(),
+    ]
+    rows = keyed_events(_raw(spark, values), clicks()).orderBy("offset").collect()
+
+    assert [tuple(r) for r in rows] == [
+        ("clicks", 0, 0, "u1", "shoes", "s1", "s1", "2.5", '["red","x"]', None),
+        *[
+            ("clicks", 0, 1, None, None, None, None, None, None,
+             "the value does not parse against the source schema"),
+        ],
+        ("clicks", 0, 2, None, None, None, None, None, None, "a record with no value"),
+        ("clicks", 0, 3, None, "shoes", "s1", "s1", "2.5", '["red","x"]',
+         "stage 'users': the key 'user_id' is null"),
+        ("clicks", 0, 4, "u1", "hats", "s1", "s1", "2.5", None,
+         "stage 'sessions': the value 'page.tags' is null"),
+        ("clicks", 0, 5, "7", "a", "s2", "s2", "1.0", None,
+         "stage 'sessions': the value 'page.tags' is null"),
+    ]  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("stage", "message"),
+    [
+        (Stage("pages", "page.title"), r"stage 'pages': the key 'page.title' does not fit"),
+        (Stage("pages", "user_id", value="nope"), r"stage 'pages': the value 'nope' does not fit"),
+        (Stage("pages", "user_id +* 1"), r"stage 'pages': the key 'user_id \+\* 1' does not fit"),
+    ],
+)
+def test_an_expression_the_schema_cannot_evaluate_is_one_line_naming_the_stage(
+    spark, stage: Stage, message: str
+) -> None:
+    check_expressions(spark, clicks())  # the good one passes
+    with pytest.raises(PipelineError, match=message) as refused:
+        check_expressions(spark, clicks(Stage("users", "user_id"), stage))
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.integration
+def test_a_schema_that_does_not_parse_is_one_line(spark) -> None:
+    bad = Pipeline("clicks", KafkaSource("clicks", "user_id STRNG,"), (Stage("u", "user_id"),),
+                   ParquetSink("out"))  # fmt: skip
+    with pytest.raises(PipelineError, match="the source schema 'user_id STRNG,' does not parse"):
+        check_expressions(spark, bad)
+
+
+def test_a_checkpoint_refuses_a_pipeline_that_changed_pure(tmp_path: Path) -> None:
+    """A new checkpoint takes any pipeline; one that ran a pipeline takes it again (topics and
+    sink may change), and refuses one whose stages changed, saying what changed."""
+    checkpoint = tmp_path / "checkpoint"
+    check_recorded_pipeline(checkpoint, clicks())
+    record_pipeline(checkpoint, clicks())
+    check_recorded_pipeline(checkpoint, clicks())
+
+    users, categories, sessions = clicks().stages
+    added = clicks(users, categories, sessions, Stage("more", "user_id"))
+    with pytest.raises(PipelineError, match="stage 'more' was added"):
+        check_recorded_pipeline(checkpoint, added)
+    rekeyed = clicks(users, Stage("categories", "page.category", Sum(), value="amount"), sessions)
+    with pytest.raises(PipelineError, match=r"key 'lower\(page.category\)' became 'page.category'"):
+        check_recorded_pipeline(checkpoint, rekeyed)
+    with pytest.raises(PipelineError, match="stage 'sessions' was removed"):
+        check_recorded_pipeline(checkpoint, clicks(users, categories))
+
+
+@pytest.mark.integration
+def test_each_stage_routes_its_key_by_the_rows_version_of_its_table(spark, tmp_path: Path) -> None:
+    """v1 moves user u1 off its hash instance and splits the hot user u0 over three
+    instances; the categories stage routes by hash. u0's events spread over exactly its
+    three routed keys, u1's reach the instance the table names, the rest route to
+    themselves; an invalid event gets no routed key."""
+    from pyspark.sql import functions as F
+
+    from keyplane.routing.config import save
+    from keyplane.routing.routedkeys import spark_partition
+    from keyplane.testing import moved_off_hash, moved_off_hash_config
+
+    pipeline = clicks(
+        Stage("users", "user_id", value="session_id"), Stage("categories", "page.category")
+    )
+    save(moved_off_hash_config(1, {"users": ["u1"]}, 4, hot_keys={"users": {"u0": (0, 1, 2)}}),
+         tmp_path / "store")  # fmt: skip
+    events = [
+        {"user_id": f"u{i % 3 if i % 2 else 0}", "session_id": f"s{i}", "page": {"category": "c"}}
+        for i in range(60)
+    ]
+    values = [json.dumps(e).encode() for e in events] + [b"{broken"]
+    keyed = keyed_events(_raw(spark, values), pipeline).withColumn(
+        "versions", F.array(F.lit(1), F.lit(1))
+    )
+    rows = with_routed_keys(keyed, pipeline, tmp_path / "store", 4).collect()
+
+    by_user: dict[str | None, set[str | None]] = {}
+    for row in rows:
+        by_user.setdefault(row.k0, set()).add(row.r0)
+        if row.invalid is None:
+            assert row.r1 == row.k1 == "c"
+    assert by_user.pop(None) == {None}
+    hot = by_user.pop("u0")
+    assert len(hot) == 3 and {spark_partition(r, 4) for r in hot} == {0, 1, 2}
+    [moved] = by_user.pop("u1")
+    assert spark_partition(moved, 4) == moved_off_hash(["u1"], 4, 1)["u1"]
+    assert by_user == {"u2": {"u2"}}
