@@ -7,6 +7,7 @@ process starts.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ not_one = 3
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A keyplane home and a working directory holding the module ``user_pipelines``."""
     (tmp_path / "user_pipelines.py").write_text(THREE_STAGES)
     monkeypatch.chdir(tmp_path)

@@ -9,6 +9,7 @@ pipeline that differs from its checkpoint's are refused in one line.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def clicks(*stages: Stage) -> Pipeline:
     return Pipeline("clicks", KafkaSource("clicks", SCHEMA), stages, ParquetSink("out"))
 
 
-def _raw(spark, values: list[bytes | None]):
+def _raw(spark, values: Sequence[bytes | None]):
     rows = [("clicks", 0, offset, value) for offset, value in enumerate(values)]
     return spark.createDataFrame(rows, "topic STRING, partition INT, offset LONG, value BINARY")
 

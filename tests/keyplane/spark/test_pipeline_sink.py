@@ -113,9 +113,9 @@ def _truth(events: pd.DataFrame) -> dict[tuple[str, str], object]:
     pairs = events.groupby(["a", "b"]).size().reset_index(name="n")
     for a, group in pairs.groupby("a"):
         ranked = group.sort_values(["n", "b"], ascending=[False, True]).head(3)
-        truth["A", a] = [[b, int(n)] for b, n in zip(ranked["b"], ranked["n"], strict=True)]
+        truth["A", str(a)] = [[b, int(n)] for b, n in zip(ranked["b"], ranked["n"], strict=True)]
     for b, distinct in events.groupby("b")["a"].nunique().items():
-        truth["B", b] = int(distinct)
+        truth["B", str(b)] = int(distinct)
     return truth
 
 
