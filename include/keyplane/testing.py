@@ -236,9 +236,12 @@ def deployment_under(
     )
 
 
-def write_statistics_snapshot(snapshots: Path, run_id: str, grouped: pd.DataFrame) -> None:
-    """Write run ``run_id``'s statistics snapshot from ``grouped`` (``a, b, holdout, n``),
-    as the statistics job would for a job on v1 with one metrics record.
+def write_statistics_snapshot(
+    snapshots: Path, run_id: str, grouped: pd.DataFrame, stages: Sequence[str] = ("A", "B")
+) -> None:
+    """Write run ``run_id``'s statistics snapshot from ``grouped`` (each of ``stages``' key,
+    upstream first, then ``holdout, n``; :func:`keyplane.statistics.chain_rows`), as the
+    statistics job would for a job on v1 with one metrics record.
 
     The DAG's later steps (validation, planning, backtest, decision) read
     only the snapshot, so a test can drive them, or fill a dashboard's home,
@@ -250,8 +253,9 @@ def write_statistics_snapshot(snapshots: Path, run_id: str, grouped: pd.DataFram
     total = int(grouped["n"].sum())
     manifest, frames = stats.build_snapshot(
         run_id=run_id,
-        grouped=grouped,
-        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
+        grouped=stats.chain_rows(grouped, stages),
+        stages=stages,
+        metrics=[BatchMetrics(batch_id=0, versions=dict.fromkeys(stages, 1))],
         events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
         metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
         previous=None,

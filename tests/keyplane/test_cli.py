@@ -1309,7 +1309,8 @@ def test_config_diff_scores_both_versions_on_the_latest_statistics(tmp_path: Pat
     grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
     manifest, frames = stats.build_snapshot(
         run_id="manual__diff",
-        grouped=grouped,
+        grouped=stats.chain_rows(grouped, ("A", "B")),
+        stages=("A", "B"),
         metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
         events=stats.TopicWindow(topic="e", start={0: 0}, end={0: 4800}),
         metrics_window=stats.TopicWindow(topic="m", start={0: 0}, end={0: 1}),

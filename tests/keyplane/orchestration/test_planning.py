@@ -36,7 +36,9 @@ def _snapshot(seed: int = 0, hot: bool = False) -> tuple[pd.DataFrame, pd.DataFr
         rows.append((str(a), partner, False, int(n * 0.9 * 0.8)))
         rows.append((str(a), partner, True, int(n * 0.9 * 0.2)))
         rows.append((str(a), f"b{(a + 7) % 40}", False, max(1, int(n * 0.1))))
-    window = stats.window_pairs(pd.DataFrame(rows, columns=["a", "b", "holdout", "n"]))
+    window = stats.window_pairs(
+        stats.chain_rows(pd.DataFrame(rows, columns=["a", "b", "holdout", "n"]), OPERATORS)
+    )
     settings = stats.StatisticsSettings()
     pairs = stats.fold_pairs(None, window, settings)
     frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
@@ -304,7 +306,7 @@ def few_key_snapshots(draw: st.DrawFn) -> tuple[pd.DataFrame, pd.DataFrame, floa
     holdout = rng.random(a.size) < 0.2
     grouped = pd.DataFrame({"a": a.astype(str), "b": [f"b{k}" for k in b], "holdout": holdout})
     grouped = grouped.groupby(["a", "b", "holdout"], as_index=False).size()
-    window = stats.window_pairs(grouped.rename(columns={"size": "n"}))
+    window = stats.window_pairs(stats.chain_rows(grouped.rename(columns={"size": "n"}), OPERATORS))
     settings = stats.StatisticsSettings()
     pairs = stats.fold_pairs(None, window, settings)
     frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
@@ -335,7 +337,7 @@ def _few_keys_snapshot(seed: int, log_share: np.ndarray) -> tuple[pd.DataFrame, 
         {"a": a.astype(str), "b": [f"b{k}" for k in b], "holdout": rng.random(a.size) < 0.2}
     )
     grouped = grouped.groupby(["a", "b", "holdout"], as_index=False).size()
-    window = stats.window_pairs(grouped.rename(columns={"size": "n"}))
+    window = stats.window_pairs(stats.chain_rows(grouped.rename(columns={"size": "n"}), OPERATORS))
     settings = stats.StatisticsSettings()
     pairs = stats.fold_pairs(None, window, settings)
     frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
