@@ -13,7 +13,7 @@ lint: bootstrap
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy include
 	# The entry points and benches, against the installed keyplane package.
-	.venv/bin/mypy dags plugins spark_jobs bench
+	.venv/bin/mypy dags plugins spark_jobs bench examples
 	# The tests, each file as its path names it (tests/bench and tests/keyplane/spark both have a conftest).
 	.venv/bin/mypy --explicit-package-bases tests
 	# The user docs, with the generated CLI, configuration and API references; --strict

@@ -37,13 +37,13 @@ from _output import emit
 from reference_job import settings as pipeline_settings
 
 from keyplane.kafka.producer import produce_workload
+from keyplane.reference.workloads import GeoTagsWorkload
 from keyplane.spark.jvm import CHECKPOINT_FILE_MANAGER
 from keyplane.spark.progress import progress_of
 from keyplane.spark.session import (
     CHECKPOINT_FILE_MANAGER_KEY,
     SPARK_FILE_SYSTEM_CHECKPOINT_MANAGERS,
 )
-from keyplane.workloads import GeoTagsWorkload
 
 MANAGERS = {
     "FileContext": "org.apache.spark.sql.execution.streaming.checkpointing."

@@ -23,12 +23,12 @@ from pathlib import Path
 from _harness import private_broker
 from _output import emit
 
-from keyplane.config import RoutingConfig, save
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import RoutingConfig, save
 from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.testing import routed_job_topics, start_job_process, wait_while_job_runs
-from keyplane.workloads import ZipfEvolvingWorkload
 
 BATCHES = 3
 MARKS = [(log, batch) for batch in range(BATCHES) for log in ("offsets", "commits")]

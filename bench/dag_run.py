@@ -41,17 +41,17 @@ import pandas as pd
 from _harness import private_broker
 from _output import emit
 
-from keyplane.config import RoutingConfig, save
+from keyplane.algorithms.statistics import StatisticsSettings, list_snapshots
+from keyplane.control.operators import OPERATORS
+from keyplane.control.signing import KEY_ENV_VAR
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun
 from keyplane.orchestration.tasks import statistics_job_args
-from keyplane.signing import KEY_ENV_VAR
+from keyplane.reference.workloads import PairsWorkload
+from keyplane.routing.config import RoutingConfig, save
 from keyplane.spark.counts_job import CountsJobSettings, job_command
-from keyplane.statistics import StatisticsSettings, list_snapshots
 from keyplane.testing import routed_job_topics
-from keyplane.workloads import PairsWorkload
 
 P = 4
 REPO = Path(__file__).resolve().parents[1]

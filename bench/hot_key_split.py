@@ -59,16 +59,16 @@ from _harness import (
 )
 from _output import emit
 
-from keyplane import statistics as stats
-from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.events import FORWARD_MODES, key_name
+from keyplane.algorithms import statistics as stats
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
 from keyplane.orchestration.planning import PlanParams, plan_configuration
+from keyplane.reference.events import FORWARD_MODES, key_name
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.testing import routed_job_topics
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
 VARIANTS = ("hash", "split", "planned")

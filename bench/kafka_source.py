@@ -20,10 +20,10 @@ from pyspark.sql import SparkSession
 
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import produce_workload
+from keyplane.reference.workloads import PairsWorkload
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.session import build_session
 from keyplane.testing import free_port
-from keyplane.workloads import PairsWorkload
 
 
 def plain_consumer(bootstrap: str, topic: str, partitions: int, total: int) -> float:

@@ -45,12 +45,12 @@ from _harness import (
 )
 from _output import emit
 
-from keyplane.config import RoutingConfig, save
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import RoutingConfig, save
 from keyplane.spark.counts_job import NO_DATA_BATCHES_KEY
-from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
 VARIANTS: dict[str, dict[str, str]] = {

@@ -11,7 +11,7 @@ same ``pairs`` streams (locality L = 0.8: 80 % of tuples pair a key with its
 partner; 8 kB padding), each on a topic of its own. By default stage A
 forwards every tuple with its padding, as the application of 000 §4.1 does
 (``--forward tuples``), and field 2 names its keys apart from field 1's
-(``--names distinct``: :class:`~keyplane.workloads.PairsWorkload`'s
+(``--names distinct``: :class:`~keyplane.reference.workloads.PairsWorkload`'s
 ``relabel_b``), so that hash routing does not co-locate a key and its
 partner by accident. The padding is made of random characters
 (``--pad-fill random``): one repeated character, the generator's other fill,
@@ -23,7 +23,7 @@ row per pair and batch, without the padding, and both fields share names.
 Each variant starts on hash routing with a warm-up stream; the job's metrics
 then say which executor holds each instance. The locality variant computes a
 routing table with METIS over the warm-up's key pairs, one part per executor
-(:func:`keyplane.locality.build_plan`), maps each part to the instances on
+(:func:`keyplane.algorithms.locality.build_plan`), maps each part to the instances on
 that executor, and publishes it live; the hash variant keeps hash routing.
 Only then is the measured stream produced, so both variants measure the same
 events: remote and local shuffle bytes of the stage that reads stage A's
@@ -51,19 +51,19 @@ import numpy as np
 from _harness import read_topic
 from _output import emit
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.controller import Controller
-from keyplane.events import FORWARD_MODES, Forward
+from keyplane.algorithms.locality import PairStatistics, build_plan
+from keyplane.control.controller import Controller
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
-from keyplane.locality import PairStatistics, build_plan
-from keyplane.operators import OPERATORS
+from keyplane.reference.events import FORWARD_MODES, Forward
+from keyplane.reference.verification import compare_counts, expected_counts_of
+from keyplane.reference.workloads import PadFill, PairsWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.spark.counts_job import CountsJobSettings, read_output, start_counts_query
 from keyplane.spark.session import build_session
 from keyplane.testing import free_port, routed_job_topics, wait_for_records
-from keyplane.verification import compare_counts, expected_counts_of
-from keyplane.workloads import PadFill, PairsWorkload
 
 EXECUTORS = 3
 P = 6

@@ -28,7 +28,7 @@ from _output import emit
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.migration_topic import move_records, read_moves
 from keyplane.kafka.producer import LongLivedProducer
-from keyplane.routedkeys import routed_key
+from keyplane.routing.routedkeys import routed_key
 
 WAYS = ("one record per move", "packed")
 

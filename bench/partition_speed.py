@@ -3,7 +3,7 @@
 Builds a synthetic bipartite key graph shaped like pair statistics: stage-A and
 stage-B keys fall into communities, most pairs join keys of one community, and
 pair counts and key weights are heavy-tailed. It then times
-:func:`keyplane.locality.build_plan` (graph construction, METIS, balance repair)
+:func:`keyplane.algorithms.locality.build_plan` (graph construction, METIS, balance repair)
 on one core (METIS and the numpy steps are single-threaded) and reports the
 achieved imbalance and locality next to hashing.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from _output import emit
 
-from keyplane.locality import PairStatistics, aggregate_pairs, build_plan, evaluate
+from keyplane.algorithms.locality import PairStatistics, aggregate_pairs, build_plan, evaluate
 
 
 def community_graph(

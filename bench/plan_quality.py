@@ -8,7 +8,7 @@ windows in time order and compares four policies:
 * ``old``: the earlier planner: statistics that forget a key once its decayed
   weight is below 0.5, heavy keys decided by the cascading rule, and keys
   split until α holds on the training window (``split_rule="alpha"``);
-* ``new``: :func:`keyplane.locality.choose_plan` on statistics with
+* ``new``: :func:`keyplane.algorithms.locality.choose_plan` on statistics with
   ``min_weight`` 0.05 and the drift its history measured: the best of
   keeping the current plan, hash routing and plans built with and without
   headroom, by expected next-window throughput under the default cost model;
@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 from _output import emit
 
-from keyplane.costmodel import CostModel
-from keyplane.locality import (
+from keyplane.algorithms.costmodel import CostModel
+from keyplane.algorithms.locality import (
     HistoryPolicy,
     LocalityPlan,
     PairHistory,

@@ -30,9 +30,9 @@ from _harness import private_broker, run_job, steady_rate
 from _output import emit
 
 from keyplane.kafka.producer import produce_workload
+from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.testing import routed_job_topics
-from keyplane.workloads import ZipfEvolvingWorkload
 
 PARTITIONS = 8
 CORES = 2

@@ -12,7 +12,7 @@ each on a job of its own over the same topic:
   → MIGRATED A, MIGRATED B → DONE; both stages switch in one batch;
 * ``one-by-one`` (paper 000 §3.4's order): PROPAGATE B only after MIGRATED A;
 * ``in waves``: the same moves as a chain of versions that each move at most
-  ``--max-moves-per-wave`` keys (:mod:`keyplane.waves`), each rolled out
+  ``--max-moves-per-wave`` keys (:mod:`keyplane.routing.waves`), each rolled out
   ``together``, one after the other.
 
 One more job reads the same topic with no rollout: the baseline. Every job
@@ -76,19 +76,19 @@ from _harness import (
 )
 from _output import emit
 
-from keyplane.config import RoutingConfig, save
-from keyplane.controller import Controller
+from keyplane.control.controller import Controller
+from keyplane.control.operators import OPERATORS
+from keyplane.control.protocol import Reconfiguration
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
-from keyplane.protocol import Reconfiguration
-from keyplane.routedkeys import spark_partition
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import RoutingConfig, save
+from keyplane.routing.routedkeys import spark_partition
+from keyplane.routing.waves import split_into_waves
 from keyplane.spark.counts_job import job_command, read_output
 from keyplane.testing import moved_off_hash_config, stage_keys_by_count
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.waves import split_into_waves
-from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
 Order = Literal["together", "one-by-one", "in waves"]

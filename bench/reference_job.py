@@ -52,10 +52,10 @@ from _harness import private_broker, run_job, steady_rate
 from _output import emit
 
 from keyplane.kafka.producer import produce_workload
+from keyplane.reference.workloads import GeoTagsWorkload
 from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.spark.jvm import JAR_ENV
 from keyplane.testing import routed_job_topics
-from keyplane.workloads import GeoTagsWorkload
 
 VARIANTS = (
     "native-counts",

@@ -26,7 +26,7 @@ throughput and the p50/p99 micro-batch duration next to the baseline's:
   of the protocol's cost).
 
 It then sizes and places keyplane's system tasks with the OPW/IQ planner
-(:func:`keyplane.placement.plan_system_tasks`, 002 §V) for the distributed
+(:func:`keyplane.algorithms.placement.plan_system_tasks`, 002 §V) for the distributed
 deployment, and measures their share of the job's messages.
 
     python bench/reliability_cost.py [--events 60000] [--batch 20000] [--parallel] [--out FILE]
@@ -48,12 +48,12 @@ from typing import Any
 from _harness import percentile, private_broker, read_topic, run_job, steady_rate
 from _output import emit
 
+from keyplane.algorithms.placement import plan_system_tasks
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.producer import produce_workload
-from keyplane.placement import plan_system_tasks
+from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.spark.counts_job import CountsJobSettings
 from keyplane.testing import routed_job_topics
-from keyplane.workloads import ZipfEvolvingWorkload
 
 BATCH = 20_000
 SYSTEM_TASKS = ("metrics emitter", "control listener", "ack collector")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from keyplane.baselines import (
+from keyplane.algorithms.baselines import (
     DChoicesPartitioner,
     HashPartitioner,
     PKGPartitioner,
@@ -36,15 +36,15 @@ from keyplane.baselines import (
     WChoicesPartitioner,
     hash_worker,
 )
-from keyplane.hotkeys import FishPartitioner, FishSettings
-from keyplane.partitioner import KeyArray, Partitioner, TimeArray, WorkerArray
-from keyplane.ring import ConsistentHashRing
+from keyplane.algorithms.hotkeys import FishPartitioner, FishSettings
+from keyplane.algorithms.partitioner import KeyArray, Partitioner, TimeArray, WorkerArray
+from keyplane.algorithms.ring import ConsistentHashRing
+from keyplane.algorithms.sketches import EpochTopK
+from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.sim import ClusterConfig, SimulationMetrics, Stage, Trace, simulate, summarize
 from keyplane.sim.engine import route_in_order
 from keyplane.sim.metrics import key_replicas
 from keyplane.sim.report import Cell, markdown_table
-from keyplane.sketches import EpochTopK
-from keyplane.workloads import ZipfEvolvingWorkload
 
 SERVICE_TIME = 1e-4
 """Seconds per tuple of a normal worker (10k tuples/s, FISH's default capacity)."""

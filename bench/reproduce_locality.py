@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from keyplane.baselines import HashPartitioner
-from keyplane.locality import (
+from keyplane.algorithms.baselines import HashPartitioner
+from keyplane.algorithms.locality import (
     HistoryPolicy,
     KeyWeights,
     LocalityPlan,
@@ -36,10 +36,10 @@ from keyplane.locality import (
     aggregate_pairs,
     build_plan,
 )
-from keyplane.partitioner import Partitioner
+from keyplane.algorithms.partitioner import Partitioner
+from keyplane.reference.workloads import GeoTagsWorkload, PairsWorkload
 from keyplane.sim import ClusterConfig, SimulationMetrics, Stage, Trace, simulate, summarize
 from keyplane.sim.report import Cell, markdown_table
-from keyplane.workloads import GeoTagsWorkload, PairsWorkload
 
 B_NAMESPACE = 1 << 40
 """Offset added to field-2 keys. Stage B's keys (hashtags, or j) are not the

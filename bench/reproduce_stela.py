@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 from _output import emit
 
-from keyplane.elasticity import (
+from keyplane.algorithms.elasticity import (
     Operator,
     OperatorDag,
     Stream,

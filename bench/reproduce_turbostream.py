@@ -8,7 +8,7 @@ nodes with
 * TurboStream as written (004 §V Algorithms 1 and 2: consolidation with the
   first unvisited neighbour, breadth-first queue),
 * keyplane's default (the same with the weak-link rule and the
-  traffic-ranked frontier, see ``keyplane.placement.PlacementSettings``),
+  traffic-ranked frontier, see ``keyplane.algorithms.placement.PlacementSettings``),
 * METIS k-way (pymetis, 3 % imbalance allowed) as an outside reference,
 
 and reports the cut (traffic between nodes) as a share of all traffic, the
@@ -42,7 +42,7 @@ import numpy.typing as npt
 import pymetis
 from _output import emit
 
-from keyplane.placement import (
+from keyplane.algorithms.placement import (
     NodeAssignment,
     PlacementSettings,
     TrafficMatrix,

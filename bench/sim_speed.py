@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 from _output import emit
 
-from keyplane.baselines import HashPartitioner
-from keyplane.hotkeys import FishPartitioner
-from keyplane.partitioner import Partitioner
+from keyplane.algorithms.baselines import HashPartitioner
+from keyplane.algorithms.hotkeys import FishPartitioner
+from keyplane.algorithms.partitioner import Partitioner
+from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.sim import ClusterConfig, Stage, Trace, simulate, summarize
 from keyplane.sim.report import Cell, markdown_table
-from keyplane.workloads import ZipfEvolvingWorkload
 
 SERVICE_TIME = 1e-4
 """Seconds per tuple per worker: 10k tuples/s, FISH's default capacity."""

@@ -25,16 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from keyplane.baselines import (
+from keyplane.algorithms.baselines import (
     DChoicesPartitioner,
     HashPartitioner,
     PKGPartitioner,
     ShufflePartitioner,
     WChoicesPartitioner,
 )
-from keyplane.hotkeys import FishPartitioner
-from keyplane.partitioner import Partitioner
-from keyplane.sketches import EpochTopK, SpaceSaving
+from keyplane.algorithms.hotkeys import FishPartitioner
+from keyplane.algorithms.partitioner import Partitioner
+from keyplane.algorithms.sketches import EpochTopK, SpaceSaving
 
 
 def zipf_keys(exponent: float, n_keys: int, size: int, rng: np.random.Generator) -> np.ndarray:

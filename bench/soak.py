@@ -37,12 +37,14 @@ import psutil
 from _harness import percentile, private_broker
 from _output import emit
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.controller import Controller, RolloutTimeout
+from keyplane.control.controller import Controller, RolloutTimeout
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload
+from keyplane.reference.verification import CountReport, compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.spark.counts_job import CountsJobSettings, read_output
 from keyplane.spark.progress import PROGRESS_PREFIX
 from keyplane.testing import (
@@ -51,8 +53,6 @@ from keyplane.testing import (
     stage_keys_by_count,
     start_job_process,
 )
-from keyplane.verification import CountReport, compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
 SAMPLE_EVERY_S = 10.0
@@ -379,7 +379,7 @@ def _committed(log: Path) -> int:
 
 def _encoded_bytes(spec: ZipfEvolvingWorkload) -> int:
     """Bytes of the encoded events, as the generator wrote them: what the broker holds."""
-    from keyplane.events import encode_batch
+    from keyplane.reference.events import encode_batch
 
     return sum(len(value) for batch in spec.batches(50_000) for value in encode_batch(batch, 0))
 

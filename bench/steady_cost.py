@@ -28,11 +28,11 @@ from pathlib import Path
 from _harness import private_broker, routed_on_backlog, run_job
 from _output import emit
 
-from keyplane.config import RoutingConfig, save
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import RoutingConfig, save
 from keyplane.settings import NO_TRAP_JIT_OPTIONS
-from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
 FIRST_STEADY_BATCH = 2

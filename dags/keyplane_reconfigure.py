@@ -53,7 +53,7 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException
 
-from keyplane.operators import OPERATORS
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import dagparts
 from keyplane.orchestration.approval import RolloutApprovalOperator
 from keyplane.orchestration.dagparts import (

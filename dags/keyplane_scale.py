@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from keyplane.operators import OPERATORS
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     fail_fast,
@@ -137,9 +137,9 @@ with DAG(
     @task.short_circuit
     @fail_fast
     def decide() -> bool:
-        from keyplane.elasticity import CongestionSettings
+        from keyplane.algorithms.elasticity import CongestionSettings
+        from keyplane.algorithms.scaling import ScaleRequest
         from keyplane.orchestration import scale_steps
-        from keyplane.scaling import ScaleRequest
 
         p = params()
         request = ScaleRequest(

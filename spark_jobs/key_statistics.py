@@ -9,7 +9,7 @@ DAG (``SparkSubmitOperator``). Spark stays at the edge: one task per Kafka
 partition reads its exact offset range of the window (so a rerun reads the
 same records) and counts the events by key pair and side of the hold-out line
 (:mod:`keyplane.spark.pair_counts`); the metrics window, one record per
-micro-batch, is read on the driver; :mod:`keyplane.statistics` does the rest
+micro-batch, is read on the driver; :mod:`keyplane.algorithms.statistics` does the rest
 in pandas. The window starts where the previous snapshot ended
 (first run: the earliest offsets), so a run with a snapshot already written
 exits at once: retries and repeated runs change nothing.
@@ -24,11 +24,11 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from keyplane import config as config_store
-from keyplane import statistics as stats
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms import statistics as stats
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.kafka.admin import earliest_offsets, ensure_topic, high_watermarks
 from keyplane.kafka.metrics_topic import read_metrics
+from keyplane.routing import config as config_store
 from keyplane.settings import Settings
 from keyplane.spark.pair_counts import window_pair_counts
 from keyplane.spark.session import build_session

@@ -19,7 +19,7 @@ from keyplane.testing import free_port
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-# Control messages are signed (keyplane.signing); tests sign with a throwaway key.
+# Control messages are signed (keyplane.control.signing); tests sign with a throwaway key.
 os.environ.setdefault("KEYPLANE_CONTROL_KEY", "keyplane-tests-only")
 # py4j logs at INFO when its connections are garbage-collected, which for the
 # session's SparkSession is at interpreter exit, after pytest has closed the

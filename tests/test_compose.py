@@ -31,9 +31,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from keyplane.control.signing import KEY_ENV_VAR as CONTROL_KEY_VAR
 from keyplane.orchestration.deployment import KAFKA_CONN_ID, SPARK_CONN_ID
 from keyplane.settings import Settings
-from keyplane.signing import KEY_ENV_VAR as CONTROL_KEY_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -726,7 +726,7 @@ def check_dashboard(compose: Compose) -> list[str]:
     if not api:
         return ["no Airflow api-server serves the dashboard"]
     name, svc = api[0]
-    # Deployment.gx_root and keyplane.quality.default_gx_root: $KEYPLANE_HOME/gx;
+    # Deployment.gx_root and keyplane.orchestration.quality.default_gx_root: $KEYPLANE_HOME/gx;
     # the site is keyplane.dashboard.timeline.DashboardPaths.data_docs.
     gx_root = Path(setting_in(env_of(svc), "home")) / "gx"
     docs = str(gx_root / "gx" / "uncommitted" / "data_docs" / "local_site")
@@ -1269,7 +1269,7 @@ def test_deployment_reads_what_the_job_uses(
     """keyplane's own Deployment, in an Airflow container's environment, finds the job's store."""
     from keyplane.dashboard.timeline import DashboardPaths
     from keyplane.orchestration.deployment import Deployment
-    from keyplane.quality import default_gx_root
+    from keyplane.orchestration.quality import default_gx_root
 
     for key in list(os.environ):
         if key.startswith("KEYPLANE_"):

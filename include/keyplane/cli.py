@@ -22,11 +22,8 @@ from kafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 from tqdm import tqdm
 
-from keyplane import config as config_store
 from keyplane.aggregates import AggregateSpecError
-from keyplane.config import RoutingConfig
-from keyplane.config_report import render_config, render_diff
-from keyplane.controller import (
+from keyplane.control.controller import (
     Controller,
     ControllerError,
     ControllerFile,
@@ -34,8 +31,23 @@ from keyplane.controller import (
     RolloutTimeout,
     read_controller_file,
 )
-from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES
-from keyplane.jobprocess import (
+from keyplane.control.operators import OPERATORS
+from keyplane.control.protocol import ProtocolError
+from keyplane.control.signing import MissingKeyError, control_key
+from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
+from keyplane.kafka.apache_kafka import ApacheKafkaBroker
+from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
+from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.producer import WorkloadNotDelivered, produce_workload
+from keyplane.reference.events import FORWARD_MODES, MAX_EVENT_BYTES
+from keyplane.reference.workloads import GeoTagsWorkload, PairsWorkload, ZipfEvolvingWorkload
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
+from keyplane.routing.config_report import render_config, render_diff
+from keyplane.routing.routedkeys import spark_partition
+from keyplane.routing.waves import split_into_waves
+from keyplane.settings import STAGE_ENGINES, Settings
+from keyplane.spark.jobprocess import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
     JobError,
@@ -44,21 +56,9 @@ from keyplane.jobprocess import (
     describe_aggregates,
     read_metrics_topic,
 )
-from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
-from keyplane.kafka.apache_kafka import ApacheKafkaBroker
-from keyplane.kafka.broker import BrokerError, BrokerState, EmbeddedBroker, answers_kafka
-from keyplane.kafka.control import ControlChannel
-from keyplane.kafka.producer import WorkloadNotDelivered, produce_workload
-from keyplane.operators import OPERATORS
-from keyplane.progressbars import progress_bar
-from keyplane.protocol import ProtocolError
-from keyplane.routedkeys import spark_partition
-from keyplane.settings import STAGE_ENGINES, Settings
-from keyplane.signing import MissingKeyError, control_key
-from keyplane.statefiles import os_reason
-from keyplane.validation_errors import first_problem
-from keyplane.waves import split_into_waves
-from keyplane.workloads import GeoTagsWorkload, PairsWorkload, ZipfEvolvingWorkload
+from keyplane.util.progressbars import progress_bar
+from keyplane.util.statefiles import os_reason
+from keyplane.util.validation_errors import first_problem
 
 WORKLOADS: dict[str, type[BaseModel]] = {
     "pairs": PairsWorkload,
@@ -337,7 +337,7 @@ def cmd_config_list(settings: Settings, store: Path, versions: list[int], *, sho
 def _expected_gain(old: RoutingConfig, new: RoutingConfig, snapshots: Path) -> str:
     """Both versions scored on the newest statistics snapshot's hold-out, as the DAG's
     backtest scores them (paper 000 §4.3: a table is judged on the next window)."""
-    from keyplane import statistics
+    from keyplane.algorithms import statistics
     from keyplane.orchestration.planning import backtest
 
     manifest = statistics.latest_snapshot(snapshots)
@@ -528,7 +528,7 @@ def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
     interruption (or ``--no-wait``) the same command finishes the job.
     """
     # Records the controller cannot verify are counted into its errors; not also logged.
-    logging.getLogger("keyplane.controller").setLevel(logging.ERROR)
+    logging.getLogger("keyplane.control.controller").setLevel(logging.ERROR)
     config = _read_config_file(args.file)
     store: Path = args.store or settings.config_store
     if args.max_moves_per_wave is not None and config.parent_version is not None:
@@ -578,7 +578,8 @@ def _publish_in_waves(
     settings: Settings, args: argparse.Namespace, config: RoutingConfig, store: Path
 ) -> int:
     """Store FILE's reconfiguration as waves of at most ``--max-moves-per-wave`` moved keys
-    each (:mod:`keyplane.waves`), numbered from FILE's version on, and roll them out in turn.
+    each (:mod:`keyplane.routing.waves`), numbered from FILE's version on, and roll them out
+    in turn.
 
     Like a single version, both halves repeat safely: the waves are computed
     the same way again, and the rollout skips the waves the job already runs.

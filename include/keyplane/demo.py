@@ -45,19 +45,20 @@ from typing import Any, TextIO
 import pandas as pd
 from tqdm import tqdm
 
-from keyplane import config as config_store
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import RoutingConfig
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.control.operators import OPERATORS
+from keyplane.control.signing import KEY_ENV_VAR
 from keyplane.kafka.admin import check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import WorkloadTrickle, check_workload_options, produce_workload
-from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun, planning, tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.progressbars import progress_bar
+from keyplane.reference.verification import CountReport, compare_counts, expected_counts_of
+from keyplane.reference.workloads import WorkloadSpec
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 from keyplane.settings import Settings
-from keyplane.signing import KEY_ENV_VAR
 from keyplane.spark.counts_job import (
     PROGRESS_PREFIX,
     BatchProgress,
@@ -66,8 +67,7 @@ from keyplane.spark.counts_job import (
     read_output,
 )
 from keyplane.testing import routed_job_topics
-from keyplane.verification import CountReport, compare_counts, expected_counts_of
-from keyplane.workloads import WorkloadSpec
+from keyplane.util.progressbars import progress_bar
 
 Echo = Callable[[str], None]
 
@@ -208,7 +208,7 @@ def run_demo(
     topics = routed_job_topics(topic)
     store = run_dir / "configs"
     initial = RoutingConfig.all_hash(instances, OPERATORS)
-    # The job and the DAG sign and check control messages with one key (keyplane.signing);
+    # The job and the DAG sign and check control messages with one key (keyplane.control.signing);
     # without a configured one, the run makes its own.
     key = os.environ.get(KEY_ENV_VAR) or secrets.token_hex(16)
     job_settings = CountsJobSettings(
@@ -435,8 +435,8 @@ def _result(
     started: float,
     warmup_events: int,
 ) -> DemoResult:
-    from keyplane import statistics as stats
-    from keyplane.controller import ControllerFile
+    from keyplane.algorithms import statistics as stats
+    from keyplane.control.controller import ControllerFile
 
     folder = stats.snapshot_folder(deployment.snapshots, run.run_id)
     decision_path = folder / tasks.DECISION

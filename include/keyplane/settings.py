@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MAX_EVENT_BYTES = 64 * 1024
 """Default bound on one event's record: larger records are dead-lettered as
 ``oversized`` by the routed job and not counted by the statistics (generated
-events pad to 20 kB at most). Here rather than in :mod:`keyplane.events`, so
+events pad to 20 kB at most). Here rather than in :mod:`keyplane.reference.events`, so
 that reading the settings imports no Arrow."""
 
 

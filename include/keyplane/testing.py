@@ -19,13 +19,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypedDict
 
-from keyplane import config as config_store
 from keyplane.aggregates import RunningCount
+from keyplane.control.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
 from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker, port_is_free
 from keyplane.kafka.control import ControlChannel
-from keyplane.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
-from keyplane.routedkeys import spark_partition
+from keyplane.routing import config as config_store
+from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark.progress import records_read
 
 if TYPE_CHECKING:
@@ -240,15 +240,15 @@ def write_statistics_snapshot(
     snapshots: Path, run_id: str, grouped: pd.DataFrame, stages: Sequence[str] = ("A", "B")
 ) -> None:
     """Write run ``run_id``'s statistics snapshot from ``grouped`` (each of ``stages``' key,
-    upstream first, then ``holdout, n``; :func:`keyplane.statistics.chain_rows`), as the
+    upstream first, then ``holdout, n``; :func:`keyplane.algorithms.statistics.chain_rows`), as the
     statistics job would for a job on v1 with one metrics record.
 
     The DAG's later steps (validation, planning, backtest, decision) read
     only the snapshot, so a test can drive them, or fill a dashboard's home,
     without running Spark.
     """
-    from keyplane import statistics as stats
-    from keyplane.batchmetrics import BatchMetrics
+    from keyplane.algorithms import statistics as stats
+    from keyplane.algorithms.batchmetrics import BatchMetrics
 
     total = int(grouped["n"].sum())
     manifest, frames = stats.build_snapshot(
@@ -330,7 +330,7 @@ def store_checksums(store: Path) -> ChecksumLookup:
 class ProtocolOnlyJob:
     """A stand-in for a routed job's Spark driver: the job protocol alone, on a real topic.
 
-    It runs the real :class:`~keyplane.protocol.JobProtocol` of paper 000 §3.4
+    It runs the real :class:`~keyplane.control.protocol.JobProtocol` of paper 000 §3.4
     over a real :class:`~keyplane.kafka.control.ControlChannel` and nothing
     else: no Spark, and no state moving through the migration topic. It lets
     the controller, a DAG or a CLI be tested end to end over Kafka while the
@@ -522,7 +522,7 @@ class RaisesOnPoison(RunningCount):
     """A running count whose ``add`` raises whenever its values hold :data:`POISON_VALUE`.
 
     A user's aggregate with a bug that one value triggers on every try, for the
-    poison-record tests (:mod:`keyplane.quarantine`); use it as a stage's aggregate,
+    poison-record tests (:mod:`keyplane.control.quarantine`); use it as a stage's aggregate,
     ``keyplane.testing:RaisesOnPoison``.
     """
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from keyplane import config as config_store
-from keyplane.config import RoutingConfig
-from keyplane.operators import OPERATORS
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import dagrun, tasks
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 from keyplane.testing import paired_tuple_counts, write_statistics_snapshot
 
 pytestmark = pytest.mark.integration

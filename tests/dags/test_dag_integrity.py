@@ -187,7 +187,7 @@ def test_a_run_within_its_params_never_reaches_the_run_timeout(
     the timeout leaves every wait the longest ``reply_timeout_s`` and the other steps time,
     ``roll_out_waves``'s included: an ACK and each operator's MIGRATED for every wave
     but the last, of as many waves as a run may plan."""
-    from keyplane.operators import OPERATORS
+    from keyplane.control.operators import OPERATORS
     from keyplane.orchestration.dagparts import MAX_WAVES_PER_RUN
     from keyplane.orchestration.triggers import RollOutWavesOperator
 
@@ -214,7 +214,7 @@ def test_a_runs_records_are_found_by_its_dags_id(
 ) -> None:
     """The failure callback, a failed wave and a metrics wait find a run's records by
     its DAG's id (both DAGs can have a run of the same id): the ids must be the DAGs'."""
-    from keyplane import statistics as stats
+    from keyplane.algorithms import statistics as stats
     from keyplane.orchestration import tasks
     from keyplane.testing import deployment_under
 
@@ -262,8 +262,8 @@ def test_params_defaults_validate(dag: Any) -> None:
 def test_params_defaults_are_the_librarys_defaults(dag: Any) -> None:
     """The DAG file may not import the library's pandas-backed modules to read their
     defaults (parsing stays light), so it repeats them; this keeps the copies equal."""
+    from keyplane.algorithms.statistics import StatisticsSettings
     from keyplane.orchestration.planning import DecisionRule, PlanParams
-    from keyplane.statistics import StatisticsSettings
 
     resolved = dag.params.validate()
     plan, rule, statistics = PlanParams(), DecisionRule(), StatisticsSettings()
@@ -333,8 +333,8 @@ def test_scale_params_schema_rejects_bad_values(scale_dag: Any, override: dict[s
 
 
 def test_scale_params_defaults_are_the_librarys_defaults(scale_dag: Any) -> None:
-    from keyplane.elasticity import CongestionSettings
-    from keyplane.scaling import ScaleRequest
+    from keyplane.algorithms.elasticity import CongestionSettings
+    from keyplane.algorithms.scaling import ScaleRequest
 
     resolved = scale_dag.params.validate()
     request, congestion = ScaleRequest(), CongestionSettings()

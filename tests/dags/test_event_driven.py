@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.kafka.producer import make_producer, send_confirmed
 from keyplane.orchestration.dagrun import AirflowSetup, airflow_command
 from keyplane.orchestration.localairflow import LocalAirflow, start, wait_until_up

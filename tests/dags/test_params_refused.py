@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from keyplane import config as config_store
-from keyplane.config import RoutingConfig
-from keyplane.operators import OPERATORS
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import dagrun
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 
 pytestmark = pytest.mark.integration
 

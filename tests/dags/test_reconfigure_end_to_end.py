@@ -33,22 +33,22 @@ from pathlib import Path
 
 import pytest
 
-from keyplane import config as config_store
-from keyplane import statistics as stats
-from keyplane.config import OperatorRouting, RoutingConfig
-from keyplane.controller import ControllerFile
+from keyplane.algorithms import statistics as stats
+from keyplane.control.controller import ControllerFile
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
-from keyplane.migration import plan_migration
-from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun, tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.routedkeys import spark_partition
+from keyplane.reference.verification import compare_counts, expected_counts_of
+from keyplane.reference.workloads import PairsWorkload
+from keyplane.routing import config as config_store
+from keyplane.routing.config import OperatorRouting, RoutingConfig
+from keyplane.routing.migration import plan_migration
+from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark.counts_job import read_output
 from keyplane.testing import routed_job_settings, start_job_process, wait_while_job_runs
-from keyplane.verification import compare_counts, expected_counts_of
-from keyplane.workloads import PairsWorkload
 
 pytestmark = pytest.mark.integration
 

@@ -30,19 +30,19 @@ from pathlib import Path
 
 import pytest
 
-from keyplane import config as config_store
-from keyplane.config import RoutingConfig
-from keyplane.controller import ControllerFile
+from keyplane.algorithms.partials import latest_partials
+from keyplane.control.controller import ControllerFile
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
-from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagrun, scale_steps, tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.partials import latest_partials
+from keyplane.reference.verification import compare_counts, expected_counts_of
+from keyplane.reference.workloads import PairsWorkload
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 from keyplane.spark.counts_job import read_output, read_partials
 from keyplane.testing import routed_job_settings, start_job_process, wait_while_job_runs
-from keyplane.verification import compare_counts, expected_counts_of
-from keyplane.workloads import PairsWorkload
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from keyplane import config as config_store
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.control import ControlChannel
-from keyplane.operators import OPERATORS
+from keyplane.routing import config as config_store
+from keyplane.routing.config import OperatorRouting, RoutingConfig
 from keyplane.testing import ProtocolOnlyJob
 
 CONTROL_KEY = "controller-tests-key-0123456789abcdef"

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from keyplane import cli
-from keyplane import config as config_store
 from keyplane.cli import (
     _count,
     _job_process,
@@ -29,16 +28,17 @@ from keyplane.cli import (
     build_parser,
 )
 from keyplane.cli import main as cli_main
-from keyplane.config import RoutingConfig
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka import producer
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
+from keyplane.reference.workloads import PairsWorkload
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import job_command, parse_settings
 from keyplane.testing import ProtocolOnlyJob, free_port
-from keyplane.workloads import PairsWorkload
 
 
 def _keyplane(
@@ -1297,10 +1297,10 @@ def test_config_diff_scores_both_versions_on_the_latest_statistics(tmp_path: Pat
     """The diff ends with the expected gain the DAG's backtest would compute."""
     import pandas as pd
 
-    from keyplane import statistics as stats
-    from keyplane.batchmetrics import BatchMetrics
-    from keyplane.config import OperatorRouting, RoutingConfig
-    from keyplane.routedkeys import spark_partition
+    from keyplane.algorithms import statistics as stats
+    from keyplane.algorithms.batchmetrics import BatchMetrics
+    from keyplane.routing.config import OperatorRouting, RoutingConfig
+    from keyplane.routing.routedkeys import spark_partition
 
     n = 4
     # Pairs with b == a: a table putting each b with its a gives full locality.

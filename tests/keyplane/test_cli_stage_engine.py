@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from keyplane.cli import _job_process, build_parser
-from keyplane.jobprocess import JobError, JobProcess
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import job_command, parse_settings
+from keyplane.spark.jobprocess import JobError, JobProcess
 from keyplane.spark.routed_counts import record_engine
 
 

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from keyplane import config as config_store
 from keyplane import demo
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.demo import (
     DemoResult,
     Migration,
@@ -35,10 +34,11 @@ from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.broker import BrokerState
 from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.orchestration.dagrun import DagRunRecord
+from keyplane.reference.verification import CountReport
+from keyplane.reference.workloads import PairsWorkload
+from keyplane.routing import config as config_store
 from keyplane.settings import Settings
 from keyplane.testing import free_port
-from keyplane.verification import CountReport
-from keyplane.workloads import PairsWorkload
 
 
 def _batch(

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from keyplane.orchestration.deployment import Deployment
 from keyplane.settings import MAX_EVENT_BYTES, Settings
 from keyplane.spark.counts_job import CountsJobSettings
-from keyplane.validation_errors import first_problem
+from keyplane.util.validation_errors import first_problem
 from spark_jobs.key_statistics import parse_args
 
 

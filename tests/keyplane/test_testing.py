@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from pyspark.sql.streaming import StreamingQuery
 
-from keyplane.routedkeys import spark_partition
+from keyplane.algorithms.statistics import read_snapshot
+from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, job_command
-from keyplane.statistics import read_snapshot
 from keyplane.testing import (
     moved_off_hash,
     moved_off_hash_config,

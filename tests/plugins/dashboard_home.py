@@ -4,14 +4,14 @@ No Spark job runs: the orchestration end-to-end test covers that. Instead the
 records the dashboard reads are produced by the code that produces them in
 production:
 
-* a statistics snapshot built by :func:`keyplane.statistics.build_snapshot`
+* a statistics snapshot built by :func:`keyplane.algorithms.statistics.build_snapshot`
   from a small skewed window (one stage-A key carries about 40 % of the tuples,
   more than α × an instance's share, so the plan splits it);
 * the DAG's own steps (:mod:`keyplane.orchestration.tasks`): validate the
   statistics and the configuration with Great Expectations (real Data Docs),
-  plan v2 from v1 with METIS and FISH (stored by ``keyplane.config.save``),
+  plan v2 from v1 with METIS and FISH (stored by ``keyplane.routing.config.save``),
   backtest and decide;
-* a real rollout of v2 by :class:`keyplane.controller.Controller` over the
+* a real rollout of v2 by :class:`keyplane.control.controller.Controller` over the
   embedded broker's control topic, answered by
   :class:`keyplane.testing.ProtocolOnlyJob` (the job's real protocol without
   Spark), which leaves the controller's state file with its timings;
@@ -25,12 +25,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyplane import config as config_store
-from keyplane.batchmetrics import BatchMetrics, PairCount
-from keyplane.config import RoutingConfig
-from keyplane.operators import OPERATORS
+from keyplane.algorithms.batchmetrics import BatchMetrics, PairCount
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 
 P = 4
 RUN = "scheduled__2026-11-03T12:00:00+00:00"
@@ -88,7 +88,7 @@ def metrics_records() -> list[BatchMetrics]:
 
 
 def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
-    from keyplane.controller import Controller
+    from keyplane.control.controller import Controller
     from keyplane.kafka.admin import ensure_topic
     from keyplane.kafka.control import ControlChannel
     from keyplane.kafka.producer import make_producer

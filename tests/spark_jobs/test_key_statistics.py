@@ -16,11 +16,11 @@ from types import ModuleType
 
 import pytest
 
-from keyplane import statistics as stats
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms import statistics as stats
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import make_producer, produce_workload
-from keyplane.workloads import PairsWorkload
+from keyplane.reference.workloads import PairsWorkload
 
 pytestmark = pytest.mark.integration
 

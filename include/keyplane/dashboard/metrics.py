@@ -1,6 +1,6 @@
 """The metrics topic as the dashboard reads it: with a deadline, then per version.
 
-The routed job writes one :class:`~keyplane.batchmetrics.BatchMetrics` record
+The routed job writes one :class:`~keyplane.algorithms.batchmetrics.BatchMetrics` record
 per micro-batch. The dashboard reads the newest ones, asking first whether
 Kafka answers at all (a web request must not hang on a stopped broker: a
 Kafka client waits 30 s for a dead bootstrap by default) and giving up on a
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 
 READ_TIMEOUT_S = 3.0
 """Longest a page load waits for Kafka: long enough for a local broker to
@@ -95,7 +95,7 @@ def active_instances(
     A version the store cannot give (pruned, unreadable) is left out: its
     batches are then judged over every instance they report.
     """
-    from keyplane import config as config_store
+    from keyplane.routing import config as config_store
 
     found: dict[int, dict[str, tuple[int, ...]]] = {}
     for version in set(versions):

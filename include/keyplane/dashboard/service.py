@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.dashboard.metrics import (
     CachedMetrics,
     active_instances,

@@ -3,7 +3,7 @@
 Where each figure comes from (all written by others; read here, never written):
 
 * version, parent, created_at, created_by: the configuration store
-  (:func:`keyplane.config.stored_versions` / :func:`keyplane.config.load`);
+  (:func:`keyplane.routing.config.stored_versions` / :func:`keyplane.routing.config.load`);
 * validation verdict: ``<store>/validation-v<version>.json``, written by the
   DAG's ``validate_configuration`` step (or by ``prepare_rollback`` for a
   rollback version, which is recorded as validated);
@@ -34,9 +34,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from keyplane import config as config_store
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import RoutingConfig
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.control.protocol import ControllerState, Reconfiguration
 from keyplane.dashboard.metrics import SwitchWindow, switch_windows
 from keyplane.dashboard.records import (
     DecisionRecord,
@@ -47,7 +46,8 @@ from keyplane.dashboard.records import (
     read_json,
     read_record,
 )
-from keyplane.protocol import ControllerState, Reconfiguration
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 
 TOP_KEYS = 15
 """Hot keys and moved keys listed per operator: enough to recognise a change."""
@@ -84,7 +84,7 @@ class DashboardPaths:
 
     @property
     def data_docs(self) -> Path:
-        """The Data Docs site of :func:`keyplane.quality.quality_context`."""
+        """The Data Docs site of :func:`keyplane.orchestration.quality.quality_context`."""
         return self.gx_root / "gx" / "uncommitted" / "data_docs" / "local_site"
 
     @classmethod
@@ -453,7 +453,7 @@ def build_rows(
         if data_docs_site is not None:
             docs = data_docs_pages(data_docs_site, f"configuration-v{version}")
             if run is not None and not is_rollback:
-                from keyplane.statistics import safe_run_id
+                from keyplane.algorithms.statistics import safe_run_id
 
                 docs += data_docs_pages(data_docs_site, f"statistics-{safe_run_id(run.run_id)}")
         config = loaded if isinstance(loaded, RoutingConfig) else None
@@ -516,8 +516,8 @@ def key_weights(
     """
     from pandas.api.types import is_numeric_dtype
 
-    from keyplane.parquet_files import read_frame
-    from keyplane.statistics import FREQUENCIES
+    from keyplane.algorithms.statistics import FREQUENCIES
+    from keyplane.util.parquet_files import read_frame
 
     problems: list[str] = []
     for run in reversed(runs):
@@ -571,11 +571,11 @@ def moved_key_rows(
 ) -> list[MovedKeyRow]:
     """The keys a rollout from ``old`` to ``new`` moves, heaviest state first, per operator.
 
-    The plan is :func:`keyplane.migration.plan_migration` with Spark's hash
+    The plan is :func:`keyplane.routing.migration.plan_migration` with Spark's hash
     fallback, the one the rollout itself runs.
     """
-    from keyplane.migration import plan_migration
-    from keyplane.routedkeys import spark_partition
+    from keyplane.routing.migration import plan_migration
+    from keyplane.routing.routedkeys import spark_partition
 
     plan = plan_migration(old, new, spark_partition)
     rows: list[MovedKeyRow] = []

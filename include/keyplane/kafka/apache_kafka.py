@@ -39,7 +39,7 @@ from keyplane.kafka.broker import (
     refuse_to_start,
 )
 from keyplane.kafka.security import _jaas_quoted
-from keyplane.processes import (
+from keyplane.util.processes import (
     StaleFile,
     inspect_state_file,
     live_or_removed,
@@ -47,7 +47,7 @@ from keyplane.processes import (
     stop_detached,
     write_atomically,
 )
-from keyplane.statefiles import read_model_file
+from keyplane.util.statefiles import read_model_file
 
 KAFKA_VERSION = "4.4.0"
 """The Apache Kafka that ``deploy/kafka/pom.xml`` pins (its ``kafka.version``)."""

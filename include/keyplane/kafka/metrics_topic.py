@@ -1,6 +1,6 @@
 """The routed job's metrics topic, read back.
 
-The job writes one :class:`~keyplane.batchmetrics.BatchMetrics` record per
+The job writes one :class:`~keyplane.algorithms.batchmetrics.BatchMetrics` record per
 micro-batch. The statistics job, the DAG steps, ``keyplane job status`` and
 the dashboard all read them through :func:`read_metrics`, over an exact
 offset range (:mod:`keyplane.kafka.ranges`), so they agree on which records
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.kafka.ranges import IDLE_TIMEOUT_S, offset_ranges, read_range
-from keyplane.validation_errors import first_problem
+from keyplane.util.validation_errors import first_problem
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from keyplane.processes import (
+from keyplane.util.processes import (
     StaleFile,
     inspect_state_file,
     start_detached,
     stop_detached,
     write_atomically,
 )
-from keyplane.statefiles import read_model_file
+from keyplane.util.statefiles import read_model_file
 
 
 class ObjectStoreError(RuntimeError):
@@ -109,7 +109,7 @@ class LocalS3Server:
     def inspect(self) -> tuple[LocalS3State | None, StaleFile | None]:
         """(running, stale): the running server's state, or its state file removed as stale.
 
-        Judged as the broker's pid file is (:func:`keyplane.processes.live_or_removed`):
+        Judged as the broker's pid file is (:func:`keyplane.util.processes.live_or_removed`):
         a file without a command line cannot tell its server from a process
         that reused the pid, so it is neither reused nor stopped.
         """

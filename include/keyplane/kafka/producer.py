@@ -18,10 +18,10 @@ from typing import Any, Literal
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from keyplane.events import encode_batch
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.security import client_config
-from keyplane.workloads import WorkloadSpec
+from keyplane.reference.events import encode_batch
+from keyplane.reference.workloads import WorkloadSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from airflow.sdk import Asset, Context, Param, get_current_context, task
 
-from keyplane.operators import OPERATORS
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import triggers
 from keyplane.orchestration.deployment import deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
@@ -273,7 +273,7 @@ def rollout_chain(
     One task sends every operator's PROPAGATE in one publish, before the
     first wait, so that the job reads them at one batch boundary: all
     operators switch in the same micro-batch and install in the next (see
-    :mod:`keyplane.protocol` for why a micro-batch job may). A task per
+    :mod:`keyplane.control.protocol` for why a micro-batch job may). A task per
     operator would let a boundary fall between their publishes, and the
     downstream operators would switch, and the rollout end, one batch
     later. Each operator's install is still a step of its own: its wait for

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from keyplane.control.signing import KEY_ENV_VAR
 from keyplane.orchestration.deployment import Deployment
-from keyplane.signing import KEY_ENV_VAR
 
 if TYPE_CHECKING:
     from keyplane.spark.counts_job import CountsJobSettings

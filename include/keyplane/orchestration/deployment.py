@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from keyplane.operators import OPERATORS
+from keyplane.control.operators import OPERATORS
 from keyplane.settings import MAX_EVENT_BYTES, BootstrapServers, Settings
 
 KAFKA_CONN_ID = "keyplane_kafka"

@@ -11,17 +11,17 @@ The stages are a chain, upstream first: the pipeline's
 (:attr:`keyplane.pipeline.Pipeline.stage_names`). Functions that need the
 chain's order take it as ``stages``; without it they take the order of the
 configuration's operators, which is the order the configuration was created
-in (:meth:`keyplane.config.RoutingConfig.all_hash`). A snapshot's pairs are
-keyed by their upstream stage (:data:`keyplane.statistics.PAIR_COLUMNS`).
+in (:meth:`keyplane.routing.config.RoutingConfig.all_hash`). A snapshot's pairs are
+keyed by their upstream stage (:data:`keyplane.algorithms.statistics.PAIR_COLUMNS`).
 
 How predictions are made. Every figure (locality, per-instance load, state
 moved) is computed by routing the snapshot's keys exactly as the job routes
-them (:func:`keyplane.routedkeys.routed_shares` and
-:func:`~keyplane.routedkeys.predicted_instance_loads`: table entry, hot key
+them (:func:`keyplane.routing.routedkeys.routed_shares` and
+:func:`~keyplane.routing.routedkeys.predicted_instance_loads`: table entry, hot key
 spread over its d instances, else Spark's hash folded onto the active
 instances), so the new and the current configuration are scored by the same
 ruler, the one the configuration gate checks them with.
-:func:`keyplane.locality.build_plan` is given no table budget by default, so
+:func:`keyplane.algorithms.locality.build_plan` is given no table budget by default, so
 every key it sees is tabled; with ``max_table_entries`` it is given the job's
 own hash fallback for the keys it leaves out (:func:`_hash_parts`), so its
 balance is the job's.
@@ -30,7 +30,7 @@ What is chosen. The new configuration is one of three candidates: the
 planner's (built with balance headroom, splitting a key only when the split
 pays), keeping hash routing, and keeping the current configuration. Each is
 scored on the training statistics by the same ruler and the
-:class:`~keyplane.costmodel.CostModel` turns locality and imbalance into a
+:class:`~keyplane.algorithms.costmodel.CostModel` turns locality and imbalance into a
 predicted throughput; the highest wins, so the result is never predicted
 slower than hash routing. The chosen one states ``promised_imbalance``, the
 bound the next window is expected to keep given the drift measured from the
@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import pandas as pd
 
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
-from keyplane.costmodel import CostModel, Drift, StageProfile, measure_drift, next_window
-from keyplane.routedkeys import (
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.algorithms.costmodel import CostModel, Drift, StageProfile, measure_drift, next_window
+from keyplane.routing.config import CreatedBy, OperatorRouting, RoutingConfig
+from keyplane.routing.routedkeys import (
     fallback_instances,
     fold_instance,
     predicted_instance_loads,
@@ -61,7 +61,7 @@ from keyplane.routedkeys import (
 )
 
 if TYPE_CHECKING:
-    from keyplane.locality import HashParts
+    from keyplane.algorithms.locality import HashParts
 
 Column = Literal["train", "holdout", "count"]
 HistoryWindow = Literal["decay", "reset"]
@@ -130,9 +130,9 @@ class PlanParams:
     ``max_table_entries`` the routing table budget per operator (None: every
     key of the statistics); ``d_min`` FISH's fewest instances per hot key;
     ``max_moves_per_wave`` the most keys one version may move (None: the
-    whole change in one version; else :mod:`keyplane.waves` splits it);
+    whole change in one version; else :mod:`keyplane.routing.waves` splits it);
     ``headroom`` the share of ``α − 1`` a plan may use on its training
-    statistics (:data:`keyplane.locality.DEFAULT_HEADROOM`), the rest being
+    statistics (:data:`keyplane.algorithms.locality.DEFAULT_HEADROOM`), the rest being
     left for the next window's drift.
     """
 
@@ -186,7 +186,7 @@ class Plan:
     ``throughputs`` what the cost model predicted for each.
     ``promised_imbalance`` is the bound the chosen configuration expects the
     next window's worse operator to keep with
-    :data:`~keyplane.costmodel.PROMISE_CONFIDENCE`, under the drift measured
+    :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE`, under the drift measured
     from the training statistics to the hold-out (:func:`_promise`); α stays
     the target, the promise is what to expect.
     """
@@ -240,7 +240,8 @@ def locality(
 
 
 instance_loads = predicted_instance_loads
-"""Each active instance's predicted load: :func:`keyplane.routedkeys.predicted_instance_loads`."""
+"""Each active instance's predicted load:
+:func:`keyplane.routing.routedkeys.predicted_instance_loads`."""
 
 
 def imbalance(loads: np.ndarray) -> float:
@@ -259,13 +260,14 @@ def _hot_keys(
 ) -> dict[str, tuple[int, ...]]:
     """Instances for the keys too heavy for α (001 §4.1.2 and §5).
 
-    ``d = clamp(ceil(n·f/f_max), d_min, n)`` (:func:`keyplane.hotkeys.hot_key_worker_count`),
+    ``d = clamp(ceil(n·f/f_max), d_min, n)``
+    (:func:`keyplane.algorithms.hotkeys.hot_key_worker_count`),
     candidates clockwise on FISH's consistent-hash ring, and a key keeps its
     previous instances while they are at least d (001: d never shrinks while
     a key stays hot, so no partial state is stranded).
     """
-    from keyplane.hotkeys import hot_key_worker_count
-    from keyplane.ring import make_placement
+    from keyplane.algorithms.hotkeys import hot_key_worker_count
+    from keyplane.algorithms.ring import make_placement
 
     keys = [codec.decode(k) for k in heavy]
     if not keys or n < 2:
@@ -289,12 +291,12 @@ def _active_parts(
     """How many parts METIS cuts, and the instance each part goes to, per operator.
 
     Scaling (003) leaves only some instances active
-    (:class:`~keyplane.config.OperatorRouting`). When the re-planned operators
+    (:class:`~keyplane.routing.config.OperatorRouting`). When the re-planned operators
     share their active instances, METIS partitions into that many parts and
     part ``j`` goes to the ``j``-th active instance of both, so co-located
     pairs stay co-located (000 §3.3). When they differ, it partitions into
     the ``n`` state partitions and each operator folds a part onto its active
-    instances as its hash fallback does (:func:`keyplane.routedkeys.fold_instance`).
+    instances as its hash fallback does (:func:`keyplane.routing.routedkeys.fold_instance`).
     """
     names = [name for name in current.operators if name in operators]
     actives = {name: current.operators[name].active for name in names}
@@ -352,10 +354,10 @@ def plan_configuration(
 
     The k-partite key graph of the chain ``stages`` (upstream first; default
     the configuration's order) is partitioned jointly by
-    :func:`keyplane.locality.build_chain_plan`
+    :func:`keyplane.algorithms.locality.build_chain_plan`
     under ``1 + headroom · (α − 1)``, or, when the snapshot has a hold-out,
     under α less the slack the drift measured from training statistics to
-    hold-out takes by itself (:func:`keyplane.locality.drift_margin`; α when
+    hold-out takes by itself (:func:`keyplane.algorithms.locality.drift_margin`; α when
     it takes all of it); the keys it finds too heavy for α
     become hot keys (:func:`_hot_keys`). If spreading a hot key over only d
     instances pushes an instance over α, that operator's hot keys are
@@ -363,9 +365,9 @@ def plan_configuration(
     only lower max/mean. Operators not in ``params.operators`` keep their
     current routing. The result is the best of this plan, hash routing and
     the current configuration under ``cost`` (default: the documented
-    defaults of :class:`~keyplane.costmodel.CostModel`).
+    defaults of :class:`~keyplane.algorithms.costmodel.CostModel`).
     """
-    from keyplane.locality import (
+    from keyplane.algorithms.locality import (
         ChainStatistics,
         KeyPairs,
         KeyWeights,
@@ -539,8 +541,8 @@ def _promise(
     drift: Mapping[str, Drift],
     stages: Sequence[str],
 ) -> float:
-    """The :data:`~keyplane.costmodel.PROMISE_CONFIDENCE` bound on the next window's
-    worse max/mean (:func:`keyplane.costmodel.next_window`); hot keys are spread
+    """The :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE` bound on the next window's
+    worse max/mean (:func:`keyplane.algorithms.costmodel.next_window`); hot keys are spread
     over their instances and do not drift the balance."""
     profiles: list[StageProfile] = []
     for name in stages:
@@ -732,7 +734,7 @@ def rollback_config(previous: RoutingConfig, active: RoutingConfig, version: int
 
 @dataclass(frozen=True)
 class Measured:
-    """What a run of batches measured (from :class:`~keyplane.batchmetrics.BatchMetrics`).
+    """What a run of batches measured (:class:`~keyplane.algorithms.batchmetrics.BatchMetrics`).
 
     ``locality`` is the share of A → B tuples that stayed on one executor
     (000 §2), ``imbalance`` the worst operator's max/mean of the loads summed

@@ -9,10 +9,10 @@ took. The rollout itself (PREPARE, PROPAGATE, DONE and the deferred waits) is
 the reconfiguration DAG's, unchanged: a scaled configuration is just another
 version (000 §3.4), whose state moves go through the same hand-off.
 
-The decision is :func:`keyplane.scaling.decide_scaling`'s, on the newest
+The decision is :func:`keyplane.algorithms.scaling.decide_scaling`'s, on the newest
 batches of the metrics topic and the times their records arrived there. The
 scaled routing needs every key that holds state
-(:func:`keyplane.scaling.scaled_routing`: the job only moves the state of keys
+(:func:`keyplane.algorithms.scaling.scaled_routing`: the job only moves the state of keys
 a configuration names), so :func:`compute_scaled_configuration` counts the
 keys of the events topic, from its earliest retained record: the job's state
 holds exactly the keys of the events it counted.
@@ -27,13 +27,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from keyplane import config as config_store
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import RoutingConfig
-from keyplane.operators import OPERATORS
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.algorithms.scaling import ScaleRequest, decide_scaling
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.scaling import ScaleRequest, decide_scaling
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,9 @@ def event_counts(
     Read from the earliest retained record to the end, with the job's own
     parser, so a key counts exactly when the job would have counted it.
     """
-    from keyplane.events import decode_keys
     from keyplane.kafka.admin import earliest_offsets, high_watermarks
     from keyplane.kafka.ranges import offset_ranges, read_range
+    from keyplane.reference.events import decode_keys
 
     servers, topic = deployment.bootstrap_servers, deployment.events_topic
     first, ends = earliest_offsets(servers, topic), high_watermarks(servers, topic)
@@ -186,7 +186,7 @@ class ScaleProposal(BaseModel):
 def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[str, Any]:
     """Store the active version with the decided operator over its new active instances.
 
-    :func:`keyplane.scaling.scaled_routing` keeps every key whose instance
+    :func:`keyplane.algorithms.scaling.scaled_routing` keeps every key whose instance
     stays active and moves the others; the other operator keeps its routing.
     The version, its parent and the key loads it is planned from are
     reserved in the run's folder before it is stored
@@ -196,7 +196,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
     unvalidated. Retried, the step plans from the same loads and stores
     the same version, a no-op.
     """
-    from keyplane.scaling import scaled_routing
+    from keyplane.algorithms.scaling import scaled_routing
 
     folder = _folder(deployment, run_id)
     existing = folder / PROPOSAL
@@ -263,7 +263,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
 def validate_scaled_configuration(
     deployment: Deployment, run_id: str, *, alpha: float
 ) -> dict[str, Any]:
-    """Run the configuration suites of :mod:`keyplane.quality` on the scaled version.
+    """Run the configuration suites of :mod:`keyplane.orchestration.quality` on the scaled version.
 
     Only the operators the scale changed are judged (the others keep the
     routing that runs now). A scaled operator is judged on its active
@@ -274,9 +274,9 @@ def validate_scaled_configuration(
     released instance does not count as imbalance. The verdict is recorded
     where :func:`keyplane.orchestration.tasks.publish_version` requires it.
     """
-    from keyplane.quality import OperatorPrediction, QualitySettings, locked_context
-    from keyplane.quality import validate_configuration as run_suites
-    from keyplane.scaling import active_view
+    from keyplane.algorithms.scaling import active_view
+    from keyplane.orchestration.quality import OperatorPrediction, QualitySettings, locked_context
+    from keyplane.orchestration.quality import validate_configuration as run_suites
 
     folder = _folder(deployment, run_id)
     proposal = ScaleProposal.model_validate(tasks._read(folder / PROPOSAL, "the scale proposal"))

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 
 
 class SignalThresholds(BaseModel):

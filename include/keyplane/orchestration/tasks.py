@@ -13,11 +13,11 @@ since Airflow retries tasks and a run may be cleared and rerun:
   anything is stored), so a try that dies between storing a version and
   recording it leaves the retry that version to store again, not a newer
   one: no orphan version, unvalidated, is left in the store;
-* configurations are saved with :func:`keyplane.config.save`, a no-op for an
+* configurations are saved with :func:`keyplane.routing.config.save`, a no-op for an
   identical version, so the retry's save of its reserved version is one;
 * a run's records are its DAG's: Airflow's run ids are unique per DAG only,
   and both DAGs can have a run of the same id (:func:`run_folder`);
-* protocol steps go through :class:`keyplane.controller.Controller`, whose
+* protocol steps go through :class:`keyplane.control.controller.Controller`, whose
   retried steps re-send the same message (same id), which the job ignores.
 
 Gates. :func:`publish` refuses a version without a passed validation record
@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from keyplane import config as config_store
-from keyplane import statistics as stats
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import RoutingConfig
+from keyplane.algorithms import statistics as stats
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.orchestration import planning
 from keyplane.orchestration.deployment import Deployment
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 
 if TYPE_CHECKING:
-    from keyplane.protocol import ControllerState, Reconfiguration
+    from keyplane.control.protocol import ControllerState, Reconfiguration
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +245,8 @@ def validate_statistics(
     per-instance loads are noise, a window that does not cover what it
     claims would plan on the wrong data.
     """
-    from keyplane.quality import QualitySettings, locked_context
-    from keyplane.quality import validate_statistics as run_suite
+    from keyplane.orchestration.quality import QualitySettings, locked_context
+    from keyplane.orchestration.quality import validate_statistics as run_suite
 
     snapshot = _snapshot(deployment, run_id)
     widened = stats.lookback(deployment.snapshots, snapshot, min_total_count)
@@ -292,7 +292,7 @@ def active_version(deployment: Deployment, manifest: stats.SnapshotManifest | No
     which version it routed its last batch with; failing both, the newest
     stored version, which is what a routed job starts on.
     """
-    from keyplane.controller import ControllerFile
+    from keyplane.control.controller import ControllerFile
 
     if deployment.controller_state.is_file():
         saved = ControllerFile.model_validate_json(deployment.controller_state.read_text())
@@ -313,7 +313,7 @@ class Proposal(BaseModel):
 
     ``version`` routes as the plan. ``waves`` are the versions rolled out
     before it, in order, when the run splits its moves into waves
-    (:mod:`keyplane.waves`); each is the parent of the next, the first a
+    (:mod:`keyplane.routing.waves`); each is the parent of the next, the first a
     child of ``parent_version`` and the last the parent of ``version``.
     """
 
@@ -362,10 +362,10 @@ def compute_configuration(
     ``created_by`` records what started the run (its schedule, an operator,
     a metrics event), so the store says why each version exists.
 
-    METIS routing tables (000 §3.3, :func:`keyplane.locality.build_plan`) and
+    METIS routing tables (000 §3.3, :func:`keyplane.algorithms.locality.build_plan`) and
     FISH hot keys (001 §4.1.2). With ``params.max_moves_per_wave``, the
     change is stored as waves that each move at most that many keys, the
-    last routing as the plan (:func:`keyplane.waves.split_into_waves`), so
+    last routing as the plan (:func:`keyplane.routing.waves.split_into_waves`), so
     the rollout spreads its moved states over more micro-batches; a change
     that needs more than ``max_waves`` waves (a DAG run's limit, None: none)
     fails before anything is stored. Retried,
@@ -447,8 +447,8 @@ def _waves(
     moved keys each."""
     if max_moves_per_wave is None:
         return (planned,)
-    from keyplane.routedkeys import spark_partition
-    from keyplane.waves import split_into_waves
+    from keyplane.routing.routedkeys import spark_partition
+    from keyplane.routing.waves import split_into_waves
 
     try:
         return split_into_waves(
@@ -481,7 +481,7 @@ def validate_configuration(
     The verdict is recorded next to the store (``validation-v<version>.json``),
     which :func:`publish` requires. The snapshot's training weights are the
     key loads the suites route through the configuration
-    (:func:`keyplane.quality.predicted_instance_loads`), so a configuration
+    (:func:`keyplane.orchestration.quality.predicted_instance_loads`), so a configuration
     that overloads an instance fails whatever its plan claimed. Only the
     operators the version changes are judged (:func:`changed_operators`),
     each over its active instances. ``version`` defaults to the run's
@@ -491,8 +491,8 @@ def validate_configuration(
     does, and it is a step on the way to a configuration that passed, not a
     plan of its own (as a rollback is recorded, :func:`prepare_rollback`).
     """
-    from keyplane.quality import OperatorPrediction, QualitySettings, locked_context
-    from keyplane.quality import validate_configuration as run_suites
+    from keyplane.orchestration.quality import OperatorPrediction, QualitySettings, locked_context
+    from keyplane.orchestration.quality import validate_configuration as run_suites
 
     proposal, proposed = _proposal(deployment, run_id)
     if version is not None and version != proposal.version:
@@ -649,13 +649,13 @@ def not_published(
     deployment: Deployment, versions: Sequence[int], reason: str, run_id: str
 ) -> None:
     """Mark the run's ``versions`` as planned but not published, then prune the oldest such
-    (:func:`keyplane.config.prune_not_published`), never the job's active version or one
+    (:func:`keyplane.routing.config.prune_not_published`), never the job's active version or one
     in flight."""
     for version in versions:
         config_store.mark_not_published(deployment.routing_store, version, reason, run_id)
     protected: list[int] = []
     if deployment.controller_state.is_file():
-        from keyplane.controller import ControllerFile
+        from keyplane.control.controller import ControllerFile
 
         saved = ControllerFile.model_validate_json(deployment.controller_state.read_text())
         state = saved.protocol
@@ -676,8 +676,8 @@ def not_published(
 def approval_summary(deployment: Deployment, run_id: str) -> dict[str, str]:
     """What the person asked to approve the rollout sees: the version, the backtest's
     predicted gain, the keys and state it moves, and the migration cost."""
-    from keyplane.migration import plan_migration
-    from keyplane.routedkeys import spark_partition
+    from keyplane.routing.migration import plan_migration
+    from keyplane.routing.routedkeys import spark_partition
 
     folder = _folder(deployment, run_id)
     proposal, config = _proposal(deployment, run_id)
@@ -737,8 +737,8 @@ def _require_approved(folder: Path) -> None:
 
 @contextmanager
 def controller(deployment: Deployment) -> Iterator[Any]:
-    """A :class:`keyplane.controller.Controller` on the deployment's control topic."""
-    from keyplane.controller import Controller
+    """A :class:`keyplane.control.controller.Controller` on the deployment's control topic."""
+    from keyplane.control.controller import Controller
     from keyplane.kafka.control import ControlChannel
 
     with ControlChannel(deployment.bootstrap_servers, deployment.control_topic) as channel:
@@ -961,7 +961,7 @@ def reply_arrived(
     One poll of the control topic through the controller, which records the
     replies in its state file: the check a deferrable trigger repeats. A
     PREPARE the job answered with REFUSED raises
-    :class:`~keyplane.controller.ControllerError` with the job's reason.
+    :class:`~keyplane.control.controller.ControllerError` with the job's reason.
     ``version`` is the version the wait is for (:func:`awaited_rollout`);
     None takes the rollout in flight, else the last one.
     """
@@ -970,7 +970,7 @@ def reply_arrived(
         rollout = awaited_rollout(control.state, version)
         if kind == "ack":
             if rollout.ack is None and rollout.refused is not None:
-                from keyplane.controller import ControllerError
+                from keyplane.control.controller import ControllerError
 
                 raise ControllerError(
                     f"the job refused v{rollout.version}: {rollout.refused.reason}"
@@ -985,13 +985,13 @@ def awaited_rollout(state: ControllerState | None, version: int | None) -> Recon
 
     A wait that took whatever is in flight would, after an operator aborted
     the run's v2 and published v3, report v3's ACK as the run's; so a wait
-    names its version and :func:`keyplane.protocol.rollout_for` judges it as
+    names its version and :func:`keyplane.control.protocol.rollout_for` judges it as
     it judges the protocol's steps. Its refusal is raised as a
-    :class:`~keyplane.controller.ControllerError`, as the controller's other
+    :class:`~keyplane.control.controller.ControllerError`, as the controller's other
     refusals to wait are.
     """
-    from keyplane.controller import ControllerError
-    from keyplane.protocol import ProtocolError, rollout_for
+    from keyplane.control.controller import ControllerError
+    from keyplane.control.protocol import ProtocolError, rollout_for
 
     try:
         return rollout_for(state, version)

@@ -4,7 +4,7 @@ Paper 000 §3.4's manager waits for every ACK and MIGRATED before the next
 step. A task that slept in a loop would hold a worker slot for the whole
 migration, so the waits are a :class:`RolloutWaitTrigger` run by Airflow's
 triggerer: it polls the control topic through the
-:class:`~keyplane.controller.Controller` (which records each reply in its
+:class:`~keyplane.control.controller.Controller` (which records each reply in its
 state file) or the metrics topic, every ``poll_interval_s``, in a thread so
 the triggerer's event loop never blocks, and fires once the reply is in or
 the deadline has passed. :class:`AwaitRolloutOperator` checks once, defers
@@ -249,7 +249,7 @@ class AwaitRolloutOperator(BaseOperator):
         return published_version(context, self.published_by)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from keyplane.controller import ControllerError
+        from keyplane.control.controller import ControllerError
         from keyplane.orchestration.deployment import deployment
 
         batches = whole_number(self.batches, "batches")

@@ -1,7 +1,7 @@
 """A fast model of a keyed, multi-stage streaming cluster.
 
 The simulator replays a stream (generated or recorded) through a chain of
-stateful stages, each routed by any :class:`keyplane.partitioner.Partitioner`,
+stateful stages, each routed by any :class:`keyplane.algorithms.partitioner.Partitioner`,
 on servers with per-instance FIFO queues and a cost per remote hop. It reports
 what papers 000 (§4) and 001 (§6) measure: locality, imbalance, makespan,
 throughput, latency and key replicas.

@@ -3,7 +3,7 @@
 The application is a chain of stateful stages, as in 000 §4.1 (a source and
 two stateful operators grouping by field 1, then field 2) and 001 §6.1 (a
 source and one stage of workers). Each stage routes every tuple with its own
-:class:`~keyplane.partitioner.Partitioner`, chunk by chunk in the order the
+:class:`~keyplane.algorithms.partitioner.Partitioner`, chunk by chunk in the order the
 routing decisions are taken, so stateful and time-aware policies (FISH's
 inferred waiting time, 001 §4.2) see a faithful stream:
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from keyplane.partitioner import Partitioner
+from keyplane.algorithms.partitioner import Partitioner
 from keyplane.sim.cluster import ClusterConfig
 from keyplane.sim.queueing import fifo_completion_times
 from keyplane.sim.result import SimulationResult, StageRecord

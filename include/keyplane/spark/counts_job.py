@@ -19,11 +19,11 @@ control topic, moving state through the migration topic
 (:mod:`keyplane.spark.routed_source`, :mod:`keyplane.spark.routed_counts`,
 :mod:`keyplane.spark.routed_sink`). Each batch file then holds partial counts
 ``stage, key, routed_key, instance, count``; :func:`read_output` merges them
-(:mod:`keyplane.partials`), so its answer keeps the same shape either way.
+(:mod:`keyplane.algorithms.partials`), so its answer keeps the same shape either way.
 ``forward`` says what the routed job's stage A sends stage B: a weight per
 (field-1, field-2) pair and batch (``pairs``), or every tuple with its
 padding, as paper 000 §4.1's application does (``tuples``).
-Every routed batch also publishes a :class:`~keyplane.batchmetrics.BatchMetrics`
+Every routed batch also publishes a :class:`~keyplane.algorithms.batchmetrics.BatchMetrics`
 record to the metrics topic.
 """
 
@@ -49,16 +49,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from keyplane import config as config_store
 from keyplane.aggregates import AggregateSpecError, KeyedAggregate, RunningCount, load_aggregate
-from keyplane.config import RoutingConfig
-from keyplane.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward
+from keyplane.algorithms.partials import merge_partials
+from keyplane.control.operators import OPERATORS
+from keyplane.control.quarantine import PoisonUnresolved, Quarantine
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
-from keyplane.operators import OPERATORS
-from keyplane.parquet_files import read_frame
-from keyplane.partials import merge_partials
-from keyplane.quarantine import PoisonUnresolved, Quarantine
+from keyplane.reference.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.kafka_sink import write_to_kafka
@@ -83,6 +82,7 @@ from keyplane.spark.watermark import (
     stage_time_mode,
     with_stage_watermark,
 )
+from keyplane.util.parquet_files import read_frame
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class CountsJobSettings(BaseModel):
     )
     routing_store: Path | None = Field(
         default=None,
-        description="Directory of stored routing configurations (keyplane.config.save); "
+        description="Directory of stored routing configurations (keyplane.routing.config.save); "
         "when set, both stages group by routed keys.",
     )
     routing_version: int | None = Field(
@@ -263,7 +263,7 @@ def read_output(output: Path) -> pd.DataFrame:
 
     Partials of split keys are merged: the routed job's through the stages'
     :class:`~keyplane.aggregates.RunningCount` (:func:`read_results`), the
-    unrouted job's as sums (:func:`keyplane.partials.merge_partials`). For
+    unrouted job's as sums (:func:`keyplane.algorithms.partials.merge_partials`). For
     a job with other aggregates, use :func:`read_results`.
     """
     partials = read_partials(output)
@@ -576,7 +576,7 @@ def run_counts_job(
                 if query.exception() is None:
                     break
                 if quarantine is not None and quarantine.after_failure(str(query.exception())):
-                    # A poison record (keyplane.quarantine): a restart that spends none of
+                    # A poison record (keyplane.control.quarantine): a restart that spends none of
                     # the user's, since each one either retries once or quarantines.
                     log.warning("a stage's aggregate failed the batch; starting it again")
                     query = restarts.start(start)
@@ -839,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print_committed(settings: CountsJobSettings) -> None:
     """The log's last word: what the checkpoint has committed, read from Spark's commit and
     offset logs, which count every batch, printed or not."""
-    from keyplane.jobprocess import last_committed_batch
+    from keyplane.spark.jobprocess import last_committed_batch
 
     committed = last_committed_batch(Path(settings.checkpoint), settings.events_topic)
     what = "no batch" if committed is None else committed.describe()

@@ -4,7 +4,7 @@ The statistics job needs, per key pair ``(a, b)``, how many events of the
 window carried it, on each side of the hold-out line (000 §3.2's pair counts;
 the hold-out feeds the backtest). Each task reads its partition's offset range
 with :func:`keyplane.kafka.ranges.read_range`, as the Kafka source's tasks do,
-parses the values with Arrow (:func:`keyplane.events.decode_keys`) and counts
+parses the values with Arrow (:func:`keyplane.reference.events.decode_keys`) and counts
 the pairs with Arrow's group-by, so only counts leave the Python worker; Spark
 then sums the partitions' counts. Reading the window through the data source
 and parsing in the JVM instead would move every event across the Python-JVM
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from keyplane.events import MAX_EVENT_BYTES, decode_keys
+from keyplane.algorithms.statistics import TopicWindow, holdout_starts
 from keyplane.kafka.ranges import OffsetRange, offset_ranges, read_range
-from keyplane.statistics import TopicWindow, holdout_starts
+from keyplane.reference.events import MAX_EVENT_BYTES, decode_keys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,7 +40,7 @@ def count_pairs(
     """Rows ``a, b, holdout, n`` of one batch of Kafka records (``value``, ``offset``).
 
     A record lies in the hold-out when its offset is ``>= holdout_start``.
-    Records whose value :func:`keyplane.events.parse_event` refuses are not
+    Records whose value :func:`keyplane.reference.events.parse_event` refuses are not
     counted, those over ``max_event_bytes`` among them: the routed job's
     bound, so that the statistics count exactly the events the job counts.
     """

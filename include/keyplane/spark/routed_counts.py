@@ -4,7 +4,7 @@ Each stage runs a :class:`~keyplane.aggregates.KeyedAggregate` (the
 reference application, paper 000 §4.1, runs :class:`~keyplane.aggregates.RunningCount`
 in both: stage A per field-1 key, stage B per field-2 key). Each stage
 groups by the *routed key* the running configuration gives the key
-(:mod:`keyplane.routedkeys`), so a routing table places keys on chosen
+(:mod:`keyplane.routing.routedkeys`), so a routing table places keys on chosen
 instances (000 §3.3) and a hot key is split over several, each holding a
 partial state (001 §4.1.2). The input comes from
 :mod:`keyplane.spark.routed_source`, which plans every batch's routing and
@@ -27,7 +27,7 @@ delivers them in:
 
 Stage A sends each of its output rows to the routed key of stage B that the
 source chose for the row's pair (``rb``). The job's ``forward`` mode
-(:data:`~keyplane.events.Forward`) says what: one row per (field-2 key, B
+(:data:`~keyplane.reference.events.Forward`) says what: one row per (field-2 key, B
 version) and batch with its tuple count ``n`` (``pairs``), or every tuple
 with its padding, as paper 000 §4.1-4.2 forwards them, so that the A→B
 shuffle carries the bytes a locality-aware table keeps on one executor
@@ -60,9 +60,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.aggregates import KeyedAggregate, RunningCount
-from keyplane.batchmetrics import TOP_PAIRS_PER_INSTANCE
-from keyplane.events import Forward
-from keyplane.quarantine import Stage, blame
+from keyplane.algorithms.batchmetrics import TOP_PAIRS_PER_INSTANCE
+from keyplane.control.quarantine import Stage, blame
+from keyplane.reference.events import Forward
 from keyplane.settings import StageEngine
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
@@ -94,13 +94,13 @@ ROUTED_OUTPUT_SCHEMA = (
 * ``pair`` — heavy (a, b) pairs that reached stage-B instance ``instance``
   (``detail`` = a): here each group's heaviest; the JVM stages report each
   stage-A task's heaviest per instance (``RoutedStages``), and the metrics
-  keep an instance's heaviest of either (:func:`keyplane.batchmetrics.traffic_metrics`);
+  keep an instance's heaviest of either (:func:`keyplane.algorithms.batchmetrics.traffic_metrics`);
 * ``invalid`` — a record that was not a valid event (``detail``: why)."""
 STATE_SCHEMA = "state STRING, count LONG, marker LONG"
 TOP_PAIRS_PER_GROUP = TOP_PAIRS_PER_INSTANCE
 """Pairs a stage-B group reports per batch: as many as the metrics keep per instance.
 
-The instance's heaviest pairs (:func:`keyplane.batchmetrics.traffic_metrics`)
+The instance's heaviest pairs (:func:`keyplane.algorithms.batchmetrics.traffic_metrics`)
 can all belong to one B key, so a group that reported fewer would let a
 lighter pair of another key take their place."""
 
@@ -324,7 +324,7 @@ def _added(
     aggregate: KeyedAggregate[Any], stage: Stage, key: str, state: Any, values: list[str]
 ) -> Any:
     """``aggregate.add(state, values)``; when it raises, the task fails with the values to
-    blame (:func:`keyplane.quarantine.blame`), which the driver quarantines if the
+    blame (:func:`keyplane.control.quarantine.blame`), which the driver quarantines if the
     batch's replay fails the same way."""
     try:
         return aggregate.add(state, values)

@@ -16,7 +16,7 @@ re-run the stateful plan) and splits it by ``kind``
   installs (``[stage, key, routed_key, instance, count, state]`` each), read
   as the rows they pack (:func:`unpacked_partials`);
 * ``invalid`` rows: to the dead-letter topic with their reason;
-* ``hop`` and ``pair`` rows: the batch's :class:`~keyplane.batchmetrics.BatchMetrics`,
+* ``hop`` and ``pair`` rows: the batch's :class:`~keyplane.algorithms.batchmetrics.BatchMetrics`,
   which :class:`MetricsListener` completes with the progress figures and
   publishes to the metrics topic.
 
@@ -52,10 +52,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from keyplane.aggregates import KeyedAggregate, merge_encoded
-from keyplane.batchmetrics import BatchMetrics, traffic_metrics
+from keyplane.algorithms.batchmetrics import BatchMetrics, traffic_metrics
+from keyplane.algorithms.partials import last_of_each, latest_partials
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, LongLivedProducer
-from keyplane.partials import last_of_each, latest_partials
 from keyplane.spark.progress import phases_ms, progress_of
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def latest_partials_of_batch(output: pd.DataFrame) -> pd.DataFrame:
 
     The rows keep the order the batch's output came in, which is the same
     on a replay. Their readers sort as they need
-    (:func:`keyplane.partials.latest_partials`). Sorting here by four text
+    (:func:`keyplane.algorithms.partials.latest_partials`). Sorting here by four text
     columns would cost every batch a sort of text, the install batch of a
     large rollout most of all.
     """

@@ -7,7 +7,7 @@ sources' ``latestOffset``. So this source is where keyplane's driver side of
 the reconfiguration protocol lives (paper 000 §3.4): at each boundary it
 
 1. reads the new control messages (:class:`~keyplane.kafka.control.ControlChannel`)
-   and feeds them to the job's :class:`~keyplane.protocol.JobProtocol`, which
+   and feeds them to the job's :class:`~keyplane.control.protocol.JobProtocol`, which
    refuses (one log line, a count in the metrics, no reply) one that is
    unsigned, stale or for a configuration it cannot load;
 2. fixes the batch's routing with :meth:`JobProtocol.begin_batch`;
@@ -37,7 +37,7 @@ gets its state in the same batch as its first tuples. No tuple ever reaches a
 group before its state, which is what the buffer of 000 §3.4 guarantees.
 Rows addressed to stage B travel through stage A under a reserved grouping
 value (``CONTROL_PREFIX``, :func:`control_group`) that no key can take
-(:mod:`keyplane.routedkeys`).
+(:mod:`keyplane.routing.routedkeys`).
 """
 
 from __future__ import annotations
@@ -60,8 +60,12 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from keyplane import config as config_store
-from keyplane.events import (
+from keyplane.control.operators import OPERATORS
+from keyplane.control.protocol import ControlMessage, JobProtocol, Reaction
+from keyplane.kafka.migration_topic import moves_of
+from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, check_not_ahead, total_rows
+from keyplane.kafka.ranges import OffsetRange, read_range, split_range
+from keyplane.reference.events import (
     _EPOCH,
     FORWARD_MODES,
     MAX_EVENT_BYTES,
@@ -70,13 +74,9 @@ from keyplane.events import (
     decode_events,
     parse_event,
 )
-from keyplane.handoff import LeastLoadedRoutes, StateMove, VersionedTables
-from keyplane.kafka.migration_topic import moves_of
-from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, check_not_ahead, total_rows
-from keyplane.kafka.ranges import OffsetRange, read_range, split_range
-from keyplane.operators import OPERATORS
-from keyplane.protocol import ControlMessage, JobProtocol, Reaction
-from keyplane.routedkeys import (
+from keyplane.routing import config as config_store
+from keyplane.routing.handoff import LeastLoadedRoutes, StateMove, VersionedTables
+from keyplane.routing.routedkeys import (
     CONTROL_STARTS,
     RoutedKeyTable,
     find_salt,
@@ -102,7 +102,7 @@ CONTROL_PREFIX, CLOSING_PREFIX = CONTROL_STARTS
 """What the grouping values that are not a key's routed key start with: NUL, and, for
 the control groups that sort after every routed key, U+10FFFF (the last code point:
 Spark calls a stateful operator's groups in the order of their grouping values). No
-key's grouping value starts with either (:data:`keyplane.routedkeys.CONTROL_STARTS`)."""
+key's grouping value starts with either (:data:`keyplane.routing.routedkeys.CONTROL_STARTS`)."""
 
 HandoffMode = Literal["per-key", "per-instance"]
 """How a rollout's moves reach the stages: one row per moved routed key, which the
@@ -219,7 +219,7 @@ class EvictPartition(InputPartition):
     and deals them out. Each Python worker computing all of them itself, to
     emit its share, would load the new version and salt its routed keys in
     the switch batch. The moves travel as plain tuples (:meth:`of`), not
-    :class:`~keyplane.handoff.StateMove` objects: Spark pickles the partition
+    :class:`~keyplane.routing.handoff.StateMove` objects: Spark pickles the partition
     on the driver and unpickles it in the task, and tuples pickle far faster
     than dataclass instances.
     """
@@ -283,7 +283,7 @@ class RoutedEventsPartition(InputPartition):
     """Whether this task reads the batch's :func:`batch_end_rows` (primers hold them)."""
     quarantine: tuple[tuple[str, str, str], ...] = ()
     """The quarantined (field-1 key, field-2 key, reason) pairs, whose events are
-    dead-lettered with that reason rather than routed (:mod:`keyplane.quarantine`)."""
+    dead-lettered with that reason rather than routed (:mod:`keyplane.control.quarantine`)."""
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}
@@ -347,7 +347,7 @@ def read_events(*parts: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     ``n`` times, so an aggregate sees every event's value, and the batch's
     events are counted from its offsets, not its rows
     (:func:`keyplane.spark.progress.progress_of`). A chunk of valid events
-    is parsed and combined in Arrow (:func:`keyplane.events.decode_events`);
+    is parsed and combined in Arrow (:func:`keyplane.reference.events.decode_events`);
     one with a malformed record, value by value, so each refused record gets
     its reason. ``tuples`` mode forwards every tuple with its padding, so
     each event stays a row with ``n`` = 1.
@@ -467,10 +467,10 @@ def _routed(decoded: pa.Table, table_a: RoutedKeyTable, balancer: LeastLoadedRou
     """Decoded events with their stage-A routed keys (:data:`_ROUTED_EVENTS`).
 
     A key's routes are looked up once per chunk, the chunk's keys at once
-    (:meth:`~keyplane.routedkeys.RoutedKeyTable.route_all`: a scaled-in
+    (:meth:`~keyplane.routing.routedkeys.RoutedKeyTable.route_all`: a scaled-in
     operator's new keys share one salt search). Each event takes its route
     from the task's ``balancer``, which counts every event when the
-    version splits a key (:class:`~keyplane.handoff.LeastLoadedRoutes`).
+    version splits a key (:class:`~keyplane.routing.handoff.LeastLoadedRoutes`).
     """
     keys = decoded.column("a").to_pylist()
     routes = table_a.route_all(keys)
@@ -488,7 +488,7 @@ class _StageBRoutes:
     a stage needs no routing table and may run in the JVM
     (:mod:`keyplane.spark.jvm`). A split key's rows take the least loaded of
     its routes by this task's own stage-B counts, as stage A's tuples do
-    (:class:`~keyplane.handoff.LeastLoadedRoutes`). Stage A's balancer gives
+    (:class:`~keyplane.routing.handoff.LeastLoadedRoutes`). Stage A's balancer gives
     a split A key's partials unequal sizes, to fill the instances its
     neighbours leave light; B rows that followed their A partial's instance
     carried that inequality into stage B (1.56 max/avg in the hot-key
@@ -1011,7 +1011,7 @@ class RoutedEventsReader(DataSourceStreamReader):
             # so progress_of counts the batch by this.
             "read": total_rows(start["events"], events),
             # Control messages refused at this boundary, by reason: the
-            # batch's metrics record reports them (keyplane.batchmetrics).
+            # batch's metrics record reports them (keyplane.algorithms.batchmetrics).
             "rejected": dict(sorted(refused.items())),
             # The acknowledged version the tasks load ahead of its switch.
             "prepared": prepared,
@@ -1237,7 +1237,7 @@ def read_routed_events(
     stage B, and ``handoff`` how its stages take a rollout's moves (module docstring);
     with ``per-instance`` hand-offs, ``primers`` says whether each batch carries
     :func:`primer_rows`. ``quarantine`` is the quarantined pairs
-    (:meth:`keyplane.quarantine.Quarantine.option`), whose events are dead-lettered.
+    (:meth:`keyplane.control.quarantine.Quarantine.option`), whose events are dead-lettered.
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (

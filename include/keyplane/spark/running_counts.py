@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from keyplane.events import EVENT_DDL
+from keyplane.reference.events import EVENT_DDL
 from keyplane.spark.watermark import (
     WATERMARK_COLUMN,
     StageTimeMode,

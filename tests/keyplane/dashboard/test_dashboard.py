@@ -17,9 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from keyplane import config as config_store
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import OperatorRouting, RoutingConfig
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.control.protocol import ControllerState, ControlMessage, Reconfiguration
 from keyplane.dashboard import metrics as dm
 from keyplane.dashboard.page import render_page
 from keyplane.dashboard.plots import LEGEND_VERSIONS, PLOTS, plot_figure, render_png
@@ -40,9 +39,10 @@ from keyplane.dashboard.timeline import (
     load_dashboard,
     moved_key_rows,
 )
-from keyplane.handoff import state_moves
-from keyplane.protocol import ControllerState, ControlMessage, Reconfiguration
-from keyplane.routedkeys import spark_partition
+from keyplane.routing import config as config_store
+from keyplane.routing.config import OperatorRouting, RoutingConfig
+from keyplane.routing.handoff import state_moves
+from keyplane.routing.routedkeys import spark_partition
 from keyplane.testing import free_port
 
 T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)

@@ -12,8 +12,8 @@ import pytest
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.broker import BrokerError, EmbeddedBroker, answers_kafka, port_is_free
 from keyplane.kafka.objectstore import LocalS3Server, ObjectStoreError
-from keyplane.processes import alive
 from keyplane.testing import free_port
+from keyplane.util.processes import alive
 
 
 def test_start_status_stop(tmp_path: Path) -> None:

@@ -22,18 +22,20 @@ from pathlib import Path
 
 import pytest
 
-from keyplane.config import RoutingConfig, save
-from keyplane.controller import Controller
-from keyplane.handoff import routed_key_table
-from keyplane.jobprocess import read_metrics_topic, read_rollout
+from keyplane.algorithms.partials import latest_partials
+from keyplane.control.controller import Controller
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import HighWatermarks
 from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
-from keyplane.partials import latest_partials
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import RoutingConfig, save
+from keyplane.routing.handoff import routed_key_table
 from keyplane.spark.counts_job import read_output, read_partials
+from keyplane.spark.jobprocess import read_metrics_topic, read_rollout
 from keyplane.testing import (
     crash_broker,
     free_port,
@@ -43,8 +45,6 @@ from keyplane.testing import (
     start_job_process,
     wait_while_job_runs,
 )
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 pytestmark = pytest.mark.integration
 

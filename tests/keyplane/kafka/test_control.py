@@ -14,11 +14,11 @@ import logging
 import pytest
 from kafka import KafkaProducer
 
+from keyplane.control.protocol import ControlMessage, decode, encode
+from keyplane.control.signing import KEY_ENV_VAR, MissingKeyError, canonical_json, sign
 from keyplane.kafka import control
 from keyplane.kafka.admin import TopicError, ensure_topic
 from keyplane.kafka.control import ControlChannel
-from keyplane.protocol import ControlMessage, decode, encode
-from keyplane.signing import KEY_ENV_VAR, MissingKeyError, canonical_json, sign
 
 KEY = b"control-channel-tests-0123456789abcdef"
 

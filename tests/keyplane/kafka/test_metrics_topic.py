@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.kafka.producer import make_producer

@@ -23,8 +23,8 @@ from keyplane.kafka.producer import (
     produce_workload,
 )
 from keyplane.kafka.ranges import OffsetRange, read_range
+from keyplane.reference.workloads import PairsWorkload
 from keyplane.testing import crash_broker, free_port
-from keyplane.workloads import PairsWorkload
 
 
 def test_idempotence_with_acks_1_is_refused() -> None:

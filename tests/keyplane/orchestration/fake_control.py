@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from keyplane import config as config_store
+from keyplane.control.protocol import ControlMessage
 from keyplane.kafka.control import ControlRead
 from keyplane.orchestration import tasks
 from keyplane.orchestration.deployment import Deployment
-from keyplane.protocol import ControlMessage
+from keyplane.routing import config as config_store
 
 
 class FakeControlTopic:
@@ -110,7 +110,7 @@ def write_record(folder: Path, name: str, record: dict[str, Any]) -> None:
 
 def decide_scale_in_of_b(deployment: Deployment, run_id: str) -> None:
     """The scale run's decision record: scale B in from four instances to two."""
-    from keyplane.operators import OPERATORS
+    from keyplane.control.operators import OPERATORS
     from keyplane.orchestration import scale_steps
 
     write_record(

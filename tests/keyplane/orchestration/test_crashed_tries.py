@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from fake_control import FakeControlTopic, decide_scale_in_of_b, prepare, reply, roll_out
 
-from keyplane import config as config_store
-from keyplane import statistics as stats
-from keyplane.config import RoutingConfig
-from keyplane.operators import OPERATORS
+from keyplane.algorithms import statistics as stats
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning, scale_steps, tasks
 from keyplane.orchestration.deployment import Deployment
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 from keyplane.testing import (
     deployment_under,
     moved_off_hash_config,

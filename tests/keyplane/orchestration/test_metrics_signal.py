@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from keyplane import config as config_store
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import RoutingConfig
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import make_producer, send_confirmed
-from keyplane.operators import OPERATORS
 from keyplane.orchestration.signals import SignalThresholds, reconfiguration_signal
 from keyplane.orchestration.triggers import MetricsSignalTrigger
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 
 
 def _batch(

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyplane import statistics as stats
-from keyplane.batchmetrics import BatchMetrics
-from keyplane.config import OperatorRouting, RoutingConfig
-from keyplane.costmodel import CostModel
-from keyplane.operators import OPERATORS
+from keyplane.algorithms import statistics as stats
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.algorithms.costmodel import CostModel
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning
+from keyplane.routing.config import OperatorRouting, RoutingConfig
 
 P = 4
 

@@ -27,14 +27,14 @@ from typing import Any
 
 import pytest
 
-from keyplane import config as config_store
-from keyplane import statistics as stats
-from keyplane.config import RoutingConfig
-from keyplane.controller import ControllerError
+from keyplane.algorithms import statistics as stats
+from keyplane.control.controller import ControllerError
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.control import ControlChannel
-from keyplane.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 from keyplane.testing import (
     ProtocolOnlyJob,
     deployment_under,
@@ -165,8 +165,8 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
     ``roll_out_waves`` task's steps) rolls all but the last out one after the other
     (resuming a wave a killed try left in flight, and sending nothing when called once
     more), and the last goes through ``publish`` and the DAG's own rollout steps."""
-    from keyplane.migration import plan_migration
-    from keyplane.routedkeys import spark_partition
+    from keyplane.routing.migration import plan_migration
+    from keyplane.routing.routedkeys import spark_partition
 
     deployment = deployment_under(tmp_path, broker, f"{topic_name}.")
     store = deployment.routing_store

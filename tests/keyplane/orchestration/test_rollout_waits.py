@@ -33,9 +33,9 @@ from fake_control import (
     write_record,
 )
 
-from keyplane import config as config_store
-from keyplane import statistics as stats
-from keyplane.controller import ControllerError
+from keyplane.algorithms import statistics as stats
+from keyplane.control.controller import ControllerError
+from keyplane.control.protocol import ControllerProtocol, ProtocolError
 from keyplane.orchestration import dagparts, planning, tasks
 from keyplane.orchestration import deployment as deployment_module
 from keyplane.orchestration.deployment import Deployment
@@ -46,7 +46,7 @@ from keyplane.orchestration.triggers import (
     RollOutWavesOperator,
     whole_number,
 )
-from keyplane.protocol import ControllerProtocol, ProtocolError
+from keyplane.routing import config as config_store
 from keyplane.testing import (
     deployment_under,
     moved_off_hash_config,

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from keyplane import config as config_store
-from keyplane import statistics as stats
-from keyplane.config import OperatorRouting, RoutingConfig
-from keyplane.operators import OPERATORS
+from keyplane.algorithms import statistics as stats
+from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
+from keyplane.routing import config as config_store
+from keyplane.routing.config import OperatorRouting, RoutingConfig
 from keyplane.testing import deployment_under, paired_tuple_counts, write_statistics_snapshot
 
 pytestmark = pytest.mark.integration
@@ -155,7 +155,7 @@ def test_a_change_needing_more_waves_than_a_run_allows_fails_before_storing_any(
 def test_a_small_window_is_validated_over_the_windows_before_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from keyplane.batchmetrics import BatchMetrics
+    from keyplane.algorithms.batchmetrics import BatchMetrics
     from keyplane.testing import paired_tuple_counts
 
     deployment = deployment_under(tmp_path)

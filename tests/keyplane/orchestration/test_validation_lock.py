@@ -3,7 +3,7 @@
 Great Expectations' file data context is not safe for concurrent writers, and
 a reconfiguration run and a scale run can validate under the same
 ``gx_root`` at once. Each step must hold ``gx_root/.lock``
-(:func:`keyplane.quality.gx_lock`) from building the context until its
+(:func:`keyplane.orchestration.quality.gx_lock`) from building the context until its
 checkpoints have run. Here the lock is held by the test, as another worker's
 validation would hold it, and GX itself is faked (building the context and
 running the suites: what the lock guards is when they are called); the
@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 from fake_control import decide_scale_in_of_b
 
-from keyplane import config as config_store
-from keyplane import quality
-from keyplane.config import RoutingConfig
-from keyplane.operators import OPERATORS
-from keyplane.orchestration import planning, scale_steps, tasks
+from keyplane.control.operators import OPERATORS
+from keyplane.orchestration import planning, quality, scale_steps, tasks
 from keyplane.orchestration.deployment import Deployment
+from keyplane.routing import config as config_store
+from keyplane.routing.config import RoutingConfig
 from keyplane.testing import deployment_under, paired_tuple_counts, write_statistics_snapshot
 
 RUN = "manual__2026-11-03T12:00:00+00:00"

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from fake_control import decide_scale_in_of_b
 
-from keyplane import config as config_store
-from keyplane.config import CreatedBy, OperatorRouting, RoutingConfig
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
 from keyplane.orchestration import dagparts, planning, scale_steps, tasks
 from keyplane.orchestration.deployment import Deployment
+from keyplane.reference.workloads import PairsWorkload
+from keyplane.routing import config as config_store
+from keyplane.routing.config import CreatedBy, OperatorRouting, RoutingConfig
 from keyplane.testing import deployment_under, paired_tuple_counts, write_statistics_snapshot
-from keyplane.workloads import PairsWorkload
 
 pytestmark = pytest.mark.integration
 

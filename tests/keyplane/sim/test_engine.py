@@ -1,21 +1,21 @@
 import numpy as np
 import pytest
 
-from keyplane.baselines import (
+from keyplane.algorithms.baselines import (
     DChoicesPartitioner,
     HashPartitioner,
     PKGPartitioner,
     ShufflePartitioner,
     WChoicesPartitioner,
 )
-from keyplane.hotkeys import FishPartitioner
-from keyplane.locality import TableRouter
-from keyplane.partitioner import KeyArray, TimeArray, WorkerArray
+from keyplane.algorithms.hotkeys import FishPartitioner
+from keyplane.algorithms.locality import TableRouter
+from keyplane.algorithms.partitioner import KeyArray, TimeArray, WorkerArray
+from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.sim.cluster import ClusterConfig
 from keyplane.sim.engine import Stage, simulate
 from keyplane.sim.metrics import summarize
 from keyplane.sim.trace import Trace
-from keyplane.workloads import ZipfEvolvingWorkload
 
 
 class FakeTableRouter:

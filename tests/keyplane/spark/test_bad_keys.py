@@ -21,13 +21,13 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from keyplane.config import RoutingConfig, save
-from keyplane.controller import Controller
+from keyplane.control.controller import Controller
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import make_producer
-from keyplane.operators import OPERATORS
-from keyplane.routedkeys import CONTROL_STARTS, ESCAPE
+from keyplane.routing.config import RoutingConfig, save
+from keyplane.routing.routedkeys import CONTROL_STARTS, ESCAPE
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     read_output,

@@ -39,12 +39,14 @@ import pyarrow.parquet as pq
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from keyplane.config import OperatorRouting, RoutingConfig, checksum, save, version_path
-from keyplane.controller import Controller
+from keyplane.control.controller import Controller
+from keyplane.control.protocol import ControlMessage, encode
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import make_producer, produce_workload
-from keyplane.protocol import ControlMessage, encode
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, checksum, save, version_path
 from keyplane.spark.counts_job import read_output
 from keyplane.testing import (
     moved_off_hash,
@@ -53,8 +55,6 @@ from keyplane.testing import (
     start_job_process,
     wait_while_job_runs,
 )
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 pytestmark = pytest.mark.integration
 

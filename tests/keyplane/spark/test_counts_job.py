@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
-from keyplane.events import MAX_EVENT_BYTES
+from keyplane.reference.events import MAX_EVENT_BYTES
 from keyplane.spark.counts_job import (
     NO_DATA_BATCHES_KEY,
     CountsJobSettings,

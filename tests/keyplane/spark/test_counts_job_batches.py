@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from keyplane.config import RoutingConfig, save
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
+from keyplane.reference.verification import compare_counts, expected_counts_of
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import RoutingConfig, save
 from keyplane.spark.counts_job import read_output, start_counts_query, stop_between_batches
 from keyplane.spark.progress import progress_of
 from keyplane.testing import routed_job_settings, wait_for_records
-from keyplane.verification import compare_counts, expected_counts_of
-from keyplane.workloads import ZipfEvolvingWorkload
 
 CHUNKS = 4
 EVENTS_PER_CHUNK = 300

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from keyplane.kafka.producer import produce_workload
+from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.spark.counts_job import (
     PROGRESS_PREFIX,
     CountsJobSettings,
     job_command,
     read_output,
 )
-from keyplane.workloads import ZipfEvolvingWorkload
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from keyplane.events import MAX_EVENT_BYTES, parse_event
+from keyplane.reference.events import MAX_EVENT_BYTES, parse_event
 from keyplane.spark.kafka_source import KafkaSourceOptionError
 from keyplane.spark.routed_source import RoutedEventsReader
 

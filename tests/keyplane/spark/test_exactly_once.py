@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from keyplane.kafka.producer import produce_workload
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.spark.counts_job import CountsJobSettings, job_command, read_output
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 pytestmark = pytest.mark.integration
 

@@ -16,12 +16,14 @@ import pytest
 from pyspark.sql import Row
 
 from keyplane.aggregates import RunningCount, ValueCounts
-from keyplane.batchmetrics import TOP_PAIRS_PER_INSTANCE, traffic_metrics
-from keyplane.config import OperatorRouting, RoutingConfig, save
+from keyplane.algorithms.batchmetrics import TOP_PAIRS_PER_INSTANCE, traffic_metrics
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
 from keyplane.kafka.ranges import OffsetRange
-from keyplane.operators import OPERATORS
-from keyplane.routedkeys import spark_partition
+from keyplane.reference.verification import compare_counts, expected_counts_of
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
+from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark import jvm, routed_source
 from keyplane.spark.counts_job import (
     NO_DATA_BATCHES_KEY,
@@ -41,8 +43,6 @@ from keyplane.spark.routed_counts import (
 from keyplane.spark.routed_sink import latest_partials_of_batch, unpacked_partials
 from keyplane.spark.watermark import with_stage_watermark
 from keyplane.testing import routed_job_settings
-from keyplane.verification import compare_counts, expected_counts_of
-from keyplane.workloads import ZipfEvolvingWorkload
 
 
 def test_the_jar_builds_from_the_shipped_source(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from keyplane.routedkeys import spark_partition
+from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark import counts_job
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.jvm import ProbeRow, behaviour_problems, probe_values

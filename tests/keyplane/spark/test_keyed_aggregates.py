@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 
 from keyplane.aggregates import ValueCounts
-from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.controller import Controller
-from keyplane.events import key_name
+from keyplane.algorithms.partials import latest_partials
+from keyplane.control.controller import Controller
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import produce_workload
-from keyplane.partials import latest_partials
+from keyplane.reference.events import key_name
+from keyplane.reference.workloads import GeoTagsWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     job_command,
@@ -38,7 +39,6 @@ from keyplane.spark.counts_job import (
     stop_between_batches,
 )
 from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_settings
-from keyplane.workloads import GeoTagsWorkload
 
 P = 4
 """Instances per operator: the ``spark`` fixture's shuffle partitions."""

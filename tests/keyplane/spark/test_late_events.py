@@ -20,6 +20,7 @@ import pytest
 
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import make_producer
+from keyplane.reference.verification import compare_counts, counts_from_mapping
 from keyplane.spark.counts_job import read_output, start_counts_query, stop_between_batches
 from keyplane.spark.watermark import (
     BASE_MS,
@@ -29,7 +30,6 @@ from keyplane.spark.watermark import (
     watermark_ms,
 )
 from keyplane.testing import routed_job_settings, wait_for_records
-from keyplane.verification import compare_counts, counts_from_mapping
 
 NEWEST = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 CHUNK = 40

@@ -20,14 +20,16 @@ import pandas as pd
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.controller import Controller
-from keyplane.handoff import routed_key_table
+from keyplane.algorithms.partials import latest_partials
+from keyplane.control.controller import Controller
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
-from keyplane.partials import latest_partials
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
+from keyplane.routing.handoff import routed_key_table
 from keyplane.spark.counts_job import (
     read_output,
     read_partials,
@@ -41,8 +43,6 @@ from keyplane.testing import (
     stage_keys_by_count,
     wait_for_records,
 )
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
 

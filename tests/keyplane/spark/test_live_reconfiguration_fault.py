@@ -49,17 +49,19 @@ from typing import Any
 
 import pytest
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.controller import Controller, read_controller_file
-from keyplane.events import encode_batch
-from keyplane.handoff import routed_key_table
+from keyplane.algorithms.partials import latest_partials
+from keyplane.control.controller import Controller, read_controller_file
+from keyplane.control.operators import OPERATORS
+from keyplane.control.protocol import Reconfiguration
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.offsets import total_rows
 from keyplane.kafka.producer import make_producer
-from keyplane.operators import OPERATORS
-from keyplane.partials import latest_partials
-from keyplane.protocol import Reconfiguration
+from keyplane.reference.events import encode_batch
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
+from keyplane.routing.handoff import routed_key_table
 from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
 from keyplane.testing import (
     moved_off_hash,
@@ -69,8 +71,6 @@ from keyplane.testing import (
     start_job_process,
     wait_while_job_runs,
 )
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 pytestmark = pytest.mark.integration
 

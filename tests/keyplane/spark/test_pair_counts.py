@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from keyplane.algorithms.statistics import TopicWindow
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import make_producer
 from keyplane.spark.pair_counts import count_pairs, window_pair_counts
-from keyplane.statistics import TopicWindow
 
 
 def event(a: str, b: str) -> bytes:

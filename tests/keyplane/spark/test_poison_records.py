@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from keyplane.config import RoutingConfig, save
+from keyplane.control.operators import OPERATORS
+from keyplane.control.quarantine import QUARANTINE_FILE
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.producer import make_producer, produce_workload
-from keyplane.operators import OPERATORS
-from keyplane.quarantine import QUARANTINE_FILE
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import RoutingConfig, save
 from keyplane.spark.counts_job import read_output
 from keyplane.testing import (
     POISON_VALUE,
@@ -31,8 +33,6 @@ from keyplane.testing import (
     start_job_process,
     wait_while_job_runs,
 )
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
 

@@ -18,17 +18,19 @@ from typing import Any
 
 import pytest
 
-from keyplane.config import RoutingConfig, UnknownVersionError, save
-from keyplane.controller import Controller
-from keyplane.jobprocess import read_metrics_topic
+from keyplane.control.controller import Controller
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
+from keyplane.reference.verification import compare_counts, expected_counts
+from keyplane.reference.workloads import ZipfEvolvingWorkload
+from keyplane.routing.config import RoutingConfig, UnknownVersionError, save
 from keyplane.spark.counts_job import (
     QueryRestarts,
     RestartStopped,
     read_output,
 )
+from keyplane.spark.jobprocess import read_metrics_topic
 from keyplane.testing import (
     FAIL_ONCE_DIR_ENV,
     moved_off_hash_config,
@@ -36,8 +38,6 @@ from keyplane.testing import (
     start_job_process,
     wait_while_job_runs,
 )
-from keyplane.verification import compare_counts, expected_counts
-from keyplane.workloads import ZipfEvolvingWorkload
 
 P = 4
 

@@ -24,15 +24,17 @@ import pytest
 from pyspark.sql import Row
 
 from keyplane.aggregates import RunningCount, ValueCounts
-from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.controller import Controller
-from keyplane.events import Forward
-from keyplane.handoff import routed_key_table
+from keyplane.algorithms.partials import latest_partials, merge_partials
+from keyplane.control.controller import Controller
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
-from keyplane.operators import OPERATORS
-from keyplane.partials import latest_partials, merge_partials
-from keyplane.routedkeys import spark_partition
+from keyplane.reference.events import Forward
+from keyplane.reference.verification import compare_counts, expected_counts, expected_counts_of
+from keyplane.reference.workloads import PairsWorkload, ZipfEvolvingWorkload
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
+from keyplane.routing.handoff import routed_key_table
+from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     read_output,
@@ -49,8 +51,6 @@ from keyplane.spark.routed_counts import (
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
 from keyplane.testing import moved_off_hash_config, routed_job_settings, stage_keys_by_count
-from keyplane.verification import compare_counts, expected_counts, expected_counts_of
-from keyplane.workloads import PairsWorkload, ZipfEvolvingWorkload
 
 P = 4
 """Instances per operator: the ``spark`` fixture's shuffle partitions."""

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import keyplane.kafka.producer
-from keyplane.batchmetrics import BatchMetrics
+from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.kafka.producer import SAFE_DELIVERY, LongLivedProducer
 from keyplane.spark.routed_sink import MetricsListener
 

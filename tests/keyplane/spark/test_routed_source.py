@@ -13,15 +13,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from keyplane.config import OperatorRouting, RoutingConfig, save
-from keyplane.events import MAX_EVENT_BYTES, Forward, parse_event
-from keyplane.handoff import StateMove, VersionedTables, routed_key_table, state_moves
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import TopicError
 from keyplane.kafka.control import ControlRead
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.ranges import OffsetRange
-from keyplane.operators import OPERATORS
-from keyplane.routedkeys import RoutedKeyTable, spark_partition
+from keyplane.reference.events import MAX_EVENT_BYTES, Forward, parse_event
+from keyplane.routing.config import OperatorRouting, RoutingConfig, save
+from keyplane.routing.handoff import StateMove, VersionedTables, routed_key_table, state_moves
+from keyplane.routing.routedkeys import RoutedKeyTable, spark_partition
 from keyplane.spark import routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
 from keyplane.spark.routed_source import (
@@ -85,7 +85,7 @@ def test_invalid_records_say_why_pure(raw: bytes | None, reason: str) -> None:
 
 @pytest.mark.parametrize("key", ["", "\x00B#2", "\U0010ffffe", "\x01", " "])
 def test_keys_like_control_groups_are_valid_events_pure(key: str) -> None:
-    """A key is data: its grouping value is escaped (keyplane.routedkeys), not refused."""
+    """A key is data: its grouping value is escaped (keyplane.routing.routedkeys), not refused."""
     event, problem = parse_event(json.dumps({"seq": 1, "a": key, "b": key, "ts": 5}).encode())
     assert problem is None and event is not None and event["a"] == event["b"] == key
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from keyplane.kafka.producer import produce_workload
+from keyplane.reference.verification import compare_counts, expected_counts_of
+from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     job_command,
@@ -30,8 +32,6 @@ from keyplane.spark.watermark import (
     stage_time_mode,
 )
 from keyplane.testing import routed_job_settings
-from keyplane.verification import compare_counts, expected_counts_of
-from keyplane.workloads import ZipfEvolvingWorkload
 
 OTHER: dict[StageTimeMode, StageTimeMode] = {"None": "EventTime", "EventTime": "None"}
 

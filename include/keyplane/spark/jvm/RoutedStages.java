@@ -88,7 +88,7 @@ public final class RoutedStages {
   /** This JVM's executor, looked up once: a host name lookup may be slow. */
   static final String EXECUTOR = executorId();
   /**
-   * {@code keyplane.batchmetrics.TOP_PAIRS_PER_INSTANCE}: the heaviest pairs a stage-A task
+   * {@code keyplane.algorithms.batchmetrics.TOP_PAIRS_PER_INSTANCE}: the heaviest pairs a stage-A task
    * reports per stage-B instance, as many as the metrics keep per instance.
    */
   static final int TOP_PAIRS_PER_INSTANCE = 5;
@@ -998,7 +998,7 @@ public final class RoutedStages {
 
   /**
    * The partition Spark's {@code HashPartitioning} gives a string grouping value: {@code
-   * pmod(murmur3(value, 42), n)}, as {@code keyplane.routedkeys.spark_partition} computes it.
+   * pmod(murmur3(value, 42), n)}, as {@code keyplane.routing.routedkeys.spark_partition} computes it.
    */
   static int partition(String value, int n) {
     UTF8String s = UTF8String.fromString(value);

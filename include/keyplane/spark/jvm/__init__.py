@@ -190,8 +190,8 @@ ProbeRow = tuple[str, int, int, bool]
 def probe_values(parallelism: int) -> list[str]:
     """The grouping values of the start-up probe: :data:`PROBE_KEYS`' and every control
     group's, so that each of the ``parallelism`` partitions sees both kinds."""
-    from keyplane.operators import OPERATORS
-    from keyplane.routedkeys import RoutedKeyTable
+    from keyplane.control.operators import OPERATORS
+    from keyplane.routing.routedkeys import RoutedKeyTable
     from keyplane.spark.routed_source import control_groups, evict_groups, install_groups
 
     table = RoutedKeyTable(n_instances=parallelism, routing={})
@@ -211,7 +211,7 @@ def spark_behaviour_problems(spark: SparkSession, parallelism: int) -> list[str]
     on Spark calling a task's groups in ascending grouping-value order, on
     ``ImplicitGroupingKeyTracker`` pointing their state calls at a moved key, and, as
     every routed stage does, on Spark's hash partitioning of a grouping value
-    (:func:`keyplane.routedkeys.spark_partition`). None of it is an API, so the job
+    (:func:`keyplane.routing.routedkeys.spark_partition`). None of it is an API, so the job
     checks it when it starts, with the stages' own operator on a small batch query
     (``RoutedStages.probe``), rather than count wrong after a Spark upgrade. Adaptive
     execution, which a streaming query never uses, is off while it runs, so that its
@@ -235,7 +235,7 @@ def spark_behaviour_problems(spark: SparkSession, parallelism: int) -> list[str]
 
 def behaviour_problems(rows: list[ProbeRow], values: list[str], parallelism: int) -> list[str]:
     """The problems :func:`spark_behaviour_problems` reports, from the probe's rows."""
-    from keyplane.routedkeys import spark_partition
+    from keyplane.routing.routedkeys import spark_partition
 
     problems: list[str] = []
     called = sorted(row[0] for row in rows)
@@ -248,7 +248,7 @@ def behaviour_problems(rows: list[ProbeRow], values: list[str], parallelism: int
         if partition != expected:
             problems.append(
                 f"Spark put grouping value {value!r} on partition {partition}, not on "
-                f"{expected} as keyplane.routedkeys computes it, so keys would not land "
+                f"{expected} as keyplane.routing.routedkeys computes it, so keys would not land "
                 "where the routing says"
             )
             break

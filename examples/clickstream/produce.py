@@ -1,0 +1,58 @@
+"""Write clickstream page views to a Kafka topic, as a user's own producer would.
+
+``python -m examples.clickstream.produce --events 20000`` writes to the
+topic ``CLICKS_TOPIC`` (default ``clicks``) on ``KEYPLANE_BOOTSTRAP_SERVERS``
+(default: the embedded broker's address). Users are Zipf-skewed, each keeps
+to three favourite categories, and sessions belong to one user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from kafka import KafkaProducer
+
+CATEGORIES = ("shoes", "books", "garden", "music", "toys", "games", "food", "tools")
+
+
+def page_views(events: int, users: int = 500, seed: int = 7) -> Iterator[dict[str, Any]]:
+    """``events`` page views; the same seed gives the same events."""
+    rng = random.Random(seed)
+    weights = [1.0 / (rank + 1) for rank in range(users)]
+    favourites = {u: rng.sample(CATEGORIES, 3) for u in range(users)}
+    for _ in range(events):
+        user = rng.choices(range(users), weights)[0]
+        category = rng.choice(favourites[user])
+        yield {
+            "user_id": f"u{user}",
+            "session_id": f"u{user}-s{rng.randrange(4)}",
+            "page": {"category": category, "path": f"/{category}/{rng.randrange(100)}"},
+            "dwell_ms": rng.randrange(100, 30_000),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    servers = os.environ.get("KEYPLANE_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+    topic = os.environ.get("CLICKS_TOPIC", "clicks")
+    producer = KafkaProducer(bootstrap_servers=servers, acks="all")
+    sent = [
+        producer.send(topic, json.dumps(view).encode())
+        for view in page_views(args.events, seed=args.seed)
+    ]
+    producer.flush()
+    for future in sent:
+        future.get(timeout=30)  # raises if the broker did not take the event
+    print(f"wrote {len(sent)} page views to {topic}")
+
+
+if __name__ == "__main__":
+    main()

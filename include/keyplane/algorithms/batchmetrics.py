@@ -1,0 +1,155 @@
+"""What one micro-batch of the routed job tells the control plane (the metrics topic).
+
+The routed job reports, per batch, the tuples that went from each stage-A
+instance to each stage-B instance and the executors both ran on (``hop`` rows
+of :mod:`keyplane.spark.routed_counts`). From that traffic matrix follow the
+numbers the papers steer by:
+
+* the load of every instance (tuples processed), hence the imbalance
+  max/mean that paper 000 bounds by α (§3.2);
+* locality: the share of A→B tuples that stayed on one executor (000 §2, the
+  quantity its routing tables maximise; 004 §4 calls the same matrix the
+  task-to-task traffic);
+* the heaviest key pairs per instance, a bounded sample of what the next
+  statistics run will partition;
+* what the batch refused: malformed events (dead-lettered) and control
+  messages the driver would not act on, by reason, so a forged or stale
+  message is visible on a dashboard and not only in the driver's log.
+
+Pure pandas: the sink computes it in the driver, tests feed it by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import cast
+
+import pandas as pd
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+TOP_PAIRS_PER_INSTANCE = 5
+
+
+class PairCount(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    a: str
+    b: str
+    n: int
+
+
+class BatchMetrics(BaseModel):
+    """One metrics-topic record: a micro-batch as the control plane sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    batch_id: int
+    started_at: AwareDatetime | None = Field(
+        default=None,
+        description="when the batch started (Spark's progress timestamp); None in records "
+        "written before this field",
+    )
+    plan: int | None = None
+    versions: dict[str, int] = Field(default_factory=dict)
+    rows: int = 0
+    rows_per_s: float = 0.0
+    duration_ms: int = 0
+    phases_ms: dict[str, int] = Field(
+        default_factory=dict,
+        description="Spark's phase → its milliseconds in this batch (latestOffset, "
+        "queryPlanning, addBatch, walCommit, commitOffsets, ...): where duration_ms went",
+    )
+    input_lag: int = 0
+    load: dict[str, dict[int, int]] = Field(
+        default_factory=dict, description="operator → instance → tuples processed"
+    )
+    executors: dict[str, dict[int, str]] = Field(
+        default_factory=dict, description="operator → instance → executor it ran on"
+    )
+    hops: int = 0
+    local_hops: int = 0
+    top_pairs: dict[int, list[PairCount]] = Field(
+        default_factory=dict, description="stage-B instance → heaviest (a, b) pairs"
+    )
+    moved_states: int = 0
+    invalid_events: int = 0
+    rejected_control: dict[str, int] = Field(
+        default_factory=dict,
+        description="reason → control messages refused at this batch's boundary: "
+        "not authentic (keyplane.control.protocol.RejectReason) or not applicable "
+        "(keyplane.control.protocol.IgnoreReason)",
+    )
+
+    @property
+    def locality(self) -> float | None:
+        """Share of A→B tuples whose two instances ran on the same executor."""
+        return self.local_hops / self.hops if self.hops else None
+
+    def imbalance(self, operator: str) -> float | None:
+        """max / mean instance load of ``operator`` in this batch (000 §3.2)."""
+        loads = list(self.load.get(operator, {}).values())
+        if not loads or sum(loads) == 0:
+            return None
+        return max(loads) / (sum(loads) / len(loads))
+
+
+def traffic_metrics(
+    batch_id: int, output: pd.DataFrame, parallelism: Mapping[str, int]
+) -> BatchMetrics:
+    """Loads, executors, locality and top pairs of one batch's routed output.
+
+    Every instance of an operator appears in ``load`` (0 when idle), so the
+    imbalance counts idle instances as the paper does.
+    """
+    hops = output[output["kind"] == "hop"]
+    load: dict[str, dict[int, int]] = {
+        op: dict.fromkeys(range(n), 0) for op, n in parallelism.items()
+    }
+    executors: dict[str, dict[int, str]] = {op: {} for op in parallelism}
+    local = total = 0
+    for up, up_ex, inst, ex, n in zip(
+        hops["upstream"].tolist(),
+        hops["upstream_executor"].tolist(),
+        hops["instance"].tolist(),
+        hops["executor"].tolist(),
+        hops["n"].tolist(),
+        strict=True,
+    ):
+        n = int(n)
+        load["A"][int(up)] = load["A"].get(int(up), 0) + n
+        load["B"][int(inst)] = load["B"].get(int(inst), 0) + n
+        executors["A"][int(up)] = str(up_ex)
+        executors["B"][int(inst)] = str(ex)
+        total += n
+        local += n if up_ex == ex else 0
+    pairs = output[output["kind"] == "pair"]
+    top: dict[int, list[PairCount]] = {}
+    for instance, group in pairs.groupby(pairs["instance"].astype("int64")):
+        heaviest = group.nlargest(TOP_PAIRS_PER_INSTANCE, "n")
+        top[cast(int, instance)] = [
+            PairCount(a=str(a), b=str(b), n=int(n))
+            for a, b, n in zip(
+                heaviest["detail"].tolist(),
+                heaviest["key"].tolist(),
+                heaviest["n"].tolist(),
+                strict=True,
+            )
+        ]
+    return BatchMetrics(
+        batch_id=batch_id,
+        load=load,
+        executors=executors,
+        hops=total,
+        local_hops=local,
+        top_pairs=top,
+        moved_states=moved_states(output),
+        invalid_events=int((output["kind"] == "invalid").sum()),
+    )
+
+
+def moved_states(output: pd.DataFrame) -> int:
+    """The states a batch moved out: a ``moved`` row holds one, a ``moves`` row (the
+    JVM stages' packed migration record) ``count`` of them."""
+    packed = output[output["kind"] == "moves"]
+    one_each = int((output["kind"] == "moved").sum())
+    return one_each + (int(packed["count"].sum()) if len(packed) else 0)

@@ -1,0 +1,1 @@
+"""Small helpers shared by every layer: atomic files, child processes, progress bars."""

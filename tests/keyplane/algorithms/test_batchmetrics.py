@@ -1,0 +1,50 @@
+"""Per-batch metrics from the routed job's traffic rows (pure pandas)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from keyplane.algorithms.batchmetrics import traffic_metrics
+
+
+def _hop(upstream: int, up_ex: str, instance: int, ex: str, n: int) -> dict:
+    return {
+        "kind": "hop",
+        "upstream": upstream,
+        "upstream_executor": up_ex,
+        "instance": instance,
+        "executor": ex,
+        "n": n,
+    }
+
+
+def test_loads_locality_and_top_pairs_from_hand_made_rows_pure() -> None:
+    rows = pd.DataFrame(
+        [
+            _hop(0, "e1", 0, "e1", 30),  # local
+            _hop(1, "e2", 0, "e1", 10),  # crosses executors
+            _hop(1, "e2", 2, "e2", 20),  # local
+            {"kind": "pair", "key": "b1", "detail": "a1", "instance": 0, "n": 25},
+            {"kind": "pair", "key": "b2", "detail": "a9", "instance": 0, "n": 40},
+            {"kind": "moved"},
+            {"kind": "moves", "count": 250},  # a packed migration record of the JVM stages
+            {"kind": "invalid"},
+            {"kind": "invalid"},
+        ]
+    )
+    metrics = traffic_metrics(7, rows, {"A": 3, "B": 3})
+    assert metrics.load == {"A": {0: 30, 1: 30, 2: 0}, "B": {0: 40, 1: 0, 2: 20}}
+    assert metrics.executors == {"A": {0: "e1", 1: "e2"}, "B": {0: "e1", 2: "e2"}}
+    assert (metrics.hops, metrics.local_hops) == (60, 50)
+    assert metrics.locality == 50 / 60
+    # Idle instances count in the mean, as in paper 000's imbalance.
+    assert metrics.imbalance("B") == 40 / 20
+    assert [(p.a, p.b, p.n) for p in metrics.top_pairs[0]] == [("a9", "b2", 40), ("a1", "b1", 25)]
+    assert (metrics.moved_states, metrics.invalid_events) == (251, 2)
+
+
+def test_an_empty_batch_has_no_locality_and_no_imbalance_pure() -> None:
+    columns = ["kind", "key", "instance", "upstream", "executor", "upstream_executor", "n"]
+    metrics = traffic_metrics(0, pd.DataFrame(columns=[*columns, "detail"]), {"A": 2, "B": 2})
+    assert metrics.locality is None
+    assert metrics.imbalance("A") is None

@@ -1,0 +1,269 @@
+"""Scaling decisions (paper 003) and scaled routing configurations.
+
+The metrics windows are built by hand (``BatchMetrics`` records as the routed
+job writes them), which the test names say; the routing and the hand-off are
+the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from keyplane.algorithms.batchmetrics import BatchMetrics
+from keyplane.algorithms.elasticity import CongestionSettings
+from keyplane.algorithms.scaling import (
+    ScaleRequest,
+    choose_active,
+    decide_scaling,
+    measure_window,
+    scaled_routing,
+)
+from keyplane.routing import config as config_store
+from keyplane.routing.config import OperatorRouting, RoutingConfig
+from keyplane.routing.handoff import routed_key_table, state_moves
+from keyplane.routing.routedkeys import fold_instance, spark_partition
+
+P = 4
+ALL = {"A": (0, 1, 2, 3), "B": (0, 1, 2, 3)}
+
+
+def _batch(
+    batch_id: int,
+    *,
+    rows: int = 1_000,
+    lag: int = 0,
+    duration_ms: int = 1_000,
+    load_a: dict[int, int] | None = None,
+    load_b: dict[int, int] | None = None,
+) -> BatchMetrics:
+    even = {i: rows // P for i in range(P)}
+    return BatchMetrics(
+        batch_id=batch_id,
+        rows=rows,
+        duration_ms=duration_ms,
+        input_lag=lag,
+        load={"A": load_a or even, "B": load_b or even},
+        hops=rows,
+    )
+
+
+def _window(n: int = 6, **kwargs: object) -> list[BatchMetrics]:
+    lag_step = int(kwargs.pop("lag_step", 0))  # type: ignore[call-overload]
+    return [_batch(i, lag=i * lag_step, **kwargs) for i in range(n)]  # type: ignore[arg-type]
+
+
+# --- the hash fallback over active instances ----------------------------------------------
+
+
+def test_fold_instance_deals_inactive_partitions_round_robin() -> None:
+    assert [fold_instance(i, (0, 2), 4) for i in range(4)] == [0, 0, 2, 2]
+    assert [fold_instance(i, (1, 2, 3), 4) for i in range(4)] == [1, 1, 2, 3]
+    assert [fold_instance(i, (0, 1, 2, 3), 4) for i in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="non-empty subset"):
+        fold_instance(0, (), 4)
+
+
+def test_scaled_fallback_routes_every_key_to_an_active_instance() -> None:
+    table = routed_key_table(OperatorRouting(parallelism=P, active_instances=(1, 3)))
+    keys = [f"k{i}" for i in range(200)] + ["a#3", "x#y#7"]
+    instances = {table.instance_of(table.route(k)[0]) for k in keys}
+    assert instances == {1, 3}
+    for key in keys:
+        natural = spark_partition(key, P)
+        (routed,) = table.route(key)
+        assert table.instance_of(routed) == fold_instance(natural, (1, 3), P)
+        if natural in (1, 3) and "#" not in key:
+            assert routed == key
+
+
+def test_active_instances_are_validated() -> None:
+    assert OperatorRouting(parallelism=P, active_instances=(0, 1, 2, 3)).active_instances is None
+    with pytest.raises(ValidationError, match="ascending and distinct"):
+        OperatorRouting(parallelism=P, active_instances=(2, 1))
+    with pytest.raises(ValidationError, match=r"lie in \[0, 4\)"):
+        OperatorRouting(parallelism=P, active_instances=(0, 4))
+    with pytest.raises(ValidationError, match="inactive instances"):
+        OperatorRouting(parallelism=P, table={"k": 2}, active_instances=(0, 1))
+    with pytest.raises(ValidationError, match="hot keys use inactive"):
+        OperatorRouting(parallelism=P, hot_keys={"h": (0, 3)}, active_instances=(0, 1))
+
+
+def test_unscaled_manifests_keep_their_format_and_scaled_ones_round_trip(tmp_path: Path) -> None:
+    plain = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={"A": OperatorRouting(parallelism=P, table={"k": 1})},
+    )
+    config_store.save(plain, tmp_path)
+    manifest = json.loads((tmp_path / "v000001" / "manifest.json").read_text())
+    assert set(manifest["operators"][0]) == {
+        "name",
+        "parallelism",
+        "placement",
+        "table_file",
+        "hot_keys_file",
+    }
+    assert config_store.load(tmp_path, 1).operators["A"].active_instances is None
+    scaled = RoutingConfig(
+        version=2,
+        parent_version=1,
+        created_by="scale",
+        operators={"A": OperatorRouting(parallelism=P, table={"k": 1}, active_instances=(0, 1))},
+    )
+    saved = config_store.save(scaled, tmp_path)
+    assert config_store.load(tmp_path, 2, saved.checksum) == scaled
+
+
+# --- scaled routing and the hand-off -------------------------------------------------------
+
+
+def test_scale_in_moves_exactly_the_keys_of_released_instances() -> None:
+    keys = {f"k{i}": float(1 + i % 5) for i in range(80)}
+    before = OperatorRouting(parallelism=P, table={"k0": 3, "k1": 0}, hot_keys={"k2": (1, 3)})
+    after = scaled_routing(before, (0, 1), keys)
+    assert after.active_instances == (0, 1)
+    old_table, new_table = routed_key_table(before), routed_key_table(after)
+    for key in keys:
+        for routed in new_table.route(key):
+            assert new_table.instance_of(routed) in (0, 1)
+    old = RoutingConfig(version=1, created_by="initial", operators={"B": before})
+    new = RoutingConfig(version=2, parent_version=1, created_by="scale", operators={"B": after})
+    moves = state_moves(old, new, "B", P)
+    moved_sources = {m.source for m in moves}
+    leaving = {
+        routed
+        for key in keys
+        for routed in old_table.route(key)
+        if old_table.instance_of(routed) not in (0, 1)
+    }
+    assert moved_sources == leaving
+    staying = {
+        key for key in keys if all(old_table.instance_of(r) in (0, 1) for r in old_table.route(key))
+    }
+    assert all(m.key not in staying for m in moves)
+    # k2 was hot on (1, 3): 3 folds onto 1, so one instance is left and k2 is tabled there.
+    assert after.hot_keys == {} and after.table["k2"] == 1
+
+
+def test_scale_in_then_out_keeps_every_key_reachable_and_rebalances() -> None:
+    keys = {f"k{i}": 1.0 for i in range(120)}
+    full = OperatorRouting(parallelism=P)
+    half = scaled_routing(full, (0, 2), keys)
+    again = scaled_routing(half, (0, 1, 2, 3), keys)
+    assert again.active_instances is None
+    table = routed_key_table(again)
+    loads = [0, 0, 0, 0]
+    for key in keys:
+        loads[table.instance_of(table.route(key)[0])] += 1
+    assert min(loads[1], loads[3]) > 0
+    assert max(loads) <= 120 / 4 + 1
+    old = RoutingConfig(version=2, parent_version=1, created_by="scale", operators={"B": half})
+    new = RoutingConfig(version=3, parent_version=2, created_by="scale", operators={"B": again})
+    half_table = routed_key_table(half)
+    for move in state_moves(old, new, "B", P):
+        assert move.source in half_table.route(move.key)
+        assert move.target in table.route(move.key)
+    for key in keys:
+        if half_table.route(key) != table.route(key):
+            assert any(m.key == key for m in state_moves(old, new, "B", P))
+
+
+def test_choose_active_releases_the_least_loaded_instances() -> None:
+    assert choose_active((0, 1, 2, 3), 2, {0: 5, 1: 50, 2: 1, 3: 40}, P) == (1, 3)
+    assert choose_active((1, 3), 3, {}, P) == (0, 1, 3)
+    with pytest.raises(ValueError, match=r"\[1, 4\]"):
+        choose_active((0, 1), 5, {}, P)
+
+
+# --- decisions from metrics windows ----------------------------------------------------------
+
+
+def test_steady_job_with_hand_built_metrics_is_not_congested() -> None:
+    measured = measure_window(_window(), ALL, P)
+    assert measured.full and measured.batches == 5
+    assert measured.congested == frozenset()
+    assert sum(measured.utilisation.values()) == pytest.approx(1.0)
+    decision = decide_scaling(_window(), ALL, P, ScaleRequest(scale_in_utilisation=0.5))
+    assert decision.action == "none" and "no operator congested" in decision.reason
+
+
+def test_growing_lag_in_hand_built_metrics_scales_out_the_congested_operator() -> None:
+    # Stage B's heaviest instance takes 3x A's: B holds most of each batch's time.
+    window = _window(lag_step=800, load_b={0: 700, 1: 100, 2: 100, 3: 100})
+    active = {"A": (0, 1, 2, 3), "B": (0, 1)}
+    measured = measure_window(window, active, P)
+    assert measured.congested == frozenset({"B"})
+    decision = decide_scaling(window, active, P, ScaleRequest())
+    assert decision.action == "out"
+    assert decision.operator == "B"
+    assert decision.active_after["B"] == (0, 1, 2)
+    assert decision.instances_after[decision.operator] == (
+        decision.instances_before[decision.operator] + 1
+    )
+    assert decision.etp[decision.operator] == max(decision.etp[name] for name in measured.congested)
+
+
+def test_idle_job_in_hand_built_metrics_scales_in_the_smallest_etp() -> None:
+    # Batches end long before the next trigger: rows arrive much slower than they run.
+    window = _window(duration_ms=200, rows=1_000)
+    request = ScaleRequest(scale_in_utilisation=0.5, trigger_interval_s=1.0)
+    assert sum(measure_window(window, ALL, P, trigger_interval_s=1.0).utilisation.values()) == (
+        pytest.approx(0.2)
+    )
+    decision = decide_scaling(window, ALL, P, request)
+    assert decision.action == "in"
+    assert decision.operator is not None
+    assert decision.etp[decision.operator] == min(decision.etp.values())
+    assert decision.instances_after[decision.operator] == 3
+
+
+def test_idle_time_between_hand_built_batches_lets_auto_mode_scale_in() -> None:
+    # Batches take 1.5 s, longer than the 1 s trigger, but are reported 5 s apart:
+    # Spark skipped the triggers that found no data, and the job idled 70 % of the time.
+    window = _window(duration_ms=1_500, rows=1_000)
+    reported = [5.0 * i for i in range(len(window))]
+    request = ScaleRequest(scale_in_utilisation=0.5, trigger_interval_s=1.0)
+    busy = measure_window(window, ALL, P, trigger_interval_s=1.0)
+    assert sum(busy.utilisation.values()) == pytest.approx(1.0)
+    assert decide_scaling(window, ALL, P, request).action == "none"
+    idle = measure_window(window, ALL, P, trigger_interval_s=1.0, reported_at_s=reported)
+    assert sum(idle.utilisation.values()) == pytest.approx(0.3)
+    assert idle.dag.operators[0].input_rate == pytest.approx(200.0)
+    decision = decide_scaling(window, ALL, P, request, reported_at_s=reported)
+    assert decision.action == "in" and decision.reason.startswith("auto scale-in")
+    assert decision.instances_after[decision.operator or ""] == 3
+    # Back-to-back batches: reports closer than the duration never shorten it.
+    packed = measure_window(window, ALL, P, reported_at_s=[0.5 * i for i in range(len(window))])
+    assert sum(packed.utilisation.values()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="one time per record"):
+        measure_window(window, ALL, P, reported_at_s=reported[1:])
+
+
+def test_requested_scale_in_is_bounded_and_explained() -> None:
+    window = _window()
+    decision = decide_scaling(window, ALL, P, ScaleRequest(mode="in", operator="B", instances=2))
+    assert decision.action == "in" and decision.operator == "B"
+    assert decision.instances_before == {"A": 4, "B": 4}
+    assert decision.instances_after == {"A": 4, "B": 2}
+    assert decision.to_record()["active_after"]["B"] == list(decision.active_after["B"])
+    floor = decide_scaling(window, {"A": (0,), "B": (0,)}, P, ScaleRequest(mode="in"))
+    assert floor.action == "none" and "no operator can scale in" in floor.reason
+    ceiling = decide_scaling(window, ALL, P, ScaleRequest(mode="out", operator="A", instances=9))
+    assert ceiling.action == "none" and "changes nothing" in ceiling.reason
+
+
+def test_auto_mode_waits_for_a_full_window_of_hand_built_metrics() -> None:
+    request = ScaleRequest(congestion=CongestionSettings(window=5))
+    decision = decide_scaling(_window(3, lag_step=900), ALL, P, request)
+    assert decision.action == "none" and "only 2 of 5 batches" in decision.reason
+
+
+def test_scale_requests_are_validated() -> None:
+    with pytest.raises(ValueError, match="operator must be one of"):
+        ScaleRequest(mode="out", operator="C")
+    with pytest.raises(ValueError, match="auto mode chooses"):
+        ScaleRequest(mode="auto", instances=2)
