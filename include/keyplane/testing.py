@@ -17,13 +17,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypedDict
+from typing import TYPE_CHECKING, Any, Self
 
 from keyplane.aggregates import RunningCount
 from keyplane.control.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
 from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker, port_is_free
 from keyplane.kafka.control import ControlChannel
+from keyplane.orchestration.deployment import routed_job_topics
 from keyplane.routing import config as config_store
 from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark.progress import records_read
@@ -62,30 +63,6 @@ def crash_broker(broker: EmbeddedBroker | ApacheKafkaBroker, timeout_s: float = 
                 f"the killed broker still holds port {broker.port} after {timeout_s} s"
             )
         time.sleep(0.05)
-
-
-class RoutedJobTopics(TypedDict):
-    """The topics of one routed job besides its events (keywords of ``CountsJobSettings``)."""
-
-    control_topic: str
-    migration_topic: str
-    metrics_topic: str
-    dead_letter_topic: str
-
-
-def routed_job_topics(prefix: str) -> RoutedJobTopics:
-    """Control, migration, metrics and dead-letter topics of one routed job's own.
-
-    Keyword arguments for :class:`~keyplane.spark.counts_job.CountsJobSettings`,
-    so that jobs sharing a broker (tests, benchmark variants) never read each
-    other's protocol messages or moved state.
-    """
-    return RoutedJobTopics(
-        control_topic=f"{prefix}.control",
-        migration_topic=f"{prefix}.migration",
-        metrics_topic=f"{prefix}.metrics",
-        dead_letter_topic=f"{prefix}.dead-letter",
-    )
 
 
 def moved_off_hash(keys: Iterable[str], parallelism: int, shift: int = 1) -> dict[str, int]:

@@ -263,7 +263,7 @@ def test_auto_mode_waits_for_a_full_window_of_hand_built_metrics() -> None:
 
 
 def test_scale_requests_are_validated() -> None:
-    with pytest.raises(ValueError, match="operator must be one of"):
-        ScaleRequest(mode="out", operator="C")
+    with pytest.raises(ValueError, match="'C' is not a stage of the pipeline; its stages are A, B"):
+        decide_scaling(_window(3, lag_step=900), ALL, P, ScaleRequest(mode="out", operator="C"))
     with pytest.raises(ValueError, match="auto mode chooses"):
         ScaleRequest(mode="auto", instances=2)
