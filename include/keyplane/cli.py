@@ -492,8 +492,12 @@ def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
 
 
 def _controller(settings: Settings, channel: ControlChannel, store: Path) -> Controller:
+    try:
+        stages: tuple[str, ...] | None = stage_names(settings.pipeline)
+    except PipelineError:
+        stages = None  # the configurations' own order, upstream first
     return Controller(
-        channel, settings.controller_state, store, metrics_topic=settings.metrics_topic
+        channel, settings.controller_state, store, stages, metrics_topic=settings.metrics_topic
     )
 
 

@@ -752,12 +752,15 @@ def _require_approved(folder: Path) -> None:
 
 @contextmanager
 def controller(deployment: Deployment) -> Iterator[Any]:
-    """A :class:`keyplane.control.controller.Controller` on the deployment's control topic."""
+    """A :class:`keyplane.control.controller.Controller` on the deployment's control topic,
+    rolling out the pipeline's stages upstream first (000 §3.4)."""
     from keyplane.control.controller import Controller
     from keyplane.kafka.control import ControlChannel
 
     with ControlChannel(deployment.bootstrap_servers, deployment.control_topic) as channel:
-        yield Controller(channel, deployment.controller_state, deployment.routing_store)
+        yield Controller(
+            channel, deployment.controller_state, deployment.routing_store, deployment.operators
+        )
 
 
 def _require_validated(deployment: Deployment, version: int) -> None:
