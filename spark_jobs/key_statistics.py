@@ -33,7 +33,7 @@ from keyplane.algorithms import statistics as stats
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.kafka.admin import earliest_offsets, ensure_topic, high_watermarks
 from keyplane.kafka.metrics_topic import read_metrics
-from keyplane.orchestration.stage_keys import window_chain_rows
+from keyplane.orchestration.stage_keys import window_key_counts
 from keyplane.pipeline import Pipeline, load_pipeline
 from keyplane.routing import config as config_store
 from keyplane.settings import Settings
@@ -75,7 +75,7 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
     events = [_window(bootstrap, topic, before.get(topic)) for topic in topics]
     metrics_window = _window(bootstrap, args.metrics_topic, None if last is None else last.metrics)
     started = time.monotonic()
-    rows = window_chain_rows(
+    rows = window_key_counts(
         spark, bootstrap, events, pipeline, settings.holdout_fraction, args.max_event_bytes
     ).toPandas()
     unparsed = rows["stage"].isna()

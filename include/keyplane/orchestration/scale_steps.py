@@ -145,7 +145,7 @@ def event_counts(
 
     from keyplane.algorithms.statistics import TopicWindow
     from keyplane.kafka.admin import earliest_offsets, high_watermarks
-    from keyplane.orchestration.stage_keys import window_chain_rows
+    from keyplane.orchestration.stage_keys import window_key_counts
     from keyplane.pipeline import load_pipeline
     from keyplane.settings import Settings
     from keyplane.spark.session import build_session
@@ -166,7 +166,7 @@ def event_counts(
         extra={"spark.ui.enabled": "false"},
     )
     try:
-        rows = window_chain_rows(
+        rows = window_key_counts(
             spark, servers, windows, pipeline, 0.0, deployment.max_event_bytes
         ).collect()
     finally:

@@ -99,7 +99,7 @@ def _schema_with_corrupt_column(pipeline: Pipeline) -> object:
     return f"{schema}, `{_CORRUPT}` STRING"
 
 
-def chain_rows(raw: DataFrame, pipeline: Pipeline, max_event_bytes: int) -> DataFrame:
+def key_counts(raw: DataFrame, pipeline: Pipeline, max_event_bytes: int) -> DataFrame:
     """Rows :data:`keyplane.algorithms.statistics.CHAIN_ROW_COLUMNS` of ``raw`` events.
 
     One row per stage, key, next stage's key (null in the last stage) and
@@ -149,7 +149,7 @@ def chain_rows(raw: DataFrame, pipeline: Pipeline, max_event_bytes: int) -> Data
     return counted.select(*CHAIN_ROW_COLUMNS)
 
 
-def window_chain_rows(
+def window_key_counts(
     spark: SparkSession,
     bootstrap_servers: str,
     windows: Sequence[TopicWindow],
@@ -157,6 +157,6 @@ def window_chain_rows(
     holdout_fraction: float,
     max_event_bytes: int,
 ) -> DataFrame:
-    """:func:`chain_rows` of the records of ``windows`` (:func:`raw_window`)."""
+    """:func:`key_counts` of the records of ``windows`` (:func:`raw_window`)."""
     raw = raw_window(spark, bootstrap_servers, windows, holdout_fraction)
-    return chain_rows(raw, pipeline, max_event_bytes)
+    return key_counts(raw, pipeline, max_event_bytes)
