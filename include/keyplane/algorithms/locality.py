@@ -293,12 +293,10 @@ class ChainStatistics:
         if stage < len(self.links):
             link = self.links[stage]
             sides.append((link.up_keys, link.counts))
-        known = [
-            (keys, _weighted_counts(inverse, counts, keys.size))
-            for keys, inverse, counts in (
-                (*np.unique(pair_keys, return_inverse=True), counts) for pair_keys, counts in sides
-            )
-        ]
+        known: list[tuple[KeyArray, FloatArray]] = []
+        for pair_keys, counts in sides:
+            keys, inverse = np.unique(pair_keys, return_inverse=True)
+            known.append((keys, _weighted_counts(inverse, counts, keys.size)))
         frequencies = self.frequencies[stage]
         if frequencies is not None:
             known.append((frequencies.keys, frequencies.weights))
