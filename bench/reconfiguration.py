@@ -77,8 +77,8 @@ from _harness import (
 from _output import emit
 
 from keyplane.control.controller import Controller
+from keyplane.control.controller_protocol import Reconfiguration
 from keyplane.control.operators import OPERATORS
-from keyplane.control.protocol import Reconfiguration
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import produce_workload

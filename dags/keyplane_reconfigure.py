@@ -212,7 +212,7 @@ with DAG(
     dag_id="keyplane_reconfigure",
     description="Statistics → routing plan → GX → backtest → live rollout → verify/rollback",
     tags=["keyplane", "reconfiguration", "spark"],
-    params=PARAMS,
+    params=dagparts.unclamped(PARAMS),
     doc_md=__doc__,
     # await_ack, an await_migrated per stage, await_new_version_batches, the rollback's
     # the same, and roll_out_waves's, at most MAX_WAVES_PER_RUN waves.

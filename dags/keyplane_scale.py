@@ -41,6 +41,7 @@ from keyplane.orchestration.dagparts import (
     rollout_chain,
     rollout_dag_args,
     run_id,
+    unclamped,
 )
 from keyplane.orchestration.deployment import deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
@@ -132,7 +133,7 @@ with DAG(
     dag_id="keyplane_scale",
     description="Metrics → Stela decision → scaled configuration → GX → live rollout → verify",
     tags=["keyplane", "scaling"],
-    params=PARAMS,
+    params=unclamped(PARAMS),
     doc_md=__doc__,
     # await_ack, an await_migrated per stage and await_new_version_batches.
     **rollout_dag_args(waits=2 + len(STAGES)),

@@ -9,13 +9,12 @@ to three favourite categories, and sessions belong to one user.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 from collections.abc import Iterator
 from typing import Any
 
-from kafka import KafkaProducer
+from examples.producing import write_json
 
 CATEGORIES = ("shoes", "books", "garden", "music", "toys", "games", "food", "tools")
 
@@ -41,17 +40,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    servers = os.environ.get("KEYPLANE_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
     topic = os.environ.get("CLICKS_TOPIC", "clicks")
-    producer = KafkaProducer(bootstrap_servers=servers, acks="all")
-    sent = [
-        producer.send(topic, json.dumps(view).encode())
-        for view in page_views(args.events, seed=args.seed)
-    ]
-    producer.flush()
-    for future in sent:
-        future.get(timeout=30)  # raises if the broker did not take the event
-    print(f"wrote {len(sent)} page views to {topic}")
+    written = write_json(topic, page_views(args.events, seed=args.seed))
+    print(f"wrote {written} page views to {topic}")
 
 
 if __name__ == "__main__":

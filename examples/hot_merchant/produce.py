@@ -7,13 +7,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 from collections.abc import Iterator
 from typing import Any
 
-from kafka import KafkaProducer
+from examples.producing import write_json
 
 
 def payment_events(
@@ -32,17 +31,11 @@ def main() -> None:
     parser.add_argument("--hot-share", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args()
-    servers = os.environ.get("KEYPLANE_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
     topic = os.environ.get("PAYMENTS_TOPIC", "payments")
-    producer = KafkaProducer(bootstrap_servers=servers, acks="all")
-    sent = [
-        producer.send(topic, json.dumps(p).encode())
-        for p in payment_events(args.events, hot_share=args.hot_share, seed=args.seed)
-    ]
-    producer.flush()
-    for future in sent:
-        future.get(timeout=30)  # raises if the broker did not take the payment
-    print(f"wrote {len(sent)} payments to {topic}")
+    written = write_json(
+        topic, payment_events(args.events, hot_share=args.hot_share, seed=args.seed)
+    )
+    print(f"wrote {written} payments to {topic}")
 
 
 if __name__ == "__main__":

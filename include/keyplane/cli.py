@@ -31,8 +31,8 @@ from keyplane.control.controller import (
     RolloutTimeout,
     read_controller_file,
 )
+from keyplane.control.messages import ProtocolError
 from keyplane.control.operators import stage_names
-from keyplane.control.protocol import ProtocolError
 from keyplane.control.signing import MissingKeyError, control_key
 from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.apache_kafka import ApacheKafkaBroker

@@ -20,7 +20,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from keyplane.aggregates import RunningCount
-from keyplane.control.protocol import ChecksumLookup, ControlMessage, JobProtocol, JobState
+from keyplane.control.job_protocol import JobProtocol, JobState
+from keyplane.control.messages import ChecksumLookup, ControlMessage
 from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker, port_is_free
 from keyplane.kafka.control import ControlChannel
@@ -307,7 +308,7 @@ def store_checksums(store: Path) -> ChecksumLookup:
 class ProtocolOnlyJob:
     """A stand-in for a routed job's Spark driver: the job protocol alone, on a real topic.
 
-    It runs the real :class:`~keyplane.control.protocol.JobProtocol` of paper 000 §3.4
+    It runs the real :class:`~keyplane.control.job_protocol.JobProtocol` of paper 000 §3.4
     over a real :class:`~keyplane.kafka.control.ControlChannel` and nothing
     else: no Spark, and no state moving through the migration topic. It lets
     the controller, a DAG or a CLI be tested end to end over Kafka while the

@@ -192,7 +192,11 @@ def test_a_run_within_its_params_never_reaches_the_run_timeout(
     from keyplane.orchestration.triggers import RollOutWavesOperator
 
     defined = request.getfixturevalue(fixture)
-    longest = timedelta(seconds=defined.params.get_param("reply_timeout_s").schema["maximum"])
+    from keyplane.orchestration import dagparts
+
+    longest = timedelta(
+        seconds=dagparts.bound(defined.params.get_param("reply_timeout_s"), "maximum")
+    )
     wave_tasks = [t for t in defined.tasks if isinstance(t, RollOutWavesOperator)]
     assert len(wave_tasks) == (1 if fixture == "dag" else 0)
     waits = len(_waits(defined)) + len(wave_tasks) * (MAX_WAVES_PER_RUN - 1) * (1 + len(OPERATORS))
@@ -366,6 +370,30 @@ def test_every_param_has_an_operator_description(dag: Any, scale_dag: Any, dag_i
         assert len(description) >= 40, (name, description)
         words_before_citation = re.split(r"\(?\b\d{3} §", description)[0]
         assert len(words_before_citation.split()) >= 6, (name, description)
+
+
+@pytest.mark.parametrize("dag_id", ["keyplane_reconfigure", "keyplane_scale"])
+def test_no_param_is_clamped_by_the_trigger_form_yet_each_bound_refuses(
+    dag: Any, scale_dag: Any, dag_id: str
+) -> None:
+    """Airflow's form clamps a number field to a top-level minimum/maximum without a word
+    (α 7 became 2); the bounds live under allOf, and a value past one is refused, naming it."""
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from keyplane.orchestration.dagparts import BOUNDS, bound
+
+    chosen = dag if dag_id == "keyplane_reconfigure" else scale_dag
+    checked = 0
+    for name in chosen.params:
+        param = chosen.params.get_param(name)
+        assert not set(BOUNDS) & set(param.schema), (name, param.schema)
+        highest = bound(param, "maximum")
+        if highest is None:
+            continue
+        with pytest.raises(ParamValidationError, match=f"greater than the maximum of {highest}"):
+            copy.deepcopy(param).resolve(highest * 3 + 1)
+        checked += 1
+    assert checked >= 3
 
 
 def test_the_first_tasks_refuse_for_good_and_the_steps_that_refuse_fail_fast() -> None:

@@ -23,8 +23,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from keyplane.control.controller_protocol import ControllerProtocol
+from keyplane.control.job_protocol import JobProtocol
+from keyplane.control.messages import ControlMessage
 from keyplane.control.operators import OPERATORS
-from keyplane.control.protocol import ControllerProtocol, ControlMessage, JobProtocol
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 STORE = {v: hashlib.sha256(f"manifest v{v}".encode()).hexdigest() for v in (1, 2)}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from keyplane.algorithms.batchmetrics import BatchMetrics, PairCount
@@ -66,6 +67,8 @@ def _batch(batch_id: int, versions: dict[str, int], locality: float, skew: float
     hops = sum(load["A"].values())
     return BatchMetrics(
         batch_id=batch_id,
+        # The last 20 batches, 5 s apart, ending now: inside the page's default time range.
+        started_at=datetime.now(UTC) - timedelta(seconds=5 * (20 - batch_id)),
         versions=versions,
         rows=hops,
         rows_per_s=hops / 0.8 * (1 + 0.1 * (batch_id % 3)),

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -34,8 +33,10 @@ from typing import Any
 
 import httpx
 import pytest
-from dashboard_home import PreparedHome
+from dashboard_home import P, PreparedHome
 
+from keyplane.control.operators import OPERATORS
+from keyplane.dashboard.assets import remote_assets
 from keyplane.testing import free_port
 
 pytestmark = pytest.mark.integration
@@ -44,14 +45,6 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "dashboard"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 STARTUP_TIMEOUT_S = 90
-PLOTS = ("locality", "imbalance", "throughput", "lag")
-MIN_PLOT_BYTES = 5_000
-
-
-def _png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    width, height = struct.unpack(">II", data[16:24])
-    return width, height
 
 
 @dataclass(frozen=True)
@@ -231,60 +224,101 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
             process.wait()
 
 
-IMAGES = """Array.from(document.images).map(i => ({
-  src: i.getAttribute('src'), complete: i.complete, w: i.naturalWidth, h: i.naturalHeight}))"""
+DASHBOARD_READY = (
+    "document.body.dataset.loaded !== undefined && "
+    "document.querySelectorAll('.heatmap canvas').length > 0 && "
+    "document.querySelectorAll('#chart-locality canvas').length > 0"
+)
 
 
-def test_dashboard_shows_timeline_and_plots_in_airflow(
+def _rendered_dashboard(browser: DevTools) -> dict[str, Any]:
+    """What the page shows once drawn: versions, rollout steps, heatmaps, charts."""
+    return dict(
+        browser.evaluate(
+            """(() => ({
+  active: document.getElementById('active-version').textContent,
+  live: document.getElementById('live').textContent,
+  rows: Array.from(document.querySelectorAll('#timeline tr.version-row'))
+    .map(r => r.dataset.version),
+  steps: Array.from(document.querySelectorAll('#rollout-steps li.step')).map(
+    s => [s.dataset.step, s.dataset.stage || null, s.classList.contains('done')]),
+  rollout: (document.getElementById('rollout-summary') || {}).textContent,
+  heatmaps: Array.from(document.querySelectorAll('.heatmap')).map(h => [h.dataset.stage,
+    !!h.querySelector('canvas') && h.querySelector('canvas').width > 300]),
+  charts: Array.from(document.querySelectorAll('.chart canvas')).length,
+  note: document.getElementById('metrics-note').textContent,
+  health: document.getElementById('health-state').textContent,
+  hot: document.querySelectorAll('#hot-keys tr.hot-key').length,
+  moved: document.querySelectorAll('#moved-keys tr.moved-key').length,
+  routing: document.querySelectorAll('.routing-stage').length,
+  quality: document.querySelectorAll('#quality-table tr.quality-row').length,
+  docs: Array.from(document.querySelectorAll('a.data-docs')).map(a => a.href),
+  problems: Array.from(document.querySelectorAll('.problem')).map(p => p.textContent),
+}))()"""
+        )
+    )
+
+
+def test_dashboard_shows_timeline_rollout_and_heatmaps_in_airflow(
     airflow: Airflow, prepared_home: PreparedHome, browser: DevTools
 ) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     base = airflow.base
 
-    # Authentication is on: no token, no page.
-    anonymous = httpx.get(f"{base}/keyplane/", timeout=10)
-    assert anonymous.status_code in (401, 403), anonymous.status_code
+    # Authentication is on: no token, no page and no data.
+    for route in ("/keyplane/", "/keyplane/api/state"):
+        anonymous = httpx.get(f"{base}{route}", timeout=10)
+        assert anonymous.status_code in (401, 403), (route, anonymous.status_code)
 
     token = _admin_token(base, airflow.home)
     headers = {"Authorization": f"Bearer {token}"}
+    state = httpx.get(f"{base}/keyplane/api/state", headers=headers, timeout=30).json()
+    assert [v["version"] for v in state["versions"]] == [2, 1]
+    assert state["metrics"]["available"], state["metrics"]
+    assert [h["stage"] for h in state["heatmaps"]] == list(OPERATORS)
+    assert all(len(h["cells"]) == prepared_home.batches * P for h in state["heatmaps"])
+    assert state["rollout"]["state"] == "done" and state["rollout"]["version"] == 2
+    assert state["failed_runs"] == []
     page = httpx.get(f"{base}/keyplane/", headers=headers, timeout=30)
-    assert page.status_code == 200, page.text[:500]
-    html = page.text
-    for version in (1, 2):
-        assert 'class="version-row' in html and f'data-version="{version}"' in html
-    assert "metrics unavailable" not in html
-    for name in PLOTS:
-        png = httpx.get(f"{base}/keyplane/plots/{name}.png", headers=headers, timeout=30)
-        assert png.status_code == 200 and png.headers["content-type"] == "image/png"
-        assert len(png.content) > MIN_PLOT_BYTES, (name, len(png.content))
-        width, height = _png_size(png.content)
-        assert width >= 400 and height >= 200, (name, width, height)
+    assert page.status_code == 200 and remote_assets(page.text) == []
 
     # The browser: the UI's session cookie, then the page alone and inside the UI.
+    # Every request that would leave this machine is blocked: the page must not need one.
+    browser.call("Network.setBlockedURLs", urls=["https://*", "http://cdn*", "*unpkg.com*"])
     browser.call("Network.setCookie", name="_token", value=token, url=base, path="/")
-    browser.open(
-        f"{base}/keyplane/",
-        "document.readyState === 'complete' && document.images.length > 0 && "
-        "Array.from(document.images).every(i => i.complete)",
-    )
-    rows = browser.evaluate(
-        "Array.from(document.querySelectorAll('#timeline tr.version-row'))"
-        ".map(r => r.dataset.version)"
-    )
-    assert rows == ["2", "1"], rows
-    images = browser.evaluate(IMAGES)
-    assert sorted(i["src"] for i in images) == sorted(f"plots/{n}.png" for n in PLOTS), images
-    for image in images:
-        assert image["complete"] and image["w"] >= 400 and image["h"] >= 200, image
-    assert browser.evaluate("document.querySelectorAll('#hot-keys tr.hot-key').length") >= 1
-    assert browser.evaluate("document.querySelectorAll('#moved-keys tr.moved-key').length") >= 1
-    docs = browser.evaluate("Array.from(document.querySelectorAll('a.data-docs')).map(a => a.href)")
-    assert docs, "no Data Docs link"
-    doc_page = httpx.get(docs[0], headers=headers, timeout=10)
-    assert doc_page.status_code == 200 and "<html" in doc_page.text.lower()
+    browser.open(f"{base}/keyplane/", DASHBOARD_READY)
+    shown = _rendered_dashboard(browser)
+    assert shown["active"] == "v2" and shown["rows"] == ["2", "1"], shown
+    steps = [tuple(step) for step in shown["steps"]]
+    assert steps == [
+        ("PREPARE", None, True),
+        ("ACK", None, True),
+        *[(kind, op, True) for op in OPERATORS for kind in ("PROPAGATE", "MIGRATED")],
+        ("DONE", None, True),
+    ], steps
+    assert shown["heatmaps"] == [[op, True] for op in OPERATORS], shown["heatmaps"]
+    assert shown["charts"] >= 5 and shown["routing"] == len(OPERATORS)
+    assert f"{prepared_home.batches} batches with rows in the range" in shown["note"], shown
+    # No job process runs in the prepared home: the version is the last known, not live.
+    assert (shown["health"], shown["live"]) == ("down", "last known: job down"), shown
+    assert shown["hot"] >= 1 and shown["moved"] >= 1 and shown["quality"] >= 1
+    assert shown["docs"], "no Data Docs link"
     alone = ARTIFACTS / "dashboard.png"
-    size = browser.screenshot(alone)
-    assert size > 50_000
+    assert browser.screenshot(alone) > 50_000
+
+    # The Data Docs, served with their libraries from here: styled, and the index
+    # table filled by bootstrap-table, with the internet out of reach.
+    index = httpx.get(f"{base}/keyplane/data-docs/index.html", headers=headers, timeout=10)
+    assert index.status_code == 200 and remote_assets(index.text) == []
+    browser.open(
+        f"{base}/keyplane/data-docs/index.html",
+        "document.readyState === 'complete' && !!window.jQuery && "
+        "document.querySelectorAll('table tbody tr').length > 0",
+    )
+    assert browser.evaluate("getComputedStyle(document.body).fontFamily") != "", "unstyled"
+    browser.screenshot(ARTIFACTS / "data-docs.png", full_page=False)
+    doc_page = httpx.get(shown["docs"][0], headers=headers, timeout=10)
+    assert doc_page.status_code == 200 and remote_assets(doc_page.text) == []
 
     browser.call(
         "Emulation.setDeviceMetricsOverride",
@@ -297,8 +331,8 @@ def test_dashboard_shows_timeline_and_plots_in_airflow(
         f"{base}/plugin/keyplane",
         "(() => { const f = document.querySelector('iframe');"
         " const d = f && f.contentDocument;"
-        " return !!(d && d.readyState === 'complete' && d.querySelector('#timeline')"
-        " && Array.from(d.images).every(i => i.complete && i.naturalWidth > 0)); })()",
+        " return !!(d && d.body && d.body.dataset.loaded !== undefined"
+        " && d.querySelectorAll('.heatmap canvas').length > 0); })()",
         timeout_s=45,
     )
     in_ui = ARTIFACTS / "dashboard-in-airflow.png"

@@ -76,8 +76,8 @@ class BatchMetrics(BaseModel):
     rejected_control: dict[str, int] = Field(
         default_factory=dict,
         description="reason → control messages refused at this batch's boundary: "
-        "not authentic (keyplane.control.protocol.RejectReason) or not applicable "
-        "(keyplane.control.protocol.IgnoreReason)",
+        "not authentic (keyplane.control.messages.RejectReason) or not applicable "
+        "(keyplane.control.messages.IgnoreReason)",
     )
 
     @property

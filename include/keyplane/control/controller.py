@@ -3,11 +3,11 @@
 Paper 000 §3.4 has a manager send every instance the new configuration, wait
 for all acknowledgements, then propagate the change operator by operator,
 upstream first, waiting for each to install its moved state. A micro-batch
-job needs no such wait (:mod:`keyplane.control.protocol`), so the controller sends
+job needs no such wait (:mod:`keyplane.control.messages`), so the controller sends
 every operator's PROPAGATE at once, upstream first, and then waits for each
 MIGRATED: all operators switch in one batch and install in the next. The
 :class:`Controller` is that manager: it drives a
-:class:`~keyplane.control.protocol.ControllerProtocol` over a
+:class:`~keyplane.control.controller_protocol.ControllerProtocol` over a
 :class:`~keyplane.kafka.control.ControlChannel` and keeps the protocol's state,
 plus the offset up to which it has read the job's replies, in a JSON file.
 
@@ -47,16 +47,13 @@ from typing import Literal
 from kafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, Field
 
-from keyplane.control.protocol import (
+from keyplane.control.controller_protocol import (
     ControllerProtocol,
     ControllerState,
-    ControlMessage,
-    ProtocolError,
-    Reaction,
     Reconfiguration,
     rollout_for,
-    utc_now,
 )
+from keyplane.control.messages import ControlMessage, ProtocolError, Reaction, utc_now
 from keyplane.kafka.control import ControlChannel
 from keyplane.routing import config as config_store
 from keyplane.util.processes import write_atomically
@@ -489,7 +486,7 @@ class Controller:
 
     def _rollout(self, saved: ControllerFile | None) -> Reconfiguration:
         """The rollout a wait is about: the one in flight, or the last one if it finished
-        (:func:`~keyplane.control.protocol.rollout_for`)."""
+        (:func:`~keyplane.control.controller_protocol.rollout_for`)."""
         try:
             return rollout_for(None if saved is None else saved.protocol, None)
         except ProtocolError as error:

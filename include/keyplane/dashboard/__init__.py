@@ -17,9 +17,13 @@ Airflow:
   migrations and rollbacks, the hot keys and the moved keys;
 * :mod:`keyplane.dashboard.metrics`: the metrics topic, read with a deadline,
   and its per-version series;
-* :mod:`keyplane.dashboard.plots`: the series drawn server-side with
-  matplotlib (PNG; no JavaScript build);
-* :mod:`keyplane.dashboard.page`: the HTML page.
+* :mod:`keyplane.dashboard.view`: the page's JSON document (series on a
+  wall-clock axis, per-stage load heatmaps, routing table, version diff,
+  rollout steps, job health, data quality, failed runs);
+* :mod:`keyplane.dashboard.assets`: the browser libraries, installed from
+  npm and served locally, and the Data Docs rewritten to use them;
+* ``static/``: the page itself (HTML, CSS and the JavaScript that draws the
+  document with ECharts).
 
 The Airflow plugin (``plugins/keyplane_plugin.py``) only wires these to routes.
 """

@@ -27,7 +27,7 @@ or a field of the wrong type in it, shows as unknown and adds a problem line
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.control.protocol import ControllerState, Reconfiguration
+from keyplane.control.controller_protocol import ControllerState, Reconfiguration
 from keyplane.dashboard.metrics import SwitchWindow, switch_windows
 from keyplane.dashboard.records import (
     DecisionRecord,
@@ -140,6 +140,9 @@ class VersionRow:
     problem: str | None = None
     dag_id: str | None = None
     """The DAG whose run stored the version (for the link to the run in Airflow)."""
+    predicted_locality: float | None = None
+    """The locality the run predicted for the version: the backtest's on the hold-out,
+    or the scale plan's."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ class RunRecords:
     rollback: RollbackRecord | None
     problems: tuple[str, ...] = ()
     dag_id: str = "keyplane_reconfigure"
+    predicted_locality: float | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,12 @@ class Dashboard:
     problems: tuple[str, ...]
     hidden: int = 0
     """Versions left out of ``rows``: planned by a run that did not publish them."""
+    configs: Mapping[int, RoutingConfig | str] = field(default_factory=dict)
+    """Every stored version, or why it could not be read."""
+    validations: Mapping[int, ValidationRecord] = field(default_factory=dict)
+    controller: ControllerState | None = None
+    weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Each stage's key weights in the newest readable snapshot."""
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -266,6 +276,7 @@ def read_scale_runs(folder: Path | None) -> list[RunRecords]:
                 rollback=None,
                 problems=proposal.problems + decision.problems,
                 dag_id=tasks.SCALE_DAG_ID,
+                predicted_locality=float(after) if isinstance(after, float | int) else None,
             )
         )
     return runs
@@ -462,6 +473,11 @@ def build_rows(
             verdict = "passed" if validation.success else "failed"
         elif validation is not None:
             verdict = None
+        predicted = None
+        if run is not None and not is_rollback:
+            predicted = run.predicted_locality
+            if predicted is None and backtest is not None:
+                predicted = _predicted_locality(backtest)
         rows.append(
             VersionRow(
                 version=version,
@@ -488,9 +504,18 @@ def build_rows(
                 data_docs=docs,
                 problem=loaded if isinstance(loaded, str) else None,
                 dag_id=_dag_id(run or wave_of.get(version)),
+                predicted_locality=predicted,
             )
         )
     return rows
+
+
+def _predicted_locality(backtest: Mapping[str, Any]) -> float | None:
+    try:
+        value = backtest["new"]["locality"]
+    except (KeyError, TypeError):
+        return None
+    return float(value) if isinstance(value, float | int) and not isinstance(value, bool) else None
 
 
 def _dag_id(run: RunRecords | None) -> str | None:
@@ -674,8 +699,14 @@ def load_dashboard(paths: DashboardPaths, records: Sequence[BatchMetrics]) -> Da
     if pair is not None:
         old, new = configs.get(pair[0]), configs.get(pair[1])
         if isinstance(old, RoutingConfig) and isinstance(new, RoutingConfig):
+            # Ranked by the snapshot the new version was planned from, which never
+            # changes, so the table keeps its order as newer snapshots arrive.
+            proposing = [
+                r for r in runs if r.proposal is not None and r.proposal.version == pair[1]
+            ]
+            moved_weights = key_weights(paths.snapshots, proposing)[0] if proposing else weights
             try:
-                moved = tuple(moved_key_rows(old, new, weights))
+                moved = tuple(moved_key_rows(old, new, moved_weights))
             except ValueError as error:
                 moved = None
                 problems.append(f"moved keys of v{pair[0]} → v{pair[1]}: {error}")
@@ -699,4 +730,8 @@ def load_dashboard(paths: DashboardPaths, records: Sequence[BatchMetrics]) -> Da
         moved_from=None if pair is None else pair[0],
         moved_to=None if pair is None else pair[1],
         problems=tuple(problems),
+        configs=configs,
+        validations=validations,
+        controller=controller,
+        weights=weights,
     )

@@ -4,7 +4,7 @@ Paper 000 §3.4 needs the manager's commands to reach every instance in the
 order they were sent (a PROPAGATE after its PREPARE, B's after A's MIGRATED),
 and the replies to come back. keyplane carries both directions on one Kafka
 topic with a single partition, since Kafka orders records only within a
-partition. Every record is a message signed by :func:`keyplane.control.protocol.encode`
+partition. Every record is a message signed by :func:`keyplane.control.messages.encode`
 with the key from ``KEYPLANE_CONTROL_KEY``, because whoever can write to the
 topic could otherwise rewrite the job's routing.
 
@@ -14,7 +14,7 @@ it checkpointed to the high watermark, so that after a restart it reads the
 same records again and the protocol's idempotence does the rest. A record
 that is not an authentic message is reported, never raised: a forged record
 must not stop the job from reading the genuine ones after it. That holds even
-if :func:`keyplane.control.protocol.decode` has a bug: whatever else it raises on a
+if :func:`keyplane.control.messages.decode` has a bug: whatever else it raises on a
 record is logged with the traceback and reported as ``undecodable``, since an
 exception out of :meth:`ControlChannel.read` would fail the job's query, and
 every restart would read the same record again from the checkpointed offset.
@@ -32,7 +32,7 @@ from typing import Self
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
-from keyplane.control.protocol import ControlMessage, InvalidMessage, decode, encode
+from keyplane.control.messages import ControlMessage, InvalidMessage, decode, encode
 from keyplane.control.signing import control_key
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
 from keyplane.kafka.offsets import check_not_ahead

@@ -61,6 +61,37 @@ def reply_timeout_param() -> Param:
     )
 
 
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def unclamped(params: dict[str, Param]) -> dict[str, Param]:
+    """``params`` with each numeric bound moved under ``allOf``, where it is still enforced.
+
+    Airflow's trigger form hands a number Param's top-level ``minimum`` and
+    ``maximum`` to its number input, which clamps an out-of-range entry when
+    the field loses focus, without a word: α 7 became 2 and the run planned
+    with 2. Under ``allOf`` the form leaves the typed value alone, and the
+    same JSON-schema validation refuses it when the run is triggered (from
+    the form, the REST API or the CLI), with a message that names the Param
+    and its bound ("7 is greater than the maximum of 2.0").
+    """
+    moved = {}
+    for name, param in params.items():
+        schema = dict(param.schema)
+        bounds = {key: schema.pop(key) for key in BOUNDS if key in schema}
+        if bounds:
+            schema["allOf"] = [*schema.get("allOf", []), bounds]
+        moved[name] = Param(param.value, description=param.description, **schema)
+    return moved
+
+
+def bound(param: Param, key: Literal["minimum", "maximum"]) -> Any:
+    """A Param's ``minimum`` or ``maximum``, at the top level or where :func:`unclamped` put it."""
+    if key in param.schema:
+        return param.schema[key]
+    return next((part[key] for part in param.schema.get("allOf", []) if key in part), None)
+
+
 MAX_WAVES_PER_RUN = 16
 """The most waves a reconfigure run splits its change into (``max_moves_per_wave``).
 
@@ -276,7 +307,7 @@ def rollout_chain(
     One task sends every operator's PROPAGATE in one publish, before the
     first wait, so that the job reads them at one batch boundary: all
     operators switch in the same micro-batch and install in the next (see
-    :mod:`keyplane.control.protocol` for why a micro-batch job may). A task per
+    :mod:`keyplane.control.messages` for why a micro-batch job may). A task per
     operator would let a boundary fall between their publishes, and the
     downstream operators would switch, and the rollout end, one batch
     later. Each operator's install is still a step of its own: its wait for

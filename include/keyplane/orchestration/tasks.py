@@ -47,7 +47,7 @@ from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
 
 if TYPE_CHECKING:
-    from keyplane.control.protocol import ControllerState, Reconfiguration
+    from keyplane.control.controller_protocol import ControllerState, Reconfiguration
 
 log = logging.getLogger(__name__)
 
@@ -1003,13 +1003,14 @@ def awaited_rollout(state: ControllerState | None, version: int | None) -> Recon
 
     A wait that took whatever is in flight would, after an operator aborted
     the run's v2 and published v3, report v3's ACK as the run's; so a wait
-    names its version and :func:`keyplane.control.protocol.rollout_for` judges it as
+    names its version and :func:`keyplane.control.controller_protocol.rollout_for` judges it as
     it judges the protocol's steps. Its refusal is raised as a
     :class:`~keyplane.control.controller.ControllerError`, as the controller's other
     refusals to wait are.
     """
     from keyplane.control.controller import ControllerError
-    from keyplane.control.protocol import ProtocolError, rollout_for
+    from keyplane.control.controller_protocol import rollout_for
+    from keyplane.control.messages import ProtocolError
 
     try:
         return rollout_for(state, version)

@@ -7,7 +7,7 @@ at the new location. Paper 000 §3.4 sends each instance the keys it must send
 operators in DAG order, upstream first, so that an instance that has handed a
 key over no longer receives tuples for it. (In a micro-batch job the batch
 boundary gives that guarantee, so keyplane's operators may all switch in one
-batch: :mod:`keyplane.control.protocol`.)
+batch: :mod:`keyplane.control.job_protocol` and `keyplane.control.controller_protocol`.)
 
 A key's *location* in one configuration is its table entry, else its hot-key
 instance set (each holding a partial state, paper 001 §4.2), else the hash

@@ -60,7 +60,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from keyplane.aggregates import canonical_spec, load_aggregate
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.control.controller import ControllerError, read_controller_file
-from keyplane.control.protocol import Reconfiguration
+from keyplane.control.controller_protocol import Reconfiguration
 from keyplane.control.signing import control_key
 from keyplane.kafka.admin import TopicError, high_watermarks, partitions_of, tail_offsets
 from keyplane.kafka.broker import answers_kafka

@@ -7,7 +7,7 @@ sources' ``latestOffset``. So this source is where keyplane's driver side of
 the reconfiguration protocol lives (paper 000 §3.4): at each boundary it
 
 1. reads the new control messages (:class:`~keyplane.kafka.control.ControlChannel`)
-   and feeds them to the job's :class:`~keyplane.control.protocol.JobProtocol`, which
+   and feeds them to the job's :class:`~keyplane.control.job_protocol.JobProtocol`, which
    refuses (one log line, a count in the metrics, no reply) one that is
    unsigned, stale or for a configuration it cannot load;
 2. fixes the batch's routing with :meth:`JobProtocol.begin_batch`;
@@ -60,8 +60,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from keyplane.control.job_protocol import JobProtocol
+from keyplane.control.messages import ControlMessage, Reaction
 from keyplane.control.operators import OPERATORS
-from keyplane.control.protocol import ControlMessage, JobProtocol, Reaction
 from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.offsets import PartitionOffsets, cap_offsets, check_not_ahead, total_rows
 from keyplane.kafka.ranges import OffsetRange, read_range, split_range

@@ -24,7 +24,7 @@ from keyplane.control.controller import (
     RolloutRefused,
     RolloutTimeout,
 )
-from keyplane.control.protocol import ProtocolError
+from keyplane.control.messages import ProtocolError
 from keyplane.kafka.control import ControlChannel, ControlRead
 from keyplane.routing import config as config_store
 from keyplane.testing import ProtocolOnlyJob

@@ -1,4 +1,4 @@
-"""Tests of the reconfiguration protocol of paper 000 §3.4 (keyplane.control.protocol).
+"""Tests of the reconfiguration protocol of paper 000 §3.4 (keyplane.control.messages).
 
 The two state machines are pure, so these tests drive them directly; messages
 between them go through the signed wire form, as they would on Kafka.
@@ -18,18 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from keyplane.control.protocol import (
-    REPLAYABLE_BATCHES,
-    ControllerProtocol,
-    ControllerState,
+from keyplane.control.controller_protocol import ControllerProtocol, ControllerState, rollout_for
+from keyplane.control.job_protocol import REPLAYABLE_BATCHES, JobProtocol
+from keyplane.control.messages import (
     ControlMessage,
     InvalidMessage,
-    JobProtocol,
     ProtocolError,
     UnplannedBatchError,
     decode,
     encode,
-    rollout_for,
 )
 from keyplane.control.signing import canonical_json, sign
 

@@ -7,21 +7,19 @@ hanging, against a real closed port.
 from __future__ import annotations
 
 import json
-import struct
 import time
-import warnings
 from datetime import UTC, datetime, timedelta
-from html import escape
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.control.protocol import ControllerState, ControlMessage, Reconfiguration
+from keyplane.control.controller_protocol import ControllerState, Reconfiguration
+from keyplane.control.messages import ControlMessage
 from keyplane.dashboard import metrics as dm
-from keyplane.dashboard.page import render_page
-from keyplane.dashboard.plots import LEGEND_VERSIONS, PLOTS, plot_figure, render_png
+from keyplane.dashboard import view
 from keyplane.dashboard.records import (
     DecisionRecord,
     ProposalRecord,
@@ -237,81 +235,25 @@ def test_pure_hot_and_moved_keys_are_ranked_by_weight() -> None:
     assert {m.kind for m in moved if m.key == "<hot>"} == {"split"}
 
 
-def _png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    return int(width), int(height)
-
-
-@pytest.mark.parametrize("name", list(PLOTS))
-def test_pure_plots_render_pngs_with_and_without_points(name: str) -> None:
-    records = [_batch(i, {"A": 1 + (i >= 3), "B": 1 + (i >= 4)}) for i in range(6)]
-    full = render_png(name, dm.points(records))
-    empty = render_png(name, [])
-    assert _png_size(full) == (640, 320) and _png_size(empty) == (640, 320)
-    assert len(full) > 5_000
-
-
-def _versions_points(versions: int) -> list[dm.BatchPoint]:
-    """Three batches per version, with a migrating batch before each new version."""
-    points: list[dm.BatchPoint] = []
-    for version in range(1, versions + 1):
-        points.append(dm.BatchPoint(len(points), None, 0.3, 1.5, 900.0, 20))
-        points.extend(
-            dm.BatchPoint(len(points), version, 0.5 + version % 5 / 10, 1.2, 1000.0, 10)
-            for _ in range(3)
-        )
-    return points
-
-
-@pytest.mark.parametrize("name", list(PLOTS))
-def test_pure_plot_legend_names_the_newest_versions_in_distinct_colours_beside_the_axes(
-    name: str,
+def test_pure_document_says_when_metrics_are_unavailable_and_keeps_keys_as_data(
+    tmp_path: Path,
 ) -> None:
-    figure = plot_figure(name, _versions_points(40))
-    axes = figure.axes[0]
-    legend = axes.get_legend()
-    labels = [text.get_text() for text in legend.get_texts()]
-    newest = [f"v{v}" for v in range(40 - LEGEND_VERSIONS + 1, 41)]
-    assert labels[: LEGEND_VERSIONS + 1] == [*newest, f"and {40 - LEGEND_VERSIONS} older"]
-    colours = {line.get_color() for line in axes.lines if line.get_label() in newest}
-    assert len(colours) == LEGEND_VERSIONS
-    figure.canvas.draw()
-    assert not legend.get_window_extent().overlaps(axes.get_window_extent())
-
-
-def test_pure_plot_of_a_thousand_versions_is_a_few_artists_and_keeps_its_layout() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        figure = plot_figure("locality", _versions_points(1000))
-        png = render_png("locality", _versions_points(1000))
-    axes = figure.axes[0]
-    assert len(axes.lines) + len(axes.collections) <= LEGEND_VERSIONS + 4
-    assert _png_size(png) == (640, 320)
-
-
-def test_pure_page_escapes_keys_and_says_when_metrics_are_unavailable(tmp_path: Path) -> None:
     store = tmp_path / "configs"
     config_store.save(_config(1, None, "initial"), store)
     config_store.save(_config(2, 1, "schedule", hot=True), store)
     paths = DashboardPaths(store, tmp_path / "statistics", tmp_path / "controller.json", tmp_path)
-    dashboard = load_dashboard(paths, [])
     down = dm.MetricsRead((), "Kafka at 127.0.0.1:1 did not answer")
-    html = render_page(dashboard, down, [], generated_at=T0, metrics_topic="m", has_data_docs=False)
-    assert html.count('class="version-row') == 2
-    assert "&lt;hot&gt;" in html and "<hot>" not in html
-    assert "metrics unavailable: Kafka at 127.0.0.1:1 did not answer" in html
-    assert "<img" not in html
-    up = dm.MetricsRead((_batch(0, {"A": 2, "B": 2}),))
-    html = render_page(
-        dashboard,
-        up,
-        dm.summaries(up.records),
-        generated_at=T0,
-        metrics_topic="m",
-        has_data_docs=True,
-    )
-    assert html.count('class="plot"') == len(PLOTS) and "data-docs/index.html" in html
+    doc = _document(load_dashboard(paths, []), down)
+    assert [v["version"] for v in doc["versions"]] == [2, 1]
+    assert doc["metrics"] == {
+        "available": False,
+        "problem": "Kafka at 127.0.0.1:1 did not answer",
+        "records": 0,
+    }
+    # Keys stay raw data: the page inserts them as text, never as HTML.
+    assert [h["key"] for h in doc["hot_keys"]] == ["<hot>"]
+    assert doc["batches"] == [] and doc["heatmaps"] == []
+    json.dumps(doc)  # the route returns it as JSON
 
 
 def test_pure_load_dashboard_reads_the_files_the_dag_writes(tmp_path: Path) -> None:
@@ -343,7 +285,6 @@ def test_pure_load_dashboard_reads_the_files_the_dag_writes(tmp_path: Path) -> N
     service = DashboardService(paths, dm.CachedMetrics("127.0.0.1:1", "m"))
     assert service.data_doc(newest.data_docs[0].path) == page.resolve()
     assert service.data_doc("../../../../configs/validation-v000002.json") is None
-    assert service.plot("nope") is None
 
 
 def test_reading_metrics_from_a_stopped_broker_degrades_quickly() -> None:
@@ -389,9 +330,25 @@ def _set_field(path: Path, field: str, value: object) -> None:
     path.write_text(json.dumps({**record, field: value}))
 
 
-def _page(dashboard: Dashboard) -> str:
-    down = dm.MetricsRead((), "not read")
-    return render_page(dashboard, down, [], generated_at=T0, metrics_topic="m", has_data_docs=False)
+def _document(dashboard: Dashboard, read: dm.MetricsRead | None = None) -> dict[str, Any]:
+    """The page's JSON document of ``dashboard`` and ``read`` (none: metrics not read)."""
+    read = read or dm.MetricsRead((), "not read")
+    health = view.job_health(view.JobFacts(None, None, None, None), read, T0)
+    return view.document(
+        dashboard,
+        read,
+        dm.summaries(read.records),
+        active=None,
+        controller=dashboard.controller,
+        configs=dashboard.configs,
+        weights=dashboard.weights,
+        validations=dashboard.validations,
+        health=health,
+        failed=None,
+        generated_at=T0,
+        metrics_topic="m",
+        has_data_docs=False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -440,7 +397,7 @@ def test_pure_a_field_of_the_wrong_type_shows_a_dash_and_a_problem_line(
     assert getattr(row, attribute) == shown
     [problem] = dashboard.problems
     assert f"{file}: field '{field}' is unreadable" in problem
-    assert escape(problem) in _page(dashboard)
+    assert problem in _document(dashboard)["problems"]
 
 
 def _frequencies(path: Path, **columns: list[object]) -> None:
@@ -493,7 +450,8 @@ def test_pure_moved_keys_are_unknown_when_a_side_cannot_be_read(
     assert (dashboard.moved_from, dashboard.moved_to, dashboard.moved_keys) == (1, 2, None)
     expected = f"moved keys of v1 → v2 unknown: v{broken} could not be read"
     assert expected in dashboard.problems
-    assert "no key moved" not in _page(dashboard)
+    doc = _document(dashboard)
+    assert doc["moved_keys"] is None and doc["diff"] is None
 
 
 def test_pure_moved_keys_of_a_scale_in_are_the_moves_the_job_makes() -> None:
@@ -584,15 +542,9 @@ def test_a_scale_version_row_links_its_run_and_gives_its_reason(tmp_path: Path) 
     row = next(r for r in dashboard.rows if r.version == 2)
     assert row.run_id == run and row.dag_id == "keyplane_scale"
     assert row.decision == "B under-utilised: scale in to 2; predicted locality 92.5% → 47.3%"
-    html = render_page(
-        dashboard,
-        dm.MetricsRead(()),
-        [],
-        generated_at=T0,
-        metrics_topic="m",
-        has_data_docs=False,
-    )
-    assert 'href="/dags/keyplane_scale/runs/manual__2026-11-03T12%3A00%3A00%2B00%3A00"' in html
+    assert row.predicted_locality == pytest.approx(0.473)
+    (shown,) = [v for v in _document(dashboard)["versions"] if v["version"] == 2]
+    assert shown["run_url"] == "/dags/keyplane_scale/runs/manual__2026-11-03T12%3A00%3A00%2B00%3A00"
 
 
 def test_versions_planned_but_not_published_are_not_listed(tmp_path: Path) -> None:
@@ -608,7 +560,4 @@ def test_versions_planned_but_not_published_are_not_listed(tmp_path: Path) -> No
 
     assert [r.version for r in dashboard.rows] == [1]
     assert dashboard.hidden == 2
-    html = render_page(
-        dashboard, dm.MetricsRead(()), [], generated_at=T0, metrics_topic="m", has_data_docs=False
-    )
-    assert "2 planned versions not published are not listed" in html
+    assert _document(dashboard)["hidden_versions"] == 2

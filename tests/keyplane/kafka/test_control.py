@@ -14,7 +14,7 @@ import logging
 import pytest
 from kafka import KafkaProducer
 
-from keyplane.control.protocol import ControlMessage, decode, encode
+from keyplane.control.messages import ControlMessage, decode, encode
 from keyplane.control.signing import KEY_ENV_VAR, MissingKeyError, canonical_json, sign
 from keyplane.kafka import control
 from keyplane.kafka.admin import TopicError, ensure_topic

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from keyplane.control.protocol import ControlMessage
+from keyplane.control.messages import ControlMessage
 from keyplane.kafka.control import ControlRead
 from keyplane.orchestration import tasks
 from keyplane.orchestration.deployment import Deployment

@@ -35,7 +35,8 @@ from fake_control import (
 
 from keyplane.algorithms import statistics as stats
 from keyplane.control.controller import ControllerError
-from keyplane.control.protocol import ControllerProtocol, ProtocolError
+from keyplane.control.controller_protocol import ControllerProtocol
+from keyplane.control.messages import ProtocolError
 from keyplane.orchestration import dagparts, planning, tasks
 from keyplane.orchestration import deployment as deployment_module
 from keyplane.orchestration.deployment import Deployment

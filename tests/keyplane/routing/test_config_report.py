@@ -268,7 +268,7 @@ def test_show_defaults_to_the_active_version_and_list_hides_versions_never_publi
     active version is v2, the newest that was not left unpublished; once the controller
     has a rollout on record, its active version is the one shown."""
     from keyplane.control.controller import ControllerFile
-    from keyplane.control.protocol import ControllerState
+    from keyplane.control.controller_protocol import ControllerState
     from keyplane.routing.config import mark_not_published
 
     monkeypatch.setenv("KEYPLANE_HOME", str(tmp_path))

@@ -40,7 +40,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from keyplane.control.controller import Controller
-from keyplane.control.protocol import ControlMessage, encode
+from keyplane.control.messages import ControlMessage, encode
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import make_producer, produce_workload

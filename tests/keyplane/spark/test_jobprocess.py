@@ -32,8 +32,8 @@ from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.cli import main as cli_main
 from keyplane.cli import render_job_status
 from keyplane.control.controller import ControllerFile
+from keyplane.control.controller_protocol import ControllerProtocol
 from keyplane.control.operators import OPERATORS
-from keyplane.control.protocol import ControllerProtocol
 from keyplane.control.signing import MissingKeyError
 from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import make_producer, produce_workload

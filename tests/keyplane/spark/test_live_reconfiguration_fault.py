@@ -51,8 +51,8 @@ import pytest
 
 from keyplane.algorithms.partials import latest_partials
 from keyplane.control.controller import Controller, read_controller_file
+from keyplane.control.controller_protocol import Reconfiguration
 from keyplane.control.operators import OPERATORS
-from keyplane.control.protocol import Reconfiguration
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.offsets import total_rows
