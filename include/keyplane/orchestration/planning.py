@@ -677,8 +677,8 @@ class DecisionRule:
     The expected gain on the hold-out is the locality gained plus the
     worst-operator imbalance removed, ``(L_new − L_cur) + (I_cur − I_new)``,
     both in shares of the stream: one point of locality keeps 1 % of the
-    A → B tuples on their server, and one point of imbalance is 1 % of the
-    mean load taken off the bottleneck instance. The cost is the share of
+    tuples between consecutive stages on their server, and one point of
+    imbalance is 1 % of the mean load taken off the bottleneck instance. The cost is the share of
     state the rollout migrates times ``migration_cost``, the gain a full
     migration must buy to repay its pause (000 §3.4 buffers tuples while
     state moves). Publish when ``gain − cost ≥ min_gain``, or when forced.
@@ -736,7 +736,7 @@ def rollback_config(previous: RoutingConfig, active: RoutingConfig, version: int
 class Measured:
     """What a run of batches measured (:class:`~keyplane.algorithms.batchmetrics.BatchMetrics`).
 
-    ``locality`` is the share of A → B tuples that stayed on one executor
+    ``locality`` is the share of the tuples between consecutive stages that stayed on one executor
     (000 §2), ``imbalance`` the worst operator's max/mean of the loads summed
     over the batches (000 §3.1), ``lag`` the mean input lag in records and
     ``lag_growth`` how much the lag grew from one batch to the next, on
@@ -818,7 +818,7 @@ class VerifyTolerances:
 def verdict(before: Measured, after: Measured, tolerances: VerifyTolerances) -> str | None:
     """Why ``after`` regressed against ``before``, or None when it did not.
 
-    A figure missing on either side (no batches before, no A → B hops) is
+    A figure missing on either side (no batches before, no hops between stages) is
     not judged.
     """
     reasons = []

@@ -12,8 +12,8 @@ Three suites, each over one pandas frame (GX validates one suite against one
 batch, and the frames have different columns):
 
 * ``keyplane_statistics``: one row per (stage, key, epoch) of a statistics
-  snapshot. No null fields, counts ≥ 0, stage in {A, B}, one row per (stage,
-  key, epoch), enough keys and tuples, and the snapshot's offset windows
+  snapshot. No null fields, counts ≥ 0, stage one of the pipeline's stages,
+  one row per (stage, key, epoch), enough keys and tuples, and the snapshot's offset windows
   cover the range it claims to describe.
 * ``keyplane_configuration_keys``: one row per routed key per operator
   (a table key is one row; a hot key split over d instances is d rows). Every

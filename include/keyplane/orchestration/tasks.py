@@ -1085,7 +1085,7 @@ def read_timed_metrics(
 
 
 def _on_version(records: list[BatchMetrics], version: int) -> list[BatchMetrics]:
-    """Batches that routed events (A → B hops) with every operator on ``version``."""
+    """Batches that routed events (hops between stages) with every operator on ``version``."""
     return [
         r for r in records if r.hops > 0 and r.versions and set(r.versions.values()) == {version}
     ]
