@@ -4,9 +4,9 @@ Besides its schedule, the reconfiguration DAG starts when the routed job's
 newest micro-batches, on one version, measure the worst operator's load
 imbalance (max/mean over the instances the version keeps active, 000 §3.1)
 above a bound, the share of the tuples between consecutive stages kept on
-one executor (000 §2) below a bound, or the input lag growing faster than a bound per batch. The figures
-are those of the DAG's ``verify`` step (:func:`keyplane.orchestration.planning.measure`).
-Pure: the trigger that reads the topic is
+one executor (000 §2) below a bound, or the input lag growing faster than a
+bound per batch. The figures are those of the DAG's ``verify`` step
+(:func:`keyplane.orchestration.planning.measure`). Pure: the trigger that reads the topic is
 :class:`keyplane.orchestration.triggers.MetricsSignalTrigger`.
 """
 
