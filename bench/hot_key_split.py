@@ -88,7 +88,8 @@ def planned_config(spec: ZipfEvolvingWorkload, seen: int, alpha: float) -> Routi
     )
     _, frames = stats.build_snapshot(
         run_id="bench",
-        grouped=grouped,
+        grouped=stats.chain_rows(grouped, OPERATORS),
+        stages=OPERATORS,
         metrics=[],
         events=stats.TopicWindow(topic="hot", start={0: 0}, end={0: seen}),
         metrics_window=stats.TopicWindow(topic="metrics", start={}, end={}),

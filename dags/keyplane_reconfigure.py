@@ -53,14 +53,14 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException
 
-from keyplane.control.operators import OPERATORS
+from keyplane.control.operators import stage_names
 from keyplane.orchestration import dagparts
 from keyplane.orchestration.approval import RolloutApprovalOperator
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     MAX_WAVES_PER_RUN,
-    ROLL_OUT_WAVES_WAITS,
     reply_timeout_param,
+    roll_out_waves_waits,
     rollout_chain,
     rollout_dag_args,
 )
@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 STATISTICS_JOB = Path(__file__).resolve().parent.parent / "spark_jobs" / "key_statistics.py"
 STATISTICS_ASSET = Asset(name="keyplane_statistics_snapshot")
 METRICS_SIGNAL = dagparts.metrics_signal_asset()
+STAGES = stage_names()
+"""The stages of the pipeline ``KEYPLANE_PIPELINE`` names, upstream first: the operators a
+run re-plans and rolls out, one MIGRATED wait each."""
 
 PARAMS = {
     "force": Param(
@@ -127,13 +130,15 @@ PARAMS = {
         "(0.2 = the newest 20 %; 0.0 to 0.9).",
     ),
     "operators": Param(
-        list(OPERATORS),
+        list(STAGES),
         type="array",
-        items={"type": "string", "enum": list(OPERATORS)},
+        items={"type": "string"},
+        examples=list(STAGES),
         minItems=1,
         uniqueItems=True,
-        description="The job's stateful operators to re-plan; the others keep the routing "
-        "they run.",
+        description="The pipeline's stages to re-plan, of "
+        f"{', '.join(STAGES)}; the others keep the routing they run. A name that is not a "
+        "stage of the pipeline fails the run's first task.",
     ),
     "parallelism": Param(
         None,
@@ -209,10 +214,10 @@ with DAG(
     tags=["keyplane", "reconfiguration", "spark"],
     params=dagparts.unclamped(PARAMS),
     doc_md=__doc__,
-    # await_ack, await_migrated_A/B, await_new_version_batches, the rollback's three, and
-    # roll_out_waves's, at most MAX_WAVES_PER_RUN waves.
+    # await_ack, an await_migrated per stage, await_new_version_batches, the rollback's
+    # the same, and roll_out_waves's, at most MAX_WAVES_PER_RUN waves.
     **rollout_dag_args(
-        waits=7 + ROLL_OUT_WAVES_WAITS,
+        waits=3 + 2 * len(STAGES) + roll_out_waves_waits(len(STAGES)),
         # Every ten minutes, and whenever the job's metrics call for a re-plan.
         schedule=AssetOrTimeSchedule(
             timetable=DeltaTriggerTimetable(dagparts.SCHEDULE), assets=[METRICS_SIGNAL]
@@ -348,7 +353,7 @@ with DAG(
         return "rollback.prepare_rollback" if record["regressed"] else None
 
     published = publish()
-    ack, migrated = rollout_chain("")
+    ack, migrated = rollout_chain(STAGES)
     finished = done()
     await_batches = AwaitRolloutOperator(
         task_id="await_new_version_batches",
@@ -389,7 +394,7 @@ with DAG(
             )
 
         rollback_ack, rollback_migrated = rollout_chain(
-            "rollback_", published_by="rollback.prepare_rollback"
+            STAGES, "rollback_", published_by="rollback.prepare_rollback"
         )
         prepare_rollback() >> rollback_ack
         rollback_migrated >> rollback_done() >> report_rollback()

@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from keyplane.control.operators import OPERATORS
+from keyplane.control.operators import stage_names
 from keyplane.orchestration.dagparts import (
     CONFIGURATION_ASSET,
     fail_fast,
@@ -46,6 +46,9 @@ from keyplane.orchestration.dagparts import (
 from keyplane.orchestration.deployment import deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
 
+STAGES = stage_names()
+"""The stages of the pipeline ``KEYPLANE_PIPELINE`` names, upstream first."""
+
 PARAMS = {
     "action": Param(
         "auto",
@@ -58,9 +61,10 @@ PARAMS = {
     "operator": Param(
         None,
         type=["null", "string"],
-        enum=[None, *OPERATORS],
-        description="The stateful operator to scale. Empty: the one that gains most (the "
-        "busiest to scale out, the idlest to scale in).",
+        examples=list(STAGES),
+        description=f"The stage to scale, one of {', '.join(STAGES)}. Empty: the one that "
+        "gains most (the busiest to scale out, the idlest to scale in). A name that is not "
+        "a stage of the pipeline fails the run's first task.",
     ),
     "instances": Param(
         None,
@@ -131,8 +135,8 @@ with DAG(
     tags=["keyplane", "scaling"],
     params=unclamped(PARAMS),
     doc_md=__doc__,
-    # await_ack, await_migrated_A/B and await_new_version_batches.
-    **rollout_dag_args(waits=4),
+    # await_ack, an await_migrated per stage and await_new_version_batches.
+    **rollout_dag_args(waits=2 + len(STAGES)),
 ) as dag:
 
     @task.short_circuit
@@ -193,7 +197,7 @@ with DAG(
 
         return scale_steps.verify(deployment(), run_id(), batches=int(params()["verify_batches"]))
 
-    ack, migrated = rollout_chain()
+    ack, migrated = rollout_chain(STAGES)
     await_batches = AwaitRolloutOperator(
         task_id="await_new_version_batches",
         kind="metrics",

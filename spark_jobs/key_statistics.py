@@ -1,16 +1,21 @@
-"""The statistics job: one window of the events and metrics topics into a snapshot folder.
+"""The statistics job: one window of the pipeline's topics and the metrics topic into a
+snapshot folder.
 
     spark-submit spark_jobs/key_statistics.py --bootstrap-servers HOST:PORT \\
-        --events-topic T --metrics-topic M --snapshots DIR --run-id ID \\
-        [--routing-store DIR] [--decay 0.5] [--holdout-fraction 0.2]
+        --metrics-topic M --snapshots DIR --run-id ID [--pipeline module:attribute] \\
+        [--events-topic T] [--routing-store DIR] [--decay 0.5] [--holdout-fraction 0.2]
 
 Submitted by the ``collect_statistics`` task of the ``keyplane_reconfigure``
-DAG (``SparkSubmitOperator``). Spark stays at the edge: one task per Kafka
-partition reads its exact offset range of the window (so a rerun reads the
-same records) and counts the events by key pair and side of the hold-out line
-(:mod:`keyplane.spark.pair_counts`); the metrics window, one record per
-micro-batch, is read on the driver; :mod:`keyplane.algorithms.statistics` does the rest
-in pandas. The window starts where the previous snapshot ended
+DAG (``SparkSubmitOperator``). The pipeline (default ``KEYPLANE_PIPELINE``)
+says which topics to read, how to parse their values and each stage's key.
+Spark stays at the edge: one task per Kafka partition reads its exact offset
+range of the window (so a rerun reads the same records), the JVM parses the
+values against the pipeline's schema and counts the events by stage, key,
+next stage's key and side of the hold-out line
+(:mod:`keyplane.orchestration.stage_keys`); events that do not parse are
+counted and reported, not fatal. The metrics window, one record per
+micro-batch, is read on the driver; :mod:`keyplane.algorithms.statistics`
+does the rest in pandas. The window starts where the previous snapshot ended
 (first run: the earliest offsets), so a run with a snapshot already written
 exits at once: retries and repeated runs change nothing.
 """
@@ -28,9 +33,10 @@ from keyplane.algorithms import statistics as stats
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.kafka.admin import earliest_offsets, ensure_topic, high_watermarks
 from keyplane.kafka.metrics_topic import read_metrics
+from keyplane.orchestration.stage_keys import window_key_counts
+from keyplane.pipeline import Pipeline, load_pipeline
 from keyplane.routing import config as config_store
 from keyplane.settings import Settings
-from keyplane.spark.pair_counts import window_pair_counts
 from keyplane.spark.session import build_session
 
 
@@ -63,12 +69,18 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
     last = stats.latest_snapshot(args.snapshots, before=args.run_id)
     previous = None if last is None else stats.read_snapshot(args.snapshots, last.run_id)
     bootstrap = args.bootstrap_servers
-    events = _window(bootstrap, args.events_topic, None if last is None else last.events)
+    pipeline: Pipeline = load_pipeline(args.pipeline or Settings().pipeline)
+    topics = (args.events_topic,) if args.events_topic else pipeline.source.topics
+    before = {} if last is None else {w.topic: w for w in last.events}
+    events = [_window(bootstrap, topic, before.get(topic)) for topic in topics]
     metrics_window = _window(bootstrap, args.metrics_topic, None if last is None else last.metrics)
     started = time.monotonic()
-    grouped = window_pair_counts(
-        spark, bootstrap, events, settings.holdout_fraction, args.max_event_bytes
+    rows = window_key_counts(
+        spark, bootstrap, events, pipeline, settings.holdout_fraction, args.max_event_bytes
     ).toPandas()
+    unparsed = rows["stage"].isna()
+    grouped = rows[~unparsed].reset_index(drop=True)
+    unparsed_events = int(rows.loc[unparsed, "n"].sum())
     records = metrics_records(bootstrap, metrics_window)
     read_s = time.monotonic() - started
     version = stats.job_version(records)
@@ -80,16 +92,24 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
     manifest, frames = stats.build_snapshot(
         run_id=args.run_id,
         grouped=grouped,
+        stages=pipeline.stage_names,
         metrics=records,
         events=events,
         metrics_window=metrics_window,
         previous=previous,
         config=config,
         settings=settings,
+        unparsed_events=unparsed_events,
     )
     folder = stats.write_snapshot(args.snapshots, manifest, **frames)
+    read = sum(window.records for window in events)
+    if unparsed_events:
+        sys.stdout.write(
+            f"statistics: {unparsed_events:,} of {read:,} events did not parse against pipeline "
+            f"{pipeline.name!r}'s schema, were too large or had a null key; not counted\n"
+        )
     sys.stdout.write(
-        f"statistics: read {events.records:,} events and {len(records):,} metrics records "
+        f"statistics: read {read:,} events and {len(records):,} metrics records "
         f"in {read_s:.1f} s; snapshot of {len(frames['pairs']):,} key pairs written in "
         f"{time.monotonic() - started - read_s:.1f} s\n"
     )
@@ -99,7 +119,14 @@ def collect(spark: SparkSession, args: argparse.Namespace) -> Path:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="statistics", description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--events-topic", required=True)
+    parser.add_argument(
+        "--pipeline",
+        default=None,
+        help="the pipeline as module:attribute (default: KEYPLANE_PIPELINE)",
+    )
+    parser.add_argument(
+        "--events-topic", default=None, help="read this topic instead of the pipeline's topics"
+    )
     parser.add_argument("--metrics-topic", required=True)
     parser.add_argument("--snapshots", type=Path, required=True)
     parser.add_argument("--run-id", required=True)

@@ -32,7 +32,7 @@ from keyplane.control.controller import (
     read_controller_file,
 )
 from keyplane.control.messages import ProtocolError
-from keyplane.control.operators import OPERATORS
+from keyplane.control.operators import stage_names
 from keyplane.control.signing import MissingKeyError, control_key
 from keyplane.kafka.admin import TopicError, check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.apache_kafka import ApacheKafkaBroker
@@ -371,7 +371,8 @@ def _read_config_file(path: Path) -> RoutingConfig:
 
 def _without_repeated_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object's members, refusing a name given twice: JSON parsers keep the last
-    one without a word, so ``{"A": {...}, "A": {...}}`` would lose an operator's routing."""
+    one without a word, so ``{"users": {...}, "users": {...}}`` would lose an operator's
+    routing."""
     members: dict[str, Any] = {}
     for name, value in pairs:
         if name in members:
@@ -400,6 +401,20 @@ def _check_parent(config: RoutingConfig, store: Path, path: Path) -> None:
         raise CliError(
             f"{path} cannot replace its parent v{config.parent_version}: {exc}"
         ) from None
+
+
+def _check_against_the_pipeline(config: RoutingConfig, settings: Settings, path: Path) -> None:
+    """Refuse, before anything is stored, a version that does not route exactly the stages
+    of the pipeline the job runs (``KEYPLANE_PIPELINE``)."""
+    try:
+        stages = stage_names(settings.pipeline)
+    except PipelineError as exc:
+        raise CliError(f"cannot check {path} against the job's pipeline: {exc}") from None
+    if set(config.operators) != set(stages):
+        raise CliError(
+            f"{path} routes operators {', '.join(sorted(config.operators))}, but the "
+            f"pipeline {settings.pipeline} has stages {', '.join(stages)}; nothing was stored"
+        )
 
 
 def _check_against_the_job(config: RoutingConfig, settings: Settings, path: Path) -> None:
@@ -431,11 +446,6 @@ def _check_against_the_job(config: RoutingConfig, settings: Settings, path: Path
             )
         # A job run elsewhere (a cluster's driver): it checks the version itself.
         return
-    if set(config.operators) != set(OPERATORS):
-        raise CliError(
-            f"{path} routes operators {', '.join(sorted(config.operators))}, but the job runs "
-            f"{', '.join(OPERATORS)}; nothing was stored"
-        )
     partitions = job.running_partitions(record)
     if partitions is None:
         return
@@ -482,8 +492,12 @@ def _save_published(config: RoutingConfig, store: Path, path: Path) -> None:
 
 
 def _controller(settings: Settings, channel: ControlChannel, store: Path) -> Controller:
+    try:
+        stages: tuple[str, ...] | None = stage_names(settings.pipeline)
+    except PipelineError:
+        stages = None  # the configurations' own order, upstream first
     return Controller(
-        channel, settings.controller_state, store, metrics_topic=settings.metrics_topic
+        channel, settings.controller_state, store, stages, metrics_topic=settings.metrics_topic
     )
 
 
@@ -536,6 +550,8 @@ def cmd_config_publish(settings: Settings, args: argparse.Namespace) -> int:
         return _publish_in_waves(settings, args, config, store)
     if config.parent_version is not None:
         _check_parent(config, store, args.file)
+    _check_against_the_pipeline(config, settings, args.file)
+    if config.parent_version is not None:
         _check_storable(config, store, args.file)
         if not args.no_job_check:
             _check_against_the_job(config, settings, args.file)
@@ -599,6 +615,7 @@ def _publish_in_waves(
         )
     except (config_store.ConfigStoreError, ValueError) as exc:
         raise CliError(f"cannot split {args.file} into waves: {exc}") from None
+    _check_against_the_pipeline(config, settings, args.file)
     if not args.no_job_check:
         _check_against_the_job(config, settings, args.file)
     for wave in waves:
@@ -1229,10 +1246,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--store", type=Path, help=store_help)
     diff = actions.add_parser(
-        "diff", help="the keys, hot keys and state transfers that going from A to B moves"
+        "diff", help="the keys, hot keys and state transfers that going from OLD to NEW moves"
     )
-    diff.add_argument("a", metavar="A", type=_version, help="the version replaced")
-    diff.add_argument("b", metavar="B", type=_version, help="the version replacing it")
+    diff.add_argument("a", metavar="OLD", type=_version, help="the version replaced")
+    diff.add_argument("b", metavar="NEW", type=_version, help="the version replacing it")
     diff.add_argument("--store", type=Path, help=store_help)
     diff.add_argument(
         "--statistics",

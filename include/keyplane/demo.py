@@ -46,14 +46,14 @@ import pandas as pd
 from tqdm import tqdm
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.control.operators import OPERATORS
+from keyplane.control.operators import stage_names
 from keyplane.control.signing import KEY_ENV_VAR
 from keyplane.kafka.admin import check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import WorkloadTrickle, check_workload_options, produce_workload
 from keyplane.orchestration import dagrun, planning, tasks
-from keyplane.orchestration.deployment import Deployment
+from keyplane.orchestration.deployment import Deployment, routed_job_topics
 from keyplane.reference.verification import CountReport, compare_counts, expected_counts_of
 from keyplane.reference.workloads import WorkloadSpec
 from keyplane.routing import config as config_store
@@ -66,7 +66,6 @@ from keyplane.spark.counts_job import (
     job_command,
     read_output,
 )
-from keyplane.testing import routed_job_topics
 from keyplane.util.progressbars import progress_bar
 
 Echo = Callable[[str], None]
@@ -207,7 +206,7 @@ def run_demo(
     topic = check_topic_name(f"{settings.events_topic}.demo-{run_id}")
     topics = routed_job_topics(topic)
     store = run_dir / "configs"
-    initial = RoutingConfig.all_hash(instances, OPERATORS)
+    initial = RoutingConfig.all_hash(instances, stage_names())
     # The job and the DAG sign and check control messages with one key (keyplane.control.signing);
     # without a configured one, the run makes its own.
     key = os.environ.get(KEY_ENV_VAR) or secrets.token_hex(16)
@@ -403,7 +402,7 @@ def measure_phase(version: int, batches: Sequence[BatchMetrics]) -> Phase | None
         rows=measured.rows,
         seconds=sum(r.duration_ms for r in batches) / 1000,
         locality=measured.locality,
-        imbalance={op: imbalance[op] for op in OPERATORS if op in imbalance},
+        imbalance={op: imbalance[op] for op in stage_names() if op in imbalance},
     )
 
 
@@ -459,7 +458,7 @@ def _result(
             )
             before, after = compare_phases(before_candidates, after_candidates, (1, last.version))
             acked = last.ack.batch_id if last.ack is not None else None
-            migrated = last.migrated.get(OPERATORS[-1])
+            migrated = last.migrated.get(stage_names()[-1])
             last_batch = migrated.batch_id if migrated is not None else None
             backtest = json.loads((folder / tasks.BACKTEST).read_text())
             migration = Migration(
@@ -568,7 +567,10 @@ def summary_lines(result: DemoResult, run_dir: Path) -> list[str]:
         row("seconds (sum of batch durations)", lambda p: p.seconds, ",.1f"),
         row("rows/s", lambda p: p.rows_per_s, ",.0f"),
         row("locality, executors (measured)", lambda p: p.locality, ".3f"),
-        *[row(f"imbalance max/avg, operator {op}", _imbalance_of(op), ".3f") for op in OPERATORS],
+        *[
+            row(f"imbalance max/avg, operator {op}", _imbalance_of(op), ".3f")
+            for op in stage_names()
+        ],
         "",
         f"  gain                  {gain_line(b, a)}",
     ]

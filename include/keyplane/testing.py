@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypedDict
+from typing import TYPE_CHECKING, Any, Self
 
 from keyplane.aggregates import RunningCount
 from keyplane.control.job_protocol import JobProtocol, JobState
@@ -25,6 +25,7 @@ from keyplane.control.messages import ChecksumLookup, ControlMessage
 from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker, port_is_free
 from keyplane.kafka.control import ControlChannel
+from keyplane.orchestration.deployment import routed_job_topics
 from keyplane.routing import config as config_store
 from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark.progress import records_read
@@ -63,30 +64,6 @@ def crash_broker(broker: EmbeddedBroker | ApacheKafkaBroker, timeout_s: float = 
                 f"the killed broker still holds port {broker.port} after {timeout_s} s"
             )
         time.sleep(0.05)
-
-
-class RoutedJobTopics(TypedDict):
-    """The topics of one routed job besides its events (keywords of ``CountsJobSettings``)."""
-
-    control_topic: str
-    migration_topic: str
-    metrics_topic: str
-    dead_letter_topic: str
-
-
-def routed_job_topics(prefix: str) -> RoutedJobTopics:
-    """Control, migration, metrics and dead-letter topics of one routed job's own.
-
-    Keyword arguments for :class:`~keyplane.spark.counts_job.CountsJobSettings`,
-    so that jobs sharing a broker (tests, benchmark variants) never read each
-    other's protocol messages or moved state.
-    """
-    return RoutedJobTopics(
-        control_topic=f"{prefix}.control",
-        migration_topic=f"{prefix}.migration",
-        metrics_topic=f"{prefix}.metrics",
-        dead_letter_topic=f"{prefix}.dead-letter",
-    )
 
 
 def moved_off_hash(keys: Iterable[str], parallelism: int, shift: int = 1) -> dict[str, int]:
@@ -237,9 +214,12 @@ def deployment_under(
     )
 
 
-def write_statistics_snapshot(snapshots: Path, run_id: str, grouped: pd.DataFrame) -> None:
-    """Write run ``run_id``'s statistics snapshot from ``grouped`` (``a, b, holdout, n``),
-    as the statistics job would for a job on v1 with one metrics record.
+def write_statistics_snapshot(
+    snapshots: Path, run_id: str, grouped: pd.DataFrame, stages: Sequence[str] = ("A", "B")
+) -> None:
+    """Write run ``run_id``'s statistics snapshot from ``grouped`` (each of ``stages``' key,
+    upstream first, then ``holdout, n``; :func:`keyplane.algorithms.statistics.chain_rows`), as the
+    statistics job would for a job on v1 with one metrics record.
 
     The DAG's later steps (validation, planning, backtest, decision) read
     only the snapshot, so a test can drive them, or fill a dashboard's home,
@@ -251,8 +231,9 @@ def write_statistics_snapshot(snapshots: Path, run_id: str, grouped: pd.DataFram
     total = int(grouped["n"].sum())
     manifest, frames = stats.build_snapshot(
         run_id=run_id,
-        grouped=grouped,
-        metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
+        grouped=stats.chain_rows(grouped, stages),
+        stages=stages,
+        metrics=[BatchMetrics(batch_id=0, versions=dict.fromkeys(stages, 1))],
         events=stats.TopicWindow(topic="events", start={0: 0}, end={0: total}),
         metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),
         previous=None,

@@ -239,7 +239,6 @@ def test_a_runs_records_are_found_by_its_dags_id(
         {"alpha": "high"},
         {"window": "forever"},
         {"operators": []},
-        {"operators": ["A", "C"]},
         {"operators": ["A", "A"]},
         {"parallelism": 0},
         {"dry_run": "yes"},
@@ -267,12 +266,14 @@ def test_params_defaults_are_the_librarys_defaults(dag: Any) -> None:
     """The DAG file may not import the library's pandas-backed modules to read their
     defaults (parsing stays light), so it repeats them; this keeps the copies equal."""
     from keyplane.algorithms.statistics import StatisticsSettings
+    from keyplane.control.operators import stage_names
     from keyplane.orchestration.planning import DecisionRule, PlanParams
 
     resolved = dag.params.validate()
     plan, rule, statistics = PlanParams(), DecisionRule(), StatisticsSettings()
     assert resolved["alpha"] == plan.alpha and resolved["window"] == plan.window
-    assert resolved["operators"] == list(plan.operators)
+    assert plan.operators is None  # every stage: the Param's default lists them all
+    assert resolved["operators"] == list(stage_names())
     assert resolved["parallelism"] == plan.parallelism
     assert resolved["max_table_entries"] == plan.max_table_entries
     assert resolved["max_moves_per_wave"] == plan.max_moves_per_wave
@@ -319,7 +320,6 @@ def test_scale_dag_is_scheduled_once_at_a_time_and_propagates_upstream_first(
     "override",
     [
         {"action": "sideways"},
-        {"operator": "C"},
         {"instances": 0},
         {"dry_run": "yes"},
         {"congestion_threshold": 0.5},
@@ -415,3 +415,52 @@ def test_the_first_tasks_refuse_for_good_and_the_steps_that_refuse_fail_fast() -
     with pytest.raises(StepError):
         fail_fast(transient)()
     assert fail_fast(refused).__name__ == "refused"
+
+
+_CHAIN_PROBE = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+out = {"errors": {str(k): str(v) for k, v in bag.import_errors.items()}}
+for dag_id in ("keyplane_reconfigure", "keyplane_scale"):
+    dag = bag.dags[dag_id]
+    out[dag_id] = {
+        "tasks": sorted(dag.task_ids),
+        "downstream": {t: sorted(dag.get_task(t).downstream_task_ids) for t in dag.task_ids},
+        "defaults": dag.params.validate(),
+    }
+print(json.dumps(out, default=str))
+"""
+
+
+def test_the_dags_follow_a_three_stage_pipeline_named_by_one_setting(
+    airflow_env: dict[str, str],
+) -> None:
+    """With ``KEYPLANE_PIPELINE`` naming the three-stage clickstream example, both DAGs
+    wait for each of its stages' MIGRATED, upstream first, and re-plan all three."""
+    root = DAGS.parent
+    env = {
+        **airflow_env,
+        "KEYPLANE_PIPELINE": "examples.clickstream.pipeline:clicks",
+        "PYTHONPATH": os.pathsep.join([str(root), airflow_env.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _CHAIN_PROBE, str(DAGS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    parsed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert parsed["errors"] == {}
+    stages = ["sessions", "users", "categories"]
+    reconfigure, scale = parsed["keyplane_reconfigure"], parsed["keyplane_scale"]
+    assert reconfigure["defaults"]["operators"] == stages
+    for dag in (reconfigure, scale):
+        chain = ["propagate", *(f"await_migrated_{stage}" for stage in stages), "done"]
+        for upstream, downstream in itertools.pairwise(chain):
+            assert downstream in dag["downstream"][upstream], (upstream, downstream)
+        assert not any(t.endswith(("_A", "_B")) for t in dag["tasks"])
+    rollback = [f"rollback.rollback_await_migrated_{stage}" for stage in stages]
+    assert set(rollback) <= set(reconfigure["tasks"])

@@ -49,3 +49,42 @@ def test_a_parallelism_above_the_state_partitions_fails_the_first_task_without_r
     assert "parallelism 8 is more than the job's 4 state partitions" in run.output
     assert run.task("collect_statistics").state == "upstream_failed"
     assert config_store.stored_versions(store) == [1]
+
+
+def test_an_operator_that_is_no_stage_of_a_three_stage_pipeline_fails_the_first_task(
+    tmp_path: Path,
+) -> None:
+    """KEYPLANE_PIPELINE alone points both the DAG's shape and its checks at the
+    clickstream example: a Param naming a stage it does not have is refused at once."""
+    stages = ("sessions", "users", "categories")
+    store = tmp_path / "configs"
+    config_store.save(RoutingConfig.all_hash(4, stages), store)
+    setup = dagrun.AirflowSetup(
+        airflow_home=tmp_path / "airflow",
+        dags_folder=REPO / "dags",
+        bootstrap_servers="127.0.0.1:1",
+        keyplane_home=tmp_path / "home",
+        routing_store=store,
+        events_topic="events",
+        metrics_topic="metrics",
+        control_topic="control",
+        control_key="k" * 32,
+        pipeline="examples.clickstream.pipeline:clicks",
+        python_path=(REPO,),
+    )
+    assert setup.deployment().operators == stages
+    dagrun.migrate_database(setup)
+
+    run = dagrun.dag_test(
+        setup, {"operators": ["users", "A"]}, log=tmp_path / "airflow.log", timeout_s=600
+    )
+
+    assert run.state == "failed", run.output[-3000:]
+    first = run.task("statistics_args")
+    assert first.state == "failed" and first.try_number == 1
+    assert (
+        "operator(s) 'A' are not stages of the pipeline; its stages are sessions, users, "
+        "categories" in run.output
+    )
+    assert run.task("collect_statistics").state == "upstream_failed"
+    assert run.task("await_migrated_categories").state == "upstream_failed"

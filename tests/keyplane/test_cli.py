@@ -606,6 +606,38 @@ def test_config_publish_refuses_a_child_of_other_operators_and_stores_nothing(
     assert config_store.stored_versions(routing_store) == [1, 2, 3]
 
 
+def test_config_publish_refuses_a_version_that_does_not_route_the_pipelines_stages(
+    tmp_path: Path,
+) -> None:
+    """With ``KEYPLANE_PIPELINE`` naming the three-stage clickstream example, an initial
+    configuration of the reference stages is refused in one line naming the stages, and
+    one of the example's stages is stored."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {
+        "KEYPLANE_PIPELINE": "examples.clickstream.pipeline:clicks",
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+    }
+    wrong = tmp_path / "reference.json"
+    wrong.write_text(config_store.RoutingConfig.all_hash(2, ("A", "B")).model_dump_json())
+    store = tmp_path / "configs"
+
+    result = _keyplane(tmp_path, "config", "publish", str(wrong), "--store", str(store), env=env)
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"keyplane: {wrong} routes operators A, B, but the pipeline "
+        "examples.clickstream.pipeline:clicks has stages sessions, users, categories; "
+        "nothing was stored\n"
+    )
+    assert not store.exists()
+    right = tmp_path / "clicks.json"
+    stages = ("sessions", "users", "categories")
+    right.write_text(config_store.RoutingConfig.all_hash(2, stages).model_dump_json())
+    stored = _keyplane(tmp_path, "config", "publish", str(right), "--store", str(store), env=env)
+    assert stored.returncode == 0, stored.stderr
+    assert config_store.stored_versions(store) == [1]
+
+
 def test_a_store_path_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     file = tmp_path / "v1.json"
     file.write_text(config_store.RoutingConfig.all_hash(2, OPERATORS).model_dump_json())
@@ -1309,7 +1341,8 @@ def test_config_diff_scores_both_versions_on_the_latest_statistics(tmp_path: Pat
     grouped = pd.DataFrame(rows, columns=["a", "b", "holdout", "n"])
     manifest, frames = stats.build_snapshot(
         run_id="manual__diff",
-        grouped=grouped,
+        grouped=stats.chain_rows(grouped, ("A", "B")),
+        stages=("A", "B"),
         metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1})],
         events=stats.TopicWindow(topic="e", start={0: 0}, end={0: 4800}),
         metrics_window=stats.TopicWindow(topic="m", start={0: 0}, end={0: 1}),

@@ -135,7 +135,7 @@ def test_write_statistics_snapshot_is_read_back_for_its_run(tmp_path: Path) -> N
 
     snapshot = read_snapshot(tmp_path, "manual__1")
     assert snapshot.manifest.run_id == "manual__1"
-    assert snapshot.manifest.events.end_total == int(grouped["n"].sum())
+    assert snapshot.manifest.events[0].end_total == int(grouped["n"].sum())
 
 
 class FakeQuery:

@@ -2,18 +2,21 @@
 
 The DAG's end-to-end test runs the job through ``spark-submit`` once per
 scheduled run; this one checks what the job reads, in seconds: exact key-pair
-counts of the events window with malformed events skipped, the metrics window
-read on the driver with a malformed record skipped, and a rerun of the same
-run id that reads nothing.
+counts of the events window with malformed events counted apart, the metrics
+window read on the driver with a malformed record skipped, a rerun of the same
+run id that reads nothing, and the statistics of a three-stage pipeline over
+nested JSON, against counts computed with pandas from the produced records.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from keyplane.algorithms import statistics as stats
@@ -46,11 +49,11 @@ def produce_values(broker: str, topic: str, values: list[bytes], partition: int 
         producer.close(timeout=10)
 
 
-# Values that are not events: skipped, while the events around them are counted.
+# Values that are not events of the pipeline (not JSON objects, or a stage's key null):
+# counted apart, while the events around them are counted.
 MALFORMED_EVENTS = [
     b"not json",
-    b'{"a": "1", "b": "2"}',
-    b'{"seq": 0, "a": 1, "b": "2", "ts": 0}',
+    b'{"a": "1"}',
     b"[1, 2]",
     b"",
 ]
@@ -95,6 +98,7 @@ def test_a_window_of_events_and_metrics_becomes_an_exact_snapshot_and_a_rerun_re
     assert snapshot.path == folder
     manifest = snapshot.manifest
     assert (manifest.n_events, manifest.n_metrics_records) == (3_000 + 1, 3)
+    assert manifest.unparsed_events == len(MALFORMED_EVENTS)
     assert manifest.metrics.end == {0: 4}
     assert manifest.job_version == 2
     events = spec.events(0, spec.n_events)
@@ -102,8 +106,8 @@ def test_a_window_of_events_and_metrics_becomes_an_exact_snapshot_and_a_rerun_re
     truth["x", "y"] += 1
     counted = {
         (a, b): int(n)
-        for a, b, n in snapshot.pairs[["a", "b", "count"]].itertuples(index=False)
-        if n > 0
+        for stage, a, b, n in snapshot.pairs[["stage", "a", "b", "count"]].itertuples(index=False)
+        if n > 0 and stage == "A"
     }
     assert counted == dict(truth)
 
@@ -113,3 +117,102 @@ def test_a_window_of_events_and_metrics_becomes_an_exact_snapshot_and_a_rerun_re
     produce_workload(spec, broker, events_topic, partitions=2)
     assert job.collect(spark, args) == folder
     assert manifest_file.stat().st_mtime_ns == written
+
+
+def _page_views(count: int, seed: int) -> list[dict[str, object]]:
+    rng = np.random.default_rng(seed)
+    views: list[dict[str, object]] = []
+    for _ in range(count):
+        user = int(rng.integers(0, 30))
+        views.append(
+            {
+                "user_id": f"u{user}",
+                "session_id": f"u{user}-s{int(rng.integers(0, 3))}",
+                "page": {"category": f"c{user % 7 if rng.random() < 0.8 else rng.integers(7)}"},
+                "dwell_ms": int(rng.integers(100, 9_000)),
+            }
+        )
+    return views
+
+
+def test_a_three_stage_pipeline_over_nested_json_counts_every_stage_and_consecutive_pair(
+    broker: str,
+    spark: object,
+    topic_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clickstream example: sessions → users → categories, the last keyed by the
+    nested ``page.category``. Values that do not parse, or lack a stage's key, are
+    counted apart; the good events' counts are exact."""
+    import pandas as pd
+
+    events_topic, metrics_topic = f"{topic_name}-clicks", f"{topic_name}-metrics"
+    monkeypatch.setenv("CLICKS_TOPIC", events_topic)
+    ensure_topic(broker, events_topic, 2)
+    ensure_topic(broker, metrics_topic, 1)
+    views = _page_views(1_200, seed=3)
+    for partition in (0, 1):
+        produce_values(
+            broker,
+            events_topic,
+            [json.dumps(v).encode() for v in views[partition::2]],
+            partition=partition,
+        )
+    bad = [b"not json", b'{"user_id": "u1", "session_id": "u1-s0"}', b'{"page": 3}']
+    produce_values(broker, events_topic, bad, partition=1)
+
+    job = statistics_job()
+    args = job.parse_args(
+        [
+            "--bootstrap-servers",
+            broker,
+            "--pipeline",
+            "examples.clickstream.pipeline:clicks",
+            "--metrics-topic",
+            metrics_topic,
+            "--snapshots",
+            str(tmp_path / "snapshots"),
+            "--run-id",
+            "run-1",
+            "--holdout-fraction",
+            "0.25",
+        ]
+    )
+    job.collect(spark, args)
+    snapshot = stats.read_snapshot(tmp_path / "snapshots", "run-1")
+
+    truth = pd.DataFrame(
+        {
+            "sessions": [v["session_id"] for v in views],
+            "users": [v["user_id"] for v in views],
+            "categories": [v["page"]["category"] for v in views],  # type: ignore[index]
+        }
+    )
+    assert snapshot.manifest.n_events == len(views)
+    assert snapshot.manifest.unparsed_events == len(bad)
+    assert [w.topic for w in snapshot.manifest.events] == [events_topic]
+    frequencies = {
+        (stage, key): int(n)
+        for stage, key, n in snapshot.frequencies[["stage", "key", "count"]].itertuples(index=False)
+    }
+    expected = {
+        (stage, key): int(n)
+        for stage in ("sessions", "users", "categories")
+        for key, n in truth[stage].value_counts().items()
+    }
+    assert frequencies == expected
+    pairs = {
+        (stage, a, b): int(n)
+        for stage, a, b, n in snapshot.pairs[["stage", "a", "b", "count"]].itertuples(index=False)
+    }
+    expected_pairs = {
+        (upstream, a, b): int(n)
+        for upstream, downstream in (("sessions", "users"), ("users", "categories"))
+        for (a, b), n in truth.groupby([upstream, downstream]).size().items()
+    }
+    assert pairs == expected_pairs
+    # The hold-out is each partition's newest quarter; partition 1's newest three are bad.
+    newest = [len(views[0::2]) // 4, (len(views[1::2]) + len(bad)) // 4 - len(bad)]
+    held = snapshot.frequencies.groupby("stage")["holdout"].sum()
+    assert set(held.round().astype(int)) == {sum(newest)}

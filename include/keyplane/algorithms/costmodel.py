@@ -3,17 +3,18 @@
 Paper 000 §3.1 maximises locality under a hard imbalance bound α. What a job
 pays for is neither figure alone but the time of a micro-batch: each stage
 ends with its slowest instance (a straggler costs ``imbalance`` × the mean
-instance's work), and every tuple that crosses servers between the stages
-costs a network transfer (000 §2.2). :class:`CostModel` weighs the two:
+instance's work), and every tuple that crosses servers between two
+consecutive stages costs a network transfer (000 §2.2). :class:`CostModel`
+weighs the two over a chain of stages s = 1..k:
 
-    batch time per mean instance tuple = service_a · I_A + service_b · I_B + remote · (1 − L)
+    batch time per mean instance tuple = Σ_s service_s · I_s + remote · (1 − L)
 
-with ``I_A``, ``I_B`` the stages' max/mean instance loads and ``L`` the
-locality. Predicted throughput is its inverse. The defaults (1, 1, 1) make a
-point of locality worth a point of either stage's imbalance, the same
-exchange rate as :class:`keyplane.orchestration.planning.DecisionRule`;
-:func:`calibrate` fits the three weights to the job's own metrics records
-when it has enough of them.
+with ``I_s`` stage s's max/mean instance load and ``L`` the locality over
+the chain's consecutive stage pairs. Predicted throughput is its inverse.
+The defaults (every weight 1) make a point of locality worth a point of any
+stage's imbalance, the same exchange rate as
+:class:`keyplane.orchestration.planning.DecisionRule`; :func:`calibrate`
+fits the weights to the job's own metrics records when it has enough of them.
 """
 
 from __future__ import annotations
@@ -40,71 +41,81 @@ intercept need a few batches more than four to be more than noise."""
 class CostModel:
     """Weights of the batch-time model (module docstring), in any one time unit.
 
-    ``service_a``/``service_b``: time of one tuple on a stage-A/B instance;
-    ``remote``: the extra time of one tuple sent to another server. Only
-    ratios matter when plans are compared; calibrated weights are in
-    milliseconds per tuple.
+    ``service``: time of one tuple on an instance of each stage, upstream
+    first; a stage it does not cover (and every stage when it is empty)
+    takes the mean of the given weights, 1 when none is given. ``remote``:
+    the extra time of one tuple sent to another server. Only ratios matter
+    when plans are compared; calibrated weights are in milliseconds per tuple.
     """
 
-    service_a: float = 1.0
-    service_b: float = 1.0
+    service: tuple[float, ...] = ()
     remote: float = 1.0
     source: CostSource = "default"
 
     def __post_init__(self) -> None:
-        for name in ("service_a", "service_b", "remote"):
-            value = getattr(self, name)
+        object.__setattr__(self, "service", tuple(float(s) for s in self.service))
+        for name, value in [*(("service", s) for s in self.service), ("remote", self.remote)]:
             if not (np.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and ≥ 0, got {value}")
-        if self.service_a + self.service_b <= 0:
-            raise ValueError("service_a + service_b must be > 0: a batch takes some time")
+        if self.service and sum(self.service) <= 0:
+            raise ValueError("the service weights sum to 0: a batch takes some time")
 
-    def batch_time(self, locality: float, imbalance_a: float, imbalance_b: float) -> float:
-        """Time of a batch per tuple of the mean instance (module docstring)."""
-        return (
-            self.service_a * imbalance_a
-            + self.service_b * imbalance_b
-            + self.remote * (1.0 - locality)
-        )
+    def stage_service(self, stage: int) -> float:
+        """The service weight of the chain's ``stage``-th stage (0 is the most upstream)."""
+        if stage < len(self.service):
+            return self.service[stage]
+        return float(np.mean(self.service)) if self.service else 1.0
 
-    def throughput(self, locality: float, imbalance_a: float, imbalance_b: float) -> float:
+    def batch_time(self, locality: float, *imbalances: float) -> float:
+        """Time of a batch per tuple of the mean instance, given each stage's
+        imbalance upstream first (module docstring)."""
+        return sum(
+            self.stage_service(stage) * value for stage, value in enumerate(imbalances)
+        ) + self.remote * (1.0 - locality)
+
+    def throughput(self, locality: float, *imbalances: float) -> float:
         """Predicted tuples per time unit per instance: the inverse of :meth:`batch_time`."""
-        return 1.0 / self.batch_time(locality, imbalance_a, imbalance_b)
+        return 1.0 / self.batch_time(locality, *imbalances)
 
 
-def _features(record: BatchMetrics) -> tuple[float, float, float] | None:
-    """Per batch: the busiest A and B instance's tuples and the mean remote tuples per instance."""
-    loads_a = record.load.get("A", {})
-    loads_b = record.load.get("B", {})
-    if not loads_a or not loads_b or record.duration_ms <= 0:
+def _features(record: BatchMetrics, stages: Sequence[str]) -> list[float] | None:
+    """Per batch: each stage's busiest instance's tuples and the mean remote tuples
+    per instance."""
+    loads = [record.load.get(stage, {}) for stage in stages]
+    if not stages or any(not stage_loads for stage_loads in loads) or record.duration_ms <= 0:
         return None
-    n = max(len(loads_a), len(loads_b))
+    n = max(len(stage_loads) for stage_loads in loads)
     remote = max(0, record.hops - record.local_hops) / n
-    return float(max(loads_a.values())), float(max(loads_b.values())), float(remote)
+    return [float(max(stage_loads.values())) for stage_loads in loads] + [float(remote)]
 
 
-def calibrate(records: Sequence[BatchMetrics], default: CostModel | None = None) -> CostModel:
-    """Fit the weights to measured batches, else return ``default``.
+def calibrate(
+    records: Sequence[BatchMetrics], stages: Sequence[str], default: CostModel | None = None
+) -> CostModel:
+    """Fit the weights of the chain ``stages`` (upstream first) to measured batches,
+    else return ``default``.
 
-    A batch's duration is regressed on its busiest A instance's tuples, its
-    busiest B instance's tuples and its remote tuples per instance, plus an
-    intercept for the fixed cost of a batch (planning, commits), by
-    non-negative least squares: a weight cannot be negative. The fit is used
-    only with at least :data:`MIN_CALIBRATION_BATCHES` usable records and a
-    positive service weight; otherwise the documented defaults hold.
+    A batch's duration is regressed on each stage's busiest instance's
+    tuples and its remote tuples per instance, plus an intercept for the
+    fixed cost of a batch (planning, commits), by non-negative least
+    squares: a weight cannot be negative. The fit is used only with at least
+    :data:`MIN_CALIBRATION_BATCHES` usable records and a positive service
+    weight; otherwise the documented defaults hold.
     """
     fallback = default if default is not None else CostModel()
-    rows = [f for f in (_features(r) for r in records) if f is not None]
-    durations = [float(r.duration_ms) for r in records if _features(r) is not None]
-    if len(rows) < MIN_CALIBRATION_BATCHES:
+    usable = [(f, r) for f, r in ((_features(r, stages), r) for r in records) if f is not None]
+    if len(usable) < MIN_CALIBRATION_BATCHES:
         return fallback
+    rows = [f for f, _ in usable]
+    durations = [float(r.duration_ms) for _, r in usable]
     design = np.column_stack([np.asarray(rows, dtype=np.float64), np.ones(len(rows))])
     scale = np.maximum(design.max(axis=0), 1e-12)
     weights, _ = nnls(design / scale, np.asarray(durations, dtype=np.float64))
-    service_a, service_b, remote, _ = weights / scale
-    if service_a + service_b <= 0 or not np.all(np.isfinite(weights)):
+    fitted = weights / scale
+    service, remote = fitted[: len(stages)], fitted[len(stages)]
+    if float(service.sum()) <= 0 or not np.all(np.isfinite(weights)):
         return fallback
-    return CostModel(float(service_a), float(service_b), float(remote), source="calibrated")
+    return CostModel(tuple(float(s) for s in service), float(remote), source="calibrated")
 
 
 PROMISE_CONFIDENCE = 0.9
@@ -237,8 +248,8 @@ def measure_drift(
 class NextWindow(NamedTuple):
     """What a plan's instance loads are expected to do on the next window."""
 
-    imbalance_a: float
-    imbalance_b: float
+    imbalances: tuple[float, ...]
+    """Each stage's expected max/mean, in the order the profiles were given."""
     promise: float
 
 
@@ -249,7 +260,7 @@ evenly and do not), and the stage's :class:`Drift`."""
 
 
 def next_window(stages: Sequence[StageProfile], seed: int = 0) -> NextWindow:
-    """Expected next-window imbalance of two stages and the plan's promise.
+    """Expected next-window imbalance of each stage and the plan's promise.
 
     Each instance's share moves by an independent deviation of the
     :class:`Drift`'s standard deviation (:meth:`Drift.draw`); over
@@ -267,6 +278,8 @@ def next_window(stages: Sequence[StageProfile], seed: int = 0) -> NextWindow:
         top = noisy.max(axis=1)
         flat = top - noisy.min(axis=1) <= 1e-12 * np.maximum(top, 1e-300)
         draws.append(np.where(flat, 1.0, top / np.maximum(noisy.mean(axis=1), 1e-300)))
+    if not draws:
+        return NextWindow((), 1.0)
     worse = np.maximum.reduce(draws)
-    means = [float(d.mean()) for d in draws] + [1.0, 1.0]
-    return NextWindow(means[0], means[1], float(np.quantile(worse, PROMISE_CONFIDENCE)))
+    means = tuple(float(d.mean()) for d in draws)
+    return NextWindow(means, float(np.quantile(worse, PROMISE_CONFIDENCE)))

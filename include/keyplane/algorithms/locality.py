@@ -1,14 +1,19 @@
 """Locality-aware routing tables from key-pair statistics (paper 000 §3.2-§3.3).
 
-Two consecutive stateful stages A and B route by different keys. When a pair
-of keys (a, b) is frequent, putting a and b on the same instance keeps the
-tuples between the stages on one server; hashing gets that right only with
-probability 1/n (000 §3.2). This module turns the observed pair counts into
-routing tables that co-locate correlated keys while keeping each stage's load
-within an imbalance bound α (000 §3.1):
+A chain of stateful stages routes each stage by its own key. When a pair of
+keys (a, b) of two consecutive stages is frequent, putting a and b on the
+same instance keeps the tuples between the stages on one server; hashing
+gets that right only with probability 1/n (000 §3.2). This module turns the
+observed pair counts into routing tables, one per stage, that co-locate
+correlated keys while keeping each stage's load within an imbalance bound α
+(000 §3.1). The whole chain is planned at once (:func:`build_chain_plan`),
+since a key of a middle stage is paired with keys upstream and downstream;
+:func:`build_plan` is its two-stage view, for stages A and B.
 
-1. Build the bipartite key graph: a vertex per key of either stage weighted by
-   the key's frequency, an edge per pair weighted by its count (000 §3.3).
+1. Build the k-partite key graph: a vertex per (stage, key) weighted by the
+   key's frequency, an edge per pair of keys of consecutive stages weighted
+   by its count (000 §3.3). A one-stage chain has no edge: its plan is
+   balance and hot-key splitting only.
 2. Take out the *heavy* keys, whose weight alone exceeds α times the stage's
    mean instance load (heavy keys included, so that the test does not
    cascade): no partition can meet α with one. They go to the hot-key
@@ -19,10 +24,14 @@ within an imbalance bound α (000 §3.1):
    fallback (000 §3.3), which fixes their instance: the caller says where
    (``hash_parts``; by default Spark's hash of the key's decimal string,
    :func:`spark_workers`, the placement the job uses).
-4. Partition the table keys with METIS (000 §3.3), target part sizes set to the
-   capacity the hashed keys leave on each instance.
-5. METIS balances one constraint only, while α must hold for each stage, and
-   may overshoot its tolerance. A greedy pass moves the cheapest keys (locality
+4. Partition the table keys of all stages jointly with METIS (000 §3.3),
+   target part sizes set to the capacity the hashed keys leave on each
+   instance. pymetis exposes one balance constraint only (no ``ncon``), so a
+   vertex weighs its key's share of its own stage's total: every stage
+   counts equally in that constraint, and step 5 enforces α per stage, which
+   is what a multi-constraint partition (one constraint per stage) would.
+5. One constraint does not bound each stage's balance, and METIS may
+   overshoot its tolerance. A greedy pass moves the cheapest keys (locality
    lost per unit of load moved) out of overloaded instances; when none fits, it
    moves or splits the key that saves most batch time under the
    :class:`~keyplane.algorithms.costmodel.CostModel`, and stops when none saves any (or
@@ -47,7 +56,7 @@ with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -69,9 +78,10 @@ from keyplane.routing.routedkeys import spark_partitions
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
-HashParts = Callable[[bool, npt.NDArray[np.int64]], npt.NDArray[np.int64]]
-"""Where the hash fallback puts keys outside the table: given whether the keys
-are stage A's and their ids, the instance (part) of each."""
+HashParts = Callable[[int, npt.NDArray[np.int64]], npt.NDArray[np.int64]]
+"""Where the hash fallback puts keys outside the table: given the stage's
+position in the chain (0 is the most upstream) and key ids, the instance
+(part) of each."""
 
 HeavyKeyPolicy = Literal["split", "pin"]
 HeavyRule = Literal["mean", "cascade"]
@@ -186,6 +196,12 @@ class PairStatistics:
         object.__setattr__(self, "b_keys", b_keys)
         object.__setattr__(self, "counts", counts)
 
+    def chain(self) -> ChainStatistics:
+        """The same window as a two-stage chain."""
+        return ChainStatistics(
+            (self.freq_a, self.freq_b), (KeyPairs(self.a_keys, self.b_keys, self.counts),)
+        )
+
     def stage_weights(self, stage: Literal["a", "b"]) -> KeyWeights:
         """Every known key of ``stage`` with its weight (max of frequency, pair total)."""
         pair_keys = self.a_keys if stage == "a" else self.b_keys
@@ -216,6 +232,82 @@ def aggregate_pairs(
     keep = summed > 0
     codes = codes[keep]
     return a_unique[codes // b_unique.size], b_unique[codes % b_unique.size], summed[keep]
+
+
+@dataclass(frozen=True)
+class KeyPairs:
+    """Key pairs between two consecutive stages: ``counts[i]`` tuples carried the
+    upstream key ``up_keys[i]`` and the downstream key ``down_keys[i]``."""
+
+    up_keys: KeyArray
+    down_keys: KeyArray
+    counts: FloatArray
+
+    def __post_init__(self) -> None:
+        up = _int64_keys(self.up_keys, "up_keys")
+        down = _int64_keys(self.down_keys, "down_keys")
+        if up.size != down.size:
+            raise ValueError(
+                f"up_keys and down_keys must have the same length, got {up.size} and {down.size}"
+            )
+        object.__setattr__(self, "up_keys", up)
+        object.__setattr__(self, "down_keys", down)
+        object.__setattr__(self, "counts", _weights(self.counts, up.size, "counts"))
+
+
+@dataclass(frozen=True)
+class ChainStatistics:
+    """One window of a chain of k stages (000 §3.2): per-key frequencies of each
+    stage (``None``: known from the pairs only) and the key pairs of each of
+    the k − 1 consecutive stage pairs, upstream first.
+
+    A key's weight is the largest of its frequency and its pair totals with
+    either neighbour, since every tuple of a pair is also a tuple of each of
+    its keys (statistics keep only the top pairs).
+    """
+
+    frequencies: tuple[KeyWeights | None, ...]
+    links: tuple[KeyPairs, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "frequencies", tuple(self.frequencies))
+        object.__setattr__(self, "links", tuple(self.links))
+        if not self.frequencies:
+            raise ValueError("a chain has at least one stage")
+        if len(self.links) != len(self.frequencies) - 1:
+            raise ValueError(
+                f"a chain of {len(self.frequencies)} stages has {len(self.frequencies) - 1} "
+                f"links, got {len(self.links)}"
+            )
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.frequencies)
+
+    def stage_weights(self, stage: int) -> KeyWeights:
+        """Every known key of the ``stage``-th stage with its weight (class docstring)."""
+        sides: list[tuple[KeyArray, FloatArray]] = []
+        if stage > 0:
+            link = self.links[stage - 1]
+            sides.append((link.down_keys, link.counts))
+        if stage < len(self.links):
+            link = self.links[stage]
+            sides.append((link.up_keys, link.counts))
+        known: list[tuple[KeyArray, FloatArray]] = []
+        for pair_keys, counts in sides:
+            keys, inverse = np.unique(pair_keys, return_inverse=True)
+            known.append((keys, _weighted_counts(inverse, counts, keys.size)))
+        frequencies = self.frequencies[stage]
+        if frequencies is not None:
+            known.append((frequencies.keys, frequencies.weights))
+        if not known:
+            return KeyWeights(np.zeros(0, dtype=np.int64), np.zeros(0))
+        all_keys = np.unique(np.concatenate([keys for keys, _ in known]))
+        weights = np.zeros(all_keys.size)
+        for keys, values in known:
+            at = np.searchsorted(all_keys, keys)
+            weights[at] = np.maximum(weights[at], values)
+        return KeyWeights(all_keys, weights)
 
 
 @dataclass(frozen=True)
@@ -266,6 +358,30 @@ class Evaluation(NamedTuple):
     locality: float
     imbalance_a: float
     imbalance_b: float
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """Routing tables for each stage of a chain, upstream first, and what they are
+    predicted to achieve on the statistics they were built from.
+
+    ``heavy_keys[s]`` are stage s's keys too heavy for α, heaviest first
+    (:class:`LocalityPlan` says what the policies do with them).
+    ``predicted_locality`` is the share of all consecutive pairs' weight
+    kept on one instance; 0 for a one-stage chain, which has no pairs.
+    """
+
+    n_instances: int
+    alpha: float
+    tables: tuple[dict[int, int], ...]
+    heavy_keys: tuple[tuple[int, ...], ...]
+    predicted_locality: float
+    predicted_imbalance: tuple[float, ...]
+    heavy_key_policy: HeavyKeyPolicy = "split"
+
+    def split_keys(self, stage: int) -> tuple[int, ...]:
+        """The ``stage``-th stage's keys the splitter spreads: heavy keys not in its table."""
+        return tuple(key for key in self.heavy_keys[stage] if key not in self.tables[stage])
 
 
 @dataclass(frozen=True)
@@ -521,51 +637,66 @@ def _table_mask(
 
 @dataclass
 class _KeyGraph:
-    """The bipartite key graph of 000 §3.3 with vertices A keys, then B keys."""
+    """The k-partite key graph of 000 §3.3: the first stage's keys, then the next's, ...
+
+    ``starts[s]:starts[s + 1]`` are stage s's vertices; ``edge_up`` and
+    ``edge_down`` the two ends of every pair of keys of consecutive stages.
+    """
 
     keys: KeyArray
     weight: FloatArray
-    is_a: BoolArray
+    starts: npt.NDArray[np.int64]
     adjacency: sp.csr_matrix
-    edge_a: npt.NDArray[np.int64]
-    edge_b: npt.NDArray[np.int64]
+    edge_up: npt.NDArray[np.int64]
+    edge_down: npt.NDArray[np.int64]
     edge_weight: FloatArray
-    n_a: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.n_a = int(self.is_a.sum())
 
     @classmethod
-    def from_statistics(cls, pairs: PairStatistics) -> _KeyGraph:
-        weights_a = pairs.stage_weights("a")
-        weights_b = pairs.stage_weights("b")
-        a_keys, b_keys, counts = aggregate_pairs(pairs.a_keys, pairs.b_keys, pairs.counts)
-        n_a, n_b = weights_a.keys.size, weights_b.keys.size
-        edge_a = np.searchsorted(weights_a.keys, a_keys).astype(np.int64)
-        edge_b = (n_a + np.searchsorted(weights_b.keys, b_keys)).astype(np.int64)
-        size = n_a + n_b
+    def from_statistics(cls, chain: ChainStatistics) -> _KeyGraph:
+        weights = [chain.stage_weights(stage) for stage in range(chain.n_stages)]
+        starts = np.cumsum([0, *(w.keys.size for w in weights)]).astype(np.int64)
+        ups, downs, counts = [], [], []
+        for stage, link in enumerate(chain.links):
+            up, down, count = aggregate_pairs(link.up_keys, link.down_keys, link.counts)
+            ups.append(starts[stage] + np.searchsorted(weights[stage].keys, up))
+            downs.append(starts[stage + 1] + np.searchsorted(weights[stage + 1].keys, down))
+            counts.append(count)
+        edge_up = np.concatenate([np.zeros(0, dtype=np.int64), *ups]).astype(np.int64)
+        edge_down = np.concatenate([np.zeros(0, dtype=np.int64), *downs]).astype(np.int64)
+        edge_weight = np.concatenate([np.zeros(0), *counts])
+        size = int(starts[-1])
         adjacency = sp.csr_matrix(
-            (np.concatenate([counts, counts]), (np.r_[edge_a, edge_b], np.r_[edge_b, edge_a])),
+            (
+                np.concatenate([edge_weight, edge_weight]),
+                (np.r_[edge_up, edge_down], np.r_[edge_down, edge_up]),
+            ),
             shape=(size, size),
         )
         adjacency.sum_duplicates()
         adjacency.sort_indices()
         return cls(
-            keys=np.concatenate([weights_a.keys, weights_b.keys]),
-            weight=np.concatenate([weights_a.weights, weights_b.weights]),
-            is_a=np.r_[np.ones(n_a, dtype=np.bool_), np.zeros(n_b, dtype=np.bool_)],
+            keys=np.concatenate([np.zeros(0, dtype=np.int64), *(w.keys for w in weights)]),
+            weight=np.concatenate([np.zeros(0), *(w.weights for w in weights)]),
+            starts=starts,
             adjacency=adjacency,
-            edge_a=edge_a,
-            edge_b=edge_b,
-            edge_weight=counts,
+            edge_up=edge_up,
+            edge_down=edge_down,
+            edge_weight=edge_weight,
         )
 
-    def stage(self, stage_is_a: bool) -> npt.NDArray[np.int64]:
-        return np.arange(self.n_a) if stage_is_a else np.arange(self.n_a, self.keys.size)
+    @property
+    def n_stages(self) -> int:
+        return int(self.starts.size) - 1
 
-    def stage_slice(self, stage_is_a: bool) -> slice:
+    def stage(self, stage: int) -> npt.NDArray[np.int64]:
+        return np.arange(self.starts[stage], self.starts[stage + 1])
+
+    def stage_slice(self, stage: int) -> slice:
         """The stage's vertices as a slice: views of per-vertex arrays, no copy."""
-        return slice(0, self.n_a) if stage_is_a else slice(self.n_a, self.keys.size)
+        return slice(int(self.starts[stage]), int(self.starts[stage + 1]))
+
+    def stage_of(self, vertices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return np.searchsorted(self.starts, vertices, side="right").astype(np.int64) - 1
 
     def neighbours(self, vertex: int) -> tuple[npt.NDArray[np.int32], FloatArray]:
         start, end = self.adjacency.indptr[vertex], self.adjacency.indptr[vertex + 1]
@@ -575,30 +706,34 @@ class _KeyGraph:
 def _metis_parts(
     graph: _KeyGraph,
     tabled: BoolArray,
-    fixed_loads: dict[bool, FloatArray],
-    stage_totals: dict[bool, float],
+    fixed_loads: dict[int, FloatArray],
+    stage_totals: dict[int, float],
     settings: PlanSettings,
 ) -> npt.NDArray[np.int64]:
-    """Partition the table keys with METIS (000 §3.3); returns a part per table key.
+    """Partition the table keys of every stage jointly with METIS (000 §3.3); returns
+    a part per table key.
 
     Vertex weights are each stage's share of its own total, so one balance
-    constraint weighs both stages equally. A part's target is the capacity the
-    hashed keys leave on its instance, summed over stages.
+    constraint weighs every stage equally (module docstring, step 4). A
+    part's target is the capacity the hashed keys leave on its instance,
+    summed over stages.
     """
     n = settings.n_instances
     vertices = np.flatnonzero(tabled)
     if vertices.size == 0 or n == 1:
         return np.zeros(vertices.size, dtype=np.int64)
-    stage_total = np.where(graph.is_a[vertices], stage_totals[True], stage_totals[False])
+    stage_total = np.asarray([stage_totals[s] for s in range(graph.n_stages)])[
+        graph.stage_of(vertices)
+    ]
     shares = np.divide(
         graph.weight[vertices], stage_total, out=np.zeros(vertices.size), where=stage_total > 0
     )
     vertex_weights = np.rint(shares * _METIS_VERTEX_SCALE).astype(np.int64)
 
     capacity = np.zeros(n)
-    for stage_is_a, total in stage_totals.items():
+    for stage, total in stage_totals.items():
         if total > 0:
-            capacity += np.maximum(0.0, total / n - fixed_loads[stage_is_a]) / total
+            capacity += np.maximum(0.0, total / n - fixed_loads[stage]) / total
     capacity = np.maximum(capacity, _MIN_PART_TARGET)
     if vertices.size < _MIN_VERTICES_PER_PART * n:
         return _fill_by_capacity(shares, capacity)
@@ -676,7 +811,7 @@ class _Rebalancer:
         if target is not None:
             self.connection[neighbours, target] += weights
 
-    def balance_stage(self, stage_is_a: bool) -> None:
+    def balance_stage(self, stage_index: int) -> None:
         """Move (or, when it pays, split) keys until the stage is within α (000 §3.1).
 
         The loads are recomputed from the placement on each round, as
@@ -690,7 +825,7 @@ class _Rebalancer:
         """
         n = self.settings.n_instances
         alpha = self.settings.alpha
-        stage = self.graph.stage_slice(stage_is_a)
+        stage = self.graph.stage_slice(stage_index)
         first = stage.start
         place = self.placement[stage]
         weight = self.graph.weight[stage]
@@ -710,7 +845,7 @@ class _Rebalancer:
             move = self._cheapest_move(movable, overloaded, room, excess)
             if move is None and self.settings.split_rule == "pays":
                 split_room = int((place < 0).sum()) < cap
-                move = self._paying_action(on_part, loads, overloaded, stage_is_a, split_room)
+                move = self._paying_action(on_part, loads, overloaded, stage_index, split_room)
                 if move is None:
                     return
             if move is None or move[1] < 0:
@@ -750,7 +885,7 @@ class _Rebalancer:
         on_part: npt.NDArray[np.int64],
         loads: FloatArray,
         overloaded: int,
-        stage_is_a: bool,
+        stage_index: int,
         split_room: bool,
     ) -> tuple[int, int] | None:
         """The move ``(key, target)`` or split ``(key, -1)`` of a key of the overloaded
@@ -765,7 +900,7 @@ class _Rebalancer:
             return None
         n = self.settings.n_instances
         cost = self.settings.cost
-        service = cost.service_a if stage_is_a else cost.service_b
+        service = cost.stage_service(stage_index)
         edge_total = max(self.edge_total, 1e-300)
         weight = self.graph.weight[on_part]
         mean = float(loads.sum()) / n
@@ -844,15 +979,56 @@ def build_plan(
     split_rule: SplitRule = "pays",
     cost: CostModel | None = None,
 ) -> LocalityPlan:
-    """Routing tables for stages A and B from one window of pair statistics (000 §3.3).
+    """Routing tables for stages A and B from one window of pair statistics (000 §3.3):
+    :func:`build_chain_plan` on the two-stage chain."""
+    chain = build_chain_plan(
+        pairs.chain(),
+        n_instances,
+        alpha=alpha,
+        max_table_entries=max_table_entries,
+        seed=seed,
+        heavy_key_policy=heavy_key_policy,
+        hash_parts=hash_parts,
+        heavy_rule=heavy_rule,
+        split_rule=split_rule,
+        cost=cost,
+    )
+    return LocalityPlan(
+        n_instances=chain.n_instances,
+        alpha=chain.alpha,
+        table_a=chain.tables[0],
+        table_b=chain.tables[1],
+        heavy_keys_a=chain.heavy_keys[0],
+        heavy_keys_b=chain.heavy_keys[1],
+        predicted_locality=chain.predicted_locality,
+        predicted_imbalance_a=chain.predicted_imbalance[0],
+        predicted_imbalance_b=chain.predicted_imbalance[1],
+        heavy_key_policy=chain.heavy_key_policy,
+    )
 
-    The keys left out of the table (under ``max_table_entries``) are counted
-    where ``hash_parts`` puts them; by default :func:`spark_workers`, the
-    job's placement. With ``split_rule="alpha"`` (``split`` policy) the
-    predicted per-stage imbalance on ``pairs`` is ≤ ``alpha``; with
-    ``"pays"`` it is ≤ ``alpha`` unless meeting it would take a split that
-    costs more than it saves under ``cost``. See the module docstring for the
-    steps and for what the balance counts.
+
+def build_chain_plan(
+    chain: ChainStatistics,
+    n_instances: int,
+    *,
+    alpha: float = 1.03,
+    max_table_entries: int | None = None,
+    seed: int = 0,
+    heavy_key_policy: HeavyKeyPolicy = "split",
+    hash_parts: HashParts | None = None,
+    heavy_rule: HeavyRule = "mean",
+    split_rule: SplitRule = "pays",
+    cost: CostModel | None = None,
+) -> ChainPlan:
+    """Routing tables for every stage of a chain from one window of statistics (000 §3.3).
+
+    The keys left out of a table (under ``max_table_entries``, per stage)
+    are counted where ``hash_parts`` puts them; by default
+    :func:`spark_workers`, the job's placement. With ``split_rule="alpha"``
+    (``split`` policy) each stage's predicted imbalance on ``chain`` is ≤
+    ``alpha``; with ``"pays"`` it is ≤ ``alpha`` unless meeting it would take
+    a split that costs more than it saves under ``cost``. See the module
+    docstring for the steps and for what the balance counts.
     """
     settings = PlanSettings(
         n_instances,
@@ -865,13 +1041,14 @@ def build_plan(
         cost if cost is not None else CostModel(),
     )
     n = settings.n_instances
-    graph = _KeyGraph.from_statistics(pairs)
+    graph = _KeyGraph.from_statistics(chain)
     pair_weight = np.asarray(graph.adjacency.sum(axis=1)).ravel()
+    stages = range(graph.n_stages)
 
     heavy = np.zeros(graph.keys.size, dtype=np.bool_)
     tabled = np.zeros(graph.keys.size, dtype=np.bool_)
-    for stage_is_a in (True, False):
-        stage = graph.stage(stage_is_a)
+    for index in stages:
+        stage = graph.stage(index)
         heavy[stage] = _heavy_mask(graph.weight[stage], settings.alpha, n, settings.heavy_rule)
         if settings.split_rule == "pays":
             stage_heavy = stage[heavy[stage]]
@@ -884,24 +1061,24 @@ def build_plan(
 
     placement = np.full(graph.keys.size, -1, dtype=np.int64)
     hashed = ~heavy & ~tabled
-    fixed_loads: dict[bool, FloatArray] = {}
-    stage_totals: dict[bool, float] = {}
-    for stage_is_a in (True, False):
-        stage = graph.stage(stage_is_a)
+    fixed_loads: dict[int, FloatArray] = {}
+    stage_totals: dict[int, float] = {}
+    for index in stages:
+        stage = graph.stage(index)
         stage_hashed = stage[hashed[stage]]
         keys = graph.keys[stage_hashed]
         placement[stage_hashed] = (
-            spark_workers(keys, n) if hash_parts is None else hash_parts(stage_is_a, keys)
+            spark_workers(keys, n) if hash_parts is None else hash_parts(index, keys)
         )
-        fixed_loads[stage_is_a] = _weighted_counts(
+        fixed_loads[index] = _weighted_counts(
             placement[stage_hashed], graph.weight[stage_hashed], n
         )
-        stage_totals[stage_is_a] = float(graph.weight[stage[~heavy[stage]]].sum())
+        stage_totals[index] = float(graph.weight[stage[~heavy[stage]]].sum())
     placement[tabled] = _metis_parts(graph, tabled, fixed_loads, stage_totals, settings)
 
     rebalancer = _Rebalancer(graph, placement, tabled, heavy, settings)
-    for stage_is_a in (True, False):
-        rebalancer.balance_stage(stage_is_a)
+    for index in stages:
+        rebalancer.balance_stage(index)
 
     if settings.heavy_key_policy == "pin":
         _pin_heavy(graph, placement, tabled, heavy, settings)
@@ -924,8 +1101,8 @@ def _pin_heavy(
     budget was first reserved for the heavy keys.
     """
     n = settings.n_instances
-    for stage_is_a in (True, False):
-        stage = graph.stage(stage_is_a)
+    for index in range(graph.n_stages):
+        stage = graph.stage(index)
         placed = stage[placement[stage] >= 0]
         loads = _weighted_counts(placement[placed], graph.weight[placed], n)
         stage_heavy = stage[heavy[stage]]
@@ -946,41 +1123,39 @@ def _finish_plan(
     tabled: BoolArray,
     heavy: BoolArray,
     settings: PlanSettings,
-) -> LocalityPlan:
+) -> ChainPlan:
     n = settings.n_instances
     split = heavy & (placement < 0)
-    place_a = placement[graph.edge_a]
-    place_b = placement[graph.edge_b]
-    spread = split[graph.edge_a] | split[graph.edge_b]
-    local = np.where(spread, 1.0 / n, (place_a == place_b).astype(np.float64))
+    place_up = placement[graph.edge_up]
+    place_down = placement[graph.edge_down]
+    spread = split[graph.edge_up] | split[graph.edge_down]
+    local = np.where(spread, 1.0 / n, (place_up == place_down).astype(np.float64))
     total = float(graph.edge_weight.sum())
     locality = float((graph.edge_weight * local).sum() / total) if total > 0 else 0.0
 
-    def table(stage_is_a: bool) -> dict[int, int]:
-        stage = graph.stage(stage_is_a)
+    def table(index: int) -> dict[int, int]:
+        stage = graph.stage(index)
         chosen = stage[tabled[stage]]
         return dict(zip(graph.keys[chosen].tolist(), placement[chosen].tolist(), strict=True))
 
-    def heavy_keys(stage_is_a: bool) -> tuple[int, ...]:
-        stage = graph.stage(stage_is_a)
+    def heavy_keys(index: int) -> tuple[int, ...]:
+        stage = graph.stage(index)
         chosen = stage[heavy[stage]]
         chosen = chosen[np.argsort(-graph.weight[chosen], kind="stable")]
         return tuple(graph.keys[chosen].tolist())
 
-    def imbalance(stage_is_a: bool) -> float:
-        stage = graph.stage_slice(stage_is_a)
+    def imbalance(index: int) -> float:
+        stage = graph.stage_slice(index)
         return _imbalance(_stage_loads(placement[stage], graph.weight[stage], n))
 
-    return LocalityPlan(
+    stages = range(graph.n_stages)
+    return ChainPlan(
         n_instances=n,
         alpha=settings.alpha,
-        table_a=table(True),
-        table_b=table(False),
-        heavy_keys_a=heavy_keys(True),
-        heavy_keys_b=heavy_keys(False),
+        tables=tuple(table(index) for index in stages),
+        heavy_keys=tuple(heavy_keys(index) for index in stages),
         predicted_locality=locality,
-        predicted_imbalance_a=imbalance(True),
-        predicted_imbalance_b=imbalance(False),
+        predicted_imbalance=tuple(imbalance(index) for index in stages),
         heavy_key_policy=settings.heavy_key_policy,
     )
 
@@ -1148,9 +1323,7 @@ def score(
         predicted_locality=measured.locality,
         predicted_imbalance_a=measured.imbalance_a,
         predicted_imbalance_b=measured.imbalance_b,
-        predicted_throughput=cost.throughput(
-            measured.locality, ahead.imbalance_a, ahead.imbalance_b
-        ),
+        predicted_throughput=cost.throughput(measured.locality, *ahead.imbalances),
         promised_imbalance=max(ahead.promise, 1.0),
         model_promise=max(ahead.promise, 1.0) if _measured_any(drift) else 0.0,
     )
@@ -1176,19 +1349,23 @@ def _calibration(ratios: tuple[float, ...]) -> float:
     return max(1.0, float(ordered[rank - 1]))
 
 
-def drift_margin(pairs: PairStatistics, drift: tuple[Drift, Drift], n_instances: int) -> float:
+def drift_margin(
+    pairs: PairStatistics | ChainStatistics, drift: Sequence[Drift], n_instances: int
+) -> float:
     """How far above 1 the next window's expected imbalance is for a plan balanced
-    perfectly on ``pairs``: the slack the measured drift takes by itself."""
+    perfectly on ``pairs``: the slack the measured drift (one per stage, upstream
+    first) takes by itself."""
+    chain = pairs.chain() if isinstance(pairs, PairStatistics) else pairs
     profiles: list[StageProfile] = []
-    for stage, stage_drift in zip(("a", "b"), drift, strict=True):
-        weights = pairs.stage_weights(stage)  # type: ignore[arg-type]
+    for index, stage_drift in enumerate(drift):
+        weights = chain.stage_weights(index)
         total = float(weights.weights.sum())
         squares = float(((weights.weights / total) ** 2).sum()) / n_instances if total > 0 else 0.0
         profiles.append(
             (np.full(n_instances, 1.0 / n_instances), np.full(n_instances, squares), stage_drift)
         )
     ahead = next_window(profiles)
-    return max(ahead.imbalance_a, ahead.imbalance_b) - 1.0
+    return max(ahead.imbalances, default=1.0) - 1.0
 
 
 def choose_plan(

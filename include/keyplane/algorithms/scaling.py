@@ -61,7 +61,6 @@ from keyplane.algorithms.elasticity import (
     etp_all,
     stela_scale_out,
 )
-from keyplane.control.operators import OPERATORS
 from keyplane.routing.config import OperatorRouting
 from keyplane.routing.handoff import routed_key_table
 from keyplane.routing.routedkeys import fold_instance, spark_partition
@@ -92,8 +91,6 @@ class ScaleRequest:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.trigger_interval_s) and self.trigger_interval_s >= 0.0):
             raise ValueError(f"trigger_interval_s must be >= 0, got {self.trigger_interval_s}")
-        if self.operator is not None and self.operator not in OPERATORS:
-            raise ValueError(f"operator must be one of {OPERATORS}, got {self.operator!r}")
         if self.instances is not None and self.instances < 1:
             raise ValueError(f"instances must be at least 1, got {self.instances}")
         if self.step < 1:
@@ -183,7 +180,9 @@ def measure_window(
     trigger_interval_s: float = 0.0,
     reported_at_s: Sequence[float] | None = None,
 ) -> WindowMeasurement:
-    """The measured A → B DAG of the newest ``settings.window`` batches (003 §4.1).
+    """The measured chain of the newest ``settings.window`` batches (003 §4.1): one
+    operator per key of ``active`` (each stage's active instances), in its order,
+    upstream first, each feeding the next.
 
     ``records`` are oldest first. A batch counts when it routed tuples and
     ran for a measurable time; the batch before it gives the lag it started
@@ -206,18 +205,19 @@ def measure_window(
         )
         if record.duration_ms > 0 and record.hops > 0
     ][-settings.window :]
-    utilisation_sum = dict.fromkeys(OPERATORS, 0.0)
-    loads: dict[str, dict[int, int]] = {name: {} for name in OPERATORS}
+    stages = tuple(active)
+    utilisation_sum = dict.fromkeys(stages, 0.0)
+    loads: dict[str, dict[int, int]] = {name: {} for name in stages}
     for previous, record, since_previous_s in usable:
         seconds = record.duration_ms / 1000.0
         wall = max(seconds, trigger_interval_s, since_previous_s)
         offered = max(0, record.rows + record.input_lag - previous.input_lag) / wall
-        stage = {name: _stage_loads(record, name) for name in OPERATORS}
-        bottleneck = {name: max(stage[name].values(), default=0) for name in OPERATORS}
+        stage = {name: _stage_loads(record, name) for name in stages}
+        bottleneck = {name: max(stage[name].values(), default=0) for name in stages}
         critical = sum(bottleneck.values())
         upstream_processed = offered
-        for name in OPERATORS:
-            share = bottleneck[name] / critical if critical else 1.0 / len(OPERATORS)
+        for name in stages:
+            share = bottleneck[name] / critical if critical else 1.0 / len(stages)
             tuples = sum(stage[name].values())
             execute = tuples / (share * seconds) if share > 0 else 0.0
             for instance, n in stage[name].items():
@@ -226,7 +226,7 @@ def measure_window(
             utilisation_sum[name] += offered / execute if execute > 0 else 0.0
             upstream_processed = min(upstream_processed, execute)
     operators = []
-    for name in OPERATORS:
+    for name in stages:
         r_input, r_execute = detector.window_rates(name) if usable else (0.0, 0.0)
         operators.append(
             Operator(
@@ -237,12 +237,12 @@ def measure_window(
                 max_parallelism=parallelism,
             )
         )
-    dag = OperatorDag(tuple(operators), tuple(Stream(*edge) for edge in pairwise(OPERATORS)))
+    dag = OperatorDag(tuple(operators), tuple(Stream(*edge) for edge in pairwise(stages)))
     count = len(usable)
     return WindowMeasurement(
         dag=dag,
         congested=detector.congested(),
-        utilisation={name: utilisation_sum[name] / count if count else 0.0 for name in OPERATORS},
+        utilisation={name: utilisation_sum[name] / count if count else 0.0 for name in stages},
         loads=loads,
         batches=count,
         full=count == settings.window,
@@ -319,7 +319,12 @@ def decide_scaling(
     nothing returns ``none`` with the reason. ``reported_at_s`` is
     :func:`measure_window`'s.
     """
-    before = {name: tuple(sorted(set(active[name]))) for name in OPERATORS}
+    if request.operator is not None and request.operator not in active:
+        raise ValueError(
+            f"operator {request.operator!r} is not a stage of the pipeline; its stages are "
+            f"{', '.join(active)}"
+        )
+    before = {name: tuple(sorted(set(active[name]))) for name in active}
     measured = measure_window(
         records,
         before,
@@ -409,10 +414,10 @@ def _choose_operator(
         return plan.choices[0].operator if plan.choices else None
     etp = etp_all(dag, threshold)
     congested = congested_operators(dag, threshold)
-    candidates = [name for name in OPERATORS if len(active[name]) > 1 and name not in congested]
+    candidates = [name for name in active if len(active[name]) > 1 and name not in congested]
     if not candidates:
         return None
-    rank = {name: i for i, name in enumerate(OPERATORS)}
+    rank = {name: i for i, name in enumerate(active)}
     return min(
         candidates,
         key=lambda n: (etp[n], measured.utilisation[n], -len(active[n]), -rank[n]),

@@ -1,27 +1,32 @@
 """Statistics snapshots: what the reconfiguration DAG plans from (papers 000, 001, 004).
 
-Each run of the statistics job reads the events topic from where the last run
-stopped to its current end, and the metrics topic likewise, and writes one
-*snapshot* folder:
+Each run of the statistics job reads the pipeline's topics from where the
+last run stopped to their current end, and the metrics topic likewise, and
+writes one *snapshot* folder. The stages are the pipeline's
+(:attr:`keyplane.pipeline.Pipeline.stage_names`), each event keyed by every
+stage's key expression:
 
 ``frequencies.parquet``
     one row per (stage, key): the key's tuples in this window (``count``),
     and its decayed weight split into ``train`` and ``holdout`` (below).
-    Stage A is the events' field ``a``, stage B field ``b``.
 ``pairs.parquet``
-    one row per key pair (a, b), A → B, with the same columns: the key-pair
-    statistics of paper 000 §3.2, from which the key graph of §3.3 is built.
+    one row per (stage, a, b): ``a`` a key of ``stage`` and ``b`` a key of
+    the next stage of the chain, with the same columns: the key-pair
+    statistics of paper 000 §3.2 for each consecutive pair of stages, from
+    which the k-partite key graph of §3.3 is built. A one-stage pipeline
+    has none.
 ``instance_loads.parquet``
     tuples per operator instance, summed over the window's metrics records
     (the loads whose max/mean paper 000 §3.1 bounds by α).
 ``traffic.parquet``
     the instance traffic matrix (paper 004 §4: task-to-task traffic): the
-    window's tuples per (stage-A instance, stage-B instance) under the routing
-    the job ran (table entry, hot-key split, else Spark's hash, folded onto
-    the active instances when scaled in).
+    window's tuples per (instance of ``stage``, instance of the next stage)
+    under the routing the job ran (table entry, hot-key split, else Spark's
+    hash, folded onto the active instances when scaled in).
 ``manifest.json``
-    run id, sequence number, offset ranges of both topics, event count,
-    creation time, the decay and hold-out settings, the job's version.
+    run id, sequence number, offset ranges of the topics read, event count,
+    the events that did not parse, creation time, the decay and hold-out
+    settings, the job's version.
 
 Decay across runs. Paper 000 §3.2 resets its statistics after each
 reconfiguration; keyplane keeps them with FISH's inter-epoch decay instead
@@ -54,17 +59,17 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.algorithms.costmodel import CostModel, calibrate
 from keyplane.algorithms.partials import sum_by
-from keyplane.control.operators import OPERATORS
 from keyplane.routing.config import RoutingConfig
 from keyplane.routing.routedkeys import routed_shares
 from keyplane.util.parquet_files import read_frame
@@ -78,7 +83,6 @@ INSTANCE_LOADS = "instance_loads.parquet"
 TRAFFIC = "traffic.parquet"
 SNAPSHOT_FORMAT: Literal[1] = 1
 
-STAGE_COLUMN = {"A": "a", "B": "b"}
 FREQUENCY_COLUMNS = (
     "stage",
     "key",
@@ -89,9 +93,13 @@ FREQUENCY_COLUMNS = (
     "window_start",
     "window_end",
 )
-PAIR_COLUMNS = ("a", "b", "count", "train", "holdout")
+PAIR_COLUMNS = ("stage", "a", "b", "count", "train", "holdout")
 LOAD_COLUMNS = ("operator", "instance", "tuples", "batches")
-TRAFFIC_COLUMNS = ("a_instance", "b_instance", "tuples")
+TRAFFIC_COLUMNS = ("stage", "a_instance", "b_instance", "tuples")
+CHAIN_ROW_COLUMNS = ("stage", "a", "b", "holdout", "n")
+"""What the statistics job counts per window: ``n`` events (on one side of the
+hold-out line) carried key ``a`` in ``stage`` and key ``b`` in the next stage
+(``b`` null in the last stage)."""
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -128,34 +136,49 @@ class SnapshotManifest(BaseModel):
     sequence: int = Field(ge=0, description="Runs before this one: the FISH epoch number.")
     previous_run_id: str | None = None
     created_at: AwareDatetime
-    events: TopicWindow
+    events: tuple[TopicWindow, ...] = Field(min_length=1)
     metrics: TopicWindow
     n_events: int = Field(ge=0)
+    unparsed_events: int = Field(
+        default=0,
+        ge=0,
+        description="Events of the window that did not parse against the pipeline's schema, "
+        "were too large, or had a null key: not counted.",
+    )
     n_metrics_records: int = Field(ge=0)
     decay: float = Field(ge=0.0, le=1.0)
     holdout_fraction: float = Field(ge=0.0, lt=1.0)
     job_version: int | None = Field(
         default=None, description="Routing version of the window's newest metrics record."
     )
-    cost_weights: tuple[float, float, float] | None = Field(
+    cost_weights: tuple[float, ...] | None = Field(
         default=None,
-        description="The cost model's (service_a, service_b, remote) fitted to the window's "
-        "metrics records, or None when they were too few "
-        "(keyplane.algorithms.costmodel.calibrate).",
+        description="The cost model's service weight per stage (upstream first), then its "
+        "remote weight, fitted to the window's metrics records, or None when they were too "
+        "few (keyplane.algorithms.costmodel.calibrate).",
     )
+
+    @field_validator("events", mode="before")
+    @classmethod
+    def _one_topic_is_a_tuple(cls, value: object) -> object:
+        return (value,) if isinstance(value, TopicWindow | dict) else value
 
     @property
     def cost_model(self) -> CostModel:
         """The planner's cost model: calibrated from the job's metrics when they sufficed."""
-        if self.cost_weights is None:
+        if self.cost_weights is None or len(self.cost_weights) < 2:
             return CostModel()
-        service_a, service_b, remote = self.cost_weights
-        return CostModel(service_a, service_b, remote, source="calibrated")
+        *service, remote = self.cost_weights
+        return CostModel(tuple(service), remote, source="calibrated")
 
     @property
     def window(self) -> tuple[int, int]:
-        """The events window as ``(start, end)`` totals: what the statistics suite checks."""
-        return self.events.start_total, self.events.end_total
+        """The events window as ``(start, end)`` totals over the topics read: what the
+        statistics suite checks."""
+        return (
+            sum(w.start_total for w in self.events),
+            sum(w.end_total for w in self.events),
+        )
 
 
 @dataclass(frozen=True)
@@ -271,20 +294,57 @@ def is_holdout(
     return np.asarray(offsets, dtype=np.int64) >= threshold
 
 
-def window_pairs(grouped: pd.DataFrame) -> pd.DataFrame:
-    """``a, b, train, holdout`` raw counts from rows ``a, b, holdout (bool), n``.
+def chain_rows(events: pd.DataFrame, stages: Sequence[str]) -> pd.DataFrame:
+    """:data:`CHAIN_ROW_COLUMNS` rows from rows of every stage's key, ``holdout`` and ``n``.
 
-    ``grouped`` is what the Spark job computes (one row per pair and side of
-    the hold-out line) or any list of events with ``n = 1``.
+    ``events``' first ``len(stages)`` columns are the stages' keys in chain
+    order (their names do not matter, so that no stage name can collide with
+    ``holdout`` or ``n``), then ``holdout`` and ``n``.
+    """
+    keys = events.iloc[:, : len(stages)]
+    frames = []
+    for index, stage in enumerate(stages):
+        following = keys.iloc[:, index + 1] if index + 1 < len(stages) else None
+        frames.append(
+            pd.DataFrame(
+                {
+                    "stage": stage,
+                    "a": keys.iloc[:, index].to_numpy(object),
+                    "b": None if following is None else following.to_numpy(object),
+                    "holdout": events["holdout"].to_numpy(bool),
+                    "n": events["n"].to_numpy(np.int64),
+                }
+            )
+        )
+    if not frames or events.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in CHAIN_ROW_COLUMNS}).astype(
+            {"holdout": bool, "n": np.int64}
+        )
+    return pd.concat(frames, ignore_index=True).astype({"stage": object, "a": object, "b": object})
+
+
+def window_pairs(grouped: pd.DataFrame) -> pd.DataFrame:
+    """``stage, a, b, train, holdout`` raw counts from :data:`CHAIN_ROW_COLUMNS` rows.
+
+    ``grouped`` is what the Spark job computes (one row per stage, key, next
+    stage's key and side of the hold-out line), or :func:`chain_rows` of any
+    list of events with ``n = 1``. ``b`` is null in the last stage.
     """
     if grouped.empty:
-        return pd.DataFrame({"a": [], "b": [], "train": [], "holdout": []}).astype(
-            {"a": object, "b": object, "train": np.float64, "holdout": np.float64}
+        return pd.DataFrame({"stage": [], "a": [], "b": [], "train": [], "holdout": []}).astype(
+            {"stage": object, "a": object, "b": object, "train": np.float64, "holdout": np.float64}
         )
     n = grouped["n"].astype(np.float64).to_numpy()
     held = grouped["holdout"].astype(bool).to_numpy()
-    frame = grouped[["a", "b"]].assign(train=np.where(held, 0.0, n), holdout=np.where(held, n, 0.0))
-    return sum_by(frame, ["a", "b"], ["train", "holdout"])
+    frame = grouped[["stage", "a", "b"]].assign(
+        train=np.where(held, 0.0, n), holdout=np.where(held, n, 0.0)
+    )
+    linked = frame["b"].notna().to_numpy()
+    pairs = sum_by(frame[linked], ["stage", "a", "b"], ["train", "holdout"])
+    last = sum_by(frame[~linked].drop(columns="b"), ["stage", "a"], ["train", "holdout"])
+    last.insert(2, "b", None)
+    together = pd.concat([pairs, last.astype({"b": object})], ignore_index=True)
+    return together[["stage", "a", "b", "train", "holdout"]]
 
 
 def _fold(
@@ -321,8 +381,10 @@ def _fold(
 def fold_pairs(
     previous: pd.DataFrame | None, window: pd.DataFrame, settings: StatisticsSettings
 ) -> pd.DataFrame:
-    """The key-pair statistics A → B (000 §3.2) after this window, decayed (001 §4.1.1)."""
-    folded = _fold(previous, window, ["a", "b"], settings)
+    """The key-pair statistics of each consecutive pair of stages (000 §3.2) after this
+    window, decayed (001 §4.1.1). ``max_entries`` bounds the pairs of all links together."""
+    linked = window[window["b"].notna()] if "b" in window else window
+    folded = _fold(previous, linked, ["stage", "a", "b"], settings)
     folded["count"] = folded["count"].round().astype(np.int64)
     return folded
 
@@ -337,18 +399,29 @@ def fold_frequencies(
 ) -> pd.DataFrame:
     """Per-stage key frequencies after this window, decayed like the pairs.
 
-    Every event counts once for its stage-A key and once for its stage-B key,
-    so the frequencies come from the window's pairs, not from the (bounded)
-    pair statistics.
+    Every event counts once for its key in each stage, so the frequencies
+    come from the window's rows, not from the (bounded) pair statistics. A
+    stage of the previous frequencies that saw no event in this window keeps
+    its history, decayed.
     """
+    stages = list(dict.fromkeys(window["stage"].tolist()))
+    if previous is not None:
+        stages += [s for s in dict.fromkeys(previous["stage"].tolist()) if s not in stages]
     frames = []
-    for stage, column in STAGE_COLUMN.items():
-        per_key = sum_by(window, [column], ["train", "holdout"])
-        per_key = per_key.rename(columns={column: "key"})
+    for stage in stages:
+        rows = window[window["stage"] == stage]
+        per_key = sum_by(rows[["a", "train", "holdout"]], ["a"], ["train", "holdout"])
+        per_key = per_key.rename(columns={"a": "key"})
         before = None if previous is None else previous[previous["stage"] == stage]
         folded = _fold(before, per_key, ["key"], settings)
         folded.insert(0, "stage", stage)
         frames.append(folded)
+    if not frames:
+        frames.append(
+            pd.DataFrame(
+                {c: pd.Series(dtype=np.float64) for c in ("count", "train", "holdout")}
+            ).assign(stage=pd.Series(dtype=object), key=pd.Series(dtype=object))
+        )
     frequencies = pd.concat(frames, ignore_index=True)
     frequencies["count"] = frequencies["count"].round().astype(np.int64)
     frequencies["epoch"] = np.int64(epoch)
@@ -380,9 +453,10 @@ def instance_loads(records: Iterable[BatchMetrics]) -> pd.DataFrame:
 
 
 def traffic_matrix(
-    pairs: pd.DataFrame, config: RoutingConfig, column: str = "count"
+    pairs: pd.DataFrame, config: RoutingConfig, stages: Sequence[str], column: str = "count"
 ) -> pd.DataFrame:
-    """Tuples per (stage-A instance, stage-B instance) of ``pairs`` under ``config``.
+    """Tuples per (instance of ``stage``, instance of the next stage) of ``pairs`` under
+    ``config``, for each consecutive pair of ``stages`` (upstream first).
 
     The task-to-task traffic matrix of paper 004 §4 (TurboStream consolidates
     and bisects instances by it). Each side routes its keys as the job does
@@ -390,17 +464,36 @@ def traffic_matrix(
     else the hash fallback, folded when scaled in); a hot key's tuples spread
     evenly over its instances, independently on both sides.
     """
-    routing_a, routing_b = config.operators["A"], config.operators["B"]
-    weights = pairs[column].to_numpy(np.float64)
-    share_a = routed_shares(routing_a, pairs["a"].astype(str).tolist())
-    share_b = routed_shares(routing_b, pairs["b"].astype(str).tolist())
-    matrix = (share_a * weights[:, None]).T @ share_b
-    a_index, b_index = np.nonzero(matrix > 0)
+    frames = []
+    for upstream, downstream in pairwise(stages):
+        rows = pairs[pairs["stage"] == upstream]
+        if rows.empty or upstream not in config.operators or downstream not in config.operators:
+            continue
+        weights = rows[column].to_numpy(np.float64)
+        share_a = routed_shares(config.operators[upstream], rows["a"].astype(str).tolist())
+        share_b = routed_shares(config.operators[downstream], rows["b"].astype(str).tolist())
+        matrix = (share_a * weights[:, None]).T @ share_b
+        a_index, b_index = np.nonzero(matrix > 0)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "stage": upstream,
+                    "a_instance": a_index.astype(np.int64),
+                    "b_instance": b_index.astype(np.int64),
+                    "tuples": matrix[a_index, b_index],
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True) if frames else _empty_traffic()
+
+
+def _empty_traffic() -> pd.DataFrame:
     return pd.DataFrame(
         {
-            "a_instance": a_index.astype(np.int64),
-            "b_instance": b_index.astype(np.int64),
-            "tuples": matrix[a_index, b_index],
+            "stage": pd.Series(dtype=object),
+            "a_instance": pd.Series(dtype=np.int64),
+            "b_instance": pd.Series(dtype=np.int64),
+            "tuples": pd.Series(dtype=np.float64),
         }
     )
 
@@ -480,11 +573,13 @@ def read_snapshot(root: Path | str, run_id: str) -> Snapshot:
     )
 
 
-def _fitted_weights(metrics: Sequence[BatchMetrics]) -> tuple[float, float, float] | None:
-    fitted = calibrate(metrics)
+def _fitted_weights(
+    metrics: Sequence[BatchMetrics], stages: Sequence[str]
+) -> tuple[float, ...] | None:
+    fitted = calibrate(metrics, stages)
     if fitted.source != "calibrated":
         return None
-    return fitted.service_a, fitted.service_b, fitted.remote
+    return (*fitted.service, fitted.remote)
 
 
 @dataclass(frozen=True)
@@ -528,7 +623,7 @@ def lookback(root: Path | str, snapshot: Snapshot, min_total_count: int) -> Look
             earlier = read_snapshot(root, manifest.previous_run_id)
         except FileNotFoundError:
             break
-        if earlier.manifest.events.end != manifest.events.start:
+        if [w.end for w in earlier.manifest.events] != [w.start for w in manifest.events]:
             break
         frames.append(earlier.quality_frame())
         runs.append(earlier.manifest.run_id)
@@ -559,20 +654,24 @@ def build_snapshot(
     *,
     run_id: str,
     grouped: pd.DataFrame,
+    stages: Sequence[str],
     metrics: Sequence[BatchMetrics],
-    events: TopicWindow,
+    events: TopicWindow | Sequence[TopicWindow],
     metrics_window: TopicWindow,
     previous: Snapshot | None,
     config: RoutingConfig | None,
     settings: StatisticsSettings,
+    unparsed_events: int = 0,
     created_at: datetime | None = None,
 ) -> tuple[SnapshotManifest, dict[str, pd.DataFrame]]:
     """Everything a snapshot holds, from the Spark job's grouped window (pure).
 
-    ``grouped`` has ``a, b, holdout, n`` (see :func:`window_pairs`); ``config``
-    is the routing the job ran in the window, for the traffic matrix (none:
-    an empty matrix).
+    ``grouped`` has :data:`CHAIN_ROW_COLUMNS` (see :func:`window_pairs`) for
+    the chain ``stages``, upstream first; ``events`` the windows of the topics
+    read; ``config`` is the routing the job ran in the window, for the
+    traffic matrix (none: an empty matrix).
     """
+    windows = (events,) if isinstance(events, TopicWindow) else tuple(events)
     window = window_pairs(grouped)
     sequence = 0 if previous is None else previous.manifest.sequence + 1
     pairs = fold_pairs(None if previous is None else previous.pairs, window, settings)
@@ -581,27 +680,29 @@ def build_snapshot(
         window,
         settings,
         epoch=sequence,
-        window_bounds=(events.start_total, events.end_total),
+        window_bounds=(
+            sum(w.start_total for w in windows),
+            sum(w.end_total for w in windows),
+        ),
     )
     raw = window.assign(count=window["train"] + window["holdout"])
-    traffic = (
-        traffic_matrix(raw, config)
-        if config is not None and set(OPERATORS) <= set(config.operators) and not raw.empty
-        else pd.DataFrame({c: pd.Series(dtype=np.int64) for c in TRAFFIC_COLUMNS})
-    )
+    linked = raw[raw["b"].notna()]
+    traffic = traffic_matrix(linked, config, stages) if config is not None else _empty_traffic()
+    first = raw[raw["stage"] == stages[0]] if stages else raw.iloc[:0]
     manifest = SnapshotManifest(
         run_id=run_id,
         sequence=sequence,
         previous_run_id=None if previous is None else previous.manifest.run_id,
         created_at=created_at or datetime.now(UTC),
-        events=events,
+        events=windows,
         metrics=metrics_window,
-        n_events=round(float(raw["count"].sum())),
+        n_events=round(float(first["count"].sum())),
+        unparsed_events=unparsed_events,
         n_metrics_records=len(metrics),
         decay=settings.decay,
         holdout_fraction=settings.holdout_fraction,
         job_version=job_version(metrics),
-        cost_weights=_fitted_weights(metrics),
+        cost_weights=_fitted_weights(metrics, stages),
     )
     return manifest, {
         "frequencies": frequencies,

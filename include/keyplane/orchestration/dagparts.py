@@ -17,7 +17,6 @@ from typing import Any, Literal, TypeVar
 
 from airflow.sdk import Asset, Context, Param, get_current_context, task
 
-from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import triggers
 from keyplane.orchestration.deployment import deployment
 from keyplane.orchestration.triggers import AwaitRolloutOperator
@@ -105,9 +104,13 @@ is stored, naming the smallest ``max_moves_per_wave`` that fits. Each wave
 costs a rollout's fixed part again, so more than a few gain nothing.
 """
 
-ROLL_OUT_WAVES_WAITS = (MAX_WAVES_PER_RUN - 1) * (1 + len(OPERATORS))
-"""The most replies ``roll_out_waves`` awaits in one run: the ACK and each MIGRATED of
-every wave but the last (the last goes through the DAG's own rollout tasks)."""
+
+def roll_out_waves_waits(operators: int) -> int:
+    """The most replies ``roll_out_waves`` awaits in one run of a job with ``operators``
+    stages: the ACK and each MIGRATED of every wave but the last (the last goes through
+    the DAG's own rollout tasks)."""
+    return (MAX_WAVES_PER_RUN - 1) * (1 + operators)
+
 
 OTHER_STEPS_TIME = timedelta(hours=1)
 """What a run's steps other than its waits may take together (Spark, GX, the protocol's sends)."""
@@ -184,7 +187,7 @@ def rollout_dag_args(waits: int, schedule: Any = SCHEDULE) -> dict[str, Any]:
     a run that times out ends its deferred waits without their abort (see
     :func:`abort_run_in_flight`, which makes up for it), so a run within its
     Params must not reach it. A DAG with ``roll_out_waves`` counts its
-    waits as :data:`ROLL_OUT_WAVES_WAITS`, the most that
+    waits as :func:`roll_out_waves_waits`, the most that
     :data:`MAX_WAVES_PER_RUN` allows.
     """
     return {
@@ -294,8 +297,8 @@ def propagate(operators: Sequence[str], published_by: str) -> dict[str, Any]:
 
 
 def rollout_chain(
+    operators: Sequence[str],
     prefix: str = "",
-    operators: Sequence[str] = OPERATORS,
     timeout: str = "{{ params.reply_timeout_s }}",
     published_by: str = "publish",
 ) -> tuple[Any, Any]:

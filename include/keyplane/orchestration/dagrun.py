@@ -56,6 +56,14 @@ class AirflowSetup(BaseModel):
     control_key: str | None = Field(
         default=None, repr=False, description="HMAC key shared with the job (else inherited)."
     )
+    pipeline: str | None = Field(
+        default=None,
+        description="The job's pipeline as module:attribute (KEYPLANE_PIPELINE; else inherited).",
+    )
+    python_path: tuple[Path, ...] = Field(
+        default=(),
+        description="Folders put first on PYTHONPATH, where the pipeline's module is found.",
+    )
 
     @classmethod
     def for_job(
@@ -113,6 +121,16 @@ class AirflowSetup(BaseModel):
             "KEYPLANE_ROUTING_STORE": str(self.routing_store),
             "KEYPLANE_SPARK_MASTER": self.statistics_master,
             **({KEY_ENV_VAR: self.control_key} if self.control_key else {}),
+            **({"KEYPLANE_PIPELINE": self.pipeline} if self.pipeline else {}),
+            **(
+                {
+                    "PYTHONPATH": os.pathsep.join(
+                        [*(str(path) for path in self.python_path), env.get("PYTHONPATH", "")]
+                    )
+                }
+                if self.python_path
+                else {}
+            ),
         }
 
     def deployment(self, home: Path | None = None) -> Deployment:
@@ -128,6 +146,7 @@ class AirflowSetup(BaseModel):
             metrics_topic=self.metrics_topic,
             control_topic=self.control_topic,
             routing_store=self.routing_store,
+            pipeline=self.pipeline,
         )
 
 

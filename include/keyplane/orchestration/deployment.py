@@ -14,11 +14,37 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from keyplane.control.operators import OPERATORS
+from keyplane.control.operators import stage_names
 from keyplane.settings import MAX_EVENT_BYTES, BootstrapServers, Settings
+
+
+class RoutedJobTopics(TypedDict):
+    """The topics of one routed job besides its events (keywords of ``CountsJobSettings``)."""
+
+    control_topic: str
+    migration_topic: str
+    metrics_topic: str
+    dead_letter_topic: str
+
+
+def routed_job_topics(prefix: str) -> RoutedJobTopics:
+    """Control, migration, metrics and dead-letter topics of one routed job's own.
+
+    Keyword arguments for :class:`~keyplane.spark.counts_job.CountsJobSettings`,
+    so that jobs sharing a broker (tests, benchmark variants) never read each
+    other's protocol messages or moved state.
+    """
+    return RoutedJobTopics(
+        control_topic=f"{prefix}.control",
+        migration_topic=f"{prefix}.migration",
+        metrics_topic=f"{prefix}.metrics",
+        dead_letter_topic=f"{prefix}.dead-letter",
+    )
+
 
 KAFKA_CONN_ID = "keyplane_kafka"
 SPARK_CONN_ID = "spark_default"
@@ -38,11 +64,25 @@ class Deployment(BaseModel):
     snapshots: Path
     controller_state: Path
     gx_root: Path
-    operators: tuple[str, ...] = OPERATORS
+    pipeline: str = ""
+    """The managed job's pipeline as ``module:attribute`` (default ``KEYPLANE_PIPELINE``)."""
+    operators: tuple[str, ...] = ()
+    """The pipeline's stages, upstream first (default: read from ``pipeline``)."""
     max_event_bytes: int = Field(default=MAX_EVENT_BYTES, ge=1)
     """The job's bound on one event's record: a larger one is not counted."""
     unpublished_versions_kept: int = Field(default=20, ge=0)
     """Versions planned but not published that the store keeps (older ones are pruned)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stages_of_the_pipeline(cls, data: Any) -> Any:
+        """The configured pipeline, and its stages, unless given."""
+        if isinstance(data, dict):
+            spec = data.get("pipeline") or Settings().pipeline
+            data = {**data, "pipeline": spec}
+            if not data.get("operators"):
+                data["operators"] = stage_names(spec)
+        return data
 
     @classmethod
     def from_environment(cls, bootstrap_servers: str | None = None) -> Deployment:
@@ -68,6 +108,7 @@ class Deployment(BaseModel):
             snapshots=Path(snapshots).resolve() if snapshots else None,
             max_event_bytes=settings.max_event_bytes,
             unpublished_versions_kept=settings.unpublished_versions_kept,
+            pipeline=settings.pipeline,
         )
 
     @classmethod
@@ -83,6 +124,7 @@ class Deployment(BaseModel):
         snapshots: Path | None = None,
         max_event_bytes: int = MAX_EVENT_BYTES,
         unpublished_versions_kept: int = 20,
+        pipeline: str | None = None,
     ) -> Deployment:
         """The deployment whose state folders lie under ``home``: the one layout.
 
@@ -102,6 +144,7 @@ class Deployment(BaseModel):
             gx_root=home / "gx",
             max_event_bytes=max_event_bytes,
             unpublished_versions_kept=unpublished_versions_kept,
+            pipeline=pipeline or "",
         )
 
 

@@ -7,6 +7,13 @@ Keys are strings at this boundary (the configuration's and the job's) and
 integer ids inside the algorithms: :class:`KeyCodec` maps one to the other,
 per stage.
 
+The stages are a chain, upstream first: the pipeline's
+(:attr:`keyplane.pipeline.Pipeline.stage_names`). Functions that need the
+chain's order take it as ``stages``; without it they take the order of the
+configuration's operators, which is the order the configuration was created
+in (:meth:`keyplane.routing.config.RoutingConfig.all_hash`). A snapshot's pairs are
+keyed by their upstream stage (:data:`keyplane.algorithms.statistics.PAIR_COLUMNS`).
+
 How predictions are made. Every figure (locality, per-instance load, state
 moved) is computed by routing the snapshot's keys exactly as the job routes
 them (:func:`keyplane.routing.routedkeys.routed_shares` and
@@ -34,8 +41,9 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -43,8 +51,6 @@ import pandas as pd
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.algorithms.costmodel import CostModel, Drift, StageProfile, measure_drift, next_window
-from keyplane.algorithms.statistics import STAGE_COLUMN
-from keyplane.control.operators import OPERATORS
 from keyplane.routing.config import CreatedBy, OperatorRouting, RoutingConfig
 from keyplane.routing.routedkeys import (
     fallback_instances,
@@ -118,7 +124,8 @@ class PlanParams:
     """The knobs of one re-plan, from the DAG's Params.
 
     ``alpha`` is 000 §3.1's imbalance bound; ``operators`` the operators to
-    re-plan (the others keep their current routing); ``parallelism`` the
+    re-plan (the others keep their current routing; None: every stage of the
+    pipeline); ``parallelism`` the
     instance count (None: the current one); ``window`` the history policy;
     ``max_table_entries`` the routing table budget per operator (None: every
     key of the statistics); ``d_min`` FISH's fewest instances per hot key;
@@ -130,7 +137,7 @@ class PlanParams:
     """
 
     alpha: float = 1.03
-    operators: tuple[str, ...] = OPERATORS
+    operators: tuple[str, ...] | None = None
     parallelism: int | None = None
     window: HistoryWindow = "decay"
     max_table_entries: int | None = None
@@ -146,9 +153,20 @@ class PlanParams:
             raise ValueError(f"max_moves_per_wave must be ≥ 1, got {self.max_moves_per_wave}")
         if not (math.isfinite(self.alpha) and self.alpha >= 1.0):
             raise ValueError(f"alpha must be ≥ 1, got {self.alpha}")
-        unknown = set(self.operators) - set(STAGE_COLUMN)
-        if not self.operators or unknown:
-            raise ValueError(f"operators must be a non-empty subset of A, B; got {self.operators}")
+        if self.operators is not None and not self.operators:
+            raise ValueError("operators must name at least one stage (None: every stage)")
+
+    def planned(self, stages: Sequence[str]) -> tuple[str, ...]:
+        """The operators to re-plan, checked against the pipeline's ``stages``."""
+        if self.operators is None:
+            return tuple(stages)
+        unknown = [name for name in self.operators if name not in stages]
+        if unknown:
+            raise ValueError(
+                f"operator(s) {', '.join(unknown)} are not stages of the pipeline; "
+                f"its stages are {', '.join(stages)}"
+            )
+        return self.operators
 
 
 @dataclass(frozen=True)
@@ -189,8 +207,19 @@ class Plan:
         return self.throughputs.get(self.candidate, 0.0)
 
 
-def locality(config: RoutingConfig, pairs: pd.DataFrame, weights: pd.Series) -> float:
-    """Share of pair weight whose A and B instances coincide (000 §3.2).
+def chain_of(config: RoutingConfig, stages: Sequence[str] | None) -> tuple[str, ...]:
+    """The chain's stages, upstream first: ``stages``, else the configuration's order."""
+    return tuple(config.operators) if stages is None else tuple(stages)
+
+
+def locality(
+    config: RoutingConfig,
+    pairs: pd.DataFrame,
+    weights: pd.Series,
+    stages: Sequence[str] | None = None,
+) -> float:
+    """Share of pair weight, over every consecutive pair of stages, whose two
+    instances coincide (000 §3.2); 0 for a one-stage chain.
 
     With hot keys the two sides are spread independently, so a pair is local
     with probability ``Σ_i share_a[i] · share_b[i]``.
@@ -198,10 +227,16 @@ def locality(config: RoutingConfig, pairs: pd.DataFrame, weights: pd.Series) -> 
     total = float(weights.sum())
     if total <= 0:
         return 0.0
-    share_a = routed_shares(config.operators["A"], pairs["a"].astype(str).tolist())
-    share_b = routed_shares(config.operators["B"], pairs["b"].astype(str).tolist())
-    local = (share_a * share_b).sum(axis=1)
-    return float((local * weights.to_numpy(np.float64)).sum() / total)
+    local_weight = 0.0
+    values = weights.to_numpy(np.float64)
+    for upstream, downstream in pairwise(chain_of(config, stages)):
+        rows = (pairs["stage"] == upstream).to_numpy()
+        if not rows.any():
+            continue
+        share_a = routed_shares(config.operators[upstream], pairs["a"][rows].astype(str).tolist())
+        share_b = routed_shares(config.operators[downstream], pairs["b"][rows].astype(str).tolist())
+        local_weight += float(((share_a * share_b).sum(axis=1) * values[rows]).sum())
+    return local_weight / total
 
 
 instance_loads = predicted_instance_loads
@@ -275,7 +310,11 @@ def _active_parts(
 
 
 def _hash_parts(
-    codecs: Mapping[str, KeyCodec], instance_of: Mapping[str, list[int]], parts: int, n: int
+    codecs: Mapping[str, KeyCodec],
+    instance_of: Mapping[str, list[int]],
+    parts: int,
+    n: int,
+    stages: Sequence[str],
 ) -> HashParts:
     """Where the job's hash fallback puts each key of a stage, as the planner's parts.
 
@@ -287,17 +326,17 @@ def _hash_parts(
     so a key's part is its natural partition. With fewer, part ``j`` is the
     ``j``-th shared active instance (:func:`_active_parts`).
     """
-    part_of: dict[bool, np.ndarray] = {}
-    for stage_is_a, stage in ((True, "A"), (False, "B")):
+    part_of: dict[int, np.ndarray] = {}
+    for index, stage in enumerate(stages):
         keys = list(codecs[stage].keys)
         if parts == n:
-            part_of[stage_is_a] = spark_partitions(keys, n)
+            part_of[index] = spark_partitions(keys, n)
         else:
             active = instance_of[stage]
             rank = np.full(n, -1, dtype=np.int64)
             rank[active] = np.arange(len(active))
-            part_of[stage_is_a] = rank[fallback_instances(keys, n, active)]
-    return lambda stage_is_a, ids: part_of[stage_is_a][ids]
+            part_of[index] = rank[fallback_instances(keys, n, active)]
+    return lambda index, ids: part_of[index][ids]
 
 
 def plan_configuration(
@@ -309,10 +348,13 @@ def plan_configuration(
     version: int,
     created_by: CreatedBy = "schedule",
     cost: CostModel | None = None,
+    stages: Sequence[str] | None = None,
 ) -> Plan:
     """A new configuration from a snapshot: METIS tables (000 §3.3) and FISH hot keys (001 §4).
 
-    The pair graph is partitioned by :func:`keyplane.algorithms.locality.build_plan`
+    The k-partite key graph of the chain ``stages`` (upstream first; default
+    the configuration's order) is partitioned jointly by
+    :func:`keyplane.algorithms.locality.build_chain_plan`
     under ``1 + headroom · (α − 1)``, or, when the snapshot has a hold-out,
     under α less the slack the drift measured from training statistics to
     hold-out takes by itself (:func:`keyplane.algorithms.locality.drift_margin`; α when
@@ -325,10 +367,24 @@ def plan_configuration(
     the current configuration under ``cost`` (default: the documented
     defaults of :class:`~keyplane.algorithms.costmodel.CostModel`).
     """
-    from keyplane.algorithms.locality import KeyWeights, PairStatistics, build_plan, drift_margin
+    from keyplane.algorithms.locality import (
+        ChainStatistics,
+        KeyPairs,
+        KeyWeights,
+        build_chain_plan,
+        drift_margin,
+    )
 
+    chain = chain_of(current, stages)
+    missing = [name for name in chain if name not in current.operators]
+    if missing:
+        raise ValueError(
+            f"the current configuration routes no stage {', '.join(missing)}; "
+            f"it routes {', '.join(current.operators)}"
+        )
+    planned = params.planned(chain)
     parallelism = {name: routing.parallelism for name, routing in current.operators.items()}
-    n = params.parallelism or parallelism["A"]
+    n = params.parallelism or parallelism[chain[0]]
     if any(p != n for p in parallelism.values()):
         raise ValueError(
             f"the running query has {sorted(set(parallelism.values()))} instances per operator; "
@@ -337,11 +393,16 @@ def plan_configuration(
         )
     pair_w = pair_weights(pairs, params.window)
     freq_w = frequencies.assign(weight=frequency_weights(frequencies, params.window))
+    upstream_of = dict(zip(chain[1:], chain, strict=False))
     codecs = {
         stage: KeyCodec.of(
-            [*pairs[column].astype(str), *freq_w.loc[freq_w["stage"] == stage, "key"].astype(str)]
+            [
+                *pairs.loc[pairs["stage"] == stage, "a"].astype(str),
+                *pairs.loc[pairs["stage"] == upstream_of.get(stage), "b"].astype(str),
+                *freq_w.loc[freq_w["stage"] == stage, "key"].astype(str),
+            ]
         )
-        for stage, column in STAGE_COLUMN.items()
+        for stage in chain
     }
     key_loads = {
         stage: {
@@ -353,7 +414,7 @@ def plan_configuration(
             )
             if w > 0
         }
-        for stage in STAGE_COLUMN
+        for stage in chain
     }
 
     def stage_weights(stage: str) -> KeyWeights:
@@ -361,37 +422,43 @@ def plan_configuration(
         return KeyWeights(codecs[stage].encode(loads), np.fromiter(loads.values(), np.float64))
 
     keep = pair_w.to_numpy() > 0
-    statistics = PairStatistics(
-        codecs["A"].encode(pairs.loc[keep, "a"].astype(str)),
-        codecs["B"].encode(pairs.loc[keep, "b"].astype(str)),
-        pair_w.to_numpy()[keep],
-        freq_a=stage_weights("A"),
-        freq_b=stage_weights("B"),
+
+    def link(upstream: str, downstream: str) -> KeyPairs:
+        rows = keep & (pairs["stage"] == upstream).to_numpy()
+        return KeyPairs(
+            codecs[upstream].encode(pairs.loc[rows, "a"].astype(str)),
+            codecs[downstream].encode(pairs.loc[rows, "b"].astype(str)),
+            pair_w.to_numpy()[rows],
+        )
+
+    statistics = ChainStatistics(
+        tuple(stage_weights(stage) for stage in chain),
+        tuple(link(upstream, downstream) for upstream, downstream in pairwise(chain)),
     )
-    parts, instance_of = _active_parts(current, params.operators, n)
+    parts, instance_of = _active_parts(current, planned, n)
     model = cost if cost is not None else CostModel()
     drift = {
         stage: _holdout_drift(key_loads[stage], stage_loads(frequencies, stage, "holdout"), n)
-        for stage in STAGE_COLUMN
+        for stage in chain
     }
     bound = 1.0 + params.headroom * (params.alpha - 1.0)
     if any(d.windows > 0 for d in drift.values()):
-        margin = drift_margin(statistics, (drift["A"], drift["B"]), parts)
+        margin = drift_margin(statistics, [drift[stage] for stage in chain], parts)
         bound = params.alpha - margin if margin < params.alpha - 1.0 else params.alpha
-    plan = build_plan(
+    plan = build_chain_plan(
         statistics,
         parts,
         alpha=bound,
         max_table_entries=params.max_table_entries,
         seed=params.seed,
-        hash_parts=_hash_parts(codecs, instance_of, parts, n),
+        hash_parts=_hash_parts(codecs, instance_of, parts, n, chain),
         cost=model,
     )
-    tables = {"A": plan.table_a, "B": plan.table_b}
-    heavy = {"A": plan.heavy_keys_a, "B": plan.heavy_keys_b}
+    tables = dict(zip(chain, plan.tables, strict=True))
+    heavy = dict(zip(chain, plan.heavy_keys, strict=True))
     operators: dict[str, OperatorRouting] = {}
     for name, routing in current.operators.items():
-        if name not in params.operators:
+        if name not in planned:
             operators[name] = routing
             continue
         codec = codecs[name]
@@ -420,9 +487,7 @@ def plan_configuration(
         operators[name] = candidate
     hashed = {
         name: (
-            routing.model_copy(update={"table": {}, "hot_keys": {}})
-            if name in params.operators
-            else routing
+            routing.model_copy(update={"table": {}, "hot_keys": {}}) if name in planned else routing
         )
         for name, routing in current.operators.items()
     }
@@ -432,7 +497,7 @@ def plan_configuration(
         "plan": operators,
     }
     scored = {
-        name: _score(routings, pairs, pair_w, key_loads, model)
+        name: _score(routings, pairs, pair_w, key_loads, model, chain)
         for name, routings in candidates.items()
     }
     chosen: Candidate = "current"
@@ -457,7 +522,7 @@ def plan_configuration(
         candidate=chosen,
         throughputs={name: value[0] for name, value in scored.items()},
         cost=model,
-        promised_imbalance=_promise(candidates[chosen], key_loads, drift),
+        promised_imbalance=_promise(candidates[chosen], key_loads, drift, chain),
     )
 
 
@@ -474,12 +539,13 @@ def _promise(
     operators: Mapping[str, OperatorRouting],
     key_loads: Mapping[str, Mapping[str, float]],
     drift: Mapping[str, Drift],
+    stages: Sequence[str],
 ) -> float:
     """The :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE` bound on the next window's
     worse max/mean (:func:`keyplane.algorithms.costmodel.next_window`); hot keys are spread
     over their instances and do not drift the balance."""
     profiles: list[StageProfile] = []
-    for name in ("A", "B"):
+    for name in stages:
         routing = operators.get(name)
         loads = key_loads.get(name, {})
         if routing is None or not loads:
@@ -500,6 +566,7 @@ def _score(
     weights: pd.Series,
     key_loads: Mapping[str, Mapping[str, float]],
     cost: CostModel,
+    stages: Sequence[str],
 ) -> tuple[float, float, dict[str, float]]:
     """Predicted throughput, locality and per-operator imbalance of a candidate.
 
@@ -507,12 +574,12 @@ def _score(
     imbalance definition of the gate and the backtest.
     """
     config = RoutingConfig(version=1, created_by="initial", operators=dict(operators))
-    share = locality(config, pairs, weights)
+    share = locality(config, pairs, weights, stages)
     per_operator = {
         name: imbalance(instance_loads(routing, key_loads.get(name, {})))
         for name, routing in operators.items()
     }
-    throughput = cost.throughput(share, per_operator.get("A", 1.0), per_operator.get("B", 1.0))
+    throughput = cost.throughput(share, *(per_operator.get(name, 1.0) for name in stages))
     return throughput, share, per_operator
 
 
@@ -529,12 +596,16 @@ class Forecast:
 
 
 def forecast(
-    config: RoutingConfig, pairs: pd.DataFrame, frequencies: pd.DataFrame, column: Column
+    config: RoutingConfig,
+    pairs: pd.DataFrame,
+    frequencies: pd.DataFrame,
+    column: Column,
+    stages: Sequence[str] | None = None,
 ) -> Forecast:
     """Locality and per-operator imbalance of ``config`` on one column of a snapshot."""
-    loads = {stage: stage_loads(frequencies, stage, column) for stage in STAGE_COLUMN}
+    loads = {stage: stage_loads(frequencies, stage, column) for stage in config.operators}
     return Forecast(
-        locality=locality(config, pairs, pairs[column].astype(np.float64)),
+        locality=locality(config, pairs, pairs[column].astype(np.float64), stages),
         imbalance={
             name: imbalance(instance_loads(routing, loads.get(name, {})))
             for name, routing in config.operators.items()
@@ -578,15 +649,24 @@ class Backtest:
 
 
 def backtest(
-    new: RoutingConfig, current: RoutingConfig, pairs: pd.DataFrame, frequencies: pd.DataFrame
+    new: RoutingConfig,
+    current: RoutingConfig,
+    pairs: pd.DataFrame,
+    frequencies: pd.DataFrame,
+    stages: Sequence[str] | None = None,
 ) -> Backtest:
     """Score both configurations on the newest part of the window, unseen by the plan
-    (paper 000 §4.3 scores a table trained on one window on the next)."""
+    (paper 000 §4.3 scores a table trained on one window on the next).
+
+    The hold-out's tuples are its events: every stage counts each event once,
+    so it is the largest stage total (pairs do not exist in a one-stage chain).
+    """
+    per_stage = frequencies.groupby("stage")["holdout"].sum() if not frequencies.empty else None
     return Backtest(
-        new=forecast(new, pairs, frequencies, "holdout"),
-        current=forecast(current, pairs, frequencies, "holdout"),
+        new=forecast(new, pairs, frequencies, "holdout", stages),
+        current=forecast(current, pairs, frequencies, "holdout", stages),
         moved_share=moved_share(current, new, frequencies, "train"),
-        holdout_tuples=float(pairs["holdout"].sum()),
+        holdout_tuples=float(per_stage.max()) if per_stage is not None else 0.0,
     )
 
 
@@ -597,8 +677,8 @@ class DecisionRule:
     The expected gain on the hold-out is the locality gained plus the
     worst-operator imbalance removed, ``(L_new − L_cur) + (I_cur − I_new)``,
     both in shares of the stream: one point of locality keeps 1 % of the
-    A → B tuples on their server, and one point of imbalance is 1 % of the
-    mean load taken off the bottleneck instance. The cost is the share of
+    tuples between consecutive stages on their server, and one point of
+    imbalance is 1 % of the mean load taken off the bottleneck instance. The cost is the share of
     state the rollout migrates times ``migration_cost``, the gain a full
     migration must buy to repay its pause (000 §3.4 buffers tuples while
     state moves). Publish when ``gain − cost ≥ min_gain``, or when forced.
@@ -656,7 +736,7 @@ def rollback_config(previous: RoutingConfig, active: RoutingConfig, version: int
 class Measured:
     """What a run of batches measured (:class:`~keyplane.algorithms.batchmetrics.BatchMetrics`).
 
-    ``locality`` is the share of A → B tuples that stayed on one executor
+    ``locality`` is the share of the tuples between consecutive stages that stayed on one executor
     (000 §2), ``imbalance`` the worst operator's max/mean of the loads summed
     over the batches (000 §3.1), ``lag`` the mean input lag in records and
     ``lag_growth`` how much the lag grew from one batch to the next, on
@@ -738,7 +818,7 @@ class VerifyTolerances:
 def verdict(before: Measured, after: Measured, tolerances: VerifyTolerances) -> str | None:
     """Why ``after`` regressed against ``before``, or None when it did not.
 
-    A figure missing on either side (no batches before, no A → B hops) is
+    A figure missing on either side (no batches before, no hops between stages) is
     not judged.
     """
     reasons = []

@@ -12,8 +12,8 @@ Three suites, each over one pandas frame (GX validates one suite against one
 batch, and the frames have different columns):
 
 * ``keyplane_statistics``: one row per (stage, key, epoch) of a statistics
-  snapshot. No null fields, counts ≥ 0, stage in {A, B}, one row per (stage,
-  key, epoch), enough keys and tuples, and the snapshot's offset windows
+  snapshot. No null fields, counts ≥ 0, stage one of the pipeline's stages,
+  one row per (stage, key, epoch), enough keys and tuples, and the snapshot's offset windows
   cover the range it claims to describe.
 * ``keyplane_configuration_keys``: one row per routed key per operator
   (a table key is one row; a hot key split over d instances is d rows). Every
@@ -57,7 +57,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from keyplane.algorithms.hotkeys import FishSettings
-from keyplane.control.operators import OPERATORS
+from keyplane.control.operators import stage_names
 from keyplane.routing.config import RoutingConfig
 from keyplane.routing.routedkeys import predicted_instance_loads
 from keyplane.settings import Settings
@@ -192,7 +192,7 @@ class OperatorPrediction:
 
     Attributes:
         predicted_imbalance: the plan's max/mean instance load for this
-            operator's stage (``LocalityPlan.predicted_imbalance_a`` or ``_b``).
+            operator's stage (``ChainPlan.predicted_imbalance`` of the stage).
         predicted_locality: the plan's share of pair weight kept on one
             instance (``LocalityPlan.predicted_locality``; the same for both
             operators of a pair).
@@ -306,8 +306,8 @@ def _statistics_expectations() -> list[Expectation]:
         ),
         e.ExpectColumnValuesToBeInSet(
             column="stage",
-            value_set=list(OPERATORS),
-            description="Statistics describe stage A or stage B.",
+            value_set={"$PARAMETER": "stages"},
+            description="Statistics describe the pipeline's stages.",
         ),
         e.ExpectColumnValuesToBeBetween(
             column="count", min_value=0, description="Counts are never negative."
@@ -756,12 +756,15 @@ def validate_statistics(
     context: FileDataContext | None = None,
     settings: QualitySettings | None = None,
     run_name: str | None = None,
+    stages: Sequence[str] | None = None,
 ) -> QualityResult:
     """Check a statistics snapshot against ``keyplane_statistics``.
 
     ``expected_window`` is the ``[start, end)`` offset range the snapshot
     claims to describe: its smallest ``window_start`` must be ≤ ``start`` and
-    its largest ``window_end`` ≥ ``end``. ``context`` defaults to
+    its largest ``window_end`` ≥ ``end``. Every row's stage must be one of
+    ``stages`` (default: the configured pipeline's,
+    :func:`keyplane.control.operators.stage_names`). ``context`` defaults to
     :func:`locked_context` at :func:`default_gx_root`, held for the run; a
     caller's context is the caller's to lock.
     """
@@ -774,6 +777,7 @@ def validate_statistics(
         "min_total_count": chosen.min_total_count,
         "window_start": int(start),
         "window_end": int(end),
+        "stages": list(stage_names() if stages is None else stages),
     }
     frames = [(STATISTICS_SUITE, statistics)]
     name = run_name or f"statistics-{start}-{end}"

@@ -14,14 +14,14 @@ batches of the metrics topic and the times their records arrived there. The
 scaled routing needs every key that holds state
 (:func:`keyplane.algorithms.scaling.scaled_routing`: the job only moves the state of keys
 a configuration names), so :func:`compute_scaled_configuration` counts the
-keys of the events topic, from its earliest retained record: the job's state
+keys of the pipeline's topics, from their earliest retained records: the job's state
 holds exactly the keys of the events it counted.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.algorithms.scaling import ScaleRequest, decide_scaling
-from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning, tasks
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
@@ -37,8 +36,8 @@ from keyplane.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)
 
-DECISION = "scale_decision.json"
-PROPOSAL = "scale_proposal.json"
+DECISION = tasks.SCALE_DECISION
+PROPOSAL = tasks.SCALE_PROPOSAL
 METRICS_LOOKBACK = 4
 """Records read per batch of the window: room for batches on an older version."""
 
@@ -73,24 +72,37 @@ def decide(
         return tasks._read(existing, "the scale decision")
     parent = tasks.active_version(deployment, None)
     current = config_store.load(deployment.routing_store, parent)
-    parallelism = {name: current.operators[name].parallelism for name in OPERATORS}
+    stages = deployment.operators
+    if request.operator is not None and request.operator not in stages:
+        raise tasks.Refused(
+            f"operator {request.operator!r} is not a stage of the pipeline; its stages are "
+            f"{', '.join(stages)}"
+        )
+    missing = [name for name in stages if name not in current.operators]
+    if missing:
+        raise tasks.Refused(
+            f"v{parent} routes no stage {', '.join(missing)} of the pipeline "
+            f"({deployment.pipeline}); it routes {', '.join(current.operators)}"
+        )
+    parallelism = {name: current.operators[name].parallelism for name in stages}
     if len(set(parallelism.values())) != 1:
         raise tasks.Refused(f"operators have different state partitions: {parallelism}")
-    if request.instances is not None and request.instances > parallelism["A"]:
+    partitions = parallelism[stages[0]]
+    if request.instances is not None and request.instances > partitions:
         raise tasks.Refused(
-            f"instances {request.instances} is more than the job's {parallelism['A']} state "
-            f"partitions (fixed when the job started); give at most {parallelism['A']}"
+            f"instances {request.instances} is more than the job's {partitions} state "
+            f"partitions (fixed when the job started); give at most {partitions}"
         )
     timed = [
         (r, reported)
         for r, reported in recent_metrics(deployment, request.congestion.window)
         if r.versions and set(r.versions.values()) == {parent}
     ]
-    active = {name: current.operators[name].active for name in OPERATORS}
+    active = {name: current.operators[name].active for name in stages}
     decision = decide_scaling(
         [r for r, _ in timed],
         active,
-        parallelism["A"],
+        partitions,
         request,
         reported_at_s=[reported for _, reported in timed],
     )
@@ -108,55 +120,83 @@ def decide(
 
 
 def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
-    """Tuples per key of each stage in the events topic (A: field 1, B: field 2)."""
+    """Tuples per key of each stage in the pipeline's topics."""
     return event_counts(deployment)[0]
 
 
-def event_pair_counts(deployment: Deployment) -> dict[tuple[str, str], float]:
-    """Tuples per (A key, B key) pair in the events topic."""
+def event_pair_counts(deployment: Deployment) -> dict[tuple[str, str, str], float]:
+    """Tuples per (stage, its key, the next stage's key) in the pipeline's topics."""
     return event_counts(deployment)[1]
 
 
 def event_counts(
     deployment: Deployment,
-) -> tuple[dict[str, dict[str, float]], dict[tuple[str, str], float]]:
-    """Tuples per key of each stage in the events topic (A: field 1, B: field 2), and
-    tuples per (A key, B key) pair: the pairs whose co-location is locality (000 §2).
+) -> tuple[dict[str, dict[str, float]], dict[tuple[str, str, str], float]]:
+    """Tuples per key of each stage in the pipeline's topics, and tuples per pair of keys
+    of consecutive stages, keyed ``(stage, key, next stage's key)``: the pairs whose
+    co-location is locality (000 §2).
 
-    Read from the earliest retained record to the end, with the job's own
-    parser, so a key counts exactly when the job would have counted it.
+    Read from the earliest retained record to the end, parsed and keyed as the
+    job parses and keys them (:mod:`keyplane.orchestration.stage_keys`, in a
+    local Spark session unless one is active), so a key counts exactly when
+    the job would have counted it.
     """
+    from pyspark.sql import SparkSession
+
+    from keyplane.algorithms.statistics import TopicWindow
     from keyplane.kafka.admin import earliest_offsets, high_watermarks
-    from keyplane.kafka.ranges import offset_ranges, read_range
-    from keyplane.reference.events import decode_keys
+    from keyplane.orchestration.stage_keys import window_key_counts
+    from keyplane.pipeline import load_pipeline
+    from keyplane.settings import Settings
+    from keyplane.spark.session import build_session
 
-    servers, topic = deployment.bootstrap_servers, deployment.events_topic
-    first, ends = earliest_offsets(servers, topic), high_watermarks(servers, topic)
-    counts: dict[str, Counter[str]] = {name: Counter() for name in OPERATORS}
-    pairs: Counter[tuple[str, str]] = Counter()
-    for r in offset_ranges(servers, topic, first, ends):
-        for batch in read_range(r):
-            keys = decode_keys(batch.column("value").to_pylist(), deployment.max_event_bytes)
-            a_keys, b_keys = keys.column("a").to_pylist(), keys.column("b").to_pylist()
-            counts["A"].update(a for a in a_keys if a is not None)
-            counts["B"].update(b for b in b_keys if b is not None)
-            pairs.update(
-                (str(a), str(b))
-                for a, b in zip(a_keys, b_keys, strict=True)
-                if a is not None and b is not None
-            )
-    loads = {name: {k: float(n) for k, n in found.items()} for name, found in counts.items()}
-    return loads, {pair: float(n) for pair, n in pairs.items()}
+    pipeline = load_pipeline(deployment.pipeline)
+    servers = deployment.bootstrap_servers
+    windows = [
+        TopicWindow(
+            topic=topic, start=earliest_offsets(servers, topic), end=high_watermarks(servers, topic)
+        )
+        for topic in pipeline.source.topics
+    ]
+    active = SparkSession.getActiveSession()
+    spark = active or build_session(
+        "keyplane-scale-keys",
+        Settings().spark_master,
+        shuffle_partitions=4,
+        extra={"spark.ui.enabled": "false"},
+    )
+    try:
+        rows = window_key_counts(
+            spark, servers, windows, pipeline, 0.0, deployment.max_event_bytes
+        ).collect()
+    finally:
+        if active is None:
+            spark.stop()
+    loads: dict[str, dict[str, float]] = {name: {} for name in pipeline.stage_names}
+    pairs: dict[tuple[str, str, str], float] = {}
+    for row in rows:
+        if row.stage is None:
+            continue
+        stage_loads = loads[row.stage]
+        stage_loads[row.a] = stage_loads.get(row.a, 0.0) + float(row.n)
+        if row.b is not None:
+            pair = (row.stage, row.a, row.b)
+            pairs[pair] = pairs.get(pair, 0.0) + float(row.n)
+    return loads, pairs
 
 
-def predicted_locality(config: RoutingConfig, pairs: dict[tuple[str, str], float]) -> float:
-    """The share of the events' A→B tuples ``config`` keeps on one instance (000 §3.2)."""
+def predicted_locality(
+    config: RoutingConfig, pairs: dict[tuple[str, str, str], float], stages: Sequence[str]
+) -> float:
+    """The share of the tuples between consecutive stages that ``config`` keeps on one
+    instance (000 §3.2)."""
     import pandas as pd
 
     if not pairs:
         return 0.0
-    frame = pd.DataFrame(list(pairs), columns=["a", "b"])
-    return planning.locality(config, frame, pd.Series(list(pairs.values()), dtype="float64"))
+    frame = pd.DataFrame(list(pairs), columns=["stage", "a", "b"])
+    weights = pd.Series(list(pairs.values()), dtype="float64")
+    return planning.locality(config, frame, weights, stages)
 
 
 class ScaleProposal(BaseModel):
@@ -177,7 +217,8 @@ class ScaleProposal(BaseModel):
     reason: str | None = None
     """The decision's reason: why the operator was scaled."""
     locality_before: float | None = None
-    """Predicted share of A→B tuples on one instance on the parent version (000 §3.2)."""
+    """Predicted share of the tuples between consecutive stages on one instance on the
+    parent version (000 §3.2)."""
     locality_after: float | None = None
     """The same on the scaled version: a scale-in folds keys onto fewer instances and
     usually separates pairs the parent kept together."""
@@ -230,7 +271,9 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
     )
     saved = tasks._store(deployment, config)
     pairs = event_pair_counts(deployment)
-    before, after = predicted_locality(current, pairs), predicted_locality(config, pairs)
+    stages = deployment.operators
+    before = predicted_locality(current, pairs, stages)
+    after = predicted_locality(config, pairs, stages)
     proposal = ScaleProposal(
         version=saved.version,
         parent_version=parent,
@@ -361,13 +404,14 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
     ][:batches]
     if len(after) < batches:
         raise tasks.StepError(f"only {len(after)} of {batches} batches ran on v{version} yet")
-    busy: dict[str, set[int]] = {name: set() for name in OPERATORS}
+    stages = deployment.operators
+    busy: dict[str, set[int]] = {name: set() for name in stages}
     for batch in after:
-        for name in OPERATORS:
+        for name in stages:
             busy[name] |= {int(i) for i, n in batch.load.get(name, {}).items() if n > 0}
     stray = {
         name: sorted(busy[name] - set(config.operators[name].active))
-        for name in OPERATORS
+        for name in stages
         if busy[name] - set(config.operators[name].active)
     }
     record = tasks._write_once(
@@ -376,7 +420,7 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
             "version": version,
             "batches": len(after),
             "busy_instances": {name: sorted(found) for name, found in busy.items()},
-            "active_instances": {name: list(config.operators[name].active) for name in OPERATORS},
+            "active_instances": {name: list(config.operators[name].active) for name in stages},
             "stray": stray,
             "ok": not stray,
         },

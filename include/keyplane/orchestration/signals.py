@@ -3,10 +3,10 @@
 Besides its schedule, the reconfiguration DAG starts when the routed job's
 newest micro-batches, on one version, measure the worst operator's load
 imbalance (max/mean over the instances the version keeps active, 000 §3.1)
-above a bound, the share of A→B tuples kept on one executor (000 §2) below a
-bound, or the input lag growing faster than a bound per batch. The figures
-are those of the DAG's ``verify`` step (:func:`keyplane.orchestration.planning.measure`).
-Pure: the trigger that reads the topic is
+above a bound, the share of the tuples between consecutive stages kept on
+one executor (000 §2) below a bound, or the input lag growing faster than a
+bound per batch. The figures are those of the DAG's ``verify`` step
+(:func:`keyplane.orchestration.planning.measure`). Pure: the trigger that reads the topic is
 :class:`keyplane.orchestration.triggers.MetricsSignalTrigger`.
 """
 
@@ -29,7 +29,7 @@ class SignalThresholds(BaseModel):
     imbalance_above: float | None = Field(default=1.5, gt=1.0)
     """The worst operator's busiest active instance over the average one."""
     locality_below: float | None = Field(default=None, gt=0.0, le=1.0)
-    """Share of A→B tuples kept on one executor."""
+    """Share of the tuples between consecutive stages kept on one executor."""
     lag_growth_above: float | None = Field(default=None, gt=0.0)
     """Input records the lag grows by per micro-batch, on average over the window."""
     batches: int = Field(default=5, ge=2)
@@ -51,7 +51,7 @@ def reconfiguration_signal(
 ) -> dict[str, Any] | None:
     """The event that starts a re-plan, or None while the newest batches are within bounds.
 
-    Judged over the newest ``thresholds.batches`` batches with A→B tuples
+    Judged over the newest ``thresholds.batches`` batches with tuples between stages
     that ran wholly on the newest such batch's version (a window that spans
     a rollout would mix two routings). ``active`` gives each version's
     active instances (:func:`keyplane.dashboard.metrics.active_instances`).

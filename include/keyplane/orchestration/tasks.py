@@ -59,6 +59,10 @@ DECISION = "decision.json"
 ROLLOUT = "rollout.json"
 VERIFICATION = "verification.json"
 ROLLBACK = "rollback.json"
+SCALE_DECISION = "scale_decision.json"
+SCALE_PROPOSAL = "scale_proposal.json"
+"""The records of a ``keyplane_scale`` run (:mod:`keyplane.orchestration.scale_steps`),
+named here with the other runs' records so that this module need not import that one."""
 APPROVAL = "approval.json"
 
 WaitKind = Literal["ack", "migrated", "metrics"]
@@ -82,10 +86,17 @@ def check_plan_params(
 ) -> dict[str, Any]:
     """Refuse Params the running job cannot take, before any statistics are collected.
 
-    The operators must be the pipeline's (the active version routes them),
-    and a parallelism must fit the job's state partitions: Spark fixes them
-    when the job starts, so a plan over more instances could never roll out.
+    The operators must be stages of the pipeline (``KEYPLANE_PIPELINE``) and
+    routed by the active version, and a parallelism must fit the job's state
+    partitions: Spark fixes them when the job starts, so a plan over more
+    instances could never roll out.
     """
+    from keyplane.control.operators import check_operators
+
+    try:
+        check_operators(operators, deployment.operators)
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
     version = active_version(deployment, None)
     config = config_store.load(deployment.routing_store, version)
     unknown = [name for name in operators if name not in config.operators]
@@ -219,8 +230,8 @@ def statistics_job_args(
     return [
         "--bootstrap-servers",
         deployment.bootstrap_servers,
-        "--events-topic",
-        deployment.events_topic,
+        "--pipeline",
+        deployment.pipeline,
         "--metrics-topic",
         deployment.metrics_topic,
         "--snapshots",
@@ -264,6 +275,7 @@ def validate_statistics(
             context=context,
             settings=QualitySettings(min_total_count=min_total_count),
             run_name=f"statistics-{stats.safe_run_id(run_id)}",
+            stages=deployment.operators,
         )
     log.info("statistics validation:\n%s", result.summary)
     if not result.success:
@@ -395,6 +407,7 @@ def compute_configuration(
         version=int(reserved["version"]),
         cost=snapshot.manifest.cost_model,
         created_by=created_by,
+        stages=deployment.operators,
     )
     log.info(
         "chose the %s configuration (throughputs %s); it promises next-window imbalance ≤ %.3f "
@@ -504,8 +517,8 @@ def validate_configuration(
     pair_w = planning.pair_weights(snapshot.pairs, window)
     column: planning.Column = "train" if window == "decay" else "count"
     current = config_store.load(deployment.routing_store, proposal.parent_version)
-    locality_new = planning.locality(config, snapshot.pairs, pair_w)
-    locality_current = planning.locality(current, snapshot.pairs, pair_w)
+    locality_new = planning.locality(config, snapshot.pairs, pair_w, deployment.operators)
+    locality_current = planning.locality(current, snapshot.pairs, pair_w, deployment.operators)
     judged = changed_operators(config, current)
     predictions = {}
     for name, routing in judged.operators.items():
@@ -585,7 +598,9 @@ def backtest(deployment: Deployment, run_id: str) -> dict[str, Any]:
     proposal, config = _proposal(deployment, run_id)
     current = config_store.load(deployment.routing_store, proposal.parent_version)
     snapshot = _snapshot(deployment, run_id)
-    result = planning.backtest(config, current, snapshot.pairs, snapshot.frequencies)
+    result = planning.backtest(
+        config, current, snapshot.pairs, snapshot.frequencies, deployment.operators
+    )
     record = _write_once(folder / BACKTEST, {"version": proposal.version, **asdict(result)})
     log.info("backtest of v%d on the hold-out: %s", proposal.version, backtest_summary(record))
     return record
@@ -737,12 +752,15 @@ def _require_approved(folder: Path) -> None:
 
 @contextmanager
 def controller(deployment: Deployment) -> Iterator[Any]:
-    """A :class:`keyplane.control.controller.Controller` on the deployment's control topic."""
+    """A :class:`keyplane.control.controller.Controller` on the deployment's control topic,
+    rolling out the pipeline's stages upstream first (000 §3.4)."""
     from keyplane.control.controller import Controller
     from keyplane.kafka.control import ControlChannel
 
     with ControlChannel(deployment.bootstrap_servers, deployment.control_topic) as channel:
-        yield Controller(channel, deployment.controller_state, deployment.routing_store)
+        yield Controller(
+            channel, deployment.controller_state, deployment.routing_store, deployment.operators
+        )
 
 
 def _require_validated(deployment: Deployment, version: int) -> None:
@@ -1023,12 +1041,10 @@ def run_versions(deployment: Deployment, dag_id: str, run_id: str) -> tuple[int,
     passes them to :func:`abort` so that it aborts only this run's version,
     not that of the other DAG's run of the same id.
     """
-    from keyplane.orchestration import scale_steps
-
     folder = run_folder(deployment, dag_id, run_id)
     versions: list[int] = []
     if dag_id == SCALE_DAG_ID:
-        names: tuple[str, ...] = (scale_steps.PROPOSAL,)
+        names: tuple[str, ...] = (SCALE_PROPOSAL,)
     else:
         proposal = folder / PROPOSAL
         if proposal.is_file():
@@ -1069,7 +1085,7 @@ def read_timed_metrics(
 
 
 def _on_version(records: list[BatchMetrics], version: int) -> list[BatchMetrics]:
-    """Batches that routed events (A → B hops) with every operator on ``version``."""
+    """Batches that routed events (hops between stages) with every operator on ``version``."""
     return [
         r for r in records if r.hops > 0 and r.versions and set(r.versions.values()) == {version}
     ]

@@ -27,22 +27,31 @@ def test_throughput_weighs_a_point_of_locality_like_a_point_of_imbalance_by_defa
 def test_bad_weights_are_refused() -> None:
     with pytest.raises(ValueError, match="remote"):
         CostModel(remote=-1.0)
-    with pytest.raises(ValueError, match="service_a"):
-        CostModel(service_a=float("nan"))
+    with pytest.raises(ValueError, match="service"):
+        CostModel(service=(float("nan"), 1.0))
     with pytest.raises(ValueError, match="takes some time"):
-        CostModel(service_a=0.0, service_b=0.0)
+        CostModel(service=(0.0, 0.0))
 
 
-def _batches(service_a: float, service_b: float, remote: float, count: int) -> list[BatchMetrics]:
+def test_a_stage_the_weights_do_not_cover_takes_their_mean() -> None:
+    model = CostModel(service=(1.0, 3.0))
+    assert model.stage_service(2) == 2.0
+    assert model.batch_time(1.0, 1.0, 1.0, 2.0) == 1.0 + 3.0 + 4.0
+    assert CostModel().stage_service(5) == 1.0
+
+
+def _batches(services: dict[str, float], remote: float, count: int) -> list[BatchMetrics]:
     rng = np.random.default_rng(0)
     records = []
     for batch in range(count):
-        loads_a = rng.integers(500, 3_000, 4)
-        loads_b = rng.integers(500, 3_000, 4)
-        hops = int(loads_a.sum())
+        loads = {stage: rng.integers(500, 3_000, 4) for stage in services}
+        first = next(iter(loads.values()))
+        hops = int(first.sum())
         local = int(rng.integers(0, hops))
         duration = (
-            40 + service_a * loads_a.max() + service_b * loads_b.max() + remote * (hops - local) / 4
+            40
+            + sum(services[stage] * stage_loads.max() for stage, stage_loads in loads.items())
+            + remote * (hops - local) / 4
         )
         records.append(
             BatchMetrics(
@@ -50,8 +59,8 @@ def _batches(service_a: float, service_b: float, remote: float, count: int) -> l
                 rows=hops,
                 duration_ms=round(duration),
                 load={
-                    "A": {i: int(v) for i, v in enumerate(loads_a)},
-                    "B": {i: int(v) for i, v in enumerate(loads_b)},
+                    stage: {i: int(v) for i, v in enumerate(stage_loads)}
+                    for stage, stage_loads in loads.items()
                 },
                 hops=hops,
                 local_hops=local,
@@ -61,17 +70,26 @@ def _batches(service_a: float, service_b: float, remote: float, count: int) -> l
 
 
 def test_calibration_recovers_the_weights_of_measured_batches() -> None:
-    model = calibrate(_batches(0.02, 0.05, 0.03, 40))
+    model = calibrate(_batches({"A": 0.02, "B": 0.05}, 0.03, 40), ("A", "B"))
     assert model.source == "calibrated"
-    assert model.service_a == pytest.approx(0.02, rel=0.1)
-    assert model.service_b == pytest.approx(0.05, rel=0.1)
+    assert model.service == pytest.approx((0.02, 0.05), rel=0.1)
     assert model.remote == pytest.approx(0.03, rel=0.1)
 
 
+def test_calibration_fits_one_weight_per_stage_of_a_three_stage_chain() -> None:
+    services = {"parse": 0.01, "sessions": 0.06, "pages": 0.03}
+    model = calibrate(_batches(services, 0.02, 60), tuple(services))
+    assert model.service == pytest.approx(tuple(services.values()), rel=0.15)
+    assert model.remote == pytest.approx(0.02, rel=0.15)
+    assert calibrate(_batches(services, 0.02, 60), ("parse", "missing")) == CostModel()
+
+
 def test_too_few_batches_keep_the_defaults() -> None:
-    model = calibrate(_batches(0.02, 0.05, 0.03, MIN_CALIBRATION_BATCHES - 1))
+    model = calibrate(
+        _batches({"A": 0.02, "B": 0.05}, 0.03, MIN_CALIBRATION_BATCHES - 1), ("A", "B")
+    )
     assert model == CostModel()
-    assert calibrate([], CostModel(remote=3.0)).remote == 3.0
+    assert calibrate([], ("A", "B"), CostModel(remote=3.0)).remote == 3.0
 
 
 def test_measure_drift_recovers_a_multiplicative_drift_and_the_unseen_keys() -> None:
@@ -91,8 +109,8 @@ def test_measure_drift_recovers_a_multiplicative_drift_and_the_unseen_keys() -> 
 def test_next_window_without_drift_is_the_in_sample_imbalance() -> None:
     share = np.array([0.2, 0.2, 0.3, 0.3])
     ahead = next_window([(share, share**2, Drift()), (np.full(4, 0.25), np.zeros(4), Drift())])
-    assert ahead.imbalance_a == pytest.approx(1.2)
-    assert ahead.imbalance_b == pytest.approx(1.0)
+    assert ahead.imbalances[0] == pytest.approx(1.2)
+    assert ahead.imbalances[1] == pytest.approx(1.0)
     assert ahead.promise == pytest.approx(1.2)
 
 
@@ -103,6 +121,6 @@ def test_the_promise_widens_with_the_drift_and_tops_the_expected_imbalance() -> 
     for relative in (0.05, 0.2, 0.5):
         drift = Drift(relative=relative, windows=1)
         ahead = next_window([(share, squares, drift), (share, squares, drift)])
-        assert ahead.promise > max(ahead.imbalance_a, ahead.imbalance_b) > 1.0
+        assert ahead.promise > max(ahead.imbalances) > 1.0
         promises.append(ahead.promise)
     assert promises == sorted(promises)

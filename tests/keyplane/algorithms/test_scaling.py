@@ -263,7 +263,36 @@ def test_auto_mode_waits_for_a_full_window_of_hand_built_metrics() -> None:
 
 
 def test_scale_requests_are_validated() -> None:
-    with pytest.raises(ValueError, match="operator must be one of"):
-        ScaleRequest(mode="out", operator="C")
+    with pytest.raises(ValueError, match="'C' is not a stage of the pipeline; its stages are A, B"):
+        decide_scaling(_window(3, lag_step=900), ALL, P, ScaleRequest(mode="out", operator="C"))
     with pytest.raises(ValueError, match="auto mode chooses"):
         ScaleRequest(mode="auto", instances=2)
+
+
+def test_a_three_stage_chain_in_hand_built_metrics_scales_out_its_congested_middle_stage() -> None:
+    """Stela over a chain: the measured DAG has one operator per stage, each feeding the
+    next, and the stage whose heaviest instance holds the batch is scaled out."""
+    even = {i: 250 for i in range(P)}
+    window = [
+        BatchMetrics(
+            batch_id=i,
+            rows=1_000,
+            duration_ms=1_000,
+            input_lag=i * 1_200,
+            load={"parse": even, "sessions": {0: 800, 1: 200}, "pages": even},
+            hops=2_000,
+        )
+        for i in range(6)
+    ]
+    active = {"parse": (0, 1, 2, 3), "sessions": (0, 1), "pages": (0, 1, 2, 3)}
+    measured = measure_window(window, active, P)
+    assert [op.name for op in measured.dag.operators] == ["parse", "sessions", "pages"]
+    assert [(s.source, s.target) for s in measured.dag.streams] == [
+        ("parse", "sessions"),
+        ("sessions", "pages"),
+    ]
+    assert measured.congested == frozenset({"sessions"})
+    decision = decide_scaling(window, active, P, ScaleRequest())
+    assert (decision.action, decision.operator) == ("out", "sessions")
+    assert decision.active_after["sessions"] == (0, 1, 2)
+    assert decision.active_after["parse"] == active["parse"]

@@ -19,7 +19,12 @@ SETTINGS = stats.StatisticsSettings(decay=0.5, min_weight=0.5, holdout_fraction=
 
 
 def _events(pairs: list[tuple[str, str, bool, int]]) -> pd.DataFrame:
-    return pd.DataFrame(pairs, columns=["a", "b", "holdout", "n"])
+    """The Spark job's rows for events of a two-stage chain A → B keyed (a, b)."""
+    return stats.chain_rows(pd.DataFrame(pairs, columns=["a", "b", "holdout", "n"]), ("A", "B"))
+
+
+def _links(window: pd.DataFrame) -> pd.DataFrame:
+    return window[window["stage"] == "A"]
 
 
 def test_next_window_starts_where_the_previous_ended_and_new_partitions_at_earliest() -> None:
@@ -52,8 +57,11 @@ def test_window_pairs_splits_train_and_holdout() -> None:
     frame = stats.window_pairs(
         _events([("1", "x", False, 3), ("1", "x", True, 1), ("2", "y", True, 2)])
     )
-    rows = {(r.a, r.b): (r.train, r.holdout) for r in frame.itertuples()}
+    rows = {(r.a, r.b): (r.train, r.holdout) for r in _links(frame).itertuples()}
     assert rows == {("1", "x"): (3.0, 1.0), ("2", "y"): (0.0, 2.0)}
+    last = {r.a: (r.train, r.holdout) for r in frame[frame["stage"] == "B"].itertuples()}
+    assert last == {"x": (3.0, 1.0), "y": (0.0, 2.0)}
+    assert frame.loc[frame["stage"] == "B", "b"].isna().all()
 
 
 def test_keys_that_differ_only_after_a_nul_keep_their_own_pairs_and_frequencies() -> None:
@@ -62,7 +70,7 @@ def test_keys_that_differ_only_after_a_nul_keep_their_own_pairs_and_frequencies(
     window = stats.window_pairs(
         _events([("\x00a", "x", False, 3), ("\x00b", "x", True, 2), ("1", "\x00y", False, 1)])
     )
-    rows = {(r.a, r.b): (r.train, r.holdout) for r in window.itertuples()}
+    rows = {(r.a, r.b): (r.train, r.holdout) for r in _links(window).itertuples()}
     assert rows == {
         ("\x00a", "x"): (3.0, 0.0),
         ("\x00b", "x"): (0.0, 2.0),
@@ -158,8 +166,10 @@ def test_traffic_matrix_routes_table_hot_and_hash_fallback() -> None:
             "B": OperatorRouting(parallelism=p, table={"x": 3}),
         },
     )
-    pairs = pd.DataFrame({"a": ["1", "2", "9"], "b": ["x", "x", "x"], "count": [4.0, 2.0, 1.0]})
-    traffic = stats.traffic_matrix(pairs, config)
+    pairs = pd.DataFrame(
+        {"stage": "A", "a": ["1", "2", "9"], "b": ["x", "x", "x"], "count": [4.0, 2.0, 1.0]}
+    )
+    traffic = stats.traffic_matrix(pairs, config, ("A", "B"))
     cells = {(r.a_instance, r.b_instance): r.tuples for r in traffic.itertuples()}
     hashed = spark_partition("9", p)
     expected = {(2, 3): 4.0, (0, 3): 1.0, (1, 3): 1.0}
@@ -179,8 +189,8 @@ def test_traffic_matrix_folds_the_hash_fallback_of_a_scaled_in_operator() -> Non
         },
     )
     keys = [str(i) for i in range(20)]
-    pairs = pd.DataFrame({"a": keys, "b": "x", "count": 1.0})
-    traffic = stats.traffic_matrix(pairs, config)
+    pairs = pd.DataFrame({"stage": "A", "a": keys, "b": "x", "count": 1.0})
+    traffic = stats.traffic_matrix(pairs, config, ("A", "B"))
     cells = {(r.a_instance, r.b_instance): r.tuples for r in traffic.itertuples()}
     expected: dict[tuple[int, int], float] = {}
     for key in keys:
@@ -197,6 +207,7 @@ def test_snapshot_round_trip_is_write_once(tmp_path: Path) -> None:
     manifest, frames = stats.build_snapshot(
         run_id="manual__2026-11-03T12:00:00+00:00",
         grouped=grouped,
+        stages=("A", "B"),
         metrics=[BatchMetrics(batch_id=0, versions={"A": 1, "B": 1}, load={"A": {0: 6}})],
         events=events,
         metrics_window=metrics,
@@ -246,6 +257,7 @@ def _chain(tmp_path: Path, sizes: list[int], gap_before: int | None = None) -> s
         manifest, frames = stats.build_snapshot(
             run_id=f"run{index}",
             grouped=grouped,
+            stages=("A", "B"),
             metrics=[],
             events=events,
             metrics_window=metrics,
@@ -308,6 +320,7 @@ def test_the_snapshot_carries_a_cost_model_fitted_to_enough_metrics_records() ->
         return stats.build_snapshot(
             run_id="r",
             grouped=_events([("1", "x", False, 6)]),
+            stages=("A", "B"),
             metrics=metrics_records,
             events=events,
             metrics_window=metrics,

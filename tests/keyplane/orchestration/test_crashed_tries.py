@@ -157,7 +157,7 @@ def test_a_scale_retried_after_its_try_died_plans_from_the_same_keys_with_fake_l
         return {name: {f"{name}{i}": 1.0 + i for i in range(events["keys"])} for name in OPERATORS}
 
     monkeypatch.setattr(scale_steps, "event_key_loads", fake_loads)
-    monkeypatch.setattr(scale_steps, "event_pair_counts", lambda _: {("A0", "B0"): 1.0})
+    monkeypatch.setattr(scale_steps, "event_pair_counts", lambda _: {("A", "A0", "B0"): 1.0})
     undo = dies_writing(monkeypatch, lambda name: name == scale_steps.PROPOSAL)
     with pytest.raises(WorkerDied):
         scale_steps.compute_scaled_configuration(deployment, RUN)

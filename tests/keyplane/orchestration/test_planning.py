@@ -36,7 +36,9 @@ def _snapshot(seed: int = 0, hot: bool = False) -> tuple[pd.DataFrame, pd.DataFr
         rows.append((str(a), partner, False, int(n * 0.9 * 0.8)))
         rows.append((str(a), partner, True, int(n * 0.9 * 0.2)))
         rows.append((str(a), f"b{(a + 7) % 40}", False, max(1, int(n * 0.1))))
-    window = stats.window_pairs(pd.DataFrame(rows, columns=["a", "b", "holdout", "n"]))
+    window = stats.window_pairs(
+        stats.chain_rows(pd.DataFrame(rows, columns=["a", "b", "holdout", "n"]), OPERATORS)
+    )
     settings = stats.StatisticsSettings()
     pairs = stats.fold_pairs(None, window, settings)
     frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
@@ -304,7 +306,7 @@ def few_key_snapshots(draw: st.DrawFn) -> tuple[pd.DataFrame, pd.DataFrame, floa
     holdout = rng.random(a.size) < 0.2
     grouped = pd.DataFrame({"a": a.astype(str), "b": [f"b{k}" for k in b], "holdout": holdout})
     grouped = grouped.groupby(["a", "b", "holdout"], as_index=False).size()
-    window = stats.window_pairs(grouped.rename(columns={"size": "n"}))
+    window = stats.window_pairs(stats.chain_rows(grouped.rename(columns={"size": "n"}), OPERATORS))
     settings = stats.StatisticsSettings()
     pairs = stats.fold_pairs(None, window, settings)
     frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
@@ -335,7 +337,7 @@ def _few_keys_snapshot(seed: int, log_share: np.ndarray) -> tuple[pd.DataFrame, 
         {"a": a.astype(str), "b": [f"b{k}" for k in b], "holdout": rng.random(a.size) < 0.2}
     )
     grouped = grouped.groupby(["a", "b", "holdout"], as_index=False).size()
-    window = stats.window_pairs(grouped.rename(columns={"size": "n"}))
+    window = stats.window_pairs(stats.chain_rows(grouped.rename(columns={"size": "n"}), OPERATORS))
     settings = stats.StatisticsSettings()
     pairs = stats.fold_pairs(None, window, settings)
     frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
@@ -388,3 +390,38 @@ def test_a_plan_states_a_promise_from_the_drift_between_training_and_hold_out() 
     assert unmeasured.promised_imbalance == pytest.approx(
         max(unmeasured.predicted_imbalance.values())
     )
+
+
+def _one_stage_snapshot() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Payments per merchant: one merchant is almost half of them (the hot_merchant example)."""
+    rows = [("m0", False, 1_600), ("m0", True, 400)]
+    for merchant in range(1, 40):
+        rows += [(f"m{merchant}", False, 40 + merchant), (f"m{merchant}", True, 10)]
+    grouped = pd.DataFrame(rows, columns=["merchant", "holdout", "n"])
+    window = stats.window_pairs(stats.chain_rows(grouped, ("merchants",)))
+    settings = stats.StatisticsSettings()
+    pairs = stats.fold_pairs(None, window, settings)
+    frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
+    return pairs, frequencies
+
+
+def test_a_one_stage_pipeline_gets_its_hot_key_split_and_balance_and_no_locality() -> None:
+    pairs, frequencies = _one_stage_snapshot()
+    assert pairs.empty
+    hashed = RoutingConfig.all_hash(P, ("merchants",))
+    plan = planning.plan_configuration(
+        pairs, frequencies, hashed, planning.PlanParams(alpha=1.1), version=2
+    )
+    routing = plan.config.operators["merchants"]
+    assert plan.candidate == "plan"
+    assert set(routing.hot_keys) == {"m0"} and len(routing.hot_keys["m0"]) >= 2
+    assert plan.predicted_locality == 0.0 == plan.current_locality
+    loads = planning.instance_loads(routing, plan.key_loads["merchants"])
+    assert planning.imbalance(loads) <= 1.1 + 1e-9
+    hashed_loads = planning.instance_loads(
+        hashed.operators["merchants"], plan.key_loads["merchants"]
+    )
+    assert planning.imbalance(hashed_loads) > 1.5
+    result = planning.backtest(plan.config, hashed, pairs, frequencies)
+    assert result.holdout_tuples == 400 + 39 * 10
+    assert result.new.imbalance["merchants"] < result.current.imbalance["merchants"]

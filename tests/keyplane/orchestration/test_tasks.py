@@ -166,7 +166,8 @@ def test_a_small_window_is_validated_over_the_windows_before_it(
         size = int(grouped["n"].sum())
         manifest, frames = stats.build_snapshot(
             run_id=f"run{index}",
-            grouped=grouped,
+            grouped=stats.chain_rows(grouped, ("A", "B")),
+            stages=("A", "B"),
             metrics=[BatchMetrics(batch_id=index, versions={"A": 1, "B": 1})],
             events=stats.TopicWindow(topic="events", start={0: start}, end={0: start + size}),
             metrics_window=stats.TopicWindow(topic="metrics", start={0: 0}, end={0: 1}),

@@ -103,11 +103,13 @@ def test_pure_pruning_keeps_the_newest_stored_and_protected_versions(tmp_path: P
 
 
 def test_a_scale_in_records_its_reason_run_and_predicted_locality(
-    broker: str, topic_name: str, tmp_path: Path
+    broker: str, topic_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A workload whose pairs are co-located by hash (``locality=1.0`` with A and B keys
     equal) loses locality when B is folded onto two of four instances and A is not."""
     deployment = deployment_under(tmp_path, broker, topic_prefix=f"{topic_name}-")
+    # The reference pipeline reads the events topic the settings name.
+    monkeypatch.setenv("KEYPLANE_EVENTS_TOPIC", deployment.events_topic)
     workload = PairsWorkload(n_keys=40, locality=1.0, n_events=2_000, seed=3)
     assert produce_workload(workload, broker, deployment.events_topic, partitions=1) == 2_000
     config_store.save(RoutingConfig.all_hash(P, OPERATORS), deployment.routing_store)
@@ -144,7 +146,7 @@ def test_pure_scaled_locality_counts_pairs_split_by_the_fold(tmp_path: Path) -> 
             "B": OperatorRouting(parallelism=P, table=table),
         },
     )
-    pairs = {("x", "x"): 3.0, ("y", "y"): 1.0}
-    assert scale_steps.predicted_locality(a_before, pairs) == pytest.approx(1.0)
-    assert scale_steps.predicted_locality(after, pairs) == pytest.approx(0.75)
-    assert scale_steps.predicted_locality(before, {}) == 0.0
+    pairs = {("A", "x", "x"): 3.0, ("A", "y", "y"): 1.0}
+    assert scale_steps.predicted_locality(a_before, pairs, OPERATORS) == pytest.approx(1.0)
+    assert scale_steps.predicted_locality(after, pairs, OPERATORS) == pytest.approx(0.75)
+    assert scale_steps.predicted_locality(before, {}, OPERATORS) == 0.0

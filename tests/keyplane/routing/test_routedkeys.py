@@ -496,8 +496,8 @@ def test_every_caller_predicts_the_same_instance_loads() -> None:
         created_by="initial",
         operators={"A": routing, "B": OperatorRouting(parallelism=6, table={"x": 1})},
     )
-    pairs = pd.DataFrame({"a": keys, "b": "x", "count": weights})
-    traffic = stats.traffic_matrix(pairs, config).groupby("a_instance")["tuples"].sum()
+    pairs = pd.DataFrame({"stage": "A", "a": keys, "b": "x", "count": weights})
+    traffic = stats.traffic_matrix(pairs, config, ("A", "B")).groupby("a_instance")["tuples"].sum()
     prediction = quality.OperatorPrediction(1.0, 0.5, 0.5, key_loads=loads)
     _, summary = quality.config_frames(
         RoutingConfig(version=1, created_by="initial", operators={"A": routing}),

@@ -1,0 +1,47 @@
+"""The package's import graph: no module imports ``keyplane.testing`` but tests, and the
+orchestration steps import each other one way only.
+
+Read from the source with ``ast`` (function-level imports included), so a lazy
+import inside a function counts as much as one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "include" / "keyplane"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, as dotted names (``from a import b`` gives ``a`` and
+    ``a.b``, since ``b`` may be a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+
+
+def test_production_code_does_not_import_the_test_helpers() -> None:
+    graph = _graph()
+    importers = sorted(name for name, imported in graph.items() if "keyplane.testing" in imported)
+    assert importers == [], importers
+
+
+def test_the_orchestration_steps_do_not_import_each_other_in_a_cycle() -> None:
+    graph = _graph()
+    assert "keyplane.orchestration.tasks" in graph["keyplane.orchestration.scale_steps"]
+    assert "keyplane.orchestration.scale_steps" not in graph["keyplane.orchestration.tasks"]
