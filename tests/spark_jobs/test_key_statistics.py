@@ -209,7 +209,10 @@ def test_a_three_stage_pipeline_over_nested_json_counts_every_stage_and_consecut
     expected_pairs = {
         (upstream, a, b): int(n)
         for upstream, downstream in (("sessions", "users"), ("users", "categories"))
-        for (a, b), n in truth.groupby([upstream, downstream]).size().items()
+        for a, b, n in truth.groupby([upstream, downstream])
+        .size()
+        .reset_index()
+        .itertuples(index=False)
     }
     assert pairs == expected_pairs
     # The hold-out is each partition's newest quarter; partition 1's newest three are bad.
