@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from control_records import T0, control_message
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.control.controller_protocol import ControllerState, Reconfiguration
-from keyplane.control.messages import ControlMessage
 from keyplane.dashboard import metrics as dm
 from keyplane.dashboard import view
 from keyplane.dashboard.records import (
@@ -43,8 +43,6 @@ from keyplane.routing.handoff import state_moves
 from keyplane.routing.routedkeys import spark_partition
 from keyplane.testing import free_port
 
-T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
-
 
 def _config(version: int, parent: int | None, by: str, hot: bool = False) -> RoutingConfig:
     return RoutingConfig(
@@ -63,31 +61,16 @@ def _config(version: int, parent: int | None, by: str, hot: bool = False) -> Rou
     )
 
 
-def _message(kind: str, version: int, at: float, **extra: object) -> ControlMessage:
-    job = kind in ("ACK", "MIGRATED")
-    return ControlMessage.model_validate(
-        {
-            "type": kind,
-            "config_version": version,
-            "checksum": "c",
-            "sender": "job" if job else "controller",
-            "sent_at": T0 + timedelta(seconds=at),
-            **({"batch_id": 1} if job else {}),
-            **extra,
-        }
-    )
-
-
 def _controller(version: int, base: int) -> ControllerState:
     rollout = Reconfiguration(
         version=version,
         checksum="c",
         base=base,
-        prepare=_message("PREPARE", version, 0, previous_version=base),
-        ack=_message("ACK", version, 1),
-        propagated={"A": _message("PROPAGATE", version, 1.5, operator="A")},
-        migrated={"A": _message("MIGRATED", version, 3.5, operator="A")},
-        finish=_message("DONE", version, 4.25),
+        prepare=control_message("PREPARE", version, 0, previous_version=base),
+        ack=control_message("ACK", version, 1),
+        propagated={"A": control_message("PROPAGATE", version, 1.5, operator="A")},
+        migrated={"A": control_message("MIGRATED", version, 3.5, operator="A")},
+        finish=control_message("DONE", version, 4.25),
     )
     return ControllerState(
         operators=("A", "B"), active_version=version, active_checksum="c", last=rollout

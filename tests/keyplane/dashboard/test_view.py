@@ -7,20 +7,19 @@ The stages are named as a user would name them (``parse``, ``enrich``,
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from control_records import T0, control_message
 from great_expectations.render import view as gx_view
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.control.controller_protocol import ControllerState, Reconfiguration
-from keyplane.control.messages import ControlMessage
 from keyplane.dashboard import assets, view
 from keyplane.dashboard.metrics import MetricsRead
 from keyplane.routing.config import OperatorRouting, RoutingConfig
 
-T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
 STAGES = ("parse", "enrich", "count")
 
 
@@ -42,21 +41,6 @@ def _batch(batch_id: int, version: int | dict[str, int], **extra: object) -> Bat
             },
             "hops": 200,
             "local_hops": 150,
-            **extra,
-        }
-    )
-
-
-def _message(kind: str, version: int, at: float, **extra: object) -> ControlMessage:
-    job = kind in ("ACK", "MIGRATED")
-    return ControlMessage.model_validate(
-        {
-            "type": kind,
-            "config_version": version,
-            "checksum": "c",
-            "sender": "job" if job else "controller",
-            "sent_at": T0 + timedelta(seconds=at),
-            **({"batch_id": 1} if job else {}),
             **extra,
         }
     )
@@ -152,10 +136,10 @@ def test_pure_rollout_progress_lists_every_step_per_stage_and_the_states_moved()
         version=2,
         checksum="c",
         base=1,
-        prepare=_message("PREPARE", 2, 0, previous_version=1),
-        ack=_message("ACK", 2, 1),
-        propagated={"parse": _message("PROPAGATE", 2, 2, operator="parse")},
-        migrated={"parse": _message("MIGRATED", 2, 3, operator="parse")},
+        prepare=control_message("PREPARE", 2, 0, previous_version=1),
+        ack=control_message("ACK", 2, 1),
+        propagated={"parse": control_message("PROPAGATE", 2, 2, operator="parse")},
+        migrated={"parse": control_message("MIGRATED", 2, 3, operator="parse")},
     )
     state = ControllerState(
         operators=STAGES, active_version=1, active_checksum="c", current=in_flight
