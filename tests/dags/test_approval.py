@@ -23,16 +23,14 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from dag_setups import dag_setup
 
-from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import dagrun, tasks
 from keyplane.routing import config as config_store
-from keyplane.routing.config import RoutingConfig
 from keyplane.testing import paired_tuple_counts, write_statistics_snapshot
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 
 _RESPOND = """
 import sys
@@ -113,19 +111,8 @@ def _stand_in_and_answer(
 
 
 def test_a_rejected_rollout_ends_the_run_cleanly_with_nothing_published(tmp_path: Path) -> None:
-    store = tmp_path / "configs"
-    config_store.save(RoutingConfig.all_hash(4, OPERATORS), store)
-    setup = dagrun.AirflowSetup(
-        airflow_home=tmp_path / "airflow",
-        dags_folder=REPO / "dags",
-        bootstrap_servers="127.0.0.1:1",
-        keyplane_home=tmp_path / "home",
-        routing_store=store,
-        events_topic="events",
-        metrics_topic="metrics",
-        control_topic="control",
-        control_key="k" * 32,
-    )
+    setup = dag_setup(tmp_path)
+    store = setup.routing_store
     deployment = setup.deployment()
     dagrun.migrate_database(setup)
     stop = threading.Event()

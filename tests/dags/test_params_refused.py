@@ -11,11 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from dag_setups import dag_setup
 
-from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import dagrun
 from keyplane.routing import config as config_store
-from keyplane.routing.config import RoutingConfig
 
 pytestmark = pytest.mark.integration
 
@@ -25,20 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_parallelism_above_the_state_partitions_fails_the_first_task_without_retries(
     tmp_path: Path,
 ) -> None:
-    store = tmp_path / "configs"
-    config_store.save(RoutingConfig.all_hash(4, OPERATORS), store)
-    setup = dagrun.AirflowSetup(
-        airflow_home=tmp_path / "airflow",
-        dags_folder=REPO / "dags",
-        # Nothing listens here: the run must end before it needs Kafka.
-        bootstrap_servers="127.0.0.1:1",
-        keyplane_home=tmp_path / "home",
-        routing_store=store,
-        events_topic="events",
-        metrics_topic="metrics",
-        control_topic="control",
-        control_key="k" * 32,
-    )
+    setup = dag_setup(tmp_path)
     dagrun.migrate_database(setup)
 
     run = dagrun.dag_test(setup, {"parallelism": 8}, log=tmp_path / "airflow.log", timeout_s=600)
@@ -48,7 +34,7 @@ def test_a_parallelism_above_the_state_partitions_fails_the_first_task_without_r
     assert first.state == "failed" and first.try_number == 1
     assert "parallelism 8 is more than the job's 4 state partitions" in run.output
     assert run.task("collect_statistics").state == "upstream_failed"
-    assert config_store.stored_versions(store) == [1]
+    assert config_store.stored_versions(setup.routing_store) == [1]
 
 
 def test_an_operator_that_is_no_stage_of_a_three_stage_pipeline_fails_the_first_task(
@@ -57,18 +43,9 @@ def test_an_operator_that_is_no_stage_of_a_three_stage_pipeline_fails_the_first_
     """KEYPLANE_PIPELINE alone points both the DAG's shape and its checks at the
     clickstream example: a Param naming a stage it does not have is refused at once."""
     stages = ("sessions", "users", "categories")
-    store = tmp_path / "configs"
-    config_store.save(RoutingConfig.all_hash(4, stages), store)
-    setup = dagrun.AirflowSetup(
-        airflow_home=tmp_path / "airflow",
-        dags_folder=REPO / "dags",
-        bootstrap_servers="127.0.0.1:1",
-        keyplane_home=tmp_path / "home",
-        routing_store=store,
-        events_topic="events",
-        metrics_topic="metrics",
-        control_topic="control",
-        control_key="k" * 32,
+    setup = dag_setup(
+        tmp_path,
+        stages=stages,
         pipeline="examples.clickstream.pipeline:clicks",
         python_path=(REPO,),
     )

@@ -11,33 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from dag_setups import dag_setup
 
-from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import dagrun
-from keyplane.routing import config as config_store
-from keyplane.routing.config import RoutingConfig
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_scale_dry_run_logs_its_decision_last_and_no_kafka_client_info(
     broker: str, topic_name: str, tmp_path: Path
 ) -> None:
-    store = tmp_path / "configs"
-    config_store.save(RoutingConfig.all_hash(4, OPERATORS), store)
-    setup = dagrun.AirflowSetup(
-        airflow_home=tmp_path / "airflow",
-        dags_folder=REPO / "dags",
-        bootstrap_servers=broker,
-        keyplane_home=tmp_path / "home",
-        routing_store=store,
-        events_topic=f"{topic_name}-events",
-        metrics_topic=f"{topic_name}-metrics",
-        control_topic=f"{topic_name}-control",
-        control_key="k" * 32,
-    )
+    setup = dag_setup(tmp_path, bootstrap_servers=broker, topic_prefix=f"{topic_name}-")
     dagrun.migrate_database(setup)
 
     run = dagrun.dag_test(
