@@ -111,6 +111,39 @@ def moved_off_hash_config(
     )
 
 
+def split_then_unsplit(
+    a_keys: Sequence[str], b_keys: Sequence[str], parallelism: int
+) -> tuple[config_store.RoutingConfig, config_store.RoutingConfig]:
+    """Two versions of the reference stages that move and split keys, heaviest keys first.
+
+    v1 moves each stage's keys 2 to 4 off their hash instance and splits its
+    heaviest key over three instances. v2, live after it, pins stage A's hot
+    key to one instance (a split undone, so its partials merge), moves stage
+    B's keys 3 to 5, and narrows B's hot key to two instances.
+    """
+    p = parallelism
+    v1 = moved_off_hash_config(
+        1,
+        {"A": a_keys[1:4], "B": b_keys[1:4]},
+        p,
+        hot_keys={"A": {a_keys[0]: (0, 1, 3)}, "B": {b_keys[0]: (1, 2, 3)}},
+    )
+    v2 = config_store.RoutingConfig(
+        version=2,
+        parent_version=1,
+        created_by="manual",
+        operators={
+            "A": config_store.OperatorRouting(
+                parallelism=p, table={**moved_off_hash(a_keys[1:4], p, 2), a_keys[0]: 2}
+            ),
+            "B": config_store.OperatorRouting(
+                parallelism=p, table=moved_off_hash(b_keys[2:5], p, 3), hot_keys={b_keys[0]: (0, 2)}
+            ),
+        },
+    )
+    return v1, v2
+
+
 def stage_keys_by_count(truth: pd.DataFrame) -> tuple[list[str], list[str]]:
     """Stage A's and stage B's keys in ``truth`` (``stage, key, count``), most counted first.
 

@@ -28,7 +28,7 @@ from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import produce_workload
 from keyplane.reference.events import key_name
 from keyplane.reference.workloads import GeoTagsWorkload
-from keyplane.routing.config import OperatorRouting, RoutingConfig, save
+from keyplane.routing.config import save
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     job_command,
@@ -38,7 +38,7 @@ from keyplane.spark.counts_job import (
     start_counts_query,
     stop_between_batches,
 )
-from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_settings
+from keyplane.testing import routed_job_settings, split_then_unsplit
 
 P = 4
 """Instances per operator: the ``spark`` fixture's shuffle partitions."""
@@ -66,25 +66,7 @@ def test_value_counts_stay_exact_through_a_split_and_a_live_state_move(
     a_keys = [key for stage, key in by_size if stage == "A"]
     b_keys = [key for stage, key in by_size if stage == "B"]
     store = tmp_path / "routing"
-    v1 = moved_off_hash_config(
-        1,
-        {"A": a_keys[1:4], "B": b_keys[1:4]},
-        P,
-        hot_keys={"A": {a_keys[0]: (0, 1, 3)}, "B": {b_keys[0]: (1, 2, 3)}},
-    )
-    v2 = RoutingConfig(
-        version=2,
-        parent_version=1,
-        created_by="manual",
-        operators={
-            "A": OperatorRouting(
-                parallelism=P, table={**moved_off_hash(a_keys[1:4], P, 2), a_keys[0]: 2}
-            ),
-            "B": OperatorRouting(
-                parallelism=P, table=moved_off_hash(b_keys[2:5], P, 3), hot_keys={b_keys[0]: (0, 2)}
-            ),
-        },
-    )
+    v1, v2 = split_then_unsplit(a_keys, b_keys, P)
     save(v1, store)
     settings = routed_job_settings(
         broker,

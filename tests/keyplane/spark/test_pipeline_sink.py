@@ -27,11 +27,11 @@ from keyplane.kafka.producer import LongLivedProducer, produce_workload
 from keyplane.kafka.ranges import offset_ranges, read_range
 from keyplane.pipeline import BatchSink, KafkaSink
 from keyplane.reference.workloads import GeoTagsWorkload
-from keyplane.routing.config import OperatorRouting, RoutingConfig, save
+from keyplane.routing.config import save
 from keyplane.spark.counts_job import start_counts_query, stop_between_batches
 from keyplane.spark.pipeline_sink import MergedResults, read_parquet_results, write_results
 from keyplane.spark.routed_sink import latest_partials_of_batch
-from keyplane.testing import moved_off_hash, moved_off_hash_config, routed_job_settings
+from keyplane.testing import routed_job_settings, split_then_unsplit
 
 P = 4
 """Instances per operator: the ``spark`` fixture's shuffle partitions."""
@@ -135,28 +135,8 @@ def test_the_sink_holds_exact_merged_results_through_a_split_and_a_live_move(
     a_keys = counts["a"].value_counts().index.tolist()
     b_keys = counts["b"].value_counts().index.tolist()
     store = tmp_path / "routing"
-    save(
-        moved_off_hash_config(
-            1,
-            {"A": a_keys[1:4], "B": b_keys[1:4]},
-            P,
-            hot_keys={"A": {a_keys[0]: (0, 1, 3)}, "B": {b_keys[0]: (1, 2, 3)}},
-        ),
-        store,
-    )
-    v2 = RoutingConfig(
-        version=2,
-        parent_version=1,
-        created_by="manual",
-        operators={
-            "A": OperatorRouting(
-                parallelism=P, table={**moved_off_hash(a_keys[1:4], P, 2), a_keys[0]: 2}
-            ),
-            "B": OperatorRouting(
-                parallelism=P, table=moved_off_hash(b_keys[2:5], P, 3), hot_keys={b_keys[0]: (0, 2)}
-            ),
-        },
-    )
+    v1, v2 = split_then_unsplit(a_keys, b_keys, P)
+    save(v1, store)
     settings = routed_job_settings(
         broker,
         topic_name,
