@@ -9,7 +9,6 @@ metadatabase, the scheduler, the dag processor and the triggerer healthy.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from keyplane.orchestration.localairflow import (
@@ -18,7 +17,7 @@ from keyplane.orchestration.localairflow import (
     component_health,
     start,
 )
-from keyplane.stack.piece import Health, Processes, StackError
+from keyplane.stack.piece import Health, Processes, StackError, wait_until_up
 
 REPORTED = ("metadatabase", "scheduler", "dag_processor", "triggerer")
 
@@ -52,17 +51,22 @@ class AirflowPiece:
                 self.processes.record(
                     f"airflow-{name}", process.pid, commands[name], running.logs[name]
                 )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.health().up:
-                return
-            for name, up in self._recorded().items():
-                if not up:
-                    raise StackError(f"airflow {name} exited; see {self.log / f'{name}.log'}")
-            time.sleep(2.0)
-        raise StackError(
-            f"airflow did not report healthy at {self.local.url}/api/v2/monitor/health "
-            f"within {timeout_s:.0f} s ({self.health().detail}); see {self.log}"
+        wait_until_up(
+            self,
+            timeout_s,
+            exited=lambda: next(
+                (
+                    f"airflow {name} exited; see {self.log / f'{name}.log'}"
+                    for name, up in self._recorded().items()
+                    if not up
+                ),
+                None,
+            ),
+            timed_out=lambda: (
+                f"airflow did not report healthy at {self.local.url}/api/v2/monitor/health "
+                f"within {timeout_s:.0f} s ({self.health().detail}); see {self.log}"
+            ),
+            poll_s=2.0,
         )
 
     def down(self) -> bool:

@@ -8,6 +8,8 @@ and never a later process that reuses a pid.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -47,6 +49,31 @@ class Piece(Protocol):
 
     @property
     def log(self) -> Path: ...
+
+
+def wait_until_up(
+    piece: Piece,
+    timeout_s: float,
+    *,
+    exited: Callable[[], str | None],
+    timed_out: Callable[[], str],
+    poll_s: float = 1.0,
+) -> None:
+    """Return once ``piece`` is healthy; a :class:`StackError` otherwise.
+
+    ``exited()`` names a process of the piece that died (the error, with its
+    log), so a piece that cannot start fails at once rather than after the
+    whole timeout; ``timed_out()`` says what did not answer in ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if piece.health().up:
+            return
+        died = exited()
+        if died is not None:
+            raise StackError(died)
+        time.sleep(poll_s)
+    raise StackError(timed_out())
 
 
 class ProcessRecord(BaseModel):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 from keyplane.stack.config import StackConfig
 from keyplane.stack.network import Network
-from keyplane.stack.piece import Health, Processes, StackError
+from keyplane.stack.piece import Health, Processes, wait_until_up
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -108,14 +107,16 @@ class SparkMaster:
             env["SPARK_DAEMON_MEMORY"] = "512m"
             (self.folder / "tmp").mkdir(parents=True, exist_ok=True)
             self.processes.start(self.name, command, self.log, env)
-        deadline = time.monotonic() + 90.0
-        while time.monotonic() < deadline:
-            if self.health().up:
-                return
-            if self.processes.running(self.name) is None:
-                raise StackError(f"spark-master exited; see {self.log}")
-            time.sleep(1.0)
-        raise StackError(f"spark-master did not answer at {self.ui_url}/json; see {self.log}")
+        wait_until_up(
+            self,
+            90.0,
+            exited=lambda: (
+                f"spark-master exited; see {self.log}"
+                if self.processes.running(self.name) is None
+                else None
+            ),
+            timed_out=lambda: f"spark-master did not answer at {self.ui_url}/json; see {self.log}",
+        )
 
     def down(self) -> bool:
         return self.processes.stop(self.name)
@@ -177,18 +178,21 @@ class SparkWorkers:
                 env = _environment(self._host(index), self.folder)
                 env["SPARK_DAEMON_MEMORY"] = "256m"
                 self.processes.start(name, self._command(index), log, env)
-        deadline = time.monotonic() + 120.0
-        while time.monotonic() < deadline:
-            if self.health().up:
-                return
-            for index in range(1, self.config.workers + 1):
-                if self.processes.running(f"spark-worker-{index}") is None:
-                    log = self.folder / f"worker-{index}.log"
-                    raise StackError(f"spark-worker-{index} exited; see {log}")
-            time.sleep(1.0)
-        raise StackError(
-            f"spark-workers: fewer than {self.config.workers} ALIVE at "
-            f"{self.master.ui_url}/json; see {self.folder}/worker-*.log"
+        wait_until_up(
+            self,
+            120.0,
+            exited=lambda: next(
+                (
+                    f"spark-worker-{index} exited; see {self.folder / f'worker-{index}.log'}"
+                    for index in range(1, self.config.workers + 1)
+                    if self.processes.running(f"spark-worker-{index}") is None
+                ),
+                None,
+            ),
+            timed_out=lambda: (
+                f"spark-workers: fewer than {self.config.workers} ALIVE at "
+                f"{self.master.ui_url}/json; see {self.folder}/worker-*.log"
+            ),
         )
 
     def down(self) -> bool:
