@@ -29,12 +29,14 @@ less of a rollout's extra work, a little more of every batch's
 :data:`MAX_EVENT_BYTES`, so that reading the settings imports no Spark."""
 
 
-StageEngine = Literal["auto", "jvm", "python"]
+StageEngine = Literal["auto", "jvm", "python", "chain"]
 """Where the routed stages run: ``jvm`` (:mod:`keyplane.spark.jvm`, the running count
-only), ``python`` (any aggregate, :mod:`keyplane.spark.routed_counts`), or ``auto``: the
-JVM when it can. Here, like :data:`MAX_EVENT_BYTES`, so that the command line can offer
-it without importing Spark."""
-STAGE_ENGINES: tuple[StageEngine, ...] = ("auto", "jvm", "python")
+only) or ``python`` (any aggregate, :mod:`keyplane.spark.routed_counts`), both over the
+reference pipeline's two stages; ``chain``, any chain of 1 to N stages over the user's own
+schema (:mod:`keyplane.spark.chain_stages`); or ``auto``: the JVM when it can, the chain
+for a pipeline of another shape. Here, like :data:`MAX_EVENT_BYTES`, so that the command
+line can offer it without importing Spark."""
+STAGE_ENGINES: tuple[StageEngine, ...] = ("auto", "jvm", "python", "chain")
 
 
 _HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")

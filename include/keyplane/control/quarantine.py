@@ -35,7 +35,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,7 +50,8 @@ POISON_MARKER = "keyplane-poison "
 
 _POISON_LINE = re.compile(re.escape(POISON_MARKER) + r"(\{[^\n]*\})")
 
-Stage = Literal["A", "B"]
+Stage = str
+"""A stage's name in the pipeline (:attr:`keyplane.pipeline.Pipeline.stage_names`)."""
 
 
 class Poison(BaseModel):

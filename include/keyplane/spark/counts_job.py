@@ -38,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -63,12 +63,15 @@ from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
 from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
+from keyplane.spark.chain_source import read_chain_events
+from keyplane.spark.chain_stages import routed_chain
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.pipeline_frames import (
     check_expressions,
     check_recorded_pipeline,
     record_pipeline,
+    routed_rows,
 )
 from keyplane.spark.pipeline_sink import MergedResults
 from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress, progress_of
@@ -211,9 +214,8 @@ class CountsJobSettings(BaseModel):
     def job_pipeline(self) -> Pipeline:
         """The routed job's pipeline, with the aggregates the stage flags name in its stages.
 
-        The routed data path runs the reference pipeline's shape: its stages,
-        keys and values (:func:`keyplane.reference.pipeline.counts`), with any
-        aggregates. Another shape is refused in one line, before Spark starts.
+        The stage flags name aggregates for the reference pipeline's two
+        stages, A and B, the first and second of the chain.
         """
         pipeline = load_pipeline(self.pipeline or Settings().pipeline)
         named = self.pipeline not in (None, REFERENCE_PIPELINE)
@@ -222,16 +224,8 @@ class CountsJobSettings(BaseModel):
                 f"pipeline {pipeline.name!r} reads {list(pipeline.source.topics)}, but the job "
                 f"is set to read {self.events_topic!r}"
             )
-        shape = [(s.name, s.key, s.value) for s in pipeline.stages]
-        reference = [(s.name, s.key, s.value) for s in reference_counts().stages]
-        if shape != reference:
-            raise PipelineError(
-                f"pipeline {pipeline.name!r}: the routed job runs the stages (name, key, "
-                f"value) {reference} so far, not {shape}"
-            )
-        flagged = dict(
-            zip(OPERATORS, (self.stage_a_aggregate, self.stage_b_aggregate), strict=True)
-        )
+        flags = (self.stage_a_aggregate, self.stage_b_aggregate)
+        flagged = dict(zip(pipeline.stage_names, flags, strict=False))
         stages = tuple(
             dataclasses.replace(stage, aggregate=load_aggregate(spec))
             if (spec := flagged.get(stage.name))
@@ -316,7 +310,7 @@ def read_results(output: Path, aggregates: Mapping[str, KeyedAggregate[Any]]) ->
     return merge_partial_states(partials, aggregates)
 
 
-def initial_version(settings: CountsJobSettings) -> int:
+def initial_version(settings: CountsJobSettings, stages: Sequence[str] | None = None) -> int:
     """The version a new checkpoint of the routed job starts on.
 
     The newest stored version unless ``routing_version`` names one; an empty
@@ -331,7 +325,7 @@ def initial_version(settings: CountsJobSettings) -> int:
     if latest is not None:
         return latest
     n = settings.shuffle_partitions
-    initial = RoutingConfig.all_hash(n, OPERATORS)
+    initial = RoutingConfig.all_hash(n, stages or OPERATORS)
     return config_store.save(initial, settings.routing_store).version
 
 
@@ -433,47 +427,80 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     check_expressions(spark, pipeline)
     check_recorded_pipeline(settings.checkpoint, pipeline)
     aggregates = {stage.name: stage.aggregate for stage in pipeline.stages}
+    first, second = [*[stage.aggregate for stage in pipeline.stages], None][:2]
     engine = resolve_engine(
         settings.stage_engine,
-        aggregates["A"],
-        aggregates["B"],
+        first,
+        second,
         jvm_loaded=jvm_stages.loaded(spark),
         recorded=recorded_engine(settings.checkpoint),
+        reference_shape=_reference_shape(pipeline),
     )
     if engine == "jvm":
         check_jvm_stages(spark, partitions)
     record_engine(settings.checkpoint, engine)
     record_pipeline(settings.checkpoint, pipeline)
     log.info(
-        "pipeline %r: stages %s run in %s (the JVM stages run the reference running count "
-        "only; any other aggregate runs in Python)",
+        "pipeline %r: stages %s run in %s",
         pipeline.name,
         ", ".join(pipeline.stage_names),
-        "the JVM" if engine == "jvm" else "Python",
+        {"jvm": "the JVM", "python": "Python", "chain": "Python, as a chain"}[engine],
     )
-    inputs = read_routed_events(
-        spark,
-        bootstrap,
-        events_topic=settings.events_topic,
-        control_topic=settings.control_topic,
-        migration_topic=settings.migration_topic,
-        store=store,
-        state_partitions=partitions,
-        initial_version=initial_version(settings),
-        max_offsets_per_trigger=settings.max_offsets_per_trigger,
-        max_event_bytes=settings.max_event_bytes,
-        max_partitions=read_tasks(spark, settings),
-        forward=settings.forward,
-        # The JVM stages take a rollout's moves per instance (routed_source).
-        handoff="per-instance" if engine == "jvm" else "per-key",
-        quarantine=Quarantine(settings.checkpoint).option(),
-    )
+    version = initial_version(settings, pipeline.stage_names)
+    if engine == "chain":
+        inputs = routed_rows(
+            read_chain_events(
+                spark,
+                bootstrap,
+                stages=pipeline.stage_names,
+                events_topic=settings.events_topic,
+                control_topic=settings.control_topic,
+                migration_topic=settings.migration_topic,
+                store=store,
+                state_partitions=partitions,
+                initial_version=version,
+                max_offsets_per_trigger=settings.max_offsets_per_trigger,
+                max_event_bytes=settings.max_event_bytes,
+                max_partitions=read_tasks(spark, settings),
+            ),
+            pipeline,
+            store,
+            partitions,
+        )
+        updates = routed_chain(inputs, pipeline, partitions)
+    else:
+        inputs = read_routed_events(
+            spark,
+            bootstrap,
+            events_topic=settings.events_topic,
+            control_topic=settings.control_topic,
+            migration_topic=settings.migration_topic,
+            store=store,
+            state_partitions=partitions,
+            initial_version=version,
+            max_offsets_per_trigger=settings.max_offsets_per_trigger,
+            max_event_bytes=settings.max_event_bytes,
+            max_partitions=read_tasks(spark, settings),
+            forward=settings.forward,
+            # The JVM stages take a rollout's moves per instance (routed_source).
+            handoff="per-instance" if engine == "jvm" else "per-key",
+            quarantine=Quarantine(settings.checkpoint).option(),
+        )
+        updates = routed_running_counts(
+            inputs,
+            partitions,
+            stage_a=pipeline.stages[0].aggregate,
+            stage_b=pipeline.stages[1].aggregate,
+            forward=settings.forward,
+            engine=engine,
+        )
     writer = RoutedBatchWriter(
         output=settings.output,
         bootstrap_servers=bootstrap,
         migration_topic=settings.migration_topic,
         dead_letter_topic=settings.dead_letter_topic,
         parallelism=partitions,
+        stages=pipeline.stage_names,
         results_topic=settings.results_topic,
         delivery=settings.delivery(),
         # The pipeline's own sink gets merged results when a pipeline is named.
@@ -481,17 +508,16 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         if settings.pipeline is None
         else (pipeline.sink, MergedResults(aggregates, settings.output)),
     )
-    updates = routed_running_counts(
-        inputs,
-        partitions,
-        stage_a=aggregates["A"],
-        stage_b=aggregates["B"],
-        forward=settings.forward,
-        engine=engine,
-    )
     query = _start(updates.writeStream.outputMode("append").foreachBatch(writer), settings)
     MetricsListener.attach(spark, query, writer, settings.metrics_topic)
     return query
+
+
+def _reference_shape(pipeline: Pipeline) -> bool:
+    """Whether ``pipeline`` has the reference pipeline's stages (names, keys, values), which
+    the ``jvm`` and ``python`` engines run (:func:`keyplane.spark.routed_counts.resolve_engine`)."""
+    shape = [(s.name, s.key, s.value) for s in pipeline.stages]
+    return shape == [(s.name, s.key, s.value) for s in reference_counts().stages]
 
 
 _JVM_STAGES_CHECKED: set[tuple[str, int]] = set()

@@ -19,6 +19,7 @@ that names the stage, not at the first batch.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,11 +118,12 @@ def check_expressions(spark: SparkSession, pipeline: Pipeline) -> None:
     _stage_columns(empty, pipeline)
 
 
-def keyed_events(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
+def keyed_events(raw: DataFrame, pipeline: Pipeline, keep: Sequence[str] = ()) -> DataFrame:
     """Kafka records → one row per record: its identity, each stage's key and value as text,
     and ``invalid`` (null for a good event, else why it cannot be keyed).
 
-    ``raw`` has Kafka's ``topic, partition, offset, value`` columns. A value
+    ``raw`` has Kafka's ``topic, partition, offset, value`` columns; its
+    columns ``keep`` pass through unchanged. A value
     that is null or does not parse against the schema is invalid; so is an
     event whose key or value (when the stage has one) is null in any stage,
     since every stage sees every event.
@@ -134,13 +136,14 @@ def keyed_events(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
     text = F.col("value").cast("string")
     parsed = raw.select(
         *EVENT_ID_COLUMNS,
+        *keep,
         text.alias("_keyplane_text"),
         F.from_json(text, with_corrupt, {"columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(
             "_keyplane_event"
         ),
-    ).select(*EVENT_ID_COLUMNS, "_keyplane_text", "_keyplane_event.*")
+    ).select(*EVENT_ID_COLUMNS, *keep, "_keyplane_text", "_keyplane_event.*")
     columns = _stage_columns(parsed, pipeline)
-    keyed = parsed.select(*EVENT_ID_COLUMNS, "_keyplane_text", CORRUPT_COLUMN, *columns)
+    keyed = parsed.select(*EVENT_ID_COLUMNS, *keep, "_keyplane_text", CORRUPT_COLUMN, *columns)
     reasons = [
         F.when(F.col("_keyplane_text").isNull(), F.lit("a record with no value")),
         F.when(
@@ -164,6 +167,7 @@ def keyed_events(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
             )
     return keyed.select(
         *EVENT_ID_COLUMNS,
+        *keep,
         *[key_column(i) for i in range(len(pipeline.stages))],
         *[value_column(i) for i in range(len(pipeline.stages))],
         F.coalesce(*reasons).alias("invalid"),
@@ -175,58 +179,176 @@ def routed_column(index: int) -> str:
     return f"r{index}"
 
 
+def chain_columns(stages: int) -> tuple[str, ...]:
+    """Every stage's key, value and routed key columns, in that order."""
+    return (
+        *(key_column(i) for i in range(stages)),
+        *(value_column(i) for i in range(stages)),
+        *(routed_column(i) for i in range(stages)),
+    )
+
+
+def chain_schema(stages: int) -> str:
+    """The rows the stages of a chain of ``stages`` pass on: the job's output rows
+    (:data:`~keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`) and, per stage, the key,
+    value and routed key of the events a row stands for."""
+    from keyplane.spark.routed_counts import ROUTED_OUTPUT_SCHEMA
+
+    chain = ", ".join(f"{name} STRING" for name in chain_columns(stages))
+    return f"{ROUTED_OUTPUT_SCHEMA}, {chain}"
+
+
 VERSIONS_COLUMN = "versions"
 """The routing version of each stage (chain order) that an event is routed by: the
-batch's, as the driver fixed it (:mod:`keyplane.spark.routed_source`)."""
+batch's, as the driver fixed it (:mod:`keyplane.spark.chain_source`)."""
+
+_ARROW_TYPES = {"STRING": "string", "INT": "int32", "LONG": "int64"}
 
 
-def with_routed_keys(
-    keyed: DataFrame, pipeline: Pipeline, store: Path, parallelism: int
-) -> DataFrame:
-    """:func:`keyed_events` rows with each stage's routed key, ``r0 .. r{n-1}``.
+def _arrow_schema(ddl: str) -> Any:
+    """A flat DDL of STRING, INT and LONG columns as an Arrow schema."""
+    import pyarrow as pa
 
-    Each row carries its stages' routing versions in :data:`VERSIONS_COLUMN`.
-    On the executors, each stage's key is routed by that version's stored
-    table (000 §3.3): a tabled key to its routed key, a hot key's events
-    spread over its routed keys by the reader's own least-loaded choice in
-    row order (001 §4.1.2), any other key to itself. The same rows in the same
-    order route the same way, so a replayed batch routes as it first did.
-    An invalid row gets no routed key.
+    fields = [field.split() for field in ddl.split(", ")]
+    return pa.schema([(name, getattr(pa, _ARROW_TYPES[kind])()) for name, kind in fields])
+
+
+def _arrow_batch(schema: Any, length: int, columns: dict[str, Any]) -> Any:
+    """``length`` rows of ``schema``: ``columns`` by name, every other column null."""
+    import pyarrow as pa
+
+    arrays = []
+    for f in schema:
+        value = columns.get(f.name)
+        if value is None:
+            arrays.append(pa.nulls(length, f.type))
+        elif isinstance(value, pa.Array):
+            arrays.append(value.cast(f.type))
+        else:
+            arrays.append(pa.array(value, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+_CONTROL_COLUMNS = ("kind", "stage", "key", "routed_key", "target", "count", "state", "marker")
+"""The source's columns that a rollout's rows carry on
+(:data:`keyplane.spark.chain_source.CHAIN_INPUT_SCHEMA`)."""
+
+
+def routed_rows(inputs: DataFrame, pipeline: Pipeline, store: Path, parallelism: int) -> DataFrame:
+    """The pipeline source's rows → the first stage's input, :func:`chain_schema` rows.
+
+    Events are keyed by Spark (:func:`keyed_events`), then routed on the
+    executors: each stage's key by the version of its stored table the row
+    carries (000 §3.3), a hot key's events spread over its routed keys by the
+    task's least-loaded choice in row order (001 §4.1.2), any other key to
+    itself. The same rows in the same order route the same way, so a
+    replayed batch routes as it first did. A task's events are then combined
+    into one row per distinct (keys, values, routed keys) with their number
+    ``n``, as Spark's partial aggregation combines a partition before its
+    shuffle. An event that cannot be keyed becomes an ``invalid`` row, and a
+    rollout's rows take the grouping values the source gave them.
     """
     import pyarrow as pa
 
+    from keyplane.reference.events import dead_letter_value
     from keyplane.routing.handoff import LeastLoadedRoutes
-    from keyplane.spark.routed_source import tables_for
+    from keyplane.spark.routed_source import control_group, tables_for
 
     names = pipeline.stage_names
+    n = len(names)
     location = str(store.resolve())
-    routed_fields = ", ".join(f"{routed_column(i)} STRING" for i in range(len(names)))
-    schema = f"{_ddl(keyed)}, {routed_fields}"
+    keyed = keyed_events(inputs, pipeline, keep=(*_CONTROL_COLUMNS[1:], "detail", "value",
+                                                  "versions", "routes", "kind"))  # fmt: skip
+    schema = chain_schema(n)
+    arrow = _arrow_schema(schema)
+    columns = chain_columns(n)
+    routed_names = [routed_column(i) for i in range(n)]
+
+    def control_rows(batch: pa.RecordBatch, rows: list[int]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        picked = batch.take(pa.array(rows, pa.int64()))
+        for name in (*_CONTROL_COLUMNS, "detail"):
+            out[name] = picked.column(name).to_pylist()
+        invalid = picked.column("invalid").to_pylist()
+        routes = picked.column("routes").to_pylist()
+        topics, partitions = picked.column("topic").to_pylist(), picked.column("partition")
+        offsets, values = picked.column("offset").to_pylist(), picked.column("value").to_pylist()
+        for i, kind in enumerate(out["kind"]):
+            if kind != "event":
+                continue
+            # An event that cannot be keyed: its dead letter, in the control groups.
+            source = f"{topics[i]}[{partitions[i].as_py()}]"
+            out["kind"][i] = "invalid"
+            out["detail"][i] = json.dumps(
+                {"source": source, "offset": offsets[i], "reason": invalid[i],
+                 **dead_letter_value(values[i])}
+            )  # fmt: skip
+            routes[i] = [control_group(name, source, parallelism) for name in names]
+        for index, name in enumerate(routed_names):
+            out[name] = [r[index] if r is not None and index < len(r) else None for r in routes]
+        return out
 
     def route(batches: Any) -> Any:
         tables = tables_for(location, parallelism)
         balancers: dict[tuple[int, int], LeastLoadedRoutes] = {}
+        events: list[pa.Table] = []
         for batch in batches:
-            versions = batch.column(VERSIONS_COLUMN).to_pylist()
+            kinds = batch.column("kind").to_pylist()
             invalid = batch.column("invalid").to_pylist()
-            columns = {}
+            good = [i for i, (k, bad) in enumerate(zip(kinds, invalid, strict=True))
+                    if k == "event" and bad is None]  # fmt: skip
+            good_set = set(good)
+            other = [i for i in range(batch.num_rows) if i not in good_set]
+            if other:
+                out = control_rows(batch, other)
+                yield _arrow_batch(arrow, len(other), out)
+            if not good:
+                continue
+            picked = batch.take(pa.array(good, pa.int64()))
+            versions = picked.column(VERSIONS_COLUMN).to_pylist()
+            routed: dict[str, Any] = {}
             for index, name in enumerate(names):
-                keys = batch.column(key_column(index)).to_pylist()
-                routed: list[str | None] = []
-                for key, version, bad in zip(keys, versions, invalid, strict=True):
-                    if bad is not None or key is None:
-                        routed.append(None)
-                        continue
-                    table = tables.table(int(version[index]), name)
-                    balancer = balancers.get((index, int(version[index])))
+                keys = picked.column(key_column(index)).to_pylist()
+                chosen: list[str] = [""] * len(keys)
+                by_version: dict[int, list[int]] = {}
+                for row, version in enumerate(versions):
+                    by_version.setdefault(int(version[index]), []).append(row)
+                for version, rows in by_version.items():
+                    table = tables.table(version, name)
+                    balancer = balancers.get((index, version))
                     if balancer is None:
                         balancer = LeastLoadedRoutes(table.instances_of, split=bool(table.hot_keys))
-                        balancers[index, int(version[index])] = balancer
-                    routed.append(balancer.pick(table.route(key)))
-                columns[routed_column(index)] = pa.array(routed, pa.string())
-            for column_name, values in columns.items():
-                batch = batch.append_column(column_name, values)
-            yield batch
+                        balancers[index, version] = balancer
+                    these = [keys[row] for row in rows]
+                    for row, route_ in zip(
+                        rows, balancer.pick_all(these, table.route_all(these)), strict=True
+                    ):
+                        chosen[row] = route_
+                routed[routed_column(index)] = pa.array(chosen, pa.string())
+            events.append(
+                pa.table(
+                    {
+                        **{c: picked.column(c) for c in columns if c not in routed},
+                        **routed,
+                    }
+                )
+            )
+        if events:
+            combined = (
+                pa.concat_tables(events)
+                .group_by(list(columns), use_threads=False)
+                .aggregate([([], "count_all")])
+            )
+            rows = combined.num_rows
+            yield _arrow_batch(
+                arrow,
+                rows,
+                {
+                    "kind": ["event"] * rows,
+                    "n": combined.column("count_all").combine_chunks(),
+                    **{c: combined.column(c).combine_chunks() for c in columns},
+                },
+            )
 
     return keyed.mapInArrow(route, schema)
 

@@ -470,31 +470,50 @@ ENGINE_RECORD = "keyplane-stages.json"
 """The file in a checkpoint that names the engine its stages ran on."""
 
 
+Engine = Literal["jvm", "python", "chain"]
+"""Where a checkpoint's stages run (:data:`~keyplane.settings.StageEngine` once resolved)."""
+ENGINES: tuple[Engine, ...] = ("jvm", "python", "chain")
+
+
 def resolve_engine(
     requested: StageEngine,
     stage_a: KeyedAggregate[Any] | None,
     stage_b: KeyedAggregate[Any] | None,
     jvm_loaded: bool,
-    recorded: Literal["jvm", "python"] | None = None,
-) -> Literal["jvm", "python"]:
+    recorded: Engine | None = None,
+    reference_shape: bool = True,
+) -> Engine:
     """The engine the stages run on: the JVM for the running count, where its jar is loaded.
 
     The JVM stages implement :class:`~keyplane.aggregates.RunningCount` only
     (its state is a number); any other aggregate is user code and runs in
-    Python. ``auto`` falls back to Python where the session has no jar.
-    A checkpoint keeps its engine for life (``recorded``, :func:`recorded_engine`):
-    Spark refuses a checkpoint whose stateful operators changed, at its first
-    batch, so a change is refused here, in one line, before the query starts.
+    Python. The ``jvm`` and ``python`` engines run the reference pipeline's
+    two stages (``reference_shape``); the ``chain`` runs any pipeline, and
+    is what ``auto`` picks for one of another shape. ``auto`` falls back to
+    Python where the session has no jar. A checkpoint keeps its engine for
+    life (``recorded``, :func:`recorded_engine`): Spark refuses a checkpoint
+    whose stateful operators changed, at its first batch, so a change is
+    refused here, in one line, before the query starts.
     """
     counts = all(agg is None or type(agg) is RunningCount for agg in (stage_a, stage_b))
-    if requested == "auto":
-        wanted = recorded or ("jvm" if counts and jvm_loaded else "python")
-    else:
+    wanted: Engine
+    if requested != "auto":
         wanted = requested
+    elif recorded is not None:
+        wanted = recorded
+    elif not reference_shape:
+        wanted = "chain"
+    else:
+        wanted = "jvm" if counts and jvm_loaded else "python"
     if recorded is not None and wanted != recorded:
         raise StageEngineError(
             f"stage engine {wanted!r}: this checkpoint's stages ran in {recorded!r}, and a "
             "checkpoint keeps its engine for life (start a new checkpoint to change it)"
+        )
+    if wanted != "chain" and not reference_shape:
+        raise StageEngineError(
+            f"stage engine {wanted!r} runs the reference pipeline's two stages only; "
+            "use 'chain' (or 'auto') for this pipeline"
         )
     if wanted == "jvm" and not counts:
         raise StageEngineError("stage engine 'jvm' runs only the running count in both stages")
@@ -506,18 +525,18 @@ def resolve_engine(
     return wanted
 
 
-def recorded_engine(checkpoint: Path) -> Literal["jvm", "python"] | None:
+def recorded_engine(checkpoint: Path) -> Engine | None:
     """The engine ``checkpoint``'s stages ran on; None for a checkpoint that has not run yet."""
     record = checkpoint / ENGINE_RECORD
     if not record.is_file():
         return None
     engine = json.loads(record.read_text()).get("engine")
-    if engine not in ("jvm", "python"):
+    if engine not in ENGINES:
         raise StageEngineError(f"{record}: unknown stage engine {engine!r}")
-    return cast(Literal["jvm", "python"], engine)
+    return cast(Engine, engine)
 
 
-def record_engine(checkpoint: Path, engine: Literal["jvm", "python"]) -> None:
+def record_engine(checkpoint: Path, engine: Engine) -> None:
     """Write the engine into ``checkpoint`` (see :func:`recorded_engine`)."""
     checkpoint.mkdir(parents=True, exist_ok=True)
     (checkpoint / ENGINE_RECORD).write_text(json.dumps({"engine": engine}) + "\n")

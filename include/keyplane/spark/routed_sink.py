@@ -151,6 +151,7 @@ class RoutedBatchWriter:
         migration_topic: str,
         dead_letter_topic: str,
         parallelism: int,
+        stages: tuple[str, ...] | None = None,
         results_topic: str | None = None,
         delivery: Delivery = SAFE_DELIVERY,
         sink: tuple[Sink, MergedResults] | None = None,
@@ -162,6 +163,8 @@ class RoutedBatchWriter:
         self.dead_letter_topic = dead_letter_topic
         self.results_topic = results_topic
         self.parallelism = parallelism
+        self.stages = stages or OPERATORS
+        """The job's stages, upstream first, for its metrics."""
         self.metrics: dict[int, BatchMetrics] = {}
         self.producer = LongLivedProducer(bootstrap_servers, delivery)
         """Every topic's sends, one producer for the query's run (the listener closes it)."""
@@ -207,7 +210,7 @@ class RoutedBatchWriter:
             write_results(sink, results, batch_id, spark=batch.sparkSession, producer=self.producer)
         tmp.rename(self.output / f"batch-{batch_id:08d}.parquet")
         self.metrics[batch_id] = traffic_metrics(
-            batch_id, output, dict.fromkeys(OPERATORS, self.parallelism)
+            batch_id, output, dict.fromkeys(self.stages, self.parallelism)
         )
 
 

@@ -743,6 +743,9 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.forward = _forward(options)
         self.handoff = _handoff(options)
         self.quarantine = _quarantine(options)
+        stages = options.get("stages")
+        self.stages: tuple[str, ...] = tuple(stages.split(",")) if stages else OPERATORS
+        """The job's stages, upstream first: the operators its protocol steers."""
         self._channel: ControlChannel | None = None
         self._watermarks: HighWatermarks | None = None
         self._planner: ThreadPoolExecutor | None = None
@@ -785,7 +788,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         try:
             found = config_store.checksum(self.store, version)
             tables = tables_for(self.store, self.parallelism)
-            for operator in OPERATORS:
+            for operator in self.stages:
                 # Its tables are built with its hand-offs, off the batch's path.
                 tables.routing(version, operator)
         except (config_store.ConfigStoreError, ValueError, KeyError, TypeError, OSError) as error:
@@ -807,7 +810,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                 f"in a form this job can route: {self.unusable(self.initial_version)}"
             )
         protocol = JobProtocol(
-            OPERATORS, self.initial_version, checksum, lookup_checksum=self.lookup_checksum
+            self.stages, self.initial_version, checksum, lookup_checksum=self.lookup_checksum
         )
         return {
             "plan": -1,
@@ -817,7 +820,7 @@ class RoutedEventsReader(DataSourceStreamReader):
             "control": self._control_earliest(),
             "migration": self._marks(self.migration_topic),
             "protocol": protocol.to_dict(),
-            "routing": dict.fromkeys(OPERATORS, self.initial_version),
+            "routing": dict.fromkeys(self.stages, self.initial_version),
             "switch": [],
         }
 
@@ -969,7 +972,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         tables = tables_for(self.store, self.parallelism)
 
         def plan() -> None:
-            for operator in OPERATORS:
+            for operator in self.stages:
                 tables.moves(operator, active, prepared)
 
         if self._planner is None:

@@ -1,0 +1,212 @@
+"""A user's chain of 1 to N stages runs under live reconfiguration, its sink exact.
+
+Real broker, real SparkSession, the real controller. The three-stage
+clickstream example (nested JSON, a sum, a distinct count and a top-k) and
+the one-stage hot-merchant example run on v1 (all hash), then v2 goes live
+(keys moved and a hot key split in every stage), then v3 (one split undone,
+its partials merged), while the query runs. The sink's latest row per
+(stage, key) equals ground truth computed with pandas over the records read
+back from the topic, each event identified by its (partition, offset), and
+the query's run id is the same throughout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from examples.clickstream.pipeline import clicks
+from examples.clickstream.produce import page_views
+from examples.hot_merchant.pipeline import payments
+from examples.hot_merchant.produce import payment_events
+from keyplane.control.controller import Controller
+from keyplane.kafka.admin import ensure_topic, high_watermarks
+from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.producer import LongLivedProducer
+from keyplane.kafka.ranges import offset_ranges, read_range
+from keyplane.pipeline import Pipeline
+from keyplane.routing.config import RoutingConfig, save
+from keyplane.spark.counts_job import start_counts_query, stop_between_batches
+from keyplane.spark.pipeline_sink import read_parquet_results
+from keyplane.testing import moved_off_hash_config, routed_job_settings
+
+P = 4
+"""Instances per operator: the ``spark`` fixture's shuffle partitions."""
+
+
+def produce(broker: str, topic: str, events: Iterator[dict[str, Any]]) -> int:
+    """Write ``events`` as JSON over two partitions; how many the broker took."""
+    ensure_topic(broker, topic, 2)
+    producer = LongLivedProducer(broker)
+    try:
+        records = [(None, json.dumps(event).encode()) for event in events]
+        producer.send(topic, records)
+    finally:
+        producer.close()
+    return len(records)
+
+
+def records(broker: str, topic: str) -> pd.DataFrame:
+    """Every event of ``topic`` as written, with its (partition, offset)."""
+    rows = []
+    for part in offset_ranges(broker, topic, {}, high_watermarks(broker, topic)):
+        for batch in read_range(part):
+            for offset, value in zip(
+                batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True
+            ):
+                rows.append({"partition": part.partition, "offset": offset, **json.loads(value)})
+    return pd.DataFrame(rows)
+
+
+def top_k(frame: pd.DataFrame, key: str, value: str, k: int) -> dict[str, list[list[Any]]]:
+    """Each key's ``k`` most frequent values, ties by value, as TopK reports them."""
+    out = {}
+    pairs = frame.groupby([key, value]).size().reset_index(name="n")
+    for name, group in pairs.groupby(key):
+        ranked = group.sort_values(["n", value], ascending=[False, True]).head(k)
+        out[str(name)] = [[v, int(n)] for v, n in zip(ranked[value], ranked["n"], strict=True)]
+    return out
+
+
+def clicks_truth(events: pd.DataFrame) -> dict[tuple[str, str], object]:
+    flat = events.assign(category=events["page"].map(lambda page: page["category"]))
+    truth: dict[tuple[str, str], object] = {}
+    for session, total in flat.groupby("session_id")["dwell_ms"].sum().items():
+        truth["sessions", str(session)] = int(total)
+    for user, distinct in flat.groupby("user_id")["category"].nunique().items():
+        truth["users", str(user)] = int(distinct)
+    for category, top in top_k(flat, "category", "user_id", 3).items():
+        truth["categories", category] = top
+    return truth
+
+
+def ranked_keys(events: pd.DataFrame, column: Callable[[pd.DataFrame], pd.Series]) -> list[str]:
+    """A stage's keys in ``events``, most frequent first (ties in first-seen order)."""
+    return [str(key) for key in column(events).value_counts(sort=True).index]
+
+
+def versions(
+    stages: Sequence[str], keys: dict[str, list[str]]
+) -> tuple[RoutingConfig, RoutingConfig, RoutingConfig]:
+    """v1 all hash; v2 moves keys 2-4 of every stage off hash and splits its hottest key
+    over three instances; v3 pins the first stage's hot key to one instance (a split
+    undone) and keeps the rest of v2."""
+    v1 = RoutingConfig.all_hash(P, stages)
+    moved = {stage: keys[stage][1:4] for stage in stages}
+    hot = {stage: {keys[stage][0]: (0, 1, 3)} for stage in stages}
+    v2 = moved_off_hash_config(2, moved, P, hot_keys=hot)
+    first = stages[0]
+    v3 = moved_off_hash_config(
+        3,
+        {**moved, first: [*moved[first], keys[first][0]]},
+        P,
+        hot_keys={stage: hot[stage] for stage in stages[1:]},
+    )
+    return v1, v2, v3
+
+
+def run_live(
+    spark: Any,
+    broker: str,
+    topic: str,
+    work: Path,
+    pipeline_spec: str,
+    pipeline: Pipeline,
+    batches: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]],
+    keys: Callable[[pd.DataFrame], dict[str, list[str]]],
+) -> pd.DataFrame:
+    """Run ``pipeline`` on v1 over the first events, roll out v2, write the second events,
+    roll out v3, write the third; the sink's rows."""
+    assert produce(broker, topic, iter(batches[0])) == len(batches[0])
+    store = work / "routing"
+    v1, v2, v3 = versions(pipeline.stage_names, keys(records(broker, topic)))
+    save(v1, store)
+    settings = routed_job_settings(
+        broker, topic, work, parallelism=P, batch=1_000, trigger="0 seconds",
+        pipeline=pipeline_spec, stage_engine="auto",
+    )  # fmt: skip
+    query = start_counts_query(spark, settings)
+    try:
+        query.processAllAvailable()
+        run_id = query.runId
+        with ControlChannel(broker, settings.control_topic) as channel:
+            controller = Controller(channel, work / "controller.json", store)
+            for config, events in ((v2, batches[1]), (v3, batches[2])):
+                save(config, store)
+                assert controller.rollout(config.version, timeout_s=120).version == config.version
+                assert produce(broker, topic, iter(events)) == len(events)
+                query.processAllAvailable()
+        assert query.exception() is None
+        assert query.runId == run_id
+    finally:
+        stop_between_batches(query)
+    return read_parquet_results(Path(pipeline.sink.path))  # type: ignore[union-attr]
+
+
+def latest_results(rows: pd.DataFrame) -> dict[tuple[str, str], object]:
+    latest = rows.drop_duplicates(["stage", "key"], keep="last")
+    return {(s, k): json.loads(r) for s, k, r in latest[["stage", "key", "result"]].values}
+
+
+@pytest.mark.integration
+def test_a_three_stage_pipeline_stays_exact_through_moves_splits_and_an_unsplit(
+    spark, broker: str, topic_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLICKS_TOPIC", topic_name)
+    monkeypatch.setenv("CLICKS_OUTPUT", str(tmp_path / "results"))
+    monkeypatch.setenv("KEYPLANE_PIPELINE", "examples.clickstream.pipeline:clicks")
+    views = list(page_views(4_500, users=60, seed=3))
+
+    def keys(events: pd.DataFrame) -> dict[str, list[str]]:
+        return {
+            "sessions": ranked_keys(events, lambda e: e["session_id"]),
+            "users": ranked_keys(events, lambda e: e["user_id"]),
+            "categories": ranked_keys(events, lambda e: e["page"].map(lambda p: p["category"])),
+        }
+
+    rows = run_live(
+        spark, broker, topic_name, tmp_path, "examples.clickstream.pipeline:clicks", clicks(),
+        (views[:2_000], views[2_000:3_500], views[3_500:]), keys,
+    )  # fmt: skip
+
+    events = records(broker, topic_name)
+    assert len(events) == 4_500
+    assert latest_results(rows) == clicks_truth(events)
+    assert rows["batch_id"].is_monotonic_increasing
+
+
+@pytest.mark.integration
+def test_a_one_stage_pipeline_with_a_hot_key_stays_exact_through_a_split_and_an_unsplit(
+    spark, broker: str, topic_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAYMENTS_TOPIC", topic_name)
+    monkeypatch.setenv("PAYMENTS_OUTPUT", str(tmp_path / "results"))
+    monkeypatch.setenv("KEYPLANE_PIPELINE", "examples.hot_merchant.pipeline:payments")
+    sent = list(payment_events(3_000, seed=5))
+    pipeline = payments()
+    stage = pipeline.stages[0]
+
+    def keys(events: pd.DataFrame) -> dict[str, list[str]]:
+        return {stage.name: ranked_keys(events, lambda e: e["merchant"])}
+
+    rows = run_live(
+        spark, broker, topic_name, tmp_path, "examples.hot_merchant.pipeline:payments", pipeline,
+        (sent[:1_200], sent[1_200:2_200], sent[2_200:]), keys,
+    )  # fmt: skip
+
+    events = records(broker, topic_name)
+    assert len(events) == 3_000
+    grouped = events.groupby("merchant")["cents"]
+    expected = {
+        (stage.name, str(m)): {"cents": int(total), "payments": int(n)}
+        for (m, total), n in zip(grouped.sum().items(), grouped.size(), strict=True)
+    }
+    assert latest_results(rows) == expected
+    hot = events["merchant"].value_counts().index[0]
+    # The hot merchant was split over three instances and then not: still one answer per batch.
+    assert rows[(rows["key"] == hot)]["batch_id"].is_unique
