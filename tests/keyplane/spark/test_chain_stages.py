@@ -27,11 +27,12 @@ from examples.hot_merchant.produce import payment_events
 from keyplane.control.controller import Controller
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
+from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import LongLivedProducer
 from keyplane.kafka.ranges import offset_ranges, read_range
 from keyplane.pipeline import Pipeline
 from keyplane.routing.config import RoutingConfig, save
-from keyplane.spark.counts_job import start_counts_query, stop_between_batches
+from keyplane.spark.counts_job import read_partials, start_counts_query, stop_between_batches
 from keyplane.spark.pipeline_sink import read_parquet_results
 from keyplane.testing import moved_off_hash_config, routed_job_settings
 
@@ -121,10 +122,14 @@ def run_live(
     keys: Callable[[pd.DataFrame], dict[str, list[str]]],
 ) -> pd.DataFrame:
     """Run ``pipeline`` on v1 over the first events, roll out v2, write the second events,
-    roll out v3, write the third; the sink's rows."""
+    roll out v3, write the third; the sink's rows.
+
+    Checks on the way that each rollout moved state in every stage and that v2's hot
+    keys reported partials from three routed keys each."""
     assert produce(broker, topic, iter(batches[0])) == len(batches[0])
     store = work / "routing"
-    v1, v2, v3 = versions(pipeline.stage_names, keys(records(broker, topic)))
+    ranked = keys(records(broker, topic))
+    v1, v2, v3 = versions(pipeline.stage_names, ranked)
     save(v1, store)
     settings = routed_job_settings(
         broker, topic, work, parallelism=P, batch=1_000, trigger="0 seconds",
@@ -145,6 +150,13 @@ def run_live(
         assert query.runId == run_id
     finally:
         stop_between_batches(query)
+    moves = pd.DataFrame(read_moves(broker, settings.migration_topic))
+    assert set(moves["operator"]) == set(pipeline.stage_names)
+    partials = read_partials(settings.output)
+    for stage in pipeline.stage_names:
+        key = ranked[stage][0]
+        routed = partials[(partials["stage"] == stage) & (partials["key"] == key)]["routed_key"]
+        assert routed.nunique() >= 3, (stage, key, sorted(set(routed)))
     return read_parquet_results(Path(pipeline.sink.path))  # type: ignore[union-attr]
 
 
