@@ -21,7 +21,7 @@ from keyplane.spark.pipeline_frames import (
     check_recorded_pipeline,
     keyed_events,
     record_pipeline,
-    with_routed_keys,
+    routed_rows,
 )
 
 SCHEMA = (
@@ -131,11 +131,11 @@ def test_each_stage_routes_its_key_by_the_rows_version_of_its_table(spark, tmp_p
     """v1 moves user u1 off its hash instance and splits the hot user u0 over three
     instances; the categories stage routes by hash. u0's events spread over exactly its
     three routed keys, u1's reach the instance the table names, the rest route to
-    themselves; an invalid event gets no routed key."""
-    from pyspark.sql import functions as F
-
+    themselves; a task's events are combined, every event counted once in ``n``; a record
+    that does not parse is an invalid row with its reason, in the control groups."""
     from keyplane.routing.config import save
-    from keyplane.routing.routedkeys import spark_partition
+    from keyplane.routing.routedkeys import CONTROL_STARTS, spark_partition
+    from keyplane.spark.chain_source import CHAIN_INPUT_SCHEMA
     from keyplane.testing import moved_off_hash, moved_off_hash_config
 
     pipeline = clicks(
@@ -144,21 +144,33 @@ def test_each_stage_routes_its_key_by_the_rows_version_of_its_table(spark, tmp_p
     save(moved_off_hash_config(1, {"users": ["u1"]}, 4, hot_keys={"users": {"u0": (0, 1, 2)}}),
          tmp_path / "store")  # fmt: skip
     events = [
-        {"user_id": f"u{i % 3 if i % 2 else 0}", "session_id": f"s{i}", "page": {"category": "c"}}
+        {"user_id": f"u{i % 3 if i % 2 else 0}", "session_id": f"s{i % 5}",
+         "page": {"category": "c"}}
         for i in range(60)
-    ]
+    ]  # fmt: skip
     values = [json.dumps(e).encode() for e in events] + [b"{broken"]
-    keyed = keyed_events(_raw(spark, values), pipeline).withColumn(
-        "versions", F.array(F.lit(1), F.lit(1))
-    )
-    rows = with_routed_keys(keyed, pipeline, tmp_path / "store", 4).collect()
+    width = len(CHAIN_INPUT_SCHEMA.split(", "))
+    source_rows = [
+        ("event", *[None] * 8, "clicks", 0, offset, value, [1, 1], None, *[None] * (width - 15))
+        for offset, value in enumerate(values)
+    ]
+    inputs = spark.createDataFrame(source_rows, CHAIN_INPUT_SCHEMA).coalesce(1)  # one task
+    rows = routed_rows(inputs, pipeline, tmp_path / "store", 4).collect()
 
-    by_user: dict[str | None, set[str | None]] = {}
-    for row in rows:
+    [invalid] = [row for row in rows if row.kind == "invalid"]
+    assert json.loads(invalid.detail)["reason"] == (
+        "the value does not parse against the source schema"
+    )
+    assert invalid.r0.startswith(CONTROL_STARTS[0]) and invalid.r1.startswith(CONTROL_STARTS[0])
+    good = [row for row in rows if row.kind == "event"]
+    assert sum(row.n for row in good) == 60
+    combined = {(e["user_id"], e["session_id"]) for e in events}
+    # One row per distinct (user, session) and route: u0's five sessions take up to 3 each.
+    assert len(good) <= len(combined) + 2 * 5
+    by_user: dict[str, set[str]] = {}
+    for row in good:
         by_user.setdefault(row.k0, set()).add(row.r0)
-        if row.invalid is None:
-            assert row.r1 == row.k1 == "c"
-    assert by_user.pop(None) == {None}
+        assert row.r1 == row.k1 == "c"
     hot = by_user.pop("u0")
     assert len(hot) == 3 and {spark_partition(r, 4) for r in hot} == {0, 1, 2}
     [moved] = by_user.pop("u1")
