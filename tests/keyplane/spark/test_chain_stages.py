@@ -12,103 +12,26 @@ the query's run id is the same throughout.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from chain_runs import P, clicks_truth, latest_results, produce, ranked_keys, records, versions
 
 from examples.clickstream.pipeline import clicks
 from examples.clickstream.produce import page_views
 from examples.hot_merchant.pipeline import payments
 from examples.hot_merchant.produce import payment_events
 from keyplane.control.controller import Controller
-from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import read_moves
-from keyplane.kafka.producer import LongLivedProducer
-from keyplane.kafka.ranges import offset_ranges, read_range
 from keyplane.pipeline import Pipeline
-from keyplane.routing.config import RoutingConfig, save
+from keyplane.routing.config import save
 from keyplane.spark.counts_job import read_partials, start_counts_query, stop_between_batches
 from keyplane.spark.pipeline_sink import read_parquet_results
-from keyplane.testing import moved_off_hash_config, routed_job_settings
-
-P = 4
-"""Instances per operator: the ``spark`` fixture's shuffle partitions."""
-
-
-def produce(broker: str, topic: str, events: Iterator[dict[str, Any]]) -> int:
-    """Write ``events`` as JSON over two partitions; how many the broker took."""
-    ensure_topic(broker, topic, 2)
-    producer = LongLivedProducer(broker)
-    try:
-        records = [(None, json.dumps(event).encode()) for event in events]
-        producer.send(topic, records)
-    finally:
-        producer.close()
-    return len(records)
-
-
-def records(broker: str, topic: str) -> pd.DataFrame:
-    """Every event of ``topic`` as written, with its (partition, offset)."""
-    rows = []
-    for part in offset_ranges(broker, topic, {}, high_watermarks(broker, topic)):
-        for batch in read_range(part):
-            for offset, value in zip(
-                batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True
-            ):
-                rows.append({"partition": part.partition, "offset": offset, **json.loads(value)})
-    return pd.DataFrame(rows)
-
-
-def top_k(frame: pd.DataFrame, key: str, value: str, k: int) -> dict[str, list[list[Any]]]:
-    """Each key's ``k`` most frequent values, ties by value, as TopK reports them."""
-    out = {}
-    pairs = frame.groupby([key, value]).size().reset_index(name="n")
-    for name, group in pairs.groupby(key):
-        ranked = group.sort_values(["n", value], ascending=[False, True]).head(k)
-        out[str(name)] = [[v, int(n)] for v, n in zip(ranked[value], ranked["n"], strict=True)]
-    return out
-
-
-def clicks_truth(events: pd.DataFrame) -> dict[tuple[str, str], object]:
-    flat = events.assign(category=events["page"].map(lambda page: page["category"]))
-    truth: dict[tuple[str, str], object] = {}
-    for session, total in flat.groupby("session_id")["dwell_ms"].sum().items():
-        truth["sessions", str(session)] = int(total)
-    for user, distinct in flat.groupby("user_id")["category"].nunique().items():
-        truth["users", str(user)] = int(distinct)
-    for category, top in top_k(flat, "category", "user_id", 3).items():
-        truth["categories", category] = top
-    return truth
-
-
-def ranked_keys(events: pd.DataFrame, column: Callable[[pd.DataFrame], pd.Series]) -> list[str]:
-    """A stage's keys in ``events``, most frequent first (ties in first-seen order)."""
-    return [str(key) for key in column(events).value_counts(sort=True).index]
-
-
-def versions(
-    stages: Sequence[str], keys: dict[str, list[str]]
-) -> tuple[RoutingConfig, RoutingConfig, RoutingConfig]:
-    """v1 all hash; v2 moves keys 2-4 of every stage off hash and splits its hottest key
-    over three instances; v3 pins the first stage's hot key to one instance (a split
-    undone) and keeps the rest of v2."""
-    v1 = RoutingConfig.all_hash(P, stages)
-    moved = {stage: keys[stage][1:4] for stage in stages}
-    hot = {stage: {keys[stage][0]: (0, 1, 3)} for stage in stages}
-    v2 = moved_off_hash_config(2, moved, P, hot_keys=hot)
-    first = stages[0]
-    v3 = moved_off_hash_config(
-        3,
-        {**moved, first: [*moved[first], keys[first][0]]},
-        P,
-        hot_keys={stage: hot[stage] for stage in stages[1:]},
-    )
-    return v1, v2, v3
+from keyplane.testing import routed_job_settings
 
 
 def run_live(
@@ -158,11 +81,6 @@ def run_live(
         routed = partials[(partials["stage"] == stage) & (partials["key"] == key)]["routed_key"]
         assert routed.nunique() >= 3, (stage, key, sorted(set(routed)))
     return read_parquet_results(Path(pipeline.sink.path))  # type: ignore[union-attr]
-
-
-def latest_results(rows: pd.DataFrame) -> dict[tuple[str, str], object]:
-    latest = rows.drop_duplicates(["stage", "key"], keep="last")
-    return {(s, k): json.loads(r) for s, k, r in latest[["stage", "key", "result"]].values}
 
 
 @pytest.mark.integration
