@@ -56,7 +56,7 @@ def cli_reference() -> str:
     with warnings.catch_warnings():
         # kafka-python's protocol tables use a deprecated importlib call on import.
         warnings.simplefilter("ignore", DeprecationWarning)
-        from keyplane.cli import build_parser
+        from keyplane.cli.parser import build_parser
 
     previous = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = HELP_WIDTH

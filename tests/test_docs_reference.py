@@ -13,7 +13,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-from keyplane.cli import build_parser
+from keyplane.cli.parser import build_parser
 from keyplane.kafka.security import KafkaSecurity
 from keyplane.settings import Settings
 

@@ -45,3 +45,17 @@ def test_the_orchestration_steps_do_not_import_each_other_in_a_cycle() -> None:
     graph = _graph()
     assert "keyplane.orchestration.tasks" in graph["keyplane.orchestration.scale_steps"]
     assert "keyplane.orchestration.scale_steps" not in graph["keyplane.orchestration.tasks"]
+
+
+def test_the_cli_commands_do_not_import_the_entry_point() -> None:
+    """``keyplane.cli`` imports every command module (through its parser); a command module
+    that imported it back would find it half-initialised, depending on which is imported first."""
+    graph = _graph()
+    commands = sorted(name for name in graph if name.startswith("keyplane.cli."))
+    assert "keyplane.cli.rollout" in commands
+    importers = [
+        name
+        for name in commands
+        if name != "keyplane.cli.__main__" and "keyplane.cli" in graph[name]
+    ]
+    assert importers == [], importers

@@ -25,6 +25,13 @@ exists).
 
 System tasks (paper 002 §V) are placed separately; see
 :func:`plan_system_tasks`.
+
+Nothing at run time calls this module. keyplane does not place instances on
+executors: Spark places each state partition on an executor, and keyplane
+observes where (the metrics' ``executors``); keyplane only chooses which
+instance holds each key. The module is the reproduction of paper 004
+(``bench/reproduce_turbostream.py``) and the system-task sizing of paper 002
+in the reliability benchmark (``bench/reliability_cost.py``).
 """
 
 from __future__ import annotations
@@ -67,11 +74,6 @@ def balanced_node_loads(n_tasks: int, n_nodes: int) -> tuple[int, ...]:
         raise ValueError(f"n_tasks must be >= 0, got {n_tasks}")
     q, r = divmod(n_tasks, n_nodes)
     return tuple(q + 1 if i < r else q for i in range(n_nodes))
-
-
-def node_capacity(n_tasks: int, n_nodes: int) -> int:
-    """The most tasks a node may hold under ±1 balance: ``ceil(n_tasks / n_nodes)``."""
-    return max(balanced_node_loads(n_tasks, n_nodes))
 
 
 def node_loads(assignment: npt.ArrayLike, n_nodes: int) -> npt.NDArray[np.int64]:
@@ -409,12 +411,6 @@ class SystemTaskPlan:
     strategy: SystemTaskStrategy
     instances: tuple[SystemTaskInstance, ...]
     dedicated_workers: tuple[str, ...]
-
-    def by_worker(self) -> dict[str, tuple[SystemTaskInstance, ...]]:
-        hosted: dict[str, list[SystemTaskInstance]] = {}
-        for inst in self.instances:
-            hosted.setdefault(inst.worker, []).append(inst)
-        return {w: tuple(v) for w, v in hosted.items()}
 
 
 def dedicated_worker_name(node: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keyplane.cli import build_parser
+from keyplane.cli.parser import build_parser
 from keyplane.orchestration.dagrun import AirflowSetup
 from keyplane.orchestration.localairflow import COMPONENTS, LocalAirflow, project_folders
 

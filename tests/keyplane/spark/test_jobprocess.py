@@ -30,7 +30,7 @@ from keyplane.aggregates import (
 )
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.cli import main as cli_main
-from keyplane.cli import render_job_status
+from keyplane.cli.job import render_job_status
 from keyplane.control.controller import ControllerFile
 from keyplane.control.controller_protocol import ControllerProtocol
 from keyplane.control.operators import OPERATORS

@@ -15,19 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from keyplane import cli
-from keyplane.cli import (
-    _count,
-    _job_process,
-    _port,
-    _rate,
-    _seconds,
-    _seconds_or_zero,
-    _spec_from_args,
-    _version,
-    build_parser,
-)
 from keyplane.cli import main as cli_main
+from keyplane.cli import topic as topic_command
+from keyplane.cli.arguments import _count, _port, _rate, _seconds, _seconds_or_zero, _version
+from keyplane.cli.job import _job_process
+from keyplane.cli.parser import build_parser
+from keyplane.cli.workloads import _spec_from_args
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka import producer
 from keyplane.kafka.admin import high_watermarks
@@ -1172,7 +1165,7 @@ def test_generate_asks_for_its_topic_once(
         def close(self, timeout: float) -> None:
             pass
 
-    monkeypatch.setattr(cli, "ensure_topic", ensure_topic)
+    monkeypatch.setattr(topic_command, "ensure_topic", ensure_topic)
     monkeypatch.setattr(producer, "ensure_topic", ensure_topic)
     monkeypatch.setattr(producer, "make_producer", lambda *args, **kwargs: FakeProducer())
 

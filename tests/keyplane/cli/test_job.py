@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from keyplane.cli import _job_process, build_parser
+from keyplane.cli.job import _job_process
+from keyplane.cli.parser import build_parser
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import job_command, parse_settings
 from keyplane.spark.jobprocess import JobError, JobProcess
