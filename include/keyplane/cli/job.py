@@ -1,4 +1,4 @@
-"""``keyplane job start|stop|status``: the routed streaming job as a background process."""
+"""``keyplane job start|stop|wait|status``: the routed streaming job as a background process."""
 
 from __future__ import annotations
 
@@ -150,6 +150,12 @@ def cmd_job(settings: Settings, args: argparse.Namespace) -> int:
                 f"job killed (pid {stopped.record.pid}): it did not stop within "
                 f"{args.timeout:.0f} s of SIGTERM; its checkpoint makes the restart exact"
             )
+        return 0
+    if args.action == "wait":
+        caught_up = job.wait_caught_up(timeout_s=args.timeout)
+        done = caught_up.committed
+        through = done.describe() if done is not None else "no events"
+        print(f"job caught up with {job.events_topic!r}: {through}")
         return 0
     status = job.status()
     for line in render_job_status(status, settings.metrics_topic):

@@ -28,6 +28,7 @@ from keyplane.settings import STAGE_ENGINES
 from keyplane.spark.jobprocess import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    WAIT_TIMEOUT_S,
 )
 
 
@@ -207,6 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=STOP_TIMEOUT_S,
         help=f"seconds to wait for a clean stop before SIGKILL (default: {STOP_TIMEOUT_S:.0f})",
+    )
+    job_wait = job_actions.add_parser(
+        "wait",
+        help="wait until the running job has read every event on its topic (exit 1: it is not "
+        "running, or it did not catch up in time)",
+    )
+    job_wait.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=WAIT_TIMEOUT_S,
+        help=f"seconds to wait at most (default: {WAIT_TIMEOUT_S:.0f})",
     )
     job_actions.add_parser(
         "status",

@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
+WAIT_TIMEOUT_S = 600.0
 METRICS_WINDOW = 600
 """Metrics records searched back from the end for the last batch that read events."""
 LOG_TAIL_LINES = 20
@@ -748,6 +749,31 @@ class JobProcess:
             record=running,
             seconds=time.monotonic() - started,
         )
+
+    def wait_caught_up(self, timeout_s: float, poll_s: float = 2.0) -> JobStatus:
+        """Wait until the running job has committed every event its topic holds.
+
+        For a script that writes events and then reads the results, as the
+        tutorial does: the sink has every answer once this returns. A job
+        that is not running, or still behind after ``timeout_s``, is a
+        :class:`JobError`.
+        """
+        deadline = time.monotonic() + timeout_s
+        bootstrap = self.settings.resolved_bootstrap_servers()
+        while True:
+            running, _ = self._live_record()
+            if running is None:
+                raise JobError(f"no job is running (its log: {self.log})")
+            waiting = self._events_unread(bootstrap)
+            if waiting == 0:
+                return self.status(read_metrics=False)
+            if time.monotonic() >= deadline:
+                count = "an unknown number of" if waiting is None else f"{waiting:,}"
+                raise JobError(
+                    f"the job still had {count} events of {self.events_topic!r} to read "
+                    f"after {timeout_s:.0f} s (its log: {self.log})"
+                )
+            time.sleep(poll_s)
 
     # --- status ----------------------------------------------------------------------------
 
