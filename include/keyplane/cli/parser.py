@@ -175,9 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage-engine",
         choices=STAGE_ENGINES,
         default="auto",
-        help="where the stages run: jvm (Java stateful processors, the running count only), "
-        "python (any aggregate) or auto (the JVM when both stages run the running count); "
-        "fixed for the life of the checkpoint (default: auto, or the checkpoint's own)",
+        help="where the stages run: jvm (Java stateful processors, the running count only) or "
+        "python (any aggregate), both for the reference pipeline's two stages; chain (any "
+        "pipeline of 1 to N stages); or auto (the JVM when both stages run the running count, "
+        "the chain for a pipeline of another shape); fixed for the life of the checkpoint "
+        "(default: auto, or the checkpoint's own)",
     )
     job_start.add_argument(
         "--restarts",
