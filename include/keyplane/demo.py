@@ -520,7 +520,7 @@ def gain_line(before: Phase | None, after: Phase | None) -> str:
     ratio = after.rows_per_s / before.rows_per_s
     rate = f"{ratio:.2f}× the rows/s of v{before.version}"
     if before.locality is None or after.locality is None:
-        return f"none from routing: {rate}, with no A→B tuples to measure locality on"
+        return f"none from routing: {rate}, with no tuples between stages to measure locality on"
     locality = f"executor locality {before.locality:.3f} → {after.locality:.3f}"
     if ratio <= 1 + GAIN_THRESHOLD:
         return f"none: {rate} (within ±{GAIN_THRESHOLD:.0%} or slower), {locality}"

@@ -7,7 +7,7 @@ numbers the papers steer by:
 
 * the load of every instance (tuples processed), hence the imbalance
   max/mean that paper 000 bounds by α (§3.2);
-* locality: the share of A→B tuples that stayed on one executor (000 §2, the
+* locality: the share of tuples between consecutive stages that stayed on one executor (000 §2, the
   quantity its routing tables maximise; 004 §4 calls the same matrix the
   task-to-task traffic);
 * the heaviest key pairs per instance, a bounded sample of what the next

@@ -18,7 +18,9 @@ from keyplane.spark.jobprocess import (
 def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:
     """``keyplane job status``: the process, what its batches did, and the rollout."""
     lines = [_line("job", _job_line(status))]
-    if status.running is not None:
+    if status.running is not None and status.running.pipeline() is not None:
+        lines.append(_line("pipeline", str(status.running.pipeline())))
+    elif status.running is not None:
         lines.append(_line("aggregates", describe_aggregates(status.running.aggregates())))
     snapshot = status.metrics
     if status.metrics_problem is not None:
@@ -46,9 +48,9 @@ def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:
             lines.append(
                 _line(
                     "locality",
-                    "no A→B tuples"
+                    "no tuples between stages"
                     if locality is None
-                    else f"{locality:.1%} ({busy.local_hops:,} of {busy.hops:,} A→B tuples "
+                    else f"{locality:.1%} ({busy.local_hops:,} of {busy.hops:,} tuples between stages "
                     "stayed on their executor)",
                 )
             )

@@ -9,7 +9,7 @@ page says "metrics unavailable" and still shows everything read from disk.
 
 Per-version figures use the same definitions as the DAG's ``verify`` step
 (:func:`keyplane.orchestration.planning.measure`): locality is the share of
-A→B tuples that stayed on one executor (000 §2), imbalance the worst
+tuples between consecutive stages that stayed on one executor (000 §2), imbalance the worst
 operator's max/mean instance load (000 §3.1) over the instances the batch's
 version keeps active (a scaled-in operator's released instances hold no keys,
 and counting their zero loads would read a balanced job as skewed), lag the
@@ -136,7 +136,7 @@ def worst_imbalance(record: BatchMetrics) -> float | None:
 def points(
     records: Iterable[BatchMetrics], active: ActiveInstances | None = None
 ) -> list[BatchPoint]:
-    """Batches that routed events (rows or A→B hops), in batch order.
+    """Batches that routed events (rows or hops between stages), in batch order.
 
     Idle batches are left out: their locality and imbalance are undefined and
     their zero throughput would drown the plot of a job that waits for input.
@@ -158,7 +158,7 @@ def points(
 def summaries(
     records: Sequence[BatchMetrics], active: ActiveInstances | None = None
 ) -> list[VersionSummary]:
-    """Per-version figures over the batches with A→B hops that ran wholly on that version,
+    """Per-version figures over the batches with hops between stages that ran wholly on that version,
     each operator's imbalance over the instances ``active`` says that version keeps."""
     from keyplane.orchestration.planning import measure
 

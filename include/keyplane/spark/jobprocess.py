@@ -146,6 +146,14 @@ class JobRecord(BaseModel):
         flags = self.flags()
         return {stage: canonical_spec(flags.get(flag)) for stage, flag in AGGREGATE_FLAGS.items()}
 
+    def pipeline(self) -> str | None:
+        """The ``module:attr`` of the pipeline the job runs; None: the reference one."""
+        return self.flags().get("--pipeline")
+
+    def events_topic(self) -> str | None:
+        """The topic the job reads, as its command line names it."""
+        return self.flags().get("--events-topic")
+
 
 @dataclass(frozen=True)
 class StartResult:
@@ -764,6 +772,7 @@ class JobProcess:
             running, _ = self._live_record()
             if running is None:
                 raise JobError(f"no job is running (its log: {self.log})")
+            self.events_topic = running.events_topic() or self.events_topic
             waiting = self._events_unread(bootstrap)
             if waiting == 0:
                 return self.status(read_metrics=False)
@@ -785,6 +794,9 @@ class JobProcess:
         ``read_metrics=False`` skips Kafka, for a caller that knows it is down.
         """
         running, stale = self._live_record()
+        if running is not None:
+            # What the running job reads, whatever pipeline this command was given.
+            self.events_topic = running.events_topic() or self.events_topic
         log_offset = running.log_offset if running is not None else 0
         metrics = metrics_problem = waiting = None
         if read_metrics:

@@ -30,15 +30,28 @@ def produce(broker: str, topic: str, events: Iterator[dict[str, Any]]) -> int:
     return len(records)
 
 
-def records(broker: str, topic: str) -> pd.DataFrame:
-    """Every event of ``topic`` as written, with its (partition, offset)."""
-    rows = []
+def raw_records(broker: str, topic: str) -> list[tuple[int, int, bytes]]:
+    """Every record of ``topic`` as (partition, offset, value)."""
+    found = []
     for part in offset_ranges(broker, topic, {}, high_watermarks(broker, topic)):
         for batch in read_range(part):
             for offset, value in zip(
                 batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True
             ):
-                rows.append({"partition": part.partition, "offset": offset, **json.loads(value)})
+                found.append((part.partition, offset, value))
+    return found
+
+
+def records(broker: str, topic: str) -> pd.DataFrame:
+    """Every event of ``topic`` that is a JSON object, with its (partition, offset)."""
+    rows = []
+    for partition, offset, value in raw_records(broker, topic):
+        try:
+            event = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            rows.append({"partition": partition, "offset": offset, **event})
     return pd.DataFrame(rows)
 
 

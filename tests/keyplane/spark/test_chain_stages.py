@@ -12,21 +12,33 @@ the query's run id is the same throughout.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
-from chain_runs import P, clicks_truth, latest_results, produce, ranked_keys, records, versions
+from chain_runs import (
+    P,
+    clicks_truth,
+    latest_results,
+    produce,
+    ranked_keys,
+    raw_records,
+    records,
+    versions,
+)
 
 from examples.clickstream.pipeline import clicks
 from examples.clickstream.produce import page_views
 from examples.hot_merchant.pipeline import payments
 from examples.hot_merchant.produce import payment_events
 from keyplane.control.controller import Controller
+from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import read_moves
+from keyplane.kafka.producer import LongLivedProducer
 from keyplane.pipeline import Pipeline
 from keyplane.routing.config import save
 from keyplane.spark.counts_job import read_partials, start_counts_query, stop_between_batches
@@ -114,10 +126,19 @@ def test_a_three_stage_pipeline_stays_exact_through_moves_splits_and_an_unsplit(
 def test_a_one_stage_pipeline_with_a_hot_key_stays_exact_through_a_split_and_an_unsplit(
     spark, broker: str, topic_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Also: records that cannot be keyed reach the dead-letter topic with their reasons,
+    and a key that starts with NUL (what control rows start with) counts like any other."""
     monkeypatch.setenv("PAYMENTS_TOPIC", topic_name)
     monkeypatch.setenv("PAYMENTS_OUTPUT", str(tmp_path / "results"))
     monkeypatch.setenv("KEYPLANE_PIPELINE", "examples.hot_merchant.pipeline:payments")
-    sent = list(payment_events(3_000, seed=5))
+    bad = [b"{not json", b'{"merchant": null, "cents": 5}', b'{"merchant": "m1", "cents": "x"}']
+    ensure_topic(broker, topic_name, 2)
+    producer = LongLivedProducer(broker)
+    try:
+        producer.send(topic_name, [(None, value) for value in bad])
+    finally:
+        producer.close()
+    sent = [*payment_events(3_000, seed=5), {"merchant": "\x00m", "cents": 7}]
     pipeline = payments()
     stage = pipeline.stages[0]
 
@@ -130,13 +151,23 @@ def test_a_one_stage_pipeline_with_a_hot_key_stays_exact_through_a_split_and_an_
     )  # fmt: skip
 
     events = records(broker, topic_name)
-    assert len(events) == 3_000
-    grouped = events.groupby("merchant")["cents"]
+    good = events[events["merchant"].notna() & events["cents"].map(lambda c: isinstance(c, int))]
+    assert len(good) == 3_001
+    grouped = good.groupby("merchant")["cents"]
     expected = {
         (stage.name, str(m)): {"cents": int(total), "payments": int(n)}
         for (m, total), n in zip(grouped.sum().items(), grouped.size(), strict=True)
     }
+    assert ("merchants", "\x00m") in expected
     assert latest_results(rows) == expected
-    hot = events["merchant"].value_counts().index[0]
+    hot = good["merchant"].value_counts().index[0]
     # The hot merchant was split over three instances and then not: still one answer per batch.
     assert rows[(rows["key"] == hot)]["batch_id"].is_unique
+    letters = [json.loads(v) for _, _, v in raw_records(broker, f"{topic_name}.dead-letter")]
+    assert sorted((letter["reason"], letter.get("value")) for letter in letters) == sorted(
+        [
+            ("the value does not parse against the source schema", bad[0].decode()),
+            ("stage 'merchants': the key 'merchant' is null", bad[1].decode()),
+            ("stage 'merchants': the value 'cents' is null", bad[2].decode()),
+        ]
+    )
