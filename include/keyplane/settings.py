@@ -180,8 +180,8 @@ class Settings(BaseSettings):
         default=None,
         gt=0.0,
         le=1.0,
-        description="... or the share of tuples between consecutive stages kept on one executor below this (empty, the "
-        "default: not watched).",
+        description="... or the share of tuples between consecutive stages kept on one "
+        "executor below this (empty, the default: not watched).",
     )
     reconfigure_lag_growth_above: Annotated[float | None, BeforeValidator(_blank_is_unset)] = Field(
         default=None,

@@ -50,8 +50,8 @@ def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:
                     "locality",
                     "no tuples between stages"
                     if locality is None
-                    else f"{locality:.1%} ({busy.local_hops:,} of {busy.hops:,} tuples between stages "
-                    "stayed on their executor)",
+                    else f"{locality:.1%} ({busy.local_hops:,} of {busy.hops:,} tuples between "
+                    "stages stayed on their executor)",
                 )
             )
             imbalances = [

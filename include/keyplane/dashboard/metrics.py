@@ -158,8 +158,8 @@ def points(
 def summaries(
     records: Sequence[BatchMetrics], active: ActiveInstances | None = None
 ) -> list[VersionSummary]:
-    """Per-version figures over the batches with hops between stages that ran wholly on that version,
-    each operator's imbalance over the instances ``active`` says that version keeps."""
+    """Per-version figures over the batches with hops between stages that ran wholly on that
+    version, each operator's imbalance over the instances ``active`` says that version keeps."""
     from keyplane.orchestration.planning import measure
 
     by_version: dict[int, list[BatchMetrics]] = {}
