@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up everything first (idempotent).
-.PHONY: demo test test-stack lint bootstrap airflow stack stack-down
+.PHONY: demo test test-stack test-slow lint bootstrap airflow stack stack-down
 
 bootstrap:
 	@scripts/bootstrap
@@ -36,7 +36,12 @@ stack-down:
 
 test: lint
 	@scripts/install-browser
-	.venv/bin/python -m pytest -p no:cacheprovider --durations=15 -m "not stack"
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=15 -m "not stack and not slow"
+
+# Scenarios of several minutes each: the tutorial run as written, a user's pipeline
+# killed mid hand-off (about 12 minutes on 2 cores; CI runs them after make test).
+test-slow: bootstrap
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m slow
 
 # The one-machine stack end to end (about 10 minutes on 2 cores; not part of make test).
 test-stack: bootstrap

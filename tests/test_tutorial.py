@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs/guides/your-own-pipeline.md"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def blocks() -> list[tuple[str, str]]:

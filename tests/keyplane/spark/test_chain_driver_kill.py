@@ -41,6 +41,7 @@ STAGES = ("sessions", "users", "categories")
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_three_stage_pipeline_killed_mid_hand_off_keeps_its_results_exact(
     broker: str,
