@@ -81,6 +81,6 @@ def test_the_tutorial_runs_as_written_and_its_results_are_exact(tmp_path: Path) 
     assert re.search(r"v2\b.*active", done.stdout), done.stdout[-2000:]
     rows = pd.read_parquet(tmp_path / "var/tutorial/results")
     latest = rows.sort_values("batch_id").groupby(["stage", "key"]).tail(1)
-    got = {(r.stage, r.key): json.loads(r.result) for r in latest.itertuples()}
+    got = {(s, k): json.loads(r) for s, k, r in latest[["stage", "key", "result"]].values}
     events = list(page_views(5_000, seed=7)) + list(page_views(5_000, seed=8))
     assert got == expected(events)

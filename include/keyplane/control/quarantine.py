@@ -11,11 +11,14 @@ loop without end while everything after it stays uncounted. So:
    and those values, on one line that the driver can read back
    (:func:`poison_in`).
 2. The driver (:class:`Quarantine`) starts the query again once: a failure
-   may be passing. If the replay fails the same way, the events of those
-   (field-1 key, field-2 key) pairs are quarantined: from then on the source
-   dead-letters each such event, with the aggregate's error as its reason and
-   its own bytes, partition and offset, instead of routing it
-   (:mod:`keyplane.spark.routed_source`), and the query starts again and
+   may be passing. If the replay fails the same way, the events with that
+   stage's key and a blamed value are quarantined: from then on each such
+   event is dead-lettered, with the aggregate's error as its reason and its
+   own bytes, partition and offset, instead of routed (by the reference
+   pipeline's source, :mod:`keyplane.spark.routed_source`, as the
+   (field-1 key, field-2 key) pairs of its two stages; by any other
+   pipeline's routing step, :func:`keyplane.spark.pipeline_frames.routed_rows`),
+   and the query starts again and
    goes on. Every other event counts as before; the replayed batch never
    committed, so nothing is counted twice.
 3. When no single value is to blame (the aggregate raises only on some of
@@ -120,12 +123,26 @@ class QuarantinedPair(BaseModel):
     reason: str
 
 
+class QuarantinedValue(BaseModel):
+    """The events whose ``stage`` key is ``key`` and value ``value``, dead-lettered with
+    ``reason``: a pipeline's quarantine, whatever its chain (the pairs are the reference
+    pipeline's view of the same events)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: str
+    key: str
+    value: str
+    reason: str
+
+
 class QuarantineRecord(BaseModel):
-    """:data:`QUARANTINE_FILE`: the quarantined pairs, and the last failure seen once."""
+    """:data:`QUARANTINE_FILE`: the quarantined events, and the last failure seen once."""
 
     model_config = ConfigDict(frozen=True)
 
     pairs: tuple[QuarantinedPair, ...] = ()
+    values: tuple[QuarantinedValue, ...] = ()
     pending: Poison | None = None
     pending_batch: int | None = None
     """The batch whose first failure ``pending`` is: only the same batch failing the same
@@ -153,6 +170,11 @@ class Quarantine:
         """The quarantined pairs as the routed source's ``quarantine`` option (JSON)."""
         return json.dumps([[p.a, p.b, p.reason] for p in self.record().pairs])
 
+    def quarantined_values(self) -> tuple[tuple[str, str, str, str], ...]:
+        """The quarantined (stage, key, value, reason)s, which a pipeline's rows dead-letter
+        (:func:`keyplane.spark.pipeline_frames.routed_rows`)."""
+        return tuple((v.stage, v.key, v.value, v.reason) for v in self.record().values)
+
     def after_failure(self, error_text: str) -> bool:
         """Whether the query should start again at once, quarantine done, because of a
         poison record; False when the error names none, or none to blame yet, so that the
@@ -162,7 +184,8 @@ class Quarantine:
         if poison is None:
             return False
         record = self.record()
-        held = {(p.a, p.b) for p in record.pairs}
+        held = {(v.stage, v.key, v.value) for v in record.values}
+        blamed = [(poison.stage, poison.key, value) for value in poison.values]
         batch = failing_batch_id(self.checkpoint)
         again = record.pending == poison and record.pending_batch == batch
         where = failing_batch(self.checkpoint)
@@ -177,7 +200,7 @@ class Quarantine:
             # Perhaps passing (a timeout inside the aggregate): the job's restarts decide.
             self._write(record.model_copy(update={"pending": poison, "pending_batch": batch}))
             return False
-        if all(pair in held for pair in poison.pairs()):
+        if all(event in held for event in blamed):
             raise PoisonUnresolved(
                 f"stage {poison.stage}'s aggregate still raises ({poison.error}) on key "
                 f"{poison.key!r} in {where}, although its events are quarantined; the job stops"
@@ -189,12 +212,18 @@ class Quarantine:
             f"poison: stage {poison.stage}'s aggregate raised {poison.error} on this event "
             "in two tries of its batch"
         )
-        added = tuple(
+        known = {(p.a, p.b) for p in record.pairs}
+        pairs = tuple(
             QuarantinedPair(a=a, b=b, reason=reason)
             for a, b in poison.pairs()
-            if (a, b) not in held
+            if (a, b) not in known
         )
-        self._write(QuarantineRecord(pairs=record.pairs + added))
+        values = tuple(
+            QuarantinedValue(stage=stage, key=key, value=value, reason=reason)
+            for stage, key, value in blamed
+            if (stage, key, value) not in held
+        )
+        self._write(QuarantineRecord(pairs=record.pairs + pairs, values=record.values + values))
         return True
 
     def _write(self, record: QuarantineRecord) -> None:

@@ -466,6 +466,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
             pipeline,
             store,
             partitions,
+            quarantine=Quarantine(settings.checkpoint).quarantined_values(),
         )
         updates = routed_chain(inputs, pipeline, partitions)
     else:

@@ -234,7 +234,13 @@ _CONTROL_COLUMNS = ("kind", "stage", "key", "routed_key", "target", "count", "st
 (:data:`keyplane.spark.chain_source.CHAIN_INPUT_SCHEMA`)."""
 
 
-def routed_rows(inputs: DataFrame, pipeline: Pipeline, store: Path, parallelism: int) -> DataFrame:
+def routed_rows(
+    inputs: DataFrame,
+    pipeline: Pipeline,
+    store: Path,
+    parallelism: int,
+    quarantine: Sequence[tuple[str, str, str, str]] = (),
+) -> DataFrame:
     """The pipeline source's rows → the first stage's input, :func:`chain_schema` rows.
 
     Events are keyed by Spark (:func:`keyed_events`), then routed on the
@@ -245,7 +251,9 @@ def routed_rows(inputs: DataFrame, pipeline: Pipeline, store: Path, parallelism:
     replayed batch routes as it first did. A task's events are then combined
     into one row per distinct (keys, values, routed keys) with their number
     ``n``, as Spark's partial aggregation combines a partition before its
-    shuffle. An event that cannot be keyed becomes an ``invalid`` row, and a
+    shuffle. An event that cannot be keyed becomes an ``invalid`` row, as does
+    one ``quarantine`` holds (a stage's aggregate raised on its key and value:
+    ``(stage, key, value, reason)``, :mod:`keyplane.control.quarantine`), and a
     rollout's rows take the grouping values the source gave them.
     """
     import pyarrow as pa
@@ -264,12 +272,30 @@ def routed_rows(inputs: DataFrame, pipeline: Pipeline, store: Path, parallelism:
     columns = chain_columns(n)
     routed_names = [routed_column(i) for i in range(n)]
 
-    def control_rows(batch: pa.RecordBatch, rows: list[int]) -> dict[str, list[Any]]:
+    held = {(names.index(stage), key, value): reason for stage, key, value, reason in quarantine
+            if stage in names}  # fmt: skip
+
+    def quarantined(batch: pa.RecordBatch) -> dict[int, str]:
+        """The batch's rows that ``quarantine`` holds, with the reason."""
+        found: dict[int, str] = {}
+        for index in sorted({index for index, _, _ in held}):
+            keys = batch.column(key_column(index)).to_pylist()
+            values = batch.column(value_column(index)).to_pylist()
+            for row, pair in enumerate(zip(keys, values, strict=True)):
+                reason = held.get((index, *pair))
+                if reason is not None:
+                    found.setdefault(row, reason)
+        return found
+
+    def control_rows(
+        batch: pa.RecordBatch, rows: list[int], reasons: dict[int, str]
+    ) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {}
         picked = batch.take(pa.array(rows, pa.int64()))
         for name in (*_CONTROL_COLUMNS, "detail"):
             out[name] = picked.column(name).to_pylist()
-        invalid = picked.column("invalid").to_pylist()
+        invalid = [reasons.get(row, reason) for row, reason in
+                   zip(rows, picked.column("invalid").to_pylist(), strict=True)]  # fmt: skip
         routes = picked.column("routes").to_pylist()
         topics, partitions = picked.column("topic").to_pylist(), picked.column("partition")
         offsets, values = picked.column("offset").to_pylist(), picked.column("value").to_pylist()
@@ -295,12 +321,13 @@ def routed_rows(inputs: DataFrame, pipeline: Pipeline, store: Path, parallelism:
         for batch in batches:
             kinds = batch.column("kind").to_pylist()
             invalid = batch.column("invalid").to_pylist()
+            held_rows = quarantined(batch) if held else {}
             good = [i for i, (k, bad) in enumerate(zip(kinds, invalid, strict=True))
-                    if k == "event" and bad is None]  # fmt: skip
+                    if k == "event" and bad is None and i not in held_rows]  # fmt: skip
             good_set = set(good)
             other = [i for i in range(batch.num_rows) if i not in good_set]
             if other:
-                out = control_rows(batch, other)
+                out = control_rows(batch, other, held_rows)
                 yield _arrow_batch(arrow, len(other), out)
             if not good:
                 continue

@@ -39,7 +39,7 @@ from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import LongLivedProducer
-from keyplane.pipeline import Pipeline
+from keyplane.pipeline import ParquetSink, Pipeline
 from keyplane.routing.config import save
 from keyplane.spark.counts_job import read_partials, start_counts_query, stop_between_batches
 from keyplane.spark.pipeline_sink import read_parquet_results
@@ -92,7 +92,8 @@ def run_live(
         key = ranked[stage][0]
         routed = partials[(partials["stage"] == stage) & (partials["key"] == key)]["routed_key"]
         assert routed.nunique() >= 3, (stage, key, sorted(set(routed)))
-    return read_parquet_results(Path(pipeline.sink.path))  # type: ignore[union-attr]
+    assert isinstance(pipeline.sink, ParquetSink)
+    return read_parquet_results(Path(pipeline.sink.path))
 
 
 @pytest.mark.integration
