@@ -46,6 +46,7 @@ def test_a_value_the_aggregate_raises_on_is_dead_lettered_and_the_pipeline_goes_
         PIPELINE_MODULE.format(topic=topic_name, sink=str(sink))
     )
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("KEYPLANE_PIPELINE", "poison_pipelines:amounts")
     good = [{"merchant": f"m{i % 7}", "amount": str(i)} for i in range(300)]
     poison = [{"merchant": "m3", "amount": "lots"}, {"merchant": "m3", "amount": "lots"}]
