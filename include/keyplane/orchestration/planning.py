@@ -340,6 +340,12 @@ def _hash_parts(
     return lambda index, ids: part_of[index][ids]
 
 
+FORECAST_WINDOWS = 8
+"""How many recent windows a forecast is fitted and backtested on."""
+MIN_FORECAST_WINDOWS = 3
+"""Fewest windows a forecast is used with: two backtest scores of each memory."""
+
+
 @dataclass(frozen=True)
 class LoadForecast:
     """Each stage's key weights forecast for the next window (string keys), the
