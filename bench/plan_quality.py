@@ -8,10 +8,15 @@ windows in time order and compares four policies:
 * ``old``: the earlier planner: statistics that forget a key once its decayed
   weight is below 0.5, heavy keys decided by the cascading rule, and keys
   split until α holds on the training window (``split_rule="alpha"``);
-* ``new``: :func:`keyplane.algorithms.locality.choose_plan` on statistics with
-  ``min_weight`` 0.05 and the drift its history measured: the best of
-  keeping the current plan, hash routing and plans built with and without
-  headroom, by expected next-window throughput under the default cost model;
+* ``new``: :func:`keyplane.algorithms.locality.choose_plan` on a pair
+  history with each stage's key weights replaced by their forecast for the
+  next window (:mod:`keyplane.algorithms.forecast`, the memory chosen per
+  stage by backtest) and the drift of those forecasts: the best of keeping
+  the current plan, hash routing and a plan built with headroom, by expected
+  next-window throughput under the default cost model. Two pair histories
+  (``min_weight`` 0.05 and 0.5) each keep their own plan; the one whose plans
+  did best on the recent windows (cost-model throughput of the window that
+  followed each) is the one used;
 * ``oracle``: the new planner trained on window t+1 itself (no drift).
 
 Per policy it reports the mean next-window locality, the mean next-window
@@ -39,6 +44,7 @@ import numpy as np
 from _output import emit
 
 from keyplane.algorithms.costmodel import CostModel
+from keyplane.algorithms.forecast import Backtest, WeightForecast, reweighted
 from keyplane.algorithms.locality import (
     HistoryPolicy,
     LocalityPlan,
@@ -59,6 +65,9 @@ TUPLE_BYTES = 100
 REMOTE_TIME = 1e-5
 """Seconds a remote tuple holds its server's outgoing link: the same as its
 processing, the ratio of the cost model's defaults (1, 1, 1)."""
+
+PAIR_MEMORIES = {"min_weight 0.05": 0.05, "min_weight 0.5": 0.5}
+"""The pair histories the new planner backtests (decay 0.5 each)."""
 
 Window = tuple[np.ndarray, np.ndarray]
 Generator = Callable[[np.random.Generator, int, int], list[Window]]
@@ -154,6 +163,7 @@ class Series:
     model_effect: list[float]
     predicted_effect: list[float]
     seconds: list[float]
+    memories: list[str]
 
 
 def run(
@@ -163,13 +173,17 @@ def run(
     data = generator(rng, windows, size)
     stats = [statistics_of(w) for w in data]
     old_history = PairHistory(HistoryPolicy(decay=0.5, min_weight=0.5))
-    new_history = PairHistory(HistoryPolicy(decay=0.5, min_weight=0.05), n)
+    pair_histories = {
+        name: PairHistory(HistoryPolicy(decay=0.5, min_weight=floor), n)
+        for name, floor in PAIR_MEMORIES.items()
+    }
+    pair_backtest = Backtest(list(PAIR_MEMORIES), "min_weight 0.05", 6, lower_is_better=False)
+    chains: dict[str, LocalityPlan] = {}
     cost = CostModel()
-    series = {name: Series([], [], [], [], [], [], []) for name in POLICIES}
-    current: LocalityPlan | None = None
+    series = {name: Series([], [], [], [], [], [], [], []) for name in POLICIES}
+    forecast = WeightForecast(2, n)
     for t in range(windows - 1):
         old_history.add(stats[t])
-        new_history.add(stats[t])
         following = stats[t + 1]
         plans: dict[str, LocalityPlan] = {}
         started = time.perf_counter()
@@ -181,14 +195,28 @@ def run(
         )
         series["old"].seconds.append(time.perf_counter() - started)
         started = time.perf_counter()
-        plans["new"] = current = choose_plan(
-            new_history.statistics,
-            n,
-            alpha=alpha,
-            current=current,
-            cost=cost,
-            drift=new_history.drift,
-            followed=stats[t],
+        forecast.add((stats[t].stage_weights("a"), stats[t].stage_weights("b")))
+        if chains:
+            pair_backtest.record(
+                {name: cost.throughput(*plan.evaluate(stats[t])) for name, plan in chains.items()}
+            )
+        drift_a, drift_b = forecast.drift
+        for name, history in pair_histories.items():
+            history.add(stats[t])
+            chains[name] = choose_plan(
+                reweighted(history.statistics, *forecast.forecasts()),
+                n,
+                alpha=alpha,
+                current=chains.get(name),
+                cost=cost,
+                drift=(drift_a, drift_b),
+                followed=stats[t],
+            )
+        chosen = pair_backtest.chosen
+        plans["new"] = chains[chosen]
+        training = reweighted(pair_histories[chosen].statistics, *forecast.forecasts())
+        series["new"].memories.append(
+            " / ".join(m.name for m in forecast.memories) + f", pairs {chosen}"
         )
         series["new"].seconds.append(time.perf_counter() - started)
         started = time.perf_counter()
@@ -196,9 +224,7 @@ def run(
         series["oracle"].seconds.append(time.perf_counter() - started)
         measured = {name: plan.evaluate(following) for name, plan in plans.items()}
         promises = {
-            "hash": score(
-                plans["hash"], new_history.statistics, cost, new_history.drift
-            ).promised_imbalance,
+            "hash": score(plans["hash"], training, cost, (drift_a, drift_b)).promised_imbalance,
             "old": alpha,
             "new": plans["new"].promised_imbalance,
             "oracle": plans["oracle"].promised_imbalance,
@@ -211,9 +237,9 @@ def run(
             hash_tput = simulated_throughput(plans["hash"], data[t + 1], n)
             hash_model = cost.throughput(*measured["hash"])
             trained_on = {
-                "hash": new_history.statistics,
+                "hash": training,
                 "old": old_history.statistics,
-                "new": new_history.statistics,
+                "new": training,
                 "oracle": following,
             }
             for name, plan in plans.items():
@@ -294,7 +320,13 @@ def report(
                 f"{_median_range(figures['sim'])} | {_median_range(figures['model'])} | "
                 f"{_median_range(figures['predicted'])} | {np.median(figures['seconds']):.3f} |"
             )
-        lines.append("")
+        lines += [
+            "",
+            "Forecast memory in use on the last window (stage A / stage B), per seed: "
+            + "; ".join(r["new"].memories[-1] for r in runs if r["new"].memories)
+            + ".",
+            "",
+        ]
         new = float(np.median(per["new"]["locality"]))
         rival = max(float(np.median(per[p]["locality"])) for p in ("hash", "old"))
         oracle = float(np.median(per["oracle"]["locality"]))

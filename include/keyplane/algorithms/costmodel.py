@@ -118,7 +118,7 @@ def calibrate(
     return CostModel(tuple(float(s) for s in service), float(remote), source="calibrated")
 
 
-PROMISE_CONFIDENCE = 0.9
+PROMISE_CONFIDENCE = 0.95
 """Share of next windows a plan's :func:`next_window` promise is meant to hold on."""
 _PROMISE_DRAWS = 512
 _PROBE_PLACEMENTS = 8

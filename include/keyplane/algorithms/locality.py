@@ -47,7 +47,9 @@ their hash instance, split keys spread evenly, pinned keys where pinned.
 sized from the drift :class:`PairHistory` measured, keeps it only if the cost
 model predicts it beats keeping hash routing and keeping the current tables
 on the next window, and states the imbalance the next window is expected to
-keep (``promised_imbalance``).
+keep (``promised_imbalance``). The weights it balances may be a forecast of
+the next window's (:mod:`keyplane.algorithms.forecast`), whose drift is then
+the forecasts' error rather than the history's lag.
 
 Beyond the paper, :class:`PairHistory` keeps pair statistics across windows
 with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.

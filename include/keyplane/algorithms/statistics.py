@@ -56,10 +56,10 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import pairwise
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -600,6 +600,22 @@ class Lookback:
         return int(self.frame["count"].sum())
 
 
+def _earlier(root: Path | str, snapshot: Snapshot) -> Iterator[Snapshot]:
+    """The snapshots of the windows before ``snapshot``, newest first, as long as each
+    window joins the next one exactly (each run started where the previous ended):
+    the walk stops at a gap or at a missing snapshot."""
+    manifest = snapshot.manifest
+    while manifest.previous_run_id is not None:
+        try:
+            earlier = read_snapshot(root, manifest.previous_run_id)
+        except FileNotFoundError:
+            return
+        if [w.end for w in earlier.manifest.events] != [w.start for w in manifest.events]:
+            return
+        yield earlier
+        manifest = earlier.manifest
+
+
 def lookback(root: Path | str, snapshot: Snapshot, min_total_count: int) -> Lookback:
     """The snapshot's counts, widened over earlier runs' windows until they reach
     ``min_total_count``.
@@ -608,9 +624,8 @@ def lookback(root: Path | str, snapshot: Snapshot, min_total_count: int) -> Look
     tuples for per-instance loads to be more than noise; the planner's
     statistics already carry the decayed history of earlier windows, so the
     check of "enough data" looks back over them too. Only windows that join
-    the next one exactly (each run started where the previous ended) are
-    added, so the widened window is one contiguous offset range; the walk
-    stops at a gap, at a missing snapshot, or once the total is reached.
+    the next one exactly are added (:func:`_earlier`), so the widened window is
+    one contiguous offset range; the walk stops once the total is reached.
     """
     if min_total_count < 0:
         raise ValueError(f"min_total_count must be ≥ 0, got {min_total_count}")
@@ -618,12 +633,8 @@ def lookback(root: Path | str, snapshot: Snapshot, min_total_count: int) -> Look
     runs = [snapshot.manifest.run_id]
     manifest = snapshot.manifest
     total = int(frames[0]["count"].sum())
-    while total < min_total_count and manifest.previous_run_id is not None:
-        try:
-            earlier = read_snapshot(root, manifest.previous_run_id)
-        except FileNotFoundError:
-            break
-        if [w.end for w in earlier.manifest.events] != [w.start for w in manifest.events]:
+    for earlier in _earlier(root, snapshot):
+        if total >= min_total_count:
             break
         frames.append(earlier.quality_frame())
         runs.append(earlier.manifest.run_id)
@@ -639,6 +650,19 @@ def lookback(root: Path | str, snapshot: Snapshot, min_total_count: int) -> Look
     )
     frame["count"] = frame["count"].astype(np.int64)
     return Lookback(frame, window, tuple(runs))
+
+
+def recent_windows(root: Path | str, snapshot: Snapshot, count: int) -> list[pd.DataFrame]:
+    """Each of the last ``count`` consecutive windows' own counts (``stage``, ``key``,
+    ``count``), oldest first, ending with ``snapshot``'s: the series a forecast of
+    the next window is fitted and backtested on
+    (:func:`keyplane.orchestration.planning.forecast_loads`)."""
+    if count < 1:
+        raise ValueError(f"count must be ≥ 1, got {count}")
+    frames = [snapshot.quality_frame()]
+    for earlier in islice(_earlier(root, snapshot), count - 1):
+        frames.append(earlier.quality_frame())
+    return [frame[["stage", "key", "count"]] for frame in reversed(frames)]
 
 
 def job_version(records: Sequence[BatchMetrics]) -> int | None:

@@ -61,6 +61,7 @@ from keyplane.routing.routedkeys import (
 )
 
 if TYPE_CHECKING:
+    from keyplane.algorithms.forecast import ForecastSettings
     from keyplane.algorithms.locality import HashParts
 
 Column = Literal["train", "holdout", "count"]
@@ -339,6 +340,79 @@ def _hash_parts(
     return lambda index, ids: part_of[index][ids]
 
 
+FORECAST_WINDOWS = 8
+"""How many recent windows a forecast is fitted and backtested on."""
+MIN_FORECAST_WINDOWS = 3
+"""Fewest windows a forecast is used with: two backtest scores of each memory."""
+
+
+@dataclass(frozen=True)
+class LoadForecast:
+    """Each stage's key weights forecast for the next window (string keys), the
+    drift of the forecasts that came before, and the memory the backtest chose
+    (:mod:`keyplane.algorithms.forecast`)."""
+
+    key_loads: dict[str, dict[str, float]]
+    drift: dict[str, Drift]
+    memories: dict[str, str]
+
+
+def forecast_loads(
+    windows: Sequence[pd.DataFrame],
+    stages: Sequence[str],
+    n_instances: int,
+    settings: ForecastSettings | None = None,
+) -> LoadForecast:
+    """Forecast the next window's key weights of ``stages`` from recent windows'
+    counts (frames with ``stage``, ``key`` and ``count``, oldest first), each
+    stage under the memory its backtest on these windows chose."""
+    if not windows:
+        raise ValueError("forecasting needs at least one window of counts")
+    from keyplane.algorithms.forecast import ForecastSettings, StageForecast
+    from keyplane.algorithms.locality import KeyWeights
+
+    loads: dict[str, dict[str, float]] = {}
+    drift: dict[str, Drift] = {}
+    memories: dict[str, str] = {}
+    chosen = settings if settings is not None else ForecastSettings()
+    for stage in stages:
+        rows = [w.loc[(w["stage"] == stage) & (w["count"] > 0), ["key", "count"]] for w in windows]
+        codec = KeyCodec.of(str(k) for r in rows for k in r["key"])
+        forecast = StageForecast(chosen, n_instances)
+        for r in rows:
+            forecast.add(
+                KeyWeights(codec.encode(r["key"].astype(str)), r["count"].to_numpy(np.float64))
+            )
+        ahead = forecast.forecast()
+        loads[stage] = {
+            codec.decode(int(k)): float(w) for k, w in zip(ahead.keys, ahead.weights, strict=True)
+        }
+        drift[stage] = forecast.drift
+        memories[stage] = forecast.memory.name
+    return LoadForecast(loads, drift, memories)
+
+
+def _forecast_pair_weights(
+    pairs: pd.DataFrame,
+    weights: pd.Series,
+    trained: Mapping[str, Mapping[str, float]],
+    ahead: Mapping[str, Mapping[str, float]],
+) -> pd.Series:
+    """Pair weights scaled by their upstream key's forecast over its training
+    weight (:func:`keyplane.algorithms.forecast.reweighted`, per link): a key the
+    forecast has no weight for keeps its pairs at the forecast's overall scale."""
+    factor = pd.Series(1.0, index=pairs.index)
+    for stage, before in trained.items():
+        after = ahead.get(stage)
+        if after is None:
+            continue
+        scale = sum(after.values()) / max(sum(before.values()), 1e-300)
+        ratios = {k: after[k] / w for k, w in before.items() if k in after and w > 0}
+        rows = pairs["stage"] == stage
+        factor[rows] = pairs.loc[rows, "a"].astype(str).map(ratios).fillna(scale).to_numpy()
+    return weights * factor
+
+
 def plan_configuration(
     pairs: pd.DataFrame,
     frequencies: pd.DataFrame,
@@ -349,8 +423,15 @@ def plan_configuration(
     created_by: CreatedBy = "schedule",
     cost: CostModel | None = None,
     stages: Sequence[str] | None = None,
+    forecast: LoadForecast | None = None,
 ) -> Plan:
     """A new configuration from a snapshot: METIS tables (000 §3.3) and FISH hot keys (001 §4).
+
+    With a ``forecast`` (:func:`forecast_loads`) the keys are weighted by their
+    forecast next-window weights instead of the snapshot's training column,
+    each pair scaled with its upstream key, and a stage's drift is that of its
+    forecasts where they have been measured: the plan balances, is scored on
+    and promises under what the next window is expected to bring.
 
     The k-partite key graph of the chain ``stages`` (upstream first; default
     the configuration's order) is partitioned jointly by
@@ -393,6 +474,27 @@ def plan_configuration(
         )
     pair_w = pair_weights(pairs, params.window)
     freq_w = frequencies.assign(weight=frequency_weights(frequencies, params.window))
+    if forecast is not None:
+        trained = {
+            stage: {
+                str(k): float(w)
+                for k, w in freq_w.loc[freq_w["stage"] == stage, ["key", "weight"]].itertuples(
+                    index=False
+                )
+                if w > 0
+            }
+            for stage in chain
+        }
+        ahead = {s: forecast.key_loads[s] for s in chain if s in forecast.key_loads}
+        pair_w = _forecast_pair_weights(pairs, pair_w, trained, ahead)
+        freq_w = pd.concat(
+            [freq_w[~freq_w["stage"].isin(list(ahead))]]
+            + [
+                pd.DataFrame({"stage": s, "key": list(w), "weight": list(w.values())})
+                for s, w in ahead.items()
+            ],
+            ignore_index=True,
+        )
     upstream_of = dict(zip(chain[1:], chain, strict=False))
     codecs = {
         stage: KeyCodec.of(
@@ -441,6 +543,8 @@ def plan_configuration(
         stage: _holdout_drift(key_loads[stage], stage_loads(frequencies, stage, "holdout"), n)
         for stage in chain
     }
+    if forecast is not None:
+        drift.update({s: d for s, d in forecast.drift.items() if s in drift and d.windows > 0})
     bound = 1.0 + params.headroom * (params.alpha - 1.0)
     if any(d.windows > 0 for d in drift.values()):
         margin = drift_margin(statistics, [drift[stage] for stage in chain], parts)

@@ -361,6 +361,35 @@ def changed_operators(config: RoutingConfig, parent: RoutingConfig) -> RoutingCo
     return config.model_copy(update={"operators": changed}) if changed else config
 
 
+def _forecast(
+    deployment: Deployment,
+    snapshot: stats.Snapshot,
+    current: RoutingConfig,
+    params: planning.PlanParams,
+) -> planning.LoadForecast | None:
+    """The next window's key loads forecast from the recent windows' snapshots, when
+    the history policy is ``decay`` and there are enough of them to backtest on."""
+    if params.window != "decay":
+        return None
+    windows = stats.recent_windows(deployment.snapshots, snapshot, planning.FORECAST_WINDOWS)
+    if len(windows) < planning.MIN_FORECAST_WINDOWS:
+        log.info(
+            "planning on the decayed statistics: %d consecutive window(s), a forecast needs %d",
+            len(windows),
+            planning.MIN_FORECAST_WINDOWS,
+        )
+        return None
+    chain = planning.chain_of(current, deployment.operators)
+    n = params.parallelism or current.operators[chain[0]].parallelism
+    forecast = planning.forecast_loads(windows, chain, n)
+    log.info(
+        "planning on next-window loads forecast from %d windows; memories by backtest: %s",
+        len(windows),
+        forecast.memories,
+    )
+    return forecast
+
+
 def compute_configuration(
     deployment: Deployment,
     run_id: str,
@@ -408,6 +437,7 @@ def compute_configuration(
         cost=snapshot.manifest.cost_model,
         created_by=created_by,
         stages=deployment.operators,
+        forecast=_forecast(deployment, snapshot, current, params),
     )
     log.info(
         "chose the %s configuration (throughputs %s); it promises next-window imbalance ≤ %.3f "

@@ -335,3 +335,19 @@ def test_the_snapshot_carries_a_cost_model_fitted_to_enough_metrics_records() ->
     assert fitted.cost_model.remote == pytest.approx(0.04, rel=0.2)
     assert manifest(records[:3]).cost_weights is None
     assert manifest(records[:3]).cost_model == CostModel()
+
+
+def test_recent_windows_are_each_runs_own_counts_oldest_first_up_to_a_gap(
+    tmp_path: Path,
+) -> None:
+    newest = _chain(tmp_path, [400, 800, 1_200, 1_600], gap_before=1)
+    windows = stats.recent_windows(tmp_path, newest, 5)
+    # run0 is behind the gap: the series starts at run1
+    assert [int(w["count"].sum()) for w in windows] == [1_600, 2_400, 3_200]
+    assert list(windows[0].columns) == ["stage", "key", "count"]
+    assert [int(w["count"].sum()) for w in stats.recent_windows(tmp_path, newest, 2)] == [
+        2_400,
+        3_200,
+    ]
+    with pytest.raises(ValueError, match="count must be"):
+        stats.recent_windows(tmp_path, newest, 0)

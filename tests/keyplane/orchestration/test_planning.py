@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from keyplane.algorithms import statistics as stats
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.algorithms.costmodel import CostModel
+from keyplane.algorithms.forecast import share_error
+from keyplane.algorithms.locality import KeyWeights
 from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning
 from keyplane.routing.config import OperatorRouting, RoutingConfig
@@ -425,3 +427,41 @@ def test_a_one_stage_pipeline_gets_its_hot_key_split_and_balance_and_no_locality
     result = planning.backtest(plan.config, hashed, pairs, frequencies)
     assert result.holdout_tuples == 400 + 39 * 10
     assert result.new.imbalance["merchants"] < result.current.imbalance["merchants"]
+
+
+def test_a_plan_on_forecast_loads_balances_what_the_next_window_is_expected_to_bring() -> None:
+    # 48 keys whose shares trend steadily: half rise, half fall, 15 % a window.
+    n = 6
+    hashed = RoutingConfig(
+        version=1,
+        created_by="initial",
+        operators={name: OperatorRouting(parallelism=n) for name in OPERATORS},
+    )
+    base = np.log(np.arange(1, 49, dtype=np.float64) ** -0.6)
+    slope = np.where(np.arange(48) % 2 == 0, 0.15, -0.15)
+    snapshots = [_few_keys_snapshot(t, base + t * slope) for t in range(9)]
+    last_pairs, last_frequencies = snapshots[7]
+    next_frequencies = snapshots[8][1]
+    windows = [f[["stage", "key", "count"]] for _, f in snapshots[:8]]
+    ahead = planning.forecast_loads(windows, OPERATORS, n)
+    assert all("trend" in memory for memory in ahead.memories.values()), ahead.memories
+    assert all(d.windows == 7 for d in ahead.drift.values())
+
+    def weights(loads: dict[str, float]) -> KeyWeights:
+        return KeyWeights(np.array([int(k[1:]) if k[0] == "b" else int(k) for k in loads]),
+                          np.fromiter(loads.values(), np.float64))  # fmt: skip
+
+    for stage in OPERATORS:
+        following = weights(planning.stage_loads(next_frequencies, stage, "count"))
+        trained = weights(planning.stage_loads(last_frequencies, stage, "train"))
+        forecast = weights(ahead.key_loads[stage])
+        assert share_error(forecast, following) < share_error(trained, following)
+    params = planning.PlanParams(alpha=1.03)
+    planned = planning.plan_configuration(
+        last_pairs, last_frequencies, hashed, params, version=2, forecast=ahead
+    )
+    assert planned.key_loads == ahead.key_loads
+    assert planned.predicted_throughput >= planned.throughputs["hash"]
+    assert planned.promised_imbalance > max(planned.predicted_imbalance.values())
+    with pytest.raises(ValueError, match="at least one window"):
+        planning.forecast_loads([], OPERATORS, n)

@@ -152,7 +152,7 @@ def test_a_change_needing_more_waves_than_a_run_allows_fails_before_storing_any(
     assert 1 <= len(proposal["waves"]) + 1 <= 3
 
 
-def test_a_small_window_is_validated_over_the_windows_before_it(
+def test_a_small_window_is_validated_and_forecast_over_the_windows_before_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from keyplane.algorithms.batchmetrics import BatchMetrics
@@ -186,3 +186,14 @@ def test_a_small_window_is_validated_over_the_windows_before_it(
     assert "window widened to" in caplog.text and "run1" in caplog.text
     with pytest.raises(tasks.Refused, match="failed validation"):
         tasks.validate_statistics(deployment, "run2", min_total_count=100 * one_window)
+    # The plan balances the next window's forecast, fitted on the three windows.
+    config_store.save(RoutingConfig.all_hash(P, OPERATORS), deployment.routing_store)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        proposal = tasks.compute_configuration(deployment, "run2", planning.PlanParams(alpha=1.1))
+    assert "forecast from 3 windows" in caplog.text, caplog.text
+    assert proposal["version"] == 2
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        tasks.compute_configuration(deployment, "run1", planning.PlanParams(alpha=1.1))
+    assert "2 consecutive window(s), a forecast needs 3" in caplog.text, caplog.text
