@@ -77,7 +77,13 @@ def test_the_tutorial_runs_as_written_and_its_results_are_exact(tmp_path: Path) 
         cwd=tmp_path, env={**env, "KEYPLANE_HOME": str(tmp_path / "var/tutorial")},
         capture_output=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    dag_log = tmp_path / "var/tutorial/dag.log"
+    failed = (
+        [line for line in dag_log.read_text().splitlines() if "ERROR" in line or "rror:" in line]
+        if dag_log.exists()
+        else []
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + "\n".join(failed[-20:])
     assert re.search(r"v2\b.*active", done.stdout), done.stdout[-2000:]
     rows = pd.read_parquet(tmp_path / "var/tutorial/results")
     latest = rows.sort_values("batch_id").groupby(["stage", "key"]).tail(1)
