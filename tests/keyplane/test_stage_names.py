@@ -11,9 +11,11 @@ counts, and a docstring that merely mentions stage A does not.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE, counts
+from keyplane.spark.jvm import SOURCES as JAVA_SOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = [ROOT / "include", ROOT / "dags", ROOT / "plugins", ROOT / "spark_jobs"]
@@ -54,3 +56,12 @@ def test_the_scan_finds_the_literals_where_the_reference_pipeline_defines_them()
 
 def test_the_stage_constants_are_the_reference_pipelines_stages_in_chain_order() -> None:
     assert counts().stage_names == (FIRST_STAGE, SECOND_STAGE)
+
+
+def test_the_jvm_stages_name_the_reference_stages_once_as_the_pipeline_does() -> None:
+    """The JVM stages cannot import the Python constants: they declare their own, once, and
+    these must agree, with no other ``"A"`` or ``"B"`` in the Java sources."""
+    text = "\n".join(path.read_text(encoding="utf-8") for path in JAVA_SOURCES)
+    declared = dict(re.findall(r'static final String (FIRST_STAGE|SECOND_STAGE) = "(\w*)";', text))
+    assert declared == {"FIRST_STAGE": FIRST_STAGE, "SECOND_STAGE": SECOND_STAGE}
+    assert len(re.findall(r'"[AB]"', text)) == 2
