@@ -26,6 +26,7 @@ from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker, port_is_free
 from keyplane.kafka.control import ControlChannel
 from keyplane.orchestration.deployment import routed_job_topics
+from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.routing import config as config_store
 from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark.progress import records_read
@@ -124,19 +125,19 @@ def split_then_unsplit(
     p = parallelism
     v1 = moved_off_hash_config(
         1,
-        {"A": a_keys[1:4], "B": b_keys[1:4]},
+        {FIRST_STAGE: a_keys[1:4], SECOND_STAGE: b_keys[1:4]},
         p,
-        hot_keys={"A": {a_keys[0]: (0, 1, 3)}, "B": {b_keys[0]: (1, 2, 3)}},
+        hot_keys={FIRST_STAGE: {a_keys[0]: (0, 1, 3)}, SECOND_STAGE: {b_keys[0]: (1, 2, 3)}},
     )
     v2 = config_store.RoutingConfig(
         version=2,
         parent_version=1,
         created_by="manual",
         operators={
-            "A": config_store.OperatorRouting(
+            FIRST_STAGE: config_store.OperatorRouting(
                 parallelism=p, table={**moved_off_hash(a_keys[1:4], p, 2), a_keys[0]: 2}
             ),
-            "B": config_store.OperatorRouting(
+            SECOND_STAGE: config_store.OperatorRouting(
                 parallelism=p, table=moved_off_hash(b_keys[2:5], p, 3), hot_keys={b_keys[0]: (0, 2)}
             ),
         },
@@ -152,8 +153,8 @@ def stage_keys_by_count(truth: pd.DataFrame) -> tuple[list[str], list[str]]:
     split by rank (the hottest, the next few), and every run picks the same.
     """
     by_count = truth.sort_values("count", ascending=False, kind="mergesort")
-    a_keys = by_count.loc[by_count["stage"] == "A", "key"].tolist()
-    b_keys = by_count.loc[by_count["stage"] == "B", "key"].tolist()
+    a_keys = by_count.loc[by_count["stage"] == FIRST_STAGE, "key"].tolist()
+    b_keys = by_count.loc[by_count["stage"] == SECOND_STAGE, "key"].tolist()
     return a_keys, b_keys
 
 
@@ -248,7 +249,10 @@ def deployment_under(
 
 
 def write_statistics_snapshot(
-    snapshots: Path, run_id: str, grouped: pd.DataFrame, stages: Sequence[str] = ("A", "B")
+    snapshots: Path,
+    run_id: str,
+    grouped: pd.DataFrame,
+    stages: Sequence[str] = (FIRST_STAGE, SECOND_STAGE),
 ) -> None:
     """Write run ``run_id``'s statistics snapshot from ``grouped`` (each of ``stages``' key,
     upstream first, then ``holdout, n``; :func:`keyplane.algorithms.statistics.chain_rows`), as the

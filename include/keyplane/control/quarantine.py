@@ -42,6 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from keyplane.reference.pipeline import FIRST_STAGE
 from keyplane.util.processes import write_atomically
 from keyplane.util.statefiles import read_model_file
 
@@ -70,7 +71,7 @@ class Poison(BaseModel):
     def pairs(self) -> list[tuple[str, str]]:
         """The (field-1 key, field-2 key) pairs of the blamed events: stage A adds the
         field-2 keys of its key's events, stage B the field-1 keys."""
-        if self.stage == "A":
+        if self.stage == FIRST_STAGE:
             return [(self.key, value) for value in self.values]
         return [(value, self.key) for value in self.values]
 

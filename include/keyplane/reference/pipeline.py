@@ -17,6 +17,15 @@ REFERENCE_PIPELINE = "keyplane.reference.pipeline:counts"
 configured events topic and keeps its results where the job's output is."""
 EVENT_SCHEMA = "seq LONG, a STRING, b STRING, ts DOUBLE, pad STRING"
 """The reference events' fields, as :mod:`keyplane.reference.events` writes them."""
+FIRST_STAGE = "A"
+"""The reference pipeline's first stage, which counts by field ``a``.
+
+The fixed-shape reference engine (:mod:`keyplane.spark.routed_source` and its
+stages) names its two stages with these constants; code that follows the
+configured pipeline reads :attr:`keyplane.pipeline.Pipeline.stage_names` instead.
+"""
+SECOND_STAGE = "B"
+"""The reference pipeline's second stage, which counts by field ``b``."""
 
 
 def counts() -> Pipeline:
@@ -26,8 +35,8 @@ def counts() -> Pipeline:
         name="counts",
         source=KafkaSource(topics=(settings.events_topic,), schema=EVENT_SCHEMA),
         stages=(
-            Stage("A", key="a", value="b", aggregate=RunningCount()),
-            Stage("B", key="b", value="a", aggregate=RunningCount()),
+            Stage(FIRST_STAGE, key="a", value="b", aggregate=RunningCount()),
+            Stage(SECOND_STAGE, key="b", value="a", aggregate=RunningCount()),
         ),
         sink=ParquetSink(str(settings.home / "results")),
     )

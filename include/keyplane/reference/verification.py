@@ -15,6 +15,7 @@ import pandas as pd
 
 from keyplane.algorithms.partials import sum_by
 from keyplane.reference.events import key_name
+from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.reference.workloads import WorkloadSpec
 
 
@@ -29,7 +30,7 @@ def expected_counts(spec: WorkloadSpec, n_events: int | None = None) -> pd.DataF
         a_parts.append(batch.a[:take])
         b_parts.append(batch.b[:take])
     frames = []
-    for stage, parts in (("A", a_parts), ("B", b_parts)):
+    for stage, parts in ((FIRST_STAGE, a_parts), (SECOND_STAGE, b_parts)):
         keys, counts = np.unique(
             np.concatenate(parts) if parts else np.array([], np.int64), return_counts=True
         )
@@ -73,7 +74,7 @@ def compare_counts(expected: pd.DataFrame, observed: pd.DataFrame) -> CountRepor
         observed, on=["stage", "key"], how="outer", suffixes=("_exp", "_obs")
     ).fillna(0)
     diff = merged["count_obs"].astype(np.int64) - merged["count_exp"].astype(np.int64)
-    a_rows = merged["stage"] == "A"
+    a_rows = merged["stage"] == FIRST_STAGE
     return CountReport(
         expected_events=int(merged.loc[a_rows, "count_exp"].sum()),
         lost=int(-diff[diff < 0].sum()),

@@ -57,7 +57,7 @@ from keyplane.kafka.admin import ensure_topic
 from keyplane.kafka.producer import Delivery
 from keyplane.pipeline import Pipeline, PipelineError, load_pipeline
 from keyplane.reference.events import FORWARD_MODES, MAX_EVENT_BYTES, Forward
-from keyplane.reference.pipeline import REFERENCE_PIPELINE
+from keyplane.reference.pipeline import FIRST_STAGE, REFERENCE_PIPELINE, SECOND_STAGE
 from keyplane.reference.pipeline import counts as reference_counts
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
@@ -291,7 +291,7 @@ def read_output(output: Path) -> pd.DataFrame:
         return pd.DataFrame({"stage": [], "key": [], "count": []})
     if "state" not in partials.columns:
         return merge_partials(partials)[["stage", "key", "count"]]
-    results = read_results(output, {"A": RunningCount(), "B": RunningCount()})
+    results = read_results(output, dict.fromkeys(partials["stage"].unique(), RunningCount()))
     counts = results.rename(columns={"result": "count"})
     counts["count"] = counts["count"].astype("int64")
     return counts
@@ -388,8 +388,8 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         both = events.select(
             F.explode(
                 F.array(
-                    F.struct(F.lit("A").alias("stage"), F.col("a").alias("key")),
-                    F.struct(F.lit("B").alias("stage"), F.col("b").alias("key")),
+                    F.struct(F.lit(FIRST_STAGE).alias("stage"), F.col("a").alias("key")),
+                    F.struct(F.lit(SECOND_STAGE).alias("stage"), F.col("b").alias("key")),
                 )
             ).alias("k")
         ).select("k.stage", "k.key")
@@ -398,7 +398,7 @@ def start_counts_query(spark: SparkSession, settings: CountsJobSettings) -> Stre
         updates = (
             events.groupBy("a")
             .count()
-            .select(F.lit("A").alias("stage"), F.col("a").alias("key"), "count")
+            .select(F.lit(FIRST_STAGE).alias("stage"), F.col("a").alias("key"), "count")
         )
         mode = "update"
     return _start(

@@ -68,7 +68,7 @@ from keyplane.kafka.metrics_topic import read_metrics
 from keyplane.kafka.offsets import CheckpointAheadError, check_not_ahead
 from keyplane.pipeline import load_pipeline
 from keyplane.reference.events import Forward
-from keyplane.reference.pipeline import REFERENCE_PIPELINE
+from keyplane.reference.pipeline import FIRST_STAGE, REFERENCE_PIPELINE, SECOND_STAGE
 from keyplane.routing import config as config_store
 from keyplane.settings import Settings, StageEngine
 from keyplane.util.processes import (
@@ -96,7 +96,7 @@ QUERY_GRACE_S = 3.0
 routed source fails on a bad store or key at its first planning, a trigger later."""
 CLI_FLAGS = {"--restart-delay-s": "--restart-delay"}
 """The job's flags that ``keyplane job start`` spells otherwise."""
-AGGREGATE_FLAGS = {"A": "--stage-a-aggregate", "B": "--stage-b-aggregate"}
+AGGREGATE_FLAGS = {FIRST_STAGE: "--stage-a-aggregate", SECOND_STAGE: "--stage-b-aggregate"}
 """The job's command-line flag of each stage's keyed aggregate (``keyplane.spark.counts_job``)."""
 
 
@@ -339,8 +339,8 @@ class JobProcess:
         self.restart_delay_s = restart_delay_s
         self.stage_engine = stage_engine
         self.aggregates = {
-            "A": canonical_spec(stage_a_aggregate),
-            "B": canonical_spec(stage_b_aggregate),
+            FIRST_STAGE: canonical_spec(stage_a_aggregate),
+            SECOND_STAGE: canonical_spec(stage_b_aggregate),
         }
 
     def job_settings(self) -> CountsJobSettings:

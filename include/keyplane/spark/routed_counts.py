@@ -63,6 +63,7 @@ from keyplane.aggregates import KeyedAggregate, RunningCount
 from keyplane.algorithms.batchmetrics import TOP_PAIRS_PER_INSTANCE
 from keyplane.control.quarantine import Stage, blame
 from keyplane.reference.events import Forward
+from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.settings import StageEngine
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
@@ -245,7 +246,7 @@ class RoutedStageA(_RoutedStage):
             values: list[str] = []
             for row in events:
                 values += [row.b] * row.n
-            state = _added(agg, "A", key_a, state, values)
+            state = _added(agg, FIRST_STAGE, key_a, state, values)
             count += len(values)
         text = agg.encode(state)
         if installs or events:
@@ -311,7 +312,8 @@ class RoutedStageA(_RoutedStage):
         control = {"count": count, "state": state, "target_rk": target, "marker": marker}
         return _stage_a_row(
             self.forward, kind=kind, a=key, ra=routed, ia=instance, ea=None, b=None,
-            rb=control_group("A", routed, self.parallelism), n=None, ctl=json.dumps(control),
+            rb=control_group(FIRST_STAGE, routed, self.parallelism), n=None,
+            ctl=json.dumps(control),
         )  # fmt: skip
 
 
@@ -397,13 +399,15 @@ class RoutedStageB(_RoutedStage):
                 control = json.loads(row.ctl)
                 evict = (control["target_rk"], int(control["marker"]))
         held, sources = _installed(agg, held, installs)
-        partial = _added(agg, "B", key_b or "", held.state, values) if values else held.state
+        partial = (
+            _added(agg, SECOND_STAGE, key_b or "", held.state, values) if values else held.state
+        )
         count = held.count + len(values)
         partial_text = agg.encode(partial)
         instance, executor = _task_partition(), executor_id()
         for source in sources:
             yield _output_row(
-                kind="count", stage="B", key=key_b, routed_key=source, count=0,
+                kind="count", stage=SECOND_STAGE, key=key_b, routed_key=source, count=0,
                 state=self.zero_text,
             )  # fmt: skip
         for (ia, ea), n in hops.items():
@@ -414,15 +418,15 @@ class RoutedStageB(_RoutedStage):
         for a, n in heapq.nlargest(TOP_PAIRS_PER_GROUP, pairs.items(), key=lambda item: item[1]):
             yield _output_row(kind="pair", key=key_b, detail=a, instance=instance, n=n)
         yield _output_row(
-            kind="count", stage="B", key=key_b, routed_key=group, instance=instance, count=count,
-            state=partial_text,
+            kind="count", stage=SECOND_STAGE, key=key_b, routed_key=group, instance=instance,
+            count=count, state=partial_text,
         )  # fmt: skip
         if evict is None:
             self.state.update((partial_text, count, held.marker))
             return
         if count > 0:
             yield _output_row(
-                kind="moved", stage="B", key=key_b, routed_key=group, count=count,
+                kind="moved", stage=SECOND_STAGE, key=key_b, routed_key=group, count=count,
                 state=partial_text, target=evict[0], marker=evict[1],
             )  # fmt: skip
         self.state.clear()
@@ -434,7 +438,7 @@ def _passed_through(row: Row) -> Row:
     if row.kind == "invalid":
         return _output_row(kind="invalid", detail=control["detail"])
     common = {
-        "stage": "A", "key": row.a, "routed_key": row.ra, "count": int(control["count"]),
+        "stage": FIRST_STAGE, "key": row.a, "routed_key": row.ra, "count": int(control["count"]),
         "state": control["state"],
     }  # fmt: skip
     if row.kind == "report":

@@ -75,6 +75,7 @@ from keyplane.reference.events import (
     decode_events,
     parse_event,
 )
+from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.routing import config as config_store
 from keyplane.routing.handoff import LeastLoadedRoutes, StateMove, VersionedTables
 from keyplane.routing.routedkeys import (
@@ -371,8 +372,8 @@ def read_events(*parts: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
         # and install batches, which route on it.
         for operator in OPERATORS:
             tables.table(p.prepared, operator)
-    table_a = tables.table(p.version_a, "A")
-    to_b = _StageBRoutes(tables.table(p.version_b, "B"))
+    table_a = tables.table(p.version_a, FIRST_STAGE)
+    to_b = _StageBRoutes(tables.table(p.version_b, SECOND_STAGE))
     balancer = LeastLoadedRoutes(table_a.instances_of, split=bool(table_a.hot_keys))
     routed: list[pa.Table] = []
     for part in parts:
@@ -550,10 +551,10 @@ def read_evictions(p: EvictPartition) -> Iterator[pa.RecordBatch]:
         "target_rk": [target for _, _, target in p.moves],
         "marker": [p.marker] * len(p.moves),
     }
-    if p.operator == "A":
+    if p.operator == FIRST_STAGE:
         yield _rows(p.forward, len(p.moves), a=keys, ra=sources, **common)
     else:
-        groups = [control_group("B", source, p.parallelism) for source in sources]
+        groups = [control_group(SECOND_STAGE, source, p.parallelism) for source in sources]
         yield _rows(p.forward, len(p.moves), b=keys, rb=sources, ra=groups, **common)
 
 
@@ -571,7 +572,7 @@ def _evicts_per_instance(p: EvictPartition) -> pa.RecordBatch:
         kind=["evicts"] * len(instances),
         stage=[p.operator] * len(instances),
         ra=groups,
-        rb=groups if p.operator == "B" else [None] * len(instances),
+        rb=groups if p.operator == SECOND_STAGE else [None] * len(instances),
         state=[json.dumps(by_instance[i], separators=(",", ":")) for i in instances],
         marker=[p.marker] * len(instances),
     )
@@ -600,7 +601,7 @@ def batch_end_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
         kind=["evicts"] * len(rows),
         stage=[stage for stage, _ in rows],
         ra=[group for _, group in rows],
-        rb=[group if stage == "B" else None for stage, group in rows],
+        rb=[group if stage == SECOND_STAGE else None for stage, group in rows],
         state=["[]"] * len(rows),
         marker=[-1] * len(rows),
     )
@@ -621,7 +622,7 @@ def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
         if p.handoff == "per-instance":
             yield _installs_per_instance(moves, p)
             continue
-        to_a = [m["operator"] == "A" for m in moves]
+        to_a = [m["operator"] == FIRST_STAGE for m in moves]
         targets = [m["target"] for m in moves]
         keys = [m["key"] for m in moves]
         yield _rows(
@@ -632,7 +633,7 @@ def read_installs(p: MigrationPartition) -> Iterator[pa.RecordBatch]:
             a=[key if a else None for key, a in zip(keys, to_a, strict=True)],
             b=[None if a else key for key, a in zip(keys, to_a, strict=True)],
             ra=[
-                target if a else control_group("B", target, p.parallelism)
+                target if a else control_group(SECOND_STAGE, target, p.parallelism)
                 for target, a in zip(targets, to_a, strict=True)
             ],
             rb=[None if a else target for target, a in zip(targets, to_a, strict=True)],
@@ -661,7 +662,7 @@ def _installs_per_instance(moves: list[dict[str, Any]], p: MigrationPartition) -
         kind=["installs"] * len(order),
         stage=stages,
         ra=groups,
-        rb=[g if stage == "B" else None for g, stage in zip(groups, stages, strict=True)],
+        rb=[g if stage == SECOND_STAGE else None for g, stage in zip(groups, stages, strict=True)],
         state=[json.dumps(by_group[g], separators=(",", ":")) for g in order],
     )
 
@@ -1066,8 +1067,8 @@ class RoutedEventsReader(DataSourceStreamReader):
                         kafka,
                         self.store,
                         self.parallelism,
-                        routing["A"],
-                        routing["B"],
+                        routing[FIRST_STAGE],
+                        routing[SECOND_STAGE],
                         self.max_event_bytes,
                         self.forward,
                         prepared=end.get("prepared"),

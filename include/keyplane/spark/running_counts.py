@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from keyplane.reference.events import EVENT_DDL
+from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 
 STAGE_A_OUTPUT = "a STRING, b STRING, n LONG, count_a LONG"
 COUNTS_SCHEMA = "stage STRING, key STRING, count LONG"
@@ -100,9 +101,9 @@ class CountBySecondKey(StatefulProcessor):
             n += row.n
             if row.count_a > a_counts.get(row.a, -1):
                 a_counts[row.a] = row.count_a
-        yield Row(stage="B", key=key[0], count=_add_to_count(self.count, n))
+        yield Row(stage=SECOND_STAGE, key=key[0], count=_add_to_count(self.count, n))
         for a, count_a in a_counts.items():
-            yield Row(stage="A", key=a, count=count_a)
+            yield Row(stage=FIRST_STAGE, key=a, count=count_a)
 
     def close(self) -> None:
         pass

@@ -72,6 +72,10 @@ import scala.jdk.javaapi.CollectionConverters;
 public final class RoutedStages {
   private RoutedStages() {}
 
+  /** The reference pipeline's first stage, {@code keyplane.reference.pipeline.FIRST_STAGE}. */
+  static final String FIRST_STAGE = "A";
+  /** The reference pipeline's second stage, {@code keyplane.reference.pipeline.SECOND_STAGE}. */
+  static final String SECOND_STAGE = "B";
   static final String CONTROL_PREFIX = "\u0000";
   /** U+10FFFF: grouping values that start with it sort after every routed key. */
   static final String CLOSING_PREFIX = "\uDBFF\uDFFF";
@@ -213,7 +217,7 @@ public final class RoutedStages {
       executor = EXECUTOR;
     }
 
-    /** "A" or "B": which of a rollout's {@code installs} and {@code evicts} rows are this stage's. */
+    /** Its stage's name: which of a rollout's {@code installs} and {@code evicts} rows are its. */
     abstract String name();
 
     /** Whether a routed key's group ran in this task: installs must come before any. */
@@ -644,7 +648,7 @@ public final class RoutedStages {
 
     @Override
     String name() {
-      return "A";
+      return FIRST_STAGE;
     }
 
     @Override
@@ -831,36 +835,41 @@ public final class RoutedStages {
 
     @Override
     String name() {
-      return "B";
+      return SECOND_STAGE;
     }
 
     @Override
     Row tombstone(String key, String source, int instance) {
-      return output("count", "B", key, source, null, 0L, "0", null, null, null, null, null);
+      return output(
+          "count", SECOND_STAGE, key, source, null, 0L, "0", null, null, null, null, null);
     }
 
     @Override
     Row partial(String key, String routed, int instance, Held held) {
       String text = Long.toString(held.state());
       return output(
-          "count", "B", key, routed, instance, held.count(), text, null, null, null, null, null);
+          "count", SECOND_STAGE, key, routed, instance, held.count(), text, null, null, null, null,
+          null);
     }
 
     @Override
     Row moved(String key, String routed, int instance, Held held, String target, long marker) {
       String text = Long.toString(held.state());
       return output(
-          "moved", "B", key, routed, null, held.count(), text, target, marker, null, null, null);
+          "moved", SECOND_STAGE, key, routed, null, held.count(), text, target, marker, null, null,
+          null);
     }
 
     @Override
     Row moves(String record, long n) {
-      return output("moves", "B", null, null, null, n, record, null, null, null, null, null);
+      return output(
+          "moves", SECOND_STAGE, null, null, null, n, record, null, null, null, null, null);
     }
 
     @Override
     Row partials(String reports, long n) {
-      return output("partials", "B", null, null, null, n, reports, null, null, null, null, null);
+      return output(
+          "partials", SECOND_STAGE, null, null, null, n, reports, null, null, null, null, null);
     }
 
     private Row output(
@@ -907,14 +916,15 @@ public final class RoutedStages {
       long count = row.getLong(c.count);
       String state = row.getString(c.state);
       if ("moves".equals(kind) || "partials".equals(kind)) {
-        return output(kind, "A", null, null, null, count, state, null, null, null, null, null);
+        return output(
+            kind, FIRST_STAGE, null, null, null, count, state, null, null, null, null, null);
       }
       if ("report".equals(kind)) {
         Integer ia = row.isNullAt(c.ia) ? null : row.getInt(c.ia);
-        return output("count", "A", a, ra, ia, count, state, null, null, null, null, null);
+        return output("count", FIRST_STAGE, a, ra, ia, count, state, null, null, null, null, null);
       }
       return output(
-          "moved", "A", a, ra, null, count, state, row.getString(c.targetRk),
+          "moved", FIRST_STAGE, a, ra, null, count, state, row.getString(c.targetRk),
           row.getLong(c.marker), null, null, null);
     }
   }

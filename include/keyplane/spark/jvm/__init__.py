@@ -162,13 +162,14 @@ def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool)
     """
     from pyspark.sql import DataFrame
 
+    from keyplane.reference.pipeline import FIRST_STAGE
     from keyplane.spark.routed_source import control_groups
 
     spark = inputs.sparkSession
     jvm = spark._jvm
     assert jvm is not None
     groups = jvm.java.util.ArrayList()
-    for group in control_groups("A", parallelism):
+    for group in control_groups(FIRST_STAGE, parallelism):
         groups.add(group)
     stages = getattr(jvm, CLASS_NAME)
     return DataFrame(stages.runningCounts(inputs._jdf, tuples, groups), spark)
