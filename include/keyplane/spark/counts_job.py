@@ -434,7 +434,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         second,
         jvm_loaded=jvm_stages.loaded(spark),
         recorded=recorded_engine(settings.checkpoint),
-        reference_shape=_reference_shape(pipeline),
+        reference_shape=reference_shape(pipeline),
     )
     if engine == "jvm":
         check_jvm_stages(spark, partitions)
@@ -514,7 +514,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     return query
 
 
-def _reference_shape(pipeline: Pipeline) -> bool:
+def reference_shape(pipeline: Pipeline) -> bool:
     """Whether ``pipeline`` has the reference pipeline's stages (names, keys, values), which
     the ``jvm`` and ``python`` engines run (:func:`keyplane.spark.routed_counts.resolve_engine`)."""
     shape = [(s.name, s.key, s.value) for s in pipeline.stages]

@@ -508,12 +508,18 @@ class JobProcess:
                     )
                 self._check_same_options(running)
                 return StartResult(record=running, already_running=True)
-            from keyplane.spark.counts_job import job_command
+            from keyplane.spark.counts_job import job_command, reference_shape
             from keyplane.spark.pipeline_frames import check_recorded_pipeline
 
             settings = self.job_settings()
             # The pipeline's shape and its checkpoint's record, in one line, before the launch.
             pipeline = settings.job_pipeline()
+            if self.stage_engine in ("jvm", "python") and not reference_shape(pipeline):
+                raise JobError(
+                    f"stage engine {self.stage_engine!r} runs the reference pipeline's two "
+                    f"stages only, not pipeline {pipeline.name!r} "
+                    f"({', '.join(pipeline.stage_names)}); use --stage-engine chain or auto"
+                )
             check_recorded_pipeline(self.checkpoint, pipeline)
             self._check_checkpoint_aggregates()
             self._check_checkpoint_engine()
