@@ -14,7 +14,7 @@ and routes it (:func:`keyplane.spark.pipeline_frames.routed_rows`).
 A rollout's ``evict`` and ``install`` rows name their stage, key and routed
 keys, and carry ``routes``: the grouping value they take in each stage up to
 theirs. A row for stage *j* passes the stages before it in their control
-groups (:func:`~keyplane.spark.routed_source.control_group`, which no key can
+groups (:func:`~keyplane.spark.routed_partitions.control_group`, which no key can
 take) and reaches stage *j* in the group of its routed key, with that key's
 events of the batch. A record larger than ``max.event.bytes`` is an
 ``invalid`` row with its reason, before anything parses it.
@@ -34,15 +34,14 @@ from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.ranges import OffsetRange, read_range
 from keyplane.reference.events import dead_letter_value
 from keyplane.spark.kafka_source import ReadTask
-from keyplane.spark.routed_source import (
+from keyplane.spark.routed_partitions import (
     EvictPartition,
     HandOff,
     MigrationPartition,
-    RoutedEventsReader,
-    _by_partition,
     control_group,
     tables_for,
 )
+from keyplane.spark.routed_source import RoutedEventsReader, _by_partition
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -16,7 +16,7 @@ reported as the aggregate's zero from then on), then the batch's events,
 then an eviction, which emits the state for the migration topic.
 
 A row that is not for the stage's own keys travels in a control group (its
-grouping value starts with NUL, :func:`keyplane.spark.routed_source.control_group`):
+grouping value starts with NUL, :func:`keyplane.spark.routed_partitions.control_group`):
 a rollout's row for a later stage, a report of an earlier stage on its way to
 the sink, a record that could not be keyed. Such groups pass their rows on
 unchanged. The last stage writes the job's output rows
@@ -50,7 +50,7 @@ from keyplane.spark.routed_counts import (
     _task_partition,
     executor_id,
 )
-from keyplane.spark.routed_source import CONTROL_PREFIX, control_group
+from keyplane.spark.routed_partitions import CONTROL_PREFIX, control_group
 
 _OUTPUT_FIELDS = tuple(field.split()[0] for field in ROUTED_OUTPUT_SCHEMA.split(", "))
 

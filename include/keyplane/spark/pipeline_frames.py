@@ -260,7 +260,7 @@ def routed_rows(
 
     from keyplane.reference.events import dead_letter_value
     from keyplane.routing.handoff import LeastLoadedRoutes
-    from keyplane.spark.routed_source import control_group, tables_for
+    from keyplane.spark.routed_partitions import control_group, tables_for
 
     names = pipeline.stage_names
     n = len(names)

@@ -50,7 +50,7 @@ def _records_read(source: dict[str, Any], end: Any) -> int | None:
     """The records the routed source's batch read, which its offset records.
 
     Its rows are not its records: in ``pairs`` mode one row stands for a
-    task's events of one pair (:func:`keyplane.spark.routed_source.read_events`)
+    task's events of one pair (:func:`keyplane.spark.routed_reads.read_events`)
     and control rows are not records of the events topic, so Spark's
     ``numInputRows`` would not count the batch's events. A report of no rows
     read nothing: Spark reports a trigger that ran no batch under the last

@@ -21,7 +21,7 @@ delivers them in:
    on (a *tombstone*), so the merge never counts a moved state twice;
 2. ``event`` rows: ``add`` their values, one call per group and batch (a
    row stands for ``n`` events of one field-2 key: in ``pairs`` mode the
-   source combines each task's events, :func:`keyplane.spark.routed_source.read_events`);
+   source combines each task's events, :func:`keyplane.spark.routed_reads.read_events`);
 3. an ``evict`` row: emit the state (``moved``) and clear it. The sink writes
    moved states to the migration topic; the next batch installs them.
 
@@ -66,7 +66,8 @@ from keyplane.reference.events import Forward
 from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.settings import StageEngine
 from keyplane.spark import jvm as jvm_stages
-from keyplane.spark.routed_source import CONTROL_PREFIX, PAD_COLUMN, control_group
+from keyplane.spark.routed_partitions import CONTROL_PREFIX, control_group
+from keyplane.spark.routed_reads import PAD_COLUMN
 
 CONTROL_FIELDS = ("stage", "source_rk", "target_rk", "count", "state", "marker", "detail")
 """The source's columns that only control rows use; both stages read them packed into
@@ -242,7 +243,7 @@ class RoutedStageA(_RoutedStage):
             yield self._report("report", key_a, source, count=0, state=self.zero_text)
         state, count = held.state, held.count
         if events:
-            # A row stands for n events of one field-2 key (routed_source.read_events).
+            # A row stands for n events of one field-2 key (routed_reads.read_events).
             values: list[str] = []
             for row in events:
                 values += [row.b] * row.n

@@ -35,7 +35,7 @@ from keyplane.spark.counts_job import (
     stop_between_batches,
 )
 from keyplane.spark.routed_counts import StageEngine
-from keyplane.spark.routed_source import control_groups, evict_groups, install_groups
+from keyplane.spark.routed_partitions import control_groups, evict_groups, install_groups
 from keyplane.testing import moved_off_hash_config, routed_job_settings
 
 P = 4

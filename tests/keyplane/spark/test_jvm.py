@@ -24,7 +24,7 @@ from keyplane.reference.verification import compare_counts, expected_counts_of
 from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.routing.routedkeys import spark_partition
-from keyplane.spark import jvm, routed_source
+from keyplane.spark import jvm, routed_partitions, routed_reads
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     read_output,
@@ -175,17 +175,17 @@ def _outputs_by_batch(
 ) -> list[list[Row]]:
     """The JVM stages' output rows of each micro-batch, one input file per batch, without
     the executor columns (the same in every run of one process). Each batch ends with the
-    rows the routed source sends with every batch (:func:`routed_source.batch_end_rows`)
+    rows the routed source sends with every batch (:func:`routed_reads.batch_end_rows`)
     unless ``end_rows`` is false."""
     inputs = root / "in"
     inputs.mkdir(parents=True)
     for i, batch in enumerate(batches):
         path = inputs / f"part-{i}.parquet"
-        ends = [routed_source.batch_end_rows("pairs", 4)] if end_rows else []
+        ends = [routed_reads.batch_end_rows("pairs", 4)] if end_rows else []
         pq.write_table(pa.Table.from_batches([*batch, *ends]), path)
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source's order
     rows = (
-        spark.readStream.schema(routed_source.ROUTED_INPUT_SCHEMA)
+        spark.readStream.schema(routed_reads.ROUTED_INPUT_SCHEMA)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(inputs))
     )
@@ -209,7 +209,7 @@ def _events(
     ``n``; field 2 ``b`` (all ``p`` unless given), stage B by hash."""
     b = ["p"] * len(a) if b is None else b
     moment = datetime(2026, 1, 1, tzinfo=UTC)
-    return routed_source._rows(
+    return routed_reads._rows(
         "pairs", len(a), kind=["event"] * len(a), a=a, b=b, ra=ra, rb=b,
         vb=pa.array([1] * len(a), pa.int32()), n=n, ts=[moment] * len(a),
     )  # fmt: skip
@@ -232,19 +232,19 @@ def test_per_instance_moves_hold_every_tuple_and_install_once(spark, tmp_path: P
     (000 §3.4)."""
     moves = (("x", "x", "x#1"), ("z", "z", "z#1"))
     evicts = next(
-        routed_source.read_evictions(
-            routed_source.EvictPartition("A", moves, 4, 7, "pairs", "per-instance")
+        routed_reads.read_evictions(
+            routed_partitions.EvictPartition("A", moves, 4, 7, "pairs", "per-instance")
         )
     )
     kafka = OffsetRange("127.0.0.1:1", "migration", 0, 0, 0)
-    installs = routed_source._installs_per_instance(
+    installs = routed_reads._installs_per_instance(
         [
             {"operator": "A", "key": "x", "source": "x", "target": "x#1", "count": 6,
              "state": "6", "marker": 7},
             {"operator": "A", "key": "z", "source": "z", "target": "z#1", "count": 3,
              "state": "3", "marker": 7},
         ],
-        routed_source.MigrationPartition(kafka, 4, "pairs", "per-instance"),
+        routed_partitions.MigrationPartition(kafka, 4, "pairs", "per-instance"),
     )  # fmt: skip
 
     first, switch, install, replay = _outputs_by_batch(

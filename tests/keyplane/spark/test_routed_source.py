@@ -22,22 +22,18 @@ from keyplane.reference.events import MAX_EVENT_BYTES, Forward, parse_event
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.routing.handoff import StateMove, VersionedTables, routed_key_table, state_moves
 from keyplane.routing.routedkeys import RoutedKeyTable, spark_partition
-from keyplane.spark import routed_source
+from keyplane.spark import routed_reads, routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
-from keyplane.spark.routed_source import (
-    ControlMessagesLost,
+from keyplane.spark.routed_partitions import (
     EvictPartition,
     MigrationPartition,
     RoutedEventsPartition,
-    RoutedEventsReader,
-    batch_end_rows,
     control_group,
     evict_groups,
     install_groups,
-    read_events,
-    read_evictions,
-    read_installs,
 )
+from keyplane.spark.routed_reads import batch_end_rows, read_events, read_evictions, read_installs
+from keyplane.spark.routed_source import ControlMessagesLost, RoutedEventsReader
 from keyplane.testing import moved_off_hash
 
 
@@ -129,7 +125,7 @@ def _read_stand_in_records(
     half = len(values) // 2
     chunks = [(values[:half], 0), (values[half:], half)]
     monkeypatch.setattr(
-        routed_source,
+        routed_reads,
         "read_range",
         lambda part: iter(
             pa.table({"value": vs, "offset": list(range(first, first + len(vs)))})
@@ -366,7 +362,7 @@ def test_rows_take_the_least_loaded_stage_b_route_of_their_key_pure() -> None:
     p = 4
     routing = OperatorRouting(parallelism=p, table={"y": 2}, hot_keys={"x": (0, 1, 2)})
     table_b = routed_key_table(routing)
-    route = routed_source._StageBRoutes(table_b)
+    route = routed_reads._StageBRoutes(table_b)
     picked = route.row_routes(["x", "y", "x", "x", "z"], [5, 30, 20, 10, 1])
     assert picked[1] == table_b.route("y")[0]
     assert picked[4] == "z"
@@ -375,7 +371,7 @@ def test_rows_take_the_least_loaded_stage_b_route_of_their_key_pure() -> None:
     assert instances[2] != 2 and instances[3] != 2
     assert {instances[2], instances[3]} == {0, 1}
     assert route.tuple_route("x") in table_b.route("x")
-    unsplit = routed_source._StageBRoutes(routed_key_table(OperatorRouting(parallelism=p)))
+    unsplit = routed_reads._StageBRoutes(routed_key_table(OperatorRouting(parallelism=p)))
     assert unsplit.row_routes(["x", "y"], [3, 4]) == ["x", "y"]
     assert unsplit.tuple_route("y") == "y"
 
@@ -472,10 +468,10 @@ def test_tasks_load_an_acknowledged_version_ahead_of_its_switch_pure(
     assert isinstance(part, RoutedEventsPartition) and part.prepared == prepared
 
     tables = _RecordingTables(store, 4)
-    monkeypatch.setattr(routed_source, "tables_for", lambda store, parallelism: tables)
+    monkeypatch.setattr(routed_reads, "tables_for", lambda store, parallelism: tables)
     value = json.dumps({"seq": 0, "a": "a1", "b": "b1", "ts": 1000}).encode()
     monkeypatch.setattr(
-        routed_source, "read_range", lambda r: iter([pa.table({"value": [value], "offset": [0]})])
+        routed_reads, "read_range", lambda r: iter([pa.table({"value": [value], "offset": [0]})])
     )
     rows = pa.Table.from_batches(list(read_events(part))).to_pylist()
 
@@ -571,7 +567,7 @@ def test_a_task_combines_the_events_of_all_its_partitions_per_pair_pure(
     }
     records[1].append(b"not json")
     monkeypatch.setattr(
-        routed_source,
+        routed_reads,
         "read_range",
         lambda r: iter(
             [pa.table({"value": records[r.partition], "offset": list(range(r.start, r.end))})]
@@ -639,7 +635,7 @@ def test_install_rows_carry_each_moved_state_to_its_target_pure(
     ]  # fmt: skip
     values = list(move_records(moves))
     monkeypatch.setattr(
-        routed_source, "read_range", lambda part: iter([pa.table({"value": values})])
+        routed_reads, "read_range", lambda part: iter([pa.table({"value": values})])
     )
     kafka = OffsetRange("127.0.0.1:1", "migration", 0, 0, len(values))
     rows = pa.Table.from_batches(list(read_installs(MigrationPartition(kafka, 4)))).to_pylist()
@@ -691,7 +687,7 @@ def test_per_instance_installs_go_to_their_targets_instance_pure(
     ]  # fmt: skip
     values = list(move_records(moves))
     monkeypatch.setattr(
-        routed_source, "read_range", lambda part: iter([pa.table({"value": values})])
+        routed_reads, "read_range", lambda part: iter([pa.table({"value": values})])
     )
     kafka = OffsetRange("127.0.0.1:1", "migration", 0, 0, len(values))
     partition = MigrationPartition(kafka, 4, "pairs", "per-instance")

@@ -163,7 +163,7 @@ def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool)
     from pyspark.sql import DataFrame
 
     from keyplane.reference.pipeline import FIRST_STAGE
-    from keyplane.spark.routed_source import control_groups
+    from keyplane.spark.routed_partitions import control_groups
 
     spark = inputs.sparkSession
     jvm = spark._jvm
@@ -189,7 +189,7 @@ def probe_values(parallelism: int) -> list[str]:
     group's, so that each of the ``parallelism`` partitions sees both kinds."""
     from keyplane.control.operators import OPERATORS
     from keyplane.routing.routedkeys import RoutedKeyTable
-    from keyplane.spark.routed_source import control_groups, evict_groups, install_groups
+    from keyplane.spark.routed_partitions import control_groups, evict_groups, install_groups
 
     table = RoutedKeyTable(n_instances=parallelism, routing={})
     values = {value for key in PROBE_KEYS for value in table.route(key)}
