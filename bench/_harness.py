@@ -17,12 +17,20 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pandas as pd
 from kafka import KafkaConsumer, TopicPartition
 
+from keyplane.algorithms import statistics as stats
+from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import high_watermarks
+from keyplane.kafka.apache_kafka import ApacheKafkaBroker
 from keyplane.kafka.broker import EmbeddedBroker
+from keyplane.orchestration.planning import PlanParams, plan_configuration
+from keyplane.reference.events import key_name
+from keyplane.reference.workloads import WorkloadSpec
+from keyplane.routing.config import RoutingConfig
 from keyplane.spark.counts_job import CountsJobSettings, job_command
 from keyplane.spark.progress import PROGRESS_PREFIX
 from keyplane.testing import free_port, routed_job_topics
@@ -32,11 +40,22 @@ os.environ.setdefault("KEYPLANE_CONTROL_KEY", secrets.token_hex(16))
 
 
 @contextmanager
-def private_broker() -> Iterator[tuple[str, Path]]:
-    """An embedded broker on a free port and a scratch directory, removed afterwards."""
+def private_broker(
+    engine: Literal["embedded", "kafka"] = "embedded",
+) -> Iterator[tuple[str, Path]]:
+    """A broker on a free port and a scratch directory, removed afterwards.
+
+    ``engine``: the embedded broker, or Apache Kafka (one KRaft node,
+    :mod:`keyplane.kafka.apache_kafka`) for the numbers that must hold on the
+    broker users run in production.
+    """
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        broker = EmbeddedBroker(tmp / "broker", free_port())
+        broker: EmbeddedBroker | ApacheKafkaBroker = (
+            EmbeddedBroker(tmp / "broker", free_port())
+            if engine == "embedded"
+            else ApacheKafkaBroker(tmp / "broker", free_port())
+        )
         bootstrap = broker.start().bootstrap_servers
         try:
             yield bootstrap, tmp
@@ -70,9 +89,52 @@ def routed_on_backlog(
     )
 
 
+def planned_version(spec: WorkloadSpec, seen: int, alpha: float, parallelism: int) -> RoutingConfig:
+    """What the reconfiguration DAG would publish as v2 over an all-hash v1, having seen
+    the first ``seen`` events of ``spec``: a statistics snapshot of them, then
+    :func:`keyplane.orchestration.planning.plan_configuration` (METIS tables under
+    ``alpha``, FISH hot keys; paper 000 §3.3, paper 001 §4.1.2)."""
+    batch = spec.events(0, seen)
+    pairs = pd.DataFrame({"a": batch.a, "b": batch.b}).value_counts().reset_index(name="n")
+    grouped = pd.DataFrame(
+        {
+            "a": [key_name(int(k)) for k in pairs["a"]],
+            "b": [key_name(int(k)) for k in pairs["b"]],
+            "holdout": False,
+            "n": pairs["n"],
+        }
+    )
+    _, frames = stats.build_snapshot(
+        run_id="bench",
+        grouped=stats.chain_rows(grouped, OPERATORS),
+        stages=OPERATORS,
+        metrics=[],
+        events=stats.TopicWindow(topic="events", start={0: 0}, end={0: seen}),
+        metrics_window=stats.TopicWindow(topic="metrics", start={}, end={}),
+        previous=None,
+        config=None,
+        settings=stats.StatisticsSettings(),
+    )
+    plan = plan_configuration(
+        frames["pairs"],
+        frames["frequencies"],
+        RoutingConfig.all_hash(parallelism, OPERATORS),
+        PlanParams(alpha=alpha),
+        version=2,
+    )
+    return plan.config
+
+
 def run_job(settings: CountsJobSettings, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run the job to its stop condition; return its ``progress`` reports."""
-    done = subprocess.run(job_command(settings), capture_output=True, text=True, env=env)
+    return run_progress_command(job_command(settings), env)
+
+
+def run_progress_command(
+    command: list[str], env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Run a job that prints the job's ``progress`` lines to its end; return its reports."""
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"job failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return [

@@ -52,6 +52,7 @@ from _harness import (
     batch_stage_seconds,
     event_log_env,
     percentile,
+    planned_version,
     private_broker,
     read_topic,
     run_job,
@@ -59,11 +60,9 @@ from _harness import (
 )
 from _output import emit
 
-from keyplane.algorithms import statistics as stats
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
-from keyplane.orchestration.planning import PlanParams, plan_configuration
-from keyplane.reference.events import FORWARD_MODES, key_name
+from keyplane.reference.events import FORWARD_MODES
 from keyplane.reference.verification import compare_counts, expected_counts
 from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
@@ -76,35 +75,8 @@ VARIANTS = ("hash", "split", "planned")
 
 def planned_config(spec: ZipfEvolvingWorkload, seen: int, alpha: float) -> RoutingConfig:
     """The DAG's plan from a snapshot of the first ``seen`` events, as version 1."""
-    batch = spec.events(0, seen)
-    pairs = pd.DataFrame({"a": batch.a, "b": batch.b}).value_counts().reset_index(name="n")
-    grouped = pd.DataFrame(
-        {
-            "a": [key_name(int(k)) for k in pairs["a"]],
-            "b": [key_name(int(k)) for k in pairs["b"]],
-            "holdout": False,
-            "n": pairs["n"],
-        }
-    )
-    _, frames = stats.build_snapshot(
-        run_id="bench",
-        grouped=stats.chain_rows(grouped, OPERATORS),
-        stages=OPERATORS,
-        metrics=[],
-        events=stats.TopicWindow(topic="hot", start={0: 0}, end={0: seen}),
-        metrics_window=stats.TopicWindow(topic="metrics", start={}, end={}),
-        previous=None,
-        config=None,
-        settings=stats.StatisticsSettings(),
-    )
-    plan = plan_configuration(
-        frames["pairs"],
-        frames["frequencies"],
-        RoutingConfig.all_hash(P, OPERATORS),
-        PlanParams(alpha=alpha),
-        version=2,
-    )
-    return RoutingConfig(version=1, created_by="initial", operators=plan.config.operators)
+    plan = planned_version(spec, seen, alpha, P)
+    return RoutingConfig(version=1, created_by="initial", operators=plan.operators)
 
 
 def initial_config(variant: str, hot_a: str, hot_b: str) -> RoutingConfig:
