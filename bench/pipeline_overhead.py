@@ -18,8 +18,15 @@ Each run's throughput is its steady rate (every batch but its first, which
 pays for the JVM and workers starting); a variant's number is the median of
 its runs, with their spread. The issue's goal: chain ≥ 0.95× the current job.
 
+``--stage-times`` says where a batch's time goes instead: Spark writes each
+run's event log, and the table gives, per variant, the median wall time of
+a steady batch's Spark stages (:func:`_harness.batch_stage_seconds`): the
+one that reads the source (and, in the chain, parses, keys, routes and
+combines the events in the same tasks), and each keyed stage. Writing the
+log costs time of its own, so its rates are not the throughput's.
+
     python bench/pipeline_overhead.py [--events 200000] [--batch 50000] [--tags 2000]
-        [--repeats 5] [--variants chain python jvm] [--out FILE]
+        [--repeats 5] [--variants chain python jvm] [--stage-times] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,7 +37,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from _harness import private_broker, run_job, steady_rate
+from _harness import (
+    batch_stage_seconds,
+    event_log_env,
+    private_broker,
+    run_job,
+    steady_rate,
+)
 from _output import emit
 
 from keyplane.kafka.producer import produce_workload
@@ -80,6 +93,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=5, help="runs of each variant")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument(
+        "--stage-times", action="store_true", help="where a batch's time goes (event logs)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     variants: list[StageEngine] = [v for v in VARIANTS if v in args.variants]
@@ -89,13 +105,23 @@ def main() -> None:
         spec = GeoTagsWorkload(n_events=args.events, n_tags=args.tags, seed=3)
         produce_workload(spec, bootstrap, TOPIC, partitions=8)
         runs: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in variants}
+        stages: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
         for run in range(args.repeats):
             for v in variants:
-                progress = run_job(settings(bootstrap, tmp, v, args.batch, args.events, run))
+                log_dir = tmp / f"log-{v}-{run}"
+                env = event_log_env(log_dir) if args.stage_times else None
+                progress = run_job(settings(bootstrap, tmp, v, args.batch, args.events, run), env)
                 runs[v].append(progress)
+                if args.stage_times:
+                    by_batch = batch_stage_seconds(log_dir)
+                    steady = sorted(b for b, took in by_batch.items() if "scan" in took)[1:]
+                    stages[v] += [by_batch[b] for b in steady]
                 print(f"run {run + 1}/{args.repeats} {v}: {steady_rate(progress):,.0f} rows/s")
             loads.append(load_average())
 
+    if args.stage_times:
+        emit(stage_table(args, loads, stages), args.out)
+        return
     per_run = {v: [steady_rate(progress) for progress in runs[v]] for v in variants}
     median = {v: statistics.median(per_run[v]) for v in variants}
 
@@ -128,6 +154,35 @@ def main() -> None:
         ],
     ]
     emit("\n".join(lines), args.out)
+
+
+def stage_table(
+    args: argparse.Namespace, loads: list[str], stages: dict[str, list[dict[str, float]]]
+) -> str:
+    """Per variant, the median seconds of a steady batch's source stage and keyed stages."""
+
+    def median_s(took: list[dict[str, float]], part: str) -> str:
+        values = [t[part] for t in took if part in t]
+        return f"{statistics.median(values):.2f}" if values else "–"
+
+    return "\n".join(
+        [
+            f"events: {args.events:,} geo-tags ({args.tags:,} tags) in 8 partitions, "
+            f"{args.batch:,} per micro-batch, local[2], the reference pipeline, "
+            f"{args.repeats} run(s) of each variant with Spark's event log, taking turns",
+            f"load average (1, 5, 15 min) before the runs and after each round: "
+            f"{' | '.join(loads)}",
+            "",
+            "| stage engine | steady batches | source stage s | first keyed stage s | "
+            "second keyed stage s |",
+            "|---|---:|---:|---:|---:|",
+            *[
+                f"| {v} | {len(took)} | {median_s(took, 'scan')} | {median_s(took, 'A')} | "
+                f"{median_s(took, 'B')} |"
+                for v, took in stages.items()
+            ],
+        ]
+    )
 
 
 if __name__ == "__main__":
