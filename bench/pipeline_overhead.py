@@ -57,10 +57,6 @@ VARIANTS: tuple[StageEngine, ...] = ("chain", "python", "jvm")
 GOAL = 0.95
 TOPIC = "reference"
 
-# Every variant runs the reference pipeline, whatever the environment names: the job's
-# default pipeline, so that all three write the same per-routed-key partials.
-os.environ["KEYPLANE_PIPELINE"] = REFERENCE_PIPELINE
-
 
 def settings(
     bootstrap: str, tmp: Path, engine: StageEngine, batch: int, total: int, run: int
@@ -99,6 +95,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     variants: list[StageEngine] = [v for v in VARIANTS if v in args.variants]
+    # Every variant runs the reference pipeline, whatever the environment names: the job's
+    # default pipeline, so that all three write the same per-routed-key partials.
+    os.environ["KEYPLANE_PIPELINE"] = REFERENCE_PIPELINE
     loads = [load_average()]
 
     with private_broker() as (bootstrap, tmp):
