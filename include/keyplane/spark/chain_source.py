@@ -41,7 +41,7 @@ from keyplane.spark.routed_partitions import (
     control_group,
     tables_for,
 )
-from keyplane.spark.routed_source import RoutedEventsReader, _by_partition
+from keyplane.spark.routed_source import RoutedEventsReader
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -202,27 +202,19 @@ class ChainEventsReader(RoutedEventsReader):
     def _event_partitions(  # type: ignore[override]
         self, start: dict[str, Any], end: dict[str, Any]
     ) -> list[ChainEventsPartition]:
-        routing = end["routing"]
-        versions = tuple(int(routing[stage]) for stage in self.stages)
-        out = []
-        for part, stop in sorted(end["events"][self.events_topic].items(), key=_by_partition):
-            begin = int(start["events"].get(self.events_topic, {}).get(part, 0))
-            if stop > begin:
-                kafka = OffsetRange(
-                    self.bootstrap_servers, self.events_topic, int(part), begin, int(stop)
-                )
-                out.append(
-                    ChainEventsPartition(
-                        kafka,
-                        self.store,
-                        self.parallelism,
-                        self.stages,
-                        versions,
-                        self.max_event_bytes,
-                        prepared=end.get("prepared"),
-                    )
-                )
-        return out
+        versions = tuple(int(end["routing"][stage]) for stage in self.stages)
+        return [
+            ChainEventsPartition(
+                kafka,
+                self.store,
+                self.parallelism,
+                self.stages,
+                versions,
+                self.max_event_bytes,
+                prepared=end.get("prepared"),
+            )
+            for kafka in self._event_ranges(start, end)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, ReadTask):

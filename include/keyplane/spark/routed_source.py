@@ -491,31 +491,37 @@ class RoutedEventsReader(DataSourceStreamReader):
         sizes = [p.events.end - p.events.start for p in events]
         return grouped_into_tasks(tasks, sizes, self.max_partitions)
 
-    def _event_partitions(
-        self, start: dict[str, Any], end: dict[str, Any]
-    ) -> list[RoutedEventsPartition]:
-        out: list[RoutedEventsPartition] = []
-        routing = end["routing"]
+    def _event_ranges(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRange]:
+        """The batch's new events, one range per events partition that has some."""
+        ranges = []
         for part, stop in sorted(end["events"][self.events_topic].items(), key=_by_partition):
             begin = int(start["events"].get(self.events_topic, {}).get(part, 0))
             if stop > begin:
-                kafka = OffsetRange(
-                    self.bootstrap_servers, self.events_topic, int(part), begin, int(stop)
-                )
-                out.append(
-                    RoutedEventsPartition(
-                        kafka,
-                        self.store,
-                        self.parallelism,
-                        routing[FIRST_STAGE],
-                        routing[SECOND_STAGE],
-                        self.max_event_bytes,
-                        self.forward,
-                        prepared=end.get("prepared"),
-                        quarantine=self.quarantine,
+                ranges.append(
+                    OffsetRange(
+                        self.bootstrap_servers, self.events_topic, int(part), begin, int(stop)
                     )
                 )
-        return out
+        return ranges
+
+    def _event_partitions(
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> list[RoutedEventsPartition]:
+        routing = end["routing"]
+        return [
+            RoutedEventsPartition(
+                kafka,
+                self.store,
+                self.parallelism,
+                routing[FIRST_STAGE],
+                routing[SECOND_STAGE],
+                self.max_event_bytes,
+                self.forward,
+                prepared=end.get("prepared"),
+                quarantine=self.quarantine,
+            )
+            for kafka in self._event_ranges(start, end)
+        ]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
