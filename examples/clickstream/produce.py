@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,9 +40,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--chunks", type=int, default=1, help="write the events in this many equal chunks"
+    )
+    parser.add_argument(
+        "--pause", type=float, default=0.0, help="seconds between chunks: a stream, not a burst"
+    )
     args = parser.parse_args()
     topic = os.environ.get("CLICKS_TOPIC", "clicks")
-    written = write_json(topic, page_views(args.events, seed=args.seed))
+    views = list(page_views(args.events, seed=args.seed))
+    size = -(-len(views) // max(args.chunks, 1))
+    written = 0
+    for start in range(0, len(views), size):
+        if start:
+            time.sleep(args.pause)
+        written += write_json(topic, views[start : start + size])
     print(f"wrote {written} page views to {topic}")
 
 
