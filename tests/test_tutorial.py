@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs/guides/your-own-pipeline.md"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def blocks() -> list[tuple[str, str]]:
