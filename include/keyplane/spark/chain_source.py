@@ -44,8 +44,6 @@ from keyplane.spark.routed_partitions import (
 from keyplane.spark.routed_source import RoutedEventsReader
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -247,37 +245,10 @@ class ChainEventsSource(DataSource):
 
 
 def read_chain_events(
-    spark: SparkSession,
-    bootstrap_servers: str,
-    *,
-    stages: Sequence[str],
-    events_topic: str,
-    control_topic: str,
-    migration_topic: str,
-    store: Path,
-    state_partitions: int,
-    initial_version: int,
-    max_offsets_per_trigger: int | None = None,
-    max_event_bytes: int | None = None,
-    max_partitions: int | None = None,
+    spark: SparkSession, options: dict[str, str], *, stages: Sequence[str]
 ) -> DataFrame:
-    """A streaming DataFrame of :data:`CHAIN_INPUT_SCHEMA` rows for a chain of ``stages``."""
+    """A streaming DataFrame of :data:`CHAIN_INPUT_SCHEMA` rows for a chain of ``stages``;
+    ``options`` are :func:`keyplane.spark.routed_source.source_options`."""
     spark.dataSource.register(ChainEventsSource)
-    reader = (
-        spark.readStream.format(SOURCE_NAME)
-        .option("kafka.bootstrap.servers", bootstrap_servers)
-        .option("subscribe", events_topic)
-        .option("control.topic", control_topic)
-        .option("migration.topic", migration_topic)
-        .option("routing.store", str(store.resolve()))
-        .option("state.partitions", str(state_partitions))
-        .option("initial.version", str(initial_version))
-        .option("stages", ",".join(stages))
-    )
-    if max_offsets_per_trigger is not None:
-        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    if max_event_bytes is not None:
-        reader = reader.option("max.event.bytes", str(max_event_bytes))
-    if max_partitions is not None:
-        reader = reader.option("maxPartitions", str(max_partitions))
-    return reader.load()
+    reader = spark.readStream.format(SOURCE_NAME).options(**options)
+    return reader.option("stages", ",".join(stages)).load()

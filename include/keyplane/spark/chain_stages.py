@@ -150,6 +150,8 @@ class ChainStage(_RoutedStage):
         of consecutive stages; ``pair`` rows: the heaviest pairs of the chain's first two
         stages' keys (:func:`keyplane.algorithms.batchmetrics.traffic_metrics`). A one-stage
         chain reports its load as hops from its own instance."""
+        if self.index == 0 and len(self.stages) > 1:
+            return  # the next stage reports the hops from this one
         hops: dict[tuple[int, str], int] = {}
         pairs: dict[str, int] = {}
         for row in events:
@@ -162,8 +164,6 @@ class ChainStage(_RoutedStage):
             if self.index == 1:
                 upstream_key = row[key_column(0)]
                 pairs[upstream_key] = pairs.get(upstream_key, 0) + n
-        if self.index == 0 and len(self.stages) > 1:
-            return
         for (upstream, upstream_executor), n in hops.items():
             yield self._row(
                 group, kind="hop", stage=self.name, instance=instance, executor=executor,

@@ -84,7 +84,7 @@ from keyplane.spark.routed_counts import (
     routed_running_counts,
 )
 from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge_partial_states
-from keyplane.spark.routed_source import read_routed_events
+from keyplane.spark.routed_source import read_routed_events, source_options
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
 from keyplane.util.parquet_files import read_frame
@@ -446,23 +446,21 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         ", ".join(pipeline.stage_names),
         {"jvm": "the JVM", "python": "Python", "chain": "Python, as a chain"}[engine],
     )
-    version = initial_version(settings, pipeline.stage_names)
+    options = source_options(
+        bootstrap,
+        events_topic=settings.events_topic,
+        control_topic=settings.control_topic,
+        migration_topic=settings.migration_topic,
+        store=store,
+        state_partitions=partitions,
+        initial_version=initial_version(settings, pipeline.stage_names),
+        max_offsets_per_trigger=settings.max_offsets_per_trigger,
+        max_event_bytes=settings.max_event_bytes,
+        max_partitions=read_tasks(spark, settings),
+    )
     if engine == "chain":
         inputs = routed_rows(
-            read_chain_events(
-                spark,
-                bootstrap,
-                stages=pipeline.stage_names,
-                events_topic=settings.events_topic,
-                control_topic=settings.control_topic,
-                migration_topic=settings.migration_topic,
-                store=store,
-                state_partitions=partitions,
-                initial_version=version,
-                max_offsets_per_trigger=settings.max_offsets_per_trigger,
-                max_event_bytes=settings.max_event_bytes,
-                max_partitions=read_tasks(spark, settings),
-            ),
+            read_chain_events(spark, options, stages=pipeline.stage_names),
             pipeline,
             store,
             partitions,
@@ -472,16 +470,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
     else:
         inputs = read_routed_events(
             spark,
-            bootstrap,
-            events_topic=settings.events_topic,
-            control_topic=settings.control_topic,
-            migration_topic=settings.migration_topic,
-            store=store,
-            state_partitions=partitions,
-            initial_version=version,
-            max_offsets_per_trigger=settings.max_offsets_per_trigger,
-            max_event_bytes=settings.max_event_bytes,
-            max_partitions=read_tasks(spark, settings),
+            options,
             forward=settings.forward,
             # The JVM stages take a rollout's moves per instance (routed_source).
             handoff="per-instance" if engine == "jvm" else "per-key",

@@ -596,8 +596,7 @@ class RoutedEventsSource(DataSource):
         return RoutedEventsReader(dict(self.options))
 
 
-def read_routed_events(
-    spark: SparkSession,
+def source_options(
     bootstrap_servers: str,
     *,
     events_topic: str,
@@ -609,16 +608,44 @@ def read_routed_events(
     max_offsets_per_trigger: int | None = None,
     max_event_bytes: int | None = None,
     max_partitions: int | None = None,
+) -> dict[str, str]:
+    """The options of a source that runs the protocol's driver side: this one, and the
+    pipeline source (:mod:`keyplane.spark.chain_source`), which reads them alike.
+
+    ``max_event_bytes`` (default :data:`~keyplane.reference.events.MAX_EVENT_BYTES`)
+    bounds an event's record; larger ones are dead-lettered as ``oversized``.
+    ``max_partitions`` bounds the tasks that read a batch
+    (:class:`~keyplane.spark.kafka_source.ReadTask`; default: one per events partition).
+    """
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "subscribe": events_topic,
+        "control.topic": control_topic,
+        "migration.topic": migration_topic,
+        "routing.store": str(store.resolve()),
+        "state.partitions": str(state_partitions),
+        "initial.version": str(initial_version),
+    }
+    optional = {
+        "maxOffsetsPerTrigger": max_offsets_per_trigger,
+        "max.event.bytes": max_event_bytes,
+        "maxPartitions": max_partitions,
+    }
+    options.update({name: str(value) for name, value in optional.items() if value is not None})
+    return options
+
+
+def read_routed_events(
+    spark: SparkSession,
+    options: dict[str, str],
+    *,
     forward: Forward = "pairs",
     handoff: HandoffMode = "per-key",
     quarantine: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
-    ``max_event_bytes`` (default :data:`MAX_EVENT_BYTES`) bounds an event's
-    record; larger ones are dead-lettered as ``oversized``. ``max_partitions``
-    bounds the tasks that read a batch (:class:`~keyplane.spark.kafka_source.ReadTask`;
-    default: one per events partition). ``forward`` is what stage A will send
+    ``options`` are :func:`source_options`. ``forward`` is what stage A will send
     stage B, and ``handoff`` how its stages take a rollout's moves (module docstring).
     ``quarantine`` is the quarantined pairs
     (:meth:`keyplane.control.quarantine.Quarantine.option`), whose events are dead-lettered.
@@ -626,22 +653,10 @@ def read_routed_events(
     spark.dataSource.register(RoutedEventsSource)
     reader = (
         spark.readStream.format(SOURCE_NAME)
-        .option("kafka.bootstrap.servers", bootstrap_servers)
-        .option("subscribe", events_topic)
-        .option("control.topic", control_topic)
-        .option("migration.topic", migration_topic)
-        .option("routing.store", str(store.resolve()))
-        .option("state.partitions", str(state_partitions))
-        .option("initial.version", str(initial_version))
+        .options(**options)
         .option("forward", forward)
         .option("handoff", handoff)
     )
-    if max_offsets_per_trigger is not None:
-        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    if max_event_bytes is not None:
-        reader = reader.option("max.event.bytes", str(max_event_bytes))
-    if max_partitions is not None:
-        reader = reader.option("maxPartitions", str(max_partitions))
     if quarantine:
         reader = reader.option("quarantine", quarantine)
     return reader.load()
