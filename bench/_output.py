@@ -6,7 +6,13 @@ without importing Kafka or PySpark.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+
+def load_average() -> str:
+    """The machine's 1, 5 and 15-minute load averages, as ``uptime`` shows them."""
+    return ", ".join(f"{load:.2f}" for load in os.getloadavg())
 
 
 def emit(text: str, out: Path | None) -> None:

@@ -44,7 +44,7 @@ from _harness import (
     run_job,
     steady_rate,
 )
-from _output import emit
+from _output import emit, load_average
 
 from keyplane.kafka.producer import produce_workload
 from keyplane.orchestration.deployment import routed_job_topics
@@ -75,11 +75,6 @@ def settings(
         stage_engine=engine,
         **routed_job_topics(name),
     )
-
-
-def load_average() -> str:
-    """The machine's 1, 5 and 15-minute load averages, as ``uptime`` shows them."""
-    return ", ".join(f"{load:.2f}" for load in os.getloadavg())
 
 
 def main() -> None:

@@ -53,6 +53,7 @@ Reported per order:
 
     python bench/reconfiguration.py [--events 500000] [--moved-keys 10000]
         [--max-moves-per-wave 2600] [--warmup-batches 3] [--orders ...] [--repeats 3]
+        [--broker embedded|kafka]
         [--out FILE]
 """
 
@@ -74,7 +75,7 @@ from _harness import (
     read_topic,
     routed_on_backlog,
 )
-from _output import emit
+from _output import emit, load_average
 
 from keyplane.control.controller import Controller
 from keyplane.control.controller_protocol import Reconfiguration
@@ -360,6 +361,12 @@ def main() -> None:
         help="batches each job runs before the rollout starts",
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs of the jobs")
+    parser.add_argument(
+        "--broker",
+        choices=("embedded", "kafka"),
+        default="embedded",
+        help="the embedded broker, or Apache Kafka (one KRaft node)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -384,7 +391,8 @@ def main() -> None:
             f"{len(waves)} waves need {needed}: raise --events, or --max-moves-per-wave, "
             "or leave 'in waves' out of --orders"
         )
-    with private_broker() as (bootstrap, tmp):
+    loads = [load_average()]
+    with private_broker(args.broker) as (bootstrap, tmp):
         produce_workload(spec, bootstrap, "reconf", partitions=8)
         store = tmp / "store"
         save(v1, store)
@@ -410,6 +418,7 @@ def main() -> None:
                     order,
                     [wave.version for wave in waves],
                 )
+            loads.append(load_average())
             baselines_exact.append(ran[None].exact)
             for order in args.orders:
                 results[order].append(measure(ran[order], ran[None]))
@@ -431,17 +440,31 @@ def main() -> None:
 
         return cell
 
+    def per_thousand_moved(rs: list[dict[str, Any]]) -> str:
+        """A cell: the extra ms of the switch and install batches per 1,000 moved states."""
+        each = [
+            1000 * (r["sums_moving"][0] - r["sums_moving"][1]) / r["moved"] * 1000
+            for r in rs
+            if r["moved"]
+        ]
+        if not each:
+            return "no state moved"
+        runs_ = ", ".join(f"{ms:+.0f}" for ms in each)
+        return f"**{statistics.median(each):+.0f}** ({min(each):+.0f} to {max(each):+.0f}); {runs_}"
+
     lines = [
         f"events: {args.events:,} zipf-evolving ({args.keys:,} keys, s = 0.6), "
         f"{args.batch:,} per batch, {P} instances, local[2]; v2 moves {len(moved_a):,} stage-A "
         f"keys and {len(b_keys)} stage-B keys; {args.repeats} run(s) of the "
-        f"{1 + len(args.orders)} jobs"
+        f"{1 + len(args.orders)} jobs on "
+        + ("Apache Kafka (one KRaft node)" if args.broker == "kafka" else "the embedded broker")
         + (
             f"; in waves: {len(waves)} waves of at most {args.max_moves_per_wave:,} moved keys"
             if "in waves" in args.orders
             else ""
         )
         + " (cells with several values: one per run)",
+        "load average (1, 5, 15 min) before the runs and after each run: " + " | ".join(loads),
         "",
         "| measure | " + " | ".join(args.orders) + " |",
         "|---|" + "---:|" * len(args.orders),
@@ -491,6 +514,10 @@ def main() -> None:
             "seconds the switch and install batches took beyond the same batches without "
             "a rollout (the moves' cost, whatever the batch size)",
             runs(lambda r: f"{r['sums_moving'][0] - r['sums_moving'][1]:+.1f}"),
+        ),
+        row(
+            "the moves' cost in milliseconds per 1,000 moved keys: median (min–max); runs",
+            per_thousand_moved,
         ),
         row(
             "of which reading the source ; stage A ; stage B ; the rest (Spark's event log)",
