@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -526,8 +528,10 @@ def test_the_promise_holds_on_ninety_percent_of_next_windows_of_a_drifting_workl
             drift=history.drift,
             followed=windows[t],
         )
+        # No drift is measured before the second window: no promise is made.
+        assert np.isfinite(current.promised_imbalance) == (t > 0)
         if t == 0:
-            continue  # no drift measured yet: the first promise is the in-sample imbalance
+            continue
         following = current.evaluate(windows[t + 1])
         worse = max(following.imbalance_a, following.imbalance_b)
         within_promise.append(worse <= current.promised_imbalance)
@@ -547,6 +551,29 @@ def test_with_no_drift_the_promise_is_the_training_imbalance_and_headroom_is_the
     )
     assert max(plan.predicted_imbalance_a, plan.predicted_imbalance_b) <= 1.015 + 1e-9
     assert drift_margin(pairs, (Drift(), Drift()), 8) == 0.0
+
+
+def test_a_drift_that_measured_no_window_yet_makes_no_promise_instead_of_an_in_sample_one() -> None:
+    windows = _drifting_windows(seed=3, windows=2)
+    history = PairHistory(HistoryPolicy(decay=0.5, min_weight=0.05), n_instances=6)
+    history.add(windows[0])
+    assert all(stage.windows == 0 for stage in history.drift)
+    first = choose_plan(history.statistics, 6, drift=history.drift)
+    assert first.promised_imbalance == math.inf
+    assert first.model_promise == 0.0
+    hashed = score(hash_plan(6), history.statistics, CostModel(), history.drift)
+    assert hashed.promised_imbalance == math.inf
+    # The in-sample imbalance the promise used to be does not hold on the next window.
+    following = first.evaluate(windows[1])
+    assert max(following.imbalance_a, following.imbalance_b) > max(
+        first.predicted_imbalance_a, first.predicted_imbalance_b
+    )
+    history.add(windows[1])
+    second = choose_plan(history.statistics, 6, current=first, drift=history.drift)
+    assert np.isfinite(second.promised_imbalance)
+    assert second.promised_imbalance >= max(
+        second.predicted_imbalance_a, second.predicted_imbalance_b
+    )
 
 
 def test_when_the_drift_takes_the_slack_the_plan_keeps_alpha_and_promises_more() -> None:
