@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -18,6 +19,7 @@ from keyplane.algorithms.locality import (
     PairStatistics,
     PlanSettings,
     TableRouter,
+    _calibration,
     _heavy_mask,
     aggregate_pairs,
     build_plan,
@@ -574,6 +576,26 @@ def test_a_drift_that_measured_no_window_yet_makes_no_promise_instead_of_an_in_s
     assert second.promised_imbalance >= max(
         second.predicted_imbalance_a, second.predicted_imbalance_b
     )
+
+
+def test_the_promise_calibration_is_the_split_conformal_rank_of_earlier_ratios() -> None:
+    # Too few ratios for the 95 % rank: the largest; never below the model's own bound.
+    assert _calibration(()) == 1.0
+    assert _calibration((0.2, 0.5)) == 1.0
+    assert _calibration((0.5, 2.5, 1.5)) == 2.5
+    # 39 ratios 1..39: the ⌈40 · 0.95⌉ = 38th smallest.
+    assert _calibration(tuple(float(r) for r in range(39, 0, -1))) == 38.0
+
+
+def test_the_chosen_plans_promise_is_its_model_bound_widened_by_the_calibration() -> None:
+    pairs = correlated_window(seed=2)
+    drift = (Drift(relative=0.2, windows=1), Drift(relative=0.2, windows=1))
+    first = choose_plan(pairs, 8, drift=drift)
+    assert first.promised_imbalance == pytest.approx(first.model_promise)
+    carried = dataclasses.replace(first, promise_ratios=(3.0,))
+    again = choose_plan(pairs, 8, current=carried, drift=drift)
+    assert again.promise_ratios == (3.0,)
+    assert again.promised_imbalance == pytest.approx(1.0 + 3.0 * (again.model_promise - 1.0))
 
 
 def test_when_the_drift_takes_the_slack_the_plan_keeps_alpha_and_promises_more() -> None:
