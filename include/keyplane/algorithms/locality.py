@@ -58,6 +58,7 @@ with FISH-style decay (paper 001 §4.1) instead of 000 §3.2's reset.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -400,7 +401,8 @@ class LocalityPlan:
     the cost model predicts for it on the next window (0 when no model
     scored it). ``promised_imbalance`` is the bound the plan expects the next
     window's worse stage to keep with :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE`
-    (0 when not scored): α stays the operator's target, the promise is what
+    (0 when not scored, ``math.inf`` when no drift has been measured yet, see
+    :func:`score`): α stays the operator's target, the promise is what
     this plan tells the operator to expect. ``model_promise`` is the drift
     model's bound before calibration (0 when no drift was measured) and
     ``promise_ratios`` how far earlier plans' next windows went, in units of
@@ -1316,18 +1318,24 @@ def score(
     Under ``drift`` (per stage; :attr:`PairHistory.drift`) the throughput is
     the cost model's at the expected next-window imbalance and the promise the
     :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE` bound of
-    :func:`keyplane.algorithms.costmodel.next_window`; without, both are in-sample.
+    :func:`keyplane.algorithms.costmodel.next_window`. Without ``drift`` both
+    are in-sample: the caller scores a plan on the window it runs on. A
+    ``drift`` that has measured no window yet is no evidence of how the next
+    window moves, and the in-sample imbalance is a bound the next window
+    breaks, so the promise is then unbounded (``math.inf``): none is made.
     """
     measured = plan.evaluate(window)
     ahead = next_window(stage_profiles(plan, window, drift or (Drift(), Drift())))
+    bound = max(ahead.promise, 1.0)
+    known = _measured_any(drift)
     return dataclasses.replace(
         plan,
         predicted_locality=measured.locality,
         predicted_imbalance_a=measured.imbalance_a,
         predicted_imbalance_b=measured.imbalance_b,
         predicted_throughput=cost.throughput(measured.locality, *ahead.imbalances),
-        promised_imbalance=max(ahead.promise, 1.0),
-        model_promise=max(ahead.promise, 1.0) if _measured_any(drift) else 0.0,
+        promised_imbalance=bound if drift is None or known else math.inf,
+        model_promise=bound if known else 0.0,
     )
 
 
@@ -1402,7 +1410,8 @@ def choose_plan(
     The chosen plan's ``promised_imbalance`` is the drift model's bound,
     calibrated on how earlier plans fared: ``followed`` is the window that
     ran under ``current``, whose imbalance there is added to the ratios
-    ``current`` carries (:func:`_calibration`).
+    ``current`` carries (:func:`_calibration`). Before ``drift`` has measured
+    a window there is no promise (``math.inf``, :func:`score`).
     """
     if not 0.0 <= headroom <= 1.0:
         raise ValueError(f"headroom must lie in [0, 1], got {headroom}")

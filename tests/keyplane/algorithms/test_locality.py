@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,6 +19,7 @@ from keyplane.algorithms.locality import (
     PairStatistics,
     PlanSettings,
     TableRouter,
+    _calibration,
     _heavy_mask,
     aggregate_pairs,
     build_plan,
@@ -526,8 +530,10 @@ def test_the_promise_holds_on_ninety_percent_of_next_windows_of_a_drifting_workl
             drift=history.drift,
             followed=windows[t],
         )
+        # No drift is measured before the second window: no promise is made.
+        assert np.isfinite(current.promised_imbalance) == (t > 0)
         if t == 0:
-            continue  # no drift measured yet: the first promise is the in-sample imbalance
+            continue
         following = current.evaluate(windows[t + 1])
         worse = max(following.imbalance_a, following.imbalance_b)
         within_promise.append(worse <= current.promised_imbalance)
@@ -547,6 +553,49 @@ def test_with_no_drift_the_promise_is_the_training_imbalance_and_headroom_is_the
     )
     assert max(plan.predicted_imbalance_a, plan.predicted_imbalance_b) <= 1.015 + 1e-9
     assert drift_margin(pairs, (Drift(), Drift()), 8) == 0.0
+
+
+def test_a_drift_that_measured_no_window_yet_makes_no_promise_instead_of_an_in_sample_one() -> None:
+    windows = _drifting_windows(seed=3, windows=2)
+    history = PairHistory(HistoryPolicy(decay=0.5, min_weight=0.05), n_instances=6)
+    history.add(windows[0])
+    assert all(stage.windows == 0 for stage in history.drift)
+    first = choose_plan(history.statistics, 6, drift=history.drift)
+    assert first.promised_imbalance == math.inf
+    assert first.model_promise == 0.0
+    hashed = score(hash_plan(6), history.statistics, CostModel(), history.drift)
+    assert hashed.promised_imbalance == math.inf
+    # The in-sample imbalance the promise used to be does not hold on the next window.
+    following = first.evaluate(windows[1])
+    assert max(following.imbalance_a, following.imbalance_b) > max(
+        first.predicted_imbalance_a, first.predicted_imbalance_b
+    )
+    history.add(windows[1])
+    second = choose_plan(history.statistics, 6, current=first, drift=history.drift)
+    assert np.isfinite(second.promised_imbalance)
+    assert second.promised_imbalance >= max(
+        second.predicted_imbalance_a, second.predicted_imbalance_b
+    )
+
+
+def test_the_promise_calibration_is_the_split_conformal_rank_of_earlier_ratios() -> None:
+    # Too few ratios for the 95 % rank: the largest; never below the model's own bound.
+    assert _calibration(()) == 1.0
+    assert _calibration((0.2, 0.5)) == 1.0
+    assert _calibration((0.5, 2.5, 1.5)) == 2.5
+    # 39 ratios 1..39: the ⌈40 · 0.95⌉ = 38th smallest.
+    assert _calibration(tuple(float(r) for r in range(39, 0, -1))) == 38.0
+
+
+def test_the_chosen_plans_promise_is_its_model_bound_widened_by_the_calibration() -> None:
+    pairs = correlated_window(seed=2)
+    drift = (Drift(relative=0.2, windows=1), Drift(relative=0.2, windows=1))
+    first = choose_plan(pairs, 8, drift=drift)
+    assert first.promised_imbalance == pytest.approx(first.model_promise)
+    carried = dataclasses.replace(first, promise_ratios=(3.0,))
+    again = choose_plan(pairs, 8, current=carried, drift=drift)
+    assert again.promise_ratios == (3.0,)
+    assert again.promised_imbalance == pytest.approx(1.0 + 3.0 * (again.model_promise - 1.0))
 
 
 def test_when_the_drift_takes_the_slack_the_plan_keeps_alpha_and_promises_more() -> None:
