@@ -257,20 +257,39 @@ def routed_rows(
     :mod:`keyplane.control.quarantine`), and a rollout's rows take the grouping
     values the source gave them.
 
-    Only a row that may become a dead letter carries its raw value to the
-    Arrow step: one that cannot be keyed, or whose key in some stage
-    ``quarantine`` names. The others' bytes would cross to Python for nothing.
+    Only a row that is not an event or may become a dead letter (one that
+    cannot be keyed, or whose key in some stage ``quarantine`` names) carries
+    its raw value and its other source columns to the Arrow step, those packed
+    in one JSON column (:data:`CONTROL_JSON`): every column that crosses to
+    Python costs for every row, null or not, and the other events need none.
     """
     from pyspark.sql import functions as F
 
+    n = len(pipeline.stage_names)
     keyed = keyed_events(inputs, pipeline, keep=(*_CONTROL_COLUMNS[1:], "detail", "value",
                                                   "versions", "routes", "kind"))  # fmt: skip
-    may_dead_letter = F.col("invalid").isNotNull()
+    passed = (F.col("kind") != "event") | F.col("invalid").isNotNull()
     for index, keys in sorted(_held_keys(_held(pipeline, quarantine)).items()):
-        may_dead_letter = may_dead_letter | F.col(key_column(index)).isin(keys)
-    keyed = keyed.withColumn("value", F.when(may_dead_letter, F.col("value")))
+        passed = passed | F.col(key_column(index)).isin(keys)
+    control = F.struct(*_CONTROL_COLUMNS[1:], "detail", *EVENT_ID_COLUMNS, "routes")
+    routed_input = keyed.select(
+        "kind",
+        *(key_column(i) for i in range(n)),
+        *(value_column(i) for i in range(n)),
+        VERSIONS_COLUMN,
+        "invalid",
+        F.when(passed, F.col("value")).alias("value"),
+        F.when(passed, F.to_json(control)).alias(CONTROL_JSON),
+    )
     route = batch_router(pipeline, store, parallelism, quarantine)
-    return keyed.mapInArrow(route, chain_schema(len(pipeline.stage_names)))
+    return routed_input.mapInArrow(route, chain_schema(n))
+
+
+CONTROL_JSON = "control"
+"""The Arrow step's input column that holds, as a JSON object, a row's source columns
+other than its kind, keys, values, versions, reason and raw value (rollout fields,
+``detail``, ``topic, partition, offset``, ``routes``), for the rows that are not events
+or may be dead letters; null, and absent from the object, where not needed."""
 
 
 def _held(
@@ -298,6 +317,10 @@ def batch_router(
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The Arrow step of :func:`routed_rows`: a task's keyed events → its :func:`chain_schema`
     batches. Spark-free, so that it runs on plain Arrow batches.
+
+    Its input has, per row, ``kind``, each stage's key and value, ``versions``,
+    ``invalid``, and, where the row is not an event or may be a dead letter,
+    its raw ``value`` and :data:`CONTROL_JSON`.
 
     Work is columnar but for the choices that need Python: a table that
     splits no key routes each distinct key of a batch once, since its route
@@ -336,23 +359,23 @@ def batch_router(
     def control_rows(
         batch: pa.RecordBatch, rows: list[int], reasons: dict[int, str]
     ) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {}
         picked = batch.take(pa.array(rows, pa.int64()))
-        for name in (*_CONTROL_COLUMNS, "detail"):
-            out[name] = picked.column(name).to_pylist()
+        fields = [json.loads(text or "{}") for text in picked.column(CONTROL_JSON).to_pylist()]
+        out: dict[str, list[Any]] = {"kind": picked.column("kind").to_pylist()}
+        for name in (*_CONTROL_COLUMNS[1:], "detail"):
+            out[name] = [f.get(name) for f in fields]
         invalid = [reasons.get(row, reason) for row, reason in
                    zip(rows, picked.column("invalid").to_pylist(), strict=True)]  # fmt: skip
-        routes = picked.column("routes").to_pylist()
-        topics, partitions = picked.column("topic").to_pylist(), picked.column("partition")
-        offsets, values = picked.column("offset").to_pylist(), picked.column("value").to_pylist()
+        routes = [f.get("routes") for f in fields]
+        values = picked.column("value").to_pylist()
         for i, kind in enumerate(out["kind"]):
             if kind != "event":
                 continue
             # An event that cannot be keyed: its dead letter, in the control groups.
-            source = f"{topics[i]}[{partitions[i].as_py()}]"
+            source = f"{fields[i].get('topic')}[{fields[i].get('partition')}]"
             out["kind"][i] = "invalid"
             out["detail"][i] = json.dumps(
-                {"source": source, "offset": offsets[i], "reason": invalid[i],
+                {"source": source, "offset": fields[i].get("offset"), "reason": invalid[i],
                  **dead_letter_value(values[i])}
             )  # fmt: skip
             routes[i] = [control_group(name, source, parallelism) for name in names]

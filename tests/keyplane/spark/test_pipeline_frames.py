@@ -180,30 +180,26 @@ def test_each_stage_routes_its_key_by_the_rows_version_of_its_table(spark, tmp_p
 
 
 def _keyed_batch(rows: Sequence[tuple[str | None, str | None, str | None, bytes | None]]):
-    """:func:`keyed_events` rows of a two-stage pipeline, as the Arrow step receives them:
-    ``(k0, v0, invalid, value)`` per event, offsets in order, every stage on version 1."""
+    """The Arrow step's input for a two-stage pipeline, as :func:`routed_rows` gives it:
+    ``(k0, v0, invalid, value)`` per event, offsets in order, every stage on version 1; the
+    raw value and source columns of every row, as if each might be a dead letter."""
     import pyarrow as pa
+
+    from keyplane.spark.pipeline_frames import CONTROL_JSON
 
     n = len(rows)
     text = pa.string()
+    control = [json.dumps({"topic": "clicks", "partition": 0, "offset": i}) for i in range(n)]
     columns = {
-        "topic": pa.array(["clicks"] * n),
-        "partition": pa.array([0] * n, pa.int32()),
-        "offset": pa.array(range(n), pa.int64()),
-        **{c: pa.nulls(n, text) for c in ("stage", "key", "routed_key", "target")},
-        "count": pa.nulls(n, pa.int64()),
-        "state": pa.nulls(n, text),
-        "marker": pa.nulls(n, pa.int64()),
-        "detail": pa.nulls(n, text),
-        "value": pa.array([r[3] for r in rows], pa.binary()),
-        "versions": pa.array([[1, 1]] * n, pa.list_(pa.int32())),
-        "routes": pa.nulls(n, pa.list_(text)),
         "kind": pa.array(["event"] * n),
         "k0": pa.array([r[0] for r in rows], text),
         "k1": pa.array(["c" if r[2] is None else None for r in rows], text),
         "v0": pa.array([r[1] for r in rows], text),
         "v1": pa.array(["" if r[2] is None else None for r in rows], text),
+        "versions": pa.array([[1, 1]] * n, pa.list_(pa.int32())),
         "invalid": pa.array([r[2] for r in rows], text),
+        "value": pa.array([r[3] for r in rows], pa.binary()),
+        CONTROL_JSON: pa.array(control, text),
     }
     return pa.RecordBatch.from_pydict(columns)
 
@@ -314,3 +310,41 @@ def test_a_quarantined_pair_keeps_its_raw_value_through_spark(spark, tmp_path: P
         values[0].decode()
     }
     assert [(row.k0, row.v0, row.n) for row in rows if row.kind == "event"] == [("u", "s2", 1)]
+
+
+def test_a_sources_own_dead_letter_and_rollout_row_pass_as_the_source_gave_them_pure(
+    tmp_path: Path,
+) -> None:
+    """An ``invalid`` row the source made (an oversized record) and an ``evict`` row keep
+    their detail, rollout fields and grouping values through the Arrow step."""
+    import pyarrow as pa
+
+    from keyplane.spark.pipeline_frames import CONTROL_JSON
+
+    batch = _keyed_batch([("u2", "s1", None, b"{}")])
+    oversized = {"detail": '{"reason": "oversized"}', "routes": ["\x00a", "\x00b"]}
+    evict = {"stage": "users", "key": "u1", "routed_key": "u1", "target": "u1#2",
+             "marker": 7, "routes": ["u1"]}  # fmt: skip
+    extra = pa.RecordBatch.from_pylist(
+        [
+            {
+                "kind": "invalid",
+                "invalid": "a record with no value",
+                CONTROL_JSON: json.dumps(oversized),
+            },
+            {"kind": "evict", "invalid": "a record with no value", CONTROL_JSON: json.dumps(evict)},
+        ],
+        schema=batch.schema,
+    )
+    rows = _route(_hot_store(tmp_path), pa.Table.from_batches([batch, extra]).combine_chunks()
+                  .to_batches()[0])  # fmt: skip
+    by_kind = {row["kind"]: row for row in rows}
+    assert (by_kind["invalid"]["detail"], by_kind["invalid"]["r0"], by_kind["invalid"]["r1"]) == (
+        oversized["detail"], "\x00a", "\x00b"
+    )  # fmt: skip
+    moved = by_kind["evict"]
+    assert (moved["stage"], moved["key"], moved["routed_key"], moved["target"]) == (
+        "users", "u1", "u1", "u1#2"
+    )  # fmt: skip
+    assert (moved["marker"], moved["r0"], moved["r1"]) == (7, "u1", None)
+    assert by_kind["event"]["n"] == 1
