@@ -19,7 +19,7 @@ that names the stage, not at the first batch.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -244,19 +244,91 @@ def routed_rows(
     """The pipeline source's rows → the first stage's input, :func:`chain_schema` rows.
 
     Events are keyed by Spark (:func:`keyed_events`), then routed on the
-    executors: each stage's key by the version of its stored table the row
-    carries (000 §3.3), a hot key's events spread over its routed keys by the
-    task's least-loaded choice in row order (001 §4.1.2), any other key to
-    itself. The same rows in the same order route the same way, so a
-    replayed batch routes as it first did. A task's events are then combined
-    into one row per distinct (keys, values, routed keys) with their number
-    ``n``, as Spark's partial aggregation combines a partition before its
-    shuffle. An event that cannot be keyed becomes an ``invalid`` row, as does
-    one ``quarantine`` holds (a stage's aggregate raised on its key and value:
-    ``(stage, key, value, reason)``, :mod:`keyplane.control.quarantine`), and a
-    rollout's rows take the grouping values the source gave them.
+    executors (:func:`batch_router`): each stage's key by the version of its
+    stored table the row carries (000 §3.3), a hot key's events spread over
+    its routed keys by the task's least-loaded choice in row order (001
+    §4.1.2), any other key to itself. The same rows in the same order route
+    the same way, so a replayed batch routes as it first did. A task's events
+    are then combined into one row per distinct (keys, values, routed keys)
+    with their number ``n``, as Spark's partial aggregation combines a
+    partition before its shuffle. An event that cannot be keyed becomes an
+    ``invalid`` row, as does one ``quarantine`` holds (a stage's aggregate
+    raised on its key and value: ``(stage, key, value, reason)``,
+    :mod:`keyplane.control.quarantine`), and a rollout's rows take the grouping
+    values the source gave them.
+
+    Only a row that is not an event or may become a dead letter (one that
+    cannot be keyed, or whose key in some stage ``quarantine`` names) carries
+    its raw value and its other source columns to the Arrow step, those packed
+    in one JSON column (:data:`CONTROL_JSON`): every column that crosses to
+    Python costs for every row, null or not, and the other events need none.
+    """
+    from pyspark.sql import functions as F
+
+    n = len(pipeline.stage_names)
+    keyed = keyed_events(inputs, pipeline, keep=(*_CONTROL_COLUMNS[1:], "detail", "value",
+                                                  "versions", "routes", "kind"))  # fmt: skip
+    passed = (F.col("kind") != "event") | F.col("invalid").isNotNull()
+    for index, keys in sorted(_held_keys(_held(pipeline, quarantine)).items()):
+        passed = passed | F.col(key_column(index)).isin(keys)
+    control = F.struct(*_CONTROL_COLUMNS[1:], "detail", *EVENT_ID_COLUMNS, "routes")
+    routed_input = keyed.select(
+        "kind",
+        *(key_column(i) for i in range(n)),
+        *(value_column(i) for i in range(n)),
+        VERSIONS_COLUMN,
+        "invalid",
+        F.when(passed, F.col("value")).alias("value"),
+        F.when(passed, F.to_json(control)).alias(CONTROL_JSON),
+    )
+    route = batch_router(pipeline, store, parallelism, quarantine)
+    return routed_input.mapInArrow(route, chain_schema(n))
+
+
+CONTROL_JSON = "control"
+"""The Arrow step's input column that holds, as a JSON object, a row's source columns
+other than its kind, keys, values, versions, reason and raw value (rollout fields,
+``detail``, ``topic, partition, offset``, ``routes``), for the rows that are not events
+or may be dead letters; null, and absent from the object, where not needed."""
+
+
+def _held(
+    pipeline: Pipeline, quarantine: Sequence[tuple[str, str, str, str]]
+) -> dict[tuple[int, str, str], str]:
+    """``quarantine``'s entries for ``pipeline``'s stages: (stage index, key, value) → reason."""
+    names = pipeline.stage_names
+    return {(names.index(stage), key, value): reason for stage, key, value, reason in quarantine
+            if stage in names}  # fmt: skip
+
+
+def _held_keys(held: dict[tuple[int, str, str], str]) -> dict[int, list[str]]:
+    """The keys ``held`` names, by stage index."""
+    keys: dict[int, list[str]] = {}
+    for index, key, _ in held:
+        keys.setdefault(index, []).append(key)
+    return keys
+
+
+def batch_router(
+    pipeline: Pipeline,
+    store: Path,
+    parallelism: int,
+    quarantine: Sequence[tuple[str, str, str, str]] = (),
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The Arrow step of :func:`routed_rows`: a task's keyed events → its :func:`chain_schema`
+    batches. Spark-free, so that it runs on plain Arrow batches.
+
+    Its input has, per row, ``kind``, each stage's key and value, ``versions``,
+    ``invalid``, and, where the row is not an event or may be a dead letter,
+    its raw ``value`` and :data:`CONTROL_JSON`.
+
+    Work is columnar but for the choices that need Python: a table that
+    splits no key routes each distinct key of a batch once, since its route
+    is a function of the key alone; a table that splits one routes row by row
+    in order, as the least-loaded choice needs (001 §4.1.2).
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from keyplane.reference.events import dead_letter_value
     from keyplane.routing.handoff import LeastLoadedRoutes
@@ -265,24 +337,21 @@ def routed_rows(
     names = pipeline.stage_names
     n = len(names)
     location = str(store.resolve())
-    keyed = keyed_events(inputs, pipeline, keep=(*_CONTROL_COLUMNS[1:], "detail", "value",
-                                                  "versions", "routes", "kind"))  # fmt: skip
-    schema = chain_schema(n)
-    arrow = _arrow_schema(schema)
+    arrow = _arrow_schema(chain_schema(n))
     columns = chain_columns(n)
     routed_names = [routed_column(i) for i in range(n)]
-
-    held = {(names.index(stage), key, value): reason for stage, key, value, reason in quarantine
-            if stage in names}  # fmt: skip
+    held = _held(pipeline, quarantine)
+    held_keys = {index: pa.array(keys, pa.string()) for index, keys in _held_keys(held).items()}
 
     def quarantined(batch: pa.RecordBatch) -> dict[int, str]:
-        """The batch's rows that ``quarantine`` holds, with the reason."""
+        """The batch's rows that ``quarantine`` holds, with the reason; only the rows whose
+        key it names are looked at one by one."""
         found: dict[int, str] = {}
-        for index in sorted({index for index, _, _ in held}):
-            keys = batch.column(key_column(index)).to_pylist()
-            values = batch.column(value_column(index)).to_pylist()
-            for row, pair in enumerate(zip(keys, values, strict=True)):
-                reason = held.get((index, *pair))
+        for index in sorted(held_keys):
+            keys, values = batch.column(key_column(index)), batch.column(value_column(index))
+            named = pc.indices_nonzero(pc.is_in(keys, value_set=held_keys[index]))
+            for row in named.to_pylist():
+                reason = held.get((index, keys[row].as_py(), values[row].as_py()))
                 if reason is not None:
                     found.setdefault(row, reason)
         return found
@@ -290,23 +359,23 @@ def routed_rows(
     def control_rows(
         batch: pa.RecordBatch, rows: list[int], reasons: dict[int, str]
     ) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {}
         picked = batch.take(pa.array(rows, pa.int64()))
-        for name in (*_CONTROL_COLUMNS, "detail"):
-            out[name] = picked.column(name).to_pylist()
+        fields = [json.loads(text or "{}") for text in picked.column(CONTROL_JSON).to_pylist()]
+        out: dict[str, list[Any]] = {"kind": picked.column("kind").to_pylist()}
+        for name in (*_CONTROL_COLUMNS[1:], "detail"):
+            out[name] = [f.get(name) for f in fields]
         invalid = [reasons.get(row, reason) for row, reason in
                    zip(rows, picked.column("invalid").to_pylist(), strict=True)]  # fmt: skip
-        routes = picked.column("routes").to_pylist()
-        topics, partitions = picked.column("topic").to_pylist(), picked.column("partition")
-        offsets, values = picked.column("offset").to_pylist(), picked.column("value").to_pylist()
+        routes = [f.get("routes") for f in fields]
+        values = picked.column("value").to_pylist()
         for i, kind in enumerate(out["kind"]):
             if kind != "event":
                 continue
             # An event that cannot be keyed: its dead letter, in the control groups.
-            source = f"{topics[i]}[{partitions[i].as_py()}]"
+            source = f"{fields[i].get('topic')}[{fields[i].get('partition')}]"
             out["kind"][i] = "invalid"
             out["detail"][i] = json.dumps(
-                {"source": source, "offset": offsets[i], "reason": invalid[i],
+                {"source": source, "offset": fields[i].get("offset"), "reason": invalid[i],
                  **dead_letter_value(values[i])}
             )  # fmt: skip
             routes[i] = [control_group(name, source, parallelism) for name in names]
@@ -317,46 +386,64 @@ def routed_rows(
     def route(batches: Any) -> Any:
         tables = tables_for(location, parallelism)
         balancers: dict[tuple[int, int], LeastLoadedRoutes] = {}
+
+        def routed(index: int, version: int, keys: pa.Array) -> pa.Array:
+            """Stage ``index``'s routed keys of ``keys``, in order, by table ``version``."""
+            table = tables.table(version, names[index])
+            if not table.hot_keys:
+                encoded = pc.dictionary_encode(keys)
+                distinct = encoded.dictionary.to_pylist()
+                routes = table.route_all(distinct)
+                firsts = pa.array([routes[key][0] for key in distinct], pa.string())
+                return firsts.take(encoded.indices)
+            balancer = balancers.get((index, version))
+            if balancer is None:
+                balancer = balancers[index, version] = LeastLoadedRoutes(table.instances_of)
+            listed = keys.to_pylist()
+            return pa.array(balancer.pick_all(listed, table.route_all(listed)), pa.string())
+
         events: list[pa.Table] = []
         for batch in batches:
-            kinds = batch.column("kind").to_pylist()
-            invalid = batch.column("invalid").to_pylist()
             held_rows = quarantined(batch) if held else {}
-            good = [i for i, (k, bad) in enumerate(zip(kinds, invalid, strict=True))
-                    if k == "event" and bad is None and i not in held_rows]  # fmt: skip
-            good_set = set(good)
-            other = [i for i in range(batch.num_rows) if i not in good_set]
+            good = pc.fill_null(
+                pc.and_(
+                    pc.equal(batch.column("kind"), "event"), pc.is_null(batch.column("invalid"))
+                ),
+                False,
+            )
+            if held_rows:
+                flags = good.to_pylist()
+                for row in held_rows:
+                    flags[row] = False
+                good = pa.array(flags, pa.bool_())
+            other = pc.indices_nonzero(pc.invert(good)).to_pylist()
             if other:
                 out = control_rows(batch, other, held_rows)
                 yield _arrow_batch(arrow, len(other), out)
-            if not good:
+            picked = batch.filter(good)
+            if picked.num_rows == 0:
                 continue
-            picked = batch.take(pa.array(good, pa.int64()))
-            versions = picked.column(VERSIONS_COLUMN).to_pylist()
-            routed: dict[str, Any] = {}
-            for index, name in enumerate(names):
-                keys = picked.column(key_column(index)).to_pylist()
-                chosen: list[str] = [""] * len(keys)
-                by_version: dict[int, list[int]] = {}
-                for row, version in enumerate(versions):
-                    by_version.setdefault(int(version[index]), []).append(row)
-                for version, rows in by_version.items():
-                    table = tables.table(version, name)
-                    balancer = balancers.get((index, version))
-                    if balancer is None:
-                        balancer = LeastLoadedRoutes(table.instances_of, split=bool(table.hot_keys))
-                        balancers[index, version] = balancer
-                    these = [keys[row] for row in rows]
-                    for row, route_ in zip(
-                        rows, balancer.pick_all(these, table.route_all(these)), strict=True
-                    ):
-                        chosen[row] = route_
-                routed[routed_column(index)] = pa.array(chosen, pa.string())
+            versions = picked.column(VERSIONS_COLUMN)
+            chosen: dict[str, Any] = {}
+            for index in range(n):
+                keys = picked.column(key_column(index))
+                stage_versions = pc.list_element(versions, index)
+                distinct = pc.unique(stage_versions).to_pylist()
+                if len(distinct) == 1:
+                    chosen[routed_column(index)] = routed(index, int(distinct[0]), keys)
+                    continue
+                scattered: list[str] = [""] * len(keys)
+                for version in distinct:
+                    rows = pc.indices_nonzero(pc.equal(stage_versions, version))
+                    these = routed(index, int(version), keys.take(rows)).to_pylist()
+                    for row, route_ in zip(rows.to_pylist(), these, strict=True):
+                        scattered[row] = route_
+                chosen[routed_column(index)] = pa.array(scattered, pa.string())
             events.append(
                 pa.table(
                     {
-                        **{c: picked.column(c) for c in columns if c not in routed},
-                        **routed,
+                        **{c: picked.column(c) for c in columns if c not in chosen},
+                        **chosen,
                     }
                 )
             )
@@ -377,7 +464,7 @@ def routed_rows(
                 },
             )
 
-    return keyed.mapInArrow(route, schema)
+    return route
 
 
 def _ddl(frame: DataFrame) -> str:

@@ -161,6 +161,7 @@ def test_each_stage_routes_its_key_by_the_rows_version_of_its_table(spark, tmp_p
     assert json.loads(invalid.detail)["reason"] == (
         "the value does not parse against the source schema"
     )
+    assert json.loads(invalid.detail)["value"] == "{broken"
     assert invalid.r0.startswith(CONTROL_STARTS[0]) and invalid.r1.startswith(CONTROL_STARTS[0])
     good = [row for row in rows if row.kind == "event"]
     assert sum(row.n for row in good) == 60
@@ -176,3 +177,174 @@ def test_each_stage_routes_its_key_by_the_rows_version_of_its_table(spark, tmp_p
     [moved] = by_user.pop("u1")
     assert spark_partition(moved, 4) == moved_off_hash(["u1"], 4, 1)["u1"]
     assert by_user == {"u2": {"u2"}}
+
+
+def _keyed_batch(rows: Sequence[tuple[str | None, str | None, str | None, bytes | None]]):
+    """The Arrow step's input for a two-stage pipeline, as :func:`routed_rows` gives it:
+    ``(k0, v0, invalid, value)`` per event, offsets in order, every stage on version 1; the
+    raw value and source columns of every row, as if each might be a dead letter."""
+    import pyarrow as pa
+
+    from keyplane.spark.pipeline_frames import CONTROL_JSON
+
+    n = len(rows)
+    text = pa.string()
+    control = [json.dumps({"topic": "clicks", "partition": 0, "offset": i}) for i in range(n)]
+    columns = {
+        "kind": pa.array(["event"] * n),
+        "k0": pa.array([r[0] for r in rows], text),
+        "k1": pa.array(["c" if r[2] is None else None for r in rows], text),
+        "v0": pa.array([r[1] for r in rows], text),
+        "v1": pa.array(["" if r[2] is None else None for r in rows], text),
+        "versions": pa.array([[1, 1]] * n, pa.list_(pa.int32())),
+        "invalid": pa.array([r[2] for r in rows], text),
+        "value": pa.array([r[3] for r in rows], pa.binary()),
+        CONTROL_JSON: pa.array(control, text),
+    }
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def _route(store: Path, batch, quarantine=()) -> list[dict]:
+    from keyplane.spark.pipeline_frames import batch_router
+
+    pipeline = clicks(
+        Stage("users", "user_id", value="session_id"), Stage("pages", "page.category")
+    )
+    route = batch_router(pipeline, store, 4, quarantine)
+    return [row for out in route(iter([batch])) for row in out.to_pylist()]
+
+
+def _hot_store(tmp_path: Path) -> Path:
+    from keyplane.routing.config import save
+    from keyplane.testing import moved_off_hash_config
+
+    store = tmp_path / "store"
+    save(moved_off_hash_config(1, {"users": ["u1"]}, 4, hot_keys={"users": {"u0": (0, 1, 2)}}),
+         store)  # fmt: skip
+    return store
+
+
+def test_a_replayed_batch_spreads_a_hot_key_as_it_first_did_pure(tmp_path: Path) -> None:
+    """Two readers of the same Arrow batch (a batch and its replay, each in a fresh
+    task) give the same rows: the hot key u0 spread over its three routed keys with the
+    same counts, every event counted once."""
+    from keyplane.routing.routedkeys import spark_partition
+
+    store = _hot_store(tmp_path)
+    events = [(f"u{i % 3 if i % 4 == 3 else 0}", f"s{i % 2}", None, b"{}") for i in range(90)]
+    batch = _keyed_batch(events)
+    first, replay = _route(store, batch), _route(store, batch)
+
+    def key(row: dict) -> tuple:
+        return tuple(sorted((k, str(v)) for k, v in row.items()))
+
+    assert sorted(first, key=key) == sorted(replay, key=key)
+    assert sum(row["n"] for row in first) == 90
+    hot = {row["r0"] for row in first if row["k0"] == "u0"}
+    assert {spark_partition(r, 4) for r in hot} == {0, 1, 2}
+    spread = [sum(r["n"] for r in first if r["r0"] == routed) for routed in sorted(hot)]
+    assert max(spread) - min(spread) <= 1 + 90 // 4  # the cold keys fill their instance too
+
+
+def test_a_batch_of_only_dead_letters_gives_them_with_reasons_and_raw_bytes_pure(
+    tmp_path: Path,
+) -> None:
+    """No event can be keyed: each is an invalid row with its reason and raw value, in the
+    control groups, and no event row is combined."""
+    from keyplane.routing.routedkeys import CONTROL_STARTS
+
+    store = _hot_store(tmp_path)
+    rows = _route(store, _keyed_batch([
+        (None, None, "the value does not parse against the source schema", b"{broken"),
+        (None, None, "stage 'users': the key 'user_id' is null", b'{"page": "p"}'),
+    ]))  # fmt: skip
+    assert [row["kind"] for row in rows] == ["invalid", "invalid"]
+    details = [json.loads(row["detail"]) for row in rows]
+    assert [(d["offset"], d["reason"], d["value"]) for d in details] == [
+        (0, "the value does not parse against the source schema", "{broken"),
+        (1, "stage 'users': the key 'user_id' is null", '{"page": "p"}'),
+    ]
+    assert all(row["r0"].startswith(CONTROL_STARTS[0]) for row in rows)
+
+
+def test_a_quarantined_pair_is_dead_lettered_and_its_key_otherwise_routed_pure(
+    tmp_path: Path,
+) -> None:
+    """Only the held (key, value) pair is refused, with the quarantine's reason and its raw
+    value; the same key with another value routes as ever."""
+    store = _hot_store(tmp_path)
+    batch = _keyed_batch([("u2", "s1", None, b"sick"), ("u2", "s2", None, b"fine"),
+                          ("u2", "s1", None, b"sick again")])  # fmt: skip
+    rows = _route(store, batch, [("users", "u2", "s1", "boom"), ("pages", "u2", "s2", "no")])
+    invalid = [json.loads(row["detail"]) for row in rows if row["kind"] == "invalid"]
+    assert [(d["offset"], d["reason"], d["value"]) for d in invalid] == [
+        (0, "boom", "sick"),
+        (2, "boom", "sick again"),
+    ]
+    [event] = [row for row in rows if row["kind"] == "event"]
+    assert (event["k0"], event["v0"], event["r0"], event["n"]) == ("u2", "s2", "u2", 1)
+
+
+@pytest.mark.integration
+def test_a_quarantined_pair_keeps_its_raw_value_through_spark(spark, tmp_path: Path) -> None:
+    """Spark passes the raw value on only for rows that may be dead letters; a held pair's
+    rows are among them, so their dead letters keep their bytes."""
+    from keyplane.spark.chain_source import CHAIN_INPUT_SCHEMA
+
+    pipeline = clicks(
+        Stage("users", "user_id", value="session_id"), Stage("pages", "page.category")
+    )
+    values = [json.dumps({"user_id": "u", "session_id": s, "page": {"category": "p"}}).encode()
+              for s in ("s1", "s2", "s1")]  # fmt: skip
+    width = len(CHAIN_INPUT_SCHEMA.split(", "))
+    source_rows = [
+        ("event", *[None] * 8, "clicks", 0, offset, value, [1, 1], None, *[None] * (width - 15))
+        for offset, value in enumerate(values)
+    ]
+    inputs = spark.createDataFrame(source_rows, CHAIN_INPUT_SCHEMA).coalesce(1)
+    quarantine = [("users", "u", "s1", "boom")]
+    rows = routed_rows(inputs, pipeline, _hot_store(tmp_path), 4, quarantine).collect()
+    dead = sorted(json.loads(row.detail)["offset"] for row in rows if row.kind == "invalid")
+    assert dead == [0, 2]
+    assert {json.loads(row.detail)["value"] for row in rows if row.kind == "invalid"} == {
+        values[0].decode()
+    }
+    assert [(row.k0, row.v0, row.n) for row in rows if row.kind == "event"] == [("u", "s2", 1)]
+
+
+def test_a_sources_own_dead_letter_and_rollout_row_pass_as_the_source_gave_them_pure(
+    tmp_path: Path,
+) -> None:
+    """An ``invalid`` row the source made (an oversized record) and an ``evict`` row keep
+    their detail, rollout fields and grouping values through the Arrow step."""
+    import pyarrow as pa
+
+    from keyplane.spark.pipeline_frames import CONTROL_JSON
+
+    batch = _keyed_batch([("u2", "s1", None, b"{}")])
+    oversized = {"detail": '{"reason": "oversized"}', "routes": ["\x00a", "\x00b"]}
+    evict = {"stage": "users", "key": "u1", "routed_key": "u1", "target": "u1#2",
+             "marker": 7, "routes": ["u1"]}  # fmt: skip
+    extra = pa.RecordBatch.from_pylist(
+        [
+            {
+                "kind": "invalid",
+                "invalid": "a record with no value",
+                CONTROL_JSON: json.dumps(oversized),
+            },
+            {"kind": "evict", "invalid": "a record with no value", CONTROL_JSON: json.dumps(evict)},
+        ],
+        schema=batch.schema,
+    )
+    rows = _route(_hot_store(tmp_path), pa.Table.from_batches([batch, extra]).combine_chunks()
+                  .to_batches()[0])  # fmt: skip
+    by_kind = {row["kind"]: row for row in rows}
+    assert (by_kind["invalid"]["detail"], by_kind["invalid"]["r0"], by_kind["invalid"]["r1"]) == (
+        oversized["detail"], "\x00a", "\x00b"
+    )  # fmt: skip
+    moved = by_kind["evict"]
+    assert (moved["stage"], moved["key"], moved["routed_key"], moved["target"]) == (
+        "users", "u1", "u1", "u1#2"
+    )  # fmt: skip
+    assert (moved["marker"], moved["r0"], moved["r1"]) == (7, "u1", None)
+    assert by_kind["event"]["n"] == 1
