@@ -42,15 +42,10 @@ from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import RoutingConfig, save, version_path
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import PROGRESS_PREFIX, job_command, parse_settings, read_results
-from keyplane.spark.jobprocess import (
-    JobError,
-    JobExited,
-    JobProcess,
-    JobRecord,
-    _last_progress,
-    read_metrics_topic,
-    read_rollout,
-)
+from keyplane.spark.job_log import last_progress
+from keyplane.spark.job_record import JobError, JobExited, JobRecord
+from keyplane.spark.job_status import read_metrics_topic, read_rollout
+from keyplane.spark.jobprocess import JobProcess
 from keyplane.testing import free_port
 from keyplane.util.processes import alive, start_detached
 
@@ -607,14 +602,14 @@ def test_last_progress_is_the_last_complete_line_of_this_run(tmp_path: Path) -> 
     this_run = _progress(0, 10) + ("spark noise\n" * 300) + _progress(1, 20) + "more noise\n"
     log.write_text(earlier_run + this_run + PROGRESS_PREFIX + '{"batch_id": 2')
 
-    found = _last_progress(log, len(earlier_run), block=97)
-    only_earlier = _last_progress(log, 0, block=97)
-    none_yet = _last_progress(log, len(earlier_run) + len(this_run))
+    found = last_progress(log, len(earlier_run), block=97)
+    only_earlier = last_progress(log, 0, block=97)
+    none_yet = last_progress(log, len(earlier_run) + len(this_run))
 
     assert found is not None and (found.batch_id, found.committed) == (1, 20)
     assert only_earlier == found
     assert none_yet is None
-    assert _last_progress(tmp_path / "missing.log", 0) is None
+    assert last_progress(tmp_path / "missing.log", 0) is None
 
 
 def test_status_shows_the_progress_of_the_running_run_only(
