@@ -49,10 +49,10 @@ def partitions_on_record(
             source=f"the checkpoint {checkpoint} runs {counted}",
             fix=f"move {directory} aside to start afresh",
         )
-    return _stored_partitions(store)
+    return stored_partitions(store)
 
 
-def _stored_partitions(store: Path) -> PartitionsOnRecord | None:
+def stored_partitions(store: Path) -> PartitionsOnRecord | None:
     """The instances the newest stored configuration routes over, and where that is said;
     None when the store holds no configuration, cannot be read (the job refuses it
     itself, with the store's reason) or routes its operators over different counts."""

@@ -42,6 +42,7 @@ from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import RoutingConfig, save, version_path
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import PROGRESS_PREFIX, job_command, parse_settings, read_results
+from keyplane.spark.job_checks import stored_partitions
 from keyplane.spark.job_log import last_progress
 from keyplane.spark.job_record import JobError, JobExited, JobRecord
 from keyplane.spark.job_status import read_metrics_topic, read_rollout
@@ -343,9 +344,9 @@ def test_a_store_that_binds_no_partition_count_records_none_and_leaves_the_count
     mixed = RoutingConfig.model_validate(
         {**hashed.model_dump(), "operators": {"A": {"parallelism": 2}, "B": {"parallelism": 3}}}
     )
-    seen = [JobProcess(settings)._stored_partitions()]
+    seen = [stored_partitions(settings.config_store)]
     save(mixed, settings.config_store)
-    seen.append(JobProcess(settings)._stored_partitions())
+    seen.append(stored_partitions(settings.config_store))
     free = (
         JobProcess(settings).shuffle_partitions(),
         JobProcess(settings, shuffle_partitions=3).shuffle_partitions(),
@@ -354,7 +355,7 @@ def test_a_store_that_binds_no_partition_count_records_none_and_leaves_the_count
     save(hashed, damaged.config_store)
     with (version_path(damaged.config_store, 1) / "operator-000.table.parquet").open("ab") as table:
         table.write(b"x")
-    seen.append(JobProcess(damaged)._stored_partitions())
+    seen.append(stored_partitions(damaged.config_store))
 
     assert seen == [None, None, None]
     assert free == (4, 3)
