@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from keyplane.algorithms import statistics as stats
 from keyplane.orchestration import decision_steps, planning, run_records
@@ -27,9 +27,6 @@ from keyplane.orchestration.run_records import (
 )
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -150,20 +147,16 @@ def compute_configuration(
     ``created_by`` records what started the run (its schedule, an operator,
     a metrics event), so the store says why each version exists.
 
-    METIS routing tables (000 §3.3, :func:`keyplane.algorithms.locality.build_plan`) and
-    FISH hot keys (001 §4.1.2). With ``params.max_moves_per_wave``, the
-    change is stored as waves that each move at most that many keys, the
-    last routing as the plan (:func:`keyplane.routing.waves.split_into_waves`), so
-    the rollout spreads its moved states over more micro-batches; a change
-    that needs more than ``max_waves`` waves (a DAG run's limit, None: none)
-    fails before anything is stored. Retried,
-    it returns the versions it stored the first time instead of storing more,
-    also after a try that died while storing them: the versions and the
-    parent are reserved first
-    (:func:`~keyplane.orchestration.run_records.reserve_versions`),
-    and the plan, a function
-    of the snapshot, the Params and the parent (METIS runs seeded), comes
-    out the same.
+    METIS routing tables (000 §3.3, :func:`keyplane.algorithms.locality.build_plan`) and FISH hot
+    keys (001 §4.1.2). With ``params.max_moves_per_wave``, the change is stored as waves that each
+    move at most that many keys, the last routing as the plan
+    (:func:`keyplane.routing.waves.split_into_waves`), so the rollout spreads its moved states over
+    more micro-batches; a change that needs more than ``max_waves`` waves (a DAG run's limit, None:
+    none) fails before anything is stored. Retried, it returns the versions it stored the first time
+    instead of storing more, also after a try that died while storing them: the versions and the
+    parent are reserved first (:func:`~keyplane.orchestration.run_records.reserve_versions`), and
+    the plan, a function of the snapshot, the Params and the parent (METIS runs seeded), comes out
+    the same.
     """
     folder = run_records.reconfigure_folder(deployment, run_id)
     existing = folder / PROPOSAL
@@ -259,20 +252,16 @@ def validate_configuration(
 ) -> dict[str, Any]:
     """Run the configuration suites on a stored version; raise with the summary if it fails.
 
-    The verdict is recorded next to the store (``validation-v<version>.json``),
-    which
-    :func:`~keyplane.orchestration.rollout_steps.publish`
-    requires. The snapshot's training weights are the
-    key loads the suites route through the configuration
-    (:func:`keyplane.orchestration.quality.predicted_instance_loads`), so a configuration
-    that overloads an instance fails whatever its plan claimed. Only the
-    operators the version changes are judged (:func:`changed_operators`),
-    each over its active instances. ``version`` defaults to the run's
-    proposal. When the proposal passes and rolls out
-    in waves, each wave before it is recorded as validated with that reason:
-    a wave routes every key either as the active version or as the proposal
-    does, and it is a step on the way to a configuration that passed, not a
-    plan of its own (as a rollback is recorded,
+    The verdict is recorded next to the store (``validation-v<version>.json``), which
+    :func:`~keyplane.orchestration.rollout_steps.publish` requires. The snapshot's training weights
+    are the key loads the suites route through the configuration
+    (:func:`keyplane.orchestration.quality.predicted_instance_loads`), so a configuration that
+    overloads an instance fails whatever its plan claimed. Only the operators the version changes
+    are judged (:func:`changed_operators`), each over its active instances. ``version`` defaults to
+    the run's proposal. When the proposal passes and rolls out in waves, each wave before it is
+    recorded as validated with that reason: a wave routes every key either as the active version or
+    as the proposal does, and it is a step on the way to a configuration that passed, not a plan of
+    its own (as a rollback is recorded,
     :func:`~keyplane.orchestration.verification_steps.prepare_rollback`).
     """
     from keyplane.orchestration.quality import OperatorPrediction, QualitySettings, locked_context
@@ -348,8 +337,7 @@ def record_validation(
     data_docs: Path | None = None,
 ) -> dict[str, Any]:
     """Record a version's verdict next to the store, once;
-    :func:`~keyplane.orchestration.rollout_steps.publish`
-    requires it."""
+    :func:`~keyplane.orchestration.rollout_steps.publish` requires it."""
     return run_records.write_once(
         run_records.validation_path(deployment, version),
         {

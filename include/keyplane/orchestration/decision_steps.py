@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from keyplane.orchestration import planning, run_records
 from keyplane.orchestration.deployment import Deployment
@@ -24,9 +24,6 @@ from keyplane.orchestration.run_records import (
     Refused,
 )
 from keyplane.routing import config as config_store
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

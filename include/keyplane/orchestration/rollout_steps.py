@@ -1,5 +1,5 @@
 """Step 4 of the reconfiguration and scale DAGs: publish a configuration and roll it out to
-the running job through the controller's protocol (paper 000 §3.4, paper 004).
+the running job through the controller's protocol (paper 000 §3.4).
 
 Protocol steps go through :class:`keyplane.control.controller.Controller`, whose
 retried steps re-send the same message (same id), which the job ignores.
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from keyplane.control.controller_protocol import ControllerState, Reconfiguration
 
 log = logging.getLogger(__name__)
-
 
 WaitKind = Literal["ack", "migrated", "metrics"]
 
@@ -228,18 +227,14 @@ def done(
 def done_into(deployment: Deployment, record: Path, version: int | None = None) -> dict[str, Any]:
     """Send DONE and write the rollout record (version, metrics start) to ``record``.
 
-    ``version`` as for :func:`propagate`.
-    :func:`~keyplane.orchestration.verification_steps.verify`
-    measures the batches
-    from the record's metrics start on, so every try must record the same
-    start. It is reserved once, before DONE is sent, when every operator
-    has MIGRATED: read after DONE, a try that died between DONE and its
-    record left its retry measuring from later, skipping the batches
-    between. The batches from the reservation on already run the new
-    version (an operator switches before its MIGRATED), and verify keeps
-    only the new version's batches. Should the controller learn of the
-    last MIGRATED only as it sends DONE, the start is reserved after DONE,
-    as before.
+    ``version`` as for :func:`propagate`. :func:`~keyplane.orchestration.verification_steps.verify`
+    measures the batches from the record's metrics start on, so every try must record the same
+    start. It is reserved once, before DONE is sent, when every operator has MIGRATED: read after
+    DONE, a try that died between DONE and its record left its retry measuring from later, skipping
+    the batches between. The batches from the reservation on already run the new version (an
+    operator switches before its MIGRATED), and verify keeps only the new version's batches. Should
+    the controller learn of the last MIGRATED only as it sends DONE, the start is reserved after
+    DONE, as before.
     """
     reserved = record.with_name(f"{record.stem}.metrics-start.json")
 
@@ -333,12 +328,11 @@ def run_versions(deployment: Deployment, dag_id: str, run_id: str) -> tuple[int,
     """Every version a DAG run stored to roll out: its waves, its proposal, its rollback.
 
     Read from the records of ``dag_id``'s run
-    (:func:`~keyplane.orchestration.run_records.run_folder`):
-    ``proposal.json`` and ``rollback.json`` of a reconfiguration run,
-    ``scale_proposal.json`` of a scale run. A caller that knows only the
-    run (the DAGs' failure callback, a wave task whose deferral failed)
-    passes them to :func:`abort` so that it aborts only this run's version,
-    not that of the other DAG's run of the same id.
+    (:func:`~keyplane.orchestration.run_records.run_folder`): ``proposal.json`` and
+    ``rollback.json`` of a reconfiguration run, ``scale_proposal.json`` of a scale run. A caller
+    that knows only the run (the DAGs' failure callback, a wave task whose deferral failed) passes
+    them to :func:`abort` so that it aborts only this run's version, not that of the other DAG's run
+    of the same id.
     """
     folder = run_records.run_folder(deployment, dag_id, run_id)
     versions: list[int] = []

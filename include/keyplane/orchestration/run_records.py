@@ -23,12 +23,11 @@ and a run may be cleared and rerun:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,50 +37,21 @@ from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
 
-if TYPE_CHECKING:
-    pass
-
-log = logging.getLogger(__name__)
-
-
 PROPOSAL = "proposal.json"
-
-
 ALLOCATION = "allocation.json"
-
-
 ROLLBACK_ALLOCATION = "rollback_allocation.json"
-
-
 BACKTEST = "backtest.json"
-
-
 DECISION = "decision.json"
-
-
 ROLLOUT = "rollout.json"
-
-
 VERIFICATION = "verification.json"
-
-
 ROLLBACK = "rollback.json"
-
-
 SCALE_DECISION = "scale_decision.json"
-
-
 SCALE_PROPOSAL = "scale_proposal.json"
 """The records of a ``keyplane_scale`` run (:mod:`keyplane.orchestration.scale_steps`),
 named here with the other runs' records so that this module need not import that one."""
-
-
 APPROVAL = "approval.json"
 
-
 RECONFIGURE_DAG_ID = "keyplane_reconfigure"
-
-
 SCALE_DAG_ID = "keyplane_scale"
 
 
@@ -162,18 +132,14 @@ def reserve_versions(
 ) -> dict[str, Any]:
     """The run's first new version and its parent, reserved once in ``path``.
 
-    Written before the step stores anything, so that every try of the step
-    stores the same versions: a try that died after storing a version and
-    before recording it in the step's own record (``proposal.json``,
-    ``rollback.json``) left that version, and the retry, planning with the
-    reserved numbers and ``inputs`` (what the plan needs that could change
-    between tries), stores it again, a no-op. ``version`` defaults to the
-    store's newest + 1. The reservation is the run's alone: another
-    process may still store that version meanwhile, and then
-    :func:`store_version` refuses rather than overwrite it. The step's own record,
-    which
-    :func:`~keyplane.orchestration.rollout_steps.run_versions`
-    reads to ABORT the run's versions, is
+    Written before the step stores anything, so that every try of the step stores the same versions:
+    a try that died after storing a version and before recording it in the step's own record
+    (``proposal.json``, ``rollback.json``) left that version, and the retry, planning with the
+    reserved numbers and ``inputs`` (what the plan needs that could change between tries), stores it
+    again, a no-op. ``version`` defaults to the store's newest + 1. The reservation is the run's
+    alone: another process may still store that version meanwhile, and then :func:`store_version`
+    refuses rather than overwrite it. The step's own record, which
+    :func:`~keyplane.orchestration.rollout_steps.run_versions` reads to ABORT the run's versions, is
     written only once they are stored, so it never names another's.
     """
     if version is None:
@@ -199,8 +165,7 @@ def store_version(deployment: Deployment, config: RoutingConfig) -> config_store
 
 
 class Proposal(BaseModel):
-    """What
-    :func:`~keyplane.orchestration.configuration_steps.compute_configuration`
+    """What :func:`~keyplane.orchestration.configuration_steps.compute_configuration`
     decided for a run; the later steps read it.
 
     ``version`` routes as the plan. ``waves`` are the versions rolled out

@@ -9,7 +9,7 @@ plan is made from it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from keyplane.algorithms import statistics as stats
 from keyplane.orchestration import run_records
@@ -17,9 +17,6 @@ from keyplane.orchestration.deployment import Deployment
 from keyplane.orchestration.run_records import (
     Refused,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

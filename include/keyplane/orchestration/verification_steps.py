@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.orchestration import planning, rollout_steps, run_records
@@ -21,9 +21,6 @@ from keyplane.orchestration.run_records import (
     StepError,
 )
 from keyplane.routing import config as config_store
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -159,14 +156,11 @@ def prepare_rollback(deployment: Deployment, run_id: str) -> dict[str, Any]:
     validation when it was published; it is recorded as validated with that
     reason rather than re-validated against statistics it was not planned on.
 
-    Every call takes every step, each a no-op when done: the version is
-    reserved first
-    (:func:`~keyplane.orchestration.run_records.reserve_versions`)
-    and stored, its validation record
-    written, then ``rollback.json``. A retry after a try that died anywhere
-    in between stores no second version, and a rollback is never left
-    without the validation record its PREPARE requires: the job would stay
-    on the version that regressed, every retry failing the same way.
+    Every call takes every step, each a no-op when done: the version is reserved first
+    (:func:`~keyplane.orchestration.run_records.reserve_versions`) and stored, its validation record
+    written, then ``rollback.json``. A retry after a try that died anywhere in between stores no
+    second version, and a rollback is never left without the validation record its PREPARE requires:
+    the job would stay on the version that regressed, every retry failing the same way.
     """
     folder = run_records.reconfigure_folder(deployment, run_id)
     verification = run_records.read_record(folder / VERIFICATION, "the verification")
