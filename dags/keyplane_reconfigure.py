@@ -229,10 +229,7 @@ with DAG(
     @dagparts.fail_fast
     def statistics_args() -> list[str]:
         """The first task: refuses Params the job cannot take before any Spark work."""
-        from keyplane.orchestration import (
-            configuration_steps,
-            statistics_steps,
-        )
+        from keyplane.orchestration import configuration_steps, statistics_steps
 
         params = dagparts.params()
         checked = configuration_steps.check_plan_params(
@@ -264,9 +261,7 @@ with DAG(
     @task
     @dagparts.fail_fast
     def validate_statistics() -> dict[str, Any]:
-        from keyplane.orchestration import (
-            statistics_steps,
-        )
+        from keyplane.orchestration import statistics_steps
 
         return statistics_steps.validate_statistics(
             deployment(),
@@ -277,10 +272,7 @@ with DAG(
     @task(inlets=[STATISTICS_ASSET])
     @dagparts.fail_fast
     def compute_configuration() -> dict[str, Any]:
-        from keyplane.orchestration import (
-            configuration_steps,
-            planning,
-        )
+        from keyplane.orchestration import configuration_steps, planning
 
         params = dagparts.params()
         plan = planning.PlanParams(
@@ -302,28 +294,21 @@ with DAG(
     @task
     @dagparts.fail_fast
     def validate_configuration() -> dict[str, Any]:
-        from keyplane.orchestration import (
-            configuration_steps,
-        )
+        from keyplane.orchestration import configuration_steps
 
         return configuration_steps.validate_configuration(deployment(), dagparts.run_id())
 
     @task
     @dagparts.fail_fast
     def backtest() -> dict[str, Any]:
-        from keyplane.orchestration import (
-            decision_steps,
-        )
+        from keyplane.orchestration import decision_steps
 
         return decision_steps.backtest(deployment(), dagparts.run_id())
 
     @task.short_circuit
     @dagparts.fail_fast
     def decide() -> bool:
-        from keyplane.orchestration import (
-            decision_steps,
-            planning,
-        )
+        from keyplane.orchestration import decision_steps, planning
 
         params = dagparts.params()
         rule = planning.DecisionRule(
@@ -339,18 +324,14 @@ with DAG(
     @task
     @dagparts.fail_fast
     def publish() -> dict[str, Any]:
-        from keyplane.orchestration import (
-            rollout_steps,
-        )
+        from keyplane.orchestration import rollout_steps
 
         return rollout_steps.publish(deployment(), dagparts.run_id())
 
     @task(outlets=[CONFIGURATION_ASSET])
     @dagparts.fail_fast
     def done() -> dict[str, Any]:
-        from keyplane.orchestration import (
-            rollout_steps,
-        )
+        from keyplane.orchestration import rollout_steps
 
         return rollout_steps.done(
             deployment(), dagparts.run_id(), version=dagparts.published_version("publish")
@@ -359,10 +340,7 @@ with DAG(
     @task.branch
     @dagparts.fail_fast
     def verify() -> str | None:
-        from keyplane.orchestration import (
-            planning,
-            verification_steps,
-        )
+        from keyplane.orchestration import planning, verification_steps
 
         params = dagparts.params()
         record = verification_steps.verify(
@@ -391,17 +369,13 @@ with DAG(
 
         @task
         def prepare_rollback() -> dict[str, Any]:
-            from keyplane.orchestration import (
-                verification_steps,
-            )
+            from keyplane.orchestration import verification_steps
 
             return verification_steps.prepare_rollback(deployment(), dagparts.run_id())
 
         @task(outlets=[CONFIGURATION_ASSET])
         def rollback_done() -> dict[str, Any]:
-            from keyplane.orchestration import (
-                rollout_steps,
-            )
+            from keyplane.orchestration import rollout_steps
 
             return rollout_steps.done(
                 deployment(),
@@ -412,10 +386,7 @@ with DAG(
 
         @task
         def report_rollback() -> None:
-            from keyplane.orchestration import (
-                planning,
-                verification_steps,
-            )
+            from keyplane.orchestration import planning, verification_steps
 
             record = verification_steps.verify(
                 deployment(), dagparts.run_id(), planning.VerifyTolerances(), batches=0

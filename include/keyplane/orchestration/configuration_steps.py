@@ -18,13 +18,7 @@ from typing import Any
 from keyplane.algorithms import statistics as stats
 from keyplane.orchestration import decision_steps, planning, run_records
 from keyplane.orchestration.deployment import Deployment
-from keyplane.orchestration.run_records import (
-    ALLOCATION,
-    PROPOSAL,
-    Proposal,
-    Refused,
-    StepError,
-)
+from keyplane.orchestration.run_records import ALLOCATION, PROPOSAL, Proposal, Refused, StepError
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
 

@@ -14,9 +14,7 @@ from typing import Any
 from keyplane.algorithms import statistics as stats
 from keyplane.orchestration import run_records
 from keyplane.orchestration.deployment import Deployment
-from keyplane.orchestration.run_records import (
-    Refused,
-)
+from keyplane.orchestration.run_records import Refused
 
 log = logging.getLogger(__name__)
 

@@ -70,12 +70,7 @@ from keyplane.spark.job_log import last_meaningful, last_progress, log_tail
 from keyplane.spark.job_record import JobError, JobExited, JobRecord, describe_aggregates
 from keyplane.spark.job_startup import await_first_batch
 from keyplane.spark.job_status import JobStatus, read_metrics_topic, read_rollout
-from keyplane.util.processes import (
-    live_or_removed,
-    start_detached,
-    stop_detached,
-    write_atomically,
-)
+from keyplane.util.processes import live_or_removed, start_detached, stop_detached, write_atomically
 from keyplane.util.statefiles import read_model_file
 
 if TYPE_CHECKING:
