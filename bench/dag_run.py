@@ -47,7 +47,7 @@ from keyplane.control.signing import KEY_ENV_VAR
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.producer import produce_workload
 from keyplane.orchestration import dagrun
-from keyplane.orchestration.tasks import statistics_job_args
+from keyplane.orchestration.statistics_steps import statistics_job_args
 from keyplane.reference.workloads import PairsWorkload
 from keyplane.routing.config import RoutingConfig, save
 from keyplane.spark.counts_job import CountsJobSettings, job_command

@@ -229,16 +229,18 @@ with DAG(
     @dagparts.fail_fast
     def statistics_args() -> list[str]:
         """The first task: refuses Params the job cannot take before any Spark work."""
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import configuration_steps, statistics_steps
 
         params = dagparts.params()
-        checked = tasks.check_plan_params(deployment(), params["operators"], params["parallelism"])
+        checked = configuration_steps.check_plan_params(
+            deployment(), params["operators"], params["parallelism"]
+        )
         log.info(
             "Params fit the job on v%d; collecting statistics for %s",
             checked["active_version"],
             ", ".join(checked["operators"]),
         )
-        return tasks.statistics_job_args(
+        return statistics_steps.statistics_job_args(
             deployment(),
             dagparts.run_id(),
             decay=float(params["decay"]),
@@ -259,9 +261,9 @@ with DAG(
     @task
     @dagparts.fail_fast
     def validate_statistics() -> dict[str, Any]:
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import statistics_steps
 
-        return tasks.validate_statistics(
+        return statistics_steps.validate_statistics(
             deployment(),
             dagparts.run_id(),
             min_total_count=int(dagparts.params()["min_total_count"]),
@@ -270,7 +272,7 @@ with DAG(
     @task(inlets=[STATISTICS_ASSET])
     @dagparts.fail_fast
     def compute_configuration() -> dict[str, Any]:
-        from keyplane.orchestration import planning, tasks
+        from keyplane.orchestration import configuration_steps, planning
 
         params = dagparts.params()
         plan = planning.PlanParams(
@@ -281,7 +283,7 @@ with DAG(
             max_table_entries=params["max_table_entries"],
             max_moves_per_wave=params["max_moves_per_wave"],
         )
-        return tasks.compute_configuration(
+        return configuration_steps.compute_configuration(
             deployment(),
             dagparts.run_id(),
             plan,
@@ -292,21 +294,21 @@ with DAG(
     @task
     @dagparts.fail_fast
     def validate_configuration() -> dict[str, Any]:
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import configuration_steps
 
-        return tasks.validate_configuration(deployment(), dagparts.run_id())
+        return configuration_steps.validate_configuration(deployment(), dagparts.run_id())
 
     @task
     @dagparts.fail_fast
     def backtest() -> dict[str, Any]:
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import decision_steps
 
-        return tasks.backtest(deployment(), dagparts.run_id())
+        return decision_steps.backtest(deployment(), dagparts.run_id())
 
     @task.short_circuit
     @dagparts.fail_fast
     def decide() -> bool:
-        from keyplane.orchestration import planning, tasks
+        from keyplane.orchestration import decision_steps, planning
 
         params = dagparts.params()
         rule = planning.DecisionRule(
@@ -314,7 +316,7 @@ with DAG(
             migration_cost=float(params["migration_cost"]),
             force=bool(params["force"]),
         )
-        record = tasks.decide(
+        record = decision_steps.decide(
             deployment(), dagparts.run_id(), rule, dry_run=bool(params["dry_run"])
         )
         return bool(record["publish"])
@@ -322,26 +324,26 @@ with DAG(
     @task
     @dagparts.fail_fast
     def publish() -> dict[str, Any]:
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import rollout_steps
 
-        return tasks.publish(deployment(), dagparts.run_id())
+        return rollout_steps.publish(deployment(), dagparts.run_id())
 
     @task(outlets=[CONFIGURATION_ASSET])
     @dagparts.fail_fast
     def done() -> dict[str, Any]:
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import rollout_steps
 
-        return tasks.done(
+        return rollout_steps.done(
             deployment(), dagparts.run_id(), version=dagparts.published_version("publish")
         )
 
     @task.branch
     @dagparts.fail_fast
     def verify() -> str | None:
-        from keyplane.orchestration import planning, tasks
+        from keyplane.orchestration import planning, verification_steps
 
         params = dagparts.params()
-        record = tasks.verify(
+        record = verification_steps.verify(
             deployment(),
             dagparts.run_id(),
             planning.VerifyTolerances(
@@ -367,15 +369,15 @@ with DAG(
 
         @task
         def prepare_rollback() -> dict[str, Any]:
-            from keyplane.orchestration import tasks
+            from keyplane.orchestration import verification_steps
 
-            return tasks.prepare_rollback(deployment(), dagparts.run_id())
+            return verification_steps.prepare_rollback(deployment(), dagparts.run_id())
 
         @task(outlets=[CONFIGURATION_ASSET])
         def rollback_done() -> dict[str, Any]:
-            from keyplane.orchestration import tasks
+            from keyplane.orchestration import rollout_steps
 
-            return tasks.done(
+            return rollout_steps.done(
                 deployment(),
                 dagparts.run_id(),
                 record_name="rollback_rollout.json",
@@ -384,10 +386,10 @@ with DAG(
 
         @task
         def report_rollback() -> None:
-            from keyplane.orchestration import tasks
+            from keyplane.orchestration import planning, verification_steps
 
-            record = tasks.verify(
-                deployment(), dagparts.run_id(), tasks.planning.VerifyTolerances(), batches=0
+            record = verification_steps.verify(
+                deployment(), dagparts.run_id(), planning.VerifyTolerances(), batches=0
             )
             raise AirflowFailException(
                 f"v{record['version']} regressed ({record['reason']}) and was rolled back"

@@ -52,7 +52,7 @@ from keyplane.kafka.admin import check_topic_name, ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.migration_topic import count_moved_states
 from keyplane.kafka.producer import WorkloadTrickle, check_workload_options, produce_workload
-from keyplane.orchestration import dagrun, planning, tasks
+from keyplane.orchestration import dagrun, planning, run_records, verification_steps
 from keyplane.orchestration.deployment import Deployment, routed_job_topics
 from keyplane.reference.verification import CountReport, compare_counts, expected_counts_of
 from keyplane.reference.workloads import WorkloadSpec
@@ -438,13 +438,13 @@ def _result(
     from keyplane.control.controller import ControllerFile
 
     folder = stats.snapshot_folder(deployment.snapshots, run.run_id)
-    decision_path = folder / tasks.DECISION
+    decision_path = folder / run_records.DECISION
     decision = (
         json.loads(decision_path.read_text())["reason"]
         if decision_path.is_file()
         else "the run stopped before deciding"
     )
-    records = tasks.read_metrics(deployment, {0: 0})
+    records = verification_steps.read_metrics(deployment, {0: 0})
     before_candidates = phase_candidates(records, 1, full_rows, before_batches)
     before, _ = compare_phases(before_candidates, before_candidates, (1, 1))
     migration = None
@@ -460,7 +460,7 @@ def _result(
             acked = last.ack.batch_id if last.ack is not None else None
             migrated = last.migrated.get(stage_names()[-1])
             last_batch = migrated.batch_id if migrated is not None else None
-            backtest = json.loads((folder / tasks.BACKTEST).read_text())
+            backtest = json.loads((folder / run_records.BACKTEST).read_text())
             migration = Migration(
                 version=last.version,
                 parent=last.base,

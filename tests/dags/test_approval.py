@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from dag_setups import dag_setup
 
-from keyplane.orchestration import dagrun, tasks
+from keyplane.orchestration import dagrun, decision_steps, rollout_steps, run_records
 from keyplane.routing import config as config_store
 from keyplane.testing import paired_tuple_counts, write_statistics_snapshot
 
@@ -135,14 +135,14 @@ def test_a_rejected_rollout_ends_the_run_cleanly_with_nothing_published(tmp_path
     assert run.task("approve_rollout").state == "success"
     for skipped in ("roll_out_waves", "publish", "await_ack", "done", "verify"):
         assert run.task(skipped).state == "skipped", skipped
-    proposal = tasks._read(
-        tasks.run_folder(deployment, dagrun.DAG_ID, run_id) / tasks.PROPOSAL, "p"
+    proposal = run_records.read_record(
+        run_records.run_folder(deployment, dagrun.DAG_ID, run_id) / run_records.PROPOSAL, "p"
     )
     marked = config_store.not_published(store)
     assert marked[proposal["version"]]["reason"] == "rejected by ops-oncall"
     assert not deployment.controller_state.exists()
-    with pytest.raises(tasks.Refused, match="rejected by ops-oncall"):
-        tasks.publish(deployment, run_id)
-    summary = tasks.approval_summary(deployment, run_id)
+    with pytest.raises(run_records.Refused, match="rejected by ops-oncall"):
+        rollout_steps.publish(deployment, run_id)
+    summary = decision_steps.approval_summary(deployment, run_id)
     assert f"Roll out v{proposal['version']}?" in summary["subject"]
     assert "keys moved" in summary["body"] and "migration cost" in summary["body"]

@@ -219,17 +219,17 @@ def test_a_runs_records_are_found_by_its_dags_id(
     """The failure callback, a failed wave and a metrics wait find a run's records by
     its DAG's id (both DAGs can have a run of the same id): the ids must be the DAGs'."""
     from keyplane.algorithms import statistics as stats
-    from keyplane.orchestration import tasks
+    from keyplane.orchestration import run_records
     from keyplane.testing import deployment_under
 
     target = deployment_under(tmp_path)
     written_by = {
         "dag": stats.snapshot_folder(target.snapshots, "run"),
-        "scale_dag": tasks.scale_folder(target, "run"),
+        "scale_dag": run_records.scale_folder(target, "run"),
     }
 
     dag_id = request.getfixturevalue(fixture).dag_id
-    assert tasks.run_folder(target, dag_id, "run") == written_by[fixture]
+    assert run_records.run_folder(target, dag_id, "run") == written_by[fixture]
 
 
 @pytest.mark.parametrize(
@@ -402,7 +402,7 @@ def test_the_first_tasks_refuse_for_good_and_the_steps_that_refuse_fail_fast() -
     from airflow.sdk.exceptions import AirflowFailException
 
     from keyplane.orchestration.dagparts import fail_fast
-    from keyplane.orchestration.tasks import Refused, StepError
+    from keyplane.orchestration.run_records import Refused, StepError
 
     def refused() -> None:
         raise Refused("parallelism 8 is more than the job's 4 state partitions")

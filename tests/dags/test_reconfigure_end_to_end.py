@@ -39,7 +39,13 @@ from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
-from keyplane.orchestration import dagrun, tasks
+from keyplane.orchestration import (
+    configuration_steps,
+    dagrun,
+    rollout_steps,
+    run_records,
+    verification_steps,
+)
 from keyplane.orchestration.deployment import Deployment
 from keyplane.reference.verification import compare_counts, expected_counts_of
 from keyplane.reference.workloads import PairsWorkload
@@ -142,14 +148,14 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         (manifest,) = stats.list_snapshots(deployment.snapshots)
         assert manifest.n_events >= 4_000 and manifest.job_version == 1
         folder = stats.snapshot_folder(deployment.snapshots, manifest.run_id)
-        proposal = json.loads((folder / tasks.PROPOSAL).read_text())
+        proposal = json.loads((folder / run_records.PROPOSAL).read_text())
         new, waves = int(proposal["version"]), list(proposal["waves"])
         assert proposal["parent_version"] == 1 and waves and waves == list(range(2, new))
         chain = [config_store.load(store, v) for v in (1, *waves, new)]
         for old, wave in itertools.pairwise(chain):
             assert 1 <= plan_migration(old, wave, spark_partition).cost.keys <= MAX_MOVES_PER_WAVE
         assert run.task("roll_out_waves").state == "success"
-        assert json.loads((folder / tasks.DECISION).read_text())["publish"]
+        assert json.loads((folder / run_records.DECISION).read_text())["publish"]
         state = ControllerFile.model_validate_json(deployment.controller_state.read_text())
         assert state.protocol.active_version == new
         assert state.protocol.last is not None and state.protocol.last.finish is not None
@@ -158,7 +164,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         # One publish PROPAGATEs both stages: they switch in one batch and install in the next.
         installed = {op: r.batch_id for op, r in state.protocol.last.migrated.items()}
         assert installed["A"] == installed["B"], installed
-        verification = json.loads((folder / tasks.VERIFICATION).read_text())
+        verification = json.loads((folder / run_records.VERIFICATION).read_text())
         assert verification["regressed"] is False, verification
         assert verification["after"]["batches"] == 3
 
@@ -177,17 +183,19 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
             },
         )
         config_store.save(bad, store)
-        with pytest.raises(tasks.StepError, match="failed validation") as rejected:
-            tasks.validate_configuration(deployment, manifest.run_id, version=bad.version)
+        with pytest.raises(run_records.StepError, match="failed validation") as rejected:
+            configuration_steps.validate_configuration(
+                deployment, manifest.run_id, version=bad.version
+            )
         assert "max/mean within α" in str(rejected.value)
-        with pytest.raises(tasks.StepError, match="never published"):
-            tasks._require_validated(deployment, bad.version)
+        with pytest.raises(run_records.StepError, match="never published"):
+            rollout_steps.require_validated(deployment, bad.version)
 
         # publish and propagate of the finished run, run again: the same messages with the
         # same ids, which the job ignores; it stays on the new version and replies nothing
         # new. roll_out_waves sends nothing: the job runs past every wave.
         sent = _message_ids(engine_broker, settings.control_topic)
-        mark = tasks.metrics_end(deployment)
+        mark = rollout_steps.metrics_end(deployment)
         for task_id in ("roll_out_waves", "publish", "propagate"):
             again = subprocess.run(
                 [dagrun.airflow_command(), "tasks", "test", dagrun.DAG_ID, task_id, run.run_id],
@@ -201,7 +209,9 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         assert len(resent) == len(sent) + 3 and set(resent) == set(sent)
 
         def batches_since(start: dict[int, int]) -> list[dict[str, int]]:
-            return [r.versions for r in tasks.read_metrics(deployment, start) if r.rows]
+            return [
+                r.versions for r in verification_steps.read_metrics(deployment, start) if r.rows
+            ]
 
         wait_while_job_runs(
             lambda: len(batches_since(mark)) >= 3, "batches", job, job_log, timeout_s=BUSY_S
@@ -229,11 +239,11 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         assert forced.task("rollback.report_rollback").state == "failed"
         assert "and was rolled back" in forced.output
         forced_folder = stats.snapshot_folder(deployment.snapshots, forced.run_id)
-        regressed = json.loads((forced_folder / tasks.VERIFICATION).read_text())
+        regressed = json.loads((forced_folder / run_records.VERIFICATION).read_text())
         assert regressed["regressed"] and regressed["version"] == new + 2, regressed
         assert "imbalance rose" in regressed["reason"]
         assert regressed["after"]["imbalance"] >= 2.0 > 1.5 * regressed["before"]["imbalance"]
-        rollback = json.loads((forced_folder / tasks.ROLLBACK).read_text())
+        rollback = json.loads((forced_folder / run_records.ROLLBACK).read_text())
         restored = new + 3
         assert (rollback["version"], rollback["restores"], rollback["replaces"]) == (
             restored,
@@ -277,7 +287,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         }
     done = [m.config_version for _, m in messages if m.type == "DONE"]
     assert list(dict.fromkeys(done))[: len(waves) + 1] == [*waves, new]
-    routed = tasks.read_metrics(deployment, {0: 0})
+    routed = verification_steps.read_metrics(deployment, {0: 0})
     assert all(bad.version not in record.versions.values() for record in routed)
     # Every wave ran micro-batches of its own, in order: the job never skipped one.
     seen = list(dict.fromkeys(record.versions["A"] for record in routed if record.versions))

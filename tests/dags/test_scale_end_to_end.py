@@ -35,7 +35,13 @@ from keyplane.control.controller import ControllerFile
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
-from keyplane.orchestration import dagrun, scale_steps, tasks
+from keyplane.orchestration import (
+    dagrun,
+    rollout_steps,
+    run_records,
+    scale_steps,
+    verification_steps,
+)
 from keyplane.orchestration.deployment import Deployment
 from keyplane.reference.verification import compare_counts, expected_counts_of
 from keyplane.reference.workloads import PairsWorkload
@@ -156,7 +162,7 @@ def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_
         assert state.protocol.active_version == 2
         assert state.protocol.last is not None and state.protocol.last.finish is not None
         assert state.protocol.last.finish.type == "DONE"
-        verification = json.loads((folder / tasks.VERIFICATION).read_text())
+        verification = json.loads((folder / run_records.VERIFICATION).read_text())
         assert verification["ok"] and verification["batches"] == 3
         assert set(verification["busy_instances"]["B"]) <= set(active)
 
@@ -173,16 +179,18 @@ def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_
         # pace (Σρ 0.99 with a 4 s floor, 0.97 with 8 s; an input rate of 69
         # events/s where the new pace gives under 19).
         window = 2
-        rollout = json.loads((folder / tasks.ROLLOUT).read_text())
+        rollout = json.loads((folder / run_records.ROLLOUT).read_text())
         start = {int(p): int(o) for p, o in rollout["metrics_start"].items()}
-        durations = [r.duration_ms for r in tasks.read_metrics(deployment, start) if r.hops > 0]
+        durations = [
+            r.duration_ms for r in verification_steps.read_metrics(deployment, start) if r.hops > 0
+        ]
         producer.pause_s = max(8.0, 6 * statistics.median(durations) / 1000)
-        mark = tasks.metrics_end(deployment)
+        mark = rollout_steps.metrics_end(deployment)
 
         def idle_batches_on_v2() -> bool:
             on_v2 = [
                 r
-                for r in tasks.read_metrics(deployment, mark)
+                for r in verification_steps.read_metrics(deployment, mark)
                 if r.hops > 0 and set(r.versions.values()) == {2}
             ]
             # The first two may still be paced as before: the chunk in flight when the
@@ -247,7 +255,7 @@ def test_on_demand_then_auto_scale_in_keep_state_on_active_instances_and_counts_
         assert state.protocol.active_version == 3
         assert state.protocol.last is not None and state.protocol.last.finish is not None
         assert state.protocol.last.finish.type == "DONE"
-        verification = json.loads((auto_folder / tasks.VERIFICATION).read_text())
+        verification = json.loads((auto_folder / run_records.VERIFICATION).read_text())
         assert verification["ok"] and verification["batches"] == 2
         for name in OPERATORS:
             assert set(verification["busy_instances"][name]) <= set(v3.operators[name].active)

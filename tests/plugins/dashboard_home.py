@@ -7,7 +7,7 @@ production:
 * a statistics snapshot built by :func:`keyplane.algorithms.statistics.build_snapshot`
   from a small skewed window (one stage-A key carries about 40 % of the tuples,
   more than α × an instance's share, so the plan splits it);
-* the DAG's own steps (:mod:`keyplane.orchestration.tasks`): validate the
+* the DAG's own steps (the ``keyplane.orchestration`` step modules): validate the
   statistics and the configuration with Great Expectations (real Data Docs),
   plan v2 from v1 with METIS and FISH (stored by ``keyplane.routing.config.save``),
   backtest and decide;
@@ -33,7 +33,7 @@ from typing import Any
 
 from keyplane.algorithms.batchmetrics import BatchMetrics, PairCount
 from keyplane.control.operators import OPERATORS
-from keyplane.orchestration import planning, tasks
+from keyplane.orchestration import configuration_steps, decision_steps, planning, statistics_steps
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
@@ -114,12 +114,16 @@ def prepare_home(home: Path, bootstrap_servers: str) -> PreparedHome:
         deployment.routing_store,
     )
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(48, 5, {HOT_KEY: 30}))
-    tasks.validate_statistics(deployment, RUN, min_total_count=1_000)
-    proposal = tasks.compute_configuration(deployment, RUN, planning.PlanParams(alpha=1.1))
+    statistics_steps.validate_statistics(deployment, RUN, min_total_count=1_000)
+    proposal = configuration_steps.compute_configuration(
+        deployment, RUN, planning.PlanParams(alpha=1.1)
+    )
     assert proposal["version"] == 2, proposal
-    assert tasks.validate_configuration(deployment, RUN)["success"]
-    tasks.backtest(deployment, RUN)
-    decision = tasks.decide(deployment, RUN, planning.DecisionRule(force=True), dry_run=False)
+    assert configuration_steps.validate_configuration(deployment, RUN)["success"]
+    decision_steps.backtest(deployment, RUN)
+    decision = decision_steps.decide(
+        deployment, RUN, planning.DecisionRule(force=True), dry_run=False
+    )
     assert decision["publish"], decision
 
     previous_key = os.environ.get("KEYPLANE_CONTROL_KEY")

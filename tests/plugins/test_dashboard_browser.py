@@ -38,7 +38,7 @@ from dashboard_home import HOT_KEY, MeteredProtocolJob, P, PreparedHome
 
 from keyplane.control.operators import OPERATORS
 from keyplane.dashboard.assets import remote_assets
-from keyplane.orchestration import tasks
+from keyplane.orchestration import run_records
 from keyplane.testing import free_port, paired_tuple_counts, write_statistics_snapshot
 
 pytestmark = pytest.mark.integration
@@ -445,7 +445,7 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
     with MeteredProtocolJob(prepared_home, active_version=2):
         # 1. The trigger form: approval and force on, alpha typed.
         browser.open(
-            f"{airflow.base}/dags/{tasks.RECONFIGURE_DAG_ID}",
+            f"{airflow.base}/dags/{run_records.RECONFIGURE_DAG_ID}",
             "Array.from(document.querySelectorAll('button'))"
             ".some(b => b.textContent.trim() === 'Trigger')",
             timeout_s=60,
@@ -469,7 +469,7 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
         _click(browser, "[role=dialog] button", "Trigger")
 
         # Spark's step stands in: the run's snapshot, then collect_statistics marked done.
-        runs_path = f"/dags/{tasks.RECONFIGURE_DAG_ID}/dagRuns"
+        runs_path = f"/dags/{run_records.RECONFIGURE_DAG_ID}/dagRuns"
 
         def manual_run() -> dict[str, Any] | None:
             listed = api.get(runs_path).json()["dag_runs"]
@@ -510,7 +510,7 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
         states = _wait("approve_rollout awaiting input", awaiting_approval)
         assert states["decide"] == "success" and states["publish"] is None, states
         browser.open(
-            f"{airflow.base}/dags/{tasks.RECONFIGURE_DAG_ID}/runs/{quote(run_id, safe='')}"
+            f"{airflow.base}/dags/{run_records.RECONFIGURE_DAG_ID}/runs/{quote(run_id, safe='')}"
             "/tasks/approve_rollout/required_actions",
             "Array.from(document.querySelectorAll('button'))"
             ".some(b => b.textContent.trim() === 'Approve')",
@@ -531,7 +531,7 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
         assert state == "success", final
         assert final["approve_rollout"] == final["done"] == final["verify"] == "success", final
         browser.open(
-            f"{airflow.base}/dags/{tasks.RECONFIGURE_DAG_ID}/runs/{quote(run_id, safe='')}",
+            f"{airflow.base}/dags/{run_records.RECONFIGURE_DAG_ID}/runs/{quote(run_id, safe='')}",
             "document.body.innerText.includes('approve_rollout')",
             timeout_s=60,
         )
@@ -539,8 +539,10 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
         flow_s = time.monotonic() - started
 
         # 4. The dashboard: the new version active, its rollout's steps, its heatmaps.
-        published = tasks._read(
-            tasks.run_folder(deployment, tasks.RECONFIGURE_DAG_ID, run_id) / tasks.PROPOSAL, "p"
+        published = run_records.read_record(
+            run_records.run_folder(deployment, run_records.RECONFIGURE_DAG_ID, run_id)
+            / run_records.PROPOSAL,
+            "p",
         )["version"]
         browser.open(
             f"{airflow.base}/keyplane/",
@@ -566,7 +568,8 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
             ".map(a => a.getAttribute('href'))"
         )
         assert failed and all(
-            href.startswith(f"/dags/{tasks.RECONFIGURE_DAG_ID}/runs/scheduled__") for href in failed
+            href.startswith(f"/dags/{run_records.RECONFIGURE_DAG_ID}/runs/scheduled__")
+            for href in failed
         ), failed
         browser.screenshot(ARTIFACTS / "flow-4-dashboard.png")
     print(f"\ntrigger → approval → success in {flow_s:.0f} s; screenshots in {ARTIFACTS}")

@@ -31,7 +31,7 @@ from keyplane.kafka.broker import BrokerError
 from keyplane.pipeline import PipelineError
 from keyplane.routing import config as config_store
 from keyplane.settings import Settings
-from keyplane.spark.jobprocess import JobError
+from keyplane.spark.job_record import JobError
 from keyplane.util.validation_errors import first_problem
 
 

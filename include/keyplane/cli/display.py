@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from keyplane.spark.jobprocess import (
-    JobStatus,
-)
+from keyplane.spark.job_status import JobStatus
 
 
 def _line(label: str, value: str) -> str:

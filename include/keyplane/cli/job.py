@@ -8,11 +8,9 @@ from pathlib import Path
 
 from keyplane.cli.display import _duration, _job_line, _line, _rollout_line, _since, _versions
 from keyplane.settings import Settings
-from keyplane.spark.jobprocess import (
-    JobProcess,
-    JobStatus,
-    describe_aggregates,
-)
+from keyplane.spark.job_record import describe_aggregates
+from keyplane.spark.job_status import JobStatus
+from keyplane.spark.jobprocess import JobProcess
 
 
 def render_job_status(status: JobStatus, metrics_topic: str) -> list[str]:

@@ -25,11 +25,7 @@ from keyplane.cli.topic import cmd_topic
 from keyplane.cli.workloads import WORKLOADS, _add_model_options, cmd_demo, cmd_generate
 from keyplane.reference.events import FORWARD_MODES, MAX_EVENT_BYTES
 from keyplane.settings import STAGE_ENGINES
-from keyplane.spark.jobprocess import (
-    START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
-    WAIT_TIMEOUT_S,
-)
+from keyplane.spark.jobprocess import START_TIMEOUT_S, STOP_TIMEOUT_S, WAIT_TIMEOUT_S
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,10 +34,8 @@ from keyplane.routing.config import RoutingConfig
 from keyplane.routing.routedkeys import spark_partition
 from keyplane.routing.waves import split_into_waves
 from keyplane.settings import Settings
-from keyplane.spark.jobprocess import (
-    JobProcess,
-    read_metrics_topic,
-)
+from keyplane.spark.job_status import read_metrics_topic
+from keyplane.spark.jobprocess import JobProcess
 from keyplane.util.statefiles import os_reason
 from keyplane.util.validation_errors import first_problem
 

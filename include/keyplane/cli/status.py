@@ -7,10 +7,8 @@ import argparse
 from keyplane.cli.display import _duration, _job_line, _line, _rollout_line, _since, _versions
 from keyplane.kafka.broker import EmbeddedBroker, answers_kafka
 from keyplane.settings import Settings
-from keyplane.spark.jobprocess import (
-    JobProcess,
-    describe_aggregates,
-)
+from keyplane.spark.job_record import describe_aggregates
+from keyplane.spark.jobprocess import JobProcess
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:

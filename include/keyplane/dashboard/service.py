@@ -125,7 +125,8 @@ def job_facts(settings: Any, read: MetricsRead) -> JobFacts:
         high_watermarks,
         partitions_of,
     )
-    from keyplane.spark.jobprocess import JobProcess, last_committed_batch
+    from keyplane.spark.job_checkpoint import last_committed_batch
+    from keyplane.spark.jobprocess import JobProcess
 
     try:
         job = JobProcess(settings)

@@ -211,16 +211,16 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 def read_runs(snapshots: Path) -> list[RunRecords]:
     """The records of every run folder under ``snapshots``, oldest folder name first."""
-    from keyplane.orchestration import tasks
+    from keyplane.orchestration import run_records
 
     if not snapshots.is_dir():
         return []
     runs = []
     for folder in sorted(p for p in snapshots.iterdir() if p.is_dir()):
-        proposal = read_record(ProposalRecord, folder / tasks.PROPOSAL)
-        decision = read_record(DecisionRecord, folder / tasks.DECISION)
-        rollback = read_record(RollbackRecord, folder / tasks.ROLLBACK)
-        backtest, backtest_problem = read_json(folder / tasks.BACKTEST)
+        proposal = read_record(ProposalRecord, folder / run_records.PROPOSAL)
+        decision = read_record(DecisionRecord, folder / run_records.DECISION)
+        rollback = read_record(RollbackRecord, folder / run_records.ROLLBACK)
+        backtest, backtest_problem = read_json(folder / run_records.BACKTEST)
         problems = proposal.problems + decision.problems + rollback.problems
         runs.append(
             RunRecords(
@@ -228,8 +228,8 @@ def read_runs(snapshots: Path) -> list[RunRecords]:
                 proposal=proposal.record,
                 backtest=backtest,
                 decision=decision.record,
-                rollout=_json(folder / tasks.ROLLOUT),
-                verification=_json(folder / tasks.VERIFICATION),
+                rollout=_json(folder / run_records.ROLLOUT),
+                verification=_json(folder / run_records.VERIFICATION),
                 rollback=rollback.record,
                 problems=problems + (() if backtest_problem is None else (backtest_problem,)),
             )
@@ -245,7 +245,7 @@ def read_scale_runs(folder: Path | None) -> list[RunRecords]:
     version's decision; the run id is the one the run recorded (the folder's
     name is a cleaned copy of it).
     """
-    from keyplane.orchestration import scale_steps, tasks
+    from keyplane.orchestration import run_records, scale_steps
 
     if folder is None or not folder.is_dir():
         return []
@@ -271,11 +271,11 @@ def read_scale_runs(folder: Path | None) -> list[RunRecords]:
                 proposal=proposal.record,
                 backtest=None,
                 decision=scaled,
-                rollout=_json(run / tasks.ROLLOUT),
-                verification=_json(run / tasks.VERIFICATION),
+                rollout=_json(run / run_records.ROLLOUT),
+                verification=_json(run / run_records.VERIFICATION),
                 rollback=None,
                 problems=proposal.problems + decision.problems,
-                dag_id=tasks.SCALE_DAG_ID,
+                dag_id=run_records.SCALE_DAG_ID,
                 predicted_locality=float(after) if isinstance(after, float | int) else None,
             )
         )

@@ -10,7 +10,15 @@ only when it runs, so that parsing the DAG stays cheap.
   configuration store and the snapshots are (environment and connections);
 * :mod:`~keyplane.orchestration.planning` — pure: plans, predictions,
   backtest and the publish decision;
-* :mod:`~keyplane.orchestration.tasks` — the steps themselves;
+* :mod:`~keyplane.orchestration.run_records` — a run's folder and the records
+  its steps write once;
+* the steps themselves, one module per stage of the DAG:
+  :mod:`~keyplane.orchestration.statistics_steps`,
+  :mod:`~keyplane.orchestration.configuration_steps`,
+  :mod:`~keyplane.orchestration.decision_steps`,
+  :mod:`~keyplane.orchestration.rollout_steps`,
+  :mod:`~keyplane.orchestration.verification_steps`, and
+  :mod:`~keyplane.orchestration.scale_steps` for the scale DAG;
 * :mod:`~keyplane.orchestration.triggers` — the deferrable wait for the job's
   replies and for its metrics, and the operator that defers on it.
 """

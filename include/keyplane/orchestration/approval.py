@@ -28,13 +28,13 @@ class RolloutApprovalOperator(ApprovalOperator):
         super().__init__(subject="Roll out the planned routing?", **kwargs)
 
     def execute(self, context: Any) -> Any:
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import decision_steps
         from keyplane.orchestration.deployment import deployment
 
         if not context["params"].get("require_approval"):
             log.info("approval not required (require_approval is off): the rollout goes ahead")
             return None
-        summary = tasks.approval_summary(deployment(), str(context["run_id"]))
+        summary = decision_steps.approval_summary(deployment(), str(context["run_id"]))
         self.subject = summary["subject"]
         self.body = summary["body"]
         return super().execute(context)
@@ -45,7 +45,7 @@ class RolloutApprovalOperator(ApprovalOperator):
         Recorded first: on a rejection the parent skips the downstream tasks by
         raising, so nothing after it would run.
         """
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import decision_steps
         from keyplane.orchestration.deployment import deployment
 
         chosen = list(event.get("chosen_options") or [])
@@ -53,7 +53,9 @@ class RolloutApprovalOperator(ApprovalOperator):
             approved = chosen[0] == self.APPROVE
             user = event.get("responded_by_user") or {}
             by = str(user.get("name") or user.get("id") or "someone")
-            record = tasks.record_approval(deployment(), str(context["run_id"]), approved, by)
+            record = decision_steps.record_approval(
+                deployment(), str(context["run_id"]), approved, by
+            )
             verdict = "approved" if approved else "rejected"
             outcome = "rolling out" if approved else "nothing is published"
             log.info("v%d %s by %s: %s", record["version"], verdict, by, outcome)

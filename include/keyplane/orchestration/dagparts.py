@@ -129,17 +129,17 @@ def abort_run_in_flight(context: Context) -> None:
     context (the dag processor's ``_execute_dag_callbacks``; ``dag.test``
     runs them inline, ``DagRun.execute_dag_callbacks``), so the versions are
     read from the records of that DAG's run
-    (:func:`keyplane.orchestration.tasks.run_versions`): a version another
+    (:func:`keyplane.orchestration.rollout_steps.run_versions`): a version another
     run, the other DAG's run of the same id included, or ``keyplane config
     publish`` put in flight is left alone.
     """
-    from keyplane.orchestration import tasks
+    from keyplane.orchestration import rollout_steps
 
     target = deployment()
     dag_id = str(context["dag"].dag_id)
     run = str(context["run_id"])
-    versions = tasks.run_versions(target, dag_id, run)
-    aborted = tasks.abort(target, versions) if versions else None
+    versions = rollout_steps.run_versions(target, dag_id, run)
+    aborted = rollout_steps.abort(target, versions) if versions else None
     if aborted is not None:
         log.warning("run %s of %s failed with v%d in flight; it was aborted", run, dag_id, aborted)
 
@@ -213,7 +213,7 @@ _Result = TypeVar("_Result")
 def fail_fast(step: Callable[[], _Result]) -> Callable[[], _Result]:
     """Fail the task at once, without retries, when its step refuses for good.
 
-    A :class:`~keyplane.orchestration.tasks.Refused` step (a Param the job
+    A :class:`~keyplane.orchestration.run_records.Refused` step (a Param the job
     cannot take, a failed validation, a stale plan) and a Param its typed
     settings reject (``ValueError``) would fail the same way on every retry;
     retrying only delays the operator's answer. Other errors (Kafka, Spark,
@@ -224,7 +224,7 @@ def fail_fast(step: Callable[[], _Result]) -> Callable[[], _Result]:
     def run() -> _Result:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from keyplane.orchestration.tasks import Refused
+        from keyplane.orchestration.run_records import Refused
 
         try:
             return step()
@@ -290,10 +290,11 @@ def published_version(published_by: str) -> int:
 @task
 def propagate(operators: Sequence[str], published_by: str) -> dict[str, Any]:
     """PROPAGATE the version ``published_by`` PREPAREd to every one of ``operators``,
-    upstream first, in one publish (000 §3.4; :func:`keyplane.orchestration.tasks.propagate`)."""
-    from keyplane.orchestration import tasks
+    upstream first, in one publish
+    (000 §3.4; :func:`keyplane.orchestration.rollout_steps.propagate`)."""
+    from keyplane.orchestration import rollout_steps
 
-    return tasks.propagate(deployment(), operators, published_version(published_by))
+    return rollout_steps.propagate(deployment(), operators, published_version(published_by))
 
 
 def rollout_chain(

@@ -1,7 +1,7 @@
 """Plans, predictions, backtests and the publish decision, from a statistics snapshot (pure).
 
-Nothing here touches Kafka, Spark, Airflow or the disk: the steps of
-:mod:`keyplane.orchestration.tasks` load and store, these functions decide.
+Nothing here touches Kafka, Spark, Airflow or the disk: the steps of the
+DAGs (``keyplane.orchestration.*_steps``) load and store, these functions decide.
 
 Keys are strings at this boundary (the configuration's and the job's) and
 integer ids inside the algorithms: :class:`KeyCodec` maps one to the other,

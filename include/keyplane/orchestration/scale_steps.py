@@ -1,9 +1,9 @@
 """The steps of the scale DAG, one plain function each (paper 003, Stela).
 
-Like :mod:`keyplane.orchestration.tasks`, every step takes the
+Like the reconfiguration DAG's steps, every step takes the
 :class:`~keyplane.orchestration.deployment.Deployment` and the run's id,
 writes its record once into the run's folder (``$KEYPLANE_HOME/scale/<run>``,
-:func:`keyplane.orchestration.tasks.scale_folder`) and returns it, so a
+:func:`keyplane.orchestration.run_records.scale_folder`) and returns it, so a
 retried or cleared task finds the decision and the version its run already
 took. The rollout itself (PREPARE, PROPAGATE, DONE and the deferred waits) is
 the reconfiguration DAG's, unchanged: a scaled configuration is just another
@@ -29,31 +29,38 @@ from pydantic import BaseModel, ConfigDict
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.algorithms.scaling import ScaleRequest, decide_scaling
-from keyplane.orchestration import planning, tasks
+from keyplane.orchestration import (
+    configuration_steps,
+    decision_steps,
+    planning,
+    rollout_steps,
+    run_records,
+    verification_steps,
+)
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)
 
-DECISION = tasks.SCALE_DECISION
-PROPOSAL = tasks.SCALE_PROPOSAL
+DECISION = run_records.SCALE_DECISION
+PROPOSAL = run_records.SCALE_PROPOSAL
 METRICS_LOOKBACK = 4
 """Records read per batch of the window: room for batches on an older version."""
 
 
 def _folder(deployment: Deployment, run_id: str) -> Path:
-    folder = tasks.scale_folder(deployment, run_id)
+    folder = run_records.scale_folder(deployment, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
 def recent_metrics(deployment: Deployment, batches: int) -> list[tuple[BatchMetrics, float]]:
     """The newest metrics records (about ``METRICS_LOOKBACK × batches``), oldest first,
-    each with the time it reached the topic (:func:`tasks.read_timed_metrics`)."""
-    end = tasks.metrics_end(deployment)
+    each with the time it reached the topic (:func:`verification_steps.read_timed_metrics`)."""
+    end = rollout_steps.metrics_end(deployment)
     start = {p: max(0, o - METRICS_LOOKBACK * (batches + 1)) for p, o in end.items()}
-    records = tasks.read_timed_metrics(deployment, start, end)
+    records = verification_steps.read_timed_metrics(deployment, start, end)
     return sorted(records, key=lambda item: item[0].batch_id)
 
 
@@ -69,27 +76,27 @@ def decide(
     folder = _folder(deployment, run_id)
     existing = folder / DECISION
     if existing.is_file():
-        return tasks._read(existing, "the scale decision")
-    parent = tasks.active_version(deployment, None)
+        return run_records.read_record(existing, "the scale decision")
+    parent = configuration_steps.active_version(deployment, None)
     current = config_store.load(deployment.routing_store, parent)
     stages = deployment.operators
     if request.operator is not None and request.operator not in stages:
-        raise tasks.Refused(
+        raise run_records.Refused(
             f"operator {request.operator!r} is not a stage of the pipeline; its stages are "
             f"{', '.join(stages)}"
         )
     missing = [name for name in stages if name not in current.operators]
     if missing:
-        raise tasks.Refused(
+        raise run_records.Refused(
             f"v{parent} routes no stage {', '.join(missing)} of the pipeline "
             f"({deployment.pipeline}); it routes {', '.join(current.operators)}"
         )
     parallelism = {name: current.operators[name].parallelism for name in stages}
     if len(set(parallelism.values())) != 1:
-        raise tasks.Refused(f"operators have different state partitions: {parallelism}")
+        raise run_records.Refused(f"operators have different state partitions: {parallelism}")
     partitions = parallelism[stages[0]]
     if request.instances is not None and request.instances > partitions:
-        raise tasks.Refused(
+        raise run_records.Refused(
             f"instances {request.instances} is more than the job's {partitions} state "
             f"partitions (fixed when the job started); give at most {partitions}"
         )
@@ -114,7 +121,7 @@ def decide(
         "parent_version": parent,
         "publish": publish,
     }
-    record = tasks._write_once(existing, record)
+    record = run_records.write_once(existing, record)
     log.info("scale decision: %s", record["reason"])
     return record
 
@@ -231,7 +238,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
     stays active and moves the others; the other operator keeps its routing.
     The version, its parent and the key loads it is planned from are
     reserved in the run's folder before it is stored
-    (:func:`keyplane.orchestration.tasks._reserve`): the events topic grows
+    (:func:`keyplane.orchestration.run_records.reserve_versions`): the events topic grows
     between tries, and a retry that counted it again would plan another
     table under another version, leaving the first try's stored and
     unvalidated. Retried, the step plans from the same loads and stores
@@ -245,15 +252,15 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
         proposal = ScaleProposal.model_validate_json(existing.read_text())
         config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
         return proposal.model_dump(mode="json")
-    decision = tasks._read(folder / DECISION, "the scale decision")
+    decision = run_records.read_record(folder / DECISION, "the scale decision")
     if not decision["publish"]:
-        raise tasks.Refused(f"the decision was not to scale: {decision['reason']}")
+        raise run_records.Refused(f"the decision was not to scale: {decision['reason']}")
     operator = str(decision["operator"])
-    allocation = folder / tasks.ALLOCATION
+    allocation = folder / run_records.ALLOCATION
     if allocation.is_file():
-        reserved = tasks._read(allocation, "the reservation")
+        reserved = run_records.read_record(allocation, "the reservation")
     else:
-        reserved = tasks._reserve(
+        reserved = run_records.reserve_versions(
             allocation,
             deployment,
             int(decision["parent_version"]),
@@ -269,7 +276,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
         created_by="scale",
         operators={**current.operators, operator: routing},
     )
-    saved = tasks._store(deployment, config)
+    saved = run_records.store_version(deployment, config)
     pairs = event_pair_counts(deployment)
     stages = deployment.operators
     before = predicted_locality(current, pairs, stages)
@@ -288,7 +295,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
         locality_before=before,
         locality_after=after,
     )
-    record = tasks._write_once(existing, proposal.model_dump(mode="json"))
+    record = run_records.write_once(existing, proposal.model_dump(mode="json"))
     log.info(
         "stored v%d: %s over instances %s (was %s), %d keys tabled; predicted locality "
         "%.1f%% → %.1f%%",
@@ -315,18 +322,20 @@ def validate_scaled_configuration(
     every key of the events topic is tabled where the job will route it, so
     "max/mean within α" compares the active instances only and an idle
     released instance does not count as imbalance. The verdict is recorded
-    where :func:`keyplane.orchestration.tasks.publish_version` requires it.
+    where :func:`keyplane.orchestration.rollout_steps.publish_version` requires it.
     """
     from keyplane.algorithms.scaling import active_view
     from keyplane.orchestration.quality import OperatorPrediction, QualitySettings, locked_context
     from keyplane.orchestration.quality import validate_configuration as run_suites
 
     folder = _folder(deployment, run_id)
-    proposal = ScaleProposal.model_validate(tasks._read(folder / PROPOSAL, "the scale proposal"))
+    proposal = ScaleProposal.model_validate(
+        run_records.read_record(folder / PROPOSAL, "the scale proposal")
+    )
     config = config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
     parent = config_store.load(deployment.routing_store, proposal.parent_version)
     loads = event_key_loads(deployment)
-    changed = tasks.changed_operators(config, parent)
+    changed = configuration_steps.changed_operators(config, parent)
     view = changed.model_copy(
         update={
             "operators": {
@@ -354,12 +363,12 @@ def validate_scaled_configuration(
             run_name=f"configuration-v{config.version}",
         )
     log.info("configuration validation of scaled v%d:\n%s", config.version, result.summary)
-    record = tasks.record_validation(
+    record = configuration_steps.record_validation(
         deployment, config.version, result.success, result.summary, result.data_docs_path
     )
     if not record["success"]:
-        tasks.not_published(deployment, [config.version], "failed validation", run_id)
-        raise tasks.Refused(
+        decision_steps.not_published(deployment, [config.version], "failed validation", run_id)
+        raise run_records.Refused(
             f"v{config.version} failed validation and will not be published:\n{record['summary']}"
         )
     log.info("scaled v%d passed validation", config.version)
@@ -369,8 +378,8 @@ def validate_scaled_configuration(
 def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
     """PREPARE the scaled version (000 §3.4), once validated and decided."""
     folder = _folder(deployment, run_id)
-    proposal = tasks._read(folder / PROPOSAL, "the scale proposal")
-    return tasks.publish_version(
+    proposal = run_records.read_record(folder / PROPOSAL, "the scale proposal")
+    return rollout_steps.publish_version(
         deployment, int(proposal["version"]), int(proposal["parent_version"])
     )
 
@@ -378,9 +387,11 @@ def publish(deployment: Deployment, run_id: str) -> dict[str, Any]:
 def done(deployment: Deployment, run_id: str, version: int | None = None) -> dict[str, Any]:
     """DONE: the scaled version becomes active; its metrics start here.
 
-    ``version`` as for :func:`keyplane.orchestration.tasks.propagate`.
+    ``version`` as for :func:`keyplane.orchestration.rollout_steps.propagate`.
     """
-    return tasks.done_into(deployment, _folder(deployment, run_id) / tasks.ROLLOUT, version)
+    return rollout_steps.done_into(
+        deployment, _folder(deployment, run_id) / run_records.ROLLOUT, version
+    )
 
 
 def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, Any]:
@@ -390,20 +401,20 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
     must be active in the scaled version, for both operators.
     """
     folder = _folder(deployment, run_id)
-    existing = folder / tasks.VERIFICATION
+    existing = folder / run_records.VERIFICATION
     if existing.is_file():
-        return tasks._read(existing, "the verification")
-    rollout = tasks._read(folder / tasks.ROLLOUT, "the rollout record")
+        return run_records.read_record(existing, "the verification")
+    rollout = run_records.read_record(folder / run_records.ROLLOUT, "the rollout record")
     version = int(rollout["version"])
     config = config_store.load(deployment.routing_store, version)
     start = {int(p): int(o) for p, o in rollout["metrics_start"].items()}
     after = [
         r
-        for r in tasks.read_metrics(deployment, start)
+        for r in verification_steps.read_metrics(deployment, start)
         if r.hops > 0 and r.versions and set(r.versions.values()) == {version}
     ][:batches]
     if len(after) < batches:
-        raise tasks.StepError(f"only {len(after)} of {batches} batches ran on v{version} yet")
+        raise run_records.StepError(f"only {len(after)} of {batches} batches ran on v{version} yet")
     stages = deployment.operators
     busy: dict[str, set[int]] = {name: set() for name in stages}
     for batch in after:
@@ -414,7 +425,7 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
         for name in stages
         if busy[name] - set(config.operators[name].active)
     }
-    record = tasks._write_once(
+    record = run_records.write_once(
         existing,
         {
             "version": version,
@@ -426,7 +437,9 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
         },
     )
     if not record["ok"]:
-        raise tasks.Refused(f"v{version} routed tuples to inactive instances: {record['stray']}")
+        raise run_records.Refused(
+            f"v{version} routed tuples to inactive instances: {record['stray']}"
+        )
     log.info(
         "verified v%d over %d batches: busy instances %s, all active",
         version,

@@ -54,13 +54,13 @@ def _satisfied(
     batches: int,
     version: int | None = None,
 ) -> bool:
-    from keyplane.orchestration import tasks
+    from keyplane.orchestration import rollout_steps, verification_steps
 
     if kind == "metrics":
-        return tasks.new_version_batches(deployment, dag_id, run_id, record) >= batches
+        return verification_steps.new_version_batches(deployment, dag_id, run_id, record) >= batches
     if kind not in ("ack", "migrated"):
         raise ValueError(f"unknown wait {kind!r}")
-    return tasks.reply_arrived(
+    return rollout_steps.reply_arrived(
         deployment, "ack" if kind == "ack" else "migrated", operator, version=version
     )
 
@@ -113,9 +113,9 @@ class RolloutWaitTrigger(BaseTrigger):
 
     ``kind`` is ``"ack"``, ``"migrated"`` (of ``operator``) or ``"metrics"``,
     the batches counted from the rollout record ``record`` of ``dag_id``'s run
-    ``run_id`` (:func:`keyplane.orchestration.tasks.run_folder`).
+    ``run_id`` (:func:`keyplane.orchestration.run_records.run_folder`).
     ``version`` is the version whose reply is awaited
-    (:func:`keyplane.orchestration.tasks.awaited_rollout`: once it was
+    (:func:`keyplane.orchestration.rollout_steps.awaited_rollout`: once it was
     aborted or superseded, the trigger fires an error rather than take
     another version's reply). ``deadline`` is a wall-clock time (seconds
     since the epoch), so a trigger moved to another triggerer keeps its
@@ -319,10 +319,10 @@ class AwaitRolloutOperator(BaseOperator):
 
 def _abort_and_fail(what: str, detail: str, versions: Collection[int]) -> NoReturn:
     """ABORT the run's version if it is in flight after a missing reply; fail, no retry."""
-    from keyplane.orchestration import tasks
+    from keyplane.orchestration import rollout_steps
     from keyplane.orchestration.deployment import deployment
 
-    aborted = tasks.abort(deployment(), versions) if versions else None
+    aborted = rollout_steps.abort(deployment(), versions) if versions else None
     if aborted is None:
         outcome = "no version of this run is in flight, so nothing was aborted"
     else:
@@ -339,7 +339,7 @@ class RollOutWavesOperator(BaseOperator):
     The number of waves is the plan's, known only when the run has planned,
     and Airflow cannot chain a varying number of task groups one after
     another; so one task walks them. Each time it runs (first, and after
-    every reply) it calls :func:`keyplane.orchestration.tasks.advance_waves`,
+    every reply) it calls :func:`keyplane.orchestration.rollout_steps.advance_waves`,
     which sends what the waves need next, and defers on
     :class:`RolloutWaitTrigger` for the reply that step awaits, for that
     wave's version: the worker slot is free while the job migrates, as with
@@ -381,20 +381,20 @@ class RollOutWavesOperator(BaseOperator):
         passed on, so the wave is known only from the run's records, those
         of this task's DAG (the other DAG may have a run of the same id).
         """
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import rollout_steps
         from keyplane.orchestration.deployment import deployment
 
-        versions = tasks.run_versions(deployment(), self.dag_id, str(context["run_id"]))
+        versions = rollout_steps.run_versions(deployment(), self.dag_id, str(context["run_id"]))
         _abort_and_fail("reply to the wave in flight", detail, versions)
 
     def _advance(self, context: Any) -> dict[str, Any]:
-        from keyplane.orchestration import tasks
+        from keyplane.orchestration import rollout_steps
         from keyplane.orchestration.deployment import deployment
 
         timeout = whole_number(self.timeout_s, "timeout_s")
         target = deployment()
         run_id = str(context["run_id"])
-        step = tasks.advance_waves(target, run_id)
+        step = rollout_steps.advance_waves(target, run_id)
         if step["wait"] is None:
             self.log.info("every wave before the last is active: %s", step["waves"])
             return step

@@ -855,7 +855,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print_committed(settings: CountsJobSettings) -> None:
     """The log's last word: what the checkpoint has committed, read from Spark's commit and
     offset logs, which count every batch, printed or not."""
-    from keyplane.spark.jobprocess import last_committed_batch
+    from keyplane.spark.job_checkpoint import last_committed_batch
 
     committed = last_committed_batch(Path(settings.checkpoint), settings.events_topic)
     what = "no batch" if committed is None else committed.describe()

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from keyplane.settings import Settings
-from keyplane.spark.jobprocess import JobError, JobProcess
+from keyplane.spark.job_record import JobError
+from keyplane.spark.jobprocess import JobProcess
 from keyplane.stack.piece import Health, StackError
 from keyplane.stack.spark import master_state
 

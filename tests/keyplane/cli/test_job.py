@@ -13,7 +13,9 @@ from keyplane.cli.job import _job_process
 from keyplane.cli.parser import build_parser
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import job_command, parse_settings
-from keyplane.spark.jobprocess import JobError, JobProcess
+from keyplane.spark.job_checks import check_checkpoint_engine
+from keyplane.spark.job_record import JobError
+from keyplane.spark.jobprocess import JobProcess
 from keyplane.spark.routed_counts import record_engine
 
 
@@ -50,7 +52,7 @@ def test_a_checkpoint_keeps_its_engine_and_another_is_refused_before_the_job_sta
     job = JobProcess(Settings(home=tmp_path), stage_engine="python")
     record_engine(job.checkpoint, "jvm")
     with pytest.raises(JobError, match=r"written by the .jvm. stages.*--stage-engine jvm"):
-        job._check_checkpoint_engine()
-    JobProcess(Settings(home=tmp_path), stage_engine="jvm")._check_checkpoint_engine()
-    JobProcess(Settings(home=tmp_path))._check_checkpoint_engine()
+        check_checkpoint_engine(job.checkpoint, job.directory, job.stage_engine)
+    check_checkpoint_engine(job.checkpoint, job.directory, "jvm")
+    check_checkpoint_engine(job.checkpoint, job.directory, "auto")
     assert not job.pid_file.exists()

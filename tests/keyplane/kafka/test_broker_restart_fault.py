@@ -35,7 +35,7 @@ from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import RoutingConfig, save
 from keyplane.routing.handoff import routed_key_table
 from keyplane.spark.counts_job import read_output, read_partials
-from keyplane.spark.jobprocess import read_metrics_topic, read_rollout
+from keyplane.spark.job_status import read_metrics_topic, read_rollout
 from keyplane.testing import (
     crash_broker,
     free_port,

@@ -15,7 +15,7 @@ from typing import Any
 
 from keyplane.control.messages import ControlMessage
 from keyplane.kafka.control import ControlRead
-from keyplane.orchestration import tasks
+from keyplane.orchestration import rollout_steps
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 
@@ -78,7 +78,7 @@ class FakeTaskInstance:
 
 
 def prepare(deployment: Deployment, version: int) -> None:
-    with tasks.controller(deployment) as controller:
+    with rollout_steps.controller(deployment) as controller:
         controller.prepare(version)
 
 
@@ -99,7 +99,7 @@ def reply(
 
 
 def in_flight(deployment: Deployment) -> int | None:
-    with tasks.controller(deployment) as controller:
+    with rollout_steps.controller(deployment) as controller:
         return controller.in_flight
 
 
@@ -131,7 +131,7 @@ def roll_out(topic: FakeControlTopic, deployment: Deployment, version: int) -> N
     """PREPARE → ACK → PROPAGATE → MIGRATED → DONE of ``version``, the job answering at once."""
     prepare(deployment, version)
     reply(topic, deployment, "ACK", version)
-    with tasks.controller(deployment) as controller:
+    with rollout_steps.controller(deployment) as controller:
         controller.propagate_all(["A", "B"], version=version)
         reply(topic, deployment, "MIGRATED", version, "A")
         reply(topic, deployment, "MIGRATED", version, "B")

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from keyplane.orchestration import planning, tasks
+from keyplane.orchestration import configuration_steps, decision_steps, planning, statistics_steps
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
@@ -53,17 +53,22 @@ def test_a_three_stage_pipeline_is_planned_validated_backtested_and_decided(
     config_store.save(RoutingConfig.all_hash(P, STAGES), deployment.routing_store)
     write_statistics_snapshot(deployment.snapshots, RUN, _clicks(1), STAGES)
 
-    assert "all" in tasks.validate_statistics(deployment, RUN, min_total_count=1_000)["summary"]
-    proposal = tasks.compute_configuration(deployment, RUN, planning.PlanParams(alpha=1.1))
+    assert (
+        "all"
+        in statistics_steps.validate_statistics(deployment, RUN, min_total_count=1_000)["summary"]
+    )
+    proposal = configuration_steps.compute_configuration(
+        deployment, RUN, planning.PlanParams(alpha=1.1)
+    )
     config = config_store.load(deployment.routing_store, proposal["version"])
     assert list(config.operators) == list(STAGES)
     assert all(config.operators[stage].table for stage in STAGES)
-    assert tasks.validate_configuration(deployment, RUN)["success"]
-    result = tasks.backtest(deployment, RUN)
+    assert configuration_steps.validate_configuration(deployment, RUN)["success"]
+    result = decision_steps.backtest(deployment, RUN)
     assert result["current"]["locality"] < 0.4
     assert result["new"]["locality"] > 0.7
     assert set(result["new"]["imbalance"]) == set(STAGES)
-    assert tasks.decide(deployment, RUN, planning.DecisionRule(), dry_run=False)["publish"]
+    assert decision_steps.decide(deployment, RUN, planning.DecisionRule(), dry_run=False)["publish"]
 
 
 def test_an_operator_that_is_not_a_stage_of_the_pipeline_fails_the_first_task(
@@ -75,7 +80,7 @@ def test_an_operator_that_is_not_a_stage_of_the_pipeline_fails_the_first_task(
 
     deployment = _deployment(tmp_path)
     config_store.save(RoutingConfig.all_hash(P, STAGES), deployment.routing_store)
-    checked = tasks.check_plan_params(deployment, ["users", "categories"], None)
+    checked = configuration_steps.check_plan_params(deployment, ["users", "categories"], None)
     assert checked["operators"] == ["users", "categories"]
     with pytest.raises(AirflowFailException, match="'A' are not stages of the pipeline; its "):
-        fail_fast(lambda: tasks.check_plan_params(deployment, ["A"], None))()
+        fail_fast(lambda: configuration_steps.check_plan_params(deployment, ["A"], None))()

@@ -21,7 +21,14 @@ from fake_control import FakeControlTopic, decide_scale_in_of_b, prepare, reply,
 
 from keyplane.algorithms import statistics as stats
 from keyplane.control.operators import OPERATORS
-from keyplane.orchestration import planning, scale_steps, tasks
+from keyplane.orchestration import (
+    configuration_steps,
+    planning,
+    rollout_steps,
+    run_records,
+    scale_steps,
+    verification_steps,
+)
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
@@ -53,15 +60,15 @@ def dies_writing(
     monkeypatch: pytest.MonkeyPatch, matches: Callable[[str], bool]
 ) -> Callable[[], None]:
     """Make the next write of a record whose name ``matches`` kill the try; return the undo."""
-    real = tasks._write_once
+    real = run_records.write_once
 
     def write_once(path: Path, record: Any) -> dict[str, Any]:
         if matches(path.name):
             raise WorkerDied(path.name)
         return real(path, record)
 
-    monkeypatch.setattr(tasks, "_write_once", write_once)
-    return lambda: monkeypatch.setattr(tasks, "_write_once", real)
+    monkeypatch.setattr(run_records, "write_once", write_once)
+    return lambda: monkeypatch.setattr(run_records, "write_once", real)
 
 
 def dies_saving(monkeypatch: pytest.MonkeyPatch, after: int) -> Callable[[], None]:
@@ -90,13 +97,13 @@ def test_a_plan_retried_after_its_try_died_before_its_proposal_stores_no_second_
     deployment: Deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     params = planning.PlanParams(alpha=1.1)
-    undo = dies_writing(monkeypatch, lambda name: name == tasks.PROPOSAL)
+    undo = dies_writing(monkeypatch, lambda name: name == run_records.PROPOSAL)
     with pytest.raises(WorkerDied):
-        tasks.compute_configuration(deployment, RUN, params)
+        configuration_steps.compute_configuration(deployment, RUN, params)
     assert stored(deployment) == [1, 2]
     undo()
 
-    proposal = tasks.compute_configuration(deployment, RUN, params)
+    proposal = configuration_steps.compute_configuration(deployment, RUN, params)
 
     assert proposal["version"] == 2 and proposal["parent_version"] == 1
     assert stored(deployment) == [1, 2]
@@ -109,11 +116,11 @@ def test_a_plan_in_waves_retried_after_its_try_died_storing_them_stores_each_onc
     params = planning.PlanParams(alpha=1.1, max_moves_per_wave=20)
     undo = dies_saving(monkeypatch, after=2)
     with pytest.raises(WorkerDied):
-        tasks.compute_configuration(deployment, RUN, params)
+        configuration_steps.compute_configuration(deployment, RUN, params)
     assert stored(deployment) == [1, 2, 3]
     undo()
 
-    proposal = tasks.compute_configuration(deployment, RUN, params)
+    proposal = configuration_steps.compute_configuration(deployment, RUN, params)
 
     versions = [*proposal["waves"], proposal["version"]]
     assert len(versions) > 2, "the plan must have more waves than the try stored"
@@ -129,18 +136,20 @@ def test_a_plan_whose_reserved_version_was_published_meanwhile_fails_and_leaves_
     params = planning.PlanParams(alpha=1.1)
     undo = dies_saving(monkeypatch, after=0)
     with pytest.raises(WorkerDied):
-        tasks.compute_configuration(deployment, RUN, params)
+        configuration_steps.compute_configuration(deployment, RUN, params)
     undo()
     theirs = config_store.save(
         moved_off_hash_config(2, {"A": ["a1"], "B": ["b1"]}, P), deployment.routing_store
     )
 
-    with pytest.raises(tasks.StepError, match="v2, which this run reserved, was stored meanwhile"):
-        tasks.compute_configuration(deployment, RUN, params)
+    with pytest.raises(
+        run_records.StepError, match="v2, which this run reserved, was stored meanwhile"
+    ):
+        configuration_steps.compute_configuration(deployment, RUN, params)
 
     assert stored(deployment) == [1, 2]
     assert config_store.checksum(deployment.routing_store, 2) == theirs.checksum
-    assert tasks.run_versions(deployment, tasks.RECONFIGURE_DAG_ID, RUN) == ()
+    assert rollout_steps.run_versions(deployment, run_records.RECONFIGURE_DAG_ID, RUN) == ()
 
 
 # --- compute_scaled_configuration ------------------------------------------------------
@@ -181,17 +190,17 @@ def regressed(deployment: Deployment, topic: FakeControlTopic) -> Deployment:
     config_store.save(
         moved_off_hash_config(2, {"A": ["a1", "a2"], "B": ["b1"]}, P), deployment.routing_store
     )
-    tasks.record_validation(deployment, 2, True, "passed")
+    configuration_steps.record_validation(deployment, 2, True, "passed")
     folder = stats.snapshot_folder(deployment.snapshots, RUN)
-    (folder / tasks.PROPOSAL).write_text(json.dumps({"version": 2, "parent_version": 1}))
+    (folder / run_records.PROPOSAL).write_text(json.dumps({"version": 2, "parent_version": 1}))
     roll_out(topic, deployment, 2)
-    (folder / tasks.VERIFICATION).write_text(
+    (folder / run_records.VERIFICATION).write_text(
         json.dumps({"version": 2, "regressed": True, "reason": "locality fell"})
     )
     return deployment
 
 
-@pytest.mark.parametrize("dies_at", ["validation-v000003.json", tasks.ROLLBACK])
+@pytest.mark.parametrize("dies_at", ["validation-v000003.json", run_records.ROLLBACK])
 def test_a_rollback_retried_after_its_try_died_prepares_it_in_a_fake_topic(
     regressed: Deployment, topic: FakeControlTopic, monkeypatch: pytest.MonkeyPatch, dies_at: str
 ) -> None:
@@ -201,15 +210,15 @@ def test_a_rollback_retried_after_its_try_died_prepares_it_in_a_fake_topic(
     sent = len(topic.messages)
     undo = dies_writing(monkeypatch, lambda name: name == dies_at)
     with pytest.raises(WorkerDied):
-        tasks.prepare_rollback(regressed, RUN)
+        verification_steps.prepare_rollback(regressed, RUN)
     undo()
 
-    record = tasks.prepare_rollback(regressed, RUN)
+    record = verification_steps.prepare_rollback(regressed, RUN)
 
     assert record["version"] == 3 and record["restores"] == 1 and record["replaces"] == 2
     assert stored(regressed) == [1, 2, 3]
     assert topic.sent(sent) == ["controller:PREPARE v3"]
-    assert tasks.run_versions(regressed, tasks.RECONFIGURE_DAG_ID, RUN) == (2, 3)
+    assert rollout_steps.run_versions(regressed, run_records.RECONFIGURE_DAG_ID, RUN) == (2, 3)
     rolled_back = config_store.load(regressed.routing_store, 3)
     assert rolled_back.operators == config_store.load(regressed.routing_store, 1).operators
 
@@ -229,9 +238,9 @@ def test_a_rollback_that_an_older_try_recorded_without_validation_is_prepared_in
     )
     folder = stats.snapshot_folder(regressed.snapshots, RUN)
     rollback = {"version": 3, "restores": 1, "replaces": 2, "reason": "locality fell"}
-    (folder / tasks.ROLLBACK).write_text(json.dumps(rollback))
+    (folder / run_records.ROLLBACK).write_text(json.dumps(rollback))
 
-    assert tasks.prepare_rollback(regressed, RUN) == rollback
+    assert verification_steps.prepare_rollback(regressed, RUN) == rollback
     assert stored(regressed) == [1, 2, 3]
     assert topic.sent()[-1] == "controller:PREPARE v3"
 
@@ -250,21 +259,21 @@ def test_done_retried_after_its_try_died_measures_from_the_first_tries_start_in_
     )
     prepare(deployment, 2)
     reply(topic, deployment, "ACK", 2)
-    with tasks.controller(deployment) as controller:
+    with rollout_steps.controller(deployment) as controller:
         controller.propagate_all(["A", "B"], version=2)
     reply(topic, deployment, "MIGRATED", 2, "A")
     reply(topic, deployment, "MIGRATED", 2, "B")
-    with tasks.controller(deployment) as controller:
+    with rollout_steps.controller(deployment) as controller:
         controller.poll()
     ends = iter([{0: 10}, {0: 17}, {0: 23}])
-    monkeypatch.setattr(tasks, "metrics_end", lambda _deployment: next(ends))
+    monkeypatch.setattr(rollout_steps, "metrics_end", lambda _deployment: next(ends))
     sent = len(topic.messages)
 
-    undo = dies_writing(monkeypatch, lambda name: name == tasks.ROLLOUT)
+    undo = dies_writing(monkeypatch, lambda name: name == run_records.ROLLOUT)
     with pytest.raises(WorkerDied):
-        tasks.done(deployment, RUN, version=2)
+        rollout_steps.done(deployment, RUN, version=2)
     undo()
-    record = tasks.done(deployment, RUN, version=2)
+    record = rollout_steps.done(deployment, RUN, version=2)
 
     assert record == {"version": 2, "metrics_start": {"0": 10}}
     assert set(topic.sent(sent)) == {"controller:DONE v2"}  # a retry sends the same DONE

@@ -31,7 +31,13 @@ from keyplane.algorithms import statistics as stats
 from keyplane.control.controller import ControllerError
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.control import ControlChannel
-from keyplane.orchestration import planning, tasks
+from keyplane.orchestration import (
+    configuration_steps,
+    decision_steps,
+    planning,
+    rollout_steps,
+    run_records,
+)
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
@@ -56,10 +62,14 @@ def _write_snapshot(deployment: Deployment, run_id: str, seed: int) -> None:
 
 def _plan_and_decide(deployment: Deployment, run_id: str) -> int:
     """The run's steps up to ``decide``; the version it will publish."""
-    proposal = tasks.compute_configuration(deployment, run_id, planning.PlanParams(alpha=1.1))
-    tasks.validate_configuration(deployment, run_id)
-    tasks.backtest(deployment, run_id)
-    assert tasks.decide(deployment, run_id, planning.DecisionRule(), dry_run=False)["publish"]
+    proposal = configuration_steps.compute_configuration(
+        deployment, run_id, planning.PlanParams(alpha=1.1)
+    )
+    configuration_steps.validate_configuration(deployment, run_id)
+    decision_steps.backtest(deployment, run_id)
+    assert decision_steps.decide(deployment, run_id, planning.DecisionRule(), dry_run=False)[
+        "publish"
+    ]
     return int(proposal["version"])
 
 
@@ -98,8 +108,8 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
         def publish(run_id: str) -> None:
             start.wait()
             try:
-                outcomes[run_id] = tasks.publish(deployment, run_id)
-            except (ControllerError, tasks.StepError) as refused:
+                outcomes[run_id] = rollout_steps.publish(deployment, run_id)
+            except (ControllerError, run_records.StepError) as refused:
                 outcomes[run_id] = refused
 
         racers = [threading.Thread(target=publish, args=(run,)) for run in planned]
@@ -118,24 +128,26 @@ def test_retried_steps_change_nothing_and_two_runs_never_roll_out_together(
 
         # The winner's rollout, every step run twice as a retry would.
         first = outcomes[winner]
-        assert tasks.publish(deployment, winner) == first
-        _eventually(lambda: tasks.reply_arrived(deployment, "ack"), "the ACK")
-        once = tasks.propagate(deployment, OPERATORS)
-        assert tasks.propagate(deployment, OPERATORS) == once
+        assert rollout_steps.publish(deployment, winner) == first
+        _eventually(lambda: rollout_steps.reply_arrived(deployment, "ack"), "the ACK")
+        once = rollout_steps.propagate(deployment, OPERATORS)
+        assert rollout_steps.propagate(deployment, OPERATORS) == once
         for operator in OPERATORS:
             _eventually(
-                functools.partial(tasks.reply_arrived, deployment, "migrated", operator),
+                functools.partial(rollout_steps.reply_arrived, deployment, "migrated", operator),
                 f"MIGRATED {operator}",
             )
-        finished = tasks.done(deployment, winner)
-        assert tasks.done(deployment, winner) == finished
+        finished = rollout_steps.done(deployment, winner)
+        assert rollout_steps.done(deployment, winner) == finished
         assert finished["version"] == version
-        assert tasks.publish(deployment, winner) == first
+        assert rollout_steps.publish(deployment, winner) == first
         assert job.wait_until(lambda s: s.active_version == version and s.pending is None)
 
         # The other run, retried after the first finished: refused as stale, nothing sent.
-        with pytest.raises(tasks.StepError, match=f"planned from v1, but v{version} is active"):
-            tasks.publish(deployment, loser)
+        with pytest.raises(
+            run_records.StepError, match=f"planned from v1, but v{version} is active"
+        ):
+            rollout_steps.publish(deployment, loser)
         state = job.state
 
     assert state.active_version == version and state.latest_version == version
@@ -174,8 +186,8 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
     config_store.save(v1, store)
     _write_snapshot(deployment, SCHEDULED, seed=3)
     params = planning.PlanParams(alpha=1.1, max_moves_per_wave=10)
-    proposal = tasks.compute_configuration(deployment, SCHEDULED, params)
-    assert tasks.compute_configuration(deployment, SCHEDULED, params) == proposal
+    proposal = configuration_steps.compute_configuration(deployment, SCHEDULED, params)
+    assert configuration_steps.compute_configuration(deployment, SCHEDULED, params) == proposal
     waves, version = list(proposal["waves"]), int(proposal["version"])
     assert len(waves) >= 2 and [*waves, version] == list(range(2, version + 1))
 
@@ -190,23 +202,27 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
         assert 1 <= plan_migration(old, new, spark_partition).cost.keys <= 10
     assert chain[-1].operators == at_once.operators
 
-    tasks.validate_configuration(deployment, SCHEDULED)
+    configuration_steps.validate_configuration(deployment, SCHEDULED)
     for wave in waves:
-        tasks._require_validated(deployment, wave)
-    tasks.backtest(deployment, SCHEDULED)
-    assert tasks.decide(deployment, SCHEDULED, planning.DecisionRule(), dry_run=False)["publish"]
+        rollout_steps.require_validated(deployment, wave)
+    decision_steps.backtest(deployment, SCHEDULED)
+    assert decision_steps.decide(deployment, SCHEDULED, planning.DecisionRule(), dry_run=False)[
+        "publish"
+    ]
 
     channel = ControlChannel(broker, deployment.control_topic)
     channel.ensure()
     with ProtocolOnlyJob(channel, store, OPERATORS, 1) as job:
         # A first try killed right after it sent the first wave's PREPARE; then the
         # operator's loop: each call sends what the waves need next, then its reply is awaited.
-        tasks.publish_version(deployment, waves[0], 1)
+        rollout_steps.publish_version(deployment, waves[0], 1)
         steps = []
-        while (step := tasks.advance_waves(deployment, SCHEDULED))["wait"] is not None:
+        while (step := rollout_steps.advance_waves(deployment, SCHEDULED))["wait"] is not None:
             steps.append((step["version"], step["wait"], step["operator"]))
             _eventually(
-                functools.partial(tasks.reply_arrived, deployment, step["wait"], step["operator"]),
+                functools.partial(
+                    rollout_steps.reply_arrived, deployment, step["wait"], step["operator"]
+                ),
                 f"{step['wait']} of v{step['version']}",
             )
         assert [v for v, wait, _ in steps if wait == "ack"] == waves
@@ -214,20 +230,20 @@ def test_a_run_in_waves_rolls_each_out_in_turn_and_a_retry_resumes_the_wave_in_f
         assert job.wait_until(lambda s: s.active_version == waves[-1] and s.pending is None)
         with ControlChannel(broker, deployment.control_topic) as reader:
             before_retry = len(reader.read(0).messages)
-        assert tasks.advance_waves(deployment, SCHEDULED)["wait"] is None
+        assert rollout_steps.advance_waves(deployment, SCHEDULED)["wait"] is None
         with ControlChannel(broker, deployment.control_topic) as reader:
             assert len(reader.read(0).messages) == before_retry
 
         # The last version: the DAG's publish → ACK → PROPAGATE → MIGRATED → DONE.
-        assert tasks.publish(deployment, SCHEDULED)["version"] == version
-        _eventually(lambda: tasks.reply_arrived(deployment, "ack"), "the ACK")
-        tasks.propagate(deployment, OPERATORS)
+        assert rollout_steps.publish(deployment, SCHEDULED)["version"] == version
+        _eventually(lambda: rollout_steps.reply_arrived(deployment, "ack"), "the ACK")
+        rollout_steps.propagate(deployment, OPERATORS)
         for operator in OPERATORS:
             _eventually(
-                functools.partial(tasks.reply_arrived, deployment, "migrated", operator),
+                functools.partial(rollout_steps.reply_arrived, deployment, "migrated", operator),
                 f"MIGRATED {operator}",
             )
-        assert tasks.done(deployment, SCHEDULED)["version"] == version
+        assert rollout_steps.done(deployment, SCHEDULED)["version"] == version
         assert job.wait_until(lambda s: s.active_version == version and s.pending is None)
 
     with ControlChannel(broker, deployment.control_topic) as reader:

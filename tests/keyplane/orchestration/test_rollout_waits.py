@@ -37,7 +37,13 @@ from keyplane.algorithms import statistics as stats
 from keyplane.control.controller import ControllerError
 from keyplane.control.controller_protocol import ControllerProtocol
 from keyplane.control.messages import ProtocolError
-from keyplane.orchestration import dagparts, planning, tasks
+from keyplane.orchestration import (
+    dagparts,
+    planning,
+    rollout_steps,
+    run_records,
+    verification_steps,
+)
 from keyplane.orchestration import deployment as deployment_module
 from keyplane.orchestration.deployment import Deployment
 from keyplane.orchestration.scale_steps import PROPOSAL as SCALE_PROPOSAL
@@ -80,7 +86,7 @@ def context(published: int | None = 2, run_id: str = RUN) -> dict[str, Any]:
 @pytest.fixture
 def dag() -> Iterator[DAG]:
     """The reconfiguration DAG's id, whose runs keep their records in their snapshots."""
-    with DAG(tasks.RECONFIGURE_DAG_ID, schedule=None) as defined:
+    with DAG(run_records.RECONFIGURE_DAG_ID, schedule=None) as defined:
         yield defined
 
 
@@ -149,7 +155,7 @@ def test_a_wave_resumed_with_fail_aborts_the_runs_wave_in_a_fake_topic(
     deployment: Deployment, topic: FakeControlTopic, dag: DAG
 ) -> None:
     folder = stats.snapshot_folder(deployment.snapshots, RUN)
-    write_record(folder, tasks.PROPOSAL, {"version": 3, "waves": [2]})
+    write_record(folder, run_records.PROPOSAL, {"version": 3, "waves": [2]})
     prepare(deployment, 2)
     waves = RollOutWavesOperator(task_id="roll_out_waves", timeout_s="300", dag=dag)
 
@@ -169,7 +175,7 @@ def test_a_wait_for_an_aborted_version_ignores_the_next_versions_ack_in_a_fake_t
     """The run PREPAREd v2; while its await_ack is deferred an operator runs
     ``keyplane config abort`` and ``keyplane config publish v3``, and the job ACKs v3."""
     prepare(deployment, 2)
-    tasks.abort(deployment, {2})
+    rollout_steps.abort(deployment, {2})
     prepare(deployment, 3)
     reply(topic, deployment, "ACK", 3)
 
@@ -188,25 +194,25 @@ def test_a_wait_for_a_superseded_version_names_the_one_in_flight_in_a_fake_topic
 ) -> None:
     for version in (2, 3):
         prepare(deployment, version)
-        tasks.abort(deployment, {version})
+        rollout_steps.abort(deployment, {version})
     prepare(deployment, 4)
     reply(topic, deployment, "ACK", 4)
 
     with pytest.raises(ControllerError, match="v2 is not in flight: superseded by v4"):
-        tasks.reply_arrived(deployment, "ack", version=2)
-    assert tasks.reply_arrived(deployment, "ack", version=4)
+        rollout_steps.reply_arrived(deployment, "ack", version=2)
+    assert rollout_steps.reply_arrived(deployment, "ack", version=4)
 
 
 def test_a_wait_refused_by_the_protocol_fails_as_a_controller_error() -> None:
     with pytest.raises(ControllerError, match=r"^v2 is not in flight: no rollout is in flight$"):
-        tasks.awaited_rollout(None, 2)
+        rollout_steps.awaited_rollout(None, 2)
     protocol = ControllerProtocol(("A", "B"), 1, "checksum of v1")
     protocol.prepare(2, "checksum of v2")
     protocol.abort()
     with pytest.raises(ControllerError, match=r"^v2 was aborted; no rollout is in flight$"):
-        tasks.awaited_rollout(protocol.state, 2)
+        rollout_steps.awaited_rollout(protocol.state, 2)
     protocol.prepare(3, "checksum of v3")
-    assert tasks.awaited_rollout(protocol.state, 3) is protocol.state.current
+    assert rollout_steps.awaited_rollout(protocol.state, 3) is protocol.state.current
 
 
 def test_a_timed_out_wait_leaves_a_version_it_does_not_await_in_a_fake_topic(
@@ -235,7 +241,7 @@ def test_a_deferred_wait_carries_the_published_version_through_serialisation_fak
     rebuilt = RolloutWaitTrigger(**{**json.loads(json.dumps(kwargs)), "deadline": time.time() + 5})
     assert rebuilt.version == 2
     reply(topic, deployment, "ACK", 2)
-    tasks.propagate(deployment, ["A"])
+    rollout_steps.propagate(deployment, ["A"])
     reply(topic, deployment, "MIGRATED", 2)
     assert asyncio.run(first_event(rebuilt))["status"] == "ok"
 
@@ -259,7 +265,7 @@ def test_a_metrics_wait_rendered_from_a_float_param_defers_with_fake_batch_count
     deployment: Deployment, dag: DAG, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``{"verify_batches": 5.0}`` passes the Param's integer schema and renders "5.0"."""
-    monkeypatch.setattr(tasks, "new_version_batches", lambda *_: 4)
+    monkeypatch.setattr(verification_steps, "new_version_batches", lambda *_: 4)
     wait = AwaitRolloutOperator(
         task_id="await_new_version_batches",
         kind="metrics",
@@ -300,18 +306,24 @@ def test_a_retried_propagate_of_an_aborted_version_does_not_propagate_the_next_i
     v3 by hand, which the job ACKed too. The run's ``propagate``, retried, names v2."""
     prepare(deployment, 2)
     reply(topic, deployment, "ACK", 2)
-    tasks.abort(deployment, {2})
+    rollout_steps.abort(deployment, {2})
     prepare(deployment, 3)
     reply(topic, deployment, "ACK", 3)
     sent = len(topic.messages)
 
     with pytest.raises(ProtocolError, match="v2 was aborted; v3 is in flight"):
-        tasks.propagate(deployment, ["A", "B"], 2)
-    with tasks.controller(deployment) as controller, pytest.raises(ProtocolError, match="v2"):
+        rollout_steps.propagate(deployment, ["A", "B"], 2)
+    with (
+        rollout_steps.controller(deployment) as controller,
+        pytest.raises(ProtocolError, match="v2"),
+    ):
         controller.done(version=2)
 
     assert topic.messages[sent:] == [] and in_flight(deployment) == 3
-    assert tasks.propagate(deployment, ["A", "B"], 3) == {"version": 3, "operators": ["A", "B"]}
+    assert rollout_steps.propagate(deployment, ["A", "B"], 3) == {
+        "version": 3,
+        "operators": ["A", "B"],
+    }
     assert topic.sent(sent) == ["controller:PROPAGATE v3"] * 2
 
 
@@ -324,14 +336,14 @@ def test_propagate_sends_every_operator_upstream_first_in_one_publish_in_a_fake_
     reply(topic, deployment, "ACK", 2)
     sent, sends = len(topic.messages), len(topic.sends)
 
-    first = tasks.propagate(deployment, ["A", "B"], 2)
+    first = rollout_steps.propagate(deployment, ["A", "B"], 2)
     assert first == {"version": 2, "operators": ["A", "B"]}
     assert topic.sends[sends:] == [2]
     assert [m.operator for m in topic.messages[sent:]] == ["A", "B"]
-    assert tasks.propagate(deployment, ["A", "B"], 2) == first
+    assert rollout_steps.propagate(deployment, ["A", "B"], 2) == first
     assert topic.messages[sent + 2 :] == topic.messages[sent : sent + 2]
     with pytest.raises(ValueError, match="at least one operator"):
-        tasks.propagate(deployment, [], 2)
+        rollout_steps.propagate(deployment, [], 2)
     assert len(topic.messages) == sent + 4 and len(topic.sends) == sends + 2
 
 
@@ -342,7 +354,7 @@ def test_a_step_retried_after_its_rollout_was_done_resends_its_message_in_a_fake
     sends again what it sent (the job ignores the duplicate), and v3 is left alone."""
     prepare(deployment, 2)
     reply(topic, deployment, "ACK", 2)
-    with tasks.controller(deployment) as controller:
+    with rollout_steps.controller(deployment) as controller:
         propagated = controller.propagate_all(["A", "B"], version=2)
         reply(topic, deployment, "MIGRATED", 2, "A")
         reply(topic, deployment, "MIGRATED", 2, "B")
@@ -363,9 +375,11 @@ def test_a_step_retried_after_its_rollout_was_done_resends_its_message_in_a_fake
 def test_the_failure_callback_aborts_the_runs_version_only_in_a_fake_topic(
     deployment: Deployment, topic: FakeControlTopic
 ) -> None:
-    reconfigure, scale = tasks.RECONFIGURE_DAG_ID, tasks.SCALE_DAG_ID
-    write_record(stats.snapshot_folder(deployment.snapshots, RUN), tasks.PROPOSAL, {"version": 2})
-    write_record(tasks.scale_folder(deployment, OTHER_RUN), SCALE_PROPOSAL, {"version": 3})
+    reconfigure, scale = run_records.RECONFIGURE_DAG_ID, run_records.SCALE_DAG_ID
+    write_record(
+        stats.snapshot_folder(deployment.snapshots, RUN), run_records.PROPOSAL, {"version": 2}
+    )
+    write_record(run_records.scale_folder(deployment, OTHER_RUN), SCALE_PROPOSAL, {"version": 3})
     prepare(deployment, 2)
 
     dagparts.abort_run_in_flight(callback_context(scale, OTHER_RUN))
@@ -389,13 +403,13 @@ def test_a_failed_run_leaves_the_other_dags_run_of_the_same_id_in_a_fake_topic(
     """A run id chosen by hand (``airflow dags trigger -r``), or an ``airflow dags
     test`` of the same logical date, names a run of each DAG: the scale run rolls
     out v3 while the reconfiguration run of that id, which stored nothing, fails."""
-    write_record(tasks.scale_folder(deployment, RUN), SCALE_PROPOSAL, {"version": 3})
+    write_record(run_records.scale_folder(deployment, RUN), SCALE_PROPOSAL, {"version": 3})
     prepare(deployment, 3)
 
-    dagparts.abort_run_in_flight(callback_context(tasks.RECONFIGURE_DAG_ID, RUN))
+    dagparts.abort_run_in_flight(callback_context(run_records.RECONFIGURE_DAG_ID, RUN))
     assert topic.sent() == ["controller:PREPARE v3"] and in_flight(deployment) == 3
 
-    dagparts.abort_run_in_flight(callback_context(tasks.SCALE_DAG_ID, RUN))
+    dagparts.abort_run_in_flight(callback_context(run_records.SCALE_DAG_ID, RUN))
     assert topic.sent()[1:] == ["controller:ABORT v3"]
 
 
@@ -405,10 +419,10 @@ def test_a_failed_wave_leaves_the_scale_runs_version_of_the_same_id_in_a_fake_to
     """The reconfiguration run's wave v2 was aborted by hand, and the scale run of
     the same id put its v3 in flight: the wave task's failure must not abort v3."""
     folder = stats.snapshot_folder(deployment.snapshots, RUN)
-    write_record(folder, tasks.PROPOSAL, {"version": 4, "waves": [2]})
-    write_record(tasks.scale_folder(deployment, RUN), SCALE_PROPOSAL, {"version": 3})
+    write_record(folder, run_records.PROPOSAL, {"version": 4, "waves": [2]})
+    write_record(run_records.scale_folder(deployment, RUN), SCALE_PROPOSAL, {"version": 3})
     prepare(deployment, 2)
-    tasks.abort(deployment, {2})
+    rollout_steps.abort(deployment, {2})
     prepare(deployment, 3)
     waves = RollOutWavesOperator(task_id="roll_out_waves", timeout_s="300", dag=dag)
 
@@ -420,7 +434,7 @@ def test_a_failed_wave_leaves_the_scale_runs_version_of_the_same_id_in_a_fake_to
 
 
 @pytest.mark.parametrize(
-    ("dag_id", "version"), [(tasks.RECONFIGURE_DAG_ID, 2), (tasks.SCALE_DAG_ID, 3)]
+    ("dag_id", "version"), [(run_records.RECONFIGURE_DAG_ID, 2), (run_records.SCALE_DAG_ID, 3)]
 )
 def test_a_metrics_wait_counts_from_its_own_dags_rollout_record_with_fake_metrics(
     deployment: Deployment, monkeypatch: pytest.MonkeyPatch, dag_id: str, version: int
@@ -429,12 +443,12 @@ def test_a_metrics_wait_counts_from_its_own_dags_rollout_record_with_fake_metric
     starts = {2: {"0": 100}, 3: {"0": 5}}
     write_record(
         stats.snapshot_folder(deployment.snapshots, RUN),
-        tasks.ROLLOUT,
+        run_records.ROLLOUT,
         {"version": 2, "metrics_start": starts[2]},
     )
     write_record(
-        tasks.scale_folder(deployment, RUN),
-        tasks.ROLLOUT,
+        run_records.scale_folder(deployment, RUN),
+        run_records.ROLLOUT,
         {"version": 3, "metrics_start": starts[3]},
     )
     read_from: list[dict[int, int]] = []
@@ -443,7 +457,7 @@ def test_a_metrics_wait_counts_from_its_own_dags_rollout_record_with_fake_metric
         read_from.append(dict(start))
         return []
 
-    monkeypatch.setattr(tasks, "read_metrics", no_batches_yet)
+    monkeypatch.setattr(verification_steps, "read_metrics", no_batches_yet)
     with DAG(dag_id, schedule=None) as defined:
         wait = AwaitRolloutOperator(
             task_id="await_new_version_batches", kind="metrics", batches="1", dag=defined
@@ -467,14 +481,14 @@ def test_a_reconfiguration_runs_verify_reads_its_own_rollout_record_with_fake_me
     """The scale run of the same id rolled out v3; this run's record names v2."""
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(10, 3))
     folder = stats.snapshot_folder(deployment.snapshots, RUN)
-    write_record(folder, tasks.PROPOSAL, {"version": 2, "parent_version": 1})
-    write_record(folder, tasks.ROLLOUT, {"version": 2, "metrics_start": {"0": 100}})
+    write_record(folder, run_records.PROPOSAL, {"version": 2, "parent_version": 1})
+    write_record(folder, run_records.ROLLOUT, {"version": 2, "metrics_start": {"0": 100}})
     write_record(
-        tasks.scale_folder(deployment, RUN),
-        tasks.ROLLOUT,
+        run_records.scale_folder(deployment, RUN),
+        run_records.ROLLOUT,
         {"version": 3, "metrics_start": {"0": 5}},
     )
-    monkeypatch.setattr(tasks, "read_metrics", lambda *_: [])
+    monkeypatch.setattr(verification_steps, "read_metrics", lambda *_: [])
 
-    with pytest.raises(tasks.StepError, match=r"only 0 of 1 batches ran on v2 yet"):
-        tasks.verify(deployment, RUN, planning.VerifyTolerances(), batches=1)
+    with pytest.raises(run_records.StepError, match=r"only 0 of 1 batches ran on v2 yet"):
+        verification_steps.verify(deployment, RUN, planning.VerifyTolerances(), batches=1)

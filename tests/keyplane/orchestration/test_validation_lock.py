@@ -22,7 +22,13 @@ import pytest
 from fake_control import decide_scale_in_of_b
 
 from keyplane.control.operators import OPERATORS
-from keyplane.orchestration import planning, quality, scale_steps, tasks
+from keyplane.orchestration import (
+    configuration_steps,
+    planning,
+    quality,
+    scale_steps,
+    statistics_steps,
+)
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
@@ -35,12 +41,12 @@ HELD_S = 2.0
 
 
 def validate_statistics(deployment: Deployment) -> dict[str, Any]:
-    return tasks.validate_statistics(deployment, RUN, min_total_count=1)
+    return statistics_steps.validate_statistics(deployment, RUN, min_total_count=1)
 
 
 def validate_configuration(deployment: Deployment) -> dict[str, Any]:
-    tasks.compute_configuration(deployment, RUN, planning.PlanParams(alpha=1.1))
-    return tasks.validate_configuration(deployment, RUN)
+    configuration_steps.compute_configuration(deployment, RUN, planning.PlanParams(alpha=1.1))
+    return configuration_steps.validate_configuration(deployment, RUN)
 
 
 def validate_scaled_configuration(deployment: Deployment) -> dict[str, Any]:

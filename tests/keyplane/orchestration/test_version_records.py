@@ -16,7 +16,14 @@ from fake_control import decide_scale_in_of_b
 
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
-from keyplane.orchestration import dagparts, planning, scale_steps, tasks
+from keyplane.orchestration import (
+    configuration_steps,
+    dagparts,
+    decision_steps,
+    planning,
+    run_records,
+    scale_steps,
+)
 from keyplane.orchestration.deployment import Deployment
 from keyplane.reference.workloads import PairsWorkload
 from keyplane.routing import config as config_store
@@ -39,14 +46,14 @@ def _planned(
     deployment: Deployment, run: str, created_by: CreatedBy = "schedule"
 ) -> dict[str, Any]:
     write_statistics_snapshot(deployment.snapshots, run, paired_tuple_counts(60, 3))
-    proposal = tasks.compute_configuration(
+    proposal = configuration_steps.compute_configuration(
         deployment,
         run,
         planning.PlanParams(alpha=1.1),
         created_by=created_by,
     )
-    tasks.validate_configuration(deployment, run)
-    tasks.backtest(deployment, run)
+    configuration_steps.validate_configuration(deployment, run)
+    decision_steps.backtest(deployment, run)
     return proposal
 
 
@@ -68,7 +75,7 @@ def test_versions_not_published_are_marked_and_the_oldest_pruned(tmp_path: Path)
     for minute in range(5):
         run = f"scheduled__2026-11-03T12:{minute:02d}:00+00:00"
         _planned(deployment, run)
-        decision = tasks.decide(deployment, run, planning.DecisionRule(), dry_run=True)
+        decision = decision_steps.decide(deployment, run, planning.DecisionRule(), dry_run=True)
         assert not decision["publish"]
 
     marked = config_store.not_published(deployment.routing_store)
@@ -122,7 +129,9 @@ def test_a_scale_in_records_its_reason_run_and_predicted_locality(
     assert proposal["reason"] == "scale B in"
     assert proposal["locality_before"] is not None and proposal["locality_after"] is not None
     assert proposal["locality_after"] < proposal["locality_before"]
-    recorded = json.loads((tasks.scale_folder(deployment, run) / scale_steps.PROPOSAL).read_text())
+    recorded = json.loads(
+        (run_records.scale_folder(deployment, run) / scale_steps.PROPOSAL).read_text()
+    )
     assert recorded["locality_after"] == proposal["locality_after"]
 
 

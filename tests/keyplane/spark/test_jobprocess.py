@@ -3,8 +3,8 @@
 One test runs the real job under Spark, started twice (a minute or two on 2
 cores), with a user's keyed aggregate in stage B, and one a job that fails as
 Spark starts. The others need no Spark:
-they put a stand-in process (``sleep``) behind a pid file, or feed the
-metrics topic and the controller's state file by hand, and say so in their
+they put a stand-in process (``sleep``) behind a pid file, or write the
+checkpoint's logs or the controller's state file by hand, and say so in their
 names.
 """
 
@@ -28,29 +28,20 @@ from keyplane.aggregates import (
     RunningCount,
     ValueCounts,
 )
-from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.cli import main as cli_main
 from keyplane.cli.job import render_job_status
-from keyplane.control.controller import ControllerFile
-from keyplane.control.controller_protocol import ControllerProtocol
 from keyplane.control.operators import OPERATORS
 from keyplane.control.signing import MissingKeyError
 from keyplane.kafka.admin import ensure_topic
-from keyplane.kafka.producer import make_producer, produce_workload
+from keyplane.kafka.producer import produce_workload
 from keyplane.reference.events import key_name
 from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import RoutingConfig, save, version_path
 from keyplane.settings import Settings
 from keyplane.spark.counts_job import PROGRESS_PREFIX, job_command, parse_settings, read_results
-from keyplane.spark.jobprocess import (
-    JobError,
-    JobExited,
-    JobProcess,
-    JobRecord,
-    _last_progress,
-    read_metrics_topic,
-    read_rollout,
-)
+from keyplane.spark.job_checks import stored_partitions
+from keyplane.spark.job_record import JobError, JobExited, JobRecord
+from keyplane.spark.jobprocess import JobProcess
 from keyplane.testing import free_port
 from keyplane.util.processes import alive, start_detached
 
@@ -348,9 +339,9 @@ def test_a_store_that_binds_no_partition_count_records_none_and_leaves_the_count
     mixed = RoutingConfig.model_validate(
         {**hashed.model_dump(), "operators": {"A": {"parallelism": 2}, "B": {"parallelism": 3}}}
     )
-    seen = [JobProcess(settings)._stored_partitions()]
+    seen = [stored_partitions(settings.config_store)]
     save(mixed, settings.config_store)
-    seen.append(JobProcess(settings)._stored_partitions())
+    seen.append(stored_partitions(settings.config_store))
     free = (
         JobProcess(settings).shuffle_partitions(),
         JobProcess(settings, shuffle_partitions=3).shuffle_partitions(),
@@ -359,7 +350,7 @@ def test_a_store_that_binds_no_partition_count_records_none_and_leaves_the_count
     save(hashed, damaged.config_store)
     with (version_path(damaged.config_store, 1) / "operator-000.table.parquet").open("ab") as table:
         table.write(b"x")
-    seen.append(JobProcess(damaged)._stored_partitions())
+    seen.append(stored_partitions(damaged.config_store))
 
     assert seen == [None, None, None]
     assert free == (4, 3)
@@ -601,22 +592,6 @@ def _progress(batch_id: int, committed: int) -> str:
     )
 
 
-def test_last_progress_is_the_last_complete_line_of_this_run(tmp_path: Path) -> None:
-    log = tmp_path / "job.log"
-    earlier_run = _progress(41, 410) + "x" * 5000 + "\n"
-    this_run = _progress(0, 10) + ("spark noise\n" * 300) + _progress(1, 20) + "more noise\n"
-    log.write_text(earlier_run + this_run + PROGRESS_PREFIX + '{"batch_id": 2')
-
-    found = _last_progress(log, len(earlier_run), block=97)
-    only_earlier = _last_progress(log, 0, block=97)
-    none_yet = _last_progress(log, len(earlier_run) + len(this_run))
-
-    assert found is not None and (found.batch_id, found.committed) == (1, 20)
-    assert only_earlier == found
-    assert none_yet is None
-    assert _last_progress(tmp_path / "missing.log", 0) is None
-
-
 def test_status_shows_the_progress_of_the_running_run_only(
     tmp_path: Path, stand_in: subprocess.Popen[bytes]
 ) -> None:
@@ -679,65 +654,6 @@ def test_status_counts_what_the_checkpoint_committed_not_the_last_progress_line_
 
 
 # --- the metrics topic and the controller's state file ---------------------------------------
-
-
-@pytest.mark.integration
-def test_read_metrics_topic_gives_the_latest_record_and_the_last_busy_one(
-    broker: str, topic_name: str
-) -> None:
-    assert read_metrics_topic(broker, topic_name) is None
-    ensure_topic(broker, topic_name, 1)
-    assert read_metrics_topic(broker, topic_name) is None
-    busy = BatchMetrics(
-        batch_id=4,
-        versions={"A": 2, "B": 1},
-        rows=300,
-        rows_per_s=150.0,
-        load={"A": {0: 200, 1: 100}, "B": {0: 300, 1: 0}},
-        hops=300,
-        local_hops=240,
-    )
-    idle = BatchMetrics(batch_id=5, versions={"A": 2, "B": 2}, input_lag=7)
-    producer = make_producer(broker)
-    for value in (busy.model_dump_json(), "not a metrics record", idle.model_dump_json()):
-        producer.send(topic_name, value=value.encode(), partition=0)
-    producer.send(topic_name, value=b"{}", partition=0)
-    producer.flush()
-    producer.close()
-
-    snapshot = read_metrics_topic(broker, topic_name)
-
-    assert snapshot is not None and snapshot.records == 4
-    assert snapshot.latest == idle and snapshot.last_busy == busy
-    assert snapshot.last_busy.locality == pytest.approx(0.8)
-    assert snapshot.last_busy.imbalance("B") == pytest.approx(2.0)
-    assert abs((datetime.now(UTC) - snapshot.latest_at).total_seconds()) < 60
-
-
-def _controller_file(path: Path, protocol: ControllerProtocol) -> None:
-    saved = ControllerFile(control_topic="c", read_offset=0, protocol=protocol.state)
-    path.write_text(saved.model_dump_json())
-
-
-def test_read_rollout_summarises_the_controller_state_without_kafka(tmp_path: Path) -> None:
-    state_file = tmp_path / "controller.json"
-    assert read_rollout(state_file) is None
-
-    protocol = ControllerProtocol(OPERATORS, 1, "sum-v1")
-    _controller_file(state_file, protocol)
-    idle = read_rollout(state_file)
-    protocol.prepare(2, "sum-v2")
-    _controller_file(state_file, protocol)
-    in_flight = read_rollout(state_file)
-    protocol.abort()
-    _controller_file(state_file, protocol)
-    aborted = read_rollout(state_file)
-
-    assert idle is not None and (idle.active_version, idle.in_flight) == (1, None)
-    assert idle.last_version is None
-    assert in_flight is not None and (in_flight.in_flight, in_flight.step) == (2, "waiting for ACK")
-    assert aborted is not None and aborted.in_flight is None
-    assert (aborted.active_version, aborted.last_version, aborted.last_outcome) == (1, 2, "ABORT")
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from keyplane.spark.counts_job import (
     RestartStopped,
     read_output,
 )
-from keyplane.spark.jobprocess import read_metrics_topic
+from keyplane.spark.job_status import read_metrics_topic
 from keyplane.testing import (
     FAIL_ONCE_DIR_ENV,
     moved_off_hash_config,

@@ -1,4 +1,5 @@
-"""The DAG's steps on a real snapshot folder, configuration store and GX context (no broker).
+"""The configuration steps, with the DAG's steps around them, on a real snapshot folder,
+configuration store and GX context (no broker).
 
 Statistics → validated → planned → validated → backtested → decided, twice
 (every step is idempotent), and a deliberately bad configuration (one
@@ -14,7 +15,14 @@ import pytest
 
 from keyplane.algorithms import statistics as stats
 from keyplane.control.operators import OPERATORS
-from keyplane.orchestration import planning, tasks
+from keyplane.orchestration import (
+    configuration_steps,
+    decision_steps,
+    planning,
+    rollout_steps,
+    run_records,
+    statistics_steps,
+)
 from keyplane.routing import config as config_store
 from keyplane.routing.config import OperatorRouting, RoutingConfig
 from keyplane.testing import deployment_under, paired_tuple_counts, write_statistics_snapshot
@@ -35,24 +43,24 @@ def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
     )
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
 
-    checked = tasks.validate_statistics(deployment, RUN, min_total_count=1_000)
+    checked = statistics_steps.validate_statistics(deployment, RUN, min_total_count=1_000)
     assert "all" in checked["summary"]
     params = planning.PlanParams(alpha=1.1)
-    proposal = tasks.compute_configuration(deployment, RUN, params)
+    proposal = configuration_steps.compute_configuration(deployment, RUN, params)
     assert proposal["version"] == 2 and proposal["parent_version"] == 1
-    assert tasks.compute_configuration(deployment, RUN, params) == proposal
+    assert configuration_steps.compute_configuration(deployment, RUN, params) == proposal
     assert config_store.stored_versions(deployment.routing_store) == [1, 2]
-    assert tasks.validate_configuration(deployment, RUN)["success"]
-    result = tasks.backtest(deployment, RUN)
+    assert configuration_steps.validate_configuration(deployment, RUN)["success"]
+    result = decision_steps.backtest(deployment, RUN)
     assert result["new"]["locality"] > result["current"]["locality"]
-    decision = tasks.decide(deployment, RUN, planning.DecisionRule(), dry_run=False)
+    decision = decision_steps.decide(deployment, RUN, planning.DecisionRule(), dry_run=False)
     assert decision["publish"], decision
-    assert tasks.decide(deployment, RUN, planning.DecisionRule(min_gain=1.0), dry_run=True) == (
-        decision
-    )
+    assert decision_steps.decide(
+        deployment, RUN, planning.DecisionRule(min_gain=1.0), dry_run=True
+    ) == (decision)
     # Planned in one version: no waves to roll out, and nothing sent (there is no broker).
     no_waves: dict[str, object] = {"waves": [], "version": None, "wait": None, "operator": None}
-    assert tasks.advance_waves(deployment, RUN) == no_waves
+    assert rollout_steps.advance_waves(deployment, RUN) == no_waves
 
     # One instance given 3x the average load: every stage-A key on instance 0.
     snapshot = stats.read_snapshot(deployment.snapshots, RUN)
@@ -69,11 +77,11 @@ def test_steps_are_idempotent_and_a_bad_configuration_never_gets_published(
         },
     )
     config_store.save(bad, deployment.routing_store)
-    with pytest.raises(tasks.StepError, match="failed validation") as rejected:
-        tasks.validate_configuration(deployment, RUN, version=3)
+    with pytest.raises(run_records.StepError, match="failed validation") as rejected:
+        configuration_steps.validate_configuration(deployment, RUN, version=3)
     assert "max/mean within α" in str(rejected.value)
-    with pytest.raises(tasks.StepError, match="never published"):
-        tasks._require_validated(deployment, 3)
+    with pytest.raises(run_records.StepError, match="never published"):
+        rollout_steps.require_validated(deployment, 3)
     assert not deployment.controller_state.exists()
 
 
@@ -84,8 +92,8 @@ def _planned_and_validated(
     deployment = deployment_under(tmp_path)
     config_store.save(current, deployment.routing_store)
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
-    tasks.compute_configuration(deployment, RUN, params)
-    return tasks.validate_configuration(deployment, RUN)
+    configuration_steps.compute_configuration(deployment, RUN, params)
+    return configuration_steps.validate_configuration(deployment, RUN)
 
 
 def test_an_operator_the_run_did_not_replan_is_not_judged(tmp_path: Path) -> None:
@@ -133,8 +141,8 @@ def test_a_change_needing_more_waves_than_a_run_allows_fails_before_storing_any(
     config_store.save(RoutingConfig.all_hash(P, OPERATORS), deployment.routing_store)
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
 
-    with pytest.raises(tasks.StepError, match="more than the 3 allowed") as refused:
-        tasks.compute_configuration(
+    with pytest.raises(run_records.StepError, match="more than the 3 allowed") as refused:
+        configuration_steps.compute_configuration(
             deployment, RUN, planning.PlanParams(alpha=1.1, max_moves_per_wave=1), max_waves=3
         )
 
@@ -143,7 +151,7 @@ def test_a_change_needing_more_waves_than_a_run_allows_fails_before_storing_any(
     assert fits > 1
     next_run = "manual__2026-11-03T12:10:00+00:00"
     write_statistics_snapshot(deployment.snapshots, next_run, paired_tuple_counts(60, 3))
-    proposal = tasks.compute_configuration(
+    proposal = configuration_steps.compute_configuration(
         deployment,
         next_run,
         planning.PlanParams(alpha=1.1, max_moves_per_wave=fits),
@@ -181,19 +189,25 @@ def test_a_small_window_is_validated_and_forecast_over_the_windows_before_it(
     assert previous is not None
     one_window = int(previous.quality_frame()["count"].sum())
     with caplog.at_level("INFO"):
-        checked = tasks.validate_statistics(deployment, "run2", min_total_count=2 * one_window)
+        checked = statistics_steps.validate_statistics(
+            deployment, "run2", min_total_count=2 * one_window
+        )
     assert "all" in checked["summary"]
     assert "window widened to" in caplog.text and "run1" in caplog.text
-    with pytest.raises(tasks.Refused, match="failed validation"):
-        tasks.validate_statistics(deployment, "run2", min_total_count=100 * one_window)
+    with pytest.raises(run_records.Refused, match="failed validation"):
+        statistics_steps.validate_statistics(deployment, "run2", min_total_count=100 * one_window)
     # The plan balances the next window's forecast, fitted on the three windows.
     config_store.save(RoutingConfig.all_hash(P, OPERATORS), deployment.routing_store)
     caplog.clear()
     with caplog.at_level("INFO"):
-        proposal = tasks.compute_configuration(deployment, "run2", planning.PlanParams(alpha=1.1))
+        proposal = configuration_steps.compute_configuration(
+            deployment, "run2", planning.PlanParams(alpha=1.1)
+        )
     assert "forecast from 3 windows" in caplog.text, caplog.text
     assert proposal["version"] == 2
     caplog.clear()
     with caplog.at_level("INFO"):
-        tasks.compute_configuration(deployment, "run1", planning.PlanParams(alpha=1.1))
+        configuration_steps.compute_configuration(
+            deployment, "run1", planning.PlanParams(alpha=1.1)
+        )
     assert "2 consecutive window(s), a forecast needs 3" in caplog.text, caplog.text

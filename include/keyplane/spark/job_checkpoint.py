@@ -1,0 +1,135 @@
+"""What the routed job's checkpoint records, read from Spark's commit and offset logs.
+
+Spark writes ``offsets/<id>`` before a batch runs and ``commits/<id>`` once it
+is done; each offset log entry holds a version line, a metadata line (the
+query's ``spark.sql.shuffle.partitions`` among its settings), then one JSON
+offset per source. The routed source's offset keeps the events' end offsets
+per topic and partition under ``events``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+
+def last_commit(checkpoint: Path) -> int | None:
+    """The newest batch id in the checkpoint's commit log (Spark writes ``commits/<id>``
+    once a batch has finished), or None before the first."""
+    try:
+        ids = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    except FileNotFoundError:
+        return None
+    return max(ids, default=None)
+
+
+def _last_offset_log_entry(checkpoint: Path) -> list[str] | None:
+    """The lines of the offset log entry of the checkpoint's last committed batch: a
+    version line, a metadata line, then one JSON offset per source. None before the
+    first commit; raises OSError when it cannot be read."""
+    last = last_commit(checkpoint)
+    if last is None:
+        return None
+    return (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+
+
+def newest_source_offset(checkpoint: Path) -> dict[str, Any] | None:
+    """The routed source's offset in the checkpoint's newest offset log entry (the batch a
+    restart runs first), or None before the first batch or when it cannot be read so."""
+    try:
+        ids = [int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
+        if not ids:
+            return None
+        lines = (checkpoint / "offsets" / str(max(ids))).read_text(encoding="utf-8").splitlines()
+        for line in lines[2:]:
+            offset = json.loads(line)
+            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+                return offset
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class CommittedBatch:
+    """The checkpoint's last committed batch, as Spark's commit and offset logs record it.
+
+    Read from the checkpoint rather than from the job's progress lines: Spark
+    writes ``commits/<id>`` once a batch is done and ``offsets/<id>`` before it
+    runs, whatever the job printed, so the count holds after idle periods,
+    restarts and a log rotated away. ``offsets`` are the events topic's end
+    offsets per partition; ``committed_at`` the commit file's time.
+    """
+
+    batch_id: int
+    offsets: dict[int, int]
+    committed_at: datetime
+
+    @property
+    def events(self) -> int:
+        return sum(self.offsets.values())
+
+    def describe(self) -> str:
+        """``51,004 events (batch 812; partitions 0: 25,502, 1: 25,502)``."""
+        parts = ", ".join(f"{p}: {offset:,}" for p, offset in sorted(self.offsets.items()))
+        return f"{self.events:,} events (batch {self.batch_id}; partitions {parts or 'none'})"
+
+
+def last_committed_batch(checkpoint: Path, topic: str) -> CommittedBatch | None:
+    """The last batch committed in ``checkpoint`` and the offsets of ``topic`` it read
+    through; None before the first commit or when the logs cannot be read that way."""
+    last = last_commit(checkpoint)
+    if last is None:
+        return None
+    try:
+        committed_at = datetime.fromtimestamp(
+            (checkpoint / "commits" / str(last)).stat().st_mtime, UTC
+        )
+        lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+        for line in lines[2:]:
+            offset = json.loads(line)
+            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+                parts = offset["events"].get(topic, {})
+                return CommittedBatch(
+                    last, {int(p): int(off) for p, off in parts.items()}, committed_at
+                )
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def checkpoint_partitions(checkpoint: Path) -> int | None:
+    """The state partitions of the checkpoint's query: Spark records its
+    ``spark.sql.shuffle.partitions`` in each offset log entry's metadata and runs a
+    restarted query with it. None before the first commit, or when the log cannot be
+    read that way."""
+    try:
+        lines = _last_offset_log_entry(checkpoint)
+        if lines is None:
+            return None
+        return int(json.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"])
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        return None
+
+
+def committed_events(checkpoint: Path, topic: str) -> int | None:
+    """Events of ``topic`` the checkpoint's last committed batch had read through.
+
+    The routed source's offset keeps the events' end offsets under
+    ``events``. 0 for a new checkpoint; None when the log cannot be read
+    that way.
+    """
+    try:
+        lines = _last_offset_log_entry(checkpoint)
+        if lines is None:
+            return 0
+        for line in lines[2:]:
+            offset = json.loads(line)
+            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+                return sum(int(off) for off in offset["events"].get(topic, {}).values())
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
