@@ -159,7 +159,15 @@ def test_a_three_stage_pipeline_over_nested_json_counts_every_stage_and_consecut
             [json.dumps(v).encode() for v in views[partition::2]],
             partition=partition,
         )
-    bad = [b"not json", b'{"user_id": "u1", "session_id": "u1-s0"}', b'{"page": 3}']
+    # The job dead-letters each of these, so the statistics must not count them: one that
+    # does not parse, one without a stage's key, one whose key has the wrong type, and one
+    # with every key but no value for the first stage.
+    bad = [
+        b"not json",
+        b'{"user_id": "u1", "session_id": "u1-s0"}',
+        b'{"page": 3}',
+        b'{"user_id": "u1", "session_id": "u1-s0", "page": {"category": "c1"}}',
+    ]
     produce_values(broker, events_topic, bad, partition=1)
 
     job = statistics_job()

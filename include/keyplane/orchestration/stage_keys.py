@@ -11,9 +11,11 @@ records) and hands the raw values to the JVM, which parses them with
 ``from_json`` against the pipeline's schema, evaluates every stage's key and
 counts. Only counts come back to the driver.
 
-An event that does not parse against the schema, is larger than the job's
-bound on one event, or has a null key in some stage is not counted: the job
-sends it to the dead-letter topic. Such events are counted apart
+The events are keyed as the job keys them
+(:func:`keyplane.spark.pipeline_frames.keyed_events`), so an event the job
+sends to the dead-letter topic (it does not parse against the schema, or
+has a null key or value in some stage) or refuses as larger than its bound
+on one event is not counted here either. Such events are counted apart
 (``stage`` null), so that a window of bad records is reported, not fatal.
 """
 
@@ -30,19 +32,24 @@ from keyplane.algorithms.statistics import CHAIN_ROW_COLUMNS, TopicWindow, holdo
 from keyplane.kafka.ranges import OffsetRange, offset_ranges, read_range
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from keyplane.pipeline import Pipeline
 
-RAW_DDL = "value BINARY, holdout BOOLEAN"
-"""What the reading tasks hand to the JVM: each record's value and its side of the
-hold-out line."""
+RAW_DDL = "topic STRING, partition INT, offset BIGINT, value BINARY, holdout BOOLEAN"
+"""What the reading tasks hand to the JVM: each record's identity and value, and its side
+of the hold-out line."""
 
-_EVENT = "__keyplane_event"
-_CORRUPT = "__keyplane_unparsed"
-_HOLDOUT = "__keyplane_holdout"
 _SIZE = "__keyplane_size"
-_RAW_SCHEMA = pa.schema([("value", pa.binary()), ("holdout", pa.bool_())])
+_RAW_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("value", pa.binary()),
+        ("holdout", pa.bool_()),
+    ]
+)
 
 
 def _raw_values(
@@ -56,6 +63,9 @@ def _raw_values(
             for records in read_range(partition):
                 yield pa.RecordBatch.from_arrays(
                     [
+                        records.column("topic"),
+                        records.column("partition"),
+                        records.column("offset"),
                         records.column("value"),
                         pc.greater_equal(records.column("offset"), holdout_start),
                     ],
@@ -89,16 +99,6 @@ def raw_window(
     )
 
 
-def _schema_with_corrupt_column(pipeline: Pipeline) -> object:
-    """The source's schema plus a column where ``from_json`` keeps a value it cannot parse."""
-    from pyspark.sql.types import StringType, StructType
-
-    schema = pipeline.source.schema
-    if isinstance(schema, StructType):
-        return StructType([*schema.fields]).add(_CORRUPT, StringType())
-    return f"{schema}, `{_CORRUPT}` STRING"
-
-
 def key_counts(raw: DataFrame, pipeline: Pipeline, max_event_bytes: int) -> DataFrame:
     """Rows :data:`keyplane.algorithms.statistics.CHAIN_ROW_COLUMNS` of ``raw`` events.
 
@@ -108,25 +108,12 @@ def key_counts(raw: DataFrame, pipeline: Pipeline, max_event_bytes: int) -> Data
     """
     from pyspark.sql import functions as F
 
-    parsed = raw.select(
-        F.from_json(
-            F.col("value").cast("string"),
-            _schema_with_corrupt_column(pipeline),  # type: ignore[arg-type]
-            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
-        ).alias(_EVENT),
-        F.col("holdout").alias(_HOLDOUT),
-        F.length("value").alias(_SIZE),
-    )
-    events = parsed.select(f"{_EVENT}.*", _HOLDOUT, _SIZE, F.col(_EVENT).isNull().alias(_EVENT))
-    keys: list[Column] = [F.expr(stage.key).cast("string") for stage in pipeline.stages]
-    good = (
-        ~F.col(_EVENT)
-        & F.col(_CORRUPT).isNull()
-        & F.col(_SIZE).isNotNull()
-        & (F.col(_SIZE) <= max_event_bytes)
-    )
-    for key in keys:
-        good = good & key.isNotNull()
+    from keyplane.spark.pipeline_frames import key_column, keyed_events
+
+    sized = raw.withColumn(_SIZE, F.length("value"))
+    events = keyed_events(sized, pipeline, keep=("holdout", _SIZE))
+    good = F.col("invalid").isNull() & (F.col(_SIZE) <= max_event_bytes)
+    keys = [F.col(key_column(index)) for index in range(len(pipeline.stages))]
     no_key = F.lit(None).cast("string")
     rows = F.array(
         *[
@@ -140,8 +127,7 @@ def key_counts(raw: DataFrame, pipeline: Pipeline, max_event_bytes: int) -> Data
     )
     uncounted = F.array(F.struct(no_key.alias("stage"), no_key.alias("a"), no_key.alias("b")))
     exploded = events.select(
-        F.explode(F.when(good, rows).otherwise(uncounted)).alias("row"),
-        F.col(_HOLDOUT).alias("holdout"),
+        F.explode(F.when(good, rows).otherwise(uncounted)).alias("row"), "holdout"
     )
     counted = exploded.groupBy("row.stage", "row.a", "row.b", "holdout").agg(
         F.count(F.lit(1)).alias("n")
