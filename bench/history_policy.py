@@ -3,7 +3,7 @@
 Paper 000 §3.2 resets the pair statistics after every reconfiguration; keyplane
 can instead keep them with FISH-style decay (paper 001 §4.1). This script
 replays a drifting (region, hashtag) stream cut into windows: after each
-window it folds the window into a :class:`keyplane.algorithms.locality.PairHistory`,
+window it folds the window into a :class:`keyplane.algorithms.pair_history.PairHistory`,
 builds a plan from the history, and scores that plan on the *next* window.
 
     python bench/history_policy.py            # 12 windows of 100k events
@@ -20,13 +20,10 @@ from pathlib import Path
 import numpy as np
 from _output import emit
 
-from keyplane.algorithms.locality import (
-    HistoryPolicy,
-    PairHistory,
-    PairStatistics,
-    build_plan,
-    evaluate,
-)
+from keyplane.algorithms.locality import build_plan
+from keyplane.algorithms.locality_plan import evaluate
+from keyplane.algorithms.pair_history import HistoryPolicy, PairHistory
+from keyplane.algorithms.pair_statistics import PairStatistics
 from keyplane.reference.workloads import GeoTagsWorkload
 
 

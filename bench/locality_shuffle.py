@@ -51,7 +51,8 @@ import numpy as np
 from _harness import read_topic
 from _output import emit
 
-from keyplane.algorithms.locality import PairStatistics, build_plan
+from keyplane.algorithms.locality import build_plan
+from keyplane.algorithms.pair_statistics import PairStatistics
 from keyplane.control.controller import Controller
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.broker import EmbeddedBroker

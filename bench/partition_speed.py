@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 from _output import emit
 
-from keyplane.algorithms.locality import PairStatistics, aggregate_pairs, build_plan, evaluate
+from keyplane.algorithms.locality import build_plan
+from keyplane.algorithms.locality_plan import evaluate
+from keyplane.algorithms.pair_statistics import PairStatistics, aggregate_pairs
 
 
 def community_graph(

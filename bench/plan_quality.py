@@ -8,7 +8,7 @@ windows in time order and compares four policies:
 * ``old``: the earlier planner: statistics that forget a key once its decayed
   weight is below 0.5, heavy keys decided by the cascading rule, and keys
   split until α holds on the training window (``split_rule="alpha"``);
-* ``new``: :func:`keyplane.algorithms.locality.choose_plan` on a pair
+* ``new``: :func:`keyplane.algorithms.plan_choice.choose_plan` on a pair
   history with each stage's key weights replaced by their forecast for the
   next window (:mod:`keyplane.algorithms.forecast`, the memory chosen per
   stage by backtest) and the drift of those forecasts: the best of keeping
@@ -47,17 +47,11 @@ from _output import emit
 
 from keyplane.algorithms.costmodel import CostModel
 from keyplane.algorithms.forecast import Backtest, WeightForecast, reweighted
-from keyplane.algorithms.locality import (
-    HistoryPolicy,
-    LocalityPlan,
-    PairHistory,
-    PairStatistics,
-    aggregate_pairs,
-    build_plan,
-    choose_plan,
-    hash_plan,
-    score,
-)
+from keyplane.algorithms.locality import build_plan
+from keyplane.algorithms.locality_plan import LocalityPlan
+from keyplane.algorithms.pair_history import HistoryPolicy, PairHistory
+from keyplane.algorithms.pair_statistics import PairStatistics, aggregate_pairs
+from keyplane.algorithms.plan_choice import choose_plan, hash_plan, score
 from keyplane.sim import ClusterConfig, Stage, Trace, simulate, summarize
 
 POLICIES = ("hash", "old", "new", "oracle")

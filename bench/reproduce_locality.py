@@ -26,16 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from keyplane.algorithms.baselines import HashPartitioner
-from keyplane.algorithms.locality import (
-    HistoryPolicy,
-    KeyWeights,
-    LocalityPlan,
-    PairHistory,
-    PairStatistics,
-    TableRouter,
-    aggregate_pairs,
-    build_plan,
-)
+from keyplane.algorithms.locality import build_plan
+from keyplane.algorithms.locality_plan import LocalityPlan, TableRouter
+from keyplane.algorithms.pair_history import HistoryPolicy, PairHistory
+from keyplane.algorithms.pair_statistics import KeyWeights, PairStatistics, aggregate_pairs
 from keyplane.algorithms.partitioner import Partitioner
 from keyplane.reference.workloads import GeoTagsWorkload, PairsWorkload
 from keyplane.sim import ClusterConfig, SimulationMetrics, Stage, Trace, simulate, summarize

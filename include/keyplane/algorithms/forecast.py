@@ -2,7 +2,7 @@
 
 A plan balances the key weights it is trained on, and runs on the next
 window's weights, so paper 000 §3.1's bound α holds only as far as the two
-agree. :class:`~keyplane.algorithms.locality.PairHistory`'s decayed sum is
+agree. :class:`~keyplane.algorithms.pair_history.PairHistory`'s decayed sum is
 one forecast of the next window, and a lagging one when popularity trends (a
 daily cycle moves a key the same way for hours). This module forecasts each
 stage's key weights by exponential smoothing with an optional damped trend
@@ -17,7 +17,7 @@ instance's load error is the sum of its keys' errors, so its variance is
 what that sum predicts. The chosen forecast's error against the window that
 followed is measured as a :class:`~keyplane.algorithms.costmodel.Drift`, the
 drift the planner leaves headroom for and states its promise under
-(:func:`~keyplane.algorithms.locality.choose_plan`).
+(:func:`~keyplane.algorithms.plan_choice.choose_plan`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from keyplane.algorithms.costmodel import Drift, measure_drift
-from keyplane.algorithms.locality import KeyWeights, PairStatistics
+from keyplane.algorithms.pair_statistics import KeyWeights, PairStatistics
 
 FloatArray = npt.NDArray[np.float64]
 

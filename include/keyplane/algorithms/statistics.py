@@ -205,7 +205,7 @@ class StatisticsSettings:
 
     ``decay`` is FISH's inter-epoch factor (001 §4.1.1; default 0.5 as in
     :class:`keyplane.algorithms.hotkeys.FishSettings` and
-    :class:`keyplane.algorithms.locality.HistoryPolicy`);
+    :class:`keyplane.algorithms.pair_history.HistoryPolicy`);
     ``min_weight`` forgets entries that decayed below it (default 0.05: with
     decay 0.5 a key seen once is kept four more windows, so the long tail a
     plan routes by its table is not forgotten two windows after it was

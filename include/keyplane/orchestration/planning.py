@@ -133,7 +133,7 @@ class PlanParams:
     ``max_moves_per_wave`` the most keys one version may move (None: the
     whole change in one version; else :mod:`keyplane.routing.waves` splits it);
     ``headroom`` the share of ``α − 1`` a plan may use on its training
-    statistics (:data:`keyplane.algorithms.locality.DEFAULT_HEADROOM`), the rest being
+    statistics (:data:`keyplane.algorithms.plan_choice.DEFAULT_HEADROOM`), the rest being
     left for the next window's drift.
     """
 
@@ -369,7 +369,7 @@ def forecast_loads(
     if not windows:
         raise ValueError("forecasting needs at least one window of counts")
     from keyplane.algorithms.forecast import ForecastSettings, StageForecast
-    from keyplane.algorithms.locality import KeyWeights
+    from keyplane.algorithms.pair_statistics import KeyWeights
 
     loads: dict[str, dict[str, float]] = {}
     drift: dict[str, Drift] = {}
@@ -438,7 +438,7 @@ def plan_configuration(
     :func:`keyplane.algorithms.locality.build_chain_plan`
     under ``1 + headroom · (α − 1)``, or, when the snapshot has a hold-out,
     under α less the slack the drift measured from training statistics to
-    hold-out takes by itself (:func:`keyplane.algorithms.locality.drift_margin`; α when
+    hold-out takes by itself (:func:`keyplane.algorithms.plan_choice.drift_margin`; α when
     it takes all of it); the keys it finds too heavy for α
     become hot keys (:func:`_hot_keys`). If spreading a hot key over only d
     instances pushes an instance over α, that operator's hot keys are
@@ -448,13 +448,9 @@ def plan_configuration(
     the current configuration under ``cost`` (default: the documented
     defaults of :class:`~keyplane.algorithms.costmodel.CostModel`).
     """
-    from keyplane.algorithms.locality import (
-        ChainStatistics,
-        KeyPairs,
-        KeyWeights,
-        build_chain_plan,
-        drift_margin,
-    )
+    from keyplane.algorithms.locality import build_chain_plan
+    from keyplane.algorithms.pair_statistics import ChainStatistics, KeyPairs, KeyWeights
+    from keyplane.algorithms.plan_choice import drift_margin
 
     chain = chain_of(current, stages)
     missing = [name for name in chain if name not in current.operators]

@@ -197,7 +197,7 @@ class OperatorPrediction:
             instance (``LocalityPlan.predicted_locality``; the same for both
             operators of a pair).
         current_locality: the locality of the configuration in force, measured
-            on the same statistics (``keyplane.algorithms.locality.evaluate``).
+            on the same statistics (``keyplane.algorithms.locality_plan.evaluate``).
         alpha: the imbalance bound α the plan was built for (000 §3.3).
         table_budget: most table entries allowed, ``None`` for no bound.
         key_loads: each key's load in the statistics (e.g.

@@ -15,16 +15,10 @@ from keyplane.algorithms.forecast import (
     reweighted,
     share_error,
 )
-from keyplane.algorithms.locality import (
-    HistoryPolicy,
-    KeyWeights,
-    LocalityPlan,
-    PairHistory,
-    PairStatistics,
-    choose_plan,
-    hash_plan,
-    score,
-)
+from keyplane.algorithms.locality_plan import LocalityPlan
+from keyplane.algorithms.pair_history import HistoryPolicy, PairHistory
+from keyplane.algorithms.pair_statistics import KeyWeights, PairStatistics
+from keyplane.algorithms.plan_choice import choose_plan, hash_plan, score
 
 KEYS = np.arange(100, dtype=np.int64)
 

@@ -11,15 +11,9 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from keyplane.algorithms.locality import (
-    ChainPlan,
-    ChainStatistics,
-    KeyPairs,
-    KeyWeights,
-    build_chain_plan,
-    build_plan,
-    spark_workers,
-)
+from keyplane.algorithms.locality import build_chain_plan, build_plan
+from keyplane.algorithms.locality_plan import ChainPlan, spark_workers
+from keyplane.algorithms.pair_statistics import ChainStatistics, KeyPairs, KeyWeights
 
 N = 6
 
@@ -129,7 +123,7 @@ def test_the_two_stage_planner_is_the_chain_planner_on_two_stages() -> None:
     events = _chain_events(3)[:, :2]
     chain = _statistics(events)
     (link,) = chain.links
-    from keyplane.algorithms.locality import PairStatistics
+    from keyplane.algorithms.pair_statistics import PairStatistics
 
     pairs = PairStatistics(link.up_keys, link.down_keys, link.counts, *chain.frequencies)
     two = build_plan(pairs, N, alpha=1.05)

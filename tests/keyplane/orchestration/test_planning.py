@@ -12,7 +12,7 @@ from keyplane.algorithms import statistics as stats
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.algorithms.costmodel import CostModel
 from keyplane.algorithms.forecast import share_error
-from keyplane.algorithms.locality import KeyWeights
+from keyplane.algorithms.pair_statistics import KeyWeights
 from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning
 from keyplane.routing.config import OperatorRouting, RoutingConfig

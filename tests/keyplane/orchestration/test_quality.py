@@ -20,7 +20,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from keyplane.algorithms.locality import PairStatistics, build_plan, evaluate
+from keyplane.algorithms.locality import build_plan
+from keyplane.algorithms.locality_plan import evaluate
+from keyplane.algorithms.pair_statistics import PairStatistics
 from keyplane.orchestration.quality import (
     CONFIGURATION_KEYS_SUITE,
     CONFIGURATION_OPERATORS_SUITE,

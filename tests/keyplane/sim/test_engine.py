@@ -9,7 +9,7 @@ from keyplane.algorithms.baselines import (
     WChoicesPartitioner,
 )
 from keyplane.algorithms.hotkeys import FishPartitioner
-from keyplane.algorithms.locality import TableRouter
+from keyplane.algorithms.locality_plan import TableRouter
 from keyplane.algorithms.partitioner import KeyArray, TimeArray, WorkerArray
 from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.sim.cluster import ClusterConfig
