@@ -390,15 +390,15 @@ def batch_router(
         def routed(index: int, version: int, keys: pa.Array) -> pa.Array:
             """Stage ``index``'s routed keys of ``keys``, in order, by table ``version``."""
             table = tables.table(version, names[index])
+            balancer = balancers.get((index, version))
+            if balancer is None:
+                balancer = LeastLoadedRoutes(table.instances_of, split=bool(table.hot_keys))
+                balancers[index, version] = balancer
             if not table.hot_keys:
                 encoded = pc.dictionary_encode(keys)
                 distinct = encoded.dictionary.to_pylist()
-                routes = table.route_all(distinct)
-                firsts = pa.array([routes[key][0] for key in distinct], pa.string())
-                return firsts.take(encoded.indices)
-            balancer = balancers.get((index, version))
-            if balancer is None:
-                balancer = balancers[index, version] = LeastLoadedRoutes(table.instances_of)
+                picked = balancer.pick_all(distinct, table.route_all(distinct))
+                return pa.array(picked, pa.string()).take(encoded.indices)
             listed = keys.to_pylist()
             return pa.array(balancer.pick_all(listed, table.route_all(listed)), pa.string())
 
