@@ -39,7 +39,8 @@ test: lint
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=15 -m "not stack and not slow"
 
 # Scenarios of several minutes each: the tutorial run as written, a user's pipeline
-# killed mid hand-off, a poison record (about 12 minutes on 2 cores; CI runs them after make test).
+# killed mid hand-off, a poison record, the reference job's driver killed at every rollout
+# phase on the embedded broker (about 15 minutes on 2 cores; CI runs them after make test).
 test-slow: bootstrap
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m slow
 

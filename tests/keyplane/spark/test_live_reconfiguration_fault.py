@@ -74,6 +74,20 @@ from keyplane.testing import (
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(
+    params=[
+        pytest.param("embedded", marks=pytest.mark.slow),
+        pytest.param("kafka", marks=pytest.mark.apache_kafka),
+    ],
+)
+def engine_broker(request: pytest.FixtureRequest) -> str:
+    """The conftest's engines, with the embedded broker's run in the slow suite: the
+    scenario takes minutes, and ``make test`` runs it on Apache Kafka."""
+    name = "broker" if request.param == "embedded" else "apache_kafka_broker"
+    return str(request.getfixturevalue(name))
+
+
 P = 4
 SLICES = 9
 """One slice of events before the first start, one after each of the seven
