@@ -11,6 +11,7 @@ gate (:func:`~keyplane.orchestration.rollout_steps.publish`) can read it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,13 @@ def compute_configuration(
     parent are reserved first (:func:`~keyplane.orchestration.run_records.reserve_versions`), and
     the plan, a function of the snapshot, the Params and the parent (METIS runs seeded), comes out
     the same.
+
+    The candidate and its promise are :func:`keyplane.algorithms.plan_choice.choose`'s, the promise
+    calibrated on how the promises of earlier rollouts held
+    (:func:`~keyplane.orchestration.run_records.promise_ratios`, recorded by their verification).
     """
+    from keyplane.algorithms.plan_choice import MAX_PROMISE_RATIOS
+
     folder = run_records.reconfigure_folder(deployment, run_id)
     existing = folder / PROPOSAL
     if existing.is_file():
@@ -164,6 +171,7 @@ def compute_configuration(
     )
     parent = int(reserved["parent_version"])
     current = config_store.load(deployment.routing_store, parent)
+    ratios = run_records.promise_ratios(deployment, MAX_PROMISE_RATIOS)
     plan = planning.plan_configuration(
         snapshot.pairs,
         snapshot.frequencies,
@@ -174,13 +182,17 @@ def compute_configuration(
         created_by=created_by,
         stages=deployment.operators,
         forecast=_forecast(deployment, snapshot, current, params),
+        promise_ratios=ratios,
     )
+    promised = plan.promised_imbalance if math.isfinite(plan.promised_imbalance) else None
     log.info(
-        "chose the %s configuration (throughputs %s); it promises next-window imbalance ≤ %.3f "
-        "(target α %.3f)",
+        "chose the %s configuration (throughputs %s); %s (target α %.3f)",
         plan.candidate,
         plan.throughputs,
-        plan.promised_imbalance,
+        "it makes no next-window promise: no drift could be measured (the snapshot has no hold-out)"
+        if promised is None
+        else f"it promises next-window imbalance ≤ {promised:.3f} (drift model "
+        f"{plan.model_promise:.3f}, calibrated on {len(plan.promise_ratios)} earlier rollout(s))",
         params.alpha,
     )
     stored = [
@@ -201,6 +213,9 @@ def compute_configuration(
         hot_keys=plan.hot_keys,
         table_sizes={name: len(r.table) for name, r in plan.config.operators.items()},
         waves=tuple(wave.version for wave in stored[:-1]),
+        candidate=plan.candidate,
+        promised_imbalance=promised,
+        model_promise=plan.model_promise,
     )
     record = run_records.write_once(existing, proposal.model_dump(mode="json"))
     log.info(

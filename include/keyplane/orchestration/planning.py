@@ -28,13 +28,16 @@ balance is the job's.
 
 What is chosen. The new configuration is one of three candidates: the
 planner's (built with balance headroom, splitting a key only when the split
-pays), keeping hash routing, and keeping the current configuration. Each is
-scored on the training statistics by the same ruler and the
-:class:`~keyplane.algorithms.costmodel.CostModel` turns locality and imbalance into a
-predicted throughput; the highest wins, so the result is never predicted
-slower than hash routing. The chosen one states ``promised_imbalance``, the
-bound the next window is expected to keep given the drift measured from the
-training statistics to the hold-out.
+pays), keeping hash routing, and keeping the current configuration. The
+choice is :func:`keyplane.algorithms.plan_choice.choose`'s, the rule the
+planner's benchmark measures: each candidate is scored on the training
+statistics by the same ruler at its expected next-window imbalance, and the
+:class:`~keyplane.algorithms.costmodel.CostModel` turns locality and
+imbalance into a predicted throughput; the highest wins, so the result is
+never predicted slower than hash routing. The chosen one states
+``promised_imbalance``, the bound the next window is expected to keep given
+the drift measured from the training statistics to the hold-out, calibrated
+on how earlier rollouts' promises held; with no hold-out it makes none.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.algorithms.costmodel import CostModel, Drift, StageProfile, measure_drift, next_window
+from keyplane.algorithms.costmodel import CostModel, Drift, measure_drift
 from keyplane.routing.config import CreatedBy, OperatorRouting, RoutingConfig
 from keyplane.routing.routedkeys import (
     fallback_instances,
@@ -63,6 +66,8 @@ from keyplane.routing.routedkeys import (
 if TYPE_CHECKING:
     from keyplane.algorithms.forecast import ForecastSettings
     from keyplane.algorithms.locality import HashParts
+    from keyplane.algorithms.plan_choice import Candidate as ChainCandidate
+    from keyplane.algorithms.plan_choice import StageRouting
 
 Column = Literal["train", "holdout", "count"]
 HistoryWindow = Literal["decay", "reset"]
@@ -188,8 +193,12 @@ class Plan:
     ``promised_imbalance`` is the bound the chosen configuration expects the
     next window's worse operator to keep with
     :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE`, under the drift measured
-    from the training statistics to the hold-out (:func:`_promise`); α stays
-    the target, the promise is what to expect.
+    from the training statistics to the hold-out, calibrated on
+    ``promise_ratios`` (:func:`keyplane.algorithms.plan_choice.choose`); ``math.inf``
+    when no drift could be measured (no hold-out), since the training
+    statistics' own imbalance is no bound on the next window. ``model_promise``
+    is the drift model's bound before calibration (0: none). α stays the
+    target, the promise is what to expect.
     """
 
     config: RoutingConfig
@@ -202,6 +211,8 @@ class Plan:
     throughputs: dict[str, float] = field(default_factory=dict)
     cost: CostModel = field(default_factory=CostModel)
     promised_imbalance: float = 0.0
+    model_promise: float = 0.0
+    promise_ratios: tuple[float, ...] = ()
 
     @property
     def predicted_throughput(self) -> float:
@@ -424,6 +435,7 @@ def plan_configuration(
     cost: CostModel | None = None,
     stages: Sequence[str] | None = None,
     forecast: LoadForecast | None = None,
+    promise_ratios: Sequence[float] = (),
 ) -> Plan:
     """A new configuration from a snapshot: METIS tables (000 §3.3) and FISH hot keys (001 §4).
 
@@ -435,22 +447,26 @@ def plan_configuration(
 
     The k-partite key graph of the chain ``stages`` (upstream first; default
     the configuration's order) is partitioned jointly by
-    :func:`keyplane.algorithms.locality.build_chain_plan`
-    under ``1 + headroom · (α − 1)``, or, when the snapshot has a hold-out,
-    under α less the slack the drift measured from training statistics to
-    hold-out takes by itself (:func:`keyplane.algorithms.plan_choice.drift_margin`; α when
-    it takes all of it); the keys it finds too heavy for α
-    become hot keys (:func:`_hot_keys`). If spreading a hot key over only d
-    instances pushes an instance over α, that operator's hot keys are
-    widened to every instance: a load spread evenly over all instances can
-    only lower max/mean. Operators not in ``params.operators`` keep their
-    current routing. The result is the best of this plan, hash routing and
-    the current configuration under ``cost`` (default: the documented
-    defaults of :class:`~keyplane.algorithms.costmodel.CostModel`).
+    :func:`keyplane.algorithms.locality.build_chain_plan` under
+    :func:`keyplane.algorithms.plan_choice.planning_alpha`, whose drift is the
+    one measured from the training statistics to the hold-out; the keys it
+    finds too heavy for α become hot keys (:func:`_hot_keys`). If spreading a
+    hot key over only d instances pushes an instance over α, that operator's
+    hot keys are widened to every instance: a load spread evenly over all
+    instances can only lower max/mean. Operators not in ``params.operators``
+    keep their current routing.
+
+    This plan, hash routing and the current configuration are the candidates
+    of :func:`keyplane.algorithms.plan_choice.choose`, the one planner's rule:
+    the highest predicted next-window throughput under ``cost`` (default: the
+    documented defaults of :class:`~keyplane.algorithms.costmodel.CostModel`)
+    wins, and its promise is calibrated on ``promise_ratios``, how earlier
+    rollouts' measured imbalance compared with their promise
+    (:func:`keyplane.algorithms.plan_choice.promise_ratio`, oldest first).
     """
     from keyplane.algorithms.locality import build_chain_plan
     from keyplane.algorithms.pair_statistics import ChainStatistics, KeyPairs, KeyWeights
-    from keyplane.algorithms.plan_choice import drift_margin
+    from keyplane.algorithms.plan_choice import choose, planning_alpha
 
     chain = chain_of(current, stages)
     missing = [name for name in chain if name not in current.operators]
@@ -541,10 +557,8 @@ def plan_configuration(
     }
     if forecast is not None:
         drift.update({s: d for s, d in forecast.drift.items() if s in drift and d.windows > 0})
-    bound = 1.0 + params.headroom * (params.alpha - 1.0)
-    if any(d.windows > 0 for d in drift.values()):
-        margin = drift_margin(statistics, [drift[stage] for stage in chain], parts)
-        bound = params.alpha - margin if margin < params.alpha - 1.0 else params.alpha
+    stage_drift = tuple(drift[stage] for stage in chain)
+    bound = planning_alpha(statistics, parts, params.alpha, params.headroom, stage_drift)
     plan = build_chain_plan(
         statistics,
         parts,
@@ -596,34 +610,62 @@ def plan_configuration(
         "hash": hashed,
         "plan": operators,
     }
-    scored = {
-        name: _score(routings, pairs, pair_w, key_loads, model, chain)
-        for name, routings in candidates.items()
-    }
-    chosen: Candidate = "current"
-    challengers: tuple[Candidate, ...] = ("hash", "plan")
-    for challenger in challengers:
-        if scored[challenger][0] > scored[chosen][0] * (1.0 + 1e-9):
-            chosen = challenger
+    choice = choose(
+        [
+            _routed_candidate(name, routings, codecs, chain, n)
+            for name, routings in candidates.items()
+        ],
+        statistics,
+        model,
+        stage_drift,
+        promise_ratios,
+    )
+    chosen = choice.chosen
     config = RoutingConfig(
         version=version,
         parent_version=current.version,
         created_by=created_by,
-        operators=candidates[chosen],
+        operators=candidates[chosen.name],
     )
-    _, predicted_locality, predicted_imbalance = scored[chosen]
     return Plan(
         config=config,
-        predicted_locality=predicted_locality,
-        predicted_imbalance=predicted_imbalance,
-        current_locality=scored["current"][1],
+        predicted_locality=chosen.locality,
+        predicted_imbalance=dict(zip(chain, chosen.imbalances, strict=True)),
+        current_locality=choice.scores[0].locality,
         key_loads=key_loads,
         hot_keys={name: len(config.operators[name].hot_keys) for name in config.operators},
-        candidate=chosen,
-        throughputs={name: value[0] for name, value in scored.items()},
+        candidate=chosen.name,
+        throughputs=choice.throughputs,
         cost=model,
-        promised_imbalance=_promise(candidates[chosen], key_loads, drift, chain),
+        promised_imbalance=choice.promised_imbalance,
+        model_promise=chosen.model_promise,
+        promise_ratios=choice.promise_ratios,
     )
+
+
+def _routed_candidate(
+    name: Candidate,
+    operators: Mapping[str, OperatorRouting],
+    codecs: Mapping[str, KeyCodec],
+    chain: Sequence[str],
+    n: int,
+) -> ChainCandidate:
+    """A configuration's operators as a candidate of
+    :func:`keyplane.algorithms.plan_choice.choose`: each stage's integer key ids
+    decoded and routed as the job routes them
+    (:func:`~keyplane.routing.routedkeys.routed_shares`), over its active instances."""
+    from keyplane.algorithms.plan_choice import Candidate as ChainCandidate
+    from keyplane.algorithms.plan_choice import StageRouting
+
+    def stage(routing: OperatorRouting, codec: KeyCodec) -> StageRouting:
+        keys = np.array(codec.keys, dtype=object)
+
+        def shares(ids: np.ndarray) -> np.ndarray:
+            return routed_shares(routing, keys[np.asarray(ids, dtype=np.int64)].tolist())
+
+        return StageRouting(shares, routing.active_instances)
+
+    return ChainCandidate(name, tuple(stage(operators[s], codecs[s]) for s in chain), n)
 
 
 def _holdout_drift(train: Mapping[str, float], holdout: Mapping[str, float], n: int) -> Drift:
@@ -633,54 +675,6 @@ def _holdout_drift(train: Mapping[str, float], holdout: Mapping[str, float], n: 
         list(holdout), np.fromiter(holdout.values(), np.float64, len(holdout)),
         n,
     )  # fmt: skip
-
-
-def _promise(
-    operators: Mapping[str, OperatorRouting],
-    key_loads: Mapping[str, Mapping[str, float]],
-    drift: Mapping[str, Drift],
-    stages: Sequence[str],
-) -> float:
-    """The :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE` bound on the next window's
-    worse max/mean (:func:`keyplane.algorithms.costmodel.next_window`); hot keys are spread
-    over their instances and do not drift the balance."""
-    profiles: list[StageProfile] = []
-    for name in stages:
-        routing = operators.get(name)
-        loads = key_loads.get(name, {})
-        if routing is None or not loads:
-            continue
-        shares = instance_loads(routing, loads)
-        total = float(shares.sum())
-        if total <= 0.0:
-            continue
-        drifting = {k: w * w for k, w in loads.items() if k not in routing.hot_keys}
-        squares = instance_loads(routing, drifting) if drifting else np.zeros_like(shares)
-        profiles.append((shares / total, squares / total / total, drift.get(name, Drift())))
-    return max(1.0, next_window(profiles).promise) if profiles else 1.0
-
-
-def _score(
-    operators: Mapping[str, OperatorRouting],
-    pairs: pd.DataFrame,
-    weights: pd.Series,
-    key_loads: Mapping[str, Mapping[str, float]],
-    cost: CostModel,
-    stages: Sequence[str],
-) -> tuple[float, float, dict[str, float]]:
-    """Predicted throughput, locality and per-operator imbalance of a candidate.
-
-    Routed as the job routes (hot keys spread over their instances), the one
-    imbalance definition of the gate and the backtest.
-    """
-    config = RoutingConfig(version=1, created_by="initial", operators=dict(operators))
-    share = locality(config, pairs, weights, stages)
-    per_operator = {
-        name: imbalance(instance_loads(routing, key_loads.get(name, {})))
-        for name, routing in operators.items()
-    }
-    throughput = cost.throughput(share, *(per_operator.get(name, 1.0) for name in stages))
-    return throughput, share, per_operator
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ and a run may be cleared and rerun:
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import uuid
 from collections.abc import Mapping
@@ -36,6 +38,8 @@ from keyplane.orchestration import planning
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
+
+log = logging.getLogger(__name__)
 
 PROPOSAL = "proposal.json"
 ALLOCATION = "allocation.json"
@@ -172,6 +176,10 @@ class Proposal(BaseModel):
     before it, in order, when the run splits its moves into waves
     (:mod:`keyplane.routing.waves`); each is the parent of the next, the first a
     child of ``parent_version`` and the last the parent of ``version``.
+    ``candidate`` is the one the planner chose, ``promised_imbalance`` the
+    next-window imbalance it promised (None: no promise) and ``model_promise``
+    the drift model's bound behind it (0: none), which the verification
+    compares with the measured imbalance (:func:`promise_ratios`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -188,6 +196,9 @@ class Proposal(BaseModel):
     hot_keys: dict[str, int]
     table_sizes: dict[str, int]
     waves: tuple[int, ...] = ()
+    candidate: planning.Candidate | None = None
+    promised_imbalance: float | None = None
+    model_promise: float = 0.0
 
 
 def read_proposal(deployment: Deployment, run_id: str) -> tuple[Proposal, RoutingConfig]:
@@ -199,3 +210,38 @@ def read_proposal(deployment: Deployment, run_id: str) -> tuple[Proposal, Routin
 
 def validation_path(deployment: Deployment, version: int) -> Path:
     return deployment.routing_store / f"validation-v{version:06d}.json"
+
+
+def promise_ratios(deployment: Deployment, limit: int | None = None) -> tuple[float, ...]:
+    """How earlier rollouts' promises fared, oldest first (by version): each
+    verification's ``promise_ratio``, the measured imbalance's excess over 1 in
+    units of the model promise's (:func:`keyplane.algorithms.plan_choice.promise_ratio`).
+
+    The planner calibrates its next promise on them. They only widen or
+    narrow a promise, so a record that cannot be read is left out and logged,
+    never a reason to fail the run; with none there is no calibration. At
+    most the last ``limit`` are returned (None: all).
+    """
+    root = deployment.snapshots
+    found: list[tuple[int, float]] = []
+    try:
+        paths = sorted(root.glob(f"*/{VERIFICATION}")) if root.is_dir() else []
+    except OSError as exc:
+        log.warning("no promise calibration: cannot list %s (%s)", root, exc)
+        return ()
+    for path in paths:
+        try:
+            record = json.loads(path.read_text())
+            ratio = record.get("promise_ratio")
+            if ratio is None:
+                continue
+            version, value = int(record["version"]), float(ratio)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"promise_ratio {ratio!r} is not a finite ratio ≥ 0")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("left out of the promise calibration: %s (%s)", path, exc)
+            continue
+        found.append((version, value))
+    found.sort()
+    kept = found if limit is None else found[-limit:] if limit > 0 else []
+    return tuple(value for _, value in kept)

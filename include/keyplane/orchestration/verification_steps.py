@@ -110,6 +110,7 @@ def verify(
             "after": asdict(after),
             "regressed": verdict is not None,
             "reason": verdict or "no regression",
+            **promise_outcome(proposal, after),
         },
     )
     log.info(
@@ -120,6 +121,31 @@ def verify(
         record["reason"],
     )
     return record
+
+
+def promise_outcome(proposal: Mapping[str, Any], after: planning.Measured) -> dict[str, Any]:
+    """What the plan promised and how the measured imbalance compared with it.
+
+    ``promise_ratio`` (:func:`keyplane.algorithms.plan_choice.promise_ratio`)
+    is what the next runs calibrate their promise on
+    (:func:`~keyplane.orchestration.run_records.promise_ratios`); None when
+    the plan made no model promise or nothing was measured. A proposal of
+    an older keyplane has neither field.
+    """
+    from keyplane.algorithms.plan_choice import promise_ratio
+
+    promised = proposal.get("promised_imbalance")
+    model = float(proposal.get("model_promise") or 0.0)
+    ratio = None if after.imbalance is None else promise_ratio(after.imbalance, model)
+    if ratio is not None:
+        log.info(
+            "measured imbalance %.3f against a promise of %s (model %.3f): ratio %.2f",
+            after.imbalance,
+            "none" if promised is None else f"{float(promised):.3f}",
+            model,
+            ratio,
+        )
+    return {"promised_imbalance": promised, "model_promise": model, "promise_ratio": ratio}
 
 
 def measured_summary(before: planning.Measured, after: planning.Measured) -> str:

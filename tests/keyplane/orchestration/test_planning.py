@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,9 +12,10 @@ from hypothesis import strategies as st
 
 from keyplane.algorithms import statistics as stats
 from keyplane.algorithms.batchmetrics import BatchMetrics
-from keyplane.algorithms.costmodel import CostModel
+from keyplane.algorithms.costmodel import CostModel, measure_drift
 from keyplane.algorithms.forecast import share_error
-from keyplane.algorithms.pair_statistics import KeyWeights
+from keyplane.algorithms.pair_statistics import ChainStatistics, KeyPairs, KeyWeights
+from keyplane.algorithms.plan_choice import Choice, ChosenPlan, choose_chain_plan, hash_chain
 from keyplane.control.operators import OPERATORS
 from keyplane.orchestration import planning
 from keyplane.routing.config import OperatorRouting, RoutingConfig
@@ -385,13 +388,108 @@ def test_a_plan_states_a_promise_from_the_drift_between_training_and_hold_out() 
     # sampling alone, so the promise is wider than the training imbalance.
     assert plan.promised_imbalance > max(plan.predicted_imbalance.values())
     assert plan.promised_imbalance < 2.0
+    assert plan.promised_imbalance == pytest.approx(plan.model_promise)
+
+
+def test_a_first_run_with_no_drift_measured_makes_no_promise() -> None:
+    # No hold-out: no drift between training statistics and hold-out can be
+    # measured, and the training statistics' own imbalance is no bound on the
+    # next window, so the DAG promises nothing rather than an in-sample figure.
+    n = 6
+    hashed = RoutingConfig.all_hash(n, OPERATORS)
+    pairs, frequencies = _few_keys_snapshot(0, np.log(np.arange(1, 17, dtype=np.float64) ** -0.6))
     no_holdout = frequencies.assign(holdout=0.0)
     unmeasured = planning.plan_configuration(
-        pairs, no_holdout, hashed, planning.PlanParams(alpha=1.03), version=2
+        pairs, no_holdout, hashed, planning.PlanParams(alpha=1.03), version=2,
+        promise_ratios=(3.0,),
+    )  # fmt: skip
+    assert unmeasured.promised_imbalance == math.inf
+    assert unmeasured.model_promise == 0.0
+    assert max(unmeasured.predicted_imbalance.values()) < math.inf
+
+
+def test_the_promise_is_widened_by_the_earlier_rollouts_ratios() -> None:
+    pairs, frequencies = _snapshot()
+    params = planning.PlanParams(alpha=1.1)
+    alone = planning.plan_configuration(pairs, frequencies, _hash_config(), params, version=2)
+    assert alone.model_promise > 1.0 and alone.promise_ratios == ()
+    assert alone.promised_imbalance == pytest.approx(alone.model_promise)
+    # One earlier rollout went 3x as far above 1 as its model promised: the
+    # split-conformal rank of one ratio is that ratio.
+    calibrated = planning.plan_configuration(
+        pairs, frequencies, _hash_config(), params, version=2, promise_ratios=(3.0,)
     )
-    assert unmeasured.promised_imbalance == pytest.approx(
-        max(unmeasured.predicted_imbalance.values())
+    assert calibrated.config.operators == alone.config.operators
+    assert calibrated.promise_ratios == (3.0,)
+    assert calibrated.promised_imbalance == pytest.approx(1.0 + 3.0 * (alone.model_promise - 1.0))
+
+
+def _decimal_snapshot(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Ten A keys and ten B keys, both named "0" … "9", so that the DAG's dense key ids
+    are the keys' own values; each A key sends 85 % of its tuples to one B key."""
+    rng = np.random.default_rng(seed)
+    partner = rng.permutation(10)
+    a = rng.choice(10, size=6_000, p=rng.dirichlet(np.full(10, 8.0)))
+    b = np.where(rng.random(a.size) < 0.85, partner[a], rng.integers(0, 10, a.size))
+    grouped = pd.DataFrame(
+        {"a": a.astype(str), "b": b.astype(str), "holdout": rng.random(a.size) < 0.2}
     )
+    grouped = grouped.groupby(["a", "b", "holdout"], as_index=False).size()
+    window = stats.window_pairs(stats.chain_rows(grouped.rename(columns={"size": "n"}), OPERATORS))
+    settings = stats.StatisticsSettings()
+    pairs = stats.fold_pairs(None, window, settings)
+    frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
+    return pairs, frequencies
+
+
+def _weights(frequencies: pd.DataFrame, stage: str, column: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = frequencies[(frequencies["stage"] == stage) & (frequencies[column] > 0)]
+    return rows["key"].astype(int).to_numpy(), rows[column].to_numpy(np.float64)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_dags_plan_is_the_pure_planners_on_the_same_inputs(seed: int) -> None:
+    pairs, frequencies = _decimal_snapshot(seed)
+    params = planning.PlanParams(alpha=1.1)
+    ratios = (0.5, 2.0)
+    dag = planning.plan_configuration(
+        pairs, frequencies, _hash_config(), params, version=2, promise_ratios=ratios
+    )
+    # The same window, the same drift and the same earlier outcomes, given to the
+    # pure planner as integer keys, with hash routing as the current plan.
+    train = {stage: _weights(frequencies, stage, "train") for stage in OPERATORS}
+    links = pairs[(pairs["stage"] == OPERATORS[0]) & (pairs["train"] > 0)]
+    statistics = ChainStatistics(
+        tuple(KeyWeights(*train[stage]) for stage in OPERATORS),
+        (
+            KeyPairs(
+                links["a"].astype(int).to_numpy(),
+                links["b"].astype(int).to_numpy(),
+                links["train"].to_numpy(np.float64),
+            ),
+        ),
+    )
+    drift = tuple(
+        measure_drift(*train[stage], *_weights(frequencies, stage, "holdout"), P)
+        for stage in OPERATORS
+    )
+    hashed = hash_chain(P, len(OPERATORS), params.alpha)
+    current = ChosenPlan(hashed, Choice(0, (), 0.0, ratios))
+    pure = choose_chain_plan(statistics, P, alpha=params.alpha, current=current, drift=drift)
+
+    assert dag.candidate == pure.candidate == "plan"
+    assert dag.throughputs == pytest.approx(pure.choice.throughputs)
+    assert dag.promised_imbalance == pytest.approx(pure.promised_imbalance)
+    assert dag.model_promise == pytest.approx(pure.choice.model_promise) and dag.model_promise > 1
+    assert dag.predicted_locality == pytest.approx(pure.choice.chosen.locality)
+    assert list(dag.predicted_imbalance.values()) == pytest.approx(pure.choice.chosen.imbalances)
+    for index, stage in enumerate(OPERATORS):
+        routing = dag.config.operators[stage]
+        assert routing.table == {str(k): i for k, i in pure.plan.tables[index].items()}
+        # A key the pure plan splits over every instance is a hot key there.
+        assert {k: set(i) for k, i in routing.hot_keys.items()} == {
+            str(k): set(range(P)) for k in pure.plan.split_keys(index)
+        }
 
 
 def _one_stage_snapshot() -> tuple[pd.DataFrame, pd.DataFrame]:
