@@ -101,18 +101,7 @@ def build_plan(
         split_rule=split_rule,
         cost=cost,
     )
-    return LocalityPlan(
-        n_instances=chain.n_instances,
-        alpha=chain.alpha,
-        table_a=chain.tables[0],
-        table_b=chain.tables[1],
-        heavy_keys_a=chain.heavy_keys[0],
-        heavy_keys_b=chain.heavy_keys[1],
-        predicted_locality=chain.predicted_locality,
-        predicted_imbalance_a=chain.predicted_imbalance[0],
-        predicted_imbalance_b=chain.predicted_imbalance[1],
-        heavy_key_policy=chain.heavy_key_policy,
-    )
+    return LocalityPlan.of_chain(chain)
 
 
 def build_chain_plan(

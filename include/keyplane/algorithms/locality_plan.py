@@ -132,6 +132,36 @@ class LocalityPlan:
     model_promise: float = 0.0
     promise_ratios: tuple[float, ...] = ()
 
+    @classmethod
+    def of_chain(cls, chain: ChainPlan) -> LocalityPlan:
+        """A two-stage :class:`ChainPlan` in the two-stage form, with its own predictions."""
+        if len(chain.tables) != 2:
+            raise ValueError(f"a LocalityPlan has two stages, the chain has {len(chain.tables)}")
+        return cls(
+            n_instances=chain.n_instances,
+            alpha=chain.alpha,
+            table_a=chain.tables[0],
+            table_b=chain.tables[1],
+            heavy_keys_a=chain.heavy_keys[0],
+            heavy_keys_b=chain.heavy_keys[1],
+            predicted_locality=chain.predicted_locality,
+            predicted_imbalance_a=chain.predicted_imbalance[0],
+            predicted_imbalance_b=chain.predicted_imbalance[1],
+            heavy_key_policy=chain.heavy_key_policy,
+        )
+
+    def as_chain(self) -> ChainPlan:
+        """The same tables and predictions as a two-stage :class:`ChainPlan`."""
+        return ChainPlan(
+            n_instances=self.n_instances,
+            alpha=self.alpha,
+            tables=self.tables,
+            heavy_keys=(self.heavy_keys_a, self.heavy_keys_b),
+            predicted_locality=self.predicted_locality,
+            predicted_imbalance=(self.predicted_imbalance_a, self.predicted_imbalance_b),
+            heavy_key_policy=self.heavy_key_policy,
+        )
+
     @property
     def tables(self) -> tuple[dict[int, int], dict[int, int]]:
         return self.table_a, self.table_b

@@ -179,6 +179,28 @@ class ChainStatistics:
                 f"links, got {len(self.links)}"
             )
 
+    @classmethod
+    def of_events(cls, events: npt.ArrayLike) -> ChainStatistics:
+        """The exact statistics of a window of tuples, one row per tuple and one column
+        of int64 keys per stage: every key's count and every consecutive pair's."""
+        keys = np.asarray(events)
+        if keys.ndim != 2 or keys.shape[1] == 0:
+            raise ValueError(f"events must be a (tuples, stages) array, got shape {keys.shape}")
+
+        def weights(column: KeyArray) -> KeyWeights:
+            unique, counts = np.unique(column, return_counts=True)
+            return KeyWeights(unique, counts.astype(np.float64))
+
+        def pairs(up: KeyArray, down: KeyArray) -> KeyPairs:
+            both, counts = np.unique(np.column_stack([up, down]), axis=0, return_counts=True)
+            return KeyPairs(both[:, 0], both[:, 1], counts.astype(np.float64))
+
+        stages = keys.shape[1]
+        return cls(
+            tuple(weights(keys[:, s]) for s in range(stages)),
+            tuple(pairs(keys[:, s], keys[:, s + 1]) for s in range(stages - 1)),
+        )
+
     @property
     def n_stages(self) -> int:
         return len(self.frequencies)

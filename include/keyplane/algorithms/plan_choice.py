@@ -439,33 +439,15 @@ def hash_plan(n_instances: int, alpha: float = 1.03) -> LocalityPlan:
     return LocalityPlan(n_instances, alpha, {}, {}, (), (), 0.0, 1.0, 1.0, candidate="hash")
 
 
-def _as_chain(plan: LocalityPlan) -> ChainPlan:
-    return ChainPlan(
-        n_instances=plan.n_instances,
-        alpha=plan.alpha,
-        tables=plan.tables,
-        heavy_keys=(plan.heavy_keys_a, plan.heavy_keys_b),
-        predicted_locality=plan.predicted_locality,
-        predicted_imbalance=(plan.predicted_imbalance_a, plan.predicted_imbalance_b),
-        heavy_key_policy=plan.heavy_key_policy,
-    )
-
-
 def _as_pair(
     plan: ChainPlan, scored: Scored, promised: float, ratios: tuple[float, ...]
 ) -> LocalityPlan:
     imbalance_a, imbalance_b = scored.imbalances
-    return LocalityPlan(
-        n_instances=plan.n_instances,
-        alpha=plan.alpha,
-        table_a=plan.tables[0],
-        table_b=plan.tables[1],
-        heavy_keys_a=plan.heavy_keys[0],
-        heavy_keys_b=plan.heavy_keys[1],
+    return dataclasses.replace(
+        LocalityPlan.of_chain(plan),
         predicted_locality=scored.locality,
         predicted_imbalance_a=imbalance_a,
         predicted_imbalance_b=imbalance_b,
-        heavy_key_policy=plan.heavy_key_policy,
         candidate=scored.name,
         predicted_throughput=scored.throughput,
         promised_imbalance=promised,
@@ -483,9 +465,9 @@ def score(
     """``plan`` with its predictions measured on ``window``, its predicted
     throughput and its promise on the next window (:func:`score_candidate`)."""
     scored = score_candidate(
-        plan_candidate(_as_chain(plan), plan.candidate), window.chain(), cost, drift
+        plan_candidate(plan.as_chain(), plan.candidate), window.chain(), cost, drift
     )
-    return _as_pair(_as_chain(plan), scored, scored.promised_imbalance, plan.promise_ratios)
+    return _as_pair(plan.as_chain(), scored, scored.promised_imbalance, plan.promise_ratios)
 
 
 def choose_plan(
@@ -517,7 +499,7 @@ def choose_plan(
             current.model_promise,
         )
         previous = ChosenPlan(
-            _as_chain(current),
+            current.as_chain(),
             Choice(0, (carried,), current.promised_imbalance, current.promise_ratios),
         )
     chosen = choose_chain_plan(

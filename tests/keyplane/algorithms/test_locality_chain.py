@@ -32,22 +32,6 @@ def _chain_events(seed: int, hot: dict[int, int] | None = None) -> np.ndarray:
     return events
 
 
-def _statistics(events: np.ndarray) -> ChainStatistics:
-    def weights(column: np.ndarray) -> KeyWeights:
-        keys, counts = np.unique(column, return_counts=True)
-        return KeyWeights(keys, counts.astype(np.float64))
-
-    def pairs(up: np.ndarray, down: np.ndarray) -> KeyPairs:
-        both, counts = np.unique(np.column_stack([up, down]), axis=0, return_counts=True)
-        return KeyPairs(both[:, 0], both[:, 1], counts.astype(np.float64))
-
-    stages = events.shape[1]
-    return ChainStatistics(
-        tuple(weights(events[:, s]) for s in range(stages)),
-        tuple(pairs(events[:, s], events[:, s + 1]) for s in range(stages - 1)),
-    )
-
-
 def _routed(plan: ChainPlan, events: np.ndarray) -> list[np.ndarray]:
     """Each event's instance per stage: table entry, else Spark's hash; split keys -1."""
     out = []
@@ -82,7 +66,7 @@ def _imbalances(plan: ChainPlan, events: np.ndarray) -> list[float]:
 
 def test_a_three_stage_plan_keeps_correlated_keys_together_where_hashing_cannot() -> None:
     events = _chain_events(0)
-    plan = build_chain_plan(_statistics(events), N, alpha=1.05, split_rule="alpha")
+    plan = build_chain_plan(ChainStatistics.of_events(events), N, alpha=1.05, split_rule="alpha")
     hashed = ChainPlan(N, 1.05, ({}, {}, {}), ((), (), ()), 0.0, (1.0, 1.0, 1.0))
 
     assert len(plan.tables) == 3
@@ -98,7 +82,7 @@ def test_a_three_stage_plan_keeps_correlated_keys_together_where_hashing_cannot(
 
 def test_each_stage_of_the_chain_gets_its_own_hot_key_split() -> None:
     events = _chain_events(1, hot={1: 1_050, 2: 2_070})
-    plan = build_chain_plan(_statistics(events), N, alpha=1.05)
+    plan = build_chain_plan(ChainStatistics.of_events(events), N, alpha=1.05)
 
     assert 1_050 in plan.split_keys(1)
     assert 2_070 in plan.split_keys(2)
@@ -109,7 +93,7 @@ def test_each_stage_of_the_chain_gets_its_own_hot_key_split() -> None:
 
 def test_a_one_stage_pipeline_gets_balance_and_hot_key_splitting_and_no_locality() -> None:
     events = _chain_events(2, hot={0: 7})[:, :1]
-    plan = build_chain_plan(_statistics(events), N, alpha=1.03)
+    plan = build_chain_plan(ChainStatistics.of_events(events), N, alpha=1.03)
 
     assert plan.heavy_keys == ((7,),)
     assert plan.split_keys(0) == (7,)
@@ -121,7 +105,7 @@ def test_a_one_stage_pipeline_gets_balance_and_hot_key_splitting_and_no_locality
 
 def test_the_two_stage_planner_is_the_chain_planner_on_two_stages() -> None:
     events = _chain_events(3)[:, :2]
-    chain = _statistics(events)
+    chain = ChainStatistics.of_events(events)
     (link,) = chain.links
     from keyplane.algorithms.pair_statistics import PairStatistics
 

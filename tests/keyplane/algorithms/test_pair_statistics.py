@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keyplane.algorithms.pair_statistics import KeyWeights, PairStatistics, aggregate_pairs
+from keyplane.algorithms.pair_statistics import (
+    ChainStatistics,
+    KeyWeights,
+    PairStatistics,
+    aggregate_pairs,
+)
 
 
 def test_unsigned_key_ids_beyond_int64_are_refused_not_wrapped() -> None:
@@ -34,3 +39,34 @@ def test_pair_statistics_reject_unequal_lengths_and_negative_counts() -> None:
         PairStatistics(np.array([1, 2]), np.array([1]), np.array([1.0, 1.0]))
     with pytest.raises(ValueError, match="non-negative"):
         PairStatistics(np.array([1]), np.array([1]), np.array([-1.0]))
+
+
+def test_chain_statistics_of_events_counts_every_key_and_consecutive_pair() -> None:
+    events = np.array([[1, 10, 100], [1, 10, 101], [2, 10, 100], [1, 11, 100]])
+    chain = ChainStatistics.of_events(events)
+    assert chain.n_stages == 3
+    middle = chain.stage_weights(1)
+    assert dict(zip(middle.keys.tolist(), middle.weights.tolist(), strict=True)) == {
+        10: 3.0,
+        11: 1.0,
+    }
+    first, second = chain.links
+    assert sorted(
+        zip(first.up_keys.tolist(), first.down_keys.tolist(), first.counts.tolist(), strict=True)
+    ) == [
+        (1, 10, 2.0),
+        (1, 11, 1.0),
+        (2, 10, 1.0),
+    ]
+    assert sorted(
+        zip(second.up_keys.tolist(), second.down_keys.tolist(), second.counts.tolist(), strict=True)
+    ) == [
+        (10, 100, 2.0),
+        (10, 101, 1.0),
+        (11, 100, 1.0),
+    ]
+
+
+def test_chain_statistics_of_events_refuses_a_flat_array() -> None:
+    with pytest.raises(ValueError, match=r"\(tuples, stages\) array"):
+        ChainStatistics.of_events(np.array([1, 2, 3]))

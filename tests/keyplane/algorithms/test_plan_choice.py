@@ -16,8 +16,6 @@ from keyplane.algorithms.locality_plan import ChainPlan, LocalityPlan, spark_wor
 from keyplane.algorithms.pair_history import HistoryPolicy, PairHistory
 from keyplane.algorithms.pair_statistics import (
     ChainStatistics,
-    KeyPairs,
-    KeyWeights,
     PairStatistics,
 )
 from keyplane.algorithms.plan_choice import (
@@ -190,22 +188,6 @@ def _chain_events(seed: int, count: int = 30_000) -> np.ndarray:
     return np.column_stack([users, 1_000 + sessions, 2_000 + pages]).astype(np.int64)
 
 
-def _chain_statistics(events: np.ndarray) -> ChainStatistics:
-    def weights(column: np.ndarray) -> KeyWeights:
-        keys, counts = np.unique(column, return_counts=True)
-        return KeyWeights(keys, counts.astype(np.float64))
-
-    def pairs(up: np.ndarray, down: np.ndarray) -> KeyPairs:
-        both, counts = np.unique(np.column_stack([up, down]), axis=0, return_counts=True)
-        return KeyPairs(both[:, 0], both[:, 1], counts.astype(np.float64))
-
-    stages = events.shape[1]
-    return ChainStatistics(
-        tuple(weights(events[:, s]) for s in range(stages)),
-        tuple(pairs(events[:, s], events[:, s + 1]) for s in range(stages - 1)),
-    )
-
-
 def _event_figures(plan: ChainPlan, events: np.ndarray) -> tuple[float, list[float]]:
     """Locality and per-stage max/mean of routing every event through ``plan``:
     table entry, else Spark's hash; a split key's tuples spread evenly."""
@@ -233,7 +215,7 @@ def _event_figures(plan: ChainPlan, events: np.ndarray) -> tuple[float, list[flo
 
 def test_a_three_stage_chain_choice_is_scored_as_its_events_route_and_kept_if_unbeaten() -> None:
     events = _chain_events(0)
-    statistics = _chain_statistics(events)
+    statistics = ChainStatistics.of_events(events)
     chosen = choose_chain_plan(statistics, N)
     assert chosen.candidate == "plan"
     assert len(chosen.plan.tables) == 3
@@ -253,7 +235,7 @@ def test_a_three_stage_chain_choice_is_scored_as_its_events_route_and_kept_if_un
 
 
 def test_on_a_chain_no_promise_before_drift_and_the_next_is_calibrated_on_the_last() -> None:
-    windows = [_chain_statistics(_chain_events(seed)) for seed in range(3)]
+    windows = [ChainStatistics.of_events(_chain_events(seed)) for seed in range(3)]
     unmeasured = choose_chain_plan(windows[0], N, drift=(Drift(), Drift(), Drift()))
     assert unmeasured.promised_imbalance == math.inf
     assert unmeasured.choice.model_promise == 0.0
@@ -289,7 +271,7 @@ def skewed_chains(draw: st.DrawFn) -> tuple[ChainStatistics, int, float, int | N
         own = (rng.zipf(exponent, count) - 1) % keys
         follows = rng.random(count) < draw(st.floats(0.0, 1.0))
         columns.append(np.where(follows, columns[-1] % keys, own) + 1_000 * stage)
-    statistics = _chain_statistics(np.column_stack(columns).astype(np.int64))
+    statistics = ChainStatistics.of_events(np.column_stack(columns).astype(np.int64))
     alpha = draw(st.sampled_from([1.0, 1.01, 1.03, 1.1, 1.5]))
     budget = draw(st.one_of(st.none(), st.integers(0, 40)))
     cost = CostModel(remote=draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])))
@@ -333,7 +315,7 @@ def few_key_chains(draw: st.DrawFn) -> tuple[ChainStatistics, int, float]:
             follows = rng.random(own.size) < draw(st.floats(0.0, 1.0))
             own = np.where(follows, (columns[-1] - 100 * (stage - 1)) % keys, own)
         columns.append(own + 100 * stage)
-    statistics = _chain_statistics(np.column_stack(columns).astype(np.int64))
+    statistics = ChainStatistics.of_events(np.column_stack(columns).astype(np.int64))
     return statistics, n, draw(st.sampled_from([1.0, 1.01, 1.03, 1.1]))
 
 

@@ -338,15 +338,7 @@ def _few_keys_snapshot(seed: int, log_share: np.ndarray) -> tuple[pd.DataFrame, 
     shares = np.exp(log_share) / np.exp(log_share).sum()
     a = rng.choice(shares.size, size=20_000, p=shares)
     b = np.where(rng.random(a.size) < 0.85, a, rng.integers(0, shares.size, a.size))
-    grouped = pd.DataFrame(
-        {"a": a.astype(str), "b": [f"b{k}" for k in b], "holdout": rng.random(a.size) < 0.2}
-    )
-    grouped = grouped.groupby(["a", "b", "holdout"], as_index=False).size()
-    window = stats.window_pairs(stats.chain_rows(grouped.rename(columns={"size": "n"}), OPERATORS))
-    settings = stats.StatisticsSettings()
-    pairs = stats.fold_pairs(None, window, settings)
-    frequencies = stats.fold_frequencies(None, window, settings, epoch=0, window_bounds=(0, 1))
-    return pairs, frequencies
+    return _folded(a.astype(str), np.array([f"b{k}" for k in b]), rng)
 
 
 def test_sixteen_keys_on_six_instances_keep_their_locality_on_the_next_window() -> None:
@@ -431,9 +423,15 @@ def _decimal_snapshot(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     partner = rng.permutation(10)
     a = rng.choice(10, size=6_000, p=rng.dirichlet(np.full(10, 8.0)))
     b = np.where(rng.random(a.size) < 0.85, partner[a], rng.integers(0, 10, a.size))
-    grouped = pd.DataFrame(
-        {"a": a.astype(str), "b": b.astype(str), "holdout": rng.random(a.size) < 0.2}
-    )
+    return _folded(a.astype(str), b.astype(str), rng)
+
+
+def _folded(
+    a: np.ndarray, b: np.ndarray, rng: np.random.Generator
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Statistics of the tuples (a[i], b[i]) as the statistics job folds them, a fifth
+    held out at random."""
+    grouped = pd.DataFrame({"a": a, "b": b, "holdout": rng.random(a.size) < 0.2})
     grouped = grouped.groupby(["a", "b", "holdout"], as_index=False).size()
     window = stats.window_pairs(stats.chain_rows(grouped.rename(columns={"size": "n"}), OPERATORS))
     settings = stats.StatisticsSettings()
