@@ -512,7 +512,6 @@ def scaled_routing(
         parallelism=p,
         table=table,
         hot_keys=hot,
-        placement=routing.placement,
         active_instances=None if len(new_active) == p else new_active,
     )
 

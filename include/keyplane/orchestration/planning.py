@@ -592,7 +592,6 @@ def plan_configuration(
             parallelism=n,
             table=table,
             hot_keys=hot,
-            placement=routing.placement,
             active_instances=routing.active_instances,
         )
         if imbalance(instance_loads(candidate, key_loads[name])) > params.alpha and hot:

@@ -101,7 +101,6 @@ class OperatorRouting(BaseModel):
     parallelism: Count = Field(ge=1)
     table: dict[str, Instance] = Field(default_factory=dict)
     hot_keys: dict[str, tuple[Instance, ...]] = Field(default_factory=dict)
-    placement: dict[Instance, str] | None = None
     active_instances: tuple[Instance, ...] | None = None
 
     @property
@@ -152,11 +151,6 @@ class OperatorRouting(BaseModel):
             raise ValueError(f"hot keys use instances outside [0, {p}): {_listing(hot_outside)}")
         if self.active_instances is not None:
             self._check_active(self.active_instances)
-        if self.placement is not None and set(self.placement) != set(range(p)):
-            raise ValueError(
-                f"placement must name an executor for each instance 0..{p - 1}, "
-                f"got instances {sorted(self.placement)}"
-            )
         return self
 
     def _check_active(self, active: tuple[int, ...]) -> None:
@@ -353,9 +347,8 @@ def _write_version(config: RoutingConfig, target: Path) -> str:
             {
                 "name": name,
                 "parallelism": operator.parallelism,
-                "placement": None
-                if operator.placement is None
-                else {str(i): e for i, e in sorted(operator.placement.items())},
+                # Store format 1 has this field; keyplane places no instances on executors.
+                "placement": None,
                 "table_file": table_name,
                 "hot_keys_file": hot_name,
                 # Written only when scaled, so the manifests (and checksums) of
@@ -530,12 +523,10 @@ def _config_of(body: dict[str, Any], folder: Path) -> RoutingConfig:
     for entry in body["operators"]:
         table = read_table(folder / entry["table_file"]).to_pydict()
         hot = read_table(folder / entry["hot_keys_file"]).to_pydict()
-        placement = entry["placement"]
         operators[entry["name"]] = OperatorRouting(
             parallelism=entry["parallelism"],
             table=dict(zip(table["key"], table["instance"], strict=True)),
             hot_keys={k: tuple(v) for k, v in zip(hot["key"], hot["instances"], strict=True)},
-            placement=None if placement is None else {int(i): e for i, e in placement.items()},
             active_instances=None
             if entry.get("active_instances") is None
             else tuple(entry["active_instances"]),

@@ -81,7 +81,7 @@ def split_into_waves(
     Each wave moves at most ``max_moves_per_wave`` keys (a hot key split or
     merged counts as one). The waves are numbered from ``new.version`` on,
     each the parent of the next, the first a child of ``old``; the last
-    routes every key as ``new`` does and carries its placement. With no more
+    routes every key as ``new`` does. With no more
     moves than one wave holds, the result is ``new`` alone, as a child of
     ``old``.
 

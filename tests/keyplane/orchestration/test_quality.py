@@ -254,7 +254,7 @@ def test_an_instance_with_three_times_the_average_load_fails(context: FileDataCo
 @pytest.mark.integration
 def test_a_key_routed_outside_the_instances_fails(context: FileDataContext) -> None:
     routing = OperatorRouting.model_construct(
-        parallelism=N, table={"k0": 0, "k1": N, "k2": -1}, hot_keys={}, placement=None
+        parallelism=N, table={"k0": 0, "k1": N, "k2": -1}, hot_keys={}
     )
     config, predictions = single_operator(routing, {})
 
@@ -277,7 +277,7 @@ def test_a_key_routed_outside_the_instances_fails(context: FileDataContext) -> N
 def test_hot_keys_split_outside_d_min_to_n_fail(context: FileDataContext) -> None:
     too_few = OperatorRouting(parallelism=N, hot_keys={"h": (0, 1)})
     too_many = OperatorRouting.model_construct(
-        parallelism=3, table={}, hot_keys={"g": (0, 1, 2, 3)}, placement=None
+        parallelism=3, table={}, hot_keys={"g": (0, 1, 2, 3)}
     )
     config = RoutingConfig.model_construct(
         version=1, created_by="initial", operators={"few": too_few, "many": too_many}

@@ -45,7 +45,6 @@ def example_config(version: int = 2, parent: int | None = 1) -> RoutingConfig:
                 parallelism=4,
                 table={"Asia": 0, "Europe": 3, "Océanie": 1},
                 hot_keys={"America": (1, 2, 3)},
-                placement={0: "exec-1", 1: "exec-2", 2: "exec-1", 3: "exec-2"},
             ),
             "by_hashtag": OperatorRouting(
                 parallelism=2, table={"#scala": 1}, hot_keys={"#java": (0, 1)}
@@ -240,14 +239,13 @@ def test_latest_version_ignores_unfinished_directories(tmp_path: Path) -> None:
         ({"hot_keys": {"k": (2,)}}, "at least 2 instances: 'k'"),
         ({"hot_keys": {"k": (1, 1)}}, "instance twice: 'k'"),
         ({"hot_keys": {"k": (0, 9)}}, r"outside \[0, 4\)"),
-        ({"placement": {0: "e", 1: "e"}}, "executor for each instance 0..3"),
+        ({"placement": {0: "e"}}, "placement\n  Extra inputs are not permitted"),
         ({"parallelism": 0}, "greater than or equal to 1"),
         ({"parallelism": True}, "expected an integer, got true"),
         ({"active_instances": 1}, "active_instances\n  Input should be a valid tuple"),
         ({"table": {"k": True}}, r"table\.k\n  Value error, expected an integer, got true"),
         ({"hot_keys": {"k": (True, False)}}, "expected an integer, got true"),
         ({"active_instances": (False, True)}, "expected an integer, got false"),
-        ({"placement": {False: "e", True: "e", 2: "e", 3: "e"}}, "got false"),
     ],
 )
 def test_operator_invariant_violations_are_rejected(fields: dict[str, Any], message: str) -> None:

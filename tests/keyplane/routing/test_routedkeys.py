@@ -520,7 +520,6 @@ def test_a_route_outside_the_instances_carries_no_load() -> None:
         parallelism=4,
         table={"in": 1, "above": 4, "below": -1},
         hot_keys={"h": (0, 9), "empty": ()},
-        placement=None,
         active_instances=None,
     )
     loads = {"in": 1.0, "above": 2.0, "below": 4.0, "h": 8.0, "empty": 16.0}
