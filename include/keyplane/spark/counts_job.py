@@ -593,8 +593,11 @@ def run_counts_job(
         return took
 
     idle_since = time.monotonic()
+    executors = DriverExecutors(spark, settings) if settings.routing_store else None
     try:
         while not (should_stop is not None and should_stop()):
+            if executors is not None:
+                executors.tick(query)
             if not query.isActive:
                 if query.exception() is None:
                     break
@@ -634,6 +637,47 @@ def run_counts_job(
         stop_between_batches(query)
         spark.stop()
     return history
+
+
+class DriverExecutors:
+    """The routed job's executor commands from ``keyplane_scale`` (:mod:`keyplane.spark.executors`).
+
+    The executor count is pinned once the first batch has run, when the
+    executors the job started on have registered; commands are read every
+    ``every_s``. A broker that does not answer costs a log line, never the job.
+    """
+
+    def __init__(self, spark: SparkSession, settings: CountsJobSettings, every_s: float = 2.0):
+        from keyplane.spark.executors import ExecutorChannel, ExecutorControl, executors_topic
+
+        channel = ExecutorChannel(
+            settings.bootstrap_servers, executors_topic(settings.control_topic)
+        )
+        self.control = ExecutorControl(spark.sparkContext, channel)
+        self.every_s = every_s
+        self.pinned = False
+        self.next_poll = 0.0
+
+    def tick(self, query: StreamingQuery) -> None:
+        from kafka.errors import KafkaError
+
+        from keyplane.kafka.admin import TopicError
+
+        if time.monotonic() < self.next_poll:
+            return
+        self.next_poll = time.monotonic() + self.every_s
+        if not self.pinned and query.lastProgress is not None:
+            print(f"keyplane: executors pinned at {self.control.pin()}", flush=True)
+            self.pinned = True
+        try:
+            for reply in self.control.poll():
+                print(
+                    f"keyplane: executor command {reply.outcome}: {reply.changed or reply.reason}; "
+                    f"executors {', '.join(reply.before)} -> {', '.join(reply.after)}",
+                    flush=True,
+                )
+        except (KafkaError, TopicError) as error:
+            log.warning("executor commands not read: %s", error)
 
 
 STOP_GRACE_S = 20.0
