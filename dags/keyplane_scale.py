@@ -180,10 +180,12 @@ with DAG(
         from keyplane.orchestration import scale_steps
 
         p = params()
-        if not p["executors"]:
-            return {"changed": None, "skipped": "executors off"}
         return scale_steps.change_executors(
-            deployment(), run_id(), when="out", wait_s=float(p["reply_timeout_s"])
+            deployment(),
+            run_id(),
+            when="out",
+            enabled=bool(p["executors"]),
+            wait_s=float(p["reply_timeout_s"]),
         )
 
     @task
@@ -192,10 +194,12 @@ with DAG(
         from keyplane.orchestration import scale_steps
 
         p = params()
-        if not p["executors"]:
-            return {"changed": None, "skipped": "executors off"}
         return scale_steps.change_executors(
-            deployment(), run_id(), when="in", wait_s=float(p["reply_timeout_s"])
+            deployment(),
+            run_id(),
+            when="in",
+            enabled=bool(p["executors"]),
+            wait_s=float(p["reply_timeout_s"]),
         )
 
     @task

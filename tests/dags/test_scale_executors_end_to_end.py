@@ -31,12 +31,14 @@ import pytest
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import high_watermarks
 from keyplane.kafka.producer import WorkloadTrickle, produce_workload
-from keyplane.orchestration import dagrun, scale_steps
+from keyplane.orchestration import dagrun, run_records, scale_steps, verification_steps
+from keyplane.orchestration.deployment import Deployment
 from keyplane.reference.verification import compare_counts, expected_counts_of
 from keyplane.reference.workloads import PairsWorkload
 from keyplane.routing import config as config_store
 from keyplane.routing.config import OperatorRouting, RoutingConfig
 from keyplane.spark.counts_job import read_output
+from keyplane.spark.executors import executor_ids
 from keyplane.spark.job_checkpoint import last_commit
 from keyplane.stack.config import StackConfig
 from keyplane.stack.network import Network
@@ -182,6 +184,25 @@ def test_scale_out_adds_an_executor_live_and_scale_in_releases_it_with_counts_ex
         assert len(proposal["active_after"]) == 3
         verification = json.loads((out_folder / "verification.json").read_text())
         assert verification["ok"]
+        # Where Spark ran the instances' tasks since the rollout began: the metrics'
+        # "host:executor" labels (keyplane.spark.routed_counts.executor_id).
+        deployment = Deployment.under(
+            setup.keyplane_home,
+            bootstrap_servers=broker,
+            events_topic=topic_name,
+            metrics_topic=settings.metrics_topic,
+            control_topic=settings.control_topic,
+            routing_store=store,
+        )
+        rollout = json.loads((out_folder / run_records.ROLLOUT).read_text())
+        start = {int(p): int(o) for p, o in rollout["metrics_start"].items()}
+        ran_on = {
+            label
+            for record in verification_steps.read_metrics(deployment, start)
+            for instances in record.executors.values()
+            for label in instances.values()
+        }
+        assert added["executor"] in executor_ids(ran_on), ran_on
         committed_after_out = last_commit(settings.checkpoint)
         assert committed_before_out is not None and committed_after_out is not None
         assert committed_after_out > committed_before_out

@@ -455,7 +455,12 @@ EXECUTORS = "executors.json"
 
 
 def change_executors(
-    deployment: Deployment, run_id: str, *, when: Literal["out", "in"], wait_s: float
+    deployment: Deployment,
+    run_id: str,
+    *,
+    when: Literal["out", "in"],
+    enabled: bool,
+    wait_s: float,
 ) -> dict[str, Any]:
     """Add an executor before a scale-out grows its stage, or release one after a scale-in.
 
@@ -464,7 +469,8 @@ def change_executors(
     The job's driver does it (:mod:`keyplane.spark.executors`); this step
     sends the command and waits for its answer, which names the executors
     the driver saw before and after. A step whose decision is the other
-    action (or no action) records that it changed nothing. Which executor a
+    action (or no action), or a run with ``enabled`` off (the ``executors``
+    Param), changes nothing. Which executor a
     scale-in releases is the driver's choice: the newest
     (:func:`keyplane.spark.executors.to_release`).
     """
@@ -475,6 +481,8 @@ def change_executors(
         request,
     )
 
+    if not enabled:
+        return {"changed": None, "skipped": "executors off"}
     folder = _folder(deployment, run_id)
     existing = folder / EXECUTORS
     if existing.is_file():

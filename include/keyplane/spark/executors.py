@@ -347,19 +347,34 @@ class ExecutorControl:
         return new[-1]
 
     def _release(self, before: Sequence[str], wanted: str | None, wait_s: float) -> str:
+        """Release ``gone`` once it runs no task, then wait until it has left.
+
+        The scheduler backend's ``killExecutors`` with ``force`` off kills an
+        executor only while it is idle, so no task of a running batch is
+        killed and run again; between two micro-batches every executor is
+        idle. ``SparkContext.killExecutors`` would force it.
+        """
         gone = to_release(before, wanted)
-        sc = self.sc._jsc.sc()
         jvm = self.sc._jvm
-        assert jvm is not None
+        gateway = self.sc._gateway
+        assert jvm is not None and gateway is not None
         from py4j.java_collections import ListConverter
 
-        gateway = self.sc._gateway
-        assert gateway is not None
         ids = ListConverter().convert([gone], gateway._gateway_client)
-        if not sc.killExecutors(jvm.scala.jdk.javaapi.CollectionConverters.asScala(ids).toSeq()):
-            raise ExecutorError(f"the cluster manager refused to release executor {gone}")
-        if self._wait(lambda now: [] if gone in now else [gone], wait_s) is None:
-            raise ExecutorError(f"executor {gone} was still registered after {wait_s:.0f} s")
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(ids).toSeq()
+        backend = self.sc._jsc.sc().schedulerBackend()
+
+        def killed(now: list[str]) -> list[str]:
+            if gone not in now:
+                return [gone]
+            backend.killExecutors(seq, True, False, False)
+            return []
+
+        if self._wait(killed, wait_s) is None:
+            raise ExecutorError(
+                f"executor {gone} was still registered after {wait_s:.0f} s: it never ran "
+                "idle long enough to be released"
+            )
         return gone
 
     def _wait(self, found: Callable[[list[str]], list[str]], wait_s: float) -> list[str] | None:
