@@ -149,8 +149,9 @@ with DAG(
     tags=["keyplane", "scaling"],
     params=unclamped(PARAMS),
     doc_md=__doc__,
-    # await_ack, an await_migrated per stage and await_new_version_batches.
-    **rollout_dag_args(waits=2 + len(STAGES)),
+    # await_ack, an await_migrated per stage and await_new_version_batches, and the
+    # driver's answers to add_executor and release_executor.
+    **rollout_dag_args(waits=2 + len(STAGES) + 2),
 ) as dag:
 
     @task.short_circuit
