@@ -115,3 +115,76 @@ def test_a_controller_with_no_driver_gets_a_clear_timeout(broker: str, topic_nam
             request(channel, ExecutorCommand(action="add", request_id=uuid4()), timeout_s=2.0)
     finally:
         channel.close()
+
+
+class _FakeJavaContext:
+    """Unit-test fake of the JVM SparkContext: executors that never change."""
+
+    def __init__(self, executors: str) -> None:
+        self.executors = executors
+        self.requested = 0
+
+    def sc(self) -> _FakeJavaContext:
+        return self
+
+    def getExecutorIds(self) -> Any:
+        executors = self.executors
+
+        class _Seq:
+            def mkString(self, separator: str) -> str:
+                return executors
+
+        return _Seq()
+
+    def requestExecutors(self, n: int) -> bool:
+        self.requested += n
+        return True
+
+
+class _FakeContext:
+    master = "spark://127.0.0.1:7077"
+
+    def __init__(self, executors: str) -> None:
+        self._jsc = _FakeJavaContext(executors)
+
+    def getConf(self) -> dict[str, str]:
+        return {"spark.cores.max": "2"}
+
+
+class _FakeChannel:
+    def ensure(self) -> None:
+        pass
+
+    def end(self) -> int:
+        return 0
+
+
+def test_pure_fake_context_add_that_never_registers_is_refused_naming_the_setting() -> None:
+    ticks = iter(float(t) for t in range(1000))
+    context = _FakeContext("0")
+    control = ExecutorControl(
+        context,  # type: ignore[arg-type]
+        _FakeChannel(),  # type: ignore[arg-type]
+        poll_s=0.0,
+        clock=lambda: next(ticks),
+    )
+    reply = control.carry_out(ExecutorCommand(action="add", wait_s=5.0))
+    assert context._jsc.requested == 1
+    assert reply.outcome == "refused" and reply.changed is None
+    assert reply.before == reply.after == ("0",)
+    assert reply.reason is not None
+    assert reply.reason.startswith("no new executor registered within 5 s")
+    assert "spark.cores.max (2)" in reply.reason
+
+
+def test_pure_fake_context_release_of_the_last_executor_is_refused() -> None:
+    control = ExecutorControl(
+        _FakeContext("0"),  # type: ignore[arg-type]
+        _FakeChannel(),  # type: ignore[arg-type]
+    )
+    reply = control.carry_out(ExecutorCommand(action="release"))
+    assert reply.outcome == "refused"
+    assert (
+        reply.reason
+        == "the job has 1 executor(s); releasing one would leave none to run its batches"
+    )
