@@ -13,11 +13,11 @@ thread goes on committing batches while the driver waits.
 
 What keyplane decides and what Spark does. keyplane decides how many
 executors the application holds, and which one a scale-in releases. Spark
-decides where each state partition's task runs: it prefers the executor
-that loaded that partition's state store last (``spark.locality.wait``), so
-after a scale-out partitions move to the new executor only as the scheduler
-finds it free, and after a scale-in Spark loads the released executor's
-state stores elsewhere from the checkpoint. The job's metrics report the
+decides where each state partition's task runs: it waits up to
+``spark.locality.wait`` for the executor that loaded that partition's state
+store last, so after a scale-out a task moves to the new executor only when
+that wait runs out, and after a scale-in Spark loads the released
+executor's state stores elsewhere from the checkpoint. The job's metrics report the
 executor each instance ran on, which is how to see where they went.
 
 The driver pins the executor count when it starts
