@@ -10,7 +10,10 @@ itself. Then two ``keyplane_scale`` runs (``airflow dags test``):
 
 1. scale-out of B to 3 instances with ``executors`` on: the run asks the
    driver for one more executor, which must register on the second worker
-   (the driver reports 1 → 2), then rolls B out over 3 instances live;
+   (the driver reports 1 → 2), then rolls B out over 3 instances live, and
+   instances' tasks run on the new executor (the metrics' executors; the job
+   runs with ``spark.locality.wait`` 0, which lets Spark move a state
+   partition's task off the executor that loaded its store);
 2. scale-in of B back to 2: the run drains B's third instance by the live
    migration, then releases the newest executor (2 → 1).
 
@@ -106,6 +109,10 @@ def test_scale_out_adds_an_executor_live_and_scale_in_releases_it_with_counts_ex
     conf_dir.mkdir()
     (conf_dir / "spark-defaults.conf").write_text(
         "spark.cores.max 2\nspark.executor.cores 1\nspark.executor.memory 1g\n"
+        # Spark schedules a state partition's task where its store was loaded last, for
+        # as long as spark.locality.wait; these batches' tasks are shorter than the
+        # default 3 s, so without this every one of them would stay on the first executor.
+        "spark.locality.wait 0\n"
     )
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
 
