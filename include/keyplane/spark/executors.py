@@ -20,7 +20,7 @@ that wait runs out, and after a scale-in Spark loads the released
 executor's state stores elsewhere from the checkpoint. The job's metrics report the
 executor each instance ran on, which is how to see where they went.
 
-The driver pins the executor count when it starts
+The driver pins the executor count once its first batch has run
 (:meth:`ExecutorControl.pin`): a standalone master otherwise hands an
 application every core up to ``spark.cores.max`` as workers join, and the
 count would change without a scale run. A scale-out can only add an
@@ -54,7 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCAL_MODE_REFUSAL = "executors cannot be added in local mode; run on a cluster"
-MAX_WAIT_S = 600.0
+MAX_WAIT_S = 3600.0
+"""The longest wait for a command: ``keyplane_scale``'s longest ``reply_timeout_s``."""
 PARTITION = 0
 
 
