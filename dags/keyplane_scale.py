@@ -8,17 +8,24 @@ Every ten minutes in ``auto`` mode, or on demand with Params:
    with the highest projected ETP (003 §5.2), scale-in of the operator with
    the smallest ETP (003 §5.3), or nothing, which ends the run here (as does
    a dry run);
-2. ``compute_scaled_configuration`` stores the active version with that
+2. ``add_executor`` (scale-out, with ``executors`` on) asks the job's driver
+   for one more executor and waits until it has registered
+   (:mod:`keyplane.spark.executors`);
+3. ``compute_scaled_configuration`` stores the active version with that
    operator over its new *active* instances (Spark fixes the state
    partitions, so scaling changes which instances hold keys);
-3. ``validate_configuration`` runs the Great Expectations configuration
+4. ``validate_configuration`` runs the Great Expectations configuration
    suites on it: a failure stops the run, and nothing is published;
-4. the rollout of paper 000 §3.4, the reconfiguration DAG's: ``publish``
+5. the rollout of paper 000 §3.4, the reconfiguration DAG's: ``publish``
    (PREPARE) → ``await_ack`` → ``propagate`` → ``await_migrated_A`` →
    ``await_migrated_B`` → ``done``, the state of every moved key handed over
    live;
-5. ``verify`` checks the first batches on the new version: no tuple reached
-   an inactive instance.
+6. ``verify`` checks the first batches on the new version: no tuple reached
+   an inactive instance;
+7. ``release_executor`` (scale-in, with ``executors`` on) then releases the
+   job's newest executor.
+
+Spark, not keyplane, places each state partition's task on an executor.
 
 The file only wires tasks: the steps live in ``keyplane.orchestration`` and
 import Kafka, Great Expectations and the algorithms when they run. See
@@ -125,6 +132,13 @@ PARAMS = {
         description="Micro-batches the job must run on the scaled version before verify checks "
         "that no tuple reached a released instance.",
     ),
+    "executors": Param(
+        False,
+        type="boolean",
+        description="Also change the job's executors (a cluster, not local mode): a scale-out "
+        "first adds one and waits until it registers, a scale-in releases the newest once its "
+        "instances are drained.",
+    ),
     "reply_timeout_s": reply_timeout_param(),
 }
 
@@ -135,8 +149,9 @@ with DAG(
     tags=["keyplane", "scaling"],
     params=unclamped(PARAMS),
     doc_md=__doc__,
-    # await_ack, an await_migrated per stage and await_new_version_batches.
-    **rollout_dag_args(waits=2 + len(STAGES)),
+    # await_ack, an await_migrated per stage and await_new_version_batches, and the
+    # driver's answers to add_executor and release_executor.
+    **rollout_dag_args(waits=2 + len(STAGES) + 2),
 ) as dag:
 
     @task.short_circuit
@@ -159,6 +174,34 @@ with DAG(
         )
         record = scale_steps.decide(deployment(), run_id(), request, dry_run=bool(p["dry_run"]))
         return bool(record["publish"])
+
+    @task
+    @fail_fast
+    def add_executor() -> dict[str, Any]:
+        from keyplane.orchestration import scale_steps
+
+        p = params()
+        return scale_steps.change_executors(
+            deployment(),
+            run_id(),
+            when="out",
+            enabled=bool(p["executors"]),
+            wait_s=float(p["reply_timeout_s"]),
+        )
+
+    @task
+    @fail_fast
+    def release_executor() -> dict[str, Any]:
+        from keyplane.orchestration import scale_steps
+
+        p = params()
+        return scale_steps.change_executors(
+            deployment(),
+            run_id(),
+            when="in",
+            enabled=bool(p["executors"]),
+            wait_s=float(p["reply_timeout_s"]),
+        )
 
     @task
     @fail_fast
@@ -204,5 +247,12 @@ with DAG(
         batches="{{ params.verify_batches }}",
         timeout_s="{{ params.reply_timeout_s }}",
     )
-    (decide() >> compute_scaled_configuration() >> validate_configuration() >> publish() >> ack)
-    migrated >> done() >> await_batches >> verify()
+    (
+        decide()
+        >> add_executor()
+        >> compute_scaled_configuration()
+        >> validate_configuration()
+        >> publish()
+        >> ack
+    )
+    migrated >> done() >> await_batches >> verify() >> release_executor()

@@ -294,6 +294,7 @@ def test_scale_dag_is_scheduled_once_at_a_time_and_propagates_upstream_first(
     assert {"keyplane", "scaling"} <= set(scale_dag.tags)
     order = [
         "decide",
+        "add_executor",
         "compute_scaled_configuration",
         "validate_configuration",
         "publish",
@@ -304,6 +305,7 @@ def test_scale_dag_is_scheduled_once_at_a_time_and_propagates_upstream_first(
         "done",
         "await_new_version_batches",
         "verify",
+        "release_executor",
     ]
     assert sorted(scale_dag.task_ids) == sorted(order)
     for upstream, downstream in itertools.pairwise(order):
@@ -353,6 +355,7 @@ def test_scale_params_defaults_validate(scale_dag: Any) -> None:
     resolved = scale_dag.params.validate()
     assert resolved["action"] == "auto" and resolved["operator"] is None
     assert resolved["instances"] is None and resolved["dry_run"] is False
+    assert resolved["executors"] is False
     assert copy.deepcopy(scale_dag.params.get_param("operator")).resolve("B") == "B"
     assert copy.deepcopy(scale_dag.params.get_param("instances")).resolve(2) == 2
 

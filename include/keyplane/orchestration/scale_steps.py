@@ -21,9 +21,10 @@ holds exactly the keys of the events it counted.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -445,5 +446,80 @@ def verify(deployment: Deployment, run_id: str, *, batches: int) -> dict[str, An
         version,
         record["batches"],
         "; ".join(f"{name} {found}" for name, found in record["busy_instances"].items()),
+    )
+    return record
+
+
+EXECUTORS = "executors.json"
+"""The run's executor change: the executors before and after, and how long it took."""
+
+
+def change_executors(
+    deployment: Deployment,
+    run_id: str,
+    *,
+    when: Literal["out", "in"],
+    enabled: bool,
+    wait_s: float,
+) -> dict[str, Any]:
+    """Add an executor before a scale-out grows its stage, or release one after a scale-in.
+
+    Stela gives a scale-out a new machine before it moves instances onto it,
+    and takes a machine away only once its instances are drained (003 §5).
+    The job's driver does it (:mod:`keyplane.spark.executors`); this step
+    sends the command and waits for its answer, which names the executors
+    the driver saw before and after. A step whose decision is the other
+    action (or no action), or a run with ``enabled`` off (the ``executors``
+    Param), changes nothing. Which executor a
+    scale-in releases is the driver's choice: the newest
+    (:func:`keyplane.spark.executors.to_release`).
+    """
+    from keyplane.spark.executors import (
+        ExecutorChannel,
+        ExecutorCommand,
+        executors_topic,
+        request,
+    )
+
+    if not enabled:
+        return {"changed": None, "skipped": "executors off"}
+    folder = _folder(deployment, run_id)
+    existing = folder / EXECUTORS
+    if existing.is_file():
+        return run_records.read_record(existing, "the executor change")
+    decision_file = folder / DECISION
+    decision = run_records.read_record(decision_file, "the scale decision")
+    if decision["action"] != when or not decision["publish"]:
+        return {"changed": None, "skipped": f"the decision is {decision['action']!r}"}
+    action: Literal["add", "release"] = "add" if when == "out" else "release"
+    channel = ExecutorChannel(
+        deployment.bootstrap_servers, executors_topic(deployment.control_topic)
+    )
+    try:
+        channel.ensure()
+        reply = request(channel, ExecutorCommand(action=action, wait_s=wait_s), wait_s + 60.0)
+    finally:
+        channel.close()
+    if reply.outcome != "applied":
+        raise run_records.Refused(f"the job did not {action} an executor: {reply.reason}")
+    record = run_records.write_once(
+        existing,
+        {
+            "action": action,
+            "executor": reply.changed,
+            "executors_before": list(reply.before),
+            "executors_after": list(reply.after),
+            "driver_seconds": reply.seconds,
+            # The decision record's write time is the decision's.
+            "seconds_from_decision": round(time.time() - decision_file.stat().st_mtime, 3),
+        },
+    )
+    log.info(
+        "executor %s %s: %d → %d executors, %.1f s after the decision",
+        record["executor"],
+        "added" if action == "add" else "released",
+        len(reply.before),
+        len(reply.after),
+        record["seconds_from_decision"],
     )
     return record

@@ -1,0 +1,394 @@
+"""The running job's executors, changed live from ``keyplane_scale`` (paper 003, Stela).
+
+Stela scales a running job out by giving it one more machine and in by
+taking one away (003 §5). In Spark the machines are executors, and the one
+process that may ask the cluster manager for them is the job's driver
+(``SparkContext.requestExecutors`` and ``killExecutors``, with dynamic
+allocation off). So the scale DAG sends a signed :class:`ExecutorCommand` on
+the job's executors topic (the control topic's name with ``.executors``),
+the driver acts on it between two of its progress polls, waits until the
+cluster has done it, and answers with an :class:`ExecutorReply` naming the
+executors it saw before and after. The query is never stopped: its stream
+thread goes on committing batches while the driver waits.
+
+What keyplane decides and what Spark does. keyplane decides how many
+executors the application holds, and which one a scale-in releases. Spark
+decides where each state partition's task runs: it waits up to
+``spark.locality.wait`` for the executor that loaded that partition's state
+store last, so after a scale-out a task moves to the new executor only when
+that wait runs out, and after a scale-in Spark loads the released
+executor's state stores elsewhere from the checkpoint. The job's metrics report the
+executor each instance ran on, which is how to see where they went.
+
+The driver pins the executor count once its first batch has run
+(:meth:`ExecutorControl.pin`): a standalone master otherwise hands an
+application every core up to ``spark.cores.max`` as workers join, and the
+count would change without a scale run. A scale-out can only add an
+executor the cluster has room for: a worker with a free core and memory,
+and ``spark.cores.max`` above the cores the job holds. Local mode has one
+executor, the driver, and refuses every command.
+
+The wire form is the control topic's: canonical JSON signed with
+``KEYPLANE_CONTROL_KEY`` (:mod:`keyplane.control.signing`), on a topic of one
+partition so that a reply follows its command.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Literal
+from uuid import UUID, uuid4
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from keyplane.control.signing import canonical_json, control_key, sign, verify
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer, KafkaProducer
+    from pyspark import SparkContext
+
+log = logging.getLogger(__name__)
+
+LOCAL_MODE_REFUSAL = "executors cannot be added in local mode; run on a cluster"
+MAX_WAIT_S = 3600.0
+"""The longest wait for a command: ``keyplane_scale``'s longest ``reply_timeout_s``."""
+PARTITION = 0
+
+
+def executors_topic(control_topic: str) -> str:
+    """The topic that carries executor commands and replies for the job of ``control_topic``."""
+    return f"{control_topic}.executors"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class ExecutorCommand(BaseModel):
+    """Add one executor, or release one (``executor``: which; None: the newest)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["EXECUTORS"] = "EXECUTORS"
+    action: Literal["add", "release"]
+    executor: str | None = Field(default=None, min_length=1, max_length=64)
+    wait_s: float = Field(default=120.0, gt=0.0, le=MAX_WAIT_S)
+    """How long the driver waits for the cluster to register (or remove) the executor."""
+    request_id: UUID = Field(default_factory=uuid4)
+    sent_at: AwareDatetime = Field(default_factory=_now)
+
+
+class ExecutorReply(BaseModel):
+    """The driver's answer: the executors it saw before and after, or why it refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["EXECUTORS_REPLY"] = "EXECUTORS_REPLY"
+    request_id: UUID
+    outcome: Literal["applied", "refused"]
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    changed: str | None = None
+    """The executor added or released."""
+    seconds: float = Field(ge=0.0)
+    """From the driver reading the command to the cluster having done it."""
+    reason: str | None = Field(default=None, max_length=500)
+
+
+ExecutorMessage = Annotated[ExecutorCommand | ExecutorReply, Field(discriminator="type")]
+_MESSAGE: TypeAdapter[ExecutorCommand | ExecutorReply] = TypeAdapter(ExecutorMessage)
+
+
+class ExecutorError(RuntimeError):
+    """An executor command that could not be carried out, in one line."""
+
+
+def encode(message: ExecutorCommand | ExecutorReply, key: bytes) -> bytes:
+    body = message.model_dump(mode="json")
+    return canonical_json({**body, "signature": sign(body, key)})
+
+
+def decode(raw: bytes, key: bytes) -> ExecutorCommand | ExecutorReply:
+    """The authentic message in ``raw``; :class:`ValueError` (one line) for anything else."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise ValueError(f"not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    signature = data.pop("signature", None)
+    if not verify(data, signature, key):
+        raise ValueError("missing or bad signature")
+    try:
+        return _MESSAGE.validate_python(data)
+    except ValidationError as error:
+        raise ValueError(" ".join(str(error).split())[:300]) from None
+
+
+def executor_order(executor: str) -> tuple[int, str]:
+    """Spark numbers executors in the order they were added: newest sorts last."""
+    return (int(executor), executor) if executor.isdigit() else (-1, executor)
+
+
+def to_release(executors: Sequence[str], wanted: str | None) -> str:
+    """The executor a scale-in releases: ``wanted``, or the newest.
+
+    The newest, because it is the one the last scale-out added: the
+    executors the job started on keep the state stores they have loaded the
+    longest, and a scale-in undoes the last scale-out. The last one is never
+    released: a job with no executor runs no batch.
+    """
+    if len(executors) <= 1:
+        raise ExecutorError(
+            f"the job has {len(executors)} executor(s); releasing one would leave none "
+            "to run its batches"
+        )
+    if wanted is None:
+        return max(executors, key=executor_order)
+    if wanted not in executors:
+        raise ExecutorError(
+            f"executor {wanted!r} is not one of the job's executors {', '.join(executors)}"
+        )
+    return wanted
+
+
+class ExecutorChannel:
+    """Signed executor commands and replies on the one-partition executors topic."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, key: bytes | str | None = None):
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self._key = control_key(key)
+        self._producer: KafkaProducer | None = None
+        self._consumer: KafkaConsumer | None = None
+
+    def ensure(self) -> None:
+        from keyplane.kafka.admin import ensure_topic
+
+        ensure_topic(self.bootstrap_servers, self.topic, 1)
+
+    def end(self) -> int:
+        from keyplane.kafka.admin import high_watermarks
+
+        return high_watermarks(self.bootstrap_servers, self.topic, [PARTITION])[PARTITION]
+
+    def send(self, message: ExecutorCommand | ExecutorReply) -> None:
+        from keyplane.kafka.producer import make_producer
+
+        if self._producer is None:
+            self._producer = make_producer(self.bootstrap_servers)
+        self._producer.send(self.topic, value=encode(message, self._key), partition=PARTITION).get(
+            timeout=30
+        )
+
+    def read(self, start: int) -> tuple[list[ExecutorCommand | ExecutorReply], int]:
+        """The authentic messages from offset ``start`` to the end, and the offset after them.
+
+        A record that is not one is logged and skipped: whoever can write the
+        topic must not be able to stop the job with it.
+        """
+        from kafka import KafkaConsumer, TopicPartition
+
+        from keyplane.kafka.security import client_config
+
+        stop = self.end()
+        if stop <= start:
+            return [], start
+        partition = TopicPartition(self.topic, PARTITION)
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(
+                **client_config(self.bootstrap_servers),
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=50,
+            )
+            self._consumer.assign([partition])
+        self._consumer.seek(partition, start)
+        found: list[ExecutorCommand | ExecutorReply] = []
+        position = start
+        deadline = time.monotonic() + 30.0
+        while position < stop and time.monotonic() < deadline:
+            for record in self._consumer.poll(timeout_ms=200).get(partition, []):
+                if record.offset >= stop:
+                    continue
+                try:
+                    found.append(decode(record.value or b"", self._key))
+                except ValueError as error:
+                    log.warning(
+                        "executors topic %s, offset %d refused: %s",
+                        self.topic,
+                        record.offset,
+                        error,
+                    )
+            position = max(position, int(self._consumer.position(partition)))
+        return found, min(position, stop)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(timeout=10)
+        if self._consumer is not None:
+            self._consumer.close()
+        self._producer = self._consumer = None
+
+
+def request(channel: ExecutorChannel, command: ExecutorCommand, timeout_s: float) -> ExecutorReply:
+    """Send ``command`` and wait for the driver's reply to it (at most ``timeout_s``)."""
+    start = channel.end()
+    channel.send(command)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        messages, start = channel.read(start)
+        for message in messages:
+            if isinstance(message, ExecutorReply) and message.request_id == command.request_id:
+                return message
+        time.sleep(0.5)
+    raise ExecutorError(
+        f"the job's driver did not answer the {command.action} executor command on "
+        f"{channel.topic} within {timeout_s:.0f} s: is the job running?"
+    )
+
+
+class ExecutorControl:
+    """The driver's side: carry out the commands of the executors topic on ``sc``.
+
+    ``executors()`` lists the executors registered with the driver, the
+    driver itself excepted, in the order Spark added them.
+    """
+
+    def __init__(
+        self,
+        sc: SparkContext,
+        channel: ExecutorChannel,
+        *,
+        poll_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sc = sc
+        self.channel = channel
+        self.poll_s = poll_s
+        self.clock = clock
+        channel.ensure()
+        self.position = channel.end()
+        """Commands sent before the driver started are not for this driver."""
+
+    @property
+    def local(self) -> bool:
+        return str(self.sc.master).startswith("local")
+
+    def executors(self) -> list[str]:
+        ids = str(self.sc._jsc.sc().getExecutorIds().mkString(","))
+        return sorted((i for i in ids.split(",") if i), key=executor_order)
+
+    def pin(self) -> int:
+        """Hold the application at the executors it has now (see the module docstring)."""
+        if self.local:
+            return 1
+        count = len(self.executors())
+        if count:
+            jvm = self.sc._jvm
+            assert jvm is not None
+            empty = getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
+            self.sc._jsc.sc().requestTotalExecutors(count, 0, empty)
+        return count
+
+    def poll(self) -> list[ExecutorReply]:
+        """Carry out the commands that arrived since the last poll, one after the other."""
+        messages, self.position = self.channel.read(self.position)
+        replies = []
+        for message in messages:
+            if isinstance(message, ExecutorCommand):
+                reply = self.carry_out(message)
+                self.channel.send(reply)
+                replies.append(reply)
+        return replies
+
+    def carry_out(self, command: ExecutorCommand) -> ExecutorReply:
+        started = self.clock()
+        before = tuple(self.executors())
+
+        def reply(outcome: Literal["applied", "refused"], **fields: object) -> ExecutorReply:
+            return ExecutorReply.model_validate(
+                {
+                    "request_id": command.request_id,
+                    "outcome": outcome,
+                    "before": before,
+                    "after": tuple(self.executors()),
+                    "seconds": round(self.clock() - started, 3),
+                    **fields,
+                }
+            )
+
+        if self.local:
+            return reply("refused", reason=LOCAL_MODE_REFUSAL)
+        try:
+            if command.action == "add":
+                changed = self._add(before, command.wait_s)
+            else:
+                changed = self._release(before, command.executor, command.wait_s)
+        except ExecutorError as error:
+            log.warning("executor command %s refused: %s", command.action, error)
+            return reply("refused", reason=str(error)[:500])
+        log.info("executor %s: %s; now %s", command.action, changed, self.executors())
+        return reply("applied", changed=changed)
+
+    def _add(self, before: Sequence[str], wait_s: float) -> str:
+        if not self.sc._jsc.sc().requestExecutors(1):
+            raise ExecutorError("the cluster manager refused the request for one more executor")
+        new = self._wait(lambda now: sorted(set(now) - set(before), key=executor_order), wait_s)
+        if new is None:
+            raise ExecutorError(
+                f"no new executor registered within {wait_s:.0f} s: the master has no worker "
+                f"with a free core and memory, or spark.cores.max "
+                f"({self.sc.getConf().get('spark.cores.max', 'unset')}) leaves no room"
+            )
+        return new[-1]
+
+    def _release(self, before: Sequence[str], wanted: str | None, wait_s: float) -> str:
+        """Release ``gone`` once it runs no task, then wait until it has left.
+
+        The scheduler backend's ``killExecutors`` with ``force`` off kills an
+        executor only while it is idle, so no task of a running batch is
+        killed and run again; between two micro-batches every executor is
+        idle. ``SparkContext.killExecutors`` would force it.
+        """
+        gone = to_release(before, wanted)
+        jvm = self.sc._jvm
+        gateway = self.sc._gateway
+        assert jvm is not None and gateway is not None
+        from py4j.java_collections import ListConverter
+
+        ids = ListConverter().convert([gone], gateway._gateway_client)
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(ids).toSeq()
+        backend = self.sc._jsc.sc().schedulerBackend()
+
+        def killed(now: list[str]) -> list[str]:
+            if gone not in now:
+                return [gone]
+            backend.killExecutors(seq, True, False, False)
+            return []
+
+        if self._wait(killed, wait_s) is None:
+            raise ExecutorError(
+                f"executor {gone} was still registered after {wait_s:.0f} s: it never ran "
+                "idle long enough to be released"
+            )
+        return gone
+
+    def _wait(self, found: Callable[[list[str]], list[str]], wait_s: float) -> list[str] | None:
+        deadline = self.clock() + wait_s
+        while True:
+            result = found(self.executors())
+            if result:
+                return result
+            if self.clock() >= deadline:
+                return None
+            time.sleep(self.poll_s)
+
+
+def executor_ids(instances: Iterable[str]) -> set[str]:
+    """The executor ids in the metrics' ``host:executor`` labels."""
+    return {label.rsplit(":", 1)[-1] for label in instances}
