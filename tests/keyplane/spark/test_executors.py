@@ -163,8 +163,8 @@ def test_pure_fake_context_add_that_never_registers_is_refused_naming_the_settin
     ticks = iter(float(t) for t in range(1000))
     context = _FakeContext("0")
     control = ExecutorControl(
-        context,  # type: ignore[arg-type]
-        _FakeChannel(),  # type: ignore[arg-type]
+        context,
+        _FakeChannel(),
         poll_s=0.0,
         clock=lambda: next(ticks),
     )
@@ -179,8 +179,8 @@ def test_pure_fake_context_add_that_never_registers_is_refused_naming_the_settin
 
 def test_pure_fake_context_release_of_the_last_executor_is_refused() -> None:
     control = ExecutorControl(
-        _FakeContext("0"),  # type: ignore[arg-type]
-        _FakeChannel(),  # type: ignore[arg-type]
+        _FakeContext("0"),
+        _FakeChannel(),
     )
     reply = control.carry_out(ExecutorCommand(action="release"))
     assert reply.outcome == "refused"
