@@ -473,10 +473,17 @@ def change_executors(
     Param), changes nothing. Which executor a
     scale-in releases is the driver's choice: the newest
     (:func:`keyplane.spark.executors.to_release`).
+
+    Every try of the step sends the same command, whose id is the run's and
+    the action's (:func:`keyplane.spark.executors.command_id`), and sends it
+    only if the topic holds no reply to it yet: a try retried after the
+    driver answered, but before ``executors.json`` was written, records that
+    answer and changes nothing more.
     """
     from keyplane.spark.executors import (
         ExecutorChannel,
         ExecutorCommand,
+        command_id,
         executors_topic,
         request,
     )
@@ -492,12 +499,14 @@ def change_executors(
     if decision["action"] != when or not decision["publish"]:
         return {"changed": None, "skipped": f"the decision is {decision['action']!r}"}
     action: Literal["add", "release"] = "add" if when == "out" else "release"
-    channel = ExecutorChannel(
-        deployment.bootstrap_servers, executors_topic(deployment.control_topic)
+    topic = executors_topic(deployment.control_topic)
+    channel = ExecutorChannel(deployment.bootstrap_servers, topic)
+    command = ExecutorCommand(
+        action=action, wait_s=wait_s, request_id=command_id(topic, run_id, action)
     )
     try:
         channel.ensure()
-        reply = request(channel, ExecutorCommand(action=action, wait_s=wait_s), wait_s + 60.0)
+        reply = request(channel, command, wait_s + 60.0)
     finally:
         channel.close()
     if reply.outcome != "applied":

@@ -31,6 +31,14 @@ executor, the driver, and refuses every command.
 The wire form is the control topic's: canonical JSON signed with
 ``KEYPLANE_CONTROL_KEY`` (:mod:`keyplane.control.signing`), on a topic of one
 partition so that a reply follows its command.
+
+A command is carried out at most once. Its id is derived from the scale run
+and the action (:func:`command_id`), so a retried step sends the same
+command; the step first looks for a reply to it on the topic
+(:func:`request`), and the driver answers a command it has answered before
+with that first reply (:class:`ExecutorControl`). Otherwise a step retried
+after its reply was lost would add (or release) a second executor that no run
+recorded.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Literal
-from uuid import UUID, uuid4
+from uuid import NAMESPACE_URL, UUID, uuid4, uuid5
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -66,6 +74,15 @@ def executors_topic(control_topic: str) -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def command_id(topic: str, run_id: str, action: Literal["add", "release"]) -> UUID:
+    """The id of ``action``'s command in the scale run ``run_id`` of the job of ``topic``.
+
+    The same for every try of the run's step, so the driver and the step
+    recognise a retried command; different for another run or action.
+    """
+    return uuid5(NAMESPACE_URL, "keyplane-executors:" + json.dumps([topic, run_id, action]))
 
 
 class ExecutorCommand(BaseModel):
@@ -176,6 +193,11 @@ class ExecutorChannel:
 
         return high_watermarks(self.bootstrap_servers, self.topic, [PARTITION])[PARTITION]
 
+    def earliest(self) -> int:
+        from keyplane.kafka.admin import earliest_offsets
+
+        return earliest_offsets(self.bootstrap_servers, self.topic, [PARTITION])[PARTITION]
+
     def send(self, message: ExecutorCommand | ExecutorReply) -> None:
         from keyplane.kafka.producer import make_producer
 
@@ -185,8 +207,11 @@ class ExecutorChannel:
             timeout=30
         )
 
-    def read(self, start: int) -> tuple[list[ExecutorCommand | ExecutorReply], int]:
-        """The authentic messages from offset ``start`` to the end, and the offset after them.
+    def read(
+        self, start: int, stop: int | None = None
+    ) -> tuple[list[ExecutorCommand | ExecutorReply], int]:
+        """The authentic messages from offset ``start`` to ``stop`` (default: the end),
+        and the offset after them.
 
         A record that is not one is logged and skipped: whoever can write the
         topic must not be able to stop the job with it.
@@ -195,7 +220,7 @@ class ExecutorChannel:
 
         from keyplane.kafka.security import client_config
 
-        stop = self.end()
+        stop = self.end() if stop is None else stop
         if stop <= start:
             return [], start
         partition = TopicPartition(self.topic, PARTITION)
@@ -236,16 +261,34 @@ class ExecutorChannel:
 
 
 def request(channel: ExecutorChannel, command: ExecutorCommand, timeout_s: float) -> ExecutorReply:
-    """Send ``command`` and wait for the driver's reply to it (at most ``timeout_s``)."""
-    start = channel.end()
-    channel.send(command)
+    """The driver's reply to ``command``, sending it only if the topic holds none yet.
+
+    The topic is read from its first record before the command is sent: a
+    retried step whose command was answered after its first try gave up
+    finds that answer and sends nothing. Replies are then read from where
+    that reading ended, so one written meanwhile is not missed. Waits at
+    most ``timeout_s``.
+    """
+    scanned = channel.end()
+    position = channel.earliest()
+    sent = False
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        messages, start = channel.read(start)
+        messages, position = channel.read(position)
         for message in messages:
             if isinstance(message, ExecutorReply) and message.request_id == command.request_id:
+                if not sent:
+                    log.info("executor command %s was answered already", command.request_id)
                 return message
-        time.sleep(0.5)
+        if not sent and position >= scanned:
+            channel.send(command)
+            sent = True
+        time.sleep(0.5 if sent else 0.0)
+    if not sent:
+        raise ExecutorError(
+            f"{channel.topic} could not be read to offset {scanned} within {timeout_s:.0f} s; "
+            f"the {command.action} executor command was not sent"
+        )
     raise ExecutorError(
         f"the job's driver did not answer the {command.action} executor command on "
         f"{channel.topic} within {timeout_s:.0f} s: is the job running?"
@@ -257,6 +300,18 @@ class ExecutorControl:
 
     ``executors()`` lists the executors registered with the driver, the
     driver itself excepted, in the order Spark added them.
+
+    A command already answered is answered again with the first reply and
+    never carried out twice; a refusal is an answer too (a run whose command
+    was refused sends no other: a new run does). The answers are kept in
+    memory and, when the driver starts, read back from the replies on the
+    topic, so this holds across a restart of the job: the run that sent the
+    command records that first reply (or finds it, :func:`request`) and rolls
+    out on it, and carrying it out again in the new application would change
+    its executors without a run saying so. Commands sent before the driver
+    started are not carried out; one whose driver died before answering it
+    is carried out when its retried step sends it again, since whatever it
+    changed ended with that application.
     """
 
     def __init__(
@@ -274,6 +329,18 @@ class ExecutorControl:
         channel.ensure()
         self.position = channel.end()
         """Commands sent before the driver started are not for this driver."""
+        self.answered: dict[UUID, ExecutorReply] = {}
+        """The reply to each command answered, by command id."""
+        start = channel.earliest()
+        while start < self.position:
+            messages, reached = channel.read(start, self.position)
+            if reached <= start:
+                raise ExecutorError(
+                    f"{channel.topic} could not be read from offset {start} to find the "
+                    "commands answered already"
+                )
+            self._remember(messages)
+            start = reached
 
     @property
     def local(self) -> bool:
@@ -295,15 +362,30 @@ class ExecutorControl:
             self.sc._jsc.sc().requestTotalExecutors(count, 0, empty)
         return count
 
+    def _remember(self, messages: Iterable[ExecutorCommand | ExecutorReply]) -> None:
+        for message in messages:
+            if isinstance(message, ExecutorReply):
+                self.answered.setdefault(message.request_id, message)
+
     def poll(self) -> list[ExecutorReply]:
-        """Carry out the commands that arrived since the last poll, one after the other."""
+        """Answer the commands that arrived since the last poll, one after the other."""
         messages, self.position = self.channel.read(self.position)
         replies = []
         for message in messages:
-            if isinstance(message, ExecutorCommand):
-                reply = self.carry_out(message)
-                self.channel.send(reply)
-                replies.append(reply)
+            if isinstance(message, ExecutorReply):
+                self._remember([message])
+                continue
+            reply = self.answered.get(message.request_id)
+            if reply is None:
+                reply = self.answered[message.request_id] = self.carry_out(message)
+            else:
+                log.info(
+                    "executor command %s was answered already (%s); answering the same",
+                    message.request_id,
+                    reply.outcome,
+                )
+            self.channel.send(reply)
+            replies.append(reply)
         return replies
 
     def carry_out(self, command: ExecutorCommand) -> ExecutorReply:
