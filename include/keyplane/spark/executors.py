@@ -335,7 +335,10 @@ class ExecutorControl:
         while start < self.position:
             messages, reached = channel.read(start, self.position)
             if reached <= start:
-                raise ExecutorError(
+                from kafka.errors import KafkaTimeoutError
+
+                # A Kafka error: the job's loop logs it and builds the control again later.
+                raise KafkaTimeoutError(
                     f"{channel.topic} could not be read from offset {start} to find the "
                     "commands answered already"
                 )
