@@ -14,7 +14,8 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from keyplane.aggregates import KeyedAggregate
     from keyplane.orchestration.deployment import Deployment
     from keyplane.spark.counts_job import CountsJobSettings
+    from keyplane.spark.executors import ExecutorControl, ExecutorReply
 
 
 def free_port() -> int:
@@ -278,6 +280,27 @@ def write_statistics_snapshot(
         settings=stats.StatisticsSettings(),
     )
     stats.write_snapshot(snapshots, manifest, **frames)
+
+
+@contextmanager
+def answering(control: ExecutorControl, poll_s: float = 0.2) -> Iterator[list[ExecutorReply]]:
+    """A thread that polls ``control`` as the job's main loop does, until it has answered
+    once; yields the replies it sent, complete when the block ends."""
+    answered: list[ExecutorReply] = []
+    stop = threading.Event()
+
+    def driver() -> None:
+        while not stop.is_set() and not answered:
+            answered.extend(control.poll())
+            stop.wait(poll_s)
+
+    thread = threading.Thread(target=driver, name="executor-control")
+    thread.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 def start_job_process(settings: CountsJobSettings, log: Path) -> subprocess.Popen[bytes]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from keyplane.spark.executors import (
     command_id,
     executors_topic,
 )
-from keyplane.testing import deployment_under
+from keyplane.testing import answering, deployment_under
 
 RUN = "manual__2026-12-06T17:00:00+00:00"
 
@@ -73,22 +72,13 @@ def test_a_retried_try_gets_the_first_answer_without_a_second_command(
     topic = executors_topic(deployment.control_topic)
     driver_side = ExecutorChannel(broker, topic)
     control = ExecutorControl(spark.sparkContext, driver_side, poll_s=0.1)
-    answered: list[ExecutorReply] = []
-    stop = threading.Event()
-
-    def driver() -> None:
-        while not stop.is_set() and not answered:
-            answered.extend(control.poll())
-            stop.wait(0.2)
-
-    thread = threading.Thread(target=driver)
-    thread.start()
     try:
-        with pytest.raises(run_records.Refused, match=LOCAL_MODE_REFUSAL):
+        with (
+            answering(control) as answered,
+            pytest.raises(run_records.Refused, match=LOCAL_MODE_REFUSAL),
+        ):
             scale_steps.change_executors(deployment, RUN, when="out", enabled=True, wait_s=5.0)
     finally:
-        stop.set()
-        thread.join(timeout=30)
         driver_side.close()
     assert len(answered) == 1
     end = driver_side.end()

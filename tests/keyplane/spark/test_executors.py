@@ -3,7 +3,6 @@ and that a command delivered again is answered, never carried out, twice."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 from uuid import uuid4
@@ -25,6 +24,7 @@ from keyplane.spark.executors import (
     request,
     to_release,
 )
+from keyplane.testing import answering
 
 KEY = b"keyplane-tests-only"
 
@@ -97,22 +97,11 @@ def test_local_mode_refuses_over_the_broker_with_one_line(
     driver_side = ExecutorChannel(broker, topic)
     controller_side = ExecutorChannel(broker, topic)
     control = ExecutorControl(spark.sparkContext, driver_side, poll_s=0.1)
-    answered: list[ExecutorReply] = []
-    stop = threading.Event()
-
-    def driver() -> None:
-        while not stop.is_set() and not answered:
-            answered.extend(control.poll())
-            stop.wait(0.2)
-
-    thread = threading.Thread(target=driver)
-    thread.start()
+    command = ExecutorCommand(action="add", wait_s=5.0)
     try:
-        command = ExecutorCommand(action="add", wait_s=5.0)
-        reply = request(controller_side, command, timeout_s=60.0)
+        with answering(control) as answered:
+            reply = request(controller_side, command, timeout_s=60.0)
     finally:
-        stop.set()
-        thread.join(timeout=30)
         driver_side.close()
         controller_side.close()
     assert reply.request_id == command.request_id
