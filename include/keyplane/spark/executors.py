@@ -359,11 +359,15 @@ class ExecutorControl:
             return 1
         count = len(self.executors())
         if count:
-            jvm = self.sc._jvm
-            assert jvm is not None
-            empty = getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
-            self.sc._jsc.sc().requestTotalExecutors(count, 0, empty)
+            self._hold(count)
         return count
+
+    def _hold(self, count: int) -> None:
+        """Ask the cluster manager for ``count`` executors in all, no more."""
+        jvm = self.sc._jvm
+        assert jvm is not None
+        empty = getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
+        self.sc._jsc.sc().requestTotalExecutors(count, 0, empty)
 
     def _remember(self, messages: Iterable[ExecutorCommand | ExecutorReply]) -> None:
         for message in messages:
@@ -425,6 +429,9 @@ class ExecutorControl:
             raise ExecutorError("the cluster manager refused the request for one more executor")
         new = self._wait(lambda now: sorted(set(now) - set(before), key=executor_order), wait_s)
         if new is None:
+            # Withdraw the request, so that no executor the run did not record joins later
+            # when a worker frees up.
+            self._hold(len(before))
             raise ExecutorError(
                 f"no new executor registered within {wait_s:.0f} s: the master has no worker "
                 f"with a free core and memory, or spark.cores.max "

@@ -4,6 +4,7 @@ and that a command delivered again is answered, never carried out, twice."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 from uuid import uuid4
 
@@ -202,6 +203,7 @@ class _FakeJavaContext:
         self.executors = executors
         self.registers = registers
         self.requested = 0
+        self.total: int | None = None
 
     def sc(self) -> _FakeJavaContext:
         return self
@@ -222,12 +224,22 @@ class _FakeJavaContext:
             self.executors = ",".join(ids + [str(len(ids) + k) for k in range(n)])
         return True
 
+    def requestTotalExecutors(self, total: int, locality_aware: int, hosts: object) -> bool:
+        self.total = total
+        return True
+
 
 class _FakeContext:
     master = "spark://127.0.0.1:7077"
 
     def __init__(self, executors: str, registers: bool = False) -> None:
         self._jsc = _FakeJavaContext(executors, registers)
+        empty_map = SimpleNamespace(**{"MODULE$": SimpleNamespace(empty=dict)})
+        self._jvm = SimpleNamespace(
+            scala=SimpleNamespace(
+                collection=SimpleNamespace(immutable=SimpleNamespace(**{"Map$": empty_map}))
+            )
+        )
 
     def getConf(self) -> dict[str, str]:
         return {"spark.cores.max": "2"}
@@ -269,6 +281,7 @@ def test_pure_fake_context_add_that_never_registers_is_refused_naming_the_settin
     )
     reply = control.carry_out(ExecutorCommand(action="add", wait_s=5.0))
     assert context._jsc.requested == 1
+    assert context._jsc.total == 1, "the request is withdrawn: one executor in all"
     assert reply.outcome == "refused" and reply.changed is None
     assert reply.before == reply.after == ("0",)
     assert reply.reason is not None
