@@ -28,7 +28,8 @@ The output starts with the shaping as the kernel reports it (``tc qdisc
 show`` in a worker's namespace) and a TCP round trip between two workers, or
 says that the stack ran unshaped and why.
 
-    python bench/stack_locality.py --stack [--repeats 5] [--out FILE]
+    python bench/stack_locality.py --stack [--repeats 5] [--forward pairs|tuples]
+        [--locality-events 4000] [--user-events 16000] [--batch 4000] [--out FILE]
     python bench/stack_locality.py --master spark://HOST:PORT --bootstrap HOST:PORT \\
         --driver-host HOST
 """
@@ -40,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -347,13 +349,13 @@ def main() -> None:
         "--driver-host", default="127.0.0.1", help="the address executors reach the driver at"
     )
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--locality-events", type=int, default=12_000)
+    parser.add_argument("--locality-events", type=int, default=4_000)
     parser.add_argument("--keys", type=int, default=300)
     parser.add_argument("--pad", type=int, default=8_000)
     parser.add_argument("--forward", choices=FORWARD_MODES, default="pairs")
-    parser.add_argument("--user-events", type=int, default=60_000)
+    parser.add_argument("--user-events", type=int, default=16_000)
     parser.add_argument("--user-keys", type=int, default=4_000)
-    parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=4_000)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.stack == bool(args.master):
@@ -361,6 +363,7 @@ def main() -> None:
     if args.master and not args.bootstrap:
         parser.error("--master needs --bootstrap: Kafka as the executors reach it")
 
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         with _cluster(args) as cluster:
@@ -374,7 +377,8 @@ def main() -> None:
         cluster.shaping,
         "",
         f"{args.repeats} rounds of each comparison, variants taking turns; median (min–max) over "
-        f"the rounds; ratios are per round; load average at the end {load_average()}",
+        f"the rounds; ratios are per round; {time.monotonic() - started:,.0f} s in all; "
+        f"load average at the end {load_average()}",
         "",
         *loc_lines,
         "",
