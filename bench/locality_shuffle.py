@@ -5,6 +5,9 @@ stages to the same server removes most of the network traffic between them.
 Here a server is a Spark executor: ``local-cluster[3,1,1024]`` runs three
 executor JVMs, and Spark's REST API reports, per stage, the shuffle bytes
 each task fetched from its own executor (local) and from the others (remote).
+``--master spark://...`` with ``--bootstrap`` runs on a standalone cluster
+instead, one core on each of three executors, where a remote byte crosses
+the network (``stack_locality.py`` runs it on the stack's shaped links).
 
 Both variants run the routed job in one session, one after the other, on the
 same ``pairs`` streams (locality L = 0.8: 80 % of tuples pair a key with its
