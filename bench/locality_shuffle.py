@@ -208,7 +208,7 @@ def run_variant(
     seconds = sum(m["duration_ms"] for m in measured) / 1000
     window = main.n_events
     truth = expected_counts_of((warm, main))
-    exact = compare_counts(truth, read_output(settings.output)).exact
+    report = compare_counts(truth, read_output(settings.output))
     return {
         "remote": remote,
         "local": local,
@@ -217,7 +217,9 @@ def run_variant(
         "hop_locality": local_hops / hops if hops else 0.0,
         "rate": rows / seconds if seconds else 0.0,
         "elapsed": time.monotonic() - started,
-        "exact": exact,
+        "exact": report.exact,
+        "lost": report.lost,
+        "duplicated": report.duplicated,
     }
 
 

@@ -71,3 +71,13 @@ def test_locality_streams_split_warm_up_and_measured_events_pure(
     assert (measured.locality, measured.pad_min, measured.pad_max) == (0.8, 8_000, 8_000)
     assert measured.relabel_b
     assert not locality.streams(12_000, 300, 8_000, "random", "shared")[1].relabel_b
+
+
+def test_exact_cell_names_each_round_and_what_an_inexact_one_got_wrong_pure(
+    stack_bench: ModuleType,
+) -> None:
+    rounds = [
+        {"exact": False, "lost": 1_200, "duplicated": 3},
+        {"exact": True, "lost": 0, "duplicated": 0},
+    ]
+    assert stack_bench.exact_cell(rounds) == "1,200 lost, 3 duplicated; exact"
