@@ -88,7 +88,17 @@ def ratios(mine: Sequence[float], theirs: Sequence[float]) -> list[float]:
     return [m / t for m, t in zip(mine, theirs, strict=True)]
 
 
-def spark_job(kind: SparkOnly, bootstrap: str, batch: int, events: int, checkpoint: Path) -> None:
+def spark_job(
+    kind: SparkOnly,
+    bootstrap: str,
+    batch: int,
+    events: int,
+    checkpoint: Path,
+    *,
+    master: str = "local[2]",
+    topic: str = TOPIC,
+    parallelism: int = PARALLELISM,
+) -> None:
     """One of the plain-Spark variants in this process, printing the job's progress lines
     (:data:`keyplane.spark.progress.PROGRESS_PREFIX`) until ``events`` are committed."""
     from pyspark.sql import functions as F
@@ -101,10 +111,11 @@ def spark_job(kind: SparkOnly, bootstrap: str, batch: int, events: int, checkpoi
 
     spark = build_session(
         f"bench-{kind}",
-        shuffle_partitions=PARALLELISM,
+        master,
+        shuffle_partitions=parallelism,
         extra={"spark.jars": connector_jars_setting()},
     )
-    raw = read_kafka(spark, bootstrap, TOPIC, max_offsets_per_trigger=batch, implementation="jvm")
+    raw = read_kafka(spark, bootstrap, topic, max_offsets_per_trigger=batch, implementation="jvm")
     if kind == "connector-read":
         out, mode = raw, "append"
     else:
@@ -150,9 +161,15 @@ def run_variant(
     planned: RoutingConfig,
     batch: int,
     events: int,
+    *,
+    master: str = "local[2]",
+    topic: str = TOPIC,
+    parallelism: int = PARALLELISM,
+    env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """One run of ``variant`` over the whole topic, in ``work``; its progress reports.
-    ``routed-v2`` starts on ``planned``, saved over an all-hash v1."""
+    ``routed-v2`` starts on ``planned``, saved over an all-hash v1. ``master``, ``topic``,
+    ``parallelism`` and ``env`` (the job process's environment) let a cluster run it."""
     work.mkdir()
     if variant in ("connector-read", "plain-spark"):
         command = [
@@ -163,24 +180,28 @@ def run_variant(
             f"--batch={batch}",
             f"--events={events}",
             f"--checkpoint={work / 'ck'}",
+            f"--master={master}",
+            f"--topic={topic}",
+            f"--parallelism={parallelism}",
         ]
-        return run_progress_command(command)
+        return run_progress_command(command, env)
     store = work / "store"
     if variant == "routed-v2":
-        save(RoutingConfig.all_hash(PARALLELISM, ("A", "B")), store)
+        save(RoutingConfig.all_hash(parallelism, ("A", "B")), store)
         save(planned, store)
-    return run_job(
-        CountsJobSettings(
-            bootstrap_servers=bootstrap,
-            events_topic=TOPIC,
-            checkpoint=work / "ck",
-            output=work / "out",
-            max_offsets_per_trigger=batch,
-            stop_at_offset_total=events,
-            routing_store=store,
-            **routed_job_topics(work.name),
-        )
+    settings = CountsJobSettings(
+        bootstrap_servers=bootstrap,
+        events_topic=topic,
+        checkpoint=work / "ck",
+        output=work / "out",
+        max_offsets_per_trigger=batch,
+        stop_at_offset_total=events,
+        routing_store=store,
+        master=master,
+        shuffle_partitions=parallelism,
+        **routed_job_topics(work.name),
     )
+    return run_job(settings, env)
 
 
 def main() -> None:
@@ -193,9 +214,21 @@ def main() -> None:
     parser.add_argument("--spark-job", choices=("connector-read", "plain-spark"), help="internal")
     parser.add_argument("--bootstrap", help="internal: the --spark-job's broker")
     parser.add_argument("--checkpoint", type=Path, help="internal: the --spark-job's checkpoint")
+    parser.add_argument("--master", default="local[2]", help="internal: the --spark-job's master")
+    parser.add_argument("--topic", default=TOPIC, help="internal: the --spark-job's topic")
+    parser.add_argument("--parallelism", type=int, default=PARALLELISM, help="internal")
     args = parser.parse_args()
     if args.spark_job:
-        spark_job(args.spark_job, args.bootstrap, args.batch, args.events, args.checkpoint)
+        spark_job(
+            args.spark_job,
+            args.bootstrap,
+            args.batch,
+            args.events,
+            args.checkpoint,
+            master=args.master,
+            topic=args.topic,
+            parallelism=args.parallelism,
+        )
         return
 
     spec = PairsWorkload(n_events=args.events, n_keys=args.keys, relabel_b=True, seed=3)

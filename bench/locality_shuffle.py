@@ -5,6 +5,9 @@ stages to the same server removes most of the network traffic between them.
 Here a server is a Spark executor: ``local-cluster[3,1,1024]`` runs three
 executor JVMs, and Spark's REST API reports, per stage, the shuffle bytes
 each task fetched from its own executor (local) and from the others (remote).
+``--master spark://...`` with ``--bootstrap`` runs on a standalone cluster
+instead, one core on each of three executors, where a remote byte crosses
+the network (``stack_locality.py`` runs it on the stack's shaped links).
 
 Both variants run the routed job in one session, one after the other, on the
 same ``pairs`` streams (locality L = 0.8: 80 % of tuples pair a key with its
@@ -31,6 +34,7 @@ output (the last stage of each micro-batch job), the share of A→B tuples that
 stayed on one executor, and throughput.
 
     python bench/locality_shuffle.py [--events 24000] [--forward tuples|pairs]
+        [--master spark://HOST:PORT --bootstrap HOST:PORT]
         [--names distinct|shared] [--pad-fill random|repeated]
         [--no-shuffle-compression] [--out FILE]
 """
@@ -152,21 +156,24 @@ def run_variant(
     warm: PairsWorkload,
     main: PairsWorkload,
     forward: Forward,
+    run: str = "",
 ) -> dict[str, float]:
-    """Warm up on ``warm``, switch (locality only), then measure on ``main``."""
-    topic = f"pairs-{variant}"
+    """Warm up on ``warm``, switch (locality only), then measure on ``main``; ``run`` names
+    the run's topics and folders apart from other runs of the same variant in the session."""
+    variant_run = f"{variant}{run}"
+    topic = f"pairs-{variant_run}"
     produce_workload(warm, bootstrap, topic, partitions=EXECUTORS * 2)
-    store = tmp / f"store-{variant}"
+    store = tmp / f"store-{variant_run}"
     save(
         RoutingConfig.all_hash(P, OPERATORS),
         store,
     )
-    topics = routed_job_topics(variant)
+    topics = routed_job_topics(variant_run)
     settings = CountsJobSettings(
         bootstrap_servers=bootstrap,
         events_topic=topic,
-        checkpoint=tmp / f"ck-{variant}",
-        output=tmp / f"out-{variant}",
+        checkpoint=tmp / f"ck-{variant_run}",
+        output=tmp / f"out-{variant_run}",
         shuffle_partitions=P,
         max_offsets_per_trigger=warm.n_events // 3,
         trigger_interval="0 seconds",
@@ -181,7 +188,7 @@ def run_variant(
             config = locality_config(warm, read_topic(bootstrap, topics["metrics_topic"]))
             save(config, store)
             with ControlChannel(bootstrap, topics["control_topic"]) as channel:
-                Controller(channel, tmp / f"controller-{variant}.json", store).rollout(
+                Controller(channel, tmp / f"controller-{variant_run}.json", store).rollout(
                     2, timeout_s=300
                 )
         query.processAllAvailable()
@@ -201,7 +208,7 @@ def run_variant(
     seconds = sum(m["duration_ms"] for m in measured) / 1000
     window = main.n_events
     truth = expected_counts_of((warm, main))
-    exact = compare_counts(truth, read_output(settings.output)).exact
+    report = compare_counts(truth, read_output(settings.output))
     return {
         "remote": remote,
         "local": local,
@@ -210,8 +217,45 @@ def run_variant(
         "hop_locality": local_hops / hops if hops else 0.0,
         "rate": rows / seconds if seconds else 0.0,
         "elapsed": time.monotonic() - started,
-        "exact": exact,
+        "exact": report.exact,
+        "lost": report.lost,
+        "duplicated": report.duplicated,
     }
+
+
+def session(master: str, compression: bool, extra: dict[str, str] | None = None) -> Any:
+    """The benchmark's Spark session on ``master``: ``local-cluster[3,1,1024]`` by default,
+    or a standalone cluster whose application gets one core on each of ``EXECUTORS``
+    executors."""
+    conf = {
+        "spark.ui.port": str(free_port()),
+        "spark.shuffle.compress": str(compression).lower(),
+        **(extra or {}),
+    }
+    if master.startswith("spark://"):
+        conf |= {"spark.cores.max": str(EXECUTORS), "spark.executor.cores": "1"}
+    return build_session("keyplane-locality-bench", master, shuffle_partitions=P, extra=conf)
+
+
+def streams(
+    events: int, keys: int, pad: int, pad_fill: PadFill, names: Names
+) -> tuple[PairsWorkload, PairsWorkload]:
+    """The warm-up stream (a quarter of ``events``) and the measured one: ``pairs``, L = 0.8."""
+
+    def pairs(n_events: int, seed: int) -> PairsWorkload:
+        return PairsWorkload(
+            n_events=n_events,
+            n_keys=keys,
+            locality=0.8,
+            pad_min=pad,
+            pad_max=pad,
+            pad_fill=pad_fill,
+            seed=seed,
+            relabel_b=names == "distinct",
+        )
+
+    warmup = events // 4
+    return pairs(warmup, 8), pairs(events - warmup, 9)
 
 
 def main() -> None:
@@ -219,6 +263,17 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=24_000)
     parser.add_argument("--keys", type=int, default=300)
     parser.add_argument("--pad", type=int, default=8_000)
+    parser.add_argument(
+        "--master",
+        default=f"local-cluster[{EXECUTORS},1,1024]",
+        help="Spark master: a standalone cluster (spark://host:port) of at least "
+        f"{EXECUTORS} one-core workers, or the default local cluster",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        help="Kafka bootstrap servers the executors can reach; by default an embedded broker "
+        "of this run",
+    )
     parser.add_argument(
         "--forward",
         choices=FORWARD_MODES,
@@ -246,34 +301,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    def pairs(n_events: int, seed: int) -> PairsWorkload:
-        return PairsWorkload(
-            n_events=n_events,
-            n_keys=args.keys,
-            locality=0.8,
-            pad_min=args.pad,
-            pad_max=args.pad,
-            pad_fill=args.pad_fill,
-            seed=seed,
-            relabel_b=args.names == "distinct",
-        )
-
-    warmup = args.events // 4
-    warm, main_spec = pairs(warmup, 8), pairs(args.events - warmup, 9)
+    warm, main_spec = streams(args.events, args.keys, args.pad, args.pad_fill, args.names)
+    warmup = warm.n_events
     results = {}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        broker = EmbeddedBroker(tmp / "broker", free_port())
-        bootstrap = broker.start().bootstrap_servers
-        spark = build_session(
-            "keyplane-locality-bench",
-            f"local-cluster[{EXECUTORS},1,1024]",
-            shuffle_partitions=P,
-            extra={
-                "spark.ui.port": str(free_port()),
-                "spark.shuffle.compress": str(args.shuffle_compression).lower(),
-            },
-        )
+        broker = None
+        bootstrap = args.bootstrap
+        if bootstrap is None:
+            broker = EmbeddedBroker(tmp / "broker", free_port())
+            bootstrap = broker.start().bootstrap_servers
+        spark = session(args.master, args.shuffle_compression)
         try:
             for variant in VARIANTS:
                 results[variant] = run_variant(
@@ -281,14 +319,15 @@ def main() -> None:
                 )
         finally:
             spark.stop()
-            broker.stop()
+            if broker is not None:
+                broker.stop()
     hash_, loc = results["hash"], results["locality"]
     lines = [
         f"events: {args.events:,} pairs (L = 0.8, {args.keys} keys, {args.pad:,} B "
         f"{args.pad_fill} padding, "
         f"{args.names} field-2 names); stage A forwards {args.forward}; shuffle compression "
         f"{'on' if args.shuffle_compression else 'off'}; "
-        f"local-cluster[{EXECUTORS},1,1024], {P} instances per stage; "
+        f"{args.master}, {P} instances per stage; "
         f"measured on the {main_spec.n_events:,} events produced after a {warmup:,}-event "
         "warm-up (and, for locality, after the live switch)",
         "",
