@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import secrets
 import tempfile
 import time
 import urllib.request
@@ -59,6 +60,7 @@ from keyplane.algorithms.locality import build_plan
 from keyplane.algorithms.pair_statistics import PairStatistics
 from keyplane.control.controller import Controller
 from keyplane.control.operators import OPERATORS
+from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.broker import EmbeddedBroker
 from keyplane.kafka.control import ControlChannel
 from keyplane.kafka.producer import produce_workload
@@ -148,6 +150,36 @@ def locality_config(warm: PairsWorkload, metrics: list[dict[str, Any]]) -> Routi
     return RoutingConfig(version=2, parent_version=1, created_by="manual", operators=operators)
 
 
+class TopicInUse(RuntimeError):
+    """A run's events topic already holds records (one line)."""
+
+
+def run_name() -> str:
+    """A name for one invocation's topics, apart from any earlier invocation's on the same
+    broker (:func:`fresh_topic`)."""
+    return secrets.token_hex(3)
+
+
+def fresh_topic(bootstrap: str, topic: str, partitions: int) -> int:
+    """Create ``topic`` with ``partitions`` and return its partition count; raise
+    :class:`TopicInUse` if it already holds records.
+
+    Why: the routed job reads its topic from the first record, and its counts
+    are checked against the streams this run produced. A broker keeps its
+    topics from one run to the next (the stack's Kafka keeps them on disk when
+    it is taken down and brought up again), so records an earlier run left in a
+    topic of the same name would be counted too.
+    """
+    parts = ensure_topic(bootstrap, topic, partitions)
+    held = sum(high_watermarks(bootstrap, topic).values())
+    if held:
+        raise TopicInUse(
+            f"topic {topic!r} on {bootstrap} already holds {held:,} records, left by an earlier "
+            "run on this broker: give the run a name of its own (run_name())"
+        )
+    return parts
+
+
 def run_variant(
     spark: Any,
     bootstrap: str,
@@ -159,10 +191,12 @@ def run_variant(
     run: str = "",
 ) -> dict[str, float]:
     """Warm up on ``warm``, switch (locality only), then measure on ``main``; ``run`` names
-    the run's topics and folders apart from other runs of the same variant in the session."""
+    the run's topics and folders apart from other runs of the same variant on the broker,
+    whose events topic must be new (:func:`fresh_topic`)."""
     variant_run = f"{variant}{run}"
     topic = f"pairs-{variant_run}"
-    produce_workload(warm, bootstrap, topic, partitions=EXECUTORS * 2)
+    partitions = fresh_topic(bootstrap, topic, EXECUTORS * 2)
+    produce_workload(warm, bootstrap, topic, topic_partitions=partitions)
     store = tmp / f"store-{variant_run}"
     save(
         RoutingConfig.all_hash(P, OPERATORS),
@@ -194,7 +228,7 @@ def run_variant(
         query.processAllAvailable()
         cutoff = last_job(spark)
         measured_from = max((p["batchId"] for p in query.recentProgress), default=-1)
-        produce_workload(main, bootstrap, topic, partitions=EXECUTORS * 2)
+        produce_workload(main, bootstrap, topic, topic_partitions=partitions)
         started = time.monotonic()
         query.processAllAvailable()
         metrics = read_topic(bootstrap, topics["metrics_topic"])
@@ -312,10 +346,11 @@ def main() -> None:
             broker = EmbeddedBroker(tmp / "broker", free_port())
             bootstrap = broker.start().bootstrap_servers
         spark = session(args.master, args.shuffle_compression)
+        run = f"-{run_name()}"
         try:
             for variant in VARIANTS:
                 results[variant] = run_variant(
-                    spark, bootstrap, tmp, variant, warm, main_spec, args.forward
+                    spark, bootstrap, tmp, variant, warm, main_spec, args.forward, run
                 )
         finally:
             spark.stop()

@@ -196,9 +196,10 @@ def exact_cell(rounds: Sequence[dict[str, float]]) -> str:
 
 
 def locality_comparison(
-    cluster: Cluster, args: argparse.Namespace, tmp: Path
+    cluster: Cluster, args: argparse.Namespace, tmp: Path, name: str
 ) -> tuple[list[str], dict[str, float]]:
-    """Hash vs locality routing in one session on the cluster, ``args.repeats`` rounds."""
+    """Hash vs locality routing in one session on the cluster, ``args.repeats`` rounds, on
+    topics named after ``name`` (:func:`locality_shuffle.run_name`)."""
     warm, measured = locality_shuffle.streams(
         args.locality_events, args.keys, args.pad, "random", "distinct"
     )
@@ -217,7 +218,7 @@ def locality_comparison(
                     warm,
                     measured,
                     args.forward,
-                    run=f"-{run}",
+                    run=f"-{name}-{run}",
                 )
                 runs[variant].append(result)
                 print(
@@ -272,9 +273,10 @@ def locality_comparison(
 
 
 def user_comparison(
-    cluster: Cluster, args: argparse.Namespace, tmp: Path
+    cluster: Cluster, args: argparse.Namespace, tmp: Path, name: str
 ) -> tuple[list[str], dict[str, float]]:
-    """keyplane on its planned configuration vs plain Spark, each run its own application."""
+    """keyplane on its planned configuration vs plain Spark, each run its own application,
+    on topics named after ``name`` (:func:`locality_shuffle.run_name`)."""
     parallelism = locality_shuffle.P
     env = spark_conf_env(
         tmp / "spark-conf",
@@ -296,8 +298,9 @@ def user_comparison(
     ratios: dict[str, float] = {}
     for kind in WORKLOADS:
         spec = user_workload(kind, args.user_events, args.user_keys)
-        topic = f"user-{kind}"
-        produce_workload(spec, cluster.bootstrap, topic, partitions=engines.PARTITIONS)
+        topic = f"user-{name}-{kind}"
+        partitions = locality_shuffle.fresh_topic(cluster.bootstrap, topic, engines.PARTITIONS)
+        produce_workload(spec, cluster.bootstrap, topic, topic_partitions=partitions)
         planned = engines.planned_version(spec, args.batch, engines.ALPHA, parallelism)
         rates: dict[str, list[float]] = {v: [] for v in USER_VARIANTS}
         batches: dict[str, list[float]] = {v: [] for v in USER_VARIANTS}
@@ -306,7 +309,7 @@ def user_comparison(
                 progress = engines.run_variant(
                     v,
                     cluster.bootstrap,
-                    tmp / f"{kind}-{v}-{run}",
+                    tmp / f"{kind}-{v}-{name}-{run}",
                     planned,
                     args.batch,
                     args.user_events,
@@ -377,8 +380,10 @@ def main() -> None:
         tmp = Path(tmp_dir)
         with _cluster(args) as cluster:
             print(cluster.shaping, flush=True)
-            loc_lines, loc = locality_comparison(cluster, args, tmp / "locality")
-            user_lines, user = user_comparison(cluster, args, tmp / "user")
+            # A stack's Kafka keeps the topics of earlier invocations.
+            name = locality_shuffle.run_name()
+            loc_lines, loc = locality_comparison(cluster, args, tmp / "locality", name)
+            user_lines, user = user_comparison(cluster, args, tmp / "user", name)
     measured = loc | user
     lines = [
         f"## The routed job on the shaped stack ({cluster.master}, Kafka at {cluster.bootstrap})",
