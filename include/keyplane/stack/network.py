@@ -114,6 +114,15 @@ def make(config: StackConfig, record: Path) -> Network:
         network = Network(shaped=False, reason=reason)
         write_atomically(record, network.model_dump_json())
         return network
+    taken = [BRIDGE] if _ip("link", "show", BRIDGE, check=False).returncode == 0 else []
+    listed = _ip("netns", "list", check=False).stdout.split()
+    taken += [namespace(i) for i in range(1, config.workers + 1) if namespace(i) in listed]
+    if taken:
+        # Recording them would make this stack's `down` delete another stack's network.
+        raise StackError(
+            f"network: {', '.join(taken)} exist already: another stack runs on this machine; "
+            "stop it (`keyplane stack down` in its home) or set KEYPLANE_STACK_SHAPING=off"
+        )
     made: list[str] = []
 
     def save(shaping: str = "", note: str = "") -> Network:
