@@ -40,7 +40,8 @@ test: lint
 
 # Scenarios of several minutes each: the tutorial run as written, a user's pipeline
 # killed mid hand-off, a poison record, the reference job's driver killed at every rollout
-# phase on the embedded broker (about 15 minutes on 2 cores; CI runs them after make test).
+# phase on the embedded broker, executors added and released on a standalone cluster
+# (about 18 minutes on 2 cores; CI runs them after make test).
 test-slow: bootstrap
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m slow
 
