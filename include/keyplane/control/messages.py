@@ -220,22 +220,19 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def decode(raw: bytes, key: bytes | str | None = None) -> ControlMessage:
-    """Parse and authenticate ``raw``, or raise :class:`InvalidMessage`.
+def authentic_object(raw: bytes, key: bytes | str | None = None) -> dict[str, Any]:
+    """The JSON object in ``raw``, its ``signature`` included, once that signature verifies
+    over every other field; :class:`InvalidMessage` otherwise.
 
-    The signature is checked before anything in the message is interpreted,
-    so an unauthenticated message cannot even probe the schema. A correctly
-    signed message of a type this version does not know is ``unknown_type``
-    rather than ``schema``: it most likely comes from a newer controller.
-    ``key`` defaults to ``KEYPLANE_CONTROL_KEY``.
-
-    Whoever can write to the control topic controls ``raw``, and a record
-    this raises anything else for would stop the job for good: the driver
-    reads it again from its checkpointed offset at every restart (000 §3.4).
-    So ``raw`` must be strict UTF-8, as :func:`encode` writes it (ASCII), and
-    nested no deeper than :data:`keyplane.reference.events.MAX_NESTING_DEPTH`, checked
-    before ``json.loads`` could exceed the recursion limit on it; and the
-    type is checked to be a string before it is looked up.
+    Whoever can write to a signed topic controls ``raw``, and a record this
+    raised anything else for would stop its reader for good: the driver
+    reads the control topic again from its checkpointed offset at every
+    restart (000 §3.4). So ``raw`` must be strict UTF-8, as the signed wire
+    form is (ASCII), and nested no deeper than
+    :data:`keyplane.reference.events.MAX_NESTING_DEPTH`, checked before
+    ``json.loads`` could exceed the recursion limit on it. The signature is
+    checked before anything in the object is interpreted, so an
+    unauthenticated message cannot even probe the schema.
     """
     try:
         text = raw.decode("utf-8")
@@ -256,7 +253,20 @@ def decode(raw: bytes, key: bytes | str | None = None) -> ControlMessage:
     body = {name: value for name, value in data.items() if name != "signature"}
     if not verify(body, data["signature"], key):
         raise InvalidMessage("bad_signature", "the signature does not match the message")
-    kind = body.get("type")
+    return data
+
+
+def decode(raw: bytes, key: bytes | str | None = None) -> ControlMessage:
+    """Parse and authenticate ``raw`` (:func:`authentic_object`), or raise
+    :class:`InvalidMessage`.
+
+    A correctly signed message of a type this version does not know is
+    ``unknown_type`` rather than ``schema``: it most likely comes from a
+    newer controller. The type is checked to be a string before it is looked
+    up. ``key`` defaults to ``KEYPLANE_CONTROL_KEY``.
+    """
+    data = authentic_object(raw, key)
+    kind = data.get("type")
     if not isinstance(kind, str):
         raise InvalidMessage("schema", f"type: expected a string, got {type(kind).__name__}")
     if kind not in MESSAGE_TYPES:

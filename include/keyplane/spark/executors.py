@@ -53,7 +53,8 @@ from uuid import NAMESPACE_URL, UUID, uuid4, uuid5
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from keyplane.control.signing import canonical_json, control_key, sign, verify
+from keyplane.control.messages import authentic_object
+from keyplane.control.signing import canonical_json, control_key, sign
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
@@ -130,16 +131,11 @@ def encode(message: ExecutorCommand | ExecutorReply, key: bytes) -> bytes:
 
 
 def decode(raw: bytes, key: bytes) -> ExecutorCommand | ExecutorReply:
-    """The authentic message in ``raw``; :class:`ValueError` (one line) for anything else."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise ValueError(f"not JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    signature = data.pop("signature", None)
-    if not verify(data, signature, key):
-        raise ValueError("missing or bad signature")
+    """The authentic message in ``raw``, checked as a control message is
+    (:func:`keyplane.control.messages.authentic_object`); :class:`ValueError` (one line)
+    for anything else."""
+    data = authentic_object(raw, key)
+    data.pop("signature")
     try:
         return _MESSAGE.validate_python(data)
     except ValidationError as error:
