@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -65,6 +65,7 @@ from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.chain_source import read_chain_events
 from keyplane.spark.chain_stages import routed_chain
+from keyplane.spark.executors import DriverExecutors
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.pipeline_frames import (
@@ -88,9 +89,6 @@ from keyplane.spark.routed_source import read_routed_events, source_options
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
 from keyplane.spark.session import build_session
 from keyplane.util.parquet_files import read_frame
-
-if TYPE_CHECKING:
-    from keyplane.spark.executors import ExecutorControl
 
 log = logging.getLogger(__name__)
 
@@ -596,7 +594,11 @@ def run_counts_job(
         return took
 
     idle_since = time.monotonic()
-    executors = DriverExecutors(spark, settings) if settings.routing_store else None
+    executors = (
+        DriverExecutors(spark, settings.bootstrap_servers, settings.control_topic)
+        if settings.routing_store
+        else None
+    )
     try:
         while not (should_stop is not None and should_stop()):
             if executors is not None:
@@ -642,56 +644,6 @@ def run_counts_job(
         stop_between_batches(query)
         spark.stop()
     return history
-
-
-class DriverExecutors:
-    """The routed job's executor commands from ``keyplane_scale`` (:mod:`keyplane.spark.executors`).
-
-    The executor count is pinned once the first batch has run, when the
-    executors the job started on have registered; commands are read every
-    ``every_s``. A broker that does not answer, or a call Spark refuses,
-    costs a log line, never the job.
-    """
-
-    def __init__(self, spark: SparkSession, settings: CountsJobSettings, every_s: float = 2.0):
-        from keyplane.spark.executors import ExecutorChannel, executors_topic
-
-        self.spark = spark
-        self.channel = ExecutorChannel(
-            settings.bootstrap_servers, executors_topic(settings.control_topic)
-        )
-        self.control: ExecutorControl | None = None
-        self.every_s = every_s
-        self.pinned = False
-        self.next_poll = 0.0
-
-    def tick(self, query: StreamingQuery) -> None:
-        from kafka.errors import KafkaError
-        from py4j.protocol import Py4JError
-
-        from keyplane.kafka.admin import TopicError
-        from keyplane.spark.executors import ExecutorControl
-
-        if time.monotonic() < self.next_poll:
-            return
-        self.next_poll = time.monotonic() + self.every_s
-        try:
-            if self.control is None:
-                self.control = ExecutorControl(self.spark.sparkContext, self.channel)
-            if not self.pinned and query.lastProgress is not None:
-                print(f"keyplane: executors pinned at {self.control.pin()}", flush=True)
-                self.pinned = True
-            for reply in self.control.poll():
-                print(
-                    f"keyplane: executor command {reply.outcome}: {reply.changed or reply.reason}; "
-                    f"executors {', '.join(reply.before)} -> {', '.join(reply.after)}",
-                    flush=True,
-                )
-        except (KafkaError, TopicError, Py4JError) as error:
-            log.warning("executor commands not carried out: %s", error)
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 STOP_GRACE_S = 20.0

@@ -59,6 +59,8 @@ from keyplane.control.signing import canonical_json, control_key, sign
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
     from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -480,3 +482,54 @@ class ExecutorControl:
 def executor_ids(instances: Iterable[str]) -> set[str]:
     """The executor ids in the metrics' ``host:executor`` labels."""
     return {label.rsplit(":", 1)[-1] for label in instances}
+
+
+class DriverExecutors:
+    """The job's driver loop's side of :class:`ExecutorControl`.
+
+    The executor count is pinned once the first batch has run, when the
+    executors the job started on have registered; commands are read every
+    ``every_s``. A broker that does not answer, or a call Spark refuses,
+    costs a log line, never the job.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        bootstrap_servers: str,
+        control_topic: str,
+        every_s: float = 2.0,
+    ) -> None:
+        self.spark = spark
+        self.channel = ExecutorChannel(bootstrap_servers, executors_topic(control_topic))
+        self.control: ExecutorControl | None = None
+        self.every_s = every_s
+        self.pinned = False
+        self.next_poll = 0.0
+
+    def tick(self, query: StreamingQuery) -> None:
+        from kafka.errors import KafkaError
+        from py4j.protocol import Py4JError
+
+        from keyplane.kafka.admin import TopicError
+
+        if time.monotonic() < self.next_poll:
+            return
+        self.next_poll = time.monotonic() + self.every_s
+        try:
+            if self.control is None:
+                self.control = ExecutorControl(self.spark.sparkContext, self.channel)
+            if not self.pinned and query.lastProgress is not None:
+                print(f"keyplane: executors pinned at {self.control.pin()}", flush=True)
+                self.pinned = True
+            for reply in self.control.poll():
+                print(
+                    f"keyplane: executor command {reply.outcome}: {reply.changed or reply.reason}; "
+                    f"executors {', '.join(reply.before)} -> {', '.join(reply.after)}",
+                    flush=True,
+                )
+        except (KafkaError, TopicError, Py4JError) as error:
+            log.warning("executor commands not carried out: %s", error)
+
+    def close(self) -> None:
+        self.channel.close()
