@@ -34,7 +34,7 @@ docs/orchestration.md, "Scaling".
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import DAG, Param, task
 
@@ -175,33 +175,27 @@ with DAG(
         record = scale_steps.decide(deployment(), run_id(), request, dry_run=bool(p["dry_run"]))
         return bool(record["publish"])
 
-    @task
-    @fail_fast
-    def add_executor() -> dict[str, Any]:
+    def change_executors(when: Literal["out", "in"]) -> dict[str, Any]:
         from keyplane.orchestration import scale_steps
 
         p = params()
         return scale_steps.change_executors(
             deployment(),
             run_id(),
-            when="out",
+            when=when,
             enabled=bool(p["executors"]),
             wait_s=float(p["reply_timeout_s"]),
         )
+
+    @task
+    @fail_fast
+    def add_executor() -> dict[str, Any]:
+        return change_executors("out")
 
     @task
     @fail_fast
     def release_executor() -> dict[str, Any]:
-        from keyplane.orchestration import scale_steps
-
-        p = params()
-        return scale_steps.change_executors(
-            deployment(),
-            run_id(),
-            when="in",
-            enabled=bool(p["executors"]),
-            wait_s=float(p["reply_timeout_s"]),
-        )
+        return change_executors("in")
 
     @task
     @fail_fast
