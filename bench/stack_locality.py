@@ -182,9 +182,8 @@ def user_workload(kind: Workload, events: int, keys: int) -> WorkloadSpec:
 
 def ratio_cell(mine: Sequence[float], theirs: Sequence[float]) -> tuple[float, str]:
     """The median of the per-round ratios, and the cell ``median× (min–max)``."""
-    per_round = engines.ratios(mine, theirs)
-    mid = statistics.median(per_round)
-    return mid, f"**{mid:.2f}×** ({min(per_round):.2f}–{max(per_round):.2f})"
+    mid, lo, hi = engines.spread(engines.ratios(mine, theirs))
+    return mid, f"**{mid:.2f}×** ({lo:.2f}–{hi:.2f})"
 
 
 def exact_cell(rounds: Sequence[dict[str, float]]) -> str:
