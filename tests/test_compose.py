@@ -2081,15 +2081,15 @@ def test_dashboard_check_rejects_broken_data_docs(
     ("mutate", "message"),
     [
         (
-            lambda c: replace_token(c, "keyplane-job", "spark.cores.max=2", "spark.cores.max=4"),
-            "the job's 4 cores and 1 for other applications exceed the workers' 3 cores",
+            lambda c: replace_token(c, "keyplane-job", "spark.cores.max=3", "spark.cores.max=4"),
+            "the job's 4 cores and 1 for other applications exceed the workers' 4 cores",
         ),
         (
             lambda c: svc(c, "spark-master")["environment"].pop("SPARK_MASTER_OPTS"),
-            "the job's 2 cores and 3 for other applications exceed",
+            "the job's 3 cores and 4 for other applications exceed",
         ),
         (
-            lambda c: remove_option(c, "keyplane-job", "--conf", "spark.cores.max=2"),
+            lambda c: remove_option(c, "keyplane-job", "--conf", "spark.cores.max=3"),
             "keyplane-job: no spark.cores.max",
         ),
         (
@@ -2121,6 +2121,8 @@ def test_compose_sizes_the_cluster_and_airflow_as_keyplane_stack_does(resolved: 
     assert job is not None
     submit, _, _ = split_submit(command_of(job[1]))
     assert f"spark.cores.max={stack.job_cores}" in option_values(submit, "--conf")
+    _, _, job_args = split_submit(command_of(job[1]))
+    assert option_values(job_args, "--executors-initial") == [str(stack.job_executors_initial)]
     for name in ("airflow-scheduler", "airflow-apiserver"):
         env = env_of(services(resolved)[name])
         assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"

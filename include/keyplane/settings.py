@@ -146,6 +146,14 @@ class Settings(BaseSettings):
         "connector (needs spark-sql-kafka on the classpath).",
     )
     spark_master: str = "local[2]"
+    executors_initial: Annotated[int | None, BeforeValidator(_blank_is_unset)] = Field(
+        default=None,
+        ge=1,
+        description="The routed job's executors on a cluster when it starts, held before its "
+        "first batch so that the master keeps the cores of any others for a keyplane_scale "
+        "run to add. Empty (the default): every executor the master grants up to "
+        "spark.cores.max.",
+    )
     jvm_jit_options: str = Field(
         default="",
         description="HotSpot options for the Spark driver and executors, before any "

@@ -67,6 +67,8 @@ def _cluster(workers: int, ports: dict[str, int]) -> StackConfig:
         worker_memory="1g",
         job_cores=1,
         batch_cores=1,
+        # This job pins at the executors it has when its first batch has run.
+        job_executors_initial=None,
         shaping="off",
         **ports,
     )

@@ -65,7 +65,7 @@ from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.chain_source import read_chain_events
 from keyplane.spark.chain_stages import routed_chain
-from keyplane.spark.executors import DriverExecutors
+from keyplane.spark.executors import DriverExecutors, start_with_executors
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.pipeline_frames import (
@@ -150,6 +150,13 @@ class CountsJobSettings(BaseModel):
         description="Configuration version a new checkpoint starts on; default the latest.",
     )
     control_topic: str = "keyplane.control"
+    executors_initial: int | None = Field(
+        default=None,
+        ge=1,
+        description="The routed job's executors on a cluster before its first batch; the "
+        "master keeps the cores of any others for a later scale-out. None: every executor "
+        "the master grants up to spark.cores.max.",
+    )
     migration_topic: str = "keyplane.migration"
     metrics_topic: str = "keyplane.metrics"
     dead_letter_topic: str = "keyplane.dead-letter"
@@ -566,7 +573,12 @@ def run_counts_job(
     restarts = QueryRestarts(settings.restarts, settings.restart_delay_s, should_stop)
     quarantine = Quarantine(settings.checkpoint) if settings.routing_store else None
     start = functools.partial(start_counts_query, spark, settings)
+    on_cluster = not settings.master.startswith("local")
+    initial = settings.executors_initial if settings.routing_store and on_cluster else None
     try:
+        if initial is not None:
+            kept = start_with_executors(spark.sparkContext, initial)
+            print(f"keyplane: started with executors {', '.join(kept)}", flush=True)
         query = restarts.start(start)
     except RestartStopped:
         spark.stop()
@@ -595,7 +607,7 @@ def run_counts_job(
 
     idle_since = time.monotonic()
     executors = (
-        DriverExecutors(spark, settings.bootstrap_servers, settings.control_topic)
+        DriverExecutors(spark, settings.bootstrap_servers, settings.control_topic, initial=initial)
         if settings.routing_store
         else None
     )
@@ -831,6 +843,12 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         help="start a failed query again from its checkpoint up to this many times (default 0)",
     )
     parser.add_argument("--restart-delay-s", type=float, help="wait before each restart")
+    parser.add_argument(
+        "--executors-initial",
+        type=int,
+        help="the routed job's executors on a cluster before its first batch (default: every "
+        "one the master grants up to spark.cores.max)",
+    )
     args = parser.parse_args(argv)
     return CountsJobSettings(**{k: v for k, v in vars(args).items() if v is not None})
 

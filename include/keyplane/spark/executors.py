@@ -293,6 +293,88 @@ def request(channel: ExecutorChannel, command: ExecutorCommand, timeout_s: float
     )
 
 
+def registered_executors(sc: SparkContext) -> list[str]:
+    """The executors registered with the driver, the driver itself excepted, oldest first."""
+    ids = str(sc._jsc.sc().getExecutorIds().mkString(","))
+    return sorted((i for i in ids.split(",") if i), key=executor_order)
+
+
+def hold_executors(sc: SparkContext, count: int) -> None:
+    """Ask the cluster manager for ``count`` executors in all, no more."""
+    jvm = sc._jvm
+    assert jvm is not None
+    empty = getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
+    sc._jsc.sc().requestTotalExecutors(count, 0, empty)
+
+
+def kill_idle_executors(sc: SparkContext, ids: Sequence[str], adjust_target: bool) -> None:
+    """Ask the scheduler backend to kill ``ids`` while they run no task (``force`` off).
+
+    ``adjust_target`` lowers the count asked of the cluster manager by as
+    many, so that none replaces them; off, the count held stands.
+    ``SparkContext.killExecutors`` would force the kill.
+    """
+    jvm, gateway = sc._jvm, sc._gateway
+    assert jvm is not None and gateway is not None
+    from py4j.java_collections import ListConverter
+
+    java_ids = ListConverter().convert(list(ids), gateway._gateway_client)
+    seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_ids).toSeq()
+    sc._jsc.sc().schedulerBackend().killExecutors(seq, adjust_target, False, False)
+
+
+def surplus(executors: Sequence[str], keep: int) -> list[str]:
+    """The executors beyond the ``keep`` oldest: the ones the master granted last."""
+    ordered = sorted(executors, key=executor_order)
+    return ordered[keep:]
+
+
+def start_with_executors(
+    sc: SparkContext,
+    count: int,
+    *,
+    wait_s: float = 120.0,
+    settle_s: float = 5.0,
+    poll_s: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[str]:
+    """Hold a new application at ``count`` executors before its query runs a batch.
+
+    A standalone master grants an application executors up to
+    ``spark.cores.max`` as soon as it registers, and without dynamic
+    allocation nothing limits the first grant. So the driver waits (at most
+    ``wait_s``) until ``count`` have registered, holds the application at
+    ``count`` and kills the surplus, idle since no batch has run, until
+    none has joined for ``settle_s``: the cores they held go back to the
+    master for a later scale-out (003 §5). Returns the executors kept;
+    fewer than ``count`` when the cluster has no room for more within
+    ``wait_s`` (the master grants the rest when a worker frees up).
+    """
+    deadline = clock() + wait_s
+    now = registered_executors(sc)
+    while len(now) < count and clock() < deadline:
+        time.sleep(poll_s)
+        now = registered_executors(sc)
+    hold_executors(sc, count)
+    settled_at = clock()
+    while clock() - settled_at < settle_s and clock() < deadline + settle_s:
+        extra = surplus(now, count)
+        if extra:
+            kill_idle_executors(sc, extra, adjust_target=False)
+            settled_at = clock()
+        time.sleep(poll_s)
+        now = registered_executors(sc)
+    if len(now) < count:
+        log.warning(
+            "%d of the %d initial executors registered within %.0f s; the master grants "
+            "the rest when it has room",
+            len(now),
+            count,
+            wait_s,
+        )
+    return now
+
+
 class ExecutorControl:
     """The driver's side: carry out the commands of the executors topic on ``sc``.
 
@@ -348,24 +430,25 @@ class ExecutorControl:
         return str(self.sc.master).startswith("local")
 
     def executors(self) -> list[str]:
-        ids = str(self.sc._jsc.sc().getExecutorIds().mkString(","))
-        return sorted((i for i in ids.split(",") if i), key=executor_order)
+        return registered_executors(self.sc)
 
-    def pin(self) -> int:
-        """Hold the application at the executors it has now (see the module docstring)."""
+    def pin(self, count: int | None = None) -> int:
+        """Hold the application at ``count`` executors, or at those it has now (see the
+        module docstring); any beyond ``count`` is killed once idle."""
         if self.local:
             return 1
-        count = len(self.executors())
+        now = self.executors()
+        if count is None:
+            count = len(now)
         if count:
             self._hold(count)
+            extra = surplus(now, count)
+            if extra:
+                kill_idle_executors(self.sc, extra, adjust_target=False)
         return count
 
     def _hold(self, count: int) -> None:
-        """Ask the cluster manager for ``count`` executors in all, no more."""
-        jvm = self.sc._jvm
-        assert jvm is not None
-        empty = getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
-        self.sc._jsc.sc().requestTotalExecutors(count, 0, empty)
+        hold_executors(self.sc, count)
 
     def _remember(self, messages: Iterable[ExecutorCommand | ExecutorReply]) -> None:
         for message in messages:
@@ -446,19 +529,11 @@ class ExecutorControl:
         idle. ``SparkContext.killExecutors`` would force it.
         """
         gone = to_release(before, wanted)
-        jvm = self.sc._jvm
-        gateway = self.sc._gateway
-        assert jvm is not None and gateway is not None
-        from py4j.java_collections import ListConverter
-
-        ids = ListConverter().convert([gone], gateway._gateway_client)
-        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(ids).toSeq()
-        backend = self.sc._jsc.sc().schedulerBackend()
 
         def killed(now: list[str]) -> list[str]:
             if gone not in now:
                 return [gone]
-            backend.killExecutors(seq, True, False, False)
+            kill_idle_executors(self.sc, [gone], adjust_target=True)
             return []
 
         if self._wait(killed, wait_s) is None:
@@ -487,10 +562,11 @@ def executor_ids(instances: Iterable[str]) -> set[str]:
 class DriverExecutors:
     """The job's driver loop's side of :class:`ExecutorControl`.
 
-    The executor count is pinned once the first batch has run, when the
-    executors the job started on have registered; commands are read every
-    ``every_s``. A broker that does not answer, or a call Spark refuses,
-    costs a log line, never the job.
+    The executor count is pinned once the first batch has run: at
+    ``initial`` when the job starts with that many
+    (:func:`start_with_executors`), else at the executors that have
+    registered by then. Commands are read every ``every_s``. A broker that
+    does not answer, or a call Spark refuses, costs a log line, never the job.
     """
 
     def __init__(
@@ -499,8 +575,10 @@ class DriverExecutors:
         bootstrap_servers: str,
         control_topic: str,
         every_s: float = 2.0,
+        initial: int | None = None,
     ) -> None:
         self.spark = spark
+        self.initial = initial
         self.channel = ExecutorChannel(bootstrap_servers, executors_topic(control_topic))
         self.control: ExecutorControl | None = None
         self.every_s = every_s
@@ -520,7 +598,8 @@ class DriverExecutors:
             if self.control is None:
                 self.control = ExecutorControl(self.spark.sparkContext, self.channel)
             if not self.pinned and query.lastProgress is not None:
-                print(f"keyplane: executors pinned at {self.control.pin()}", flush=True)
+                pinned = self.control.pin(self.initial)
+                print(f"keyplane: executors pinned at {pinned}", flush=True)
                 self.pinned = True
             for reply in self.control.poll():
                 print(

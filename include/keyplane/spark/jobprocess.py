@@ -241,6 +241,8 @@ class JobProcess:
             values["stage_engine"] = self.stage_engine
         if self.pipeline is not None:
             values["pipeline"] = self.pipeline
+        if s.executors_initial is not None:
+            values["executors_initial"] = s.executors_initial
         return CountsJobSettings.model_validate(values)
 
     def shuffle_partitions(self) -> int:

@@ -1,11 +1,12 @@
 """The stack's sizes, ports and link shaping: one frozen object, from ``KEYPLANE_STACK_*``.
 
-Sized for a machine of 2 cores: three workers of 1 core and 1 GiB each, of
-which the routed job holds 2 (``spark.cores.max``) and any other application
-at most 1 (``spark.deploy.defaultCores``), so the reconfiguration run's
-statistics job never waits for the streaming job, which never ends; and 4
-task slots for Airflow's LocalExecutor. The ports are those
-that ``docker-compose.yml`` publishes on its host.
+Sized for a machine of 2 cores: four workers of 1 core and 1 GiB each. The
+routed job starts on 2 executors (``job_executors_initial``) and may hold 3
+(``spark.cores.max``), so a ``keyplane_scale`` run can add one live; any
+other application gets at most 1 (``spark.deploy.defaultCores``), so the
+reconfiguration run's statistics job never waits for the streaming job,
+which never ends, even once it has grown. Airflow's LocalExecutor has 4 task
+slots. The ports are those that ``docker-compose.yml`` publishes on its host.
 """
 
 from __future__ import annotations
@@ -38,11 +39,21 @@ class StackConfig(BaseSettings):
     spark_worker_ui_port: int = Field(
         default=8091, ge=1, le=65535, description="The first worker's UI; the next ones follow."
     )
-    workers: int = Field(default=3, ge=1, le=50)
+    workers: int = Field(default=4, ge=1, le=50)
     worker_cores: int = Field(default=1, ge=1)
     worker_memory: str = Field(default="1g", pattern=r"^[1-9][0-9]*[mg]$")
     job_cores: int = Field(
-        default=2, ge=1, description="Cores the routed job holds (spark.cores.max)."
+        default=3,
+        ge=1,
+        description="The most cores the routed job holds (spark.cores.max), executors added "
+        "by keyplane_scale included.",
+    )
+    job_executors_initial: int | None = Field(
+        default=2,
+        ge=1,
+        description="Executors the routed job starts on (KEYPLANE_EXECUTORS_INITIAL); the "
+        "cores up to job_cores stay free for keyplane_scale to add executors. None: every "
+        "core up to job_cores.",
     )
     batch_cores: int = Field(
         default=1,
@@ -70,7 +81,14 @@ class StackConfig(BaseSettings):
         if self.job_cores + self.batch_cores > offered:
             raise ValueError(
                 f"job_cores {self.job_cores} + batch_cores {self.batch_cores} exceed the "
-                f"workers' {offered} cores: the statistics job would wait forever"
+                f"workers' {offered} cores ({self.workers} workers of {self.worker_cores}): "
+                "the statistics job would wait forever once the job has grown"
+            )
+        initial = self.job_executors_initial
+        if initial is not None and initial * self.worker_cores > self.job_cores:
+            raise ValueError(
+                f"job_executors_initial {initial} executors of {self.worker_cores} core(s) "
+                f"need more than job_cores {self.job_cores}: the job could never start on them"
             )
         return self
 

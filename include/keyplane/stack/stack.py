@@ -66,7 +66,11 @@ class Stack:
         postgres = PostgresPiece(home, config.postgres_port)
         keyplane_home = self.settings.home.resolve()
         job_settings = self.settings.model_copy(
-            update={"bootstrap_servers": kafka.bootstrap_servers, "spark_master": master.url}
+            update={
+                "bootstrap_servers": kafka.bootstrap_servers,
+                "spark_master": master.url,
+                "executors_initial": config.job_executors_initial,
+            }
         )
         driver_environment = {
             CONTROL_KEY_ENV: self.control_key() if starting else "",

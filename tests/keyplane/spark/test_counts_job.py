@@ -133,6 +133,7 @@ def test_every_setting_round_trips_through_the_job_command_line_even_a_dash_lead
         stage_engine="python",
         restarts=2,
         restart_delay_s=0.0,
+        executors_initial=2,
     )
     assert settings.model_fields_set == set(CountsJobSettings.model_fields)  # every one
 

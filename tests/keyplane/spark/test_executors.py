@@ -23,6 +23,7 @@ from keyplane.spark.executors import (
     executor_ids,
     executors_topic,
     request,
+    surplus,
     to_release,
 )
 from keyplane.testing import answering
@@ -70,6 +71,12 @@ def test_pure_release_takes_the_newest_by_number_never_the_last() -> None:
         to_release(["0", "2"], "7")
     with pytest.raises(ExecutorError, match="leave none"):
         to_release(["0"], None)
+
+
+def test_pure_surplus_is_the_executors_granted_last() -> None:
+    assert surplus(["10", "2", "1"], 2) == ["10"]
+    assert surplus(["0", "1"], 2) == []
+    assert surplus(["3", "1", "2", "0"], 1) == ["1", "2", "3"]
 
 
 def test_pure_command_ids_are_the_runs_and_the_actions() -> None:

@@ -30,6 +30,22 @@ def test_pure_config_refuses_a_subnet_too_small_and_cores_the_workers_lack() -> 
         StackConfig(workers=2, job_cores=2, batch_cores=1)
 
 
+def test_pure_config_default_starts_the_job_with_room_for_one_added_executor() -> None:
+    config = StackConfig()
+    offered = config.workers * config.worker_cores
+    assert config.job_executors_initial is not None
+    assert config.job_executors_initial * config.worker_cores < config.job_cores
+    assert config.job_cores + config.batch_cores <= offered
+
+
+def test_pure_config_refuses_more_initial_executors_than_the_job_may_hold() -> None:
+    with pytest.raises(ValidationError, match="job_executors_initial 3 executors of 1 core"):
+        StackConfig(job_executors_initial=3, job_cores=2)
+    with pytest.raises(ValidationError, match=r"\(3 workers of 1\)"):
+        StackConfig(workers=3, job_cores=3, batch_cores=1)
+    assert StackConfig(job_executors_initial=None).job_executors_initial is None
+
+
 def test_pure_network_says_why_it_is_unshaped_or_what_shaping_lacks() -> None:
     unshaped = Network(shaped=False, reason="making network namespaces needs root")
     assert unshaped.describe() == (
