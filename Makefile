@@ -24,10 +24,11 @@ lint: bootstrap
 airflow: bootstrap
 	.venv/bin/keyplane airflow
 
-# Production on one machine (docs/deploy.md): Apache Kafka, Spark standalone with 3 workers
+# Production on one machine (docs/deploy.md): Apache Kafka, Spark standalone with 4 workers
 # on shaped links, PostgreSQL, Airflow's four components and the routed job; returns once all
 # are healthy. `make stack-down` stops everything it started.
 stack: bootstrap
+	@scripts/install-postgres
 	.venv/bin/keyplane stack up
 	.venv/bin/keyplane stack status
 
@@ -45,6 +46,8 @@ test: lint
 test-slow: bootstrap
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m slow
 
-# The one-machine stack end to end (about 10 minutes on 2 cores; not part of make test).
+# The one-machine stack end to end: up, events, a scheduled reconfiguration, an executor
+# added live, down (about 15 minutes on 2 cores; CI runs it after make test-slow).
 test-stack: bootstrap
-	.venv/bin/python -m pytest -p no:cacheprovider -m stack
+	@scripts/install-postgres
+	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m stack
