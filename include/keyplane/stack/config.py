@@ -92,6 +92,12 @@ class StackConfig(BaseSettings):
             )
         return self
 
+    @field_validator("job_executors_initial", mode="before")
+    @classmethod
+    def _blank_is_every_core(cls, value: object) -> object:
+        """``KEYPLANE_STACK_JOB_EXECUTORS_INITIAL=`` (empty): every core up to job_cores."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("subnet")
     @classmethod
     def _a_small_network(cls, value: str) -> str:

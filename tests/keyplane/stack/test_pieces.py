@@ -46,6 +46,15 @@ def test_pure_config_refuses_more_initial_executors_than_the_job_may_hold() -> N
     assert StackConfig(job_executors_initial=None).job_executors_initial is None
 
 
+def test_pure_config_empty_initial_executors_means_every_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KEYPLANE_STACK_JOB_EXECUTORS_INITIAL", "")
+    assert StackConfig().job_executors_initial is None
+    monkeypatch.setenv("KEYPLANE_STACK_JOB_EXECUTORS_INITIAL", "1")
+    assert StackConfig().job_executors_initial == 1
+
+
 def test_pure_network_says_why_it_is_unshaped_or_what_shaping_lacks() -> None:
     unshaped = Network(shaped=False, reason="making network namespaces needs root")
     assert unshaped.describe() == (
