@@ -41,13 +41,14 @@ test: lint
 
 # Scenarios of several minutes each: the tutorial run as written, a user's pipeline
 # killed mid hand-off, a poison record, the reference job's driver killed at every rollout
-# phase on the embedded broker, executors added and released on a standalone cluster
-# (about 18 minutes on 2 cores; CI runs them after make test).
+# phase on the embedded broker, executors added and released on a standalone cluster,
+# a job held at its initial executors (about 20 minutes on 2 cores; CI runs them after
+# make test).
 test-slow: bootstrap
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m slow
 
 # The one-machine stack end to end: up, events, a scheduled reconfiguration, an executor
-# added live, down (about 15 minutes on 2 cores; CI runs it after make test-slow).
+# added live, down (about 16 minutes on 2 cores; CI runs it after make test-slow).
 test-stack: bootstrap
 	@scripts/install-postgres
 	.venv/bin/python -m pytest -p no:cacheprovider --durations=5 -m stack
