@@ -415,9 +415,15 @@ def report(
             f"throughput after, etp / round-robin, per round: {ratio_txt}; gain (after / before), "
             f"etp / round-robin: {gain_txt}",
             "",
-            "rounds (rows/s before → after): "
+            "rounds (stage grown: rows/s before → after, s decision → first batch on the new "
+            "executor): "
             + "; ".join(
-                f"{v} " + ", ".join(f"{o.before:,.0f} → {o.after:,.0f}" for o in outcomes[v])
+                f"{v} "
+                + ", ".join(
+                    f"{o.stage}: {o.before:,.0f} → {o.after:,.0f}, "
+                    + (f"{o.first_batch_s:.1f} s" if o.first_batch_s is not None else "none")
+                    for o in outcomes[v]
+                )
                 for v in VARIANTS
             ),
             "",
