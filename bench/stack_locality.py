@@ -84,6 +84,8 @@ class Cluster:
     bootstrap: str
     driver_host: str
     shaping: str
+    workers: SparkWorkers | None = None
+    """Every worker of the stack, whether up or not (None: a cluster this run did not make)."""
 
 
 def verdict(value: float, goal: float, direction: str) -> str:
@@ -144,9 +146,15 @@ def observed_shaping(made: Network, config: StackConfig) -> str:
 
 
 @contextmanager
-def shaped_stack(config: StackConfig, home: Path) -> Iterator[Cluster]:
+def shaped_stack(
+    config: StackConfig, home: Path, workers_up: int | None = None
+) -> Iterator[Cluster]:
     """Kafka, the Spark master and its workers of ``config`` on shaped links, taken down
-    (and the network removed) afterwards, whatever happens."""
+    (and the network removed) afterwards, whatever happens.
+
+    ``workers_up``: start only the first so many workers; the network has room for
+    all of ``config.workers``, which ``Cluster.workers.up()`` starts later.
+    """
     home.mkdir(parents=True, exist_ok=True)
     record = home / "network.json"
     made = network.make(config, record)
@@ -154,16 +162,21 @@ def shaped_stack(config: StackConfig, home: Path) -> Iterator[Cluster]:
     external = (bridge, config.kafka_external_port) if made.shaped else None
     kafka = KafkaPiece(home, config.kafka_port, external)
     master = SparkMaster(home, config, made)
+    workers = SparkWorkers(home, config, made, master)
+    first = workers
+    if workers_up is not None:
+        first = SparkWorkers(home, config.model_copy(update={"workers": workers_up}), made, master)
     started: list[Piece] = []
     try:
-        for piece in (kafka, master, SparkWorkers(home, config, made, master)):
+        for piece, up in ((kafka, kafka), (master, master), (workers, first)):
             started.append(piece)
-            piece.up()
+            up.up()
         yield Cluster(
             master=master.url,
             bootstrap=kafka.bootstrap_servers,
             driver_host=bridge,
             shaping=observed_shaping(made, config),
+            workers=workers,
         )
     finally:
         for piece in reversed(started):
