@@ -67,7 +67,7 @@ from _costly_aggregate import SPEC as COSTLY_SPEC
 from _harness import spark_conf_env
 from _output import emit, load_average
 from hot_key_split import costly_env
-from stack_locality import Cluster, ratio_cell, shaped_stack, verdict
+from stack_locality import Cluster, bench_stack, ratio_cell, shaped_stack, verdict
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.control.operators import OPERATORS
@@ -82,7 +82,7 @@ from keyplane.settings import Settings
 from keyplane.spark.counts_job import BatchProgress, job_command, read_output
 from keyplane.spark.executors import executor_ids
 from keyplane.spark.job_log import last_progress, parse_progress
-from keyplane.stack.config import StackConfig, stack_home
+from keyplane.stack.config import stack_home
 from keyplane.stack.spark import alive_workers, master_state
 from keyplane.testing import routed_job_settings, wait_while_job_runs
 
@@ -464,7 +464,7 @@ def main() -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
-    config = StackConfig()
+    config = bench_stack()
     if config.workers < 2:
         parser.error("the stack needs at least 2 workers: one for the job, one to add")
     # A stop (SIGTERM) unwinds like Ctrl-C, so the job, the workers and the network go down.
