@@ -488,17 +488,26 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
         )
         assert marked.status_code == 200, marked.text
 
-        def awaiting_approval() -> dict[str, str | None] | None:
-            # The schedule's run, started by the unpause, cannot collect statistics
-            # without Spark and would hold the DAG's one active run: failed at once.
+        def schedules_run_failed() -> bool:
+            """The schedule's run, started by the unpause, cannot collect statistics
+            without Spark and would hold the DAG's one active run: failed at once.
+            True once it exists and is failed (the scheduler may create it late)."""
+            failed = False
             try:
                 for other in api.get(runs_path).json()["dag_runs"]:
-                    if other["run_type"] == "scheduled" and other["state"] in (
-                        "queued",
-                        "running",
-                    ):
+                    if other["run_type"] != "scheduled":
+                        continue
+                    if other["state"] in ("queued", "running"):
                         other_path = f"{runs_path}/{quote(other['dag_run_id'], safe='')}"
                         api.patch(other_path, json={"state": "failed"})
+                    failed = failed or other["state"] == "failed"
+            except httpx.ReadTimeout:
+                return False  # Airflow's SQLite was busy: the calls are idempotent
+            return failed
+
+        def awaiting_approval() -> dict[str, str | None] | None:
+            try:
+                schedules_run_failed()
                 states = _task_states(api, run_path)
             except httpx.ReadTimeout:
                 # Airflow's SQLite database was busy past the client's timeout: the
@@ -538,6 +547,9 @@ def test_a_run_triggered_in_the_form_and_approved_in_the_ui_rolls_out_to_the_das
         browser.screenshot(ARTIFACTS / "flow-3-run-succeeded.png", full_page=False)
         flow_s = time.monotonic() - started
 
+        # The schedule's run is failed before the dashboard is read, however late the
+        # scheduler created it.
+        _wait("the schedule's run marked failed", schedules_run_failed, 120)
         # 4. The dashboard: the new version active, its rollout's steps, its heatmaps.
         published = run_records.read_record(
             run_records.run_folder(deployment, run_records.RECONFIGURE_DAG_ID, run_id)
