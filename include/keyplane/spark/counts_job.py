@@ -65,7 +65,7 @@ from keyplane.settings import BootstrapServers, Settings
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.chain_source import read_chain_events
 from keyplane.spark.chain_stages import routed_chain
-from keyplane.spark.executors import DriverExecutors, start_with_executors
+from keyplane.spark.executors import DriverExecutors, local_master, start_with_executors
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.pipeline_frames import (
@@ -573,7 +573,7 @@ def run_counts_job(
     restarts = QueryRestarts(settings.restarts, settings.restart_delay_s, should_stop)
     quarantine = Quarantine(settings.checkpoint) if settings.routing_store else None
     start = functools.partial(start_counts_query, spark, settings)
-    on_cluster = not settings.master.startswith("local")
+    on_cluster = not local_master(settings.master)
     initial = settings.executors_initial if settings.routing_store and on_cluster else None
     try:
         if initial is not None:

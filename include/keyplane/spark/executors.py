@@ -293,6 +293,11 @@ def request(channel: ExecutorChannel, command: ExecutorCommand, timeout_s: float
     )
 
 
+def local_master(master: str) -> bool:
+    """Whether ``master`` runs Spark in one process, where executors cannot change."""
+    return master.startswith("local")
+
+
 def registered_executors(sc: SparkContext) -> list[str]:
     """The executors registered with the driver, the driver itself excepted, oldest first."""
     ids = str(sc._jsc.sc().getExecutorIds().mkString(","))
@@ -427,7 +432,7 @@ class ExecutorControl:
 
     @property
     def local(self) -> bool:
-        return str(self.sc.master).startswith("local")
+        return local_master(str(self.sc.master))
 
     def executors(self) -> list[str]:
         return registered_executors(self.sc)
@@ -441,14 +446,11 @@ class ExecutorControl:
         if count is None:
             count = len(now)
         if count:
-            self._hold(count)
+            hold_executors(self.sc, count)
             extra = surplus(now, count)
             if extra:
                 kill_idle_executors(self.sc, extra, adjust_target=False)
         return count
-
-    def _hold(self, count: int) -> None:
-        hold_executors(self.sc, count)
 
     def _remember(self, messages: Iterable[ExecutorCommand | ExecutorReply]) -> None:
         for message in messages:
@@ -512,7 +514,7 @@ class ExecutorControl:
         if new is None:
             # Withdraw the request, so that no executor the run did not record joins later
             # when a worker frees up.
-            self._hold(len(before))
+            hold_executors(self.sc, len(before))
             raise ExecutorError(
                 f"no new executor registered within {wait_s:.0f} s: the master has no worker "
                 f"with a free core and memory, or spark.cores.max "
