@@ -15,9 +15,15 @@ other on the same executors, so each batch is read as follows:
   than the interval but arrive seconds apart idles between them: only the
   time between reports shows that idle time;
 * a stage's share of the batch's time is its share of the batch's critical
-  path: a stage's tasks run in parallel and it finishes with its most loaded
+  path: a stage's tasks run in parallel and it finishes with its busiest
   instance, so stage X takes ``u_X = max_X / Σ_Y max_Y`` of the duration ``D``
-  and executes ``E_X = tuples_X / (u_X · D)`` tuples/s while it runs;
+  and executes ``E_X = tuples_X / (u_X · D)`` tuples/s while it runs. Stela
+  measures an operator's execute rate from time (003 §4.1), so ``max_X`` is
+  the busiest instance's measured milliseconds (``BatchMetrics.busy_ms``)
+  when every stage reported them for the batch: a stage whose aggregate costs
+  more per tuple then takes its true share. Otherwise (the JVM stages time
+  nothing, and older records carry no time) ``max_X`` is the most loaded
+  instance's tuples, which assumes every stage costs the same per tuple;
 * X's input rate is the source's offered rate for A and A's processed rate
   ``min(λ, E_A)`` for B (every event goes through A then B, a stream ratio
   of 1), and its utilisation is ``ρ_X = λ / E_X``.
@@ -112,7 +118,9 @@ class WindowMeasurement:
     ``dag`` carries the window-averaged rates (tuples/s) and the active
     instance counts; ``utilisation`` is each operator's mean ρ; ``loads`` the
     tuples each instance processed in the window; ``batches`` how many
-    batches were used (a window is judged only when full, 003 §4.1).
+    batches were used (a window is judged only when full, 003 §4.1);
+    ``timed_batches`` how many of them shared the batch's time by measured
+    busy time rather than by tuples (:func:`stage_shares`).
     """
 
     dag: OperatorDag
@@ -121,6 +129,7 @@ class WindowMeasurement:
     loads: Mapping[str, Mapping[int, int]]
     batches: int
     full: bool
+    timed_batches: int = 0
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,7 @@ class ScaleDecision:
     reason: str
     batches: int = 0
     rates: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    timed_batches: int = 0
 
     @property
     def instances_before(self) -> dict[str, int]:
@@ -164,12 +174,36 @@ class ScaleDecision:
             "utilisation": dict(self.utilisation),
             "rates": {k: list(v) for k, v in self.rates.items()},
             "batches": self.batches,
+            "timed_batches": self.timed_batches,
             "reason": self.reason,
         }
 
 
 def _stage_loads(record: BatchMetrics, operator: str) -> dict[int, int]:
     return {int(i): int(n) for i, n in record.load.get(operator, {}).items()}
+
+
+def stage_shares(record: BatchMetrics, stages: Sequence[str]) -> tuple[dict[str, float], bool]:
+    """Each stage's share ``u_X`` of ``record``'s duration, and whether it was measured.
+
+    A stage finishes with its busiest instance, so its share is that
+    instance's part of the critical path ``Σ_Y max_Y``. Measured busy time
+    decides when every stage reported some for the batch (Stela's execute
+    rates come from time, 003 §4.1); else the most loaded instance's tuples
+    do, as if every stage cost the same per tuple. A batch with neither
+    splits its time evenly.
+    """
+    timed = {name: max(record.busy_ms.get(name, {}).values(), default=0.0) for name in stages}
+    measured = all(timed[name] > 0 for name in stages)
+    critical: Mapping[str, float] = (
+        timed
+        if measured
+        else {name: float(max(_stage_loads(record, name).values(), default=0)) for name in stages}
+    )
+    total = sum(critical.values())
+    if total <= 0:
+        return dict.fromkeys(stages, 1.0 / len(stages)), False
+    return {name: critical[name] / total for name in stages}, measured
 
 
 def measure_window(
@@ -208,16 +242,17 @@ def measure_window(
     stages = tuple(active)
     utilisation_sum = dict.fromkeys(stages, 0.0)
     loads: dict[str, dict[int, int]] = {name: {} for name in stages}
+    timed_batches = 0
     for previous, record, since_previous_s in usable:
         seconds = record.duration_ms / 1000.0
         wall = max(seconds, trigger_interval_s, since_previous_s)
         offered = max(0, record.rows + record.input_lag - previous.input_lag) / wall
         stage = {name: _stage_loads(record, name) for name in stages}
-        bottleneck = {name: max(stage[name].values(), default=0) for name in stages}
-        critical = sum(bottleneck.values())
+        shares, timed = stage_shares(record, stages)
+        timed_batches += timed
         upstream_processed = offered
         for name in stages:
-            share = bottleneck[name] / critical if critical else 1.0 / len(stages)
+            share = shares[name]
             tuples = sum(stage[name].values())
             execute = tuples / (share * seconds) if share > 0 else 0.0
             for instance, n in stage[name].items():
@@ -246,6 +281,7 @@ def measure_window(
         loads=loads,
         batches=count,
         full=count == settings.window,
+        timed_batches=timed_batches,
     )
 
 
@@ -286,6 +322,7 @@ def _none(
         reason=reason,
         batches=measured.batches,
         rates=_rates(measured),
+        timed_batches=measured.timed_batches,
     )
 
 
@@ -383,6 +420,7 @@ def decide_scaling(
         if measured.congested
         else f"utilisation {sum(measured.utilisation.values()):.2f}"
     )
+    timing = f"stage times measured in {measured.timed_batches} of {measured.batches} batches"
     origin = "requested" if request.mode != "auto" else "auto"
     return ScaleDecision(
         action=mode,
@@ -394,10 +432,11 @@ def decide_scaling(
         utilisation=dict(measured.utilisation),
         reason=(
             f"{origin} scale-{mode} of {operator}: {current} → {target} active instances "
-            f"(ETP {etp[operator]:.2f}; {why})"
+            f"(ETP {etp[operator]:.2f}; {why}; {timing})"
         ),
         batches=measured.batches,
         rates=_rates(measured),
+        timed_batches=measured.timed_batches,
     )
 
 

@@ -21,6 +21,7 @@ from keyplane.algorithms.scaling import (
     decide_scaling,
     measure_window,
     scaled_routing,
+    stage_shares,
 )
 from keyplane.routing import config as config_store
 from keyplane.routing.config import OperatorRouting, RoutingConfig
@@ -39,6 +40,7 @@ def _batch(
     duration_ms: int = 1_000,
     load_a: dict[int, int] | None = None,
     load_b: dict[int, int] | None = None,
+    busy_ms: dict[str, dict[int, float]] | None = None,
 ) -> BatchMetrics:
     even = {i: rows // P for i in range(P)}
     return BatchMetrics(
@@ -47,6 +49,7 @@ def _batch(
         duration_ms=duration_ms,
         input_lag=lag,
         load={"A": load_a or even, "B": load_b or even},
+        busy_ms=busy_ms or {},
         hops=rows,
     )
 
@@ -296,3 +299,54 @@ def test_a_three_stage_chain_in_hand_built_metrics_scales_out_its_congested_midd
     assert (decision.action, decision.operator) == ("out", "sessions")
     assert decision.active_after["sessions"] == (0, 1, 2)
     assert decision.active_after["parse"] == active["parse"]
+
+
+# --- stage shares from measured busy time (003 §4.1) ------------------------------------------
+
+COSTLY_B = {"A": dict.fromkeys(range(P), 25.0), "B": dict.fromkeys(range(P), 100.0)}
+"""Busy milliseconds per instance of a batch whose stage B costs 4x A per tuple."""
+
+
+def test_a_costly_stage_with_as_many_tuples_as_the_source_is_congested_and_scaled_out() -> None:
+    """Both stages process every tuple, evenly spread, but B's aggregate takes 4x A's time
+    per tuple. Judged by tuples, the stages share each batch evenly and the source looks
+    congested, so ETP grows A; judged by measured time, B holds 80 % of each batch, is the
+    congested operator, and ETP grows B."""
+    by_tuples = _window(lag_step=1_500)
+    measured_time = _window(lag_step=1_500, busy_ms=COSTLY_B)
+    active = {"A": (0, 1), "B": (0, 1)}
+
+    guessed = measure_window(by_tuples, active, P)
+    assert guessed.congested == frozenset({"A"}) and guessed.timed_batches == 0
+    assert decide_scaling(by_tuples, active, P, ScaleRequest()).operator == "A"
+
+    timed = measure_window(measured_time, active, P)
+    assert timed.timed_batches == timed.batches == 5
+    assert timed.congested == frozenset({"B"})
+    a, b = timed.dag.operators
+    assert (a.execute_rate, b.execute_rate) == (pytest.approx(5_000.0), pytest.approx(1_250.0))
+    decision = decide_scaling(measured_time, active, P, ScaleRequest())
+    assert (decision.action, decision.operator) == ("out", "B")
+    assert decision.active_after == {"A": (0, 1), "B": (0, 1, 2)}
+    assert "stage times measured in 5 of 5 batches" in decision.reason
+    assert decision.to_record()["timed_batches"] == 5
+
+
+def test_shares_fall_back_to_tuples_unless_every_stage_reports_its_time() -> None:
+    """A batch whose stages did not all time their work (the JVM stages, records written
+    before busy time was reported) is shared by its most loaded instances' tuples."""
+    skewed = {0: 700, 1: 100, 2: 100, 3: 100}
+    only_b = _batch(1, load_b=skewed, busy_ms={"B": COSTLY_B["B"]})
+    idle_a = _batch(1, busy_ms={"A": dict.fromkeys(range(P), 0.0), "B": COSTLY_B["B"]})
+    for record in (only_b, _batch(1, load_b=skewed), idle_a):
+        shares, timed = stage_shares(record, ("A", "B"))
+        assert not timed
+        busiest = max(record.load["B"].values())
+        assert shares["B"] == pytest.approx(busiest / (250 + busiest))
+    shares, timed = stage_shares(_batch(1, load_b=skewed, busy_ms=COSTLY_B), ("A", "B"))
+    assert timed and shares == {"A": pytest.approx(0.2), "B": pytest.approx(0.8)}
+    assert stage_shares(_batch(1, rows=0), ("A", "B")) == ({"A": 0.5, "B": 0.5}, False)
+
+    # A window mixing both: the timed batches are counted, the others judged by tuples.
+    window = [_batch(i, busy_ms=COSTLY_B if i % 2 else None) for i in range(6)]
+    assert measure_window(window, ALL, P).timed_batches == 3
