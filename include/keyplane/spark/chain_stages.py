@@ -102,7 +102,6 @@ class ChainStage(_RoutedStage):
         if group.startswith(CONTROL_PREFIX):
             yield from (self._passed(row) for row in rows)
             return
-        started = time.perf_counter_ns()
         installs: list[tuple[str, tuple[str, int], int]] = []
         events: list[Row] = []
         evict: tuple[str, int] | None = None
@@ -117,23 +116,25 @@ class ChainStage(_RoutedStage):
             elif row.kind == "evict":
                 evict = (row.target, int(row.marker))
                 stage_key = stage_key or row.key
+        started = time.perf_counter_ns()
         agg = self.aggregate
         held, sources = _installed(agg, self._held(), installs)
         instance, executor = _task_partition(), executor_id()
-        for source in sources:
-            yield self._row(
-                source, kind="count", stage=self.name, key=stage_key, routed_key=source, count=0,
-                state=self.zero_text,
-            )  # fmt: skip
         values = [v for row in events for v in [row[self.value_field]] * int(row.n)]
         state = held.state
         if values:
             state = _added(agg, self.name, stage_key or "", state, values)
         count = held.count + len(values)
         text = agg.encode(state)
+        busy = busy_since(started)
+        for source in sources:
+            yield self._row(
+                source, kind="count", stage=self.name, key=stage_key, routed_key=source, count=0,
+                state=self.zero_text,
+            )  # fmt: skip
         yield self._row(
             group, kind="count", stage=self.name, key=stage_key, routed_key=group,
-            instance=instance, count=count, state=text, busy_ns=busy_since(started),
+            instance=instance, count=count, state=text, busy_ns=busy,
         )  # fmt: skip
         if events:
             yield from self._traffic(group, events, instance, executor)

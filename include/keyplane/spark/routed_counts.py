@@ -124,12 +124,14 @@ def _stage_a_row(forward: Forward, pad: str | None = None, **fields: Any) -> Row
 def busy_since(started_ns: int) -> int:
     """Nanoseconds since ``started_ns`` (``time.perf_counter_ns``): a group's work.
 
-    A stage times each routed key's group from its call to the end of the
-    aggregate's ``encode``: reading the group's rows, its state, the installs
-    and the aggregate's ``add``, the work a stage's cost per tuple is made of.
-    The rows it yields are left out, as Spark consumes them after the stage
-    hands them on. Stela's execute rate of an operator is measured from such
-    time, not from tuple counts (paper 003 §4.1).
+    A stage times each routed key's group from the moment it holds the
+    group's rows to the end of the aggregate's ``encode``: its state, the
+    installs, the tuples and the aggregate's ``add``, the work a stage's cost
+    per tuple is made of. Reading the rows is left out, as the first group of
+    a task waits there for Spark to load the task's state store and input,
+    and so are the rows the stage yields, which Spark consumes after the
+    stage hands them on. Stela's execute rate of an operator is measured from
+    such time, not from tuple counts (paper 003 §4.1).
     """
     return time.perf_counter_ns() - started_ns
 
@@ -245,20 +247,18 @@ class RoutedStageA(_RoutedStage):
         if group.startswith(CONTROL_PREFIX):
             yield from _forward_through_a(rows, self.forward)
             return
-        started = time.perf_counter_ns()
         installs: list[Row] = []
         events: list[Row] = []
         evicts: list[Row] = []
         by_kind = {"install": installs, "event": events, "evict": evicts}
         for row in rows:
             by_kind[row.kind].append(row)
+        started = time.perf_counter_ns()
         agg = self.aggregate
         held = self._held()
         held, sources = _installed(agg, held, map(_install, installs))
         key_a = (installs or events or evicts)[0].a
         instance, executor = _task_partition(), executor_id()
-        for source in sources:
-            yield self._report("report", key_a, source, count=0, state=self.zero_text)
         state, count = held.state, held.count
         if events:
             # A row stands for n events of one field-2 key (routed_reads.read_events).
@@ -269,6 +269,8 @@ class RoutedStageA(_RoutedStage):
             count += len(values)
         text = agg.encode(state)
         busy = busy_since(started)
+        for source in sources:
+            yield self._report("report", key_a, source, count=0, state=self.zero_text)
         if installs or events:
             yield self._report(
                 "report", key_a, group, count=count, state=text, instance=instance, busy_ns=busy
@@ -403,6 +405,7 @@ class RoutedStageB(_RoutedStage):
         if group.startswith(CONTROL_PREFIX):
             yield from (_passed_through(row) for row in rows)
             return
+        group_rows = list(rows)
         started = time.perf_counter_ns()
         agg = self.aggregate
         held = self._held()
@@ -412,7 +415,7 @@ class RoutedStageB(_RoutedStage):
         hops: dict[tuple[int, str], int] = {}
         pairs: dict[str, int] = {}
         key_b: str | None = None
-        for row in rows:
+        for row in group_rows:
             kind = row.kind
             key_b = row.b if key_b is None else key_b
             if kind == "event":
