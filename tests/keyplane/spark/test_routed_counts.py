@@ -52,6 +52,7 @@ from keyplane.spark.routed_counts import (
     RoutedStageA,
     StageEngine,
     _output_row,
+    _passed_through,
     routed_running_counts,
     take_installs,
 )
@@ -432,6 +433,20 @@ def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure() -
         ("x", "x#1", 1, "r", None),
     ]
     assert {r["ia"] for r in pairs + tuples} == {3}
+
+
+def test_stage_a_reports_its_busy_time_through_stage_b_to_the_sink_pure() -> None:
+    """Stage A's partial reaches the sink as a ``count`` row through stage B's control
+    groups; the busy time of its group travels in the report's packed control fields and
+    lands in the row's ``busy_ns``. A tombstone carries none."""
+    stage = RoutedStageA(P, RunningCount())
+    report = stage._report("report", "k", "k#3", count=4, state="4", instance=2, busy_ns=7_000)
+    tombstone = stage._report("report", "k", "k#1", count=0, state="0")
+    rows = [_passed_through(r) for r in (report, tombstone)]
+    assert [(r.kind, r.stage, r.routed_key, r.instance, r["count"], r.busy_ns) for r in rows] == [
+        ("count", "A", "k#3", 2, 4, 7_000),
+        ("count", "A", "k#1", None, 0, None),
+    ]
 
 
 def _locality_config(
