@@ -71,9 +71,9 @@ class BatchMetrics(BaseModel):
     )
     busy_ms: dict[str, dict[int, float]] = Field(
         default_factory=dict,
-        description="operator → instance → milliseconds its tasks spent on the batch's key "
-        "groups (reading them, their state, the aggregate's work); only operators whose "
-        "stages measure it (not the JVM stages, nor records written before this field)",
+        description="operator → instance → milliseconds its task spent on the batch's key "
+        "groups (their state and the aggregate's work); only operators whose stages measure "
+        "it (not the JVM stages, nor records written before this field)",
     )
     hops: int = 0
     local_hops: int = 0
