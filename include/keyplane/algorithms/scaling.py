@@ -28,6 +28,24 @@ other on the same executors, so each batch is read as follows:
   ``min(λ, E_A)`` for B (every event goes through A then B, a stream ratio
   of 1), and its utilisation is ``ρ_X = λ / E_X``.
 
+A saturated job never catches up: every batch of the window ends with at
+least one batch's rows still waiting in the topic. With a steady backlog
+what arrives equals what it processes, so no stage is congested, whichever
+holds the batch. Yet the waiting tuples arrived faster than the job executes
+them, which is Stela's congestion (003 §4.1: input speed above execution
+speed). So in a saturated window the source is offered every tuple it could
+have read during the batch, those it read plus those still waiting,
+``λ = (rows + lag) / wall``, and the chain passes on ``min(λ, E_A)`` as
+above: as in a topology whose spout drains a backlog as fast as it can, a
+stage's input is bounded by its upstream's execute rate, and the stage that
+holds most of the batch is congested once its upstream executes α times
+faster than it does. This departs from the paper, whose input speed counts
+only the parents' emits during the window, never a queue built before it: a
+micro-batch job reads at most what it can process, so its queue is all that
+shows its input outpacing it. A job held back by a read limit per trigger,
+rather than by its stages, is judged saturated too; scaling it out does not
+lift the limit.
+
 An operator is congested when its input rate exceeds α times its execute
 rate: it alone would need more than the whole time. A job that merely keeps
 up with no time to spare has ``Σ ρ = 1`` and nothing congested; a job that
@@ -120,7 +138,9 @@ class WindowMeasurement:
     tuples each instance processed in the window; ``batches`` how many
     batches were used (a window is judged only when full, 003 §4.1);
     ``timed_batches`` how many of them shared the batch's time by measured
-    busy time rather than by tuples (:func:`stage_shares`).
+    busy time rather than by tuples (:func:`stage_shares`); ``saturated``
+    whether every one of them ended with at least its rows still waiting,
+    ``backlog`` the smallest such lag (tuples), 0 when not saturated.
     """
 
     dag: OperatorDag
@@ -130,6 +150,8 @@ class WindowMeasurement:
     batches: int
     full: bool
     timed_batches: int = 0
+    saturated: bool = False
+    backlog: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +173,7 @@ class ScaleDecision:
     batches: int = 0
     rates: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     timed_batches: int = 0
+    saturated: bool = False
 
     @property
     def instances_before(self) -> dict[str, int]:
@@ -175,6 +198,7 @@ class ScaleDecision:
             "rates": {k: list(v) for k, v in self.rates.items()},
             "batches": self.batches,
             "timed_batches": self.timed_batches,
+            "saturated": self.saturated,
             "reason": self.reason,
         }
 
@@ -206,6 +230,16 @@ def stage_shares(record: BatchMetrics, stages: Sequence[str]) -> tuple[dict[str,
     return {name: critical[name] / total for name in stages}, measured
 
 
+def is_saturated(records: Sequence[BatchMetrics]) -> bool:
+    """Whether every batch of ``records`` ended with at least its own rows still waiting.
+
+    Such a job never caught up during the window: each batch could have read
+    another batch's worth. A batch that ends with less waiting than it read
+    shows the job draining its backlog, so the window is not saturated.
+    """
+    return bool(records) and all(r.input_lag >= max(r.rows, 1) for r in records)
+
+
 def measure_window(
     records: Sequence[BatchMetrics],
     active: Mapping[str, Sequence[int]],
@@ -225,6 +259,8 @@ def measure_window(
     is when each record reached the metrics topic, right after its batch
     ended: Stela's input rate is tuples per second of wall-clock time (003
     §4.1), and that time includes the triggers Spark skipped for want of data.
+    In a saturated window (:func:`is_saturated`) the source is offered the
+    tuples still waiting as well as those it read (see the module's notes).
     """
     if reported_at_s is not None and len(reported_at_s) != len(records):
         raise ValueError(
@@ -243,10 +279,12 @@ def measure_window(
     utilisation_sum = dict.fromkeys(stages, 0.0)
     loads: dict[str, dict[int, int]] = {name: {} for name in stages}
     timed_batches = 0
+    saturated = is_saturated([record for _, record, _ in usable])
     for previous, record, since_previous_s in usable:
         seconds = record.duration_ms / 1000.0
         wall = max(seconds, trigger_interval_s, since_previous_s)
-        offered = max(0, record.rows + record.input_lag - previous.input_lag) / wall
+        waiting_before = 0 if saturated else previous.input_lag
+        offered = max(0, record.rows + record.input_lag - waiting_before) / wall
         stage = {name: _stage_loads(record, name) for name in stages}
         shares, timed = stage_shares(record, stages)
         timed_batches += timed
@@ -282,6 +320,8 @@ def measure_window(
         batches=count,
         full=count == settings.window,
         timed_batches=timed_batches,
+        saturated=saturated,
+        backlog=min(record.input_lag for _, record, _ in usable) if saturated else 0,
     )
 
 
@@ -323,6 +363,17 @@ def _none(
         batches=measured.batches,
         rates=_rates(measured),
         timed_batches=measured.timed_batches,
+        saturated=measured.saturated,
+    )
+
+
+def _saturation(measured: WindowMeasurement) -> str:
+    """The reason's note on a saturated window; empty when it is not."""
+    if not measured.saturated:
+        return ""
+    return (
+        f"; saturated: input lag ≥ one batch's rows through the window "
+        f"(at least {measured.backlog:,} waiting)"
     )
 
 
@@ -393,7 +444,7 @@ def decide_scaling(
                 measured,
                 etp,
                 f"no operator congested (α {threshold}) and utilisation {utilisation:.2f} ≥ "
-                f"{request.scale_in_utilisation}",
+                f"{request.scale_in_utilisation}{_saturation(measured)}",
             )
     operator = request.operator or _choose_operator(mode, measured, threshold, before, parallelism)
     if operator is None:
@@ -432,11 +483,12 @@ def decide_scaling(
         utilisation=dict(measured.utilisation),
         reason=(
             f"{origin} scale-{mode} of {operator}: {current} → {target} active instances "
-            f"(ETP {etp[operator]:.2f}; {why}; {timing})"
+            f"(ETP {etp[operator]:.2f}; {why}; {timing}{_saturation(measured)})"
         ),
         batches=measured.batches,
         rates=_rates(measured),
         timed_batches=measured.timed_batches,
+        saturated=measured.saturated,
     )
 
 

@@ -350,3 +350,47 @@ def test_shares_fall_back_to_tuples_unless_every_stage_reports_its_time() -> Non
     # A window mixing both: the timed batches are counted, the others judged by tuples.
     window = [_batch(i, busy_ms=COSTLY_B if i % 2 else None) for i in range(6)]
     assert measure_window(window, ALL, P).timed_batches == 3
+
+
+# --- saturated jobs: a backlog that never drains (003 §4.1) -------------------------------------
+
+SATURATED_B = {"A": dict.fromkeys(range(P), 10.0), "B": dict.fromkeys(range(P), 90.0)}
+"""Busy milliseconds per instance of a batch whose stage B takes 90 % of the time."""
+
+BEHIND = 3_000
+"""A steady input lag of three batches of 1,000 rows: the job reads as fast as it can."""
+
+HALF = {"A": (0, 1), "B": (0, 1)}
+"""Two of the four state partitions active per stage: room to scale out."""
+
+
+def test_a_saturated_window_with_a_costly_stage_grows_that_stage() -> None:
+    """Three batches always wait, so what arrives equals what is processed and, judged by
+    arrivals, nothing would be congested. The window is saturated: the source is offered
+    what it read plus what waits (4,000 tuples/s), B's input is bounded by A's execute
+    rate, and B, executing 1,111 tuples/s, is congested; ETP grows B, in auto mode and on
+    a requested scale-out that names no stage."""
+    window = [_batch(i, lag=BEHIND, busy_ms=SATURATED_B) for i in range(6)]
+    measured = measure_window(window, HALF, P)
+    assert (measured.saturated, measured.backlog) == (True, BEHIND)
+    a, b = measured.dag.operators
+    assert (a.input_rate, a.execute_rate) == (pytest.approx(4_000.0), pytest.approx(10_000.0))
+    assert (b.input_rate, b.execute_rate) == (pytest.approx(4_000.0), pytest.approx(1_111.111))
+    assert measured.congested == frozenset({"B"})
+    for request in (ScaleRequest(), ScaleRequest(mode="out")):
+        decision = decide_scaling(window, HALF, P, request)
+        assert (decision.action, decision.operator) == ("out", "B")
+        assert decision.active_after == {"A": (0, 1), "B": (0, 1, 2)}
+        assert "saturated: input lag ≥ one batch's rows through the window" in decision.reason
+        assert "(at least 3,000 waiting)" in decision.reason
+        assert decision.saturated and decision.to_record()["saturated"] is True
+
+    # The same costly stage in a job that keeps up (nothing waits after a batch) is busy,
+    # not congested: it has no time to spare and nothing to scale.
+    caught_up = _window(busy_ms=SATURATED_B)
+    kept_up = measure_window(caught_up, HALF, P)
+    assert not kept_up.saturated and kept_up.congested == frozenset()
+    assert sum(kept_up.utilisation.values()) == pytest.approx(1.0)
+    decision = decide_scaling(caught_up, HALF, P, ScaleRequest())
+    assert decision.action == "none" and "saturated" not in decision.reason
+    assert decision.to_record()["saturated"] is False
