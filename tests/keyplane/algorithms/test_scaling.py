@@ -19,6 +19,7 @@ from keyplane.algorithms.scaling import (
     ScaleRequest,
     choose_active,
     decide_scaling,
+    is_saturated,
     measure_window,
     scaled_routing,
     stage_shares,
@@ -394,3 +395,42 @@ def test_a_saturated_window_with_a_costly_stage_grows_that_stage() -> None:
     decision = decide_scaling(caught_up, HALF, P, ScaleRequest())
     assert decision.action == "none" and "saturated" not in decision.reason
     assert decision.to_record()["saturated"] is False
+
+
+def test_a_saturated_window_judged_by_tuples_grows_the_source_as_before() -> None:
+    """Without busy time (JVM stages, older records) evenly loaded stages share each batch
+    evenly, as if their tuples cost the same. Saturated, the source is congested (offered
+    4,000 tuples/s, executing 2,000) and B is not (A passes on 2,000): ETP grows A, the
+    stage the source fallback of a window that is not saturated grows too."""
+    saturated = [_batch(i, lag=BEHIND) for i in range(6)]
+    measured = measure_window(saturated, HALF, P)
+    assert measured.saturated and measured.timed_batches == 0
+    assert measured.congested == frozenset({"A"})
+    decision = decide_scaling(saturated, HALF, P, ScaleRequest())
+    assert (decision.action, decision.operator) == ("out", "A")
+    assert "congested ['A']" in decision.reason and "saturated" in decision.reason
+
+    kept_up = _window()
+    assert measure_window(kept_up, HALF, P).congested == frozenset()
+    fallback = decide_scaling(kept_up, HALF, P, ScaleRequest(mode="out"))
+    assert (fallback.action, fallback.operator) == ("out", "A")
+    assert fallback.active_after == decision.active_after == {"A": (0, 1, 2), "B": (0, 1)}
+
+
+def test_a_window_that_catches_up_is_not_saturated() -> None:
+    """The last batch reads 2,500 rows and leaves 800 waiting, fewer than it read: the job
+    caught up, so its arrivals are its input, the backlog is not offered, nothing is
+    congested, and a costly B stays as it is."""
+    window = [_batch(i, lag=BEHIND, busy_ms=SATURATED_B) for i in range(5)]
+    window.append(_batch(5, rows=2_500, lag=800, busy_ms=SATURATED_B))
+    assert not is_saturated(window[1:]) and is_saturated(window[1:5])
+    measured = measure_window(window, HALF, P)
+    assert (measured.saturated, measured.backlog) == (False, 0)
+    assert measured.congested == frozenset()
+    # Arrivals only: 1,000 in each of four batches, 300 while the last drains 2,200.
+    assert measured.dag.operators[0].input_rate == pytest.approx(860.0)
+    decision = decide_scaling(window, HALF, P, ScaleRequest())
+    assert decision.action == "none" and not decision.saturated
+    assert "saturated" not in decision.reason
+    # A batch that reads nothing and leaves nothing waiting does not count as behind.
+    assert not is_saturated([_batch(0, rows=0, lag=0)]) and not is_saturated([])
