@@ -395,7 +395,9 @@ def decide_scaling(
 
     * ``out``: the operator is the congested one with the highest projected
       ETP (:func:`keyplane.algorithms.elasticity.stela_scale_out`, 003 §5.2.2; a source
-      when nothing is congested), unless ``request.operator`` names it;
+      when nothing is congested), unless ``request.operator`` names it; congestion
+      is :func:`measure_window`'s, which offers a saturated job's backlog to its
+      source;
     * ``in``: the operator with the smallest ETP (003 §5.3: its instances
       matter least to the sinks' throughput), ties to the lower utilisation,
       then to more active instances, unless ``request.operator`` names it;

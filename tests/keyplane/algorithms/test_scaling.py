@@ -416,6 +416,14 @@ def test_a_saturated_window_judged_by_tuples_grows_the_source_as_before() -> Non
     assert (fallback.action, fallback.operator) == ("out", "A")
     assert fallback.active_after == decision.active_after == {"A": (0, 1, 2), "B": (0, 1)}
 
+    # One batch waiting is saturated still (lag ≥ rows), but the source is offered 2,000
+    # tuples/s against 2,000 it executes, within α: auto mode leaves the job and says why.
+    one_behind = [_batch(i, lag=1_000) for i in range(6)]
+    left = decide_scaling(one_behind, HALF, P, ScaleRequest())
+    assert (left.action, left.saturated) == ("none", True)
+    assert left.reason.startswith("no operator congested")
+    assert left.reason.endswith("(at least 1,000 waiting)")
+
 
 def test_a_window_that_catches_up_is_not_saturated() -> None:
     """The last batch reads 2,500 rows and leaves 800 waiting, fewer than it read: the job
