@@ -48,10 +48,9 @@ lift the limit.
 
 An operator is congested when its input rate exceeds α times its execute
 rate: it alone would need more than the whole time. A job that merely keeps
-up with no time to spare has ``Σ ρ = 1`` and nothing congested; a job that
-idles between triggers has ``Σ ρ < 1``, which is what auto mode scales in on.
-The rates are averaged over
-a window of batches by :class:`~keyplane.algorithms.elasticity.CongestionDetector`
+up, with no time to spare and no backlog, has ``Σ ρ = 1`` and nothing
+congested; a job that idles between triggers has ``Σ ρ < 1``, which is what
+auto mode scales in on. The rates are averaged over a window of batches by :class:`~keyplane.algorithms.elasticity.CongestionDetector`
 (003 §4.1, Algorithm 1) and fed to ETP (003 §4.2) and Stela's scale-out
 (003 §5.2) and scale-in (003 §5.3).
 
@@ -234,8 +233,8 @@ def is_saturated(records: Sequence[BatchMetrics]) -> bool:
     """Whether every batch of ``records`` ended with at least its own rows still waiting.
 
     Such a job never caught up during the window: each batch could have read
-    another batch's worth. A batch that ends with less waiting than it read
-    shows the job draining its backlog, so the window is not saturated.
+    another batch's worth. A batch that ends with fewer tuples waiting than
+    it read has nearly caught up, so its window is not saturated.
     """
     return bool(records) and all(r.input_lag >= max(r.rows, 1) for r in records)
 
