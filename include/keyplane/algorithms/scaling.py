@@ -50,7 +50,8 @@ An operator is congested when its input rate exceeds α times its execute
 rate: it alone would need more than the whole time. A job that merely keeps
 up, with no time to spare and no backlog, has ``Σ ρ = 1`` and nothing
 congested; a job that idles between triggers has ``Σ ρ < 1``, which is what
-auto mode scales in on. The rates are averaged over a window of batches by :class:`~keyplane.algorithms.elasticity.CongestionDetector`
+auto mode scales in on. The rates are averaged over a window of batches by
+:class:`~keyplane.algorithms.elasticity.CongestionDetector`
 (003 §4.1, Algorithm 1) and fed to ETP (003 §4.2) and Stela's scale-out
 (003 §5.2) and scale-in (003 §5.3).
 
