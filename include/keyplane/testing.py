@@ -568,3 +568,23 @@ class RaisesOnPoison(RunningCount):
         if POISON_VALUE in values:
             raise ValueError(f"cannot count {POISON_VALUE!r}")
         return super().add(state, values)
+
+
+class WaitingCount(RunningCount):
+    """A running count that waits ``seconds_per_tuple`` for every tuple it adds.
+
+    A stage that costs more per tuple than another with as many tuples, as an
+    aggregate that looks every event up elsewhere does: only its measured
+    busy time, not its tuple count, shows that it holds most of a batch
+    (paper 003 §4.1). It waits rather than computes, so that a test of it
+    loads no core. Use it as a stage's aggregate, ``keyplane.testing:WaitingCount``.
+    """
+
+    def __init__(self, seconds_per_tuple: float = 0.002) -> None:
+        if not 0 <= seconds_per_tuple < float("inf"):
+            raise ValueError(f"seconds_per_tuple must be >= 0, got {seconds_per_tuple}")
+        self.seconds_per_tuple = seconds_per_tuple
+
+    def add(self, state: int, values: Sequence[str]) -> int:
+        time.sleep(self.seconds_per_tuple * len(values))
+        return super().add(state, values)

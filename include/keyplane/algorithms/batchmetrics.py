@@ -7,6 +7,9 @@ numbers the papers steer by:
 
 * the load of every instance (tuples processed), hence the imbalance
   max/mean that paper 000 bounds by α (§3.2);
+* the time every instance was busy, from the ``busy_ns`` the Python stages
+  put on their ``count`` rows: Stela's execute rate is measured from time,
+  not inferred from tuples (003 §4.1);
 * locality: the share of tuples between consecutive stages that stayed on one executor (000 §2, the
   quantity its routing tables maximise; 004 §4 calls the same matrix the
   task-to-task traffic);
@@ -66,6 +69,12 @@ class BatchMetrics(BaseModel):
     executors: dict[str, dict[int, str]] = Field(
         default_factory=dict, description="operator → instance → executor it ran on"
     )
+    busy_ms: dict[str, dict[int, float]] = Field(
+        default_factory=dict,
+        description="operator → instance → milliseconds its task spent on the batch's key "
+        "groups (their state and the aggregate's work); only operators whose stages measure "
+        "it (not the JVM stages, nor records written before this field)",
+    )
     hops: int = 0
     local_hops: int = 0
     top_pairs: dict[int, list[PairCount]] = Field(
@@ -105,6 +114,9 @@ def traffic_metrics(
     the tuples its hops bring it; the first stage's, the tuples its hops take
     out. Every instance of a stage appears in ``load`` (0 when idle), so the imbalance counts idle
     instances as the paper does.
+
+    ``busy_ms`` sums the ``busy_ns`` of each stage's ``count`` rows per
+    instance (:func:`instance_busy_ms`).
     """
     chain = list(parallelism)
     hops = output[output["kind"] == "hop"]
@@ -154,6 +166,7 @@ def traffic_metrics(
         batch_id=batch_id,
         load=load,
         executors=executors,
+        busy_ms=instance_busy_ms(output, parallelism),
         hops=total,
         local_hops=local,
         top_pairs=top,
@@ -168,3 +181,33 @@ def moved_states(output: pd.DataFrame) -> int:
     packed = output[output["kind"] == "moves"]
     one_each = int((output["kind"] == "moved").sum())
     return one_each + (int(packed["count"].sum()) if len(packed) else 0)
+
+
+def instance_busy_ms(
+    output: pd.DataFrame, parallelism: Mapping[str, int]
+) -> dict[str, dict[int, float]]:
+    """Stage → instance → milliseconds of work, from the ``busy_ns`` of ``count`` rows.
+
+    Each Python stage times its work on a key group and reports it on the
+    group's ``count`` row; a task handles its instance's groups one after
+    the other, so their sum is the instance's busy time in the batch, what
+    Stela's execute rate divides by (003 §4.1). A stage is present only if
+    some row of it carries a time (the JVM stages carry none); then every
+    one of its instances is, 0 when idle, as in ``load``.
+    """
+    if "busy_ns" not in output.columns or "stage" not in output.columns:
+        return {}
+    counts = output[(output["kind"] == "count") & output["busy_ns"].notna()]
+    counts = counts[counts["instance"].notna() & counts["stage"].isin(list(parallelism))]
+    if counts.empty:
+        return {}
+    busy: dict[str, dict[int, float]] = {}
+    for stage, instance, ns in zip(
+        counts["stage"].astype(str).tolist(),
+        counts["instance"].astype("int64").tolist(),
+        counts["busy_ns"].astype("int64").tolist(),
+        strict=True,
+    ):
+        instances = busy.setdefault(stage, dict.fromkeys(range(parallelism[stage]), 0.0))
+        instances[instance] = instances.get(instance, 0.0) + ns / 1e6
+    return busy

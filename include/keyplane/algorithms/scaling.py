@@ -15,19 +15,43 @@ other on the same executors, so each batch is read as follows:
   than the interval but arrive seconds apart idles between them: only the
   time between reports shows that idle time;
 * a stage's share of the batch's time is its share of the batch's critical
-  path: a stage's tasks run in parallel and it finishes with its most loaded
+  path: a stage's tasks run in parallel and it finishes with its busiest
   instance, so stage X takes ``u_X = max_X / Σ_Y max_Y`` of the duration ``D``
-  and executes ``E_X = tuples_X / (u_X · D)`` tuples/s while it runs;
+  and executes ``E_X = tuples_X / (u_X · D)`` tuples/s while it runs. Stela
+  measures an operator's execute rate from time (003 §4.1), so ``max_X`` is
+  the busiest instance's measured milliseconds (``BatchMetrics.busy_ms``)
+  when every stage reported them for the batch: a stage whose aggregate costs
+  more per tuple then takes its true share. Otherwise (the JVM stages time
+  nothing, and older records carry no time) ``max_X`` is the most loaded
+  instance's tuples, which assumes every stage costs the same per tuple;
 * X's input rate is the source's offered rate for A and A's processed rate
   ``min(λ, E_A)`` for B (every event goes through A then B, a stream ratio
   of 1), and its utilisation is ``ρ_X = λ / E_X``.
 
+A saturated job never catches up: every batch of the window ends with at
+least one batch's rows still waiting in the topic. With a steady backlog
+what arrives equals what it processes, so no stage is congested, whichever
+holds the batch. Yet the waiting tuples arrived faster than the job executes
+them, which is Stela's congestion (003 §4.1: input speed above execution
+speed). So in a saturated window the source is offered every tuple it could
+have read during the batch, those it read plus those still waiting,
+``λ = (rows + lag) / wall``, and the chain passes on ``min(λ, E_A)`` as
+above: as in a topology whose spout drains a backlog as fast as it can, a
+stage's input is bounded by its upstream's execute rate, and the stage that
+holds most of the batch is congested once its upstream executes α times
+faster than it does. This departs from the paper, whose input speed counts
+only the parents' emits during the window, never a queue built before it: a
+micro-batch job reads at most what it can process, so its queue is all that
+shows its input outpacing it. A job held back by a read limit per trigger,
+rather than by its stages, is judged saturated too; scaling it out does not
+lift the limit.
+
 An operator is congested when its input rate exceeds α times its execute
 rate: it alone would need more than the whole time. A job that merely keeps
-up with no time to spare has ``Σ ρ = 1`` and nothing congested; a job that
-idles between triggers has ``Σ ρ < 1``, which is what auto mode scales in on.
-The rates are averaged over
-a window of batches by :class:`~keyplane.algorithms.elasticity.CongestionDetector`
+up, with no time to spare and no backlog, has ``Σ ρ = 1`` and nothing
+congested; a job that idles between triggers has ``Σ ρ < 1``, which is what
+auto mode scales in on. The rates are averaged over a window of batches by
+:class:`~keyplane.algorithms.elasticity.CongestionDetector`
 (003 §4.1, Algorithm 1) and fed to ETP (003 §4.2) and Stela's scale-out
 (003 §5.2) and scale-in (003 §5.3).
 
@@ -112,7 +136,11 @@ class WindowMeasurement:
     ``dag`` carries the window-averaged rates (tuples/s) and the active
     instance counts; ``utilisation`` is each operator's mean ρ; ``loads`` the
     tuples each instance processed in the window; ``batches`` how many
-    batches were used (a window is judged only when full, 003 §4.1).
+    batches were used (a window is judged only when full, 003 §4.1);
+    ``timed_batches`` how many of them shared the batch's time by measured
+    busy time rather than by tuples (:func:`stage_shares`); ``saturated``
+    whether every one of them ended with at least its rows still waiting,
+    ``backlog`` the smallest such lag (tuples), 0 when not saturated.
     """
 
     dag: OperatorDag
@@ -121,6 +149,9 @@ class WindowMeasurement:
     loads: Mapping[str, Mapping[int, int]]
     batches: int
     full: bool
+    timed_batches: int = 0
+    saturated: bool = False
+    backlog: int = 0
 
 
 @dataclass(frozen=True)
@@ -141,6 +172,8 @@ class ScaleDecision:
     reason: str
     batches: int = 0
     rates: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    timed_batches: int = 0
+    saturated: bool = False
 
     @property
     def instances_before(self) -> dict[str, int]:
@@ -164,12 +197,47 @@ class ScaleDecision:
             "utilisation": dict(self.utilisation),
             "rates": {k: list(v) for k, v in self.rates.items()},
             "batches": self.batches,
+            "timed_batches": self.timed_batches,
+            "saturated": self.saturated,
             "reason": self.reason,
         }
 
 
 def _stage_loads(record: BatchMetrics, operator: str) -> dict[int, int]:
     return {int(i): int(n) for i, n in record.load.get(operator, {}).items()}
+
+
+def stage_shares(record: BatchMetrics, stages: Sequence[str]) -> tuple[dict[str, float], bool]:
+    """Each stage's share ``u_X`` of ``record``'s duration, and whether it was measured.
+
+    A stage finishes with its busiest instance, so its share is that
+    instance's part of the critical path ``Σ_Y max_Y``. Measured busy time
+    decides when every stage reported some for the batch (Stela's execute
+    rates come from time, 003 §4.1); else the most loaded instance's tuples
+    do, as if every stage cost the same per tuple. A batch with neither
+    splits its time evenly.
+    """
+    timed = {name: max(record.busy_ms.get(name, {}).values(), default=0.0) for name in stages}
+    measured = all(timed[name] > 0 for name in stages)
+    critical: Mapping[str, float] = (
+        timed
+        if measured
+        else {name: float(max(_stage_loads(record, name).values(), default=0)) for name in stages}
+    )
+    total = sum(critical.values())
+    if total <= 0:
+        return dict.fromkeys(stages, 1.0 / len(stages)), False
+    return {name: critical[name] / total for name in stages}, measured
+
+
+def is_saturated(records: Sequence[BatchMetrics]) -> bool:
+    """Whether every batch of ``records`` ended with at least its own rows still waiting.
+
+    Such a job never caught up during the window: each batch could have read
+    another batch's worth. A batch that ends with fewer tuples waiting than
+    it read has nearly caught up, so its window is not saturated.
+    """
+    return bool(records) and all(r.input_lag >= max(r.rows, 1) for r in records)
 
 
 def measure_window(
@@ -191,6 +259,8 @@ def measure_window(
     is when each record reached the metrics topic, right after its batch
     ended: Stela's input rate is tuples per second of wall-clock time (003
     §4.1), and that time includes the triggers Spark skipped for want of data.
+    In a saturated window (:func:`is_saturated`) the source is offered the
+    tuples still waiting as well as those it read (see the module's notes).
     """
     if reported_at_s is not None and len(reported_at_s) != len(records):
         raise ValueError(
@@ -208,16 +278,19 @@ def measure_window(
     stages = tuple(active)
     utilisation_sum = dict.fromkeys(stages, 0.0)
     loads: dict[str, dict[int, int]] = {name: {} for name in stages}
+    timed_batches = 0
+    saturated = is_saturated([record for _, record, _ in usable])
     for previous, record, since_previous_s in usable:
         seconds = record.duration_ms / 1000.0
         wall = max(seconds, trigger_interval_s, since_previous_s)
-        offered = max(0, record.rows + record.input_lag - previous.input_lag) / wall
+        waiting_before = 0 if saturated else previous.input_lag
+        offered = max(0, record.rows + record.input_lag - waiting_before) / wall
         stage = {name: _stage_loads(record, name) for name in stages}
-        bottleneck = {name: max(stage[name].values(), default=0) for name in stages}
-        critical = sum(bottleneck.values())
+        shares, timed = stage_shares(record, stages)
+        timed_batches += timed
         upstream_processed = offered
         for name in stages:
-            share = bottleneck[name] / critical if critical else 1.0 / len(stages)
+            share = shares[name]
             tuples = sum(stage[name].values())
             execute = tuples / (share * seconds) if share > 0 else 0.0
             for instance, n in stage[name].items():
@@ -246,6 +319,9 @@ def measure_window(
         loads=loads,
         batches=count,
         full=count == settings.window,
+        timed_batches=timed_batches,
+        saturated=saturated,
+        backlog=min(record.input_lag for _, record, _ in usable) if saturated else 0,
     )
 
 
@@ -286,6 +362,18 @@ def _none(
         reason=reason,
         batches=measured.batches,
         rates=_rates(measured),
+        timed_batches=measured.timed_batches,
+        saturated=measured.saturated,
+    )
+
+
+def _saturation(measured: WindowMeasurement) -> str:
+    """The reason's note on a saturated window; empty when it is not."""
+    if not measured.saturated:
+        return ""
+    return (
+        f"; saturated: input lag ≥ one batch's rows through the window "
+        f"(at least {measured.backlog:,} waiting)"
     )
 
 
@@ -307,7 +395,9 @@ def decide_scaling(
 
     * ``out``: the operator is the congested one with the highest projected
       ETP (:func:`keyplane.algorithms.elasticity.stela_scale_out`, 003 §5.2.2; a source
-      when nothing is congested), unless ``request.operator`` names it;
+      when nothing is congested), unless ``request.operator`` names it; congestion
+      is :func:`measure_window`'s, which offers a saturated job's backlog to its
+      source;
     * ``in``: the operator with the smallest ETP (003 §5.3: its instances
       matter least to the sinks' throughput), ties to the lower utilisation,
       then to more active instances, unless ``request.operator`` names it;
@@ -356,7 +446,7 @@ def decide_scaling(
                 measured,
                 etp,
                 f"no operator congested (α {threshold}) and utilisation {utilisation:.2f} ≥ "
-                f"{request.scale_in_utilisation}",
+                f"{request.scale_in_utilisation}{_saturation(measured)}",
             )
     operator = request.operator or _choose_operator(mode, measured, threshold, before, parallelism)
     if operator is None:
@@ -383,6 +473,7 @@ def decide_scaling(
         if measured.congested
         else f"utilisation {sum(measured.utilisation.values()):.2f}"
     )
+    timing = f"stage times measured in {measured.timed_batches} of {measured.batches} batches"
     origin = "requested" if request.mode != "auto" else "auto"
     return ScaleDecision(
         action=mode,
@@ -394,10 +485,12 @@ def decide_scaling(
         utilisation=dict(measured.utilisation),
         reason=(
             f"{origin} scale-{mode} of {operator}: {current} → {target} active instances "
-            f"(ETP {etp[operator]:.2f}; {why})"
+            f"(ETP {etp[operator]:.2f}; {why}; {timing}{_saturation(measured)})"
         ),
         batches=measured.batches,
         rates=_rates(measured),
+        timed_batches=measured.timed_batches,
+        saturated=measured.saturated,
     )
 
 

@@ -13,7 +13,10 @@ A group handles its rows in the order of 000 §3.4, whatever order Spark
 delivers them in, as the reference stages do (:mod:`keyplane.spark.routed_counts`):
 moved-in states first (once per marker and source, each source's partial
 reported as the aggregate's zero from then on), then the batch's events,
-then an eviction, which emits the state for the migration topic.
+then an eviction, which emits the state for the migration topic. Each
+group's ``count`` row carries the time the stage spent on it (``busy_ns``,
+:func:`keyplane.spark.routed_counts.busy_since`), from which the metrics
+measure each stage's execute rate (paper 003 §4.1).
 
 A row that is not for the stage's own keys travels in a control group (its
 grouping value starts with NUL, :func:`keyplane.spark.routed_partitions.control_group`):
@@ -27,6 +30,7 @@ job's sink takes as they are (:mod:`keyplane.spark.routed_sink`).
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -48,6 +52,7 @@ from keyplane.spark.routed_counts import (
     _installed,
     _RoutedStage,
     _task_partition,
+    busy_since,
     executor_id,
 )
 from keyplane.spark.routed_partitions import CONTROL_PREFIX, control_group
@@ -111,23 +116,25 @@ class ChainStage(_RoutedStage):
             elif row.kind == "evict":
                 evict = (row.target, int(row.marker))
                 stage_key = stage_key or row.key
+        started = time.perf_counter_ns()
         agg = self.aggregate
         held, sources = _installed(agg, self._held(), installs)
         instance, executor = _task_partition(), executor_id()
-        for source in sources:
-            yield self._row(
-                source, kind="count", stage=self.name, key=stage_key, routed_key=source, count=0,
-                state=self.zero_text,
-            )  # fmt: skip
         values = [v for row in events for v in [row[self.value_field]] * int(row.n)]
         state = held.state
         if values:
             state = _added(agg, self.name, stage_key or "", state, values)
         count = held.count + len(values)
         text = agg.encode(state)
+        busy = busy_since(started)
+        for source in sources:
+            yield self._row(
+                source, kind="count", stage=self.name, key=stage_key, routed_key=source, count=0,
+                state=self.zero_text,
+            )  # fmt: skip
         yield self._row(
             group, kind="count", stage=self.name, key=stage_key, routed_key=group,
-            instance=instance, count=count, state=text,
+            instance=instance, count=count, state=text, busy_ns=busy,
         )  # fmt: skip
         if events:
             yield from self._traffic(group, events, instance, executor)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import heapq
 import json
 import socket
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,13 +80,16 @@ ROUTED_STAGE_A_OUTPUT = (
 ROUTED_OUTPUT_SCHEMA = (
     "kind STRING, stage STRING, key STRING, routed_key STRING, instance INT, count LONG, "
     "state STRING, target STRING, marker LONG, upstream INT, n LONG, executor STRING, "
-    "upstream_executor STRING, detail STRING"
+    "upstream_executor STRING, detail STRING, busy_ns LONG"
 )
 """The stages' output rows, by ``kind``:
 
 * ``count`` — a routed key's partial (``stage, key, routed_key, instance,
   count, state``); a tombstone has ``count`` 0, the encoded zero and no
-  instance;
+  instance. ``busy_ns``: the nanoseconds the stage spent on the group in
+  this batch (:func:`busy_since`), which the metrics sum per instance
+  (:func:`keyplane.algorithms.batchmetrics.instance_busy_ms`); the JVM stages
+  leave it null;
 * ``moved`` — a state leaving ``routed_key`` for ``target`` (``marker``: the
   switch batch's plan id);
 * ``hop`` — ``n`` tuples went from stage-A instance ``upstream`` (on
@@ -115,6 +119,21 @@ def stage_a_output(forward: Forward) -> str:
 def _stage_a_row(forward: Forward, pad: str | None = None, **fields: Any) -> Row:
     """A row of :func:`stage_a_output`: the ``pad`` column exists in ``tuples`` mode only."""
     return Row(**fields) if forward == "pairs" else Row(**fields, pad=pad)
+
+
+def busy_since(started_ns: int) -> int:
+    """Nanoseconds since ``started_ns`` (``time.perf_counter_ns``): a group's work.
+
+    A stage times each routed key's group from the moment it holds the
+    group's rows to the end of the aggregate's ``encode``: its state, the
+    installs, the tuples and the aggregate's ``add``, the work a stage's cost
+    per tuple is made of. Reading the rows is left out, as the first group of
+    a task waits there for Spark to load the task's state store and input,
+    and so are the rows the stage yields, which Spark consumes after the
+    stage hands them on. Stela's execute rate of an operator is measured from
+    such time, not from tuple counts (paper 003 §4.1).
+    """
+    return time.perf_counter_ns() - started_ns
 
 
 def _task_partition() -> int:
@@ -234,13 +253,12 @@ class RoutedStageA(_RoutedStage):
         by_kind = {"install": installs, "event": events, "evict": evicts}
         for row in rows:
             by_kind[row.kind].append(row)
+        started = time.perf_counter_ns()
         agg = self.aggregate
         held = self._held()
         held, sources = _installed(agg, held, map(_install, installs))
         key_a = (installs or events or evicts)[0].a
         instance, executor = _task_partition(), executor_id()
-        for source in sources:
-            yield self._report("report", key_a, source, count=0, state=self.zero_text)
         state, count = held.state, held.count
         if events:
             # A row stands for n events of one field-2 key (routed_reads.read_events).
@@ -250,8 +268,13 @@ class RoutedStageA(_RoutedStage):
             state = _added(agg, FIRST_STAGE, key_a, state, values)
             count += len(values)
         text = agg.encode(state)
+        busy = busy_since(started)
+        for source in sources:
+            yield self._report("report", key_a, source, count=0, state=self.zero_text)
         if installs or events:
-            yield self._report("report", key_a, group, count=count, state=text, instance=instance)
+            yield self._report(
+                "report", key_a, group, count=count, state=text, instance=instance, busy_ns=busy
+            )
         if events:
             yield from self._to_stage_b(group, key_a, events, (instance, executor))
         if evicts:
@@ -305,12 +328,16 @@ class RoutedStageA(_RoutedStage):
         instance: int | None = None,
         target: str | None = None,
         marker: int | None = None,
+        busy_ns: int | None = None,
     ) -> Row:
         """A ``report`` (a partial; zero for a tombstone) or ``moved`` row for the sink.
 
-        It reaches the sink through stage B in a control group.
+        It reaches the sink through stage B in a control group. A report of
+        the group's partial carries the group's busy time (:func:`busy_since`).
         """
         control = {"count": count, "state": state, "target_rk": target, "marker": marker}
+        if busy_ns is not None:
+            control["busy_ns"] = busy_ns
         return _stage_a_row(
             self.forward, kind=kind, a=key, ra=routed, ia=instance, ea=None, b=None,
             rb=control_group(FIRST_STAGE, routed, self.parallelism), n=None,
@@ -378,6 +405,8 @@ class RoutedStageB(_RoutedStage):
         if group.startswith(CONTROL_PREFIX):
             yield from (_passed_through(row) for row in rows)
             return
+        group_rows = list(rows)
+        started = time.perf_counter_ns()
         agg = self.aggregate
         held = self._held()
         installs: list[tuple[str, tuple[str, int], int]] = []
@@ -386,7 +415,7 @@ class RoutedStageB(_RoutedStage):
         hops: dict[tuple[int, str], int] = {}
         pairs: dict[str, int] = {}
         key_b: str | None = None
-        for row in rows:
+        for row in group_rows:
             kind = row.kind
             key_b = row.b if key_b is None else key_b
             if kind == "event":
@@ -405,6 +434,7 @@ class RoutedStageB(_RoutedStage):
         )
         count = held.count + len(values)
         partial_text = agg.encode(partial)
+        busy = busy_since(started)
         instance, executor = _task_partition(), executor_id()
         for source in sources:
             yield _output_row(
@@ -420,7 +450,7 @@ class RoutedStageB(_RoutedStage):
             yield _output_row(kind="pair", key=key_b, detail=a, instance=instance, n=n)
         yield _output_row(
             kind="count", stage=SECOND_STAGE, key=key_b, routed_key=group, instance=instance,
-            count=count, state=partial_text,
+            count=count, state=partial_text, busy_ns=busy,
         )  # fmt: skip
         if evict is None:
             self.state.update((partial_text, count, held.marker))
@@ -443,7 +473,7 @@ def _passed_through(row: Row) -> Row:
         "state": control["state"],
     }  # fmt: skip
     if row.kind == "report":
-        return _output_row(kind="count", **common, instance=row.ia)
+        return _output_row(kind="count", **common, instance=row.ia, busy_ns=control.get("busy_ns"))
     return _output_row(
         kind="moved", **common, target=control["target_rk"], marker=int(control["marker"])
     )

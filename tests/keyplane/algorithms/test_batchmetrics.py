@@ -68,3 +68,24 @@ def test_hops_of_a_three_stage_chain_load_the_stage_pair_they_name_pure() -> Non
     assert metrics.executors == {"sessions": {0: "e1"}, "users": {1: "e2"}, "pages": {0: "e1"}}
     assert metrics.imbalance("users") == 2.0
     assert (metrics.hops, metrics.local_hops) == (12, 0)
+
+
+def test_busy_time_sums_each_stages_count_rows_per_instance_pure() -> None:
+    """``busy_ns`` on ``count`` rows adds up per stage and instance, every instance of a
+    timed stage listed (0 when idle); a stage whose rows carry no time (the JVM stages) and
+    tombstones (no instance) are left out."""
+    rows = pd.DataFrame(
+        [
+            _hop(0, "e1", 1, "e1", 4),
+            {"kind": "count", "stage": "A", "instance": 0, "busy_ns": 2_000_000},
+            {"kind": "count", "stage": "A", "instance": 0, "busy_ns": 500_000},
+            {"kind": "count", "stage": "B", "instance": 1, "busy_ns": 9_000_000},
+            {"kind": "count", "stage": "B", "instance": None, "busy_ns": None},  # a tombstone
+            {"kind": "count", "stage": "C", "instance": 0, "busy_ns": None},  # untimed
+            {"kind": "pair", "key": "b1", "detail": "a1", "instance": 1, "n": 4},
+        ]
+    )
+    metrics = traffic_metrics(1, rows, {"A": 2, "B": 2, "C": 2})
+    assert metrics.busy_ms == {"A": {0: 2.5, 1: 0.0}, "B": {0: 0.0, 1: 9.0}}
+    # Rows without the column (older stages' output) measure no time.
+    assert traffic_metrics(1, rows.drop(columns="busy_ns"), {"A": 2, "B": 2}).busy_ms == {}

@@ -19,8 +19,10 @@ from keyplane.algorithms.scaling import (
     ScaleRequest,
     choose_active,
     decide_scaling,
+    is_saturated,
     measure_window,
     scaled_routing,
+    stage_shares,
 )
 from keyplane.routing import config as config_store
 from keyplane.routing.config import OperatorRouting, RoutingConfig
@@ -39,6 +41,7 @@ def _batch(
     duration_ms: int = 1_000,
     load_a: dict[int, int] | None = None,
     load_b: dict[int, int] | None = None,
+    busy_ms: dict[str, dict[int, float]] | None = None,
 ) -> BatchMetrics:
     even = {i: rows // P for i in range(P)}
     return BatchMetrics(
@@ -47,6 +50,7 @@ def _batch(
         duration_ms=duration_ms,
         input_lag=lag,
         load={"A": load_a or even, "B": load_b or even},
+        busy_ms=busy_ms or {},
         hops=rows,
     )
 
@@ -296,3 +300,145 @@ def test_a_three_stage_chain_in_hand_built_metrics_scales_out_its_congested_midd
     assert (decision.action, decision.operator) == ("out", "sessions")
     assert decision.active_after["sessions"] == (0, 1, 2)
     assert decision.active_after["parse"] == active["parse"]
+
+
+# --- stage shares from measured busy time (003 §4.1) ------------------------------------------
+
+COSTLY_B = {"A": dict.fromkeys(range(P), 25.0), "B": dict.fromkeys(range(P), 100.0)}
+"""Busy milliseconds per instance of a batch whose stage B costs 4x A per tuple."""
+
+
+def test_a_costly_stage_with_as_many_tuples_as_the_source_is_congested_and_scaled_out() -> None:
+    """Both stages process every tuple, evenly spread, but B's aggregate takes 4x A's time
+    per tuple. Judged by tuples, the stages share each batch evenly and the source looks
+    congested, so ETP grows A; judged by measured time, B holds 80 % of each batch, is the
+    congested operator, and ETP grows B."""
+    by_tuples = _window(lag_step=1_500)
+    measured_time = _window(lag_step=1_500, busy_ms=COSTLY_B)
+    active = {"A": (0, 1), "B": (0, 1)}
+
+    guessed = measure_window(by_tuples, active, P)
+    assert guessed.congested == frozenset({"A"}) and guessed.timed_batches == 0
+    assert decide_scaling(by_tuples, active, P, ScaleRequest()).operator == "A"
+
+    timed = measure_window(measured_time, active, P)
+    assert timed.timed_batches == timed.batches == 5
+    assert timed.congested == frozenset({"B"})
+    a, b = timed.dag.operators
+    assert (a.execute_rate, b.execute_rate) == (pytest.approx(5_000.0), pytest.approx(1_250.0))
+    decision = decide_scaling(measured_time, active, P, ScaleRequest())
+    assert (decision.action, decision.operator) == ("out", "B")
+    assert decision.active_after == {"A": (0, 1), "B": (0, 1, 2)}
+    assert "stage times measured in 5 of 5 batches" in decision.reason
+    assert decision.to_record()["timed_batches"] == 5
+
+
+def test_shares_fall_back_to_tuples_unless_every_stage_reports_its_time() -> None:
+    """A batch whose stages did not all time their work (the JVM stages, records written
+    before busy time was reported) is shared by its most loaded instances' tuples."""
+    skewed = {0: 700, 1: 100, 2: 100, 3: 100}
+    only_b = _batch(1, load_b=skewed, busy_ms={"B": COSTLY_B["B"]})
+    idle_a = _batch(1, busy_ms={"A": dict.fromkeys(range(P), 0.0), "B": COSTLY_B["B"]})
+    for record in (only_b, _batch(1, load_b=skewed), idle_a):
+        shares, timed = stage_shares(record, ("A", "B"))
+        assert not timed
+        busiest = max(record.load["B"].values())
+        assert shares["B"] == pytest.approx(busiest / (250 + busiest))
+    shares, timed = stage_shares(_batch(1, load_b=skewed, busy_ms=COSTLY_B), ("A", "B"))
+    assert timed and shares == {"A": pytest.approx(0.2), "B": pytest.approx(0.8)}
+    assert stage_shares(_batch(1, rows=0), ("A", "B")) == ({"A": 0.5, "B": 0.5}, False)
+
+    # A window mixing both: the timed batches are counted, the others judged by tuples.
+    window = [_batch(i, busy_ms=COSTLY_B if i % 2 else None) for i in range(6)]
+    assert measure_window(window, ALL, P).timed_batches == 3
+
+
+# --- saturated jobs: a backlog that never drains (003 §4.1) -------------------------------------
+
+SATURATED_B = {"A": dict.fromkeys(range(P), 10.0), "B": dict.fromkeys(range(P), 90.0)}
+"""Busy milliseconds per instance of a batch whose stage B takes 90 % of the time."""
+
+BEHIND = 3_000
+"""A steady input lag of three batches of 1,000 rows: the job reads as fast as it can."""
+
+HALF = {"A": (0, 1), "B": (0, 1)}
+"""Two of the four state partitions active per stage: room to scale out."""
+
+
+def test_a_saturated_window_with_a_costly_stage_grows_that_stage() -> None:
+    """Three batches always wait, so what arrives equals what is processed and, judged by
+    arrivals, nothing would be congested. The window is saturated: the source is offered
+    what it read plus what waits (4,000 tuples/s), B's input is bounded by A's execute
+    rate, and B, executing 1,111 tuples/s, is congested; ETP grows B, in auto mode and on
+    a requested scale-out that names no stage."""
+    window = [_batch(i, lag=BEHIND, busy_ms=SATURATED_B) for i in range(6)]
+    measured = measure_window(window, HALF, P)
+    assert (measured.saturated, measured.backlog) == (True, BEHIND)
+    a, b = measured.dag.operators
+    assert (a.input_rate, a.execute_rate) == (pytest.approx(4_000.0), pytest.approx(10_000.0))
+    assert (b.input_rate, b.execute_rate) == (pytest.approx(4_000.0), pytest.approx(1_111.111))
+    assert measured.congested == frozenset({"B"})
+    for request in (ScaleRequest(), ScaleRequest(mode="out")):
+        decision = decide_scaling(window, HALF, P, request)
+        assert (decision.action, decision.operator) == ("out", "B")
+        assert decision.active_after == {"A": (0, 1), "B": (0, 1, 2)}
+        assert "saturated: input lag ≥ one batch's rows through the window" in decision.reason
+        assert "(at least 3,000 waiting)" in decision.reason
+        assert decision.saturated and decision.to_record()["saturated"] is True
+
+    # The same costly stage in a job that keeps up (nothing waits after a batch) is busy,
+    # not congested: it has no time to spare and nothing to scale.
+    caught_up = _window(busy_ms=SATURATED_B)
+    kept_up = measure_window(caught_up, HALF, P)
+    assert not kept_up.saturated and kept_up.congested == frozenset()
+    assert sum(kept_up.utilisation.values()) == pytest.approx(1.0)
+    decision = decide_scaling(caught_up, HALF, P, ScaleRequest())
+    assert decision.action == "none" and "saturated" not in decision.reason
+    assert decision.to_record()["saturated"] is False
+
+
+def test_a_saturated_window_judged_by_tuples_grows_the_source_as_before() -> None:
+    """Without busy time (JVM stages, older records) evenly loaded stages share each batch
+    evenly, as if their tuples cost the same. Saturated, the source is congested (offered
+    4,000 tuples/s, executing 2,000) and B is not (A passes on 2,000): ETP grows A, the
+    stage the source fallback of a window that is not saturated grows too."""
+    saturated = [_batch(i, lag=BEHIND) for i in range(6)]
+    measured = measure_window(saturated, HALF, P)
+    assert measured.saturated and measured.timed_batches == 0
+    assert measured.congested == frozenset({"A"})
+    decision = decide_scaling(saturated, HALF, P, ScaleRequest())
+    assert (decision.action, decision.operator) == ("out", "A")
+    assert "congested ['A']" in decision.reason and "saturated" in decision.reason
+
+    kept_up = _window()
+    assert measure_window(kept_up, HALF, P).congested == frozenset()
+    fallback = decide_scaling(kept_up, HALF, P, ScaleRequest(mode="out"))
+    assert (fallback.action, fallback.operator) == ("out", "A")
+    assert fallback.active_after == decision.active_after == {"A": (0, 1, 2), "B": (0, 1)}
+
+    # One batch waiting is saturated still (lag ≥ rows), but the source is offered 2,000
+    # tuples/s against 2,000 it executes, within α: auto mode leaves the job and says why.
+    one_behind = [_batch(i, lag=1_000) for i in range(6)]
+    left = decide_scaling(one_behind, HALF, P, ScaleRequest())
+    assert (left.action, left.saturated) == ("none", True)
+    assert left.reason.startswith("no operator congested")
+    assert left.reason.endswith("(at least 1,000 waiting)")
+
+
+def test_a_window_that_catches_up_is_not_saturated() -> None:
+    """The last batch reads 2,500 rows and leaves 800 waiting, fewer than it read: the job
+    caught up, so its arrivals are its input, the backlog is not offered, nothing is
+    congested, and a costly B stays as it is."""
+    window = [_batch(i, lag=BEHIND, busy_ms=SATURATED_B) for i in range(5)]
+    window.append(_batch(5, rows=2_500, lag=800, busy_ms=SATURATED_B))
+    assert not is_saturated(window[1:]) and is_saturated(window[1:5])
+    measured = measure_window(window, HALF, P)
+    assert (measured.saturated, measured.backlog) == (False, 0)
+    assert measured.congested == frozenset()
+    # Arrivals only: 1,000 in each of four batches, 300 while the last drains 2,200.
+    assert measured.dag.operators[0].input_rate == pytest.approx(860.0)
+    decision = decide_scaling(window, HALF, P, ScaleRequest())
+    assert decision.action == "none" and not decision.saturated
+    assert "saturated" not in decision.reason
+    # A batch that reads nothing and leaves nothing waiting does not count as behind.
+    assert not is_saturated([_batch(0, rows=0, lag=0)]) and not is_saturated([])

@@ -17,6 +17,7 @@ from pyspark.sql import Row
 
 from keyplane.aggregates import RunningCount, ValueCounts
 from keyplane.algorithms.batchmetrics import TOP_PAIRS_PER_INSTANCE, traffic_metrics
+from keyplane.algorithms.scaling import stage_shares
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
 from keyplane.kafka.ranges import OffsetRange
@@ -265,6 +266,33 @@ def test_per_instance_moves_hold_every_tuple_and_install_once(spark, tmp_path: P
     assert left == {"x": ("x#1", 6, "6", 7), "z": ("z#1", 3, "3", 7)}
     assert _stage_a_partials(install) == {"x#1": 11, "z#1": 3, "x": 0, "z": 0}
     assert _stage_a_partials(replay) == {"x#1": 12, "z#1": 4}
+
+
+@pytest.mark.integration
+def test_the_jvm_stages_time_nothing_so_stela_shares_their_batch_by_tuples(
+    spark, tmp_path: Path
+) -> None:
+    """The JVM stages leave ``busy_ns`` null on every row, packed partials included once the
+    sink unpacks them: the batch's metrics carry no busy time and Stela's stage shares
+    (003 §4.1) fall back to the busiest instances' tuples."""
+    a = ["x", "y", "z", "w"]
+    events = _events(a, a, [1, 2, 3, 4], b=["p", "q", "p", "q"])
+    [rows] = _outputs_by_batch(spark, [[events]], tmp_path)
+    output = unpacked_partials(pd.DataFrame([row.asDict() for row in rows])).assign(
+        executor="e", upstream_executor="e"
+    )
+    assert "busy_ns" in output.columns and output["busy_ns"].isna().all()
+    assert set(output.loc[output["kind"] == "count", "stage"]) == set(OPERATORS)
+
+    metrics = traffic_metrics(0, output, dict.fromkeys(OPERATORS, 4))
+    assert metrics.busy_ms == {}
+    assert [sum(metrics.load[stage].values()) for stage in OPERATORS] == [10, 10]
+    shares, timed = stage_shares(metrics, OPERATORS)
+    busiest = {stage: max(metrics.load[stage].values()) for stage in OPERATORS}
+    assert not timed
+    assert shares == {
+        stage: pytest.approx(n / sum(busiest.values())) for stage, n in busiest.items()
+    }
 
 
 @pytest.mark.integration

@@ -20,11 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import Row
 
 from keyplane.aggregates import RunningCount, ValueCounts
+from keyplane.algorithms.batchmetrics import traffic_metrics
 from keyplane.algorithms.partials import latest_partials, merge_partials
+from keyplane.algorithms.scaling import stage_shares
 from keyplane.control.controller import Controller
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.control import ControlChannel
@@ -35,6 +39,7 @@ from keyplane.reference.workloads import PairsWorkload, ZipfEvolvingWorkload
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.routing.handoff import routed_key_table
 from keyplane.routing.routedkeys import spark_partition
+from keyplane.spark import routed_reads
 from keyplane.spark.counts_job import (
     CountsJobSettings,
     read_output,
@@ -47,10 +52,17 @@ from keyplane.spark.routed_counts import (
     RoutedStageA,
     StageEngine,
     _output_row,
+    _passed_through,
+    routed_running_counts,
     take_installs,
 )
 from keyplane.spark.routed_sink import latest_partials_of_batch, merge_partial_states
-from keyplane.testing import moved_off_hash_config, routed_job_settings, stage_keys_by_count
+from keyplane.testing import (
+    WaitingCount,
+    moved_off_hash_config,
+    routed_job_settings,
+    stage_keys_by_count,
+)
 
 P = 4
 """Instances per operator: the ``spark`` fixture's shuffle partitions."""
@@ -423,6 +435,20 @@ def test_stage_a_sends_one_row_per_pair_or_every_tuple_with_its_padding_pure() -
     assert {r["ia"] for r in pairs + tuples} == {3}
 
 
+def test_stage_a_reports_its_busy_time_through_stage_b_to_the_sink_pure() -> None:
+    """Stage A's partial reaches the sink as a ``count`` row through stage B's control
+    groups; the busy time of its group travels in the report's packed control fields and
+    lands in the row's ``busy_ns``. A tombstone carries none."""
+    stage = RoutedStageA(P, RunningCount())
+    report = stage._report("report", "k", "k#3", count=4, state="4", instance=2, busy_ns=7_000)
+    tombstone = stage._report("report", "k", "k#1", count=0, state="0")
+    rows = [_passed_through(r) for r in (report, tombstone)]
+    assert [(r.kind, r.stage, r.routed_key, r.instance, r["count"], r.busy_ns) for r in rows] == [
+        ("count", "A", "k#3", 2, 4, 7_000),
+        ("count", "A", "k#1", None, 0, None),
+    ]
+
+
 def _locality_config(
     version: int, warm: PairsWorkload, hot_a: tuple[int, ...], shift: int
 ) -> RoutingConfig:
@@ -557,3 +583,49 @@ def test_keys_outside_ascii_move_exactly_through_the_jvm_stages_per_instance_han
     report = compare_counts(truth, read_output(settings.output))
     assert report.expected_events == len(before) + len(after)
     assert report.exact, report
+
+
+WAIT_PER_TUPLE_S = 0.01
+"""What stage B's aggregate waits per tuple in the busy-time test."""
+
+
+@pytest.mark.integration
+def test_a_stage_that_costs_more_per_tuple_reports_more_busy_time(spark, tmp_path: Path) -> None:
+    """Both Python stages get the same 200 tuples; stage B's aggregate waits 10 ms for each
+    (:class:`~keyplane.testing.WaitingCount`), A's counts them. The batch's metrics show
+    equal loads, at least B's waits as its busy time, B's busiest instance far busier than
+    A's, and the share of the batch Stela gives B (003 §4.1) from that measured time."""
+    a_keys = [f"a{i}" for i in range(40)]
+    b_keys = [f"p{i % 8}" for i in range(40)]
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    events = routed_reads._rows(
+        "pairs", len(a_keys), kind=["event"] * len(a_keys), a=a_keys, b=b_keys, ra=a_keys,
+        rb=b_keys, vb=pa.array([1] * len(a_keys), pa.int32()), n=[5] * len(a_keys),
+        ts=[moment] * len(a_keys),
+    )  # fmt: skip
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    pq.write_table(pa.Table.from_batches([events]), inputs / "part-0.parquet")
+    rows = spark.readStream.schema(routed_reads.ROUTED_INPUT_SCHEMA).parquet(str(inputs))
+    batches: list[pd.DataFrame] = []
+    query = (
+        routed_running_counts(
+            rows, P, RunningCount(), WaitingCount(WAIT_PER_TUPLE_S), engine="python"
+        )
+        .writeStream.foreachBatch(lambda df, _: batches.append(df.toPandas()))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    [output] = batches
+
+    metrics = traffic_metrics(0, output, dict.fromkeys(OPERATORS, P))
+    tuples = 5 * len(a_keys)
+    assert [sum(metrics.load[stage].values()) for stage in OPERATORS] == [tuples, tuples]
+    busy_a, busy_b = (metrics.busy_ms[stage] for stage in OPERATORS)
+    assert set(busy_a) == set(busy_b) == set(range(P))
+    assert sum(busy_b.values()) >= tuples * WAIT_PER_TUPLE_S * 1000
+    assert max(busy_b.values()) > 5 * max(busy_a.values()) > 0
+    shares, timed = stage_shares(metrics, OPERATORS)
+    assert timed and shares["B"] > 5 / 6

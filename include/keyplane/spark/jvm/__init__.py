@@ -158,9 +158,12 @@ def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool)
 
     ``inputs`` are the routed source's rows with, for every event, stage B's
     routed key in ``rb``; the output is
-    :data:`~keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`.
+    :data:`~keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`, with ``busy_ns`` null:
+    these stages do not time their groups, so the metrics judge their share of a
+    batch by tuples (:func:`keyplane.algorithms.scaling.stage_shares`).
     """
     from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
 
     from keyplane.reference.pipeline import FIRST_STAGE
     from keyplane.spark.routed_partitions import control_groups
@@ -172,7 +175,8 @@ def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool)
     for group in control_groups(FIRST_STAGE, parallelism):
         groups.add(group)
     stages = getattr(jvm, CLASS_NAME)
-    return DataFrame(stages.runningCounts(inputs._jdf, tuples, groups), spark)
+    counts = DataFrame(stages.runningCounts(inputs._jdf, tuples, groups), spark)
+    return counts.withColumn("busy_ns", F.lit(None).cast("long"))
 
 
 PROBE_KEYS = ("", " ", "a", "zz#3", "#", "\x00", "\x01", "é", "\uffff", "\U0010fffe", "\U0010ffff")
