@@ -11,10 +11,10 @@ cost; stage A runs the reference count.
 The job runs on the stack's pieces (:func:`stack_locality.shaped_stack`:
 Apache Kafka, a Spark standalone master, workers of one core each in
 network namespaces behind ``tc``-shaped links; every piece on loopback when
-this process may not make namespaces, which the output says). It starts
-with all workers but one up, so it holds one executor fewer than it may
-(``spark.cores.max``); once its driver pins its executor count, the last
-worker joins, idle: room for one more executor.
+this process may not make namespaces, which the output says). Every worker
+is up; the job may hold them all (``spark.cores.max``) but starts on one
+fewer (``KEYPLANE_EXECUTORS_INITIAL``, as on ``keyplane stack up``), so one
+worker stays idle: room for one more executor.
 
 Each round runs two variants, one after the other (their order alternates
 from round to round), each its own job on its own topic, from the same
@@ -83,7 +83,6 @@ from keyplane.spark.counts_job import BatchProgress, job_command, read_output
 from keyplane.spark.executors import executor_ids
 from keyplane.spark.job_log import last_progress, parse_progress
 from keyplane.stack.config import stack_home
-from keyplane.stack.spark import alive_workers, master_state
 from keyplane.testing import routed_job_settings, wait_while_job_runs
 
 Variant = Literal["etp", "round-robin"]
@@ -172,18 +171,6 @@ def _wait(
     wait_while_job_runs(condition, what, job, log, timeout_s=t, poll_s=0.5)
 
 
-def _spare_down(cluster: Cluster) -> None:
-    """Stop the last worker and wait until the master no longer counts it."""
-    assert cluster.workers is not None
-    workers = cluster.workers
-    workers.processes.stop(f"spark-worker-{workers.config.workers}")
-    deadline = time.monotonic() + 120
-    while alive_workers(master_state(workers.master.ui_url)) >= workers.config.workers:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the master still counts the stopped worker after 120 s")
-        time.sleep(1)
-
-
 def run_variant(
     cluster: Cluster,
     args: argparse.Namespace,
@@ -210,6 +197,7 @@ def run_variant(
         version=1,
         master=cluster.master,
         stage_b_aggregate=COSTLY_SPEC,
+        executors_initial=executors - 1,
     )
     assert settings.routing_store is not None
     config_store.save(starting_config(), settings.routing_store)
@@ -267,7 +255,6 @@ def run_variant(
         pinned = log.read_text().split("executors pinned at", 1)[1].split()[0]
         if int(pinned) != executors - 1:
             raise RuntimeError(f"the job pinned {pinned} executors, not {executors - 1}")
-        cluster.workers.up()  # the spare worker: room for one more executor
         mark = len(_progress(log))
         _wait(lambda: len(_progress(log)) > mark + args.measure, "batches", job, log, 900)
         before = _progress(log)[mark + 1 : mark + 1 + args.measure]
@@ -337,7 +324,6 @@ def run_variant(
             except subprocess.TimeoutExpired:
                 job.kill()
                 job.wait()
-        _spare_down(cluster)
 
 
 def report(
@@ -394,8 +380,8 @@ def report(
             f"({args.keys} keys, L = 0.9), {args.batch:,} a micro-batch (trigger 1 s), the job "
             f"kept {args.backlog} batches behind. The job starts on "
             f"{cluster.workers.config.workers - 1 if cluster.workers else '?'} executors of 1 "
-            "core with room for one more (the last worker joins after the driver pins its "
-            "count). Throughput: rows/s over "
+            "core with room for one more (KEYPLANE_EXECUTORS_INITIAL; every worker is up). "
+            "Throughput: rows/s over "
             f"{args.measure} batches before the scale run and {args.measure} after it (each "
             "phase starts with the batch after the one in flight). Scale run: `airflow dags "
             f"test keyplane_scale` with action out, executors on, alpha {args.alpha}, the other "
@@ -474,7 +460,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         home = stack_home(Settings().home) / "scale-bench"
-        with shaped_stack(config, home, workers_up=config.workers - 1) as cluster:
+        with shaped_stack(config, home) as cluster:
             print(cluster.shaping, flush=True)
             name = locality_shuffle.run_name()
             for r in range(args.repeats):

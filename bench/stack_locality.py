@@ -158,15 +158,9 @@ def observed_shaping(made: Network, config: StackConfig) -> str:
 
 
 @contextmanager
-def shaped_stack(
-    config: StackConfig, home: Path, workers_up: int | None = None
-) -> Iterator[Cluster]:
+def shaped_stack(config: StackConfig, home: Path) -> Iterator[Cluster]:
     """Kafka, the Spark master and its workers of ``config`` on shaped links, taken down
-    (and the network removed) afterwards, whatever happens.
-
-    ``workers_up``: start only the first so many workers; the network has room for
-    all of ``config.workers``, which ``Cluster.workers.up()`` starts later.
-    """
+    (and the network removed) afterwards, whatever happens."""
     home.mkdir(parents=True, exist_ok=True)
     record = home / "network.json"
     made = network.make(config, record)
@@ -175,14 +169,11 @@ def shaped_stack(
     kafka = KafkaPiece(home, config.kafka_port, external)
     master = SparkMaster(home, config, made)
     workers = SparkWorkers(home, config, made, master)
-    first = workers
-    if workers_up is not None:
-        first = SparkWorkers(home, config.model_copy(update={"workers": workers_up}), made, master)
     started: list[Piece] = []
     try:
-        for piece, up in ((kafka, kafka), (master, master), (workers, first)):
+        for piece in (kafka, master, workers):
             started.append(piece)
-            up.up()
+            piece.up()
         yield Cluster(
             master=master.url,
             bootstrap=kafka.bootstrap_servers,
