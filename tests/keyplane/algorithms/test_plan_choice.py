@@ -244,7 +244,7 @@ def test_a_three_stage_chain_choice_is_scored_as_its_events_route_and_kept_if_un
     assert again.plan.tables == chosen.plan.tables
 
 
-def test_on_a_chain_no_promise_before_drift_and_the_next_is_calibrated_on_the_last() -> None:
+def test_on_a_chain_a_prior_promise_before_drift_and_the_next_calibrated_on_the_last() -> None:
     windows = [ChainStatistics.of_events(_chain_events(seed)) for seed in range(3)]
     unmeasured = choose_chain_plan(windows[0], N, drift=(Drift(), Drift(), Drift()))
     assert max(unmeasured.choice.chosen.imbalances) < unmeasured.promised_imbalance < math.inf
