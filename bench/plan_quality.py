@@ -23,8 +23,9 @@ Per policy it reports the mean next-window locality, the mean next-window
 imbalance (the worse stage's max/mean), the share of windows whose imbalance
 is within α and within the policy's own promise (``old`` promises α; the
 others state ``promised_imbalance``, for ``hash`` under the new planner's
-drift; the first window, before any drift is measured, has none and is not
-counted, so the share of windows with a promise is reported too), and, on
+drift; the first window, before any drift is measured, promises under the
+prior drift, :func:`keyplane.algorithms.costmodel.prior_drift`; the share of
+windows with a promise is reported too), and, on
 every ``--sim-every``-th window, the simulator's throughput relative to
 hash routing next to what the cost model predicts from the same window's
 locality and imbalance. Figures are the median over seeds, with the range
@@ -274,8 +275,8 @@ def report(
         "seed's mean over its windows. `≤ α` is the share of windows whose next-window "
         f"imbalance is within α = {alpha}, `≤ promise` the share within the policy's own "
         "promise (`promise`, its mean; the old planner promises α) of the windows with a "
-        "promise, `promised` the share of windows with one (a plan makes none before a drift "
-        "has been measured). `sim` is the "
+        "promise, `promised` the share of windows with one (a first plan, before a drift has "
+        "been measured, promises under the prior drift). `sim` is the "
         "simulator's throughput relative to hash "
         "routing on the sampled windows, `model` the cost model's figure from the same "
         "window's locality and imbalance, `predicted` the cost model's prediction from the "

@@ -195,6 +195,27 @@ class Drift:
         return rng.choice(pool / min(spread, 1.0) if spread > 0 else pool, size=shape)
 
 
+PRIOR_RELATIVE_DRIFT = 0.5
+"""Popularity drift assumed before any has been measured: a key's share moves by
+half of itself (one standard deviation) from one window to the next. A first
+promise has no earlier window to learn from, so the prior is wide on purpose: it
+states what a plan can honestly expect, not what it hopes for."""
+
+
+def prior_drift(total: float) -> Drift:
+    """The drift a stage is assumed to have before one has been measured.
+
+    Two parts, neither fitted: the sampling noise of shares counted from
+    ``total`` tuples (multinomial, so a share ``s`` varies by ``s / total``:
+    ``tally = 1 / total``) and the documented popularity drift
+    :data:`PRIOR_RELATIVE_DRIFT`. ``windows`` stays 0, so the first measured
+    drift replaces it (:meth:`Drift.blend`) and nothing treats it as measured.
+    """
+    if not (np.isfinite(total) and total >= 0):
+        raise ValueError(f"total must be a finite tuple count ≥ 0, got {total}")
+    return Drift(relative=PRIOR_RELATIVE_DRIFT, tally=1.0 / total if total > 0 else 0.0)
+
+
 def measure_drift(
     before_keys: npt.ArrayLike,
     before_weights: npt.ArrayLike,

@@ -108,7 +108,7 @@ class LocalityPlan:
     (0 when no model scored it). ``promised_imbalance`` is the bound the plan
     expects the next window's worse stage to keep with
     :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE` (0 when not scored,
-    ``math.inf`` when no drift has been measured yet, see
+    under the prior drift when none has been measured yet, see
     :func:`~keyplane.algorithms.plan_choice.score`): α stays the operator's target,
     the promise is what this plan tells the operator to expect. ``model_promise`` is
     the drift model's bound before calibration (0 when no drift was measured) and

@@ -16,7 +16,9 @@ planners of this package alike:
   keep (``promised_imbalance``): the drift model's bound
   (:func:`keyplane.algorithms.costmodel.next_window`), calibrated on how
   earlier plans fared (:func:`_calibration`). Before a drift has been measured
-  there is no promise (``math.inf``).
+  the promise is made under the prior drift
+  (:func:`keyplane.algorithms.costmodel.prior_drift`): the training counts'
+  own sampling noise and a documented, wide popularity drift.
 
 A candidate is given as how it routes each stage's keys (:class:`StageRouting`),
 so the rule does not depend on how the routing is stored: the DAG's
@@ -42,6 +44,7 @@ from keyplane.algorithms.costmodel import (
     Drift,
     StageProfile,
     next_window,
+    prior_drift,
 )
 from keyplane.algorithms.locality import build_chain_plan
 from keyplane.algorithms.locality_plan import (
@@ -100,9 +103,9 @@ class Scored:
     ``locality`` and ``imbalances`` (per stage, upstream first) are the
     window's own figures; ``throughput`` is the cost model's at the expected
     next-window imbalance. ``promised_imbalance`` is the bound the next
-    window's worse stage is expected to keep (``math.inf``: none is made) and
-    ``model_promise`` the drift model's bound behind it (0 when no drift was
-    measured).
+    window's worse stage is expected to keep and ``model_promise`` the
+    measured drift model's bound behind it (0 when no drift was measured: the
+    promise then rests on the prior drift and is not calibrated).
     """
 
     name: CandidateName
@@ -196,7 +199,10 @@ def score_candidate(
     are in-sample: the caller scores a candidate on the window it runs on. A
     ``drift`` that has measured no window yet is no evidence of how the next
     window moves, and the in-sample imbalance is a bound the next window
-    breaks, so the promise is then unbounded (``math.inf``): none is made.
+    breaks, so each stage then gets the
+    :func:`~keyplane.algorithms.costmodel.prior_drift` of its own tuple count:
+    the throughput and the promise are both made under it, and
+    ``model_promise`` stays 0 so that no calibration ratio is taken against it.
     """
     stages = window.n_stages
     if len(candidate.stages) != stages:
@@ -207,6 +213,11 @@ def score_candidate(
     drifts = tuple(drift) if drift is not None else (Drift(),) * stages
     if len(drifts) != stages:
         raise ValueError(f"give one drift per stage: {stages}, got {len(drifts)}")
+    known = _measured_any(drift)
+    if drift is not None and not known:
+        drifts = tuple(
+            prior_drift(float(window.stage_weights(index).weights.sum())) for index in range(stages)
+        )
     imbalances: list[float] = []
     profiles: list[StageProfile] = []
     for index, (routing, stage_drift) in enumerate(zip(candidate.stages, drifts, strict=True)):
@@ -218,13 +229,12 @@ def score_candidate(
     locality = _locality(candidate, window)
     ahead = next_window(profiles)
     bound = max(ahead.promise, 1.0)
-    known = _measured_any(drift)
     return Scored(
         name=candidate.name,
         locality=locality,
         imbalances=tuple(imbalances),
         throughput=cost.throughput(locality, *ahead.imbalances),
-        promised_imbalance=bound if drift is None or known else math.inf,
+        promised_imbalance=bound,
         model_promise=bound if known else 0.0,
     )
 
@@ -264,7 +274,7 @@ def choose(
     The winner's promise is its model bound with the slack widened by
     :func:`_calibration` over the last :data:`MAX_PROMISE_RATIOS` of
     ``ratios`` (:func:`promise_ratio` of earlier plans); with no drift
-    measured there is none (:func:`score_candidate`).
+    measured it is the prior drift's bound (:func:`score_candidate`).
     """
     if not candidates:
         raise ValueError("choose needs at least one candidate")

@@ -189,8 +189,11 @@ def compute_configuration(
         "chose the %s configuration (throughputs %s); %s (target α %.3f)",
         plan.candidate,
         plan.throughputs,
-        "it makes no next-window promise: no drift could be measured (the snapshot has no hold-out)"
+        "it makes no next-window promise"
         if promised is None
+        else f"it promises next-window imbalance ≤ {promised:.3f} under the prior drift: "
+        "none could be measured (the snapshot has no hold-out)"
+        if plan.model_promise <= 1.0
         else f"it promises next-window imbalance ≤ {promised:.3f} (drift model "
         f"{plan.model_promise:.3f}, calibrated on {len(plan.promise_ratios)} earlier rollout(s))",
         params.alpha,

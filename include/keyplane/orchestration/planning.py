@@ -37,7 +37,8 @@ imbalance into a predicted throughput; the highest wins, so the result is
 never predicted slower than hash routing. The chosen one states
 ``promised_imbalance``, the bound the next window is expected to keep given
 the drift measured from the training statistics to the hold-out, calibrated
-on how earlier rollouts' promises held; with no hold-out it makes none.
+on how earlier rollouts' promises held; with no hold-out it is made under a
+wide prior drift (:func:`keyplane.algorithms.costmodel.prior_drift`).
 """
 
 from __future__ import annotations
@@ -194,10 +195,12 @@ class Plan:
     next window's worse operator to keep with
     :data:`~keyplane.algorithms.costmodel.PROMISE_CONFIDENCE`, under the drift measured
     from the training statistics to the hold-out, calibrated on
-    ``promise_ratios`` (:func:`keyplane.algorithms.plan_choice.choose`); ``math.inf``
-    when no drift could be measured (no hold-out), since the training
-    statistics' own imbalance is no bound on the next window. ``model_promise``
-    is the drift model's bound before calibration (0: none). α stays the
+    ``promise_ratios`` (:func:`keyplane.algorithms.plan_choice.choose`). When no
+    drift could be measured (no hold-out) the training statistics' own
+    imbalance is no bound on the next window, so the promise is made under the
+    prior drift (:func:`keyplane.algorithms.costmodel.prior_drift`) and is not
+    calibrated. ``model_promise`` is the measured drift model's bound before
+    calibration (0: none was measured). α stays the
     target, the promise is what to expect.
     """
 

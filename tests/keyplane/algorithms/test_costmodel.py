@@ -8,11 +8,13 @@ import pytest
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.algorithms.costmodel import (
     MIN_CALIBRATION_BATCHES,
+    PRIOR_RELATIVE_DRIFT,
     CostModel,
     Drift,
     calibrate,
     measure_drift,
     next_window,
+    prior_drift,
 )
 
 
@@ -124,3 +126,15 @@ def test_the_promise_widens_with_the_drift_and_tops_the_expected_imbalance() -> 
         assert ahead.promise > max(ahead.imbalances) > 1.0
         promises.append(ahead.promise)
     assert promises == sorted(promises)
+
+
+def test_the_prior_drift_is_the_counts_sampling_noise_and_the_documented_popularity_drift() -> None:
+    prior = prior_drift(20_000.0)
+    assert prior.tally == pytest.approx(1.0 / 20_000.0)
+    assert prior.relative == PRIOR_RELATIVE_DRIFT
+    assert prior.windows == 0  # not a measurement: the first measured drift replaces it
+    measured = Drift(relative=0.1, tally=1e-5, windows=1)
+    assert prior.blend(measured) == measured
+    assert prior_drift(0.0).tally == 0.0
+    with pytest.raises(ValueError, match="tuple count"):
+        prior_drift(float("nan"))

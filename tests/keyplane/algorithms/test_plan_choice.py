@@ -83,10 +83,10 @@ def test_the_promise_holds_on_ninety_percent_of_next_windows_of_a_drifting_workl
             drift=history.drift,
             followed=windows[t],
         )
-        # No drift is measured before the second window: no promise is made.
-        assert np.isfinite(current.promised_imbalance) == (t > 0)
-        if t == 0:
-            continue
+        # No drift is measured before the second window: the first promise
+        # rests on the prior drift, and every window counts.
+        assert np.isfinite(current.promised_imbalance)
+        assert (current.model_promise > 0.0) == (t > 0)
         following = current.evaluate(windows[t + 1])
         worse = max(following.imbalance_a, following.imbalance_b)
         within_promise.append(worse <= current.promised_imbalance)
@@ -108,21 +108,31 @@ def test_with_no_drift_the_promise_is_the_training_imbalance_and_headroom_is_the
     assert drift_margin(pairs, (Drift(), Drift()), 8) == 0.0
 
 
-def test_a_drift_that_measured_no_window_yet_makes_no_promise_instead_of_an_in_sample_one() -> None:
+def test_a_drift_that_measured_no_window_yet_promises_under_the_prior_not_in_sample() -> None:
     windows = _drifting_windows(seed=3, windows=2)
     history = PairHistory(HistoryPolicy(decay=0.5, min_weight=0.05), n_instances=6)
     history.add(windows[0])
     assert all(stage.windows == 0 for stage in history.drift)
     first = choose_plan(history.statistics, 6, drift=history.drift)
-    assert first.promised_imbalance == math.inf
-    assert first.model_promise == 0.0
+    assert first.model_promise == 0.0  # nothing measured: no calibration ratio against it
     hashed = score(hash_plan(6), history.statistics, CostModel(), history.drift)
-    assert hashed.promised_imbalance == math.inf
-    # The in-sample imbalance the promise used to be does not hold on the next window.
-    following = first.evaluate(windows[1])
-    assert max(following.imbalance_a, following.imbalance_b) > max(
-        first.predicted_imbalance_a, first.predicted_imbalance_b
+    assert np.isfinite(hashed.promised_imbalance)
+    assert hashed.promised_imbalance > max(
+        hashed.predicted_imbalance_a, hashed.predicted_imbalance_b
     )
+    # The in-sample imbalance does not hold on the next window; the prior's promise does.
+    following = first.evaluate(windows[1])
+    worse = max(following.imbalance_a, following.imbalance_b)
+    assert worse > max(first.predicted_imbalance_a, first.predicted_imbalance_b)
+    assert worse <= first.promised_imbalance
+    # The promise is the prior drift's bound, not the narrower one of sampling noise alone.
+    chain = history.statistics.chain()
+    noise_only = tuple(
+        Drift(tally=1.0 / float(chain.stage_weights(stage).weights.sum()), windows=1)
+        for stage in range(2)
+    )
+    sampled = choose_plan(history.statistics, 6, drift=noise_only)
+    assert sampled.promised_imbalance < first.promised_imbalance
     history.add(windows[1])
     second = choose_plan(history.statistics, 6, current=first, drift=history.drift)
     assert np.isfinite(second.promised_imbalance)
@@ -234,10 +244,10 @@ def test_a_three_stage_chain_choice_is_scored_as_its_events_route_and_kept_if_un
     assert again.plan.tables == chosen.plan.tables
 
 
-def test_on_a_chain_no_promise_before_drift_and_the_next_is_calibrated_on_the_last() -> None:
+def test_on_a_chain_a_prior_promise_before_drift_and_the_next_calibrated_on_the_last() -> None:
     windows = [ChainStatistics.of_events(_chain_events(seed)) for seed in range(3)]
     unmeasured = choose_chain_plan(windows[0], N, drift=(Drift(), Drift(), Drift()))
-    assert unmeasured.promised_imbalance == math.inf
+    assert max(unmeasured.choice.chosen.imbalances) < unmeasured.promised_imbalance < math.inf
     assert unmeasured.choice.model_promise == 0.0
     drift = tuple(Drift(relative=0.3, tally=1e-4, windows=1) for _ in range(3))
     first = choose_chain_plan(windows[0], N, drift=drift)

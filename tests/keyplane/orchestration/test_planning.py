@@ -383,10 +383,10 @@ def test_a_plan_states_a_promise_from_the_drift_between_training_and_hold_out() 
     assert plan.promised_imbalance == pytest.approx(plan.model_promise)
 
 
-def test_a_first_run_with_no_drift_measured_makes_no_promise() -> None:
+def test_a_first_run_with_no_drift_measured_promises_under_the_prior_drift() -> None:
     # No hold-out: no drift between training statistics and hold-out can be
     # measured, and the training statistics' own imbalance is no bound on the
-    # next window, so the DAG promises nothing rather than an in-sample figure.
+    # next window, so the promise rests on the prior drift and is not calibrated.
     n = 6
     hashed = RoutingConfig.all_hash(n, OPERATORS)
     pairs, frequencies = _few_keys_snapshot(0, np.log(np.arange(1, 17, dtype=np.float64) ** -0.6))
@@ -395,9 +395,13 @@ def test_a_first_run_with_no_drift_measured_makes_no_promise() -> None:
         pairs, no_holdout, hashed, planning.PlanParams(alpha=1.03), version=2,
         promise_ratios=(3.0,),
     )  # fmt: skip
-    assert unmeasured.promised_imbalance == math.inf
     assert unmeasured.model_promise == 0.0
-    assert max(unmeasured.predicted_imbalance.values()) < math.inf
+    # Not widened by the earlier ratio (3.0): that calibrates the measured model only.
+    alone = planning.plan_configuration(
+        pairs, no_holdout, hashed, planning.PlanParams(alpha=1.03), version=2
+    )
+    assert unmeasured.promised_imbalance == pytest.approx(alone.promised_imbalance)
+    assert max(unmeasured.predicted_imbalance.values()) < unmeasured.promised_imbalance < math.inf
 
 
 def test_the_promise_is_widened_by_the_earlier_rollouts_ratios() -> None:
