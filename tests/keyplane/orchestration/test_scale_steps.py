@@ -196,6 +196,7 @@ def test_the_validation_reads_the_counts_the_configuration_step_counted_not_newe
     proposal = scale_steps.compute_scaled_configuration(deployment, RUN)
     stored = (run_records.scale_folder(deployment, RUN) / scale_steps.COUNTS).read_text()
     produce_workload(LATER, deployment.bootstrap_servers, deployment.events_topic)
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger=scale_steps.__name__):
         record = scale_steps.validate_scaled_configuration(deployment, RUN, alpha=4.0)
         seen = scale_steps.run_counts(deployment, RUN, stored=True)
@@ -226,6 +227,7 @@ def test_a_task_that_cannot_read_the_counts_sets_them_aside_and_counts_again(
     cut = path.read_text()[:100]
     path.write_text(cut)
     produce_workload(LATER, deployment.bootstrap_servers, deployment.events_topic)
+    caplog.clear()
 
     with caplog.at_level(logging.INFO, logger=scale_steps.__name__):
         seen = scale_steps.run_counts(deployment, RUN, stored=True)
