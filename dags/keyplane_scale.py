@@ -11,11 +11,14 @@ Every ten minutes in ``auto`` mode, or on demand with Params:
 2. ``add_executor`` (scale-out, with ``executors`` on) asks the job's driver
    for one more executor and waits until it has registered
    (:mod:`keyplane.spark.executors`);
-3. ``compute_scaled_configuration`` stores the active version with that
-   operator over its new *active* instances (Spark fixes the state
-   partitions, so scaling changes which instances hold keys);
+3. ``compute_scaled_configuration`` counts the keys of the pipeline's
+   topics once for the run (kept in the run's ``scale_counts.json``) and
+   stores the active version with that operator over its new *active*
+   instances (Spark fixes the state partitions, so scaling changes which
+   instances hold keys);
 4. ``validate_configuration`` runs the Great Expectations configuration
-   suites on it: a failure stops the run, and nothing is published;
+   suites on it, with the run's stored counts: a failure stops the run,
+   and nothing is published;
 5. the rollout of paper 000 §3.4, the reconfiguration DAG's: ``publish``
    (PREPARE) → ``await_ack`` → ``propagate`` → ``await_migrated_A`` →
    ``await_migrated_B`` → ``done``, the state of every moved key handed over

@@ -51,6 +51,7 @@ VERIFICATION = "verification.json"
 ROLLBACK = "rollback.json"
 SCALE_DECISION = "scale_decision.json"
 SCALE_PROPOSAL = "scale_proposal.json"
+SCALE_COUNTS = "scale_counts.json"
 """The records of a ``keyplane_scale`` run (:mod:`keyplane.orchestration.scale_steps`),
 named here with the other runs' records so that this module need not import that one."""
 APPROVAL = "approval.json"

@@ -15,21 +15,25 @@ scaled routing needs every key that holds state
 (:func:`keyplane.algorithms.scaling.scaled_routing`: the job only moves the state of keys
 a configuration names), so :func:`compute_scaled_configuration` counts the
 keys of the pipeline's topics, from their earliest retained records: the job's state
-holds exactly the keys of the events it counted.
+holds exactly the keys of the events it counted. A run counts once, over the
+offsets as they were when it counted, and keeps the counts in its folder
+(:func:`run_counts`); the validation reads them there.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError, model_validator
 
 from keyplane.algorithms.batchmetrics import BatchMetrics
 from keyplane.algorithms.scaling import ScaleRequest, decide_scaling
+from keyplane.algorithms.statistics import TopicWindow
 from keyplane.orchestration import (
     configuration_steps,
     decision_steps,
@@ -127,31 +131,82 @@ def decide(
     return record
 
 
-def event_key_loads(deployment: Deployment) -> dict[str, dict[str, float]]:
-    """Tuples per key of each stage in the pipeline's topics."""
-    return event_counts(deployment)[0]
+COUNTS = run_records.SCALE_COUNTS
 
 
-def event_pair_counts(deployment: Deployment) -> dict[tuple[str, str, str], float]:
-    """Tuples per (stage, its key, the next stage's key) in the pipeline's topics."""
-    return event_counts(deployment)[1]
+class EventCounts(BaseModel):
+    """The events of the pipeline's topics in one window of offsets, counted once per run.
+
+    ``loads`` holds the events per key of each stage, ``pairs`` the events per
+    key of a stage and the next stage's key (``pairs[stage][key][next key]``):
+    the pairs whose co-location is locality (000 §2). The run's first step
+    that needs them counts and stores them (:func:`run_counts`); the later
+    steps read them, so that the validation judges the loads the scaled
+    version was planned from, not a topic that has grown since.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    windows: tuple[TopicWindow, ...]
+    """The offsets ``[start, end)`` of every partition counted."""
+    loads: dict[str, dict[str, NonNegativeInt]]
+    pairs: dict[str, dict[str, dict[str, NonNegativeInt]]]
+
+    @model_validator(mode="after")
+    def _pairs_add_up_to_loads(self) -> EventCounts:
+        """Every counted event of a stage that has a next stage makes one pair, so a
+        stage's pairs of a key add up to its load: a file that was cut or edited is
+        refused rather than read as other counts."""
+        for stage, firsts in self.pairs.items():
+            loads = self.loads.get(stage)
+            if loads is None:
+                raise ValueError(f"pairs of stage {stage!r}, which has no loads")
+            for key, load in loads.items():
+                paired = sum(firsts.get(key, {}).values())
+                if paired != load:
+                    raise ValueError(
+                        f"stage {stage!r} key {key!r}: {load} events but {paired} in pairs"
+                    )
+            stray = sorted(set(firsts) - set(loads))
+            if stray:
+                raise ValueError(f"stage {stage!r} has pairs of keys with no load: {stray[:3]}")
+        return self
+
+    @property
+    def events(self) -> int:
+        """The events counted in the first stage (every counted event has one key there)."""
+        return sum(next(iter(self.loads.values()), {}).values())
+
+    def key_loads(self) -> dict[str, dict[str, float]]:
+        """Tuples per key of each stage."""
+        return {
+            stage: {key: float(n) for key, n in keys.items()} for stage, keys in self.loads.items()
+        }
+
+    def pair_counts(self) -> dict[tuple[str, str, str], float]:
+        """Tuples per ``(stage, its key, the next stage's key)``."""
+        return {
+            (stage, key, following): float(n)
+            for stage, firsts in self.pairs.items()
+            for key, nexts in firsts.items()
+            for following, n in nexts.items()
+        }
 
 
-def event_counts(
-    deployment: Deployment,
-) -> tuple[dict[str, dict[str, float]], dict[tuple[str, str, str], float]]:
-    """Tuples per key of each stage in the pipeline's topics, and tuples per pair of keys
-    of consecutive stages, keyed ``(stage, key, next stage's key)``: the pairs whose
-    co-location is locality (000 §2).
+def count_events(deployment: Deployment) -> EventCounts:
+    """Count the events of the pipeline's topics, from the earliest retained record to the
+    high watermark as they are now (the window the counts record).
 
-    Read from the earliest retained record to the end, parsed and keyed as the
-    job parses and keys them (:mod:`keyplane.orchestration.stage_keys`, in a
-    local Spark session unless one is active), so a key counts exactly when
-    the job would have counted it.
+    The events are parsed and keyed as the job parses and keys them
+    (:mod:`keyplane.orchestration.stage_keys`), so a key counts exactly when
+    the job would have counted it. The count runs in the active Spark session,
+    else in one of its own on ``KEYPLANE_SPARK_MASTER`` (the deployment's
+    master for batch work, never the streaming job's session), started light:
+    no UI and one shuffle partition, since the counts are one small row per
+    pair of keys.
     """
     from pyspark.sql import SparkSession
 
-    from keyplane.algorithms.statistics import TopicWindow
     from keyplane.kafka.admin import earliest_offsets, high_watermarks
     from keyplane.orchestration.stage_keys import window_key_counts
     from keyplane.pipeline import load_pipeline
@@ -160,17 +215,17 @@ def event_counts(
 
     pipeline = load_pipeline(deployment.pipeline)
     servers = deployment.bootstrap_servers
-    windows = [
+    windows = tuple(
         TopicWindow(
             topic=topic, start=earliest_offsets(servers, topic), end=high_watermarks(servers, topic)
         )
         for topic in pipeline.source.topics
-    ]
+    )
     active = SparkSession.getActiveSession()
     spark = active or build_session(
         "keyplane-scale-keys",
         Settings().spark_master,
-        shuffle_partitions=4,
+        shuffle_partitions=1,
         extra={"spark.ui.enabled": "false"},
     )
     try:
@@ -180,17 +235,78 @@ def event_counts(
     finally:
         if active is None:
             spark.stop()
-    loads: dict[str, dict[str, float]] = {name: {} for name in pipeline.stage_names}
-    pairs: dict[tuple[str, str, str], float] = {}
+    loads: dict[str, dict[str, int]] = {name: {} for name in pipeline.stage_names}
+    pairs: dict[str, dict[str, dict[str, int]]] = {}
     for row in rows:
         if row.stage is None:
             continue
+        n = int(row.n)
         stage_loads = loads[row.stage]
-        stage_loads[row.a] = stage_loads.get(row.a, 0.0) + float(row.n)
+        stage_loads[row.a] = stage_loads.get(row.a, 0) + n
         if row.b is not None:
-            pair = (row.stage, row.a, row.b)
-            pairs[pair] = pairs.get(pair, 0.0) + float(row.n)
-    return loads, pairs
+            nexts = pairs.setdefault(row.stage, {}).setdefault(row.a, {})
+            nexts[row.b] = nexts.get(row.b, 0) + n
+    return EventCounts(windows=windows, loads=loads, pairs=pairs)
+
+
+def _reason(error: Exception) -> str:
+    """``error`` in one line."""
+    if isinstance(error, ValidationError):
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _window_text(counts: EventCounts) -> str:
+    return "; ".join(
+        f"{w.topic} {', '.join(f'p{p} [{w.start.get(p, 0)}, {end})' for p, end in w.end.items())}"
+        for w in counts.windows
+    )
+
+
+def run_counts(deployment: Deployment, run_id: str, *, stored: bool = False) -> EventCounts:
+    """The run's :class:`EventCounts`: those an earlier step stored (``scale_counts.json``
+    in the run's folder), else counted now (:func:`count_events`) and stored.
+
+    ``stored`` says the step expects an earlier step's counts (it judges what
+    that step planned). A step that finds none, or a file it cannot read
+    (which it sets aside as ``scale_counts.json.unreadable-<id>``, losing
+    nothing), counts again and says so in its log, with the window it
+    counted: the counts then include events newer than those the plan was
+    made from.
+    """
+    path = _folder(deployment, run_id) / COUNTS
+    if path.is_file():
+        try:
+            counts = EventCounts.model_validate_json(path.read_text())
+        except (OSError, ValueError) as error:
+            aside = path.with_name(f"{path.name}.unreadable-{uuid.uuid4().hex[:8]}")
+            path.replace(aside)
+            log.warning(
+                "the run's event counts %s cannot be read (%s); kept as %s, counting again",
+                path,
+                _reason(error),
+                aside.name,
+            )
+        else:
+            log.info(
+                "read the run's event counts from %s: %d events in %s",
+                path,
+                counts.events,
+                _window_text(counts),
+            )
+            return counts
+    elif stored:
+        log.warning(
+            "the run's event counts %s are missing (the step that stores them has not run, or "
+            "its file was removed); counting again, over events newer than the plan's",
+            path,
+        )
+    record = run_records.write_once(path, count_events(deployment).model_dump(mode="json"))
+    counts = EventCounts.model_validate(record)
+    log.info("counted %d events in %s; stored in %s", counts.events, _window_text(counts), path)
+    return counts
 
 
 def predicted_locality(
@@ -257,6 +373,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
     if not decision["publish"]:
         raise run_records.Refused(f"the decision was not to scale: {decision['reason']}")
     operator = str(decision["operator"])
+    counts = run_counts(deployment, run_id)
     allocation = folder / run_records.ALLOCATION
     if allocation.is_file():
         reserved = run_records.read_record(allocation, "the reservation")
@@ -265,7 +382,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
             allocation,
             deployment,
             int(decision["parent_version"]),
-            key_loads=event_key_loads(deployment)[operator],
+            key_loads=counts.key_loads()[operator],
         )
     parent = int(reserved["parent_version"])
     loads: dict[str, float] = reserved["key_loads"]
@@ -278,7 +395,7 @@ def compute_scaled_configuration(deployment: Deployment, run_id: str) -> dict[st
         operators={**current.operators, operator: routing},
     )
     saved = run_records.store_version(deployment, config)
-    pairs = event_pair_counts(deployment)
+    pairs = counts.pair_counts()
     stages = deployment.operators
     before = predicted_locality(current, pairs, stages)
     after = predicted_locality(config, pairs, stages)
@@ -335,7 +452,7 @@ def validate_scaled_configuration(
     )
     config = config_store.load(deployment.routing_store, proposal.version, proposal.checksum)
     parent = config_store.load(deployment.routing_store, proposal.parent_version)
-    loads = event_key_loads(deployment)
+    loads = run_counts(deployment, run_id, stored=True).key_loads()
     changed = configuration_steps.changed_operators(config, parent)
     view = changed.model_copy(
         update={

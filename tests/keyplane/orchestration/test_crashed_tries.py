@@ -158,21 +158,23 @@ def test_a_plan_whose_reserved_version_was_published_meanwhile_fails_and_leaves_
 def test_a_scale_retried_after_its_try_died_plans_from_the_same_keys_with_fake_loads(
     deployment: Deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Events keep arriving: the retry would count more keys than the try did."""
+    """Events keep arriving: a retry that counts again counts more keys than the try did."""
     decide_scale_in_of_b(deployment, RUN)
     events = {"keys": 20}
 
-    def fake_loads(_: Deployment) -> dict[str, dict[str, float]]:
-        return {name: {f"{name}{i}": 1.0 + i for i in range(events["keys"])} for name in OPERATORS}
+    def fake_count(_: Deployment) -> scale_steps.EventCounts:
+        loads = {name: {f"{name}{i}": 1 + i for i in range(events["keys"])} for name in OPERATORS}
+        return scale_steps.EventCounts(windows=(), loads=loads, pairs={})
 
-    monkeypatch.setattr(scale_steps, "event_key_loads", fake_loads)
-    monkeypatch.setattr(scale_steps, "event_pair_counts", lambda _: {("A", "A0", "B0"): 1.0})
+    monkeypatch.setattr(scale_steps, "count_events", fake_count)
     undo = dies_writing(monkeypatch, lambda name: name == scale_steps.PROPOSAL)
     with pytest.raises(WorkerDied):
         scale_steps.compute_scaled_configuration(deployment, RUN)
     first = config_store.load(deployment.routing_store, 2)
     undo()
     events["keys"] = 25
+    # The run's stored counts are lost too, so the retry counts the 25 keys.
+    (run_records.scale_folder(deployment, RUN) / scale_steps.COUNTS).unlink()
 
     proposal = scale_steps.compute_scaled_configuration(deployment, RUN)
 

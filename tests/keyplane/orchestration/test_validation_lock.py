@@ -66,9 +66,9 @@ def test_a_validation_step_waits_for_the_gx_lock_with_fake_suites(
     deployment = deployment_under(tmp_path, bootstrap_servers="fake:9092")
     config_store.save(RoutingConfig.all_hash(P, OPERATORS), deployment.routing_store)
     write_statistics_snapshot(deployment.snapshots, RUN, paired_tuple_counts(60, 3))
-    loads = {name: {f"{name}{i}": 1.0 + i % 3 for i in range(24)} for name in OPERATORS}
-    monkeypatch.setattr(scale_steps, "event_key_loads", lambda _: loads)
-    monkeypatch.setattr(scale_steps, "event_pair_counts", lambda _: {})
+    loads = {name: {f"{name}{i}": 1 + i % 3 for i in range(24)} for name in OPERATORS}
+    counts = scale_steps.EventCounts(windows=(), loads=loads, pairs={})
+    monkeypatch.setattr(scale_steps, "count_events", lambda _: counts)
     built = threading.Event()
 
     def fake_context(gx_root: Path | None = None) -> object:
