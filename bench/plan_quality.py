@@ -9,8 +9,9 @@ windows in time order and compares four policies:
   weight is below 0.5, heavy keys decided by the cascading rule, and keys
   split until α holds on the training window (``split_rule="alpha"``);
 * ``new``: :func:`keyplane.algorithms.plan_choice.choose_plan` on a pair
-  history with each stage's key weights replaced by their forecast for the
-  next window (:mod:`keyplane.algorithms.forecast`, the memory chosen per
+  history whose pairs weigh the cut while each stage's key loads, balanced
+  apart from them, are their forecast for the next window
+  (:func:`keyplane.algorithms.forecast.reweighted`, the memory chosen per
   stage by backtest) and the drift of those forecasts: the best of keeping
   the current plan, hash routing and a plan built with headroom, by expected
   next-window throughput under the default cost model. Two pair histories

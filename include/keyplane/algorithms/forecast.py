@@ -30,7 +30,8 @@ import numpy as np
 import numpy.typing as npt
 
 from keyplane.algorithms.costmodel import Drift, measure_drift
-from keyplane.algorithms.pair_statistics import KeyWeights, PairStatistics
+from keyplane.algorithms.pair_statistics import ChainStatistics, KeyWeights, PairStatistics
+from keyplane.algorithms.partitioner import KeyArray
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -256,31 +257,61 @@ class WeightForecast:
         return tuple(stage.forecast() for stage in self.stages)
 
 
-def reweighted(pairs: PairStatistics, weight_a: KeyWeights, weight_b: KeyWeights) -> PairStatistics:
-    """``pairs`` (e.g. the decayed history, which knows which keys go together)
-    with each stage's key weights replaced by a forecast.
+def forecast_weights(history: KeyWeights, ahead: KeyWeights, paired: KeyArray) -> KeyWeights:
+    """A stage's loads to balance: ``ahead`` (a forecast), and every key of ``paired``
+    it has no weight for (a tail key the forecast has forgotten, or forecast to
+    vanish) at its ``history`` weight times the forecast's overall scale: its
+    weight barely moves an instance, and its pairs still say where it goes
+    should it return."""
+    scale = float(ahead.weights.sum()) / max(float(history.weights.sum()), 1e-300)
+    missing = np.setdiff1d(paired, ahead.keys)
+    known = np.isin(history.keys, missing)
+    keys = np.concatenate([ahead.keys, history.keys[known]])
+    weights = np.concatenate([ahead.weights, history.weights[known] * scale])
+    order = np.argsort(keys, kind="stable")
+    return KeyWeights(keys[order], weights[order])
 
-    A pair's count is scaled by its stage-A key's forecast over its weight in
-    ``pairs``: the stage-B keys then carry the load their upstream keys are
-    forecast to send them, and no key's pair total exceeds its forecast
-    frequency, so the forecast is what the planner balances. A key the
-    forecast has no weight for (a tail key the latest window missed) keeps
-    its pairs at the history's scale: its weight barely moves an instance,
-    and its pairs still say where it goes when it returns.
+
+def reweighted_chain(chain: ChainStatistics, ahead: Sequence[KeyWeights | None]) -> ChainStatistics:
+    """``chain`` (e.g. the decayed history, which knows which keys go together) with
+    each stage's loads replaced by its forecast (``None``: the stage keeps its
+    weights), set apart from the pairs
+    (:data:`~keyplane.algorithms.pair_statistics.StageWeighting`).
+
+    The pair counts stay as the history has them, so the cut (000 §3.3's edge
+    weights) keeps the history's longer memory of which keys go together, while
+    the balance (000 §3.1) is the forecast's: a key forecast to fade weighs
+    little on its instance but its pairs still weigh what they were seen to,
+    so the partitioner does not cut it from its partners first.
     """
-    history = pairs.stage_weights("a")
-    scale = float(weight_a.weights.sum()) / max(float(history.weights.sum()), 1e-300)
-    ahead = np.full(history.keys.size, scale)
-    found = np.isin(weight_a.keys, history.keys)
-    at = np.searchsorted(history.keys, weight_a.keys[found])
-    known = history.weights[at] > 0
-    ahead[at[known]] = weight_a.weights[found][known] / history.weights[at[known]]
-    counts = pairs.counts * ahead[np.searchsorted(history.keys, pairs.a_keys)]
-    keep = counts > 0
-    return PairStatistics(
-        pairs.a_keys[keep],
-        pairs.b_keys[keep],
-        counts[keep],
-        freq_a=weight_a,
-        freq_b=weight_b,
+    if len(ahead) != chain.n_stages:
+        raise ValueError(
+            f"give one forecast (or None) per stage: {chain.n_stages}, got {len(ahead)}"
+        )
+    loads = tuple(
+        chain.stage_weights(stage)
+        if forecast is None
+        else forecast_weights(chain.stage_weights(stage), forecast, _paired(chain, stage))
+        for stage, forecast in enumerate(ahead)
     )
+    return ChainStatistics(loads, chain.links, "frequencies")
+
+
+def _paired(chain: ChainStatistics, stage: int) -> KeyArray:
+    """The keys of the ``stage``-th stage that appear in a pair with a neighbour."""
+    sides = [np.zeros(0, dtype=np.int64)]
+    if stage > 0:
+        sides.append(chain.links[stage - 1].down_keys)
+    if stage < len(chain.links):
+        sides.append(chain.links[stage].up_keys)
+    return np.unique(np.concatenate(sides))
+
+
+def reweighted(pairs: PairStatistics, weight_a: KeyWeights, weight_b: KeyWeights) -> PairStatistics:
+    """:func:`reweighted_chain` of stages A and B, as pair statistics."""
+    chain = reweighted_chain(pairs.chain(), (weight_a, weight_b))
+    freq_a, freq_b = chain.frequencies
+    return PairStatistics(
+        pairs.a_keys, pairs.b_keys, pairs.counts, freq_a=freq_a, freq_b=freq_b,
+        weighting="frequencies",
+    )  # fmt: skip

@@ -2,9 +2,11 @@
 
 A window's statistics are the counts of the key pairs of consecutive stages
 and, optionally, each stage's key frequencies. Statistics keep only the top
-pairs, so a key's weight (its vertex weight in 000 §3.3's graph) is the
-largest of its frequency and its pair totals: every tuple of a pair is also a
-tuple of each of its keys.
+pairs, so a key's weight (its vertex weight in 000 §3.3's graph) is by default
+the largest of its frequency and its pair totals: every tuple of a pair is also
+a tuple of each of its keys. Statistics whose frequencies are a forecast of the
+next window's loads set the two apart (:data:`StageWeighting`): the pairs
+weigh the cut, the frequencies the balance.
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ from keyplane.algorithms.partitioner import KeyArray
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+
+StageWeighting = Literal["max", "frequencies"]
+"""How a stage's key weights, the loads the planner balances (000 §3.1), are read.
+
+``"max"``: the larger of a key's frequency and its pair totals (module
+docstring). ``"frequencies"``: the frequencies as given, every pair key among
+them; the pair counts then weigh only the cut (000 §3.3's edge weights). A
+forecast of the next window's loads is balanced this way while the cut keeps
+a longer memory of which keys go together: a key forecast to fade still
+weighs its pairs as often as they were seen, and stays with its partners
+(:func:`keyplane.algorithms.forecast.reweighted`)."""
 
 
 def _weighted_counts(index: npt.ArrayLike, weights: FloatArray, size: int) -> FloatArray:
@@ -73,8 +86,9 @@ class PairStatistics:
     stage-B key ``b_keys[i]``; a pair may repeat (counts add up). ``freq_a`` and
     ``freq_b`` are optional per-key frequencies: statistics keep only the top
     pairs, so a key can be more frequent than its pairs show. A key's weight is
-    the larger of its frequency and its pair total, since every tuple of a pair
-    is also a tuple of each of its keys.
+    read as ``weighting`` says (:data:`StageWeighting`): by default the larger
+    of its frequency and its pair total, since every tuple of a pair is also a
+    tuple of each of its keys.
     """
 
     a_keys: KeyArray
@@ -82,6 +96,7 @@ class PairStatistics:
     counts: FloatArray
     freq_a: KeyWeights | None = None
     freq_b: KeyWeights | None = None
+    weighting: StageWeighting = "max"
 
     def __post_init__(self) -> None:
         a_keys = _int64_keys(self.a_keys, "a_keys")
@@ -94,17 +109,23 @@ class PairStatistics:
         object.__setattr__(self, "a_keys", a_keys)
         object.__setattr__(self, "b_keys", b_keys)
         object.__setattr__(self, "counts", counts)
+        if self.weighting != "max":
+            self.chain()  # the chain's checks of the weighting, with its errors
 
     def chain(self) -> ChainStatistics:
         """The same window as a two-stage chain."""
         return ChainStatistics(
-            (self.freq_a, self.freq_b), (KeyPairs(self.a_keys, self.b_keys, self.counts),)
+            (self.freq_a, self.freq_b),
+            (KeyPairs(self.a_keys, self.b_keys, self.counts),),
+            self.weighting,
         )
 
     def stage_weights(self, stage: Literal["a", "b"]) -> KeyWeights:
-        """Every known key of ``stage`` with its weight (max of frequency, pair total)."""
+        """Every known key of ``stage`` with its weight (:data:`StageWeighting`)."""
         pair_keys = self.a_keys if stage == "a" else self.b_keys
         frequencies = self.freq_a if stage == "a" else self.freq_b
+        if self.weighting == "frequencies" and frequencies is not None:
+            return frequencies
         keys, inverse = np.unique(pair_keys, return_inverse=True)
         pair_total = _weighted_counts(inverse, self.counts, keys.size)
         if frequencies is None:
@@ -160,13 +181,15 @@ class ChainStatistics:
     stage (``None``: known from the pairs only) and the key pairs of each of
     the k − 1 consecutive stage pairs, upstream first.
 
-    A key's weight is the largest of its frequency and its pair totals with
-    either neighbour, since every tuple of a pair is also a tuple of each of
-    its keys (statistics keep only the top pairs).
+    A key's weight is read as ``weighting`` says (:data:`StageWeighting`): by
+    default the largest of its frequency and its pair totals with either
+    neighbour, since every tuple of a pair is also a tuple of each of its keys
+    (statistics keep only the top pairs).
     """
 
     frequencies: tuple[KeyWeights | None, ...]
     links: tuple[KeyPairs, ...] = ()
+    weighting: StageWeighting = "max"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frequencies", tuple(self.frequencies))
@@ -178,6 +201,30 @@ class ChainStatistics:
                 f"a chain of {len(self.frequencies)} stages has {len(self.frequencies) - 1} "
                 f"links, got {len(self.links)}"
             )
+        if self.weighting not in ("max", "frequencies"):
+            raise ValueError(f"weighting must be 'max' or 'frequencies', got {self.weighting!r}")
+        if self.weighting == "frequencies":
+            self._check_given_weights()
+
+    def _check_given_weights(self) -> None:
+        """Every stage weighed, every pair key among its stage's weights: a key the
+        balance does not know would otherwise weigh nothing and lose its table entry."""
+        for stage, frequencies in enumerate(self.frequencies):
+            if frequencies is None:
+                raise ValueError(
+                    f"weighting 'frequencies' needs every stage's frequencies; stage {stage} "
+                    f"has none"
+                )
+            for index, side in ((stage - 1, "down_keys"), (stage, "up_keys")):
+                if not 0 <= index < len(self.links):
+                    continue
+                pair_keys = getattr(self.links[index], side)
+                unweighed = pair_keys[~np.isin(pair_keys, frequencies.keys)]
+                if unweighed.size:
+                    raise ValueError(
+                        f"weighting 'frequencies': stage {stage}'s frequencies miss "
+                        f"{np.unique(unweighed).size} of its pair keys (e.g. {int(unweighed[0])})"
+                    )
 
     @classmethod
     def of_events(cls, events: npt.ArrayLike) -> ChainStatistics:
@@ -207,6 +254,9 @@ class ChainStatistics:
 
     def stage_weights(self, stage: int) -> KeyWeights:
         """Every known key of the ``stage``-th stage with its weight (class docstring)."""
+        given = self.frequencies[stage]
+        if self.weighting == "frequencies" and given is not None:
+            return given
         sides: list[tuple[KeyArray, FloatArray]] = []
         if stage > 0:
             link = self.links[stage - 1]

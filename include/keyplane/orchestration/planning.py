@@ -406,25 +406,10 @@ def forecast_loads(
     return LoadForecast(loads, drift, memories)
 
 
-def _forecast_pair_weights(
-    pairs: pd.DataFrame,
-    weights: pd.Series,
-    trained: Mapping[str, Mapping[str, float]],
-    ahead: Mapping[str, Mapping[str, float]],
-) -> pd.Series:
-    """Pair weights scaled by their upstream key's forecast over its training
-    weight (:func:`keyplane.algorithms.forecast.reweighted`, per link): a key the
-    forecast has no weight for keeps its pairs at the forecast's overall scale."""
-    factor = pd.Series(1.0, index=pairs.index)
-    for stage, before in trained.items():
-        after = ahead.get(stage)
-        if after is None:
-            continue
-        scale = sum(after.values()) / max(sum(before.values()), 1e-300)
-        ratios = {k: after[k] / w for k, w in before.items() if k in after and w > 0}
-        rows = pairs["stage"] == stage
-        factor[rows] = pairs.loc[rows, "a"].astype(str).map(ratios).fillna(scale).to_numpy()
-    return weights * factor
+def _stage_weights(weights: pd.DataFrame, stage: str) -> dict[str, float]:
+    """A stage's positive key weights from a frame with ``stage``, ``key`` and ``weight``."""
+    rows = weights.loc[(weights["stage"] == stage) & (weights["weight"] > 0), ["key", "weight"]]
+    return {str(k): float(w) for k, w in rows.itertuples(index=False)}
 
 
 def plan_configuration(
@@ -442,11 +427,12 @@ def plan_configuration(
 ) -> Plan:
     """A new configuration from a snapshot: METIS tables (000 §3.3) and FISH hot keys (001 §4).
 
-    With a ``forecast`` (:func:`forecast_loads`) the keys are weighted by their
+    With a ``forecast`` (:func:`forecast_loads`) the keys are balanced on their
     forecast next-window weights instead of the snapshot's training column,
-    each pair scaled with its upstream key, and a stage's drift is that of its
-    forecasts where they have been measured: the plan balances, is scored on
-    and promises under what the next window is expected to bring.
+    while the snapshot's pair weights, unscaled, weigh the cut
+    (:func:`keyplane.algorithms.forecast.reweighted_chain`), and a stage's drift
+    is that of its forecasts where they have been measured: the plan balances,
+    is scored on and promises under what the next window is expected to bring.
 
     The k-partite key graph of the chain ``stages`` (upstream first; default
     the configuration's order) is partitioned jointly by
@@ -467,6 +453,7 @@ def plan_configuration(
     rollouts' measured imbalance compared with their promise
     (:func:`keyplane.algorithms.plan_choice.promise_ratio`, oldest first).
     """
+    from keyplane.algorithms.forecast import reweighted_chain
     from keyplane.algorithms.locality import build_chain_plan
     from keyplane.algorithms.pair_statistics import ChainStatistics, KeyPairs, KeyWeights
     from keyplane.algorithms.plan_choice import choose, planning_alpha
@@ -489,53 +476,24 @@ def plan_configuration(
         )
     pair_w = pair_weights(pairs, params.window)
     freq_w = frequencies.assign(weight=frequency_weights(frequencies, params.window))
+    trained = {stage: _stage_weights(freq_w, stage) for stage in chain}
+    ahead = {}
     if forecast is not None:
-        trained = {
-            stage: {
-                str(k): float(w)
-                for k, w in freq_w.loc[freq_w["stage"] == stage, ["key", "weight"]].itertuples(
-                    index=False
-                )
-                if w > 0
-            }
-            for stage in chain
-        }
         ahead = {s: forecast.key_loads[s] for s in chain if s in forecast.key_loads}
-        pair_w = _forecast_pair_weights(pairs, pair_w, trained, ahead)
-        freq_w = pd.concat(
-            [freq_w[~freq_w["stage"].isin(list(ahead))]]
-            + [
-                pd.DataFrame({"stage": s, "key": list(w), "weight": list(w.values())})
-                for s, w in ahead.items()
-            ],
-            ignore_index=True,
-        )
     upstream_of = dict(zip(chain[1:], chain, strict=False))
     codecs = {
         stage: KeyCodec.of(
             [
                 *pairs.loc[pairs["stage"] == stage, "a"].astype(str),
                 *pairs.loc[pairs["stage"] == upstream_of.get(stage), "b"].astype(str),
-                *freq_w.loc[freq_w["stage"] == stage, "key"].astype(str),
+                *trained[stage],
+                *ahead.get(stage, {}),
             ]
         )
         for stage in chain
     }
-    key_loads = {
-        stage: {
-            str(k): float(w)
-            for k, w in zip(
-                freq_w.loc[freq_w["stage"] == stage, "key"],
-                freq_w.loc[freq_w["stage"] == stage, "weight"],
-                strict=True,
-            )
-            if w > 0
-        }
-        for stage in chain
-    }
 
-    def stage_weights(stage: str) -> KeyWeights:
-        loads = key_loads[stage]
+    def stage_weights(loads: Mapping[str, float], stage: str) -> KeyWeights:
         return KeyWeights(codecs[stage].encode(loads), np.fromiter(loads.values(), np.float64))
 
     keep = pair_w.to_numpy() > 0
@@ -549,9 +507,15 @@ def plan_configuration(
         )
 
     statistics = ChainStatistics(
-        tuple(stage_weights(stage) for stage in chain),
+        tuple(stage_weights(trained[stage], stage) for stage in chain),
         tuple(link(upstream, downstream) for upstream, downstream in pairwise(chain)),
     )
+    key_loads = {stage: ahead.get(stage, trained[stage]) for stage in chain}
+    if ahead:
+        statistics = reweighted_chain(
+            statistics,
+            [stage_weights(ahead[s], s) if s in ahead else None for s in chain],
+        )
     parts, instance_of = _active_parts(current, planned, n)
     model = cost if cost is not None else CostModel()
     drift = {

@@ -13,9 +13,12 @@ from keyplane.algorithms.forecast import (
     StageForecast,
     WeightForecast,
     reweighted,
+    reweighted_chain,
     share_error,
 )
-from keyplane.algorithms.locality_plan import LocalityPlan
+from keyplane.algorithms.key_graph import _KeyGraph
+from keyplane.algorithms.locality import build_plan
+from keyplane.algorithms.locality_plan import LocalityPlan, spark_workers
 from keyplane.algorithms.pair_history import HistoryPolicy, PairHistory
 from keyplane.algorithms.pair_statistics import KeyWeights, PairStatistics
 from keyplane.algorithms.plan_choice import choose_plan, hash_plan, score
@@ -130,21 +133,83 @@ def test_the_forecast_drift_is_the_chosen_memorys_error_and_smaller_than_the_his
         forecast.add((series[0],))
 
 
-def test_reweighted_pairs_carry_the_forecast_and_keep_keys_the_forecast_missed() -> None:
+def test_reweighted_balances_the_forecast_and_keeps_the_pairs_and_keys_it_missed() -> None:
     pairs = PairStatistics(
         np.array([1, 1, 2, 3]), np.array([10, 11, 10, 12]), np.array([6.0, 2.0, 4.0, 2.0])
     )
     ahead_a = KeyWeights(np.array([1, 2]), np.array([4.0, 8.0]))  # key 1 halves, key 2 doubles
     ahead_b = KeyWeights(np.array([10, 11]), np.array([10.0, 1.0]))
     out = reweighted(pairs, ahead_a, ahead_b)
-    got = dict(
-        zip(zip(out.a_keys.tolist(), out.b_keys.tolist(), strict=True), out.counts, strict=True)
-    )
-    # key 3 is not in the forecast: its pair stays, at the forecast's overall scale (12 / 14)
-    assert got == pytest.approx({(1, 10): 3.0, (1, 11): 1.0, (2, 10): 8.0, (3, 12): 2.0 * 12 / 14})
+    # the pairs, the cut's weights, are the history's as they were
+    np.testing.assert_array_equal(out.counts, pairs.counts)
     a = out.stage_weights("a")
-    assert dict(zip(a.keys.tolist(), a.weights, strict=True))[1] == pytest.approx(4.0)
-    assert out.freq_b is ahead_b
+    b = out.stage_weights("b")
+    # the balance is the forecast's, below the pair totals where a key fades (key 1: 4 < 8);
+    # key 3 is not in the forecast: it keeps its weight at the forecast's overall scale
+    assert dict(zip(a.keys.tolist(), a.weights, strict=True)) == pytest.approx(
+        {1: 4.0, 2: 8.0, 3: 2.0 * 12 / 14}
+    )
+    assert dict(zip(b.keys.tolist(), b.weights, strict=True)) == pytest.approx(
+        {10: 10.0, 11: 1.0, 12: 2.0 * 11 / 14}
+    )
+    assert out.chain().stage_weights(0) == a
+    with pytest.raises(ValueError, match="one forecast"):
+        reweighted_chain(pairs.chain(), (ahead_a,))
+
+
+def test_graph_of_reweighted_statistics_cuts_on_the_pairs_and_balances_the_forecast() -> None:
+    history = PairStatistics(np.array([1, 2, 2]), np.array([10, 10, 11]), np.array([9.0, 3.0, 6.0]))
+    ahead_a = KeyWeights(np.array([1, 2]), np.array([1.0, 20.0]))  # key 1 fades, key 2 grows
+    ahead_b = KeyWeights(np.array([10, 11]), np.array([5.0, 16.0]))
+    graph = _KeyGraph.from_statistics(reweighted(history, ahead_a, ahead_b).chain())
+    np.testing.assert_array_equal(graph.keys, [1, 2, 10, 11])
+    np.testing.assert_allclose(graph.weight, [1.0, 20.0, 5.0, 16.0])
+    edges = {
+        (int(graph.keys[u]), int(graph.keys[d])): w
+        for u, d, w in zip(graph.edge_up, graph.edge_down, graph.edge_weight, strict=True)
+    }
+    assert edges == {(1, 10): 9.0, (2, 10): 3.0, (2, 11): 6.0}
+
+
+def _apart(n: int) -> tuple[int, int]:
+    """A stage-A and a stage-B key id that Spark's hash puts on different instances."""
+    for a in range(1, 100):
+        for b in range(101, 200):
+            if spark_workers([a], n)[0] != spark_workers([b], n)[0]:
+                return a, b
+    raise AssertionError("no two keys hash apart")
+
+
+def test_a_key_whose_forecast_fades_stays_with_its_partner_by_its_long_memory_pairs() -> None:
+    n = 4
+    fading, partner = _apart(n)
+    others = [k for k in range(1, 40) if k != fading][:12]
+    a_keys = np.array([fading, *others], dtype=np.int64)
+    b_keys = np.array([partner, *(k + 1_000 for k in others)], dtype=np.int64)
+    # in the long memory the fading key's pair is the heaviest of all ...
+    history = PairStatistics(a_keys, b_keys, np.array([100.0, *[50.0] * len(others)]))
+    # ... but the forecast has it nearly gone on both sides
+    ahead_a = KeyWeights(a_keys, np.array([2.0, *[50.0] * len(others)]))
+    ahead_b = KeyWeights(b_keys, np.array([2.0, *[50.0] * len(others)]))
+    budget = len(others)  # one key of each stage must take the hash fallback
+
+    training = reweighted(history, ahead_a, ahead_b)
+    plan = build_plan(training, n, max_table_entries=budget)
+    assert fading in plan.table_a and partner in plan.table_b
+    assert plan.table_a[fading] == plan.table_b[partner]
+    weights_a = training.stage_weights("a")
+    assert weights_a.weights[weights_a.keys == fading][0] == 2.0  # balanced as forecast
+    fading_pair = PairStatistics(np.array([fading]), np.array([partner]), np.array([1.0]))
+    assert plan.evaluate(fading_pair).locality == 1.0
+
+    # pairs scaled down with the forecast: the fading pair is the lightest, loses its table
+    # entries, and the hash fallback puts the two keys apart
+    scaled = PairStatistics(
+        a_keys, b_keys, history.counts * ahead_a.weights / history.counts, ahead_a, ahead_b
+    )
+    cut = build_plan(scaled, n, max_table_entries=budget)
+    assert fading not in cut.table_a and partner not in cut.table_b
+    assert cut.evaluate(fading_pair).locality == 0.0
 
 
 @st.composite

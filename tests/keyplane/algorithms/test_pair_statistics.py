@@ -7,6 +7,7 @@ import pytest
 
 from keyplane.algorithms.pair_statistics import (
     ChainStatistics,
+    KeyPairs,
     KeyWeights,
     PairStatistics,
     aggregate_pairs,
@@ -70,3 +71,37 @@ def test_chain_statistics_of_events_counts_every_key_and_consecutive_pair() -> N
 def test_chain_statistics_of_events_refuses_a_flat_array() -> None:
     with pytest.raises(ValueError, match=r"\(tuples, stages\) array"):
         ChainStatistics.of_events(np.array([1, 2, 3]))
+
+
+def test_given_weights_are_balanced_as_given_and_must_weigh_every_pair_key() -> None:
+    links = (KeyPairs(np.array([1, 2]), np.array([10, 10]), np.array([8.0, 4.0])),)
+    forecast = (
+        KeyWeights(np.array([1, 2]), np.array([1.0, 6.0])),
+        KeyWeights(np.array([10]), np.array([7.0])),
+    )
+    as_max = ChainStatistics(forecast, links)
+    given = ChainStatistics(forecast, links, "frequencies")
+    # by default a key weighs at least its pairs (8 > 1, 12 > 7); given, it weighs its frequency
+    np.testing.assert_allclose(as_max.stage_weights(0).weights, [8.0, 6.0])
+    np.testing.assert_allclose(as_max.stage_weights(1).weights, [12.0])
+    assert given.stage_weights(0) == forecast[0] and given.stage_weights(1) == forecast[1]
+    pairs = PairStatistics(
+        links[0].up_keys, links[0].down_keys, links[0].counts, *forecast, weighting="frequencies"
+    )
+    assert pairs.stage_weights("a") == forecast[0] and pairs.chain().weighting == "frequencies"
+
+    with pytest.raises(ValueError, match="stage 1 has none"):
+        ChainStatistics((forecast[0], None), links, "frequencies")
+    with pytest.raises(
+        ValueError, match=r"stage 0's frequencies miss 1 of its pair keys \(e.g. 2\)"
+    ):
+        ChainStatistics(
+            (KeyWeights(np.array([1]), np.array([1.0])), forecast[1]), links, "frequencies"
+        )
+    with pytest.raises(ValueError, match="stage 1's frequencies miss"):
+        PairStatistics(
+            links[0].up_keys, links[0].down_keys, links[0].counts, forecast[0],
+            KeyWeights(np.array([11]), np.array([1.0])), weighting="frequencies",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="weighting must be"):
+        ChainStatistics(forecast, links, "sum")  # type: ignore[arg-type]
