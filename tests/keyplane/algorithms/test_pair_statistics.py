@@ -104,4 +104,4 @@ def test_given_weights_are_balanced_as_given_and_must_weigh_every_pair_key() -> 
             KeyWeights(np.array([11]), np.array([1.0])), weighting="frequencies",
         )  # fmt: skip
     with pytest.raises(ValueError, match="weighting must be"):
-        ChainStatistics(forecast, links, "sum")  # type: ignore[arg-type]
+        ChainStatistics(forecast, links, "sum")
