@@ -45,6 +45,7 @@ from keyplane.orchestration import (
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
+from keyplane.util.validation_errors import first_problem
 
 log = logging.getLogger(__name__)
 
@@ -252,9 +253,7 @@ def count_events(deployment: Deployment) -> EventCounts:
 def _reason(error: Exception) -> str:
     """``error`` in one line."""
     if isinstance(error, ValidationError):
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        return f"{where}: {first['msg']}" if where else str(first["msg"])
+        return first_problem(error, "file")
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
