@@ -291,20 +291,10 @@ def reweighted_chain(chain: ChainStatistics, ahead: Sequence[KeyWeights | None])
     loads = tuple(
         chain.stage_weights(stage)
         if forecast is None
-        else forecast_weights(chain.stage_weights(stage), forecast, _paired(chain, stage))
+        else forecast_weights(chain.stage_weights(stage), forecast, chain.paired_keys(stage))
         for stage, forecast in enumerate(ahead)
     )
     return ChainStatistics(loads, chain.links, "frequencies")
-
-
-def _paired(chain: ChainStatistics, stage: int) -> KeyArray:
-    """The keys of the ``stage``-th stage that appear in a pair with a neighbour."""
-    sides = [np.zeros(0, dtype=np.int64)]
-    if stage > 0:
-        sides.append(chain.links[stage - 1].down_keys)
-    if stage < len(chain.links):
-        sides.append(chain.links[stage].up_keys)
-    return np.unique(np.concatenate(sides))
 
 
 def reweighted(pairs: PairStatistics, weight_a: KeyWeights, weight_b: KeyWeights) -> PairStatistics:

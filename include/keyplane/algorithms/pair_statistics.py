@@ -215,16 +215,13 @@ class ChainStatistics:
                     f"weighting 'frequencies' needs every stage's frequencies; stage {stage} "
                     f"has none"
                 )
-            for index, side in ((stage - 1, "down_keys"), (stage, "up_keys")):
-                if not 0 <= index < len(self.links):
-                    continue
-                pair_keys = getattr(self.links[index], side)
-                unweighed = pair_keys[~np.isin(pair_keys, frequencies.keys)]
-                if unweighed.size:
-                    raise ValueError(
-                        f"weighting 'frequencies': stage {stage}'s frequencies miss "
-                        f"{np.unique(unweighed).size} of its pair keys (e.g. {int(unweighed[0])})"
-                    )
+            paired = self.paired_keys(stage)
+            unweighed = paired[~np.isin(paired, frequencies.keys)]
+            if unweighed.size:
+                raise ValueError(
+                    f"weighting 'frequencies': stage {stage}'s frequencies miss "
+                    f"{unweighed.size} of its pair keys (e.g. {int(unweighed[0])})"
+                )
 
     @classmethod
     def of_events(cls, events: npt.ArrayLike) -> ChainStatistics:
@@ -252,11 +249,10 @@ class ChainStatistics:
     def n_stages(self) -> int:
         return len(self.frequencies)
 
-    def stage_weights(self, stage: int) -> KeyWeights:
-        """Every known key of the ``stage``-th stage with its weight (class docstring)."""
-        given = self.frequencies[stage]
-        if self.weighting == "frequencies" and given is not None:
-            return given
+    def _sides(self, stage: int) -> list[tuple[KeyArray, FloatArray]]:
+        """The ``stage``-th stage's keys in each link it is part of, with the pairs'
+        counts: as the downstream side of the link before it, the upstream side of
+        the link after it."""
         sides: list[tuple[KeyArray, FloatArray]] = []
         if stage > 0:
             link = self.links[stage - 1]
@@ -264,8 +260,21 @@ class ChainStatistics:
         if stage < len(self.links):
             link = self.links[stage]
             sides.append((link.up_keys, link.counts))
+        return sides
+
+    def paired_keys(self, stage: int) -> KeyArray:
+        """The keys of the ``stage``-th stage that appear in a pair with a neighbour,
+        sorted and unique."""
+        sides = [keys for keys, _ in self._sides(stage)]
+        return np.unique(np.concatenate(sides)) if sides else np.zeros(0, dtype=np.int64)
+
+    def stage_weights(self, stage: int) -> KeyWeights:
+        """Every known key of the ``stage``-th stage with its weight (class docstring)."""
+        given = self.frequencies[stage]
+        if self.weighting == "frequencies" and given is not None:
+            return given
         known: list[tuple[KeyArray, FloatArray]] = []
-        for pair_keys, counts in sides:
+        for pair_keys, counts in self._sides(stage):
             keys, inverse = np.unique(pair_keys, return_inverse=True)
             known.append((keys, _weighted_counts(inverse, counts, keys.size)))
         frequencies = self.frequencies[stage]
