@@ -45,6 +45,7 @@ from keyplane.orchestration import (
 from keyplane.orchestration.deployment import Deployment
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
+from keyplane.util.statefiles import os_reason
 from keyplane.util.validation_errors import first_problem
 
 log = logging.getLogger(__name__)
@@ -250,11 +251,13 @@ def count_events(deployment: Deployment) -> EventCounts:
     return EventCounts(windows=windows, loads=loads, pairs=pairs)
 
 
-def _reason(error: Exception) -> str:
-    """``error`` in one line."""
+def _reason(error: OSError | ValueError) -> str:
+    """Why a counts file could not be read, in one line."""
     if isinstance(error, ValidationError):
         return first_problem(error, "file")
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, OSError | UnicodeDecodeError):
+        return os_reason(error)
+    return str(error)
 
 
 def _window_text(counts: EventCounts) -> str:
