@@ -1,17 +1,28 @@
-"""Fixtures for the tests of the controller: a configuration store and a stand-in job.
+"""Fixtures for the tests of the controller (a configuration store and a stand-in job),
+and a fake Kafka producer for the senders' pure-logic tests.
 
 The job side is :class:`keyplane.testing.ProtocolOnlyJob`: the real job
 protocol of paper 000 §3.4 on the real control topic, without Spark.
+
+:class:`FakeProducer` returns kafka-python's own record futures and settles
+them only in ``flush``, as the real producer does: a record it does not
+deliver fails its future, and ``flush`` itself raises nothing.
 """
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
+from kafka.errors import KafkaError
+from kafka.producer.future import FutureProduceResult, FutureRecordMetadata
+from kafka.structs import TopicPartition
 
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.control import ControlChannel
@@ -77,3 +88,63 @@ def stranger() -> Iterator[subprocess.Popen[bytes]]:
     yield proc
     proc.kill()
     proc.wait()
+
+
+@dataclass
+class FakeProducer:
+    """Delivers its first ``delivers`` records (None: all), then fails every send."""
+
+    delivers: int | None
+    sent: list[tuple[str, bytes]] = field(default_factory=list)
+    partitions: list[int | None] = field(default_factory=list)
+    closed: bool = False
+    pending: list[tuple[FutureProduceResult, KafkaError | None]] = field(default_factory=list)
+
+    def send(
+        self, topic: str, key: bytes | None, value: bytes, partition: int | None = None
+    ) -> FutureRecordMetadata:
+        error = None
+        if self.delivers is not None and len(self.sent) >= self.delivers:
+            error = KafkaError("unknown producer id")
+        else:
+            self.sent.append((topic, value))
+            self.partitions.append(partition)
+        result = FutureProduceResult(TopicPartition(topic, 0))
+        self.pending.append((result, error))
+        return FutureRecordMetadata(result, 0, -1, None, len(key or b""), len(value), -1)
+
+    def flush(self, timeout: float | None = None) -> None:
+        for result, error in self.pending:
+            if error is None:
+                result.success((len(self.sent), -1, None))
+            else:
+                result.failure(error)
+        self.pending.clear()
+
+    def close(self, timeout: float | None = None) -> None:
+        self.closed = True
+
+
+FakeProducers = Callable[..., list[FakeProducer]]
+
+
+@pytest.fixture
+def fake_producers(monkeypatch: pytest.MonkeyPatch) -> FakeProducers:
+    """``fake_producers(module, *delivers)``: ``module.make_producer`` makes fake producers.
+
+    The i-th producer made delivers ``delivers[i]`` records; the returned
+    list fills with the producers as they are made.
+    """
+
+    def install(module: ModuleType, *delivers: int | None) -> list[FakeProducer]:
+        made: list[FakeProducer] = []
+
+        def make(bootstrap_servers: str, delivery: Any = None) -> FakeProducer:
+            producer = FakeProducer(delivers=delivers[len(made)])
+            made.append(producer)
+            return producer
+
+        monkeypatch.setattr(module, "make_producer", make)
+        return made
+
+    return install

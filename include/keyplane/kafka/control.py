@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from keyplane.control.messages import ControlMessage, InvalidMessage, decode, encode
 from keyplane.control.signing import control_key
 from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
 from keyplane.kafka.offsets import check_not_ahead
-from keyplane.kafka.producer import make_producer
+from keyplane.kafka.producer import DeliveryError, LongLivedProducer
 from keyplane.kafka.security import client_config
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class ControlChannel:
         self._read_timeout_s = read_timeout_s
         self._send_timeout_s = send_timeout_s
         self._partition = TopicPartition(topic, PARTITION)
-        self._producer: KafkaProducer | None = None
+        self._sends = LongLivedProducer(bootstrap_servers)
         self._consumer: KafkaConsumer | None = None
 
     def __repr__(self) -> str:
@@ -110,21 +110,24 @@ class ControlChannel:
 
         Every message is encoded before any is sent, so a message that cannot
         be signed sends nothing. The producer is idempotent with
-        ``acks=all``, so its own retries never duplicate a record.
+        ``acks=all``, so its own retries never duplicate a record. A producer
+        the broker refuses (after a restart: an unknown producer id, a
+        sequence out of order) is replaced and the messages sent once more
+        (:class:`~keyplane.kafka.producer.LongLivedProducer`); a message
+        that arrives twice changes nothing, as every protocol step is
+        idempotent (000 §3.4).
         """
         payloads = [encode(message, self._key) for message in messages]
         if not payloads:
             return
-        producer = self._producer_for_sending()
         try:
-            futures = [
-                producer.send(self.topic, value=payload, partition=PARTITION)
-                for payload in payloads
-            ]
-            producer.flush(timeout=self._send_timeout_s)
-            for future in futures:
-                future.get(timeout=self._send_timeout_s)
-        except KafkaError as exc:
+            self._sends.send(
+                self.topic,
+                [(None, payload) for payload in payloads],
+                partition=PARTITION,
+                timeout_s=self._send_timeout_s,
+            )
+        except (KafkaError, DeliveryError) as exc:
             described = ", ".join(message.describe() for message in messages)
             raise TopicError(
                 f"could not publish {described} to control topic {self.topic!r} on "
@@ -218,11 +221,6 @@ class ControlChannel:
             detail = " ".join(f"{type(error).__name__}: {error}".split())[:200]
             raise InvalidMessage("undecodable", detail) from None
 
-    def _producer_for_sending(self) -> KafkaProducer:
-        if self._producer is None:
-            self._producer = make_producer(self.bootstrap_servers)
-        return self._producer
-
     def _consumer_for_reading(self) -> KafkaConsumer:
         if self._consumer is None:
             consumer = KafkaConsumer(
@@ -237,11 +235,9 @@ class ControlChannel:
 
     def close(self) -> None:
         """Close the producer (after sending what it holds) and the consumer."""
-        producer, consumer = self._producer, self._consumer
-        self._producer = self._consumer = None
+        consumer, self._consumer = self._consumer, None
         try:
-            if producer is not None:
-                producer.close(timeout=10)
+            self._sends.close(timeout_s=10)
         finally:
             if consumer is not None:
                 consumer.close()

@@ -69,7 +69,14 @@ class DeliveryError(RuntimeError):
     """Records the broker did not acknowledge, even after the producer's own retries."""
 
 
-def send_confirmed(producer: Any, topic: str, records: Iterable[tuple[bytes, bytes]]) -> int:
+def send_confirmed(
+    producer: Any,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes]],
+    *,
+    partition: int | None = None,
+    timeout_s: float | None = None,
+) -> int:
     """Send every ``(key, value)`` of ``records`` to ``topic`` and wait until each is delivered.
 
     Returns the number of records. ``flush`` returns once every record is
@@ -80,9 +87,15 @@ def send_confirmed(producer: Any, topic: str, records: Iterable[tuple[bytes, byt
     of how many records failed and the first failure. Raised from
     ``foreachBatch``, it fails the batch, which is replayed, instead of
     letting it commit with records lost.
+
+    ``partition`` sends every record to that partition (the protocol topics
+    have one); ``timeout_s`` bounds the wait, which is otherwise the
+    producer's delivery timeout.
     """
-    futures = [producer.send(topic, key=key, value=value) for key, value in records]
-    producer.flush()
+    futures = [
+        producer.send(topic, key=key, value=value, partition=partition) for key, value in records
+    ]
+    producer.flush(timeout=timeout_s)
     failures: list[KafkaError] = []
     for future in futures:
         try:
@@ -111,7 +124,8 @@ class LongLivedProducer:
     one; only if that fails too does :meth:`send` raise. Records the first
     producer delivered before it failed may then arrive twice, which every
     topic keyplane writes tolerates: installs are idempotent per marker and
-    source, and results, dead letters and metrics are at least once.
+    source, every step of the control protocol is idempotent (000 §3.4), and
+    results, dead letters and metrics are at least once.
     """
 
     def __init__(self, bootstrap_servers: str, delivery: Delivery = SAFE_DELIVERY) -> None:
@@ -119,7 +133,14 @@ class LongLivedProducer:
         self.delivery = delivery
         self._producer: KafkaProducer | None = None
 
-    def send(self, topic: str, records: Iterable[tuple[bytes, bytes]]) -> int:
+    def send(
+        self,
+        topic: str,
+        records: Iterable[tuple[bytes | None, bytes]],
+        *,
+        partition: int | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
         """:func:`send_confirmed` through the kept producer, then once more through a new one.
 
         Returns the number of records; raises the second attempt's
@@ -127,16 +148,24 @@ class LongLivedProducer:
         """
         pending = list(records)
         try:
-            return self._send_once(topic, pending)
+            return self._send_once(topic, pending, partition, timeout_s)
         except (KafkaError, DeliveryError) as error:
             log.warning("sending to %s failed, retrying with a new producer: %s", topic, error)
-        return self._send_once(topic, pending)
+        return self._send_once(topic, pending, partition, timeout_s)
 
-    def _send_once(self, topic: str, records: list[tuple[bytes, bytes]]) -> int:
+    def _send_once(
+        self,
+        topic: str,
+        records: list[tuple[bytes | None, bytes]],
+        partition: int | None,
+        timeout_s: float | None,
+    ) -> int:
         if self._producer is None:
             self._producer = make_producer(self.bootstrap_servers, self.delivery)
         try:
-            return send_confirmed(self._producer, topic, records)
+            return send_confirmed(
+                self._producer, topic, records, partition=partition, timeout_s=timeout_s
+            )
         except BaseException:
             self.close(timeout_s=1.0)
             raise

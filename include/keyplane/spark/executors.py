@@ -57,7 +57,7 @@ from keyplane.control.messages import authentic_object
 from keyplane.control.signing import canonical_json, control_key, sign
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaConsumer
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
@@ -178,7 +178,9 @@ class ExecutorChannel:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self._key = control_key(key)
-        self._producer: KafkaProducer | None = None
+        from keyplane.kafka.producer import LongLivedProducer
+
+        self._sends = LongLivedProducer(bootstrap_servers)
         self._consumer: KafkaConsumer | None = None
 
     def ensure(self) -> None:
@@ -197,12 +199,11 @@ class ExecutorChannel:
         return earliest_offsets(self.bootstrap_servers, self.topic, [PARTITION])[PARTITION]
 
     def send(self, message: ExecutorCommand | ExecutorReply) -> None:
-        from keyplane.kafka.producer import make_producer
-
-        if self._producer is None:
-            self._producer = make_producer(self.bootstrap_servers)
-        self._producer.send(self.topic, value=encode(message, self._key), partition=PARTITION).get(
-            timeout=30
+        """Publish ``message``; a producer the broker refuses is replaced and it is sent again
+        (:class:`~keyplane.kafka.producer.LongLivedProducer`): commands and replies are
+        matched by request id, so one that arrives twice changes nothing."""
+        self._sends.send(
+            self.topic, [(None, encode(message, self._key))], partition=PARTITION, timeout_s=30
         )
 
     def read(
@@ -251,11 +252,10 @@ class ExecutorChannel:
         return found, min(position, stop)
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close(timeout=10)
+        self._sends.close(timeout_s=10)
         if self._consumer is not None:
             self._consumer.close()
-        self._producer = self._consumer = None
+        self._consumer = None
 
 
 def request(channel: ExecutorChannel, command: ExecutorCommand, timeout_s: float) -> ExecutorReply:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import pytest
 from kafka import KafkaProducer
 
+import keyplane.kafka.producer
 from keyplane.control.messages import ControlMessage, decode, encode
 from keyplane.control.signing import KEY_ENV_VAR, MissingKeyError, canonical_json, sign
 from keyplane.kafka import control
@@ -193,3 +195,34 @@ def test_a_channel_without_a_key_fails_when_built(monkeypatch: pytest.MonkeyPatc
         ControlChannel("127.0.0.1:1", "control")
     monkeypatch.setenv(KEY_ENV_VAR, "from-the-environment")
     assert ControlChannel("127.0.0.1:1", "control").topic == "control"
+
+
+def test_a_send_the_broker_refuses_with_fake_producers_goes_out_again_through_a_new_producer(
+    fake_producers: Any,
+) -> None:
+    """After a broker restart the broker may refuse the kept producer (an unknown producer id,
+    a sequence out of order); the messages then go out once more, in order, through a new one."""
+    made = fake_producers(keyplane.kafka.producer, 1, None)
+    channel = ControlChannel("broker:9092", "job.control", key=KEY)
+    messages = [command("PREPARE", 2), command("PROPAGATE", 2, "A")]
+    channel.send(messages)
+    refused, replacement = made
+    assert refused.closed
+    assert [unsigned(decode(value, KEY)) for _, value in replacement.sent] == messages
+    assert replacement.partitions == [control.PARTITION, control.PARTITION]
+    channel.send([command("PROPAGATE", 2, "B")])
+    assert len(made) == 2, "the replacement is kept for the next message"
+    channel.close()
+    assert replacement.closed
+
+
+def test_a_send_two_fake_producers_cannot_deliver_names_every_message_and_the_topic(
+    fake_producers: Any,
+) -> None:
+    made = fake_producers(keyplane.kafka.producer, 0, 0)
+    channel = ControlChannel("broker:9092", "job.control", key=KEY)
+    with pytest.raises(TopicError) as raised:
+        channel.send([command("PREPARE", 2), command("PROPAGATE", 2, "A")])
+    assert "'job.control'" in str(raised.value)
+    assert "PREPARE v2" in str(raised.value) and "PROPAGATE A v2" in str(raised.value)
+    assert len(made) == 2 and all(producer.closed for producer in made)
