@@ -28,7 +28,10 @@ the cost model's throughput relative to hash routing on the next window,
 the keys split or marked heavy per plan, the share of windows whose plan is a
 new one (not the current plan kept or hash routing) and the share cut on the
 ``min_weight`` 0.05 pair history. Figures are the median over seeds of each
-seed's mean, the range over seeds in brackets. Pure planning, no Spark.
+seed's mean, the range over seeds in brackets. Then, per seed, how the two
+pair histories' plans differ on the next window (locality, summed imbalance,
+which has the higher cost-model throughput): what the new policy's backtest
+between them sees. Pure planning, no Spark.
 
     python bench/plan_quality_ablation.py --quick
     python bench/plan_quality_ablation.py --out docs/bench-results/plan_quality_ablation.md
@@ -77,9 +80,19 @@ class Series:
     short_pairs: list[float] = field(default_factory=list)
 
 
+@dataclass
+class Histories:
+    """The two pair histories' plans side by side on each next window once they can differ
+    (the third window on): the ``min_weight`` 0.05 history's figure less the 0.5 one's."""
+
+    locality: list[float] = field(default_factory=list)
+    imbalance_sum: list[float] = field(default_factory=list)
+    short_faster: list[float] = field(default_factory=list)
+
+
 def run(
     workload: str, seed: int, windows: int, size: int, n: int, alpha: float
-) -> dict[str, Series]:
+) -> tuple[dict[str, Series], Histories]:
     data = WORKLOADS[workload](np.random.default_rng(seed), windows, size)
     stats = [statistics_of(w) for w in data]
     cost = CostModel()
@@ -94,6 +107,7 @@ def run(
     chains: dict[str, LocalityPlan] = {}
     kept: dict[str, LocalityPlan] = {}
     series = {name: Series() for name in POLICIES}
+    apart = Histories()
     for t in range(windows - 1):
         old_history.add(stats[t])
         forecast.add((stats[t].stage_weights("a"), stats[t].stage_weights("b")))
@@ -148,11 +162,21 @@ def run(
             s.split.append(len(plan.split_keys_a) + len(plan.split_keys_b))
             s.new_plan.append(float(plan.candidate == "plan"))
             s.short_pairs.append(float(short.get(name, False)))
-    return series
+        if t >= 2:
+            short_figures, long_figures = (chains[k].evaluate(following) for k in (SHORT, LONG))
+            apart.locality.append(short_figures.locality - long_figures.locality)
+            apart.imbalance_sum.append(sum(short_figures[1:]) - sum(long_figures[1:]))
+            apart.short_faster.append(
+                float(cost.throughput(*short_figures) > cost.throughput(*long_figures))
+            )
+    return series, apart
 
 
 def report(
-    results: dict[str, list[dict[str, Series]]], alpha: float, command: str, elapsed: float
+    results: dict[str, list[tuple[dict[str, Series], Histories]]],
+    alpha: float,
+    command: str,
+    elapsed: float,
 ) -> str:
     lines = [
         "# Next-window plan quality: one ingredient swapped at a time",
@@ -165,7 +189,8 @@ def report(
         "on the `min_weight` 0.05 pair history.",
         "",
     ]
-    for workload, runs in results.items():
+    for workload, outcomes in results.items():
+        runs = [series for series, _ in outcomes]
         lines += [
             f"## {workload}",
             "",
@@ -187,7 +212,23 @@ def report(
                 f"{_median_range(means('split'), 1)} | {_median_range(means('new_plan'), 2)} | "
                 f"{_median_range(means('short_pairs'), 2)} | {seeds} |"
             )
-        lines.append("")
+        lines += [
+            "",
+            "The two pair histories' plans on each next window from the third on, the "
+            "`min_weight` 0.05 history's less the 0.5 one's, per seed: locality difference "
+            "mean (standard deviation); difference of the stages' summed imbalance, mean "
+            "(standard deviation); share of windows where the 0.05 plan has the higher "
+            "cost-model throughput.",
+            "",
+            *(
+                f"* seed {seed}: {np.mean(a.locality):+.4f} ({np.std(a.locality):.4f}); "
+                f"{np.mean(a.imbalance_sum):+.4f} ({np.std(a.imbalance_sum):.4f}); "
+                f"{np.mean(a.short_faster):.2f}"
+                for seed, (_, a) in enumerate(outcomes)
+                if a.locality
+            ),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -206,7 +247,7 @@ def main() -> None:
         args.seeds, args.windows, args.window_events = 1, 8, 20_000
     command = "python bench/plan_quality_ablation.py" + (" --quick" if args.quick else "")
     started = time.perf_counter()
-    results: dict[str, list[dict[str, Series]]] = {}
+    results: dict[str, list[tuple[dict[str, Series], Histories]]] = {}
     for workload in args.workloads:
         results[workload] = []
         for seed in range(args.seeds):
