@@ -152,10 +152,6 @@ def merge_partial_states(
     return pd.DataFrame(rows, columns=["stage", "key", "result"])
 
 
-PARTIALS_SCHEMA = (
-    "stage STRING, key STRING, routed_key STRING, instance INT, count LONG, state STRING"
-)
-"""A batch file's columns (:data:`COUNT_COLUMNS`) and their types."""
 SUMMARY_KINDS = ("hop", "moved", "moves", "invalid")
 """The output rows the driver reads whole: few, except ``moved`` during a migration."""
 TOPIC_KEY = "_topic_key"
@@ -230,23 +226,25 @@ def batch_summary(batch: DataFrame) -> DataFrame:
     return batch.where(kind.isin(*SUMMARY_KINDS)).unionByName(pairs).unionByName(busy)
 
 
-def write_single_parquet(frame: DataFrame, path: Path, schema: str) -> None:
+def write_single_parquet(frame: DataFrame, path: Path) -> None:
     """Write ``frame`` from the executors as the one parquet file ``path``.
 
-    Spark writes a directory of part files; one partition gives one file,
-    which is moved to ``path`` so the batch file stays one file that its
-    readers open as before, renamed into place atomically by the caller.
-    An empty frame writes no part file: the empty file is written here
-    with ``schema``'s columns.
+    Spark writes a directory of part files; one partition gives one file
+    (an empty one too), which is moved to ``path`` so the batch file stays
+    one file that its readers open as before, renamed into place atomically
+    by the caller. The directory must be the same shared path on the driver
+    and the executors; a part file the driver cannot see is an error, never
+    an empty batch.
     """
     parts = path.with_name(path.name + ".parts")
     frame.repartition(1).write.mode("overwrite").parquet(str(parts))
     files = sorted(parts.glob("part-*.parquet"))
-    if files:
-        files[0].replace(path)
-    else:
-        empty = frame.sparkSession.createDataFrame([], schema).toPandas()
-        empty.to_parquet(path, index=False)
+    if len(files) != 1:
+        raise RuntimeError(
+            f"expected one part file in {parts}, found {len(files)}: the output directory "
+            "must be the same shared path on the driver and every executor"
+        )
+    files[0].replace(path)
     shutil.rmtree(parts)
 
 
@@ -297,7 +295,7 @@ class RoutedBatchWriter:
     def _write(self, batch: DataFrame, batch_id: int) -> None:
         partials = batch_partials(batch)
         tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
-        write_single_parquet(partials, tmp, PARTIALS_SCHEMA)
+        write_single_parquet(partials, tmp)
         small = batch_summary(batch).toPandas()
         moved = small[small["kind"] == "moved"]
         packed = small.loc[small["kind"] == "moves", "state"].tolist()

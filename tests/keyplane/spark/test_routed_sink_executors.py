@@ -24,7 +24,6 @@ from keyplane.spark.counts_job import read_partials
 from keyplane.spark.routed_counts import ROUTED_OUTPUT_SCHEMA
 from keyplane.spark.routed_sink import (
     COUNT_COLUMNS,
-    PARTIALS_SCHEMA,
     RoutedBatchWriter,
     batch_partials,
     batch_summary,
@@ -103,19 +102,13 @@ def test_batch_summary_gives_the_metrics_of_the_whole_output(spark: Any) -> None
 
 
 def test_a_single_parquet_file_keeps_the_batch_files_columns(spark: Any, tmp_path: Path) -> None:
-    write_single_parquet(
-        batch_partials(_batch(spark, OUTPUT)), tmp_path / "batch-1", PARTIALS_SCHEMA
-    )
-    (tmp_path / "batch-00000001.parquet").write_bytes((tmp_path / "batch-1").read_bytes())
+    write_single_parquet(batch_partials(_batch(spark, OUTPUT)), tmp_path / "batch-00000001.parquet")
     empty = OUTPUT[OUTPUT["kind"] == "hop"]
-    write_single_parquet(
-        batch_partials(_batch(spark, empty)), tmp_path / "batch-00000002.parquet", PARTIALS_SCHEMA
-    )
+    write_single_parquet(batch_partials(_batch(spark, empty)), tmp_path / "batch-00000002.parquet")
 
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "batch-00000001.parquet",
         "batch-00000002.parquet",
-        "batch-1",
     ]
     partials = read_partials(tmp_path)
     assert list(partials.columns) == [*COUNT_COLUMNS, "batch"]
