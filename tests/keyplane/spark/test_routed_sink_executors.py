@@ -160,6 +160,7 @@ def test_the_writer_sends_every_topics_records_and_writes_the_batch_file(
     results = _topic(broker, topics["results"])
     assert len(results) == 2 * len(expected)  # at least once: the replay sent them again
     assert all(key == f"{value['stage']}:{value['key']}" for key, value in results)
+    assert all(list(value) == COUNT_COLUMNS for _, value in results)  # the key column left out
     twice = _sorted(pd.DataFrame([value for _, value in results]))
     assert twice[::2] == twice[1::2] == expected
     moves = _topic(broker, topics["moves"])
