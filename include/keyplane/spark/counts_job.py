@@ -283,7 +283,11 @@ def read_partials(output: Path) -> pd.DataFrame:
     frames = [
         read_frame(f).assign(batch=int(f.name.removeprefix("batch-").split(".")[0])) for f in files
     ]
-    return pd.concat(frames, ignore_index=True)
+    partials = pd.concat(frames, ignore_index=True)
+    if "instance" in partials.columns:
+        # Files written by Spark carry no pandas types: a nullable INT reads as float.
+        partials["instance"] = partials["instance"].astype("Int32")
+    return partials
 
 
 def read_output(output: Path) -> pd.DataFrame:

@@ -23,7 +23,12 @@ from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, send_confirmed
 
 
 def _send_partition(
-    rows: Iterator[Row], bootstrap_servers: str, topic: str, key_column: str, delivery: Delivery
+    rows: Iterator[Row],
+    bootstrap_servers: str,
+    topic: str,
+    key_column: str,
+    delivery: Delivery,
+    key_in_value: bool = True,
 ) -> None:
     from keyplane.kafka.producer import make_producer
 
@@ -34,7 +39,7 @@ def _send_partition(
             topic,
             (
                 (
-                    str(record[key_column]).encode(),
+                    str(record[key_column] if key_in_value else record.pop(key_column)).encode(),
                     json.dumps(record, default=str, separators=(",", ":")).encode(),
                 )
                 for record in (row.asDict() for row in rows)
@@ -50,8 +55,13 @@ def write_to_kafka(
     topic: str,
     key_column: str,
     delivery: Delivery = SAFE_DELIVERY,
+    *,
+    key_in_value: bool = True,
 ) -> None:
     """Send every row of ``df`` as a JSON value keyed by ``key_column``.
+
+    With ``key_in_value`` False, the key column is left out of the value:
+    a column made only to key the records.
 
     ``delivery`` travels to the executors with the function; credentials do
     not (each executor reads its own, :mod:`keyplane.kafka.security`). A
@@ -59,5 +69,7 @@ def write_to_kafka(
     :class:`~keyplane.kafka.producer.DeliveryError`.
     """
     df.foreachPartition(
-        lambda rows: _send_partition(rows, bootstrap_servers, topic, key_column, delivery)
+        lambda rows: _send_partition(
+            rows, bootstrap_servers, topic, key_column, delivery, key_in_value
+        )
     )
