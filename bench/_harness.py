@@ -210,13 +210,20 @@ SCAN_SCOPE = "MicroBatchScan"
 """The operator that reads the source, as named in RDD scopes."""
 
 
-def _batch_stages(log_dir: Path) -> dict[int, list[tuple[int, str, float, float]]]:
-    """Per micro-batch, its completed Spark stages from the event log: (stage id, kind,
-    submitted, completed), times in seconds; kind ``keyed`` when one of the stage's RDDs was
-    made by a ``transformWithState`` operator, else ``scan`` when one was made by the
-    source's scan, else ``other``."""
+def batch_stage_seconds(log_dir: Path) -> dict[int, dict[str, float]]:
+    """Per micro-batch, the wall time of the Spark stages that read the source and run
+    each keyed stage: ``scan``, ``A`` and ``B``.
+
+    Read from the event log (:func:`event_log_env`): a stage belongs to the
+    batch its ``streaming.sql.batchId`` property names; it runs a keyed
+    stage when one of its RDDs was made by a ``transformWithState``
+    operator, else it reads the source when one was made by the scan. Stage
+    A's feeds stage B's through a shuffle, so within a batch the first keyed
+    Spark stage is stage A and the second stage B. This is where a straggler
+    shows: the stage lasts as long as its slowest task.
+    """
     submitted: dict[int, tuple[int, str]] = {}
-    out: dict[int, list[tuple[int, str, float, float]]] = {}
+    took: dict[int, dict[str, list[tuple[int, float]]]] = {}
     for path in sorted(p for p in log_dir.iterdir() if p.is_file()):
         for line in path.read_text().splitlines():
             event = json.loads(line)
@@ -225,66 +232,21 @@ def _batch_stages(log_dir: Path) -> dict[int, list[tuple[int, str, float, float]
                 scopes = " ".join(rdd.get("Scope", "") for rdd in info["RDD Info"])
                 if "streaming.sql.batchId" not in props:
                     continue
-                kind = (
-                    "keyed"
-                    if STATEFUL_SCOPE in scopes
-                    else "scan"
-                    if SCAN_SCOPE in scopes
-                    else "other"
-                )
-                submitted[info["Stage ID"]] = (int(props["streaming.sql.batchId"]), kind)
+                if STATEFUL_SCOPE in scopes:
+                    submitted[info["Stage ID"]] = (int(props["streaming.sql.batchId"]), "keyed")
+                elif SCAN_SCOPE in scopes:
+                    submitted[info["Stage ID"]] = (int(props["streaming.sql.batchId"]), "scan")
             elif event["Event"] == "SparkListenerStageCompleted":
                 info = event["Stage Info"]
                 if info["Stage ID"] in submitted and "Completion Time" in info:
                     batch, kind = submitted[info["Stage ID"]]
-                    out.setdefault(batch, []).append(
-                        (
-                            info["Stage ID"],
-                            kind,
-                            info["Submission Time"] / 1000,
-                            info["Completion Time"] / 1000,
-                        )
+                    seconds = (info["Completion Time"] - info["Submission Time"]) / 1000
+                    took.setdefault(batch, {}).setdefault(kind, []).append(
+                        (info["Stage ID"], seconds)
                     )
-    return out
-
-
-def batch_stage_seconds(log_dir: Path) -> dict[int, dict[str, float]]:
-    """Per micro-batch, the wall time of the Spark stages that read the source and run
-    each keyed stage: ``scan``, ``A`` and ``B``.
-
-    Read from the event log (:func:`event_log_env`): a stage belongs to the
-    batch its ``streaming.sql.batchId`` property names (:func:`_batch_stages`).
-    Stage A's feeds stage B's through a shuffle, so within a batch the first
-    keyed Spark stage is stage A and the second stage B. This is where a
-    straggler shows: the stage lasts as long as its slowest task.
-    """
     out: dict[int, dict[str, float]] = {}
-    for batch, stages in _batch_stages(log_dir).items():
-        keyed = sorted((i, end - start) for i, kind, start, end in stages if kind == "keyed")
-        out[batch] = dict(zip("AB", (s for _, s in keyed), strict=False))
-        scans = [end - start for _, kind, start, end in stages if kind == "scan"]
-        if scans:
-            out[batch]["scan"] = sum(scans)
-    return out
-
-
-def batch_sink_seconds(log_dir: Path) -> dict[int, float]:
-    """Per micro-batch, the wall time of its Spark stages beyond :func:`batch_stage_seconds`':
-    the jobs the sink runs on the executors (stages that read the batch kept in memory
-    count as keyed too, so every keyed stage after the first two is one of them).
-    Overlapping stages count once."""
-    out: dict[int, float] = {}
-    for batch, stages in _batch_stages(log_dir).items():
-        keyed = sorted(i for i, kind, _, _ in stages if kind == "keyed")[:2]
-        spans = sorted(
-            (start, end)
-            for i, kind, start, end in stages
-            if kind == "other" or (kind == "keyed" and i not in keyed)
-        )
-        total, reach = 0.0, float("-inf")
-        for start, end in spans:
-            if end > reach:
-                total += end - max(start, reach)
-                reach = end
-        out[batch] = total
+    for batch, kinds in took.items():
+        out[batch] = dict(zip("AB", (s for _, s in sorted(kinds.get("keyed", []))), strict=False))
+        if "scan" in kinds:
+            out[batch]["scan"] = sum(seconds for _, seconds in kinds["scan"])
     return out

@@ -1,22 +1,19 @@
 """The routed job's driver time per micro-batch against the keys a batch updates, on Apache Kafka.
 
-The routed job's sink runs once a batch's stages are done: its executors
-write the batch's output file (the updated keys) and the driver collects a
-per-batch summary (metrics, protocol records). Whatever the driver does per
-updated key shows here as driver time that grows with the keys a batch
-updates. For each size N (default 10,000,
+The routed job's sink runs on the driver once a batch's stages are done:
+it gathers the batch's updated keys there, writes the output file and the
+protocol records. Whatever it does per updated key shows here as driver time
+that grows with the keys a batch updates. For each size N (default 10,000,
 100,000 and 1,000,000), a topic of ``--batches`` × N pairs events over 10 N
 keys, read N events a batch, so each batch updates about 0.95 N keys of each
 stage. The job is the routed job as ``keyplane job start`` runs it (all-hash
 v1, stages in the JVM), 4 instances, ``local[2]``.
 
 A batch's **driver time** is its duration less the wall time of its Spark
-stages: those that read the source and run the two keyed stages (from Spark's
-event log, :func:`_harness.batch_stage_seconds`) and the jobs the sink runs on
-the executors (:func:`_harness.batch_sink_seconds`, shown in their own
-column); it is split by Spark's phases as ``bench/reconfiguration.py`` splits
-it (:func:`reconfiguration.driver_parts`), ``addBatch beyond the stages``,
-less the sink's Spark stages, being the sink's own work on the driver. Updated keys are the
+stages that read the source and run the two keyed stages (from Spark's event
+log, :func:`_harness.batch_stage_seconds`); it is split by Spark's phases as
+``bench/reconfiguration.py`` splits it (:func:`reconfiguration.driver_parts`),
+``addBatch beyond the stages`` being the sink's own work. Updated keys are the
 rows of the batch's output file (partial counts of both stages). The first
 batch of each run (start-up) is left out. Goal: the driver time per batch
 stays within 1.5× from 10,000 to 1,000,000 updated keys.
@@ -32,7 +29,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 from _harness import (
-    batch_sink_seconds,
     batch_stage_seconds,
     event_log_env,
     private_broker,
@@ -72,23 +68,20 @@ def measure(bootstrap: str, tmp: Path, n: int, batches: int) -> list[dict[str, f
         raise RuntimeError("a batch's plan is not its id: the run restarted")
     stages = batch_stage_seconds(work / "events")
     parts = driver_parts(metrics, stages)
-    sink_stages = batch_sink_seconds(work / "events")
     out = []
     for m in sorted(metrics, key=lambda m: m["batch_id"])[1:]:
         b = m["batch_id"]
         output = work / "out" / f"batch-{b:08d}.parquet"
         duration = m["duration_ms"] / 1000
-        executors = sink_stages.get(b, 0.0)
-        driver = sum(parts[b].values()) - executors
+        driver = sum(parts[b].values())
         out.append(
             {
                 "keys": pq.ParquetFile(output).metadata.num_rows,
                 "rows": m["rows"],
                 "batch_s": duration,
-                "stages_s": duration - driver - executors,
-                "sink_stages_s": executors,
+                "stages_s": duration - driver,
                 "driver_s": driver,
-                "sink_s": parts[b][BEYOND] - executors,
+                "sink_s": parts[b][BEYOND],
             }
         )
     return out
@@ -105,21 +98,19 @@ def report(results: dict[int, list[dict[str, float]] | str], batches: int) -> st
         f"local[2]; per size, {batches} batches of N pairs events over {SPREAD} N keys, the "
         "first left out; medians over the steady batches",
         "",
-        "| events a batch | updated keys a batch | batch s | stages s | "
-        "sink's stages (executors) s | driver s | "
+        "| events a batch | updated keys a batch | batch s | stages s | driver s | "
         "of it the sink (addBatch beyond the stages) s | driver ms per 1,000 keys |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     measured: dict[int, float] = {}
     for n, rows in results.items():
         if isinstance(rows, str):
-            lines.append(f"| {n:,} | failed: {rows} | | | | | | |")
+            lines.append(f"| {n:,} | failed: {rows} | | | | | |")
             continue
         measured[n] = med(rows, "driver_s")
         lines.append(
             f"| {n:,} | {med(rows, 'keys'):,.0f} | {med(rows, 'batch_s'):.2f} | "
-            f"{med(rows, 'stages_s'):.2f} | {med(rows, 'sink_stages_s'):.2f} | "
-            f"{measured[n]:.2f} | {med(rows, 'sink_s'):.2f} | "
+            f"{med(rows, 'stages_s'):.2f} | {measured[n]:.2f} | {med(rows, 'sink_s'):.2f} | "
             f"{1e6 * measured[n] / med(rows, 'keys'):.2f} |"
         )
     if len(measured) >= 2:

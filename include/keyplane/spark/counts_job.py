@@ -283,11 +283,7 @@ def read_partials(output: Path) -> pd.DataFrame:
     frames = [
         read_frame(f).assign(batch=int(f.name.removeprefix("batch-").split(".")[0])) for f in files
     ]
-    partials = pd.concat(frames, ignore_index=True)
-    if "instance" in partials.columns:
-        # Files written by Spark carry no pandas types: a nullable INT reads as float.
-        partials["instance"] = partials["instance"].astype("Int32")
-    return partials
+    return pd.concat(frames, ignore_index=True)
 
 
 def read_output(output: Path) -> pd.DataFrame:

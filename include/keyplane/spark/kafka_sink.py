@@ -23,12 +23,7 @@ from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, send_confirmed
 
 
 def _send_partition(
-    rows: Iterator[Row],
-    bootstrap_servers: str,
-    topic: str,
-    key_column: str,
-    delivery: Delivery,
-    key_in_value: bool = True,
+    rows: Iterator[Row], bootstrap_servers: str, topic: str, key_column: str, delivery: Delivery
 ) -> None:
     from keyplane.kafka.producer import make_producer
 
@@ -39,7 +34,7 @@ def _send_partition(
             topic,
             (
                 (
-                    str(record[key_column] if key_in_value else record.pop(key_column)).encode(),
+                    str(record[key_column]).encode(),
                     json.dumps(record, default=str, separators=(",", ":")).encode(),
                 )
                 for record in (row.asDict() for row in rows)
@@ -55,13 +50,8 @@ def write_to_kafka(
     topic: str,
     key_column: str,
     delivery: Delivery = SAFE_DELIVERY,
-    *,
-    key_in_value: bool = True,
 ) -> None:
     """Send every row of ``df`` as a JSON value keyed by ``key_column``.
-
-    With ``key_in_value`` False, the key column is left out of the value:
-    a column made only to key the records.
 
     ``delivery`` travels to the executors with the function; credentials do
     not (each executor reads its own, :mod:`keyplane.kafka.security`). A
@@ -69,7 +59,5 @@ def write_to_kafka(
     :class:`~keyplane.kafka.producer.DeliveryError`.
     """
     df.foreachPartition(
-        lambda rows: _send_partition(
-            rows, bootstrap_servers, topic, key_column, delivery, key_in_value
-        )
+        lambda rows: _send_partition(rows, bootstrap_servers, topic, key_column, delivery)
     )

@@ -1,28 +1,21 @@
 """Where each micro-batch of the routed job goes: counts, moved state, dead letters, metrics.
 
-One ``foreachBatch`` call keeps the batch in memory for its actions (each
-would otherwise run the stateful plan again) and splits it by ``kind``
-(:data:`keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`). The rows that
-grow with the keys a batch updates stay on the executors: they write the
-batch file and send the results topic's records. The driver collects only a
-summary (:func:`batch_summary`): the protocol records and what the metrics
-read.
+One ``foreachBatch`` call collects the batch once (a second action would
+re-run the stateful plan) and splits it by ``kind``
+(:data:`keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`):
 
 * ``count`` rows: the latest partial (tuple count and encoded state) per
-  routed key and instance (:func:`batch_partials`), written by the executors
-  to ``<output>/batch-<id>.parquet`` (one file, renamed into place last, so a
-  replay rewrites the same file) and optionally sent by them to the results
-  topic; merged per key, to the pipeline's sink
-  (:mod:`keyplane.spark.pipeline_sink`), which reads the batch file back on
-  the driver, since the merge keeps every routed key's latest state;
+  routed key and instance, to
+  ``<output>/batch-<id>.parquet`` (atomic rename, so a replay rewrites the same
+  file) and optionally the results topic; merged per key, to the pipeline's
+  sink (:mod:`keyplane.spark.pipeline_sink`);
 * ``moved`` rows: to the migration topic, flushed before the batch commits,
   so the next batch's plan finds them (paper 000 §3.4's state transfer);
   ``moves`` rows are such records already packed by the JVM stages
   (:mod:`keyplane.spark.jvm`), sent as they are;
 * ``partials`` rows: many ``count`` rows packed into one by the JVM stages'
   installs (``[stage, key, routed_key, instance, count, state]`` each), read
-  as the rows they pack (:func:`batch_partials`; :func:`unpacked_partials`
-  and :func:`latest_partials_of_batch` state the same rule on a pandas frame);
+  as the rows they pack (:func:`unpacked_partials`);
 * ``invalid`` rows: to the dead-letter topic with their reason;
 * ``hop`` and ``pair`` rows: the batch's :class:`~keyplane.algorithms.batchmetrics.BatchMetrics`,
   which :class:`MetricsListener` completes with the progress figures and
@@ -33,9 +26,7 @@ Every record sent to a topic is checked for delivery
 past the producer's delivery timeout, the batch fails with
 :class:`~keyplane.kafka.producer.DeliveryError` rather than committing with
 records lost, and is replayed when the job restarts from its checkpoint.
-The executors send the results topic's records with a producer per task
-(:func:`keyplane.spark.kafka_sink.write_to_kafka`), whose failure fails the
-batch. The driver sends through one producer for the query's run
+The sink sends through one producer for the query's run
 (:class:`~keyplane.kafka.producer.LongLivedProducer`); a send that fails,
 for example because the broker no longer knows an idempotent producer's id
 after a restart, is tried once more through a new producer before the
@@ -50,7 +41,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import shutil
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
@@ -59,26 +49,18 @@ from typing import Any, ClassVar
 
 import pandas as pd
 from kafka.errors import KafkaError
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from keyplane.aggregates import KeyedAggregate, merge_encoded
-from keyplane.algorithms.batchmetrics import (
-    TOP_PAIRS_PER_INSTANCE,
-    BatchMetrics,
-    traffic_metrics,
-)
+from keyplane.algorithms.batchmetrics import BatchMetrics, traffic_metrics
 from keyplane.algorithms.partials import last_of_each, latest_partials
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, LongLivedProducer
 from keyplane.pipeline import Sink
-from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.pipeline_sink import MergedResults, write_results
 from keyplane.spark.progress import phases_ms, progress_of
-from keyplane.util.parquet_files import read_frame
 
 log = logging.getLogger(__name__)
 
@@ -152,102 +134,6 @@ def merge_partial_states(
     return pd.DataFrame(rows, columns=["stage", "key", "result"])
 
 
-SUMMARY_KINDS = ("hop", "moved", "moves", "invalid")
-"""The output rows the driver reads whole: few, except ``moved`` during a migration."""
-TOPIC_KEY = "_topic_key"
-
-
-def batch_partials(batch: DataFrame) -> DataFrame:
-    """:func:`latest_partials_of_batch` of :func:`unpacked_partials`, computed by the executors.
-
-    The same rule, with Spark's functions: the JVM stages' packed reports
-    are exploded into ``count`` rows, then each (stage, key, routed key,
-    instance) keeps its row with the most tuples. Two reports of one routed
-    key with the same count carry the same state, so which one is kept does
-    not matter. The rows come in no particular order; readers sort as they
-    need.
-    """
-    counts = batch.where(F.col("kind") == "count").select(*COUNT_COLUMNS)
-    report = F.col("report")
-    unpacked = (
-        batch.where(F.col("kind") == "partials")
-        .select(F.explode(F.from_json("state", "array<array<string>>")).alias("report"))
-        .select(
-            report[0].alias("stage"),
-            report[1].alias("key"),
-            report[2].alias("routed_key"),
-            report[3].cast("int").alias("instance"),
-            report[4].cast("long").alias("count"),
-            report[5].alias("state"),
-        )
-    )
-    latest = F.max_by(F.struct("count", "state"), "count").alias("latest")
-    return (
-        counts.unionByName(unpacked)
-        .groupBy(*PARTIAL_KEY)
-        .agg(latest)
-        .select(*PARTIAL_KEY, "latest.count", "latest.state")
-    )
-
-
-def batch_summary(batch: DataFrame) -> DataFrame:
-    """The rows of ``batch`` the driver needs, few whatever the keys a batch updates.
-
-    What :func:`~keyplane.algorithms.batchmetrics.traffic_metrics` reads and
-    the protocol records: ``hop``, ``moved``, ``moves`` and ``invalid`` rows
-    as they are; ``pair`` rows cut to each instance's heaviest, as the
-    metrics keep them; and one ``count`` row per (stage, instance) carrying
-    the sum of its ``busy_ns``, which is all the metrics read of them.
-    """
-    kind = F.col("kind")
-    columns = batch.columns
-    heaviest = Window.partitionBy("instance").orderBy(F.col("n").desc())
-    pairs = (
-        batch.where(kind == "pair")
-        .withColumn("_rank", F.row_number().over(heaviest))
-        .where(F.col("_rank") <= TOP_PAIRS_PER_INSTANCE)
-        .select(*columns)
-    )
-    busy = (
-        batch.where((kind == "count") & F.col("busy_ns").isNotNull())
-        .groupBy("stage", "instance")
-        .agg(F.sum("busy_ns").alias("busy_ns"))
-        .select(
-            *(
-                F.lit("count").alias(c)
-                if c == "kind"
-                else F.col(c)
-                if c in ("stage", "instance", "busy_ns")
-                else F.lit(None).cast(batch.schema[c].dataType).alias(c)
-                for c in columns
-            )
-        )
-    )
-    return batch.where(kind.isin(*SUMMARY_KINDS)).unionByName(pairs).unionByName(busy)
-
-
-def write_single_parquet(frame: DataFrame, path: Path) -> None:
-    """Write ``frame`` from the executors as the one parquet file ``path``.
-
-    Spark writes a directory of part files; one partition gives one file
-    (an empty one too), which is moved to ``path`` so the batch file stays
-    one file that its readers open as before, renamed into place atomically
-    by the caller. The directory must be the same shared path on the driver
-    and the executors; a part file the driver cannot see is an error, never
-    an empty batch.
-    """
-    parts = path.with_name(path.name + ".parts")
-    frame.repartition(1).write.mode("overwrite").parquet(str(parts))
-    files = sorted(parts.glob("part-*.parquet"))
-    if len(files) != 1:
-        raise RuntimeError(
-            f"expected one part file in {parts}, found {len(files)}: the output directory "
-            "must be the same shared path on the driver and every executor"
-        )
-    files[0].replace(path)
-    shutil.rmtree(parts)
-
-
 def _json(records: Iterable[tuple[str, Any]]) -> Iterator[tuple[bytes, bytes]]:
     """``(key, value)`` pairs as Kafka records, the value as compact JSON."""
     for key, value in records:
@@ -285,20 +171,12 @@ class RoutedBatchWriter:
         output.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        # Each action below reads the batch: kept once, the stateful plan runs once.
-        batch.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            self._write(batch, batch_id)
-        finally:
-            batch.unpersist()
-
-    def _write(self, batch: DataFrame, batch_id: int) -> None:
-        partials = batch_partials(batch)
+        output = unpacked_partials(batch.toPandas())
+        partials = latest_partials_of_batch(output)
         tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
-        write_single_parquet(partials, tmp)
-        small = batch_summary(batch).toPandas()
-        moved = small[small["kind"] == "moved"]
-        packed = small.loc[small["kind"] == "moves", "state"].tolist()
+        partials.to_parquet(tmp, index=False)
+        moved = output[output["kind"] == "moved"]
+        packed = output.loc[output["kind"] == "moves", "state"].tolist()
         if len(moved) or packed:
             moves = (
                 {
@@ -315,28 +193,24 @@ class RoutedBatchWriter:
             key = str(batch_id).encode()
             values = itertools.chain(move_records(moves), (text.encode() for text in packed))
             self.producer.send(self.migration_topic, ((key, value) for value in values))
-        invalid = small[small["kind"] == "invalid"]
+        invalid = output[output["kind"] == "invalid"]
         if len(invalid):
             self.producer.send(
                 self.dead_letter_topic,
                 _json((str(batch_id), json.loads(detail)) for detail in invalid["detail"].tolist()),
             )
-        if self.results_topic:
-            write_to_kafka(
-                partials.withColumn(TOPIC_KEY, F.concat_ws(":", "stage", "key")),
-                self.producer.bootstrap_servers,
+        if self.results_topic and len(partials):
+            self.producer.send(
                 self.results_topic,
-                TOPIC_KEY,
-                self.producer.delivery,
-                key_in_value=False,
+                _json((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
             )
         if self.sink is not None:
             sink, merged = self.sink
-            results = merged.batch(read_frame(tmp), batch_id)
+            results = merged.batch(partials, batch_id)
             write_results(sink, results, batch_id, spark=batch.sparkSession, producer=self.producer)
         tmp.rename(self.output / f"batch-{batch_id:08d}.parquet")
         self.metrics[batch_id] = traffic_metrics(
-            batch_id, small, dict.fromkeys(self.stages, self.parallelism)
+            batch_id, output, dict.fromkeys(self.stages, self.parallelism)
         )
 
 
