@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from _output import emit
@@ -68,6 +69,7 @@ PAIR_MEMORIES = {"min_weight 0.05": 0.05, "min_weight 0.5": 0.5}
 """The pair histories the new planner backtests (decay 0.5 each)."""
 
 Window = tuple[np.ndarray, np.ndarray]
+T = TypeVar("T")
 Generator = Callable[[np.random.Generator, int, int], list[Window]]
 
 
@@ -353,6 +355,21 @@ def report(
     return "\n".join([*lines, "## Goals", "", *verdicts])
 
 
+def over_seeds(
+    workloads: Sequence[str], seeds: int, run_one: Callable[[str, int], T]
+) -> dict[str, list[T]]:
+    """``run_one(workload, seed)`` for every workload and seeds ``0..seeds-1``, in that order,
+    each run's time printed as it ends."""
+    results: dict[str, list[T]] = {}
+    for workload in workloads:
+        results[workload] = []
+        for seed in range(seeds):
+            begun = time.perf_counter()
+            results[workload].append(run_one(workload, seed))
+            print(f"  {workload} seed {seed}: {time.perf_counter() - begun:.1f}s", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 8 windows of 20k events")
@@ -369,23 +386,19 @@ def main() -> None:
         args.seeds, args.windows, args.window_events, args.sim_every = 1, 8, 20_000, 3
     command = "python bench/plan_quality.py" + (" --quick" if args.quick else "")
     started = time.perf_counter()
-    results: dict[str, list[dict[str, Series]]] = {}
-    for workload in args.workloads:
-        results[workload] = []
-        for seed in range(args.seeds):
-            begun = time.perf_counter()
-            results[workload].append(
-                run(
-                    WORKLOADS[workload],
-                    seed,
-                    args.windows,
-                    args.window_events,
-                    args.instances,
-                    args.alpha,
-                    args.sim_every,
-                )
-            )
-            print(f"  {workload} seed {seed}: {time.perf_counter() - begun:.1f}s", flush=True)
+    results = over_seeds(
+        args.workloads,
+        args.seeds,
+        lambda workload, seed: run(
+            WORKLOADS[workload],
+            seed,
+            args.windows,
+            args.window_events,
+            args.instances,
+            args.alpha,
+            args.sim_every,
+        ),
+    )
     emit(report(results, args.alpha, command, time.perf_counter() - started), args.out)
 
 

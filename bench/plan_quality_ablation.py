@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 from _output import emit
-from plan_quality import PAIR_MEMORIES, WORKLOADS, _median_range, statistics_of
+from plan_quality import PAIR_MEMORIES, WORKLOADS, _median_range, over_seeds, statistics_of
 
 from keyplane.algorithms.costmodel import CostModel
 from keyplane.algorithms.forecast import Backtest, WeightForecast, reweighted
@@ -247,22 +247,13 @@ def main() -> None:
         args.seeds, args.windows, args.window_events = 1, 8, 20_000
     command = "python bench/plan_quality_ablation.py" + (" --quick" if args.quick else "")
     started = time.perf_counter()
-    results: dict[str, list[tuple[dict[str, Series], Histories]]] = {}
-    for workload in args.workloads:
-        results[workload] = []
-        for seed in range(args.seeds):
-            begun = time.perf_counter()
-            results[workload].append(
-                run(
-                    workload,
-                    seed,
-                    args.windows,
-                    args.window_events,
-                    args.instances,
-                    args.alpha,
-                )
-            )
-            print(f"  {workload} seed {seed}: {time.perf_counter() - begun:.1f}s", flush=True)
+    results = over_seeds(
+        args.workloads,
+        args.seeds,
+        lambda workload, seed: run(
+            workload, seed, args.windows, args.window_events, args.instances, args.alpha
+        ),
+    )
     emit(report(results, args.alpha, command, time.perf_counter() - started), args.out)
 
 
