@@ -27,7 +27,6 @@ import argparse
 import statistics
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from _harness import (
     batch_stage_seconds,
     event_log_env,
@@ -43,6 +42,7 @@ from keyplane.control.operators import OPERATORS
 from keyplane.kafka.producer import produce_workload
 from keyplane.reference.workloads import PairsWorkload
 from keyplane.routing.config import RoutingConfig, save
+from keyplane.util.parquet_files import parquet_rows
 
 P = 4
 SPREAD = 10
@@ -76,7 +76,7 @@ def measure(bootstrap: str, tmp: Path, n: int, batches: int) -> list[dict[str, f
         driver = sum(parts[b].values())
         out.append(
             {
-                "keys": pq.ParquetFile(output).metadata.num_rows,
+                "keys": parquet_rows(output),
                 "rows": m["rows"],
                 "batch_s": duration,
                 "stages_s": duration - driver,

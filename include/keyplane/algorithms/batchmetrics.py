@@ -19,12 +19,14 @@ numbers the papers steer by:
   messages the driver would not act on, by reason, so a forged or stale
   message is visible on a dashboard and not only in the driver's log.
 
-Pure pandas: the sink computes it in the driver, tests feed it by hand.
+Pure pandas: each task of the sink computes its share of the batch on the
+executor that ran it (:func:`traffic_metrics`), the driver adds the shares up
+(:func:`combined_metrics`), and tests feed both by hand.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import pandas as pd
@@ -172,6 +174,51 @@ def traffic_metrics(
         top_pairs=top,
         moved_states=moved_states(output),
         invalid_events=int((output["kind"] == "invalid").sum()),
+    )
+
+
+def combined_metrics(
+    batch_id: int, parts: Sequence[BatchMetrics], parallelism: Mapping[str, int]
+) -> BatchMetrics:
+    """One batch's metrics from the :func:`traffic_metrics` of each part of its output.
+
+    The parts split the batch's rows between them (one per task of the
+    sink), so loads, busy times, hops and counts add up; an instance keeps
+    the heaviest pairs of all parts together. The result is what
+    :func:`traffic_metrics` gives on the whole output, so the driver never
+    needs the rows themselves.
+    """
+    load: dict[str, dict[int, int]] = {
+        op: dict.fromkeys(range(n), 0) for op, n in parallelism.items()
+    }
+    executors: dict[str, dict[int, str]] = {op: {} for op in parallelism}
+    busy: dict[str, dict[int, float]] = {}
+    pairs: dict[int, list[PairCount]] = {}
+    for part in parts:
+        for op, loads in part.load.items():
+            for instance, n in loads.items():
+                load.setdefault(op, {})[instance] = load.get(op, {}).get(instance, 0) + n
+        for op, placed in part.executors.items():
+            executors.setdefault(op, {}).update(placed)
+        for op, times in part.busy_ms.items():
+            instances = busy.setdefault(op, dict.fromkeys(range(parallelism.get(op, 0)), 0.0))
+            for instance, ms in times.items():
+                instances[instance] = instances.get(instance, 0.0) + ms
+        for instance, heaviest in part.top_pairs.items():
+            pairs.setdefault(instance, []).extend(heaviest)
+    return BatchMetrics(
+        batch_id=batch_id,
+        load=load,
+        executors=executors,
+        busy_ms=busy,
+        hops=sum(part.hops for part in parts),
+        local_hops=sum(part.local_hops for part in parts),
+        top_pairs={
+            instance: sorted(heaviest, key=lambda pair: -pair.n)[:TOP_PAIRS_PER_INSTANCE]
+            for instance, heaviest in sorted(pairs.items())
+        },
+        moved_states=sum(part.moved_states for part in parts),
+        invalid_events=sum(part.invalid_events for part in parts),
     )
 
 

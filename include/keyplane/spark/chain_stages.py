@@ -46,6 +46,7 @@ from keyplane.spark.pipeline_frames import (
     value_column,
 )
 from keyplane.spark.routed_counts import (
+    OUTPUT_FIELDS,
     ROUTED_OUTPUT_SCHEMA,
     TOP_PAIRS_PER_GROUP,
     _added,
@@ -56,8 +57,6 @@ from keyplane.spark.routed_counts import (
     executor_id,
 )
 from keyplane.spark.routed_partitions import CONTROL_PREFIX, control_group
-
-_OUTPUT_FIELDS = tuple(field.split()[0] for field in ROUTED_OUTPUT_SCHEMA.split(", "))
 
 
 class ChainStage(_RoutedStage):
@@ -81,7 +80,7 @@ class ChainStage(_RoutedStage):
         self.parallelism = parallelism
         self.last = index == len(self.stages) - 1
         chain = () if self.last else chain_columns(len(stages))
-        self.fields = (*_OUTPUT_FIELDS, *chain)
+        self.fields = (*OUTPUT_FIELDS, *chain)
         self.key_field, self.value_field = key_column(index), value_column(index)
         self.later = range(index + 1, len(self.stages))
 

@@ -373,8 +373,9 @@ def _install(row: Row) -> tuple[str, tuple[str, int], int]:
     return control["source_rk"], (control["state"], int(control["count"])), int(control["marker"])
 
 
-_OUTPUT_FIELDS = tuple(field.split()[0] for field in ROUTED_OUTPUT_SCHEMA.split(", "))
-_NO_OUTPUT_FIELDS = dict.fromkeys(_OUTPUT_FIELDS)
+OUTPUT_FIELDS = tuple(field.split()[0] for field in ROUTED_OUTPUT_SCHEMA.split(", "))
+"""The names of :data:`ROUTED_OUTPUT_SCHEMA`'s columns, in order."""
+_NO_OUTPUT_FIELDS = dict.fromkeys(OUTPUT_FIELDS)
 
 
 def _output_row(**fields: Any) -> Row:

@@ -41,19 +41,22 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import shutil
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
 from kafka.errors import KafkaError
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from keyplane.aggregates import KeyedAggregate, merge_encoded
-from keyplane.algorithms.batchmetrics import BatchMetrics, traffic_metrics
+from keyplane.algorithms.batchmetrics import BatchMetrics, combined_metrics, traffic_metrics
 from keyplane.algorithms.partials import last_of_each, latest_partials
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.migration_topic import move_records
@@ -61,6 +64,7 @@ from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, Long
 from keyplane.pipeline import Sink
 from keyplane.spark.pipeline_sink import MergedResults, write_results
 from keyplane.spark.progress import phases_ms, progress_of
+from keyplane.spark.routed_counts import OUTPUT_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +144,110 @@ def _json(records: Iterable[tuple[str, Any]]) -> Iterator[tuple[bytes, bytes]]:
         yield key.encode(), json.dumps(value, default=str, separators=(",", ":")).encode()
 
 
+REPORT_SCHEMA = (
+    "kind STRING, stage STRING, key STRING, routed_key STRING, instance INT, count LONG, "
+    "state STRING, detail STRING"
+)
+"""What each task of the sink tells the driver: one ``metrics`` row (``detail``: its share
+of the batch's :class:`BatchMetrics` as JSON) and, when the pipeline's sink needs them, the
+task's latest partials as ``count`` rows (:data:`COUNT_COLUMNS`)."""
+
+_REPORT_FIELDS = [field.split()[0] for field in REPORT_SCHEMA.split(", ")]
+
+_EXECUTOR_PRODUCERS: dict[tuple[str, Delivery], LongLivedProducer] = {}
+"""One producer per broker and delivery in each Python worker, kept across its tasks."""
+
+
+def executor_producer(bootstrap_servers: str, delivery: Delivery) -> LongLivedProducer:
+    """This worker's producer for ``bootstrap_servers``: a task does not pay a connection."""
+    key = (bootstrap_servers, delivery)
+    if key not in _EXECUTOR_PRODUCERS:
+        _EXECUTOR_PRODUCERS[key] = LongLivedProducer(bootstrap_servers, delivery)
+    return _EXECUTOR_PRODUCERS[key]
+
+
+@dataclass(frozen=True)
+class BatchPartWriter:
+    """One task's share of a batch, written where the task runs (``mapInPandas``).
+
+    The task that ran a stage's instances holds their output already, so it
+    writes that share itself: its latest partials to a part of the batch
+    file, its moved states, dead letters and results to their topics, each
+    record's delivery confirmed before the task ends (and so before the
+    batch commits). What reaches the driver is one summary row per task,
+    whatever the number of keys the batch updated. A retried task rewrites
+    its part under the same name and sends its records again, which the
+    topics tolerate (see the module docstring).
+    """
+
+    batch_id: int
+    parts: Path
+    """The batch's directory of parts, renamed into place by the driver."""
+    bootstrap_servers: str
+    migration_topic: str
+    dead_letter_topic: str
+    results_topic: str | None
+    delivery: Delivery
+    parallelism: Mapping[str, int]
+    with_partials: bool
+    """Return the task's partials to the driver too, for the pipeline's sink."""
+
+    def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        rows = [frame for frame in frames if len(frame)]
+        empty = pd.DataFrame(columns=list(OUTPUT_FIELDS))
+        output = unpacked_partials(pd.concat(rows, ignore_index=True) if rows else empty)
+        partials = latest_partials_of_batch(output)
+        context = TaskContext.get()
+        part = f"part-{context.partitionId() if context else 0:05d}.parquet"
+        tmp = self.parts / f".{part}.tmp"
+        partials.to_parquet(tmp, index=False)
+        self.send(output, partials)
+        tmp.rename(self.parts / part)
+        metrics = traffic_metrics(self.batch_id, output, self.parallelism)
+        rows = [{"kind": "metrics", "detail": metrics.model_dump_json()}]
+        if self.with_partials:
+            known = partials.astype(object).where(partials.notna(), None)
+            rows += [{**row, "kind": "count"} for row in known.to_dict("records")]
+        # Object columns, None for null: Arrow takes them as the schema's types.
+        yield pd.DataFrame([{**dict.fromkeys(_REPORT_FIELDS), **row} for row in rows])
+
+    def send(self, output: pd.DataFrame, partials: pd.DataFrame) -> None:
+        """The part's moved states, dead letters and results, each delivery confirmed."""
+        producer = executor_producer(self.bootstrap_servers, self.delivery)
+        moved = output[output["kind"] == "moved"]
+        packed = output.loc[output["kind"] == "moves", "state"].tolist()
+        if len(moved) or packed:
+            moves = (
+                {
+                    "operator": row["stage"],
+                    "key": row["key"],
+                    "source": row["routed_key"],
+                    "target": row["target"],
+                    "count": int(row["count"]),
+                    "state": row["state"],
+                    "marker": int(row["marker"]),
+                }
+                for row in moved.to_dict("records")
+            )
+            key = str(self.batch_id).encode()
+            values = itertools.chain(move_records(moves), (text.encode() for text in packed))
+            producer.send(self.migration_topic, ((key, value) for value in values))
+        invalid = output[output["kind"] == "invalid"]
+        if len(invalid):
+            producer.send(
+                self.dead_letter_topic,
+                _json(
+                    (str(self.batch_id), json.loads(detail))
+                    for detail in invalid["detail"].tolist()
+                ),
+            )
+        if self.results_topic and len(partials):
+            producer.send(
+                self.results_topic,
+                _json((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
+            )
+
+
 class RoutedBatchWriter:
     """The routed job's ``foreachBatch`` function (see the module docstring)."""
 
@@ -167,51 +275,68 @@ class RoutedBatchWriter:
         """The job's stages, upstream first, for its metrics."""
         self.metrics: dict[int, BatchMetrics] = {}
         self.producer = LongLivedProducer(bootstrap_servers, delivery)
-        """Every topic's sends, one producer for the query's run (the listener closes it)."""
+        """The driver's sends (the pipeline's sink), one producer for the query's run (the
+        listener closes it)."""
         output.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        output = unpacked_partials(batch.toPandas())
-        partials = latest_partials_of_batch(output)
-        tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
-        partials.to_parquet(tmp, index=False)
-        moved = output[output["kind"] == "moved"]
-        packed = output.loc[output["kind"] == "moves", "state"].tolist()
-        if len(moved) or packed:
-            moves = (
-                {
-                    "operator": row["stage"],
-                    "key": row["key"],
-                    "source": row["routed_key"],
-                    "target": row["target"],
-                    "count": int(row["count"]),
-                    "state": row["state"],
-                    "marker": int(row["marker"]),
-                }
-                for row in moved.to_dict("records")
-            )
-            key = str(batch_id).encode()
-            values = itertools.chain(move_records(moves), (text.encode() for text in packed))
-            self.producer.send(self.migration_topic, ((key, value) for value in values))
-        invalid = output[output["kind"] == "invalid"]
-        if len(invalid):
-            self.producer.send(
-                self.dead_letter_topic,
-                _json((str(batch_id), json.loads(detail)) for detail in invalid["detail"].tolist()),
-            )
-        if self.results_topic and len(partials):
-            self.producer.send(
-                self.results_topic,
-                _json((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
+        name = f"batch-{batch_id:08d}.parquet"
+        parts = self.output / f".{name}.tmp"
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir()
+        parallelism = dict.fromkeys(self.stages, self.parallelism)
+        writer = BatchPartWriter(
+            batch_id=batch_id,
+            parts=parts,
+            bootstrap_servers=self.producer.bootstrap_servers,
+            migration_topic=self.migration_topic,
+            dead_letter_topic=self.dead_letter_topic,
+            results_topic=self.results_topic,
+            delivery=self.producer.delivery,
+            parallelism=parallelism,
+            with_partials=self.sink is not None,
+        )
+        # One action: a second would run the batch's stateful plan again.
+        reports = batch.mapInPandas(writer, REPORT_SCHEMA).toPandas()
+        if not any(parts.iterdir()):
+            # A batch of no partitions: its file still exists, empty, as every batch's does.
+            latest_partials_of_batch(pd.DataFrame(columns=list(OUTPUT_FIELDS))).to_parquet(
+                parts / "part-00000.parquet", index=False
             )
         if self.sink is not None:
             sink, merged = self.sink
+            partials = reports.loc[reports["kind"] == "count", COUNT_COLUMNS].reset_index(drop=True)
+            partials = partials.astype({"instance": "Int32", "count": "int64"})
             results = merged.batch(partials, batch_id)
             write_results(sink, results, batch_id, spark=batch.sparkSession, producer=self.producer)
-        tmp.rename(self.output / f"batch-{batch_id:08d}.parquet")
-        self.metrics[batch_id] = traffic_metrics(
-            batch_id, output, dict.fromkeys(self.stages, self.parallelism)
+        replace_directory(parts, self.output / name)
+        self.metrics[batch_id] = combined_metrics(
+            batch_id,
+            [
+                BatchMetrics.model_validate_json(text)
+                for text in reports.loc[reports["kind"] == "metrics", "detail"].tolist()
+            ],
+            parallelism,
         )
+
+
+def replace_directory(source: Path, target: Path) -> None:
+    """Put ``source`` at ``target``, replacing what a replay of the batch wrote there before.
+
+    A first run renames once, atomically. A replay moves the earlier copy
+    aside first, since a directory cannot be renamed over another.
+    """
+    if target.exists() or target.is_symlink():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+        source.rename(target)
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+        return
+    source.rename(target)
 
 
 class MetricsListener(StreamingQueryListener):

@@ -30,8 +30,26 @@ if TYPE_CHECKING:
 
 
 def read_table(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
-    """One parquet file (``columns`` of it, else all) as an Arrow table."""
+    """One parquet file (``columns`` of it, else all) as an Arrow table.
+
+    A directory is read as one file made of its ``part-*.parquet`` files in
+    name order: the routed job's executors write a batch file that way, one
+    part per task (:mod:`keyplane.spark.routed_sink`).
+    """
+    if path.is_dir():
+        parts = sorted(path.glob("part-*.parquet"))
+        if not parts:
+            raise FileNotFoundError(f"{path}: a directory with no part-*.parquet file")
+        # A part with no rows has untyped (null) text columns: promoted to the others' types.
+        return pa.concat_tables([read_table(p, columns) for p in parts], promote_options="default")
     return pq.ParquetFile(path).read(columns=list(columns) if columns else None, use_threads=False)
+
+
+def parquet_rows(path: Path) -> int:
+    """The rows of a parquet file, or of a directory of parts, from their footers only."""
+    if path.is_dir():
+        return sum(parquet_rows(p) for p in path.glob("part-*.parquet"))
+    return int(pq.ParquetFile(path).metadata.num_rows)
 
 
 def read_frame(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from keyplane.algorithms.batchmetrics import traffic_metrics
+from keyplane.algorithms.batchmetrics import (
+    BatchMetrics,
+    combined_metrics,
+    traffic_metrics,
+)
 
 
 def _hop(upstream: int, up_ex: str, instance: int, ex: str, n: int) -> dict:
@@ -89,3 +93,47 @@ def test_busy_time_sums_each_stages_count_rows_per_instance_pure() -> None:
     assert metrics.busy_ms == {"A": {0: 2.5, 1: 0.0}, "B": {0: 0.0, 1: 9.0}}
     # Rows without the column (older stages' output) measure no time.
     assert traffic_metrics(1, rows.drop(columns="busy_ns"), {"A": 2, "B": 2}).busy_ms == {}
+
+
+def test_the_parts_of_a_batch_combine_to_the_metrics_of_the_whole_batch_pure() -> None:
+    """The sink's tasks each measure their rows; adding the parts up on the driver gives what
+    the whole output gives: loads, executors, busy times, hops, moves, dead letters, and each
+    instance's heaviest pairs across parts."""
+    rows = pd.DataFrame(
+        [
+            _hop(0, "e1", 0, "e1", 30),
+            _hop(1, "e2", 0, "e1", 10),
+            _hop(1, "e2", 2, "e2", 20),
+            {"kind": "pair", "key": "b1", "detail": "a1", "instance": 0, "n": 25},
+            {"kind": "pair", "key": "b2", "detail": "a9", "instance": 0, "n": 40},
+            *(
+                {"kind": "pair", "key": f"c{i}", "detail": "a2", "instance": 0, "n": i}
+                for i in range(6)
+            ),
+            {"kind": "pair", "key": "b3", "detail": "a3", "instance": 2, "n": 7},
+            {"kind": "count", "stage": "A", "instance": 0, "busy_ns": 2_000_000},
+            {"kind": "count", "stage": "A", "instance": 1, "busy_ns": 1_000_000},
+            {"kind": "moved"},
+            {"kind": "moves", "count": 250},
+            {"kind": "invalid"},
+        ]
+    )
+    parallelism = {"A": 3, "B": 3}
+    whole = traffic_metrics(4, rows, parallelism)
+    # Any split of the rows: here the odd and the even rows, and a third part left empty.
+    parts = [
+        traffic_metrics(4, part.reset_index(drop=True), parallelism)
+        for part in (rows.iloc[0::2], rows.iloc[1::2], rows.iloc[0:0])
+    ]
+    combined = combined_metrics(4, parts, parallelism)
+    assert combined.model_dump(exclude={"top_pairs"}) == whole.model_dump(exclude={"top_pairs"})
+
+    def pairs(metrics: BatchMetrics) -> dict[int, list[tuple[str, str, int]]]:
+        return {i: sorted((p.a, p.b, p.n) for p in top) for i, top in metrics.top_pairs.items()}
+
+    assert pairs(combined) == pairs(whole)
+    assert [p.n for p in combined.top_pairs[0]] == [40, 25, 5, 4, 3]
+    # A batch of no parts (no rows at all) is an empty batch with every instance idle.
+    empty = combined_metrics(5, [], parallelism)
+    assert empty.load == {"A": {0: 0, 1: 0, 2: 0}, "B": {0: 0, 1: 0, 2: 0}}
+    assert (empty.hops, empty.moved_states, empty.busy_ms) == (0, 0, {})
