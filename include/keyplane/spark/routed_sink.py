@@ -1,14 +1,16 @@
 """Where each micro-batch of the routed job goes: counts, moved state, dead letters, metrics.
 
-One ``foreachBatch`` call collects the batch once (a second action would
-re-run the stateful plan) and splits it by ``kind``
-(:data:`keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`):
+The batch's output is written where it was computed. Each task of the
+batch's last stage holds its instances' output rows; one ``mapInPandas``
+over the batch (:class:`BatchPartWriter`, in the one action the batch runs:
+a second would run the stateful plan again) has every task split its rows
+by ``kind`` (:data:`keyplane.spark.routed_counts.ROUTED_OUTPUT_SCHEMA`):
 
 * ``count`` rows: the latest partial (tuple count and encoded state) per
-  routed key and instance, to
-  ``<output>/batch-<id>.parquet`` (atomic rename, so a replay rewrites the same
-  file) and optionally the results topic; merged per key, to the pipeline's
-  sink (:mod:`keyplane.spark.pipeline_sink`);
+  routed key and instance, to the task's part of
+  ``<output>/batch-<id>.parquet``, a directory the driver renames into
+  place once every task wrote its part (so a replay rewrites the same
+  file), and optionally the results topic;
 * ``moved`` rows: to the migration topic, flushed before the batch commits,
   so the next batch's plan finds them (paper 000 §3.4's state transfer);
   ``moves`` rows are such records already packed by the JVM stages
@@ -17,17 +19,27 @@ re-run the stateful plan) and splits it by ``kind``
   installs (``[stage, key, routed_key, instance, count, state]`` each), read
   as the rows they pack (:func:`unpacked_partials`);
 * ``invalid`` rows: to the dead-letter topic with their reason;
-* ``hop`` and ``pair`` rows: the batch's :class:`~keyplane.algorithms.batchmetrics.BatchMetrics`,
-  which :class:`MetricsListener` completes with the progress figures and
-  publishes to the metrics topic.
+* ``hop`` and ``pair`` rows: the task's share of the batch's
+  :class:`~keyplane.algorithms.batchmetrics.BatchMetrics`.
+
+The driver receives one row per task, its metrics, and adds them up
+(:func:`~keyplane.algorithms.batchmetrics.combined_metrics`), so its work
+per batch does not grow with the keys the batch updated;
+:class:`MetricsListener` completes the record with the progress figures and
+publishes it to the metrics topic. A pipeline's own sink takes results
+merged per key across instances (:mod:`keyplane.spark.pipeline_sink`), so
+for it the tasks return their partials to the driver as well.
+
+The batch file's directory must be one every executor and the driver see
+at the same path: on one machine any directory, on a cluster a shared one.
 
 Every record sent to a topic is checked for delivery
 (:func:`keyplane.kafka.producer.send_confirmed`): if the broker stays down
 past the producer's delivery timeout, the batch fails with
 :class:`~keyplane.kafka.producer.DeliveryError` rather than committing with
 records lost, and is replayed when the job restarts from its checkpoint.
-The sink sends through one producer for the query's run
-(:class:`~keyplane.kafka.producer.LongLivedProducer`); a send that fails,
+Each Python worker sends through one producer that it keeps across its
+tasks (:class:`~keyplane.kafka.producer.LongLivedProducer`); a send that fails,
 for example because the broker no longer knows an idempotent producer's id
 after a restart, is tried once more through a new producer before the
 batch fails.
@@ -209,7 +221,7 @@ class BatchPartWriter:
             known = partials.astype(object).where(partials.notna(), None)
             rows += [{**row, "kind": "count"} for row in known.to_dict("records")]
         # Object columns, None for null: Arrow takes them as the schema's types.
-        yield pd.DataFrame([{**dict.fromkeys(_REPORT_FIELDS), **row} for row in rows])
+        yield pd.DataFrame([{**dict.fromkeys(_REPORT_FIELDS), **row} for row in rows], dtype=object)
 
     def send(self, output: pd.DataFrame, partials: pd.DataFrame) -> None:
         """The part's moved states, dead letters and results, each delivery confirmed."""

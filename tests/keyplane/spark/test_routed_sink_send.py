@@ -11,15 +11,22 @@ goes out once more through a new producer before the batch fails.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from pyspark.sql import Row
 
 import keyplane.kafka.producer
+from keyplane.algorithms.batchmetrics import BatchMetrics, traffic_metrics
+from keyplane.kafka.migration_topic import moves_of
 from keyplane.kafka.producer import SAFE_DELIVERY, DeliveryError, LongLivedProducer
 from keyplane.spark import routed_sink
 from keyplane.spark.kafka_sink import _send_partition
+from keyplane.spark.routed_counts import OUTPUT_FIELDS
+from keyplane.spark.routed_sink import unpacked_partials
+from keyplane.util.parquet_files import read_frame
 
 RECORDS = [("k1", {"n": 1}), ("k2", {"n": 2}), ("k3", {"n": 3})]
 
@@ -85,3 +92,78 @@ def test_kafka_sink_partition_with_fake_producer_raises_when_a_delivery_fails(
         _send_partition(iter(rows), "broker:9092", "job.results", "key", SAFE_DELIVERY)
     [producer] = made
     assert producer.closed
+
+
+def _task_output() -> pd.DataFrame:
+    """One task's output rows: two partials of a key (the later wins), a tombstone, a moved
+    state, a malformed event and a hop."""
+    rows = [
+        {"kind": "count", "stage": "A", "key": "a1", "routed_key": "a1", "instance": 0,
+         "count": 2, "state": "2"},
+        {"kind": "count", "stage": "A", "key": "a1", "routed_key": "a1", "instance": 0,
+         "count": 3, "state": "3"},
+        {"kind": "count", "stage": "B", "key": "b1", "routed_key": "b1", "instance": None,
+         "count": 0, "state": "0"},
+        {"kind": "moved", "stage": "B", "key": "b1", "routed_key": "b1", "target": "b1#1",
+         "count": 4, "state": "4", "marker": 7},
+        {"kind": "invalid", "detail": json.dumps({"reason": "not JSON", "value": "{"})},
+        {"kind": "hop", "upstream": 0, "upstream_executor": "e1", "instance": 1,
+         "executor": "e1", "n": 3},
+    ]  # fmt: skip
+    return pd.DataFrame([{**dict.fromkeys(OUTPUT_FIELDS), **row} for row in rows])
+
+
+def _part_writer(parts: Path, *, with_partials: bool) -> routed_sink.BatchPartWriter:
+    return routed_sink.BatchPartWriter(
+        batch_id=5,
+        parts=parts,
+        bootstrap_servers="broker:9092",
+        migration_topic="job.migration",
+        dead_letter_topic="job.dead",
+        results_topic="job.results",
+        delivery=SAFE_DELIVERY,
+        parallelism={"A": 2, "B": 2},
+        with_partials=with_partials,
+    )
+
+
+def test_a_task_with_a_fake_producer_writes_its_part_sends_its_records_and_reports_a_summary(
+    fake_producers: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Outside Spark (no task context) the task is partition 0. Its part holds the latest
+    partial per routed key; the moved state, dead letter and results reach their topics;
+    the driver gets one metrics row, and the partials too only when a pipeline sink needs
+    them."""
+    monkeypatch.setattr(routed_sink, "_EXECUTOR_PRODUCERS", {})
+    made = fake_producers(keyplane.kafka.producer, None)
+    output = _task_output()
+
+    [report] = list(_part_writer(tmp_path, with_partials=False)(iter([output[:3], output[3:]])))
+
+    part = read_frame(tmp_path / "part-00000.parquet")
+    assert list(zip(part["key"], part["count"], strict=True)) == [("a1", 3), ("b1", 0)]
+    [producer] = made
+    topics = [topic for topic, _ in producer.sent]
+    assert topics == ["job.migration", "job.dead", "job.results", "job.results"]
+    assert [move["target"] for move in moves_of(producer.sent[0][1])] == ["b1#1"]
+    assert list(report["kind"]) == ["metrics"]
+    metrics = BatchMetrics.model_validate_json(report["detail"][0])
+    expected = traffic_metrics(5, unpacked_partials(output), {"A": 2, "B": 2})
+    assert metrics == expected and (metrics.moved_states, metrics.invalid_events) == (1, 1)
+
+    [with_partials] = list(_part_writer(tmp_path, with_partials=True)(iter([output])))
+    assert list(with_partials["kind"]) == ["metrics", "count", "count"]
+    assert with_partials["instance"].tolist()[1:] == [0, None]
+    assert len(made) == 1, "the worker's producer is kept for its next task"
+
+
+def test_a_task_whose_records_fake_producers_cannot_deliver_fails_and_leaves_no_part(
+    fake_producers: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The batch must not commit without the task's records: the task raises, and its part
+    is not renamed into the batch, so the retried task or the replayed batch writes it."""
+    monkeypatch.setattr(routed_sink, "_EXECUTOR_PRODUCERS", {})
+    fake_producers(keyplane.kafka.producer, 0, 0)
+    with pytest.raises(DeliveryError, match=r"topic .job\.migration."):
+        list(_part_writer(tmp_path, with_partials=False)(iter([_task_output()])))
+    assert not list(tmp_path.glob("part-*.parquet"))
