@@ -1,16 +1,17 @@
 """The routed job's driver time per micro-batch against the keys a batch updates, on Apache Kafka.
 
-The routed job's sink runs on the driver once a batch's stages are done:
-it gathers the batch's updated keys there, writes the output file and the
-protocol records. Whatever it does per updated key shows here as driver time
-that grows with the keys a batch updates. For each size N (default 10,000,
+The routed job's sink is split: the tasks of the batch's last stage write
+the output file's parts and the protocol records, the driver adds up one
+summary row per task and renames the file into place. Whatever the driver
+still did per updated key would show here as driver time that grows with
+the keys a batch updates. For each size N (default 10,000,
 100,000 and 1,000,000), a topic of ``--batches`` × N pairs events over 10 N
 keys, read N events a batch, so each batch updates about 0.95 N keys of each
 stage. The job is the routed job as ``keyplane job start`` runs it (all-hash
 v1, stages in the JVM), 4 instances, ``local[2]``.
 
 A batch's **driver time** is its duration less the wall time of its Spark
-stages that read the source and run the two keyed stages (from Spark's event
+stages that read the source, run the two keyed stages and write the output (from Spark's event
 log, :func:`_harness.batch_stage_seconds`); it is split by Spark's phases as
 ``bench/reconfiguration.py`` splits it (:func:`reconfiguration.driver_parts`),
 ``addBatch beyond the stages`` being the sink's own work. Updated keys are the
