@@ -38,6 +38,12 @@ for a pipeline of another shape. Here, like :data:`MAX_EVENT_BYTES`, so that the
 line can offer it without importing Spark."""
 STAGE_ENGINES: tuple[StageEngine, ...] = ("auto", "jvm", "python", "chain")
 
+SinkWriter = Literal["executors", "driver"]
+"""Who writes each micro-batch's output (:mod:`keyplane.spark.routed_sink`): ``executors``,
+each task its share, so the driver's time per batch stays flat however many keys a batch
+updates; or ``driver``, which gathers the batch first and is faster while batches are small
+(up to about 100,000 events, see docs/benchmarks.md)."""
+
 
 _HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")
 
@@ -144,6 +150,11 @@ class Settings(BaseSettings):
         default="python",
         description="'python': keyplane's Python Data Source; 'jvm': Spark's own Kafka "
         "connector (needs spark-sql-kafka on the classpath).",
+    )
+    sink_writer: SinkWriter = Field(
+        default="executors",
+        description="Who writes the routed job's batch output: 'executors' (each task its "
+        "share; the driver's time stays flat) or 'driver' (faster for small batches).",
     )
     spark_master: str = "local[2]"
     executors_initial: Annotated[int | None, BeforeValidator(_blank_is_unset)] = Field(

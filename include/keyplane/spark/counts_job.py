@@ -61,7 +61,7 @@ from keyplane.reference.pipeline import FIRST_STAGE, REFERENCE_PIPELINE, SECOND_
 from keyplane.reference.pipeline import counts as reference_counts
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
-from keyplane.settings import BootstrapServers, Settings
+from keyplane.settings import BootstrapServers, Settings, SinkWriter
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.chain_source import read_chain_events
 from keyplane.spark.chain_stages import routed_chain
@@ -196,6 +196,13 @@ class CountsJobSettings(BaseModel):
         description="Where the routed job's stages run: 'jvm', Java stateful processors "
         "(the running count only; keyplane.spark.jvm), 'python' (any aggregate), or 'auto': "
         "the JVM when both stages run the running count and the session has the jar.",
+    )
+    sink_writer: SinkWriter = Field(
+        default="executors",
+        description="Who writes each batch's output: 'executors', each task its share of "
+        "the batch file and of the topics' records, so the driver's time per batch stays "
+        "flat as batches grow; 'driver', which gathers the batch first and is faster while "
+        "batches are small (keyplane.spark.routed_sink).",
     )
     restarts: int = Field(
         default=0,
@@ -501,6 +508,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         stages=pipeline.stage_names,
         results_topic=settings.results_topic,
         delivery=settings.delivery(),
+        writer=settings.sink_writer,
         # The pipeline's own sink gets merged results when a pipeline is named.
         sink=None
         if settings.pipeline is None
@@ -791,6 +799,13 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         help="Kafka source implementation (default: KEYPLANE_KAFKA_SOURCE or python)",
     )
     parser.add_argument("--variant", choices=["two-stage", "count-by-first-key", "native-counts"])
+    parser.add_argument(
+        "--sink-writer",
+        choices=get_args(SinkWriter),
+        default=Settings().sink_writer,
+        help="who writes each batch's output: executors (the driver's time stays flat) or "
+        "driver (faster for small batches) (default: KEYPLANE_SINK_WRITER or executors)",
+    )
     parser.add_argument(
         "--pipeline",
         metavar="MODULE:ATTR",

@@ -33,6 +33,12 @@ for it the tasks return their partials to the driver as well.
 The batch file's directory must be one every executor and the driver see
 at the same path: on one machine any directory, on a cluster a shared one.
 
+The other writer, ``driver`` (:data:`keyplane.settings.SinkWriter`), gathers
+the whole batch on the driver with one collect and writes it from there as
+a single file. While a batch is small the collect costs less than a Python
+step in every task; the driver's time then grows with the keys the batch
+updated.
+
 Every record sent to a topic is checked for delivery
 (:func:`keyplane.kafka.producer.send_confirmed`): if the broker stays down
 past the producer's delivery timeout, the batch fails with
@@ -74,6 +80,7 @@ from keyplane.control.operators import OPERATORS
 from keyplane.kafka.migration_topic import move_records
 from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, LongLivedProducer
 from keyplane.pipeline import Sink
+from keyplane.settings import SinkWriter
 from keyplane.spark.pipeline_sink import MergedResults, write_results
 from keyplane.spark.progress import phases_ms, progress_of
 from keyplane.spark.routed_counts import OUTPUT_FIELDS
@@ -205,9 +212,9 @@ class BatchPartWriter:
     """Return the task's partials to the driver too, for the pipeline's sink."""
 
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        rows = [frame for frame in frames if len(frame)]
+        given = [frame for frame in frames if len(frame)]
         empty = pd.DataFrame(columns=list(OUTPUT_FIELDS))
-        output = unpacked_partials(pd.concat(rows, ignore_index=True) if rows else empty)
+        output = unpacked_partials(pd.concat(given, ignore_index=True) if given else empty)
         partials = latest_partials_of_batch(output)
         context = TaskContext.get()
         part = f"part-{context.partitionId() if context else 0:05d}.parquet"
@@ -216,7 +223,7 @@ class BatchPartWriter:
         self.send(output, partials)
         tmp.rename(self.parts / part)
         metrics = traffic_metrics(self.batch_id, output, self.parallelism)
-        rows = [{"kind": "metrics", "detail": metrics.model_dump_json()}]
+        rows: list[dict[Any, Any]] = [{"kind": "metrics", "detail": metrics.model_dump_json()}]
         if self.with_partials:
             known = partials.astype(object).where(partials.notna(), None)
             rows += [{**row, "kind": "count"} for row in known.to_dict("records")]
@@ -225,39 +232,58 @@ class BatchPartWriter:
 
     def send(self, output: pd.DataFrame, partials: pd.DataFrame) -> None:
         """The part's moved states, dead letters and results, each delivery confirmed."""
-        producer = executor_producer(self.bootstrap_servers, self.delivery)
-        moved = output[output["kind"] == "moved"]
-        packed = output.loc[output["kind"] == "moves", "state"].tolist()
-        if len(moved) or packed:
-            moves = (
-                {
-                    "operator": row["stage"],
-                    "key": row["key"],
-                    "source": row["routed_key"],
-                    "target": row["target"],
-                    "count": int(row["count"]),
-                    "state": row["state"],
-                    "marker": int(row["marker"]),
-                }
-                for row in moved.to_dict("records")
-            )
-            key = str(self.batch_id).encode()
-            values = itertools.chain(move_records(moves), (text.encode() for text in packed))
-            producer.send(self.migration_topic, ((key, value) for value in values))
-        invalid = output[output["kind"] == "invalid"]
-        if len(invalid):
-            producer.send(
-                self.dead_letter_topic,
-                _json(
-                    (str(self.batch_id), json.loads(detail))
-                    for detail in invalid["detail"].tolist()
-                ),
-            )
-        if self.results_topic and len(partials):
-            producer.send(
-                self.results_topic,
-                _json((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
-            )
+        send_batch_records(
+            executor_producer(self.bootstrap_servers, self.delivery),
+            self.batch_id,
+            output,
+            partials,
+            migration_topic=self.migration_topic,
+            dead_letter_topic=self.dead_letter_topic,
+            results_topic=self.results_topic,
+        )
+
+
+def send_batch_records(
+    producer: LongLivedProducer,
+    batch_id: int,
+    output: pd.DataFrame,
+    partials: pd.DataFrame,
+    *,
+    migration_topic: str,
+    dead_letter_topic: str,
+    results_topic: str | None,
+) -> None:
+    """``output``'s moved states and dead letters, and ``partials`` as results, to their
+    topics, each delivery confirmed (by a task or by the driver, whichever writes)."""
+    moved = output[output["kind"] == "moved"]
+    packed = output.loc[output["kind"] == "moves", "state"].tolist()
+    if len(moved) or packed:
+        moves = (
+            {
+                "operator": row["stage"],
+                "key": row["key"],
+                "source": row["routed_key"],
+                "target": row["target"],
+                "count": int(row["count"]),
+                "state": row["state"],
+                "marker": int(row["marker"]),
+            }
+            for row in moved.to_dict("records")
+        )
+        key = str(batch_id).encode()
+        values = itertools.chain(move_records(moves), (text.encode() for text in packed))
+        producer.send(migration_topic, ((key, value) for value in values))
+    invalid = output[output["kind"] == "invalid"]
+    if len(invalid):
+        producer.send(
+            dead_letter_topic,
+            _json((str(batch_id), json.loads(detail)) for detail in invalid["detail"].tolist()),
+        )
+    if results_topic and len(partials):
+        producer.send(
+            results_topic,
+            _json((f"{r['stage']}:{r['key']}", r) for r in partials.to_dict("records")),
+        )
 
 
 class RoutedBatchWriter:
@@ -274,9 +300,12 @@ class RoutedBatchWriter:
         stages: tuple[str, ...] | None = None,
         results_topic: str | None = None,
         delivery: Delivery = SAFE_DELIVERY,
+        writer: SinkWriter = "executors",
         sink: tuple[Sink, MergedResults] | None = None,
     ) -> None:
         self.output = output
+        self.writer = writer
+        """Who writes the batch: its tasks (:class:`BatchPartWriter`) or the driver."""
         self.sink = sink
         """The pipeline's sink and the merge that feeds it (:mod:`keyplane.spark.pipeline_sink`)."""
         self.migration_topic = migration_topic
@@ -292,6 +321,46 @@ class RoutedBatchWriter:
         output.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if self.writer == "driver":
+            self.write_on_driver(batch, batch_id)
+        else:
+            self.write_on_executors(batch, batch_id)
+
+    def write_on_driver(self, batch: DataFrame, batch_id: int) -> None:
+        """The whole batch gathered on the driver and written from there, as one file.
+
+        One collect costs less than a Python step in every task while batches
+        are small; the driver's time then grows with the keys a batch updates.
+        """
+        output = unpacked_partials(batch.toPandas())
+        partials = latest_partials_of_batch(output)
+        tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
+        partials.to_parquet(tmp, index=False)
+        send_batch_records(
+            self.producer,
+            batch_id,
+            output,
+            partials,
+            migration_topic=self.migration_topic,
+            dead_letter_topic=self.dead_letter_topic,
+            results_topic=self.results_topic,
+        )
+        self.feed_sink(batch, batch_id, partials)
+        replace_batch_file(tmp, self.output / f"batch-{batch_id:08d}.parquet")
+        self.metrics[batch_id] = traffic_metrics(
+            batch_id, output, dict.fromkeys(self.stages, self.parallelism)
+        )
+
+    def feed_sink(self, batch: DataFrame, batch_id: int, partials: pd.DataFrame) -> None:
+        """The pipeline's own sink, if it has one: the batch's results merged per key."""
+        if self.sink is not None:
+            sink, merged = self.sink
+            results = merged.batch(partials, batch_id)
+            write_results(sink, results, batch_id, spark=batch.sparkSession, producer=self.producer)
+
+    def write_on_executors(self, batch: DataFrame, batch_id: int) -> None:
+        """Each task writes its share (:class:`BatchPartWriter`); the driver adds up one
+        summary row per task and renames the batch's directory of parts into place."""
         name = f"batch-{batch_id:08d}.parquet"
         parts = self.output / f".{name}.tmp"
         shutil.rmtree(parts, ignore_errors=True)
@@ -316,12 +385,10 @@ class RoutedBatchWriter:
                 parts / "part-00000.parquet", index=False
             )
         if self.sink is not None:
-            sink, merged = self.sink
-            partials = reports.loc[reports["kind"] == "count", COUNT_COLUMNS].reset_index(drop=True)
+            partials = reports.loc[reports["kind"] == "count", COUNT_COLUMNS]
             partials = partials.astype({"instance": "Int32", "count": "int64"})
-            results = merged.batch(partials, batch_id)
-            write_results(sink, results, batch_id, spark=batch.sparkSession, producer=self.producer)
-        replace_directory(parts, self.output / name)
+            self.feed_sink(batch, batch_id, partials.reset_index(drop=True))
+        replace_batch_file(parts, self.output / name)
         self.metrics[batch_id] = combined_metrics(
             batch_id,
             [
@@ -332,11 +399,13 @@ class RoutedBatchWriter:
         )
 
 
-def replace_directory(source: Path, target: Path) -> None:
-    """Put ``source`` at ``target``, replacing what a replay of the batch wrote there before.
+def replace_batch_file(source: Path, target: Path) -> None:
+    """Put ``source`` (a file, or a directory of parts) at ``target``, replacing what a
+    replay of the batch wrote there before.
 
     A first run renames once, atomically. A replay moves the earlier copy
-    aside first, since a directory cannot be renamed over another.
+    aside first, since a directory cannot be renamed over a file or another
+    directory (the replay may even be by the other writer).
     """
     if target.exists() or target.is_symlink():
         old = target.with_name(f".{target.name}.old")

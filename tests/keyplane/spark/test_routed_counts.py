@@ -39,6 +39,7 @@ from keyplane.reference.workloads import PairsWorkload, ZipfEvolvingWorkload
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.routing.handoff import routed_key_table
 from keyplane.routing.routedkeys import spark_partition
+from keyplane.settings import SinkWriter
 from keyplane.spark import routed_reads
 from keyplane.spark.counts_job import (
     CountsJobSettings,
@@ -156,8 +157,10 @@ def _settings(
     forward: Forward = "pairs",
     stage_engine: StageEngine = "auto",
     max_event_bytes: int | None = None,
+    sink_writer: SinkWriter = "executors",
 ) -> CountsJobSettings:
     routed_only = {} if max_event_bytes is None else {"max_event_bytes": max_event_bytes}
+    routed_only |= {"sink_writer": sink_writer}
     return routed_job_settings(
         broker,
         topic,
@@ -173,12 +176,15 @@ def _settings(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine", ["jvm", "python"])
+@pytest.mark.parametrize(
+    ("engine", "writer"), [("jvm", "executors"), ("python", "executors"), ("jvm", "driver")]
+)
 def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
-    spark, broker: str, topic_name: str, tmp_path: Path, engine: StageEngine
+    spark, broker: str, topic_name: str, tmp_path: Path, engine: StageEngine, writer: SinkWriter
 ) -> None:
     """Either engine (:mod:`keyplane.spark.jvm` or Python) places, splits and counts the
-    same."""
+    same, whether the tasks write the batch output (a directory of parts per batch) or the
+    driver does (one file)."""
     spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=4_000, seed=5)
     assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
     truth = expected_counts(spec)
@@ -197,10 +203,13 @@ def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
         tmp_path,
         routing_store=tmp_path / "routing",
         stage_engine=engine,
+        sink_writer=writer,
     )
     operators = _run_to_end(spark, settings)
     assert operators == [OPERATOR_NAMES[engine]] * 2
 
+    batch_files = sorted(settings.output.glob("batch-*.parquet"))
+    assert {path.is_dir() for path in batch_files} == {writer == "executors"}
     partials = read_partials(settings.output)
     assert partials["batch"].nunique() >= 4, "several batches: partials merge across batches"
     for stage, key in (("A", hot_a), ("B", hot_b)):

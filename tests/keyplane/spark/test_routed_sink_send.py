@@ -97,7 +97,7 @@ def test_kafka_sink_partition_with_fake_producer_raises_when_a_delivery_fails(
 def _task_output() -> pd.DataFrame:
     """One task's output rows: two partials of a key (the later wins), a tombstone, a moved
     state, a malformed event and a hop."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"kind": "count", "stage": "A", "key": "a1", "routed_key": "a1", "instance": 0,
          "count": 2, "state": "2"},
         {"kind": "count", "stage": "A", "key": "a1", "routed_key": "a1", "instance": 0,
