@@ -26,7 +26,7 @@ from pathlib import Path
 
 from _harness import private_broker, steady_rate
 from _output import emit
-from engines import PARTITIONS, TOPIC, ratios, run_variant, spread_cell
+from engines import PARTITIONS, TOPIC, ratios, run_variant, runs_line, spread_cell
 
 from keyplane.kafka.producer import produce_workload
 from keyplane.reference.workloads import PairsWorkload
@@ -109,8 +109,7 @@ def main() -> None:
             for name in rates
         ],
         "",
-        "runs (rows/s): "
-        + "; ".join(f"{n} " + ", ".join(f"{r:,.0f}" for r in rates[n]) for n in rates),
+        runs_line(rates),
     ]
     emit("\n".join(lines), args.out)
 

@@ -40,7 +40,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,6 +86,13 @@ def spread_cell(values: Sequence[float], fmt: str) -> str:
 def ratios(mine: Sequence[float], theirs: Sequence[float]) -> list[float]:
     """Round by round: each run's rate over the rate of the run it took turns with."""
     return [m / t for m, t in zip(mine, theirs, strict=True)]
+
+
+def runs_line(rates: Mapping[str, Sequence[float]]) -> str:
+    """``runs (rows/s): name r1, r2, ...; ...``: every run's rate, for a result file."""
+    return "runs (rows/s): " + "; ".join(
+        f"{name} " + ", ".join(f"{r:,.0f}" for r in runs) for name, runs in rates.items()
+    )
 
 
 def spark_job(
@@ -261,8 +268,7 @@ def main() -> None:
             for v in VARIANTS
         ],
         "",
-        "runs (rows/s): "
-        + "; ".join(f"{v} " + ", ".join(f"{r:,.0f}" for r in rates[v]) for v in VARIANTS),
+        runs_line(rates),
         "",
         "planned v2 (alpha "
         + f"{ALPHA}): "

@@ -31,3 +31,8 @@ def test_ratios_pair_each_run_with_the_run_it_took_turns_with_pure(engines: Modu
     assert engines.ratios([8.0, 9.0, 6.0], [10.0, 9.0, 12.0]) == [0.8, 1.0, 0.5]
     with pytest.raises(ValueError):
         engines.ratios([1.0, 2.0], [1.0])
+
+
+def test_runs_line_lists_every_run_of_every_variant_in_order_pure(engines: ModuleType) -> None:
+    line = engines.runs_line({"plain-spark": [9_071.2, 11_512.0], "routed-v1": [6_134.0]})
+    assert line == "runs (rows/s): plain-spark 9,071, 11,512; routed-v1 6,134"
