@@ -131,6 +131,7 @@ def test_every_setting_round_trips_through_the_job_command_line_even_a_dash_lead
         max_event_bytes=4096,
         read_tasks=3,
         stage_engine="python",
+        sink_writer="driver",
         restarts=2,
         restart_delay_s=0.0,
         executors_initial=2,
