@@ -316,8 +316,8 @@ class RoutedBatchWriter:
         """The job's stages, upstream first, for its metrics."""
         self.metrics: dict[int, BatchMetrics] = {}
         self.producer = LongLivedProducer(bootstrap_servers, delivery)
-        """The driver's sends (the pipeline's sink), one producer for the query's run (the
-        listener closes it)."""
+        """The driver's sends (the pipeline's sink, and every record when the driver
+        writes), one producer for the query's run (the listener closes it)."""
         output.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -403,10 +403,14 @@ def replace_batch_file(source: Path, target: Path) -> None:
     """Put ``source`` (a file, or a directory of parts) at ``target``, replacing what a
     replay of the batch wrote there before.
 
-    A first run renames once, atomically. A replay moves the earlier copy
-    aside first, since a directory cannot be renamed over a file or another
-    directory (the replay may even be by the other writer).
+    A first run renames once, atomically, and so does a file replacing a
+    file. Otherwise a replay moves the earlier copy aside first, since a
+    directory cannot be renamed over a file or another directory (the replay
+    may even be by the other writer).
     """
+    if source.is_file() and not target.is_dir():
+        source.replace(target)
+        return
     if target.exists() or target.is_symlink():
         old = target.with_name(f".{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)
