@@ -3,7 +3,7 @@
 One topic on a private Apache Kafka broker (one KRaft node), the reference
 workload (paper 000 §4.2's pairs, 4,000 distinct keys in each field, so each
 stage sees about 4,000 keys a batch), read 20,000 events a micro-batch
-(``maxOffsetsPerTrigger``). Four variants, each its own process, taking turns
+(``maxOffsetsPerTrigger``). Six variants, each its own process, taking turns
 ``--repeats`` times:
 
 * ``connector-read``: Spark's own Kafka connector (``spark-sql-kafka-0-10``)
@@ -19,9 +19,13 @@ stage sees about 4,000 keys a batch), read 20,000 events a micro-batch
   JVM, its output, metrics and protocol topics);
 * ``routed-v2``: the same job starting on a planned v2 published before the
   run (METIS tables and FISH hot keys planned from the stream's first batch,
-  as the reconfiguration DAG would).
+  as the reconfiguration DAG would);
+* ``routed-v1-connector`` and ``routed-v2-connector``: the same two jobs with
+  their events read by Spark's connector (``--source jvm``,
+  :mod:`keyplane.spark.connector_events`), keyplane's source planning each
+  batch and reading a rollout's rows only.
 
-All four run in keyplane's Spark session (``local[2]``, 4 shuffle partitions,
+All six run in keyplane's Spark session (``local[2]``, 4 shuffle partitions,
 RocksDB state with changelog checkpoints, the job's 1-second trigger), so
 that only the data path differs. A variant's rate is its steady rows per
 second of batch time (every batch but the first, :func:`_harness.steady_rate`);
@@ -59,7 +63,14 @@ from keyplane.routing.config import RoutingConfig, save
 from keyplane.spark.counts_job import CountsJobSettings, stop_between_batches
 from keyplane.testing import routed_job_topics
 
-VARIANTS = ("connector-read", "plain-spark", "routed-v1", "routed-v2")
+VARIANTS = (
+    "connector-read",
+    "plain-spark",
+    "routed-v1",
+    "routed-v2",
+    "routed-v1-connector",
+    "routed-v2-connector",
+)
 TOPIC = "reference"
 PARTITIONS = 8
 PARALLELISM = 4
@@ -175,7 +186,8 @@ def run_variant(
     env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """One run of ``variant`` over the whole topic, in ``work``; its progress reports.
-    ``routed-v2`` starts on ``planned``, saved over an all-hash v1. ``master``, ``topic``,
+    ``routed-v2`` starts on ``planned``, saved over an all-hash v1; a ``-connector``
+    variant reads through Spark's connector. ``master``, ``topic``,
     ``parallelism`` and ``env`` (the job process's environment) let a cluster run it."""
     work.mkdir()
     if variant in ("connector-read", "plain-spark"):
@@ -193,7 +205,7 @@ def run_variant(
         ]
         return run_progress_command(command, env)
     store = work / "store"
-    if variant == "routed-v2":
+    if variant.startswith("routed-v2"):
         save(RoutingConfig.all_hash(parallelism, ("A", "B")), store)
         save(planned, store)
     settings = CountsJobSettings(
@@ -206,6 +218,7 @@ def run_variant(
         routing_store=store,
         master=master,
         shuffle_partitions=parallelism,
+        source="jvm" if variant.endswith("-connector") else "python",
         **routed_job_topics(work.name),
     )
     return run_job(settings, env)

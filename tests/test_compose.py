@@ -620,14 +620,18 @@ def check_routed_job(compose: Compose) -> list[str]:
     name, settings, problems = job_settings(compose)
     if settings is None:
         return problems
-    _, _, app_args = split_submit(command_of(services(compose)[name]))
+    submit, _, app_args = split_submit(command_of(services(compose)[name]))
     if settings.routing_store is None:
         problems.append(f"{name}: the job has no --routing-store, so it is not the routed job")
-    if option_values(app_args, "--source") != ["python"]:
+    source = option_values(app_args, "--source")
+    if source not in (["python"], ["jvm"]):
         problems.append(
-            f"{name}: --source {option_values(app_args, '--source')}: live routing needs "
-            "keyplane's Python Kafka source"
+            f"{name}: --source {source}: the routed job reads its events through keyplane's "
+            "Python Kafka source (python) or Spark's connector (jvm)"
         )
+    jars = ",".join(option_values(submit, "--jars"))
+    if source == ["jvm"] and "spark-sql-kafka-0-10" not in jars:
+        problems.append(f"{name}: --source jvm without Spark's Kafka connector in --jars")
     for other, svc in controller_services(compose).items():
         env = env_of(svc)
         for field in ("events_topic", "control_topic", "metrics_topic"):
@@ -1882,11 +1886,11 @@ def test_interpolation_follows_compose_rules() -> None:
         ),
         (
             lambda c: replace_token(c, "keyplane-job", "python", "jvm"),
-            "the routed job plans each batch in keyplane's own source",
+            "keyplane-job: --source jvm without Spark's Kafka connector in --jars",
         ),
         (
             lambda c: remove_option(c, "keyplane-job", "--source"),
-            "keyplane-job: --source []: live routing needs keyplane's Python Kafka source",
+            "keyplane-job: --source []: the routed job reads its events through keyplane's",
         ),
         (
             lambda c: replace_token(c, "keyplane-job", "keyplane.control", "keyplane.ctl"),

@@ -44,6 +44,10 @@ each task its share, so the driver's time per batch stays flat however many keys
 updates; or ``driver``, which gathers the batch first and is faster while batches are small
 (up to about 100,000 events, see docs/benchmarks.md)."""
 
+KafkaSource = Literal["python", "jvm"]
+"""Who reads the events topic: ``python``, keyplane's Python Data Source, or ``jvm``,
+Spark's own Kafka connector (:mod:`keyplane.spark.connector_events` for the routed job)."""
+
 
 _HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")
 
@@ -146,10 +150,11 @@ class Settings(BaseSettings):
     metrics_topic: str = Field(
         default="keyplane.metrics", description="One record per micro-batch of the routed job."
     )
-    kafka_source: Literal["python", "jvm"] = Field(
+    kafka_source: KafkaSource = Field(
         default="python",
-        description="'python': keyplane's Python Data Source; 'jvm': Spark's own Kafka "
-        "connector (needs spark-sql-kafka on the classpath).",
+        description="Who reads the events topic. 'python': keyplane's Python Data Source; "
+        "'jvm': Spark's own Kafka connector (installed by scripts/install-jars), for the "
+        "routed job's reference stages, on Apache Kafka only (not the embedded broker).",
     )
     sink_writer: SinkWriter = Field(
         default="executors",

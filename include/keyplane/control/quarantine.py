@@ -167,9 +167,13 @@ class Quarantine:
         )
         return found or QuarantineRecord()
 
+    def pairs(self) -> tuple[tuple[str, str, str], ...]:
+        """The quarantined (field-1 key, field-2 key, reason)s, whose events are dead-lettered."""
+        return tuple((p.a, p.b, p.reason) for p in self.record().pairs)
+
     def option(self) -> str:
         """The quarantined pairs as the routed source's ``quarantine`` option (JSON)."""
-        return json.dumps([[p.a, p.b, p.reason] for p in self.record().pairs])
+        return json.dumps([list(pair) for pair in self.pairs()])
 
     def quarantined_values(self) -> tuple[tuple[str, str, str, str], ...]:
         """The quarantined (stage, key, value, reason)s, which a pipeline's rows dead-letter

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 CONNECTOR_VERSION = "4.2.0"
 """The connector that ``deploy/spark-kafka/pom.xml`` pins (its ``spark-kafka.version``)."""
@@ -53,6 +57,30 @@ def connector_jars() -> list[Path]:
     return jars
 
 
+def installed_connector_jars() -> list[Path]:
+    """:func:`connector_jars` if the connector is installed, else none."""
+    try:
+        return connector_jars()
+    except ConnectorUnavailable:
+        return []
+
+
 def connector_jars_setting() -> str:
     """:func:`connector_jars` as the comma-separated value of ``spark.jars``."""
     return ",".join(str(jar) for jar in connector_jars())
+
+
+PROVIDER_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+"""The connector's entry point: a session that can load it can read ``format("kafka")``."""
+
+
+def check_loaded(spark: SparkSession) -> None:
+    """Raise :class:`ConnectorUnavailable`, in one line, unless ``spark`` has the connector."""
+    from py4j.java_gateway import JavaClass
+
+    if not isinstance(getattr(spark._jvm, PROVIDER_CLASS, None), JavaClass):
+        raise ConnectorUnavailable(
+            "this Spark session has no Kafka connector on its classpath: run scripts/install-jars "
+            "(make bootstrap does) so that keyplane's sessions load it, pass its jars in "
+            "spark.jars, or read the events through keyplane's own source (--source python)"
+        )

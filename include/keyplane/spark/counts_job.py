@@ -61,10 +61,12 @@ from keyplane.reference.pipeline import FIRST_STAGE, REFERENCE_PIPELINE, SECOND_
 from keyplane.reference.pipeline import counts as reference_counts
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
-from keyplane.settings import BootstrapServers, Settings, SinkWriter
+from keyplane.settings import BootstrapServers, KafkaSource, Settings, SinkWriter
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.chain_source import read_chain_events
 from keyplane.spark.chain_stages import routed_chain
+from keyplane.spark.connector import check_loaded as check_connector
+from keyplane.spark.connector_events import ConnectorEventsRouter, read_connector_events
 from keyplane.spark.executors import DriverExecutors, local_master, start_with_executors
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
@@ -84,6 +86,7 @@ from keyplane.spark.routed_counts import (
     resolve_engine,
     routed_running_counts,
 )
+from keyplane.spark.routed_partitions import HandoffMode
 from keyplane.spark.routed_sink import MetricsListener, RoutedBatchWriter, merge_partial_states
 from keyplane.spark.routed_source import read_routed_events, source_options
 from keyplane.spark.running_counts import latest_counts, parse_events, running_counts
@@ -125,7 +128,11 @@ class CountsJobSettings(BaseModel):
     stop_when_idle_s: float | None = Field(
         default=None, gt=0, description="Stop after this long with no new input and no lag."
     )
-    source: Literal["python", "jvm"] = "python"
+    source: KafkaSource = Field(
+        default="python",
+        description="Who reads the events: 'python', keyplane's source; 'jvm', Spark's Kafka "
+        "connector (the routed job's JVM and Python reference stages only).",
+    )
     variant: Literal["two-stage", "count-by-first-key", "native-counts"] = Field(
         default="two-stage",
         description="The unrouted job (no routing_store): 'two-stage', the reference "
@@ -266,10 +273,6 @@ class CountsJobSettings(BaseModel):
             raise ValueError("routing applies to the 'two-stage' variant only")
         if self.routing_store is None and self.pipeline is not None:
             raise ValueError("a pipeline needs the routed job (routing_store)")
-        if self.routing_store is not None and self.source != "python":
-            raise ValueError(
-                "the routed job plans each batch in keyplane's own source; use source='python'"
-            )
         self.delivery()
         return self
 
@@ -473,6 +476,12 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         max_event_bytes=settings.max_event_bytes,
         max_partitions=read_tasks(spark, settings),
     )
+    if engine == "chain" and settings.source == "jvm":
+        raise StageEngineError(
+            "source 'jvm' (Spark's Kafka connector) feeds the reference pipeline's stages; "
+            f"pipeline {pipeline.name!r} runs on the chain engine, which reads its events "
+            "through keyplane's source: use --source python"
+        )
     if engine == "chain":
         inputs = routed_rows(
             read_chain_events(spark, options, stages=pipeline.stage_names),
@@ -483,14 +492,37 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         )
         updates = routed_chain(inputs, pipeline, partitions)
     else:
+        # The JVM stages take a rollout's moves per instance (routed_source).
+        handoff: HandoffMode = "per-instance" if engine == "jvm" else "per-key"
+        quarantine = Quarantine(settings.checkpoint)
         inputs = read_routed_events(
             spark,
             options,
             forward=settings.forward,
-            # The JVM stages take a rollout's moves per instance (routed_source).
-            handoff="per-instance" if engine == "jvm" else "per-key",
-            quarantine=Quarantine(settings.checkpoint).option(),
+            handoff=handoff,
+            quarantine=quarantine.option(),
+            events="skip" if settings.source == "jvm" else "read",
         )
+        if settings.source == "jvm":
+            check_connector(spark)
+            router = ConnectorEventsRouter(
+                str(settings.checkpoint.resolve()),
+                str(store),
+                partitions,
+                settings.forward,
+                handoff,
+                settings.max_event_bytes,
+                quarantine.pairs(),
+            )
+            events = read_connector_events(
+                spark,
+                bootstrap,
+                settings.events_topic,
+                router,
+                max_offsets_per_trigger=settings.max_offsets_per_trigger,
+                tasks=read_tasks(spark, settings),
+            )
+            inputs = events.unionByName(inputs)
         updates = routed_running_counts(
             inputs,
             partitions,
@@ -794,7 +826,7 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
     parser.add_argument("--stop-when-idle-s", type=float)
     parser.add_argument(
         "--source",
-        choices=["python", "jvm"],
+        choices=get_args(KafkaSource),
         default=Settings().kafka_source,
         help="Kafka source implementation (default: KEYPLANE_KAFKA_SOURCE or python)",
     )

@@ -4,7 +4,8 @@ Spark writes ``offsets/<id>`` before a batch runs and ``commits/<id>`` once it
 is done; each offset log entry holds a version line, a metadata line (the
 query's ``spark.sql.shuffle.partitions`` among its settings), then one JSON
 offset per source. The routed source's offset keeps the events' end offsets
-per topic and partition under ``events``.
+per topic and partition under ``events``, unless Spark's connector reads the
+events and keeps them in its own (:func:`events_read`).
 """
 
 from __future__ import annotations
@@ -89,16 +90,37 @@ def last_committed_batch(checkpoint: Path, topic: str) -> CommittedBatch | None:
             (checkpoint / "commits" / str(last)).stat().st_mtime, UTC
         )
         lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
-        for line in lines[2:]:
-            offset = json.loads(line)
-            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
-                parts = offset["events"].get(topic, {})
-                return CommittedBatch(
-                    last, {int(p): int(off) for p, off in parts.items()}, committed_at
-                )
+        parts = events_read(lines, topic)
+        if parts is not None:
+            offsets = {int(p): int(off) for p, off in parts.items()}
+            return CommittedBatch(last, offsets, committed_at)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     return None
+
+
+def events_read(lines: list[str], topic: str) -> dict[str, int] | None:
+    """The end offsets per partition of ``topic`` in an offset log entry's ``lines``.
+
+    keyplane's routed source keeps them under ``events``; when Spark's
+    connector reads the events (:mod:`keyplane.spark.connector_events`), the
+    routed source's ``events`` is empty and the connector's own offset is
+    ``{topic: {partition: offset}}``. Empty when the routed source has read
+    none of ``topic``; None when no source's offset is either.
+    """
+    found: dict[str, int] | None = None
+    for line in lines[2:]:
+        offset = json.loads(line)
+        if not isinstance(offset, dict):
+            continue
+        events = offset.get("events")
+        if isinstance(events, dict) and topic in events:
+            return dict(events[topic])
+        if isinstance(offset.get(topic), dict):
+            return dict(offset[topic])
+        if isinstance(events, dict):
+            found = {}
+    return found
 
 
 def checkpoint_partitions(checkpoint: Path) -> int | None:
@@ -126,10 +148,7 @@ def committed_events(checkpoint: Path, topic: str) -> int | None:
         lines = _last_offset_log_entry(checkpoint)
         if lines is None:
             return 0
-        for line in lines[2:]:
-            offset = json.loads(line)
-            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
-                return sum(int(off) for off in offset["events"].get(topic, {}).values())
+        parts = events_read(lines, topic)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
-    return None
+    return None if parts is None else sum(int(off) for off in parts.values())

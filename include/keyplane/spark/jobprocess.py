@@ -108,6 +108,11 @@ class StopResult:
     seconds: float = 0.0
 
 
+def local_embedded_broker(settings: Settings) -> bool:
+    """Whether the job reads the embedded broker that ``keyplane broker start`` runs here."""
+    return settings.bootstrap_servers is None and settings.broker_engine == "embedded"
+
+
 class JobProcess:
     """Start, stop and inspect the routed job recorded under ``<settings.home>/job``.
 
@@ -183,6 +188,14 @@ class JobProcess:
                     "job reads one"
                 )
             self.events_topic = source.topics[0]
+        if settings.kafka_source == "jvm" and local_embedded_broker(settings):
+            raise JobError(
+                "KEYPLANE_KAFKA_SOURCE=jvm: Spark's Kafka connector does not read the embedded "
+                "broker (it takes the start of a partition's last record batch for its end, so "
+                "the job would stop short of the topic's last events); start Apache Kafka with "
+                "`keyplane broker start --engine kafka`, or read through keyplane's source "
+                "(KEYPLANE_KAFKA_SOURCE=python)"
+            )
         self.settings = settings
         self.directory = settings.home.resolve() / "job"
         self.pid_file = self.directory / "job.pid"
@@ -216,8 +229,7 @@ class JobProcess:
             "output": self.output,
             "master": self.master,
             "shuffle_partitions": self.shuffle_partitions(),
-            # The routed source is keyplane's own; KEYPLANE_KAFKA_SOURCE=jvm would fail the job.
-            "source": "python",
+            "source": s.kafka_source,
             "routing_store": s.config_store.resolve(),
             "control_topic": s.control_topic,
             "migration_topic": s.migration_topic,

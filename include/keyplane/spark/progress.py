@@ -88,16 +88,45 @@ def _input_rows(p: dict[str, Any]) -> int:
     return sum(int(source.get("numInputRows", 0)) for source in p.get("sources") or [])
 
 
+def _parsed(offset: Any) -> Any:
+    return json.loads(offset) if isinstance(offset, str) else offset
+
+
+def _plans(source: dict[str, Any]) -> bool:
+    """Whether ``source`` is keyplane's routed source, whose offset holds the batch's plan."""
+    end = _parsed(source.get("endOffset"))
+    return isinstance(end, dict) and "protocol" in end
+
+
+def events_source(p: dict[str, Any]) -> dict[str, Any]:
+    """The source of a progress report that read the events topic.
+
+    The only source, unless Spark's connector reads the events beside
+    keyplane's routed source, which then plans the batch and reads no events
+    (:mod:`keyplane.spark.connector_events`).
+    """
+    sources = p.get("sources") or [{}]
+    return next((source for source in sources if not _plans(source)), sources[0])
+
+
+def planning_source(p: dict[str, Any]) -> dict[str, Any]:
+    """The source of a progress report whose offset holds the batch's plan (else the first)."""
+    sources = p.get("sources") or [{}]
+    return next((source for source in sources if _plans(source)), sources[0])
+
+
 def progress_of(p: dict[str, Any]) -> BatchProgress:
-    source = p["sources"][0] if p.get("sources") else {}
-    end_offset = source.get("endOffset")
-    if isinstance(end_offset, str):
-        end_offset = json.loads(end_offset)
+    source = events_source(p)
+    end_offset = _parsed(source.get("endOffset"))
     end = _offset_total(end_offset)
     latest = _offset_total(source.get("latestOffset")) or end
     duration_ms = int(p.get("durationMs", {}).get("triggerExecution", 0))
     read = _records_read(source, end_offset)
-    if read is None:
+    if read is None and _plans(planning_source(p)) and not _plans(source):
+        # Spark's connector beside keyplane's source: the connector's rows are the events.
+        rows = int(source.get("numInputRows") or 0)
+        rows_per_s = rows * 1000 / duration_ms if duration_ms else 0.0
+    elif read is None:
         rows = _input_rows(p)
         rows_per_s = float(p.get("processedRowsPerSecond") or 0.0)
     else:

@@ -158,27 +158,35 @@ HandOff = EvictPartition | MigrationPartition
 
 
 @dataclass(frozen=True)
-class RoutedEventsPartition(InputPartition):
-    """Events ``start <= offset < end`` of one partition, routed on the planned versions,
-    then the rows of ``handoffs``, the share of a rollout's work this task reads
-    (:meth:`RoutedEventsReader.partitions`)."""
+class EventRouting:
+    """What a task routes a batch's events by: the versions the driver planned for the
+    batch, and the job's settings (:func:`keyplane.spark.routed_reads.route_events`)."""
 
-    events: OffsetRange
     store: str
     parallelism: int
     version_a: int
     version_b: int
     max_event_bytes: int = MAX_EVENT_BYTES
     forward: Forward = "pairs"
-    handoffs: tuple[HandOff, ...] = ()
     prepared: int | None = None
     """A version the job has acknowledged and not yet routes on: the task loads its
-    tables ahead (:func:`read_events`)."""
-    batch_end: bool = False
-    """Whether this task reads the batch's :func:`batch_end_rows` before its events."""
+    tables ahead."""
     quarantine: tuple[tuple[str, str, str], ...] = ()
     """The quarantined (field-1 key, field-2 key, reason) pairs, whose events are
     dead-lettered with that reason rather than routed (:mod:`keyplane.control.quarantine`)."""
+
+
+@dataclass(frozen=True)
+class RoutedEventsPartition(InputPartition):
+    """Events ``start <= offset < end`` of one partition, routed on the planned versions,
+    then the rows of ``handoffs``, the share of a rollout's work this task reads
+    (:meth:`RoutedEventsReader.partitions`)."""
+
+    events: OffsetRange
+    routing: EventRouting
+    handoffs: tuple[HandOff, ...] = ()
+    batch_end: bool = False
+    """Whether this task reads the batch's :func:`batch_end_rows` before its events."""
 
 
 _TABLES: dict[tuple[str, int], VersionedTables] = {}

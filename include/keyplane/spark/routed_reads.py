@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,10 +36,8 @@ from keyplane.routing.routedkeys import (
     RoutedKeyTable,
     spark_partitions,
 )
-
-if TYPE_CHECKING:
-    pass
 from keyplane.spark.routed_partitions import (
+    EventRouting,
     EvictPartition,
     MigrationPartition,
     RoutedEventsPartition,
@@ -147,31 +145,46 @@ def read_events(*parts: RoutedEventsPartition) -> Iterator[pa.RecordBatch]:
     over its instances, which changes no count.)
     """
     p = parts[0]
-    plan = {
-        (q.store, q.parallelism, q.version_a, q.version_b, q.forward, q.prepared) for q in parts
-    }
+    plan = {q.routing for q in parts}
     if len(plan) > 1:
         raise ValueError(f"a task's event partitions route on one plan, not {len(plan)}: {plan}")
-    tables = tables_for(p.store, p.parallelism)
-    if p.prepared is not None:
+    sources = ((f"{q.events.topic}[{q.events.partition}]", read_range(q.events)) for q in parts)
+    yield from route_events(p.routing, sources)
+
+
+def route_events(
+    r: EventRouting, sources: Iterable[tuple[str, Iterable[pa.RecordBatch]]]
+) -> Iterator[pa.RecordBatch]:
+    """Route one task's Kafka records, ``(source, chunks)`` per partition it read, on ``r``.
+
+    A chunk is an Arrow batch with at least the records' ``value`` and
+    ``offset``: keyplane's reader's (:func:`keyplane.kafka.ranges.read_range`)
+    or Spark's own connector's (:mod:`keyplane.spark.connector_events`).
+    ``source`` (``topic[partition]``) names where a dead-lettered record came
+    from. See :func:`read_events` for what the rows are.
+    """
+    tables = tables_for(r.store, r.parallelism)
+    if r.prepared is not None:
         # 000 §3.4: an instance that acknowledges a PREPARE holds the new
         # configuration. Loading it here, in the batches before the switch,
         # keeps its cost (it grows with the routed keys) out of the switch
         # and install batches, which route on it.
         for operator in OPERATORS:
-            tables.table(p.prepared, operator)
-    table_a = tables.table(p.version_a, FIRST_STAGE)
-    to_b = _StageBRoutes(tables.table(p.version_b, SECOND_STAGE))
+            tables.table(r.prepared, operator)
+    table_a = tables.table(r.version_a, FIRST_STAGE)
+    to_b = _StageBRoutes(tables.table(r.version_b, SECOND_STAGE))
     balancer = LeastLoadedRoutes(table_a.instances_of, split=bool(table_a.hot_keys))
     routed: list[pa.Table] = []
-    for part in parts:
-        yield from _routed_part(part, table_a, balancer, to_b, routed)
+    for source, chunks in sources:
+        yield from _routed_part(r, source, chunks, table_a, balancer, to_b, routed)
     if routed:
-        yield _combined(pa.concat_tables(routed), p.version_b, to_b)
+        yield _combined(pa.concat_tables(routed), r.version_b, to_b)
 
 
 def _routed_part(
-    p: RoutedEventsPartition,
+    r: EventRouting,
+    source: str,
+    chunks: Iterable[pa.RecordBatch],
     table_a: RoutedKeyTable,
     balancer: LeastLoadedRoutes,
     to_b: _StageBRoutes,
@@ -179,23 +192,22 @@ def _routed_part(
 ) -> Iterator[pa.RecordBatch]:
     """One Kafka partition's events: rows for the refused records and, in ``tuples``
     mode, the tuples; in ``pairs`` mode the routed events are appended to ``routed``,
-    which :func:`read_events` combines over its task."""
-    source = f"{p.events.topic}[{p.events.partition}]"
-    tuples = p.forward == "tuples"
-    quarantined = {(a, b): reason for a, b, reason in p.quarantine}
-    for records in read_range(p.events):
+    which :func:`route_events` combines over its task."""
+    tuples = r.forward == "tuples"
+    quarantined = {(a, b): reason for a, b, reason in r.quarantine}
+    for records in chunks:
         values = records.column("value").to_pylist()
-        decoded = None if tuples else decode_events(values, p.max_event_bytes)
+        decoded = None if tuples else decode_events(values, r.max_event_bytes)
         if decoded is not None and quarantined and _holds_any(decoded, quarantined):
             decoded = None
         if decoded is not None:
             routed.append(_routed(decoded, table_a, balancer))
             continue
-        out = _Columns(p.forward)
+        out = _Columns(r.forward)
         events: dict[str, list[Any]] = {"ra": [], "a": [], "b": [], "ts": []}
         offsets = records.column("offset").to_pylist()
         for value, offset in zip(values, offsets, strict=True):
-            event, problem = parse_event(value, p.max_event_bytes)
+            event, problem = parse_event(value, r.max_event_bytes)
             if event is not None and quarantined:
                 problem = quarantined.get((event["a"], event["b"]))
                 event = None if problem else event
@@ -208,7 +220,7 @@ def _routed_part(
                         **dead_letter_value(value),
                     }
                 )
-                out.add(kind="invalid", ra=control_group("I", source, p.parallelism), detail=detail)
+                out.add(kind="invalid", ra=control_group("I", source, r.parallelism), detail=detail)
                 continue
             seq, a, b, ts = event["seq"], event["a"], event["b"], event["ts"]
             ra = balancer.pick(table_a.route(a))
@@ -216,7 +228,7 @@ def _routed_part(
                 pad = event.get("pad")
                 out.add(
                     kind="event", seq=seq, a=a, b=b, ts=event_time(ts),
-                    ra=ra, rb=to_b.tuple_route(b), vb=p.version_b, n=1,
+                    ra=ra, rb=to_b.tuple_route(b), vb=r.version_b, n=1,
                     pad=pad if isinstance(pad, str) else None,
                 )  # fmt: skip
             else:

@@ -82,7 +82,7 @@ from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, Long
 from keyplane.pipeline import Sink
 from keyplane.settings import SinkWriter
 from keyplane.spark.pipeline_sink import MergedResults, write_results
-from keyplane.spark.progress import phases_ms, progress_of
+from keyplane.spark.progress import phases_ms, planning_source, progress_of
 from keyplane.spark.routed_counts import OUTPUT_FIELDS
 
 log = logging.getLogger(__name__)
@@ -529,9 +529,11 @@ class MetricsListener(StreamingQueryListener):
         if measured is None:
             return None
         started = raw_progress.get("timestamp")
-        sources = raw_progress.get("sources") or [{}]
-        end = sources[0].get("endOffset")
+        planning = planning_source(raw_progress)
+        end = planning.get("endOffset")
         offset = json.loads(end) if isinstance(end, str) else (end or {})
+        # Beside Spark's connector, a batch may run on the plan of an earlier one.
+        replanned = planning.get("startOffset") != end
         return measured.model_copy(
             update={
                 # model_copy does not validate: the timestamp is parsed here.
@@ -543,7 +545,7 @@ class MetricsListener(StreamingQueryListener):
                 "duration_ms": progress.duration_ms,
                 "phases_ms": phases_ms(raw_progress),
                 "input_lag": progress.lag,
-                "rejected_control": offset.get("rejected", {}),
+                "rejected_control": offset.get("rejected", {}) if replanned else {},
             }
         )
 

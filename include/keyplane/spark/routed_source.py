@@ -29,7 +29,10 @@ versions (no Python UDF and no join on the data path); ``evict`` and
 ``installs`` rows that carry an instance's moves together in a control group
 (``per-instance`` hand-offs, the JVM stages: :func:`install_groups`,
 :func:`evict_groups`, :func:`batch_end_rows`); and ``invalid`` rows, so that
-the sink dead-letters a bad record rather than dropping it.
+the sink dead-letters a bad record rather than dropping it. With the ``events``
+option ``skip``, Spark's own Kafka connector reads the events in the same
+query and this source plans the batch and reads the rollout's rows only
+(:mod:`keyplane.spark.connector_events`).
 
 The switch batch routes its tuples with the *old* version, so the old group
 sees every tuple up to the switch before it hands over, and the new group
@@ -49,7 +52,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -82,6 +85,7 @@ if TYPE_CHECKING:
     from keyplane.kafka.control import ControlChannel, ControlRead
 from keyplane.spark.routed_partitions import (
     HANDOFF_MODES,
+    EventRouting,
     EvictPartition,
     HandOff,
     HandoffMode,
@@ -99,6 +103,11 @@ from keyplane.spark.routed_reads import (
 )
 
 SOURCE_NAME = "keyplane-routed-events"
+
+EventsMode = Literal["read", "skip"]
+EVENTS_MODES: tuple[EventsMode, ...] = get_args(EventsMode)
+"""The ``events`` option: ``read`` the events topic (the default), or ``skip`` it because
+Spark's connector reads it in the same query (:mod:`keyplane.spark.connector_events`)."""
 
 
 _Mode = TypeVar("_Mode", bound=str)
@@ -184,6 +193,9 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.forward = _forward(options)
         self.handoff = _handoff(options)
         self.quarantine = _quarantine(options)
+        self.read_events = _one_of(options, "events", EVENTS_MODES) == "read"
+        """Whether this source reads the events; ``skip``: Spark's connector reads them
+        (:mod:`keyplane.spark.connector_events`) and this source plans and moves state."""
         stages = options.get("stages")
         self.stages: tuple[str, ...] = tuple(stages.split(",")) if stages else OPERATORS
         """The job's stages, upstream first: the operators its protocol steers."""
@@ -255,7 +267,9 @@ class RoutedEventsReader(DataSourceStreamReader):
         )
         return {
             "plan": -1,
-            "events": {self.events_topic: self._earliest(self.events_topic)},
+            "events": {self.events_topic: self._earliest(self.events_topic)}
+            if self.read_events
+            else {},
             # Control messages sent before the job started still apply; moved
             # states in the migration topic belong to an older checkpoint.
             "control": self._control_earliest(),
@@ -347,7 +361,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                     f" ({why})" if reaction.reason == "unknown_checksum" and why else "",
                 )
             replies += reaction.replies
-        events = self._events_end(start["events"], limit)
+        events = self._events_end(start["events"], limit) if self.read_events else start["events"]
         migration_marks = self._marks(self.migration_topic)
         check_not_ahead(self.migration_topic, start["migration"], migration_marks)
         migration = {**start["migration"], **migration_marks}
@@ -441,6 +455,8 @@ class RoutedEventsReader(DataSourceStreamReader):
     def reportLatestOffset(self) -> dict[str, Any]:
         # Spark asks right after latestOffset, for the progress report's lag:
         # the marks that call read are that recent.
+        if not self.read_events:
+            return {"events": {}}
         latest = self._latest or {self.events_topic: self._marks(self.events_topic)}
         return {"events": latest}
 
@@ -453,7 +469,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         task, alone, and lengthened the switch and install batches by its
         whole duration. With no new events, the shares are the tasks.
         """
-        events = self._event_partitions(start, end)
+        events = self._event_partitions(start, end) if self.read_events else []
         shares = max(1, len(events))
         handoffs: list[HandOff] = []
         tables = tables_for(self.store, self.parallelism)
@@ -507,21 +523,18 @@ class RoutedEventsReader(DataSourceStreamReader):
     def _event_partitions(
         self, start: dict[str, Any], end: dict[str, Any]
     ) -> list[RoutedEventsPartition]:
-        routing = end["routing"]
-        return [
-            RoutedEventsPartition(
-                kafka,
-                self.store,
-                self.parallelism,
-                routing[FIRST_STAGE],
-                routing[SECOND_STAGE],
-                self.max_event_bytes,
-                self.forward,
-                prepared=end.get("prepared"),
-                quarantine=self.quarantine,
-            )
-            for kafka in self._event_ranges(start, end)
-        ]
+        versions = end["routing"]
+        routing = EventRouting(
+            self.store,
+            self.parallelism,
+            versions[FIRST_STAGE],
+            versions[SECOND_STAGE],
+            self.max_event_bytes,
+            self.forward,
+            prepared=end.get("prepared"),
+            quarantine=self.quarantine,
+        )
+        return [RoutedEventsPartition(kafka, routing) for kafka in self._event_ranges(start, end)]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Offsets live in Spark's checkpoint; nothing to commit to Kafka."""
@@ -558,7 +571,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         each partition brought along (:func:`spread_handoffs`)."""
         for part in parts:
             if part.batch_end:
-                yield batch_end_rows(part.forward, part.parallelism)
+                yield batch_end_rows(part.routing.forward, part.routing.parallelism)
         yield from read_events(*parts)
         for part in parts:
             for handoff in part.handoffs:
@@ -642,6 +655,7 @@ def read_routed_events(
     forward: Forward = "pairs",
     handoff: HandoffMode = "per-key",
     quarantine: str | None = None,
+    events: EventsMode = "read",
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
@@ -649,6 +663,8 @@ def read_routed_events(
     stage B, and ``handoff`` how its stages take a rollout's moves (module docstring).
     ``quarantine`` is the quarantined pairs
     (:meth:`keyplane.control.quarantine.Quarantine.option`), whose events are dead-lettered.
+    ``events="skip"`` leaves the events topic to Spark's connector in the same query
+    (:mod:`keyplane.spark.connector_events`).
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
@@ -656,6 +672,7 @@ def read_routed_events(
         .options(**options)
         .option("forward", forward)
         .option("handoff", handoff)
+        .option("events", events)
     )
     if quarantine:
         reader = reader.option("quarantine", quarantine)

@@ -9,6 +9,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from keyplane.settings import Settings
+from keyplane.spark.connector import installed_connector_jars
 from keyplane.spark.jvm import CHECKPOINT_FILE_MANAGER, available_jar
 
 CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
@@ -55,7 +56,8 @@ def build_session(
     Without ``PYSPARK_PYTHON`` Spark would start workers with whatever
     ``python3`` is first on PATH, which does not have keyplane installed.
     The session carries the jar of keyplane's JVM stages where it can be had
-    (:mod:`keyplane.spark.jvm`); ``spark.jars`` in ``extra`` adds to it. Its
+    (:mod:`keyplane.spark.jvm`) and Spark's Kafka connector where it is installed
+    (:mod:`keyplane.spark.connector`); ``spark.jars`` in ``extra`` adds to them. Its
     JVMs run with :func:`jit_options`; ``spark.driver.extraJavaOptions`` and
     ``spark.executor.extraJavaOptions`` in ``extra`` add to them (the driver's
     apply only if this call starts the JVM).
@@ -85,9 +87,10 @@ def build_session(
         options = " ".join(filter(None, [jit, settings.get(key)]))
         if options:
             settings[key] = options
-    jar = available_jar()
-    if jar is not None:
-        settings["spark.jars"] = ",".join(filter(None, [str(jar), settings.get("spark.jars")]))
+    jars = [str(jar) for jar in [available_jar(), *installed_connector_jars()] if jar]
+    given = settings.get("spark.jars", "").split(",")
+    if any(jars + given):
+        settings["spark.jars"] = ",".join(dict.fromkeys(filter(None, [*jars, *given])))
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -294,6 +294,21 @@ def test_job_command_takes_topics_store_and_options_from_settings(tmp_path: Path
     assert "max_offsets_per_trigger" not in unlimited.model_fields_set
 
 
+def test_the_job_reads_through_sparks_connector_when_asked_and_never_the_embedded_broker(
+    tmp_path: Path,
+) -> None:
+    """``KEYPLANE_KAFKA_SOURCE=jvm`` reaches the job's command line; on the embedded broker
+    that ``keyplane broker start`` runs here it is refused before anything starts, as the
+    connector would stop short of the topic's end there."""
+    on_kafka = Settings(home=tmp_path, bootstrap_servers="kafka:9092", kafka_source="jvm")
+    assert JobProcess(on_kafka).job_settings().source == "jvm"
+    assert JobProcess(Settings(home=tmp_path)).job_settings().source == "python"
+    started_here = Settings(home=tmp_path, broker_engine="kafka", kafka_source="jvm")
+    assert JobProcess(started_here).job_settings().source == "jvm"
+    with pytest.raises(JobError, match="does not read the embedded broker"):
+        JobProcess(Settings(home=tmp_path, kafka_source="jvm"))
+
+
 def _fake_checkpoint(checkpoint: Path, partitions: int) -> None:
     """A committed batch 0 whose offset log entry records ``partitions``, in the layout
     Spark writes (the integration test above reads a real one)."""

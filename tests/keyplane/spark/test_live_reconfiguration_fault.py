@@ -38,7 +38,6 @@ leave the two cores to the job.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -55,14 +54,16 @@ from keyplane.control.controller_protocol import Reconfiguration
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.admin import ensure_topic, high_watermarks
 from keyplane.kafka.control import ControlChannel
-from keyplane.kafka.offsets import total_rows
 from keyplane.kafka.producer import make_producer
 from keyplane.reference.events import encode_batch
 from keyplane.reference.verification import compare_counts, expected_counts
 from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.routing.handoff import routed_key_table
+from keyplane.settings import KafkaSource
+from keyplane.spark.batch_plan import planned_offset
 from keyplane.spark.counts_job import CountsJobSettings, read_output, read_partials
+from keyplane.spark.job_checkpoint import committed_events
 from keyplane.testing import (
     moved_off_hash,
     moved_off_hash_config,
@@ -83,9 +84,20 @@ pytestmark = pytest.mark.integration
 )
 def engine_broker(request: pytest.FixtureRequest) -> str:
     """The conftest's engines, with the embedded broker's run in the slow suite: the
-    scenario takes minutes, and ``make test`` runs it on Apache Kafka."""
+    scenario takes minutes, and ``make test`` runs it on Apache Kafka. The slow suite
+    also runs it on Apache Kafka with Spark's connector reading the events
+    (:func:`kafka_source`)."""
     name = "broker" if request.param == "embedded" else "apache_kafka_broker"
     return str(request.getfixturevalue(name))
+
+
+@pytest.fixture
+def kafka_source(request: pytest.FixtureRequest) -> KafkaSource:
+    """Who reads the events in this case of :func:`engine_broker`: Spark's connector in
+    ``kafka-connector``, whose batches replayed after a kill find their routing in
+    Spark's offset log; keyplane's source otherwise."""
+    connector = request.node.callspec.params["engine_broker"] == "kafka-connector"
+    return "jvm" if connector else "python"
 
 
 P = 4
@@ -145,9 +157,7 @@ def committed_through(checkpoint: Path) -> int | None:
 
 def plan_of(checkpoint: Path, batch: int) -> dict[str, Any]:
     """The routed source's offset for ``batch``: its routing, switches and protocol state."""
-    lines = (checkpoint / "offsets" / str(batch)).read_text(encoding="utf-8").splitlines()
-    plan: dict[str, Any] = json.loads(lines[2])
-    return plan
+    return planned_offset(str(checkpoint), batch)
 
 
 def is_committed(checkpoint: Path, batch: int) -> bool:
@@ -278,7 +288,11 @@ def migrated(controller: Controller, operator: str) -> Callable[[], bool]:
 
 @pytest.mark.timeout(WAIT_S * 6)
 def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
-    engine_broker: str, topic_name: str, tmp_path: Path, request: pytest.FixtureRequest
+    engine_broker: str,
+    kafka_source: KafkaSource,
+    topic_name: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     spec = ZipfEvolvingWorkload(
         n_keys=300, exponent=1.2, n_categories=12, n_events=SLICES * 2 * BATCH_EVENTS, seed=11
@@ -329,6 +343,7 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
         # (HANDOFF_TRIGGER), so that the moved state sits on the topic a while.
         trigger="2 seconds",
         version=1,
+        source=kafka_source,
     )
     checkpoint = settings.checkpoint
     job = KilledJob(settings, tmp_path / "job.log")
@@ -472,7 +487,10 @@ def test_driver_killed_at_every_phase_and_mid_batch_keeps_counts_exact(
     def all_counted() -> bool:
         """Every event in a committed batch (read from the checkpoint), then in the output."""
         batch = committed_through(checkpoint)
-        if batch is None or total_rows({}, plan_of(checkpoint, batch)["events"]) < spec.n_events:
+        if batch is None:
+            return False
+        committed = committed_events(checkpoint, topic_name)
+        if committed is None or committed < spec.n_events:
             return False
         frame = read_output(settings.output)
         return int(frame.loc[frame["stage"] == "A", "count"].sum()) == spec.n_events

@@ -39,7 +39,7 @@ from keyplane.reference.workloads import PairsWorkload, ZipfEvolvingWorkload
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.routing.handoff import routed_key_table
 from keyplane.routing.routedkeys import spark_partition
-from keyplane.settings import SinkWriter
+from keyplane.settings import KafkaSource, SinkWriter
 from keyplane.spark import routed_reads
 from keyplane.spark.counts_job import (
     CountsJobSettings,
@@ -158,9 +158,10 @@ def _settings(
     stage_engine: StageEngine = "auto",
     max_event_bytes: int | None = None,
     sink_writer: SinkWriter = "executors",
+    source: KafkaSource = "python",
 ) -> CountsJobSettings:
     routed_only = {} if max_event_bytes is None else {"max_event_bytes": max_event_bytes}
-    routed_only |= {"sink_writer": sink_writer}
+    routed_only |= {"sink_writer": sink_writer, "source": source}
     return routed_job_settings(
         broker,
         topic,
@@ -177,14 +178,30 @@ def _settings(
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    ("engine", "writer"), [("jvm", "executors"), ("python", "executors"), ("jvm", "driver")]
+    ("engine", "writer", "source"),
+    [
+        ("jvm", "executors", "python"),
+        ("python", "executors", "python"),
+        ("jvm", "driver", "python"),
+        pytest.param("jvm", "executors", "jvm", marks=pytest.mark.apache_kafka),
+        pytest.param("python", "executors", "jvm", marks=pytest.mark.apache_kafka),
+    ],
 )
 def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
-    spark, broker: str, topic_name: str, tmp_path: Path, engine: StageEngine, writer: SinkWriter
+    request: pytest.FixtureRequest,
+    spark,
+    topic_name: str,
+    tmp_path: Path,
+    engine: StageEngine,
+    writer: SinkWriter,
+    source: KafkaSource,
 ) -> None:
     """Either engine (:mod:`keyplane.spark.jvm` or Python) places, splits and counts the
     same, whether the tasks write the batch output (a directory of parts per batch) or the
-    driver does (one file)."""
+    driver does (one file), and whether keyplane's source reads the events or Spark's
+    connector does (source ``jvm``, on Apache Kafka: the connector's latest offsets come
+    short on the embedded broker)."""
+    broker = _source_broker(request, source)
     spec = ZipfEvolvingWorkload(n_keys=300, exponent=1.2, n_categories=12, n_events=4_000, seed=5)
     assert produce_workload(spec, broker, topic_name, partitions=2) == spec.n_events
     truth = expected_counts(spec)
@@ -204,6 +221,7 @@ def test_routed_job_places_keys_splits_hot_keys_and_counts_exactly(
         routing_store=tmp_path / "routing",
         stage_engine=engine,
         sink_writer=writer,
+        source=source,
     )
     operators = _run_to_end(spark, settings)
     assert operators == [OPERATOR_NAMES[engine]] * 2
@@ -340,10 +358,23 @@ def test_sink_keeps_each_partials_latest_state_and_readers_merge_it_pure() -> No
     assert merge_partials(partials)["count"].tolist() == [5, 2]
 
 
+SOURCES = ["python", pytest.param("jvm", marks=pytest.mark.apache_kafka)]
+"""Who reads the events: keyplane's source on the embedded broker, or Spark's connector on
+Apache Kafka (:func:`_source_broker`)."""
+
+
+def _source_broker(request: pytest.FixtureRequest, source: KafkaSource) -> str:
+    """The broker a test of ``source`` runs on: Spark's connector reads Apache Kafka (the
+    embedded broker answers its admin client's latest offsets short)."""
+    return str(request.getfixturevalue("apache_kafka_broker" if source == "jvm" else "broker"))
+
+
 @pytest.mark.integration
+@pytest.mark.parametrize("source", SOURCES)
 def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact(
-    spark, broker: str, topic_name: str, tmp_path: Path
+    request: pytest.FixtureRequest, spark, source: KafkaSource, topic_name: str, tmp_path: Path
 ) -> None:
+    broker = _source_broker(request, source)
     from kafka import KafkaConsumer, TopicPartition
 
     from keyplane.kafka.admin import high_watermarks
@@ -373,7 +404,12 @@ def test_malformed_records_are_dead_lettered_with_a_reason_and_counts_stay_exact
         tmp_path / "routing",
     )
     settings = _settings(
-        broker, topic_name, tmp_path, routing_store=tmp_path / "routing", max_event_bytes=4_096
+        broker,
+        topic_name,
+        tmp_path,
+        routing_store=tmp_path / "routing",
+        max_event_bytes=4_096,
+        source=source,
     )
     _run_to_end(spark, settings)
 
@@ -528,12 +564,16 @@ def test_forwarding_tuples_keeps_counts_exact_through_a_locality_table_split_and
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("source", SOURCES)
 def test_keys_outside_ascii_move_exactly_through_the_jvm_stages_per_instance_hand_off(
-    spark, broker: str, topic_name: str, tmp_path: Path
+    request: pytest.FixtureRequest, spark, source: KafkaSource, topic_name: str, tmp_path: Path
 ) -> None:
     """Cyrillic, CJK, accented and astral-plane keys: the JVM stages evict them in packed
     migration records (JSON with non-ASCII escaped, so a record's length is its size in
-    bytes), the source regroups them per target instance, and the stages install them."""
+    bytes), the source regroups them per target instance, and the stages install them.
+    Read by Spark's connector, the events route on the versions of each batch's offset in
+    Spark's log through the rollout's switch and install batches."""
+    broker = _source_broker(request, source)
     from keyplane.kafka.admin import ensure_topic
     from keyplane.kafka.migration_topic import read_moves
     from keyplane.kafka.producer import make_producer
@@ -562,7 +602,9 @@ def test_keys_outside_ascii_move_exactly_through_the_jvm_stages_per_instance_han
     save(v1, store)
     before, after = events(0, 800), events(800, 400)
     produce(before)
-    settings = _settings(broker, topic_name, tmp_path, routing_store=store, stage_engine="jvm")
+    settings = _settings(
+        broker, topic_name, tmp_path, routing_store=store, stage_engine="jvm", source=source
+    )
     operators = _run_with_rollout(spark, broker, settings, tmp_path, v2, lambda: produce(after))
     assert operators == ["TransformWithState"] * 2
 

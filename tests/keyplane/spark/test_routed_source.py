@@ -25,6 +25,7 @@ from keyplane.routing.routedkeys import RoutedKeyTable, spark_partition
 from keyplane.spark import routed_reads, routed_source
 from keyplane.spark.kafka_source import KafkaSourceOptionError, ReadTask
 from keyplane.spark.routed_partitions import (
+    EventRouting,
     EvictPartition,
     MigrationPartition,
     RoutedEventsPartition,
@@ -135,7 +136,7 @@ def _read_stand_in_records(
     save(RoutingConfig.all_hash(4, OPERATORS), tmp_path / "routing")
     kafka = OffsetRange("127.0.0.1:1", "events", 0, 0, len(values))
     partition = RoutedEventsPartition(
-        kafka, str(tmp_path / "routing"), 4, 1, 1, MAX_EVENT_BYTES, forward
+        kafka, EventRouting(str(tmp_path / "routing"), 4, 1, 1, MAX_EVENT_BYTES, forward)
     )
     return pa.Table.from_batches(list(read_events(partition))).to_pylist()
 
@@ -453,6 +454,23 @@ class _RecordingTables(VersionedTables):
         return super()._table(version, operator)
 
 
+def test_beside_sparks_connector_the_source_reads_a_rollouts_rows_and_no_events_pure(
+    tmp_path: Path,
+) -> None:
+    """With ``events=skip`` Spark's connector reads the events in the same query: the
+    source's tasks read the switch's evictions and the moved states only, and it reports
+    no events of its own."""
+    store, _, _ = _rollout_store(tmp_path)
+    reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store), "events": "skip"})
+    switch = [{"operator": "A", "from_version": 1, "to_version": 2}]
+    parts = reader.partitions(_offsets({}, {"0": 10}, []), _offsets({}, {"0": 13}, switch))
+    assert parts and not any(isinstance(p, RoutedEventsPartition) for p in parts)
+    assert {type(p).__name__ for p in parts} == {"EvictPartition", "MigrationPartition"}
+    assert reader.reportLatestOffset() == {"events": {}}
+    with pytest.raises(KafkaSourceOptionError, match="option 'events' is one of read, skip"):
+        RoutedEventsReader({**OPTIONS, "routing.store": str(store), "events": "connector"})
+
+
 @pytest.mark.parametrize("prepared", [None, 2])
 def test_tasks_load_an_acknowledged_version_ahead_of_its_switch_pure(
     prepared: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -465,7 +483,7 @@ def test_tasks_load_an_acknowledged_version_ahead_of_its_switch_pure(
     start = _offsets({"0": 0}, {"0": 0}, [])
     end = {**_offsets({"0": 1}, {"0": 0}, []), "prepared": prepared}
     [part] = reader.partitions(start, end)
-    assert isinstance(part, RoutedEventsPartition) and part.prepared == prepared
+    assert isinstance(part, RoutedEventsPartition) and part.routing.prepared == prepared
 
     tables = _RecordingTables(store, 4)
     monkeypatch.setattr(routed_reads, "tables_for", lambda store, parallelism: tables)
@@ -596,8 +614,10 @@ def test_a_task_refuses_partitions_planned_on_different_versions_pure(tmp_path: 
     versions are a planning bug, refused in one line rather than routed on the first's."""
     store, _, _ = _rollout_store(tmp_path)
     kafka = OffsetRange("127.0.0.1:1", "events", 0, 0, 1)
-    on_v1 = RoutedEventsPartition(kafka, str(store), 4, 1, 1)
-    on_v2 = RoutedEventsPartition(dataclasses.replace(kafka, partition=1), str(store), 4, 2, 1)
+    on_v1 = RoutedEventsPartition(kafka, EventRouting(str(store), 4, 1, 1))
+    on_v2 = RoutedEventsPartition(
+        dataclasses.replace(kafka, partition=1), EventRouting(str(store), 4, 2, 1)
+    )
     with pytest.raises(ValueError, match="route on one plan, not 2"):
         list(read_events(on_v1, on_v2))
 
