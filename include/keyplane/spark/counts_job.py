@@ -502,6 +502,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
             handoff=handoff,
             quarantine=quarantine.option(),
             events="skip" if settings.source == "jvm" else "read",
+            checkpoint=settings.checkpoint.resolve(),
         )
         if settings.source == "jvm":
             check_connector(spark)

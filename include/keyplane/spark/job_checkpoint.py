@@ -27,6 +27,16 @@ def last_commit(checkpoint: Path) -> int | None:
     return max(ids, default=None)
 
 
+def newest_logged_batch(checkpoint: Path) -> int | None:
+    """The newest batch id in the checkpoint's offset log (Spark writes ``offsets/<id>``
+    before it runs the batch), or None before the first."""
+    try:
+        ids = [int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
+    except FileNotFoundError:
+        return None
+    return max(ids, default=None)
+
+
 def _last_offset_log_entry(checkpoint: Path) -> list[str] | None:
     """The lines of the offset log entry of the checkpoint's last committed batch: a
     version line, a metadata line, then one JSON offset per source. None before the
@@ -41,10 +51,10 @@ def newest_source_offset(checkpoint: Path) -> dict[str, Any] | None:
     """The routed source's offset in the checkpoint's newest offset log entry (the batch a
     restart runs first), or None before the first batch or when it cannot be read so."""
     try:
-        ids = [int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
-        if not ids:
+        last = newest_logged_batch(checkpoint)
+        if last is None:
             return None
-        lines = (checkpoint / "offsets" / str(max(ids))).read_text(encoding="utf-8").splitlines()
+        lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
         for line in lines[2:]:
             offset = json.loads(line)
             if isinstance(offset, dict) and isinstance(offset.get("events"), dict):

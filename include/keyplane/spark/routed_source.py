@@ -71,6 +71,7 @@ from keyplane.reference.events import (
 )
 from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.routing import config as config_store
+from keyplane.spark.job_checkpoint import events_read, newest_logged_batch
 from keyplane.spark.kafka_source import (
     KafkaSourceOptionError,
     ReadTask,
@@ -196,6 +197,9 @@ class RoutedEventsReader(DataSourceStreamReader):
         self.read_events = _one_of(options, "events", EVENTS_MODES) == "read"
         """Whether this source reads the events; ``skip``: Spark's connector reads them
         (:mod:`keyplane.spark.connector_events`) and this source plans and moves state."""
+        self.checkpoint = None if self.read_events else Path(_required(options, "checkpoint"))
+        """The query's checkpoint, whose offset log tells a ``skip`` source the batch it
+        plans and how far the connector has read (:meth:`_skipped_batch`)."""
         stages = options.get("stages")
         self.stages: tuple[str, ...] = tuple(stages.split(",")) if stages else OPERATORS
         """The job's stages, upstream first: the operators its protocol steers."""
@@ -332,7 +336,11 @@ class RoutedEventsReader(DataSourceStreamReader):
         return ReadAllAvailable() if self.max_rows is None else ReadMaxRows(self.max_rows)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        plan = int(start["plan"]) + 1
+        connector_behind = False
+        if self.read_events:
+            plan = int(start["plan"]) + 1
+        else:
+            plan, connector_behind = self._skipped_batch()
         protocol = JobProtocol.from_dict(
             start["protocol"], lookup_checksum=self.lookup_checksum, explain=self.unusable
         )
@@ -367,6 +375,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         migration = {**start["migration"], **migration_marks}
         work = (
             total_rows(start["events"], events) > 0
+            or connector_behind
             or control.end != int(start["control"])
             or migration != start["migration"]
             or bool(protocol.migrating())
@@ -412,6 +421,30 @@ class RoutedEventsReader(DataSourceStreamReader):
             # The acknowledged version the tasks load ahead of its switch.
             "prepared": prepared,
         }
+
+    def _skipped_batch(self) -> tuple[int, bool]:
+        """With ``events=skip``: the id of the batch Spark will run next, and whether the
+        connector has events still to read.
+
+        Spark runs a batch when any source has new data. So that every batch the
+        connector's events start has a plan of its own, stamped with Spark's batch id
+        like those of a job that reads through this source, the source plans one
+        whenever the events topic holds more than the connector had read by the last
+        batch of the offset log, the batch before this one (Spark asks its sources for
+        their offsets before it logs the next batch, and replays a logged one without
+        asking).
+        """
+        assert self.checkpoint is not None
+        last = newest_logged_batch(self.checkpoint)
+        marks = self._marks(self.events_topic)
+        read = None
+        if last is not None:
+            lines = (self.checkpoint / "offsets" / str(last)).read_text(encoding="utf-8")
+            read = events_read(lines.splitlines(), self.events_topic)
+        if not read:
+            read = self._earliest(self.events_topic)
+        behind = any(int(end) > int(read.get(part, 0)) for part, end in marks.items())
+        return (-1 if last is None else last) + 1, behind
 
     def _plan_handoffs(self, active: int, prepared: int) -> None:
         """Plan the hand-offs to ``prepared`` while the controller is still to PROPAGATE.
@@ -656,6 +689,7 @@ def read_routed_events(
     handoff: HandoffMode = "per-key",
     quarantine: str | None = None,
     events: EventsMode = "read",
+    checkpoint: Path | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of :func:`routed_input_schema` rows for the routed job.
 
@@ -664,7 +698,7 @@ def read_routed_events(
     ``quarantine`` is the quarantined pairs
     (:meth:`keyplane.control.quarantine.Quarantine.option`), whose events are dead-lettered.
     ``events="skip"`` leaves the events topic to Spark's connector in the same query
-    (:mod:`keyplane.spark.connector_events`).
+    (:mod:`keyplane.spark.connector_events`), whose ``checkpoint`` the source then reads.
     """
     spark.dataSource.register(RoutedEventsSource)
     reader = (
@@ -674,6 +708,8 @@ def read_routed_events(
         .option("handoff", handoff)
         .option("events", events)
     )
+    if checkpoint is not None:
+        reader = reader.option("checkpoint", str(checkpoint))
     if quarantine:
         reader = reader.option("quarantine", quarantine)
     return reader.load()

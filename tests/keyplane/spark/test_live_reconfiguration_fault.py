@@ -80,6 +80,7 @@ pytestmark = pytest.mark.integration
     params=[
         pytest.param("embedded", marks=pytest.mark.slow),
         pytest.param("kafka", marks=pytest.mark.apache_kafka),
+        pytest.param("kafka-connector", marks=[pytest.mark.apache_kafka, pytest.mark.slow]),
     ],
 )
 def engine_broker(request: pytest.FixtureRequest) -> str:

@@ -461,7 +461,10 @@ def test_beside_sparks_connector_the_source_reads_a_rollouts_rows_and_no_events_
     source's tasks read the switch's evictions and the moved states only, and it reports
     no events of its own."""
     store, _, _ = _rollout_store(tmp_path)
-    reader = RoutedEventsReader({**OPTIONS, "routing.store": str(store), "events": "skip"})
+    skip = {**OPTIONS, "routing.store": str(store), "events": "skip"}
+    with pytest.raises(KafkaSourceOptionError, match="needs option 'checkpoint'"):
+        RoutedEventsReader(skip)
+    reader = RoutedEventsReader({**skip, "checkpoint": str(tmp_path / "checkpoint")})
     switch = [{"operator": "A", "from_version": 1, "to_version": 2}]
     parts = reader.partitions(_offsets({}, {"0": 10}, []), _offsets({}, {"0": 13}, switch))
     assert parts and not any(isinstance(p, RoutedEventsPartition) for p in parts)
@@ -469,6 +472,30 @@ def test_beside_sparks_connector_the_source_reads_a_rollouts_rows_and_no_events_
     assert reader.reportLatestOffset() == {"events": {}}
     with pytest.raises(KafkaSourceOptionError, match="option 'events' is one of read, skip"):
         RoutedEventsReader({**OPTIONS, "routing.store": str(store), "events": "connector"})
+
+
+def test_beside_sparks_connector_the_source_plans_the_batch_spark_runs_next_fake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan a ``skip`` source makes is stamped with the id Spark gives the next batch
+    (the offset log's newest plus one), and it makes one whenever the topic holds events
+    the connector has not read by that newest batch (with a fake broker's offsets)."""
+    checkpoint = tmp_path / "checkpoint"
+    reader = RoutedEventsReader(
+        {**OPTIONS, "routing.store": str(tmp_path), "events": "skip", "checkpoint": str(checkpoint)}
+    )
+    ends = {"0": 50, "1": 30}
+    monkeypatch.setattr(reader, "_marks", lambda topic: dict(ends))
+    monkeypatch.setattr(reader, "_earliest", lambda topic: {"0": 0, "1": 0})
+    assert reader._skipped_batch() == (0, True)
+    (checkpoint / "offsets").mkdir(parents=True)
+    plan = json.dumps({"plan": 6, "protocol": {}, "routing": {"A": 1, "B": 1}, "events": {}})
+    for batch, read in ((6, {"0": 20, "1": 30}), (7, {"0": 50, "1": 30})):
+        connector = json.dumps({"events": read})
+        (checkpoint / "offsets" / str(batch)).write_text(f"v1\n{{}}\n{connector}\n{plan}\n")
+    assert reader._skipped_batch() == (8, False)
+    ends["1"] = 31
+    assert reader._skipped_batch() == (8, True)
 
 
 @pytest.mark.parametrize("prepared", [None, 2])
