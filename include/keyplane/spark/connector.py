@@ -76,9 +76,9 @@ PROVIDER_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 def check_loaded(spark: SparkSession) -> None:
     """Raise :class:`ConnectorUnavailable`, in one line, unless ``spark`` has the connector."""
-    from py4j.java_gateway import JavaClass
+    from keyplane.spark.jvm import class_loaded
 
-    if not isinstance(getattr(spark._jvm, PROVIDER_CLASS, None), JavaClass):
+    if not class_loaded(spark, PROVIDER_CLASS):
         raise ConnectorUnavailable(
             "this Spark session has no Kafka connector on its classpath: run scripts/install-jars "
             "(make bootstrap does) so that keyplane's sessions load it, pass its jars in "

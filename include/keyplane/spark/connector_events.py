@@ -30,7 +30,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyplane.reference.events import MAX_EVENT_BYTES, Forward
-from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.spark.batch_plan import planned_offset, running_batch_id
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.routed_partitions import EventRouting, HandoffMode
@@ -64,17 +63,13 @@ class ConnectorEventsRouter:
 
     def routing(self, offset: Mapping[str, Any]) -> EventRouting:
         """What the batch planned with ``offset`` routes its events by."""
-        versions = offset["routing"]
-        prepared = offset.get("prepared")
-        return EventRouting(
+        return EventRouting.planned(
+            offset,
             self.store,
             self.parallelism,
-            int(versions[FIRST_STAGE]),
-            int(versions[SECOND_STAGE]),
-            self.max_event_bytes,
-            self.forward,
-            None if prepared is None else int(prepared),
-            self.quarantine,
+            max_event_bytes=self.max_event_bytes,
+            forward=self.forward,
+            quarantine=self.quarantine,
         )
 
     def __call__(self, chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

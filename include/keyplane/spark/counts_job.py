@@ -464,6 +464,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         ", ".join(pipeline.stage_names),
         {"jvm": "the JVM", "python": "Python", "chain": "Python, as a chain"}[engine],
     )
+    tasks = read_tasks(spark, settings)
     options = source_options(
         bootstrap,
         events_topic=settings.events_topic,
@@ -474,7 +475,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         initial_version=initial_version(settings, pipeline.stage_names),
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         max_event_bytes=settings.max_event_bytes,
-        max_partitions=read_tasks(spark, settings),
+        max_partitions=tasks,
     )
     if engine == "chain" and settings.source == "jvm":
         raise StageEngineError(
@@ -495,6 +496,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         # The JVM stages take a rollout's moves per instance (routed_source).
         handoff: HandoffMode = "per-instance" if engine == "jvm" else "per-key"
         quarantine = Quarantine(settings.checkpoint)
+        checkpoint = settings.checkpoint.resolve()
         inputs = read_routed_events(
             spark,
             options,
@@ -502,12 +504,12 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
             handoff=handoff,
             quarantine=quarantine.option(),
             events="skip" if settings.source == "jvm" else "read",
-            checkpoint=settings.checkpoint.resolve(),
+            checkpoint=checkpoint,
         )
         if settings.source == "jvm":
             check_connector(spark)
             router = ConnectorEventsRouter(
-                str(settings.checkpoint.resolve()),
+                str(checkpoint),
                 str(store),
                 partitions,
                 settings.forward,
@@ -521,7 +523,7 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
                 settings.events_topic,
                 router,
                 max_offsets_per_trigger=settings.max_offsets_per_trigger,
-                tasks=read_tasks(spark, settings),
+                tasks=tasks,
             )
             inputs = events.unionByName(inputs)
         updates = routed_running_counts(

@@ -17,24 +17,31 @@ from pathlib import Path
 from typing import Any
 
 
-def last_commit(checkpoint: Path) -> int | None:
-    """The newest batch id in the checkpoint's commit log (Spark writes ``commits/<id>``
-    once a batch has finished), or None before the first."""
+def _newest_batch(checkpoint: Path, log: str) -> int | None:
+    """The newest batch id in the checkpoint's ``log`` folder, or None before the first."""
     try:
-        ids = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+        ids = [int(p.name) for p in (checkpoint / log).iterdir() if p.name.isdigit()]
     except FileNotFoundError:
         return None
     return max(ids, default=None)
+
+
+def last_commit(checkpoint: Path) -> int | None:
+    """The newest batch id in the checkpoint's commit log (Spark writes ``commits/<id>``
+    once a batch has finished), or None before the first."""
+    return _newest_batch(checkpoint, "commits")
 
 
 def newest_logged_batch(checkpoint: Path) -> int | None:
     """The newest batch id in the checkpoint's offset log (Spark writes ``offsets/<id>``
     before it runs the batch), or None before the first."""
-    try:
-        ids = [int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
-    except FileNotFoundError:
-        return None
-    return max(ids, default=None)
+    return _newest_batch(checkpoint, "offsets")
+
+
+def offset_log_entry(checkpoint: Path, batch_id: int) -> list[str]:
+    """The lines of ``batch_id``'s offset log entry: a version line, a metadata line, then
+    one JSON offset per source. Raises OSError when it cannot be read."""
+    return (checkpoint / "offsets" / str(batch_id)).read_text(encoding="utf-8").splitlines()
 
 
 def _last_offset_log_entry(checkpoint: Path) -> list[str] | None:
@@ -42,9 +49,7 @@ def _last_offset_log_entry(checkpoint: Path) -> list[str] | None:
     version line, a metadata line, then one JSON offset per source. None before the
     first commit; raises OSError when it cannot be read."""
     last = last_commit(checkpoint)
-    if last is None:
-        return None
-    return (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
+    return None if last is None else offset_log_entry(checkpoint, last)
 
 
 def newest_source_offset(checkpoint: Path) -> dict[str, Any] | None:
@@ -54,8 +59,7 @@ def newest_source_offset(checkpoint: Path) -> dict[str, Any] | None:
         last = newest_logged_batch(checkpoint)
         if last is None:
             return None
-        lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
-        for line in lines[2:]:
+        for line in offset_log_entry(checkpoint, last)[2:]:
             offset = json.loads(line)
             if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
                 return offset
@@ -99,8 +103,7 @@ def last_committed_batch(checkpoint: Path, topic: str) -> CommittedBatch | None:
         committed_at = datetime.fromtimestamp(
             (checkpoint / "commits" / str(last)).stat().st_mtime, UTC
         )
-        lines = (checkpoint / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()
-        parts = events_read(lines, topic)
+        parts = events_read(offset_log_entry(checkpoint, last), topic)
         if parts is not None:
             offsets = {int(p): int(off) for p, off in parts.items()}
             return CommittedBatch(last, offsets, committed_at)

@@ -12,9 +12,9 @@ instance (:func:`control_group`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pyspark.sql.datasource import InputPartition
 
@@ -23,6 +23,7 @@ from keyplane.reference.events import (
     MAX_EVENT_BYTES,
     Forward,
 )
+from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.routing.handoff import StateMove, VersionedTables
 from keyplane.routing.routedkeys import (
     CONTROL_STARTS,
@@ -174,6 +175,32 @@ class EventRouting:
     quarantine: tuple[tuple[str, str, str], ...] = ()
     """The quarantined (field-1 key, field-2 key, reason) pairs, whose events are
     dead-lettered with that reason rather than routed (:mod:`keyplane.control.quarantine`)."""
+
+    @classmethod
+    def planned(
+        cls,
+        plan: Mapping[str, Any],
+        store: str,
+        parallelism: int,
+        *,
+        max_event_bytes: int,
+        forward: Forward,
+        quarantine: tuple[tuple[str, str, str], ...],
+    ) -> EventRouting:
+        """The routing of a batch the routed source planned with ``plan``, its offset:
+        each stage's version (``routing``) and the version to load ahead (``prepared``)."""
+        versions = plan["routing"]
+        prepared = plan.get("prepared")
+        return cls(
+            store,
+            parallelism,
+            int(versions[FIRST_STAGE]),
+            int(versions[SECOND_STAGE]),
+            max_event_bytes,
+            forward,
+            None if prepared is None else int(prepared),
+            quarantine,
+        )
 
 
 @dataclass(frozen=True)

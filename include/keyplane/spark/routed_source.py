@@ -69,9 +69,8 @@ from keyplane.reference.events import (
     MAX_EVENT_BYTES,
     Forward,
 )
-from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.routing import config as config_store
-from keyplane.spark.job_checkpoint import events_read, newest_logged_batch
+from keyplane.spark.job_checkpoint import events_read, newest_logged_batch, offset_log_entry
 from keyplane.spark.kafka_source import (
     KafkaSourceOptionError,
     ReadTask,
@@ -439,8 +438,7 @@ class RoutedEventsReader(DataSourceStreamReader):
         marks = self._marks(self.events_topic)
         read = None
         if last is not None:
-            lines = (self.checkpoint / "offsets" / str(last)).read_text(encoding="utf-8")
-            read = events_read(lines.splitlines(), self.events_topic)
+            read = events_read(offset_log_entry(self.checkpoint, last), self.events_topic)
         if not read:
             read = self._earliest(self.events_topic)
         behind = any(int(end) > int(read.get(part, 0)) for part, end in marks.items())
@@ -556,15 +554,12 @@ class RoutedEventsReader(DataSourceStreamReader):
     def _event_partitions(
         self, start: dict[str, Any], end: dict[str, Any]
     ) -> list[RoutedEventsPartition]:
-        versions = end["routing"]
-        routing = EventRouting(
+        routing = EventRouting.planned(
+            end,
             self.store,
             self.parallelism,
-            versions[FIRST_STAGE],
-            versions[SECOND_STAGE],
-            self.max_event_bytes,
-            self.forward,
-            prepared=end.get("prepared"),
+            max_event_bytes=self.max_event_bytes,
+            forward=self.forward,
             quarantine=self.quarantine,
         )
         return [RoutedEventsPartition(kafka, routing) for kafka in self._event_ranges(start, end)]

@@ -148,9 +148,14 @@ def _log_unavailable(reason: str) -> None:
 
 def loaded(spark: SparkSession) -> bool:
     """Whether the session's JVM has the stages (its ``spark.jars`` held the jar)."""
+    return class_loaded(spark, CLASS_NAME)
+
+
+def class_loaded(spark: SparkSession, name: str) -> bool:
+    """Whether the session's JVM can load class ``name`` (a jar of its classpath holds it)."""
     from py4j.java_gateway import JavaClass
 
-    return isinstance(getattr(spark._jvm, CLASS_NAME, None), JavaClass)
+    return isinstance(getattr(spark._jvm, name, None), JavaClass)
 
 
 def routed_running_counts_jvm(inputs: DataFrame, parallelism: int, tuples: bool) -> DataFrame:
