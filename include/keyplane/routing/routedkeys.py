@@ -625,6 +625,21 @@ class RoutedKeyTable:
             self._keep([(key, found)])
         return [found]
 
+    def entries(self) -> dict[str, list[tuple[str, int]]]:
+        """Every tabled and hot key's routes, each with its instance: what the table
+        holds beyond the hash fallback, which :mod:`keyplane.routing.exported_tables`
+        writes for the JVM router."""
+        return {
+            key: [(route, self._instances[route]) for route in routes]
+            for key, routes in self._routes.items()
+        }
+
+    @property
+    def fold_of(self) -> tuple[int, ...] | None:
+        """:func:`fold_instance` of each natural partition, or ``None`` when every
+        instance is active."""
+        return None if self.active is None else self._fold_of
+
     def fallback_instance(self, key: str) -> int:
         """The instance the hash fallback gives ``key`` (folded when scaled in)."""
         return self._fold_of[spark_partition(key, self.n_instances)]

@@ -9,19 +9,26 @@ and fixes the batch's routing in its offset, and it still reads a rollout's
 evictions and installs (:mod:`keyplane.spark.routed_source`). The query is the
 union of both sources.
 
-The connector's tasks route their records in Arrow batches
-(:class:`ConnectorEventsRouter`), on the versions that the batch's offset in
-Spark's offset log names (:mod:`keyplane.spark.batch_plan`), with the same
-code and the same rows as keyplane's source
+The connector's tasks route their records in the JVM (``RoutedEvents.java``
+in :mod:`keyplane.spark.jvm`, :func:`route_in_jvm`), on the versions that the
+batch's offset in Spark's offset log names (:mod:`keyplane.spark.batch_plan`),
+with the same rules and the same rows as keyplane's source
 (:func:`keyplane.spark.routed_reads.route_events`): a replayed batch reads the
 same records and the same versions, so it routes as it first did (000 §3.3,
-§3.4). The connector keeps its own offsets in the same checkpoint, and fails
-the query when retention deleted records it had still to read
+§3.4). The driver writes each version's routed-key tables for them once
+(:mod:`keyplane.routing.exported_tables`). Where keyplane's jar is not loaded,
+or in ``tuples`` mode, which forwards every event with its padding, they route
+in Python, in Arrow batches (:class:`ConnectorEventsRouter`).
+
+The connector keeps its own offsets in the same checkpoint, and fails the
+query when retention deleted records it had still to read
 (``failOnDataLoss``, its default), as keyplane's source does.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,13 +37,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyplane.reference.events import MAX_EVENT_BYTES, Forward
+from keyplane.spark import jvm
 from keyplane.spark.batch_plan import planned_offset, running_batch_id
 from keyplane.spark.kafka_source import read_kafka
-from keyplane.spark.routed_partitions import EventRouting, HandoffMode
-from keyplane.spark.routed_reads import batch_end_rows, route_events, routed_input_schema
+from keyplane.spark.routed_partitions import EventRouting, HandoffMode, control_groups
+from keyplane.spark.routed_reads import (
+    batch_end_groups,
+    batch_end_rows,
+    route_events,
+    routed_input_schema,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
 
 CONNECTOR_COLUMNS = ("topic", "partition", "offset", "value")
 """What the tasks take of each record the connector reads."""
@@ -78,6 +93,38 @@ class ConnectorEventsRouter:
             yield batch_end_rows(self.forward, self.parallelism)
         sources = (piece for chunk in chunks for piece in by_source(chunk))
         yield from route_events(routing, sources)
+
+    def jvm_settings(self) -> str:
+        """What ``RoutedEvents.route`` takes: these settings, the dead letters' control
+        groups and the batch's closing rows, as JSON."""
+        return json.dumps(
+            {
+                "checkpoint": self.checkpoint,
+                "store": self.store,
+                "parallelism": self.parallelism,
+                "max_event_bytes": self.max_event_bytes,
+                "quarantine": [list(q) for q in self.quarantine],
+                "invalid_groups": list(control_groups("I", self.parallelism)),
+                "batch_end": batch_end_groups(self.parallelism)
+                if self.handoff == "per-instance"
+                else [],
+            }
+        )
+
+    def routes_in_jvm(self, spark: SparkSession) -> bool:
+        """Whether this job's tasks route in the JVM: ``pairs`` mode, keyplane's jar loaded."""
+        return self.forward == "pairs" and jvm.class_loaded(spark, jvm.ROUTER_CLASS)
+
+
+def route_in_jvm(records: DataFrame, router: ConnectorEventsRouter) -> DataFrame:
+    """The connector's ``records`` routed by ``RoutedEvents`` in the JVM: rows of
+    :func:`routed_input_schema` in ``pairs`` mode, with no Python per record."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    spark = records.sparkSession
+    routed = getattr(spark._jvm, jvm.ROUTER_CLASS).route(records._jdf, router.jvm_settings())
+    return DataFrame(routed, spark).withColumn("ts", F.timestamp_micros("ts"))
 
 
 def by_source(chunk: pa.RecordBatch) -> Iterator[tuple[str, tuple[pa.RecordBatch]]]:
@@ -123,4 +170,10 @@ def read_connector_events(
     ).select(*CONNECTOR_COLUMNS)
     if tasks is not None:
         records = records.coalesce(tasks)
+    if router.routes_in_jvm(spark):
+        return route_in_jvm(records, router)
+    log.warning(
+        "keyplane: the connector's events are routed in Python (%s)",
+        "tuples mode" if router.forward == "tuples" else "keyplane's jar is not loaded",
+    )
     return records.mapInArrow(router, routed_input_schema(router.forward))

@@ -378,6 +378,15 @@ def _evicts_per_instance(p: EvictPartition) -> pa.RecordBatch:
     )
 
 
+def batch_end_groups(parallelism: int) -> list[tuple[str, str]]:
+    """(stage, closing group) of each row of :func:`batch_end_rows`."""
+    return [
+        (stage, evict_groups(stage, parallelism)[i])
+        for stage in OPERATORS
+        for i in range(parallelism)
+    ]
+
+
 @functools.cache
 def batch_end_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     """An empty ``evicts`` row per stage and instance, in the instance's closing group.
@@ -390,11 +399,7 @@ def batch_end_rows(forward: Forward, parallelism: int) -> pa.RecordBatch:
     fails rather than lose what it gathered. Stage B's rows name their group in
     ``rb`` too, so they pass through stage A's.
     """
-    rows = [
-        (stage, evict_groups(stage, parallelism)[i])
-        for stage in OPERATORS
-        for i in range(parallelism)
-    ]
+    rows = batch_end_groups(parallelism)
     return _rows(
         forward,
         len(rows),

@@ -70,6 +70,7 @@ from keyplane.reference.events import (
     Forward,
 )
 from keyplane.routing import config as config_store
+from keyplane.routing.exported_tables import export_tables
 from keyplane.spark.job_checkpoint import events_read, newest_logged_batch, offset_log_entry
 from keyplane.spark.kafka_source import (
     KafkaSourceOptionError,
@@ -398,6 +399,10 @@ class RoutedEventsReader(DataSourceStreamReader):
         effective = dict(routing)
         for switch in switches:
             effective[switch.operator] = switch.from_version
+        if not self.read_events:
+            # The connector's tasks route in the JVM, on files of the batch's tables.
+            for version in sorted(set(effective.values())):
+                export_tables(tables_for(self.store, self.parallelism), version, self.stages)
         if replies:
             self.channel().send(replies)
         prepared = protocol.pending_version
@@ -460,6 +465,8 @@ class RoutedEventsReader(DataSourceStreamReader):
         def plan() -> None:
             for operator in self.stages:
                 tables.moves(operator, active, prepared)
+            if not self.read_events:
+                export_tables(tables, prepared, self.stages)
 
         if self._planner is None:
             self._planner = ThreadPoolExecutor(1, thread_name_prefix="keyplane-handoffs")

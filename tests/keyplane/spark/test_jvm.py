@@ -48,7 +48,10 @@ def test_the_jar_builds_from_the_shipped_source(tmp_path: Path) -> None:
     jar = jvm.build_jar(tmp_path / "stages.jar")
     with zipfile.ZipFile(jar) as built:
         names = set(built.namelist())
-    assert "keyplane/spark/jvm/RoutedStages.class" in names
+    assert {
+        "keyplane/spark/jvm/RoutedStages.class",
+        "keyplane/spark/jvm/RoutedEvents.class",
+    } <= names
     assert {
         "keyplane/spark/jvm/RoutedStages$StageA.class",
         "keyplane/spark/jvm/RoutedStages$StageB.class",

@@ -117,6 +117,8 @@ def _run_to_end(spark, settings: CountsJobSettings) -> list[str]:
     try:
         query.processAllAvailable()
         plan = query._jsq.explainInternal(False)
+        # The connector's events are routed in the JVM, by no Python function.
+        assert ("MapInArrow" in plan, "MapPartitions" in plan) == (False, settings.source == "jvm")
         return re.findall(r"TransformWithState(?:InPySpark)?\b", plan)
     finally:
         stop_between_batches(query)

@@ -40,11 +40,18 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SOURCE = Path(__file__).with_name("RoutedStages.java")
-SOURCES = (SOURCE, Path(__file__).with_name("LocalCheckpointFileManager.java"))
-"""Every Java source of the jar: the stages, and the checkpoint file manager."""
+SOURCES = (
+    SOURCE,
+    Path(__file__).with_name("RoutedEvents.java"),
+    Path(__file__).with_name("LocalCheckpointFileManager.java"),
+)
+"""Every Java source of the jar: the stages, the connector's event router, and the
+checkpoint file manager."""
 JAR_ENV = "KEYPLANE_JVM_JAR"
 CACHE_ENV = "KEYPLANE_JVM_CACHE"
 CLASS_NAME = "keyplane.spark.jvm.RoutedStages"
+ROUTER_CLASS = "keyplane.spark.jvm.RoutedEvents"
+"""Routes the events Spark's Kafka connector reads (:mod:`keyplane.spark.connector_events`)."""
 CHECKPOINT_FILE_MANAGER = "keyplane.spark.jvm.LocalCheckpointFileManager"
 """A checkpoint file manager that creates local files without a ``chmod`` process each."""
 
