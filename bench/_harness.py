@@ -31,6 +31,7 @@ from keyplane.orchestration.planning import PlanParams, plan_configuration
 from keyplane.reference.events import key_name
 from keyplane.reference.workloads import WorkloadSpec
 from keyplane.routing.config import RoutingConfig
+from keyplane.settings import KafkaSource
 from keyplane.spark.counts_job import CountsJobSettings, job_command
 from keyplane.spark.progress import PROGRESS_PREFIX
 from keyplane.testing import free_port, routed_job_topics
@@ -72,10 +73,13 @@ def routed_on_backlog(
     parallelism: int,
     batch: int,
     events: int,
+    source: KafkaSource = "python",
 ) -> CountsJobSettings:
     """The routed job on v1 of ``store``, reading ``topic``'s backlog ``batch`` events a
-    batch until ``events``, its checkpoint, output and topics its own (named after ``work``)."""
+    batch until ``events``, its checkpoint, output and topics its own (named after ``work``),
+    its events read by ``source``."""
     return CountsJobSettings(
+        source=source,
         bootstrap_servers=bootstrap,
         events_topic=topic,
         checkpoint=work / "ck",

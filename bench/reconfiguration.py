@@ -53,8 +53,11 @@ Reported per order:
 
     python bench/reconfiguration.py [--events 500000] [--moved-keys 10000]
         [--max-moves-per-wave 2600] [--warmup-batches 3] [--orders ...] [--repeats 3]
-        [--broker embedded|kafka]
+        [--broker embedded|kafka] [--source python|jvm]
         [--out FILE]
+
+``--source jvm`` has Spark's Kafka connector read the events and route them in
+the JVM (:mod:`keyplane.spark.connector_events`), on Apache Kafka only.
 """
 
 from __future__ import annotations
@@ -162,7 +165,14 @@ def run_on_backlog(
     in ``order`` (if any)."""
     work = tmp / name
     settings = routed_on_backlog(
-        bootstrap, "reconf", work, store, parallelism=P, batch=args.batch, events=args.events
+        bootstrap,
+        "reconf",
+        work,
+        store,
+        parallelism=P,
+        batch=args.batch,
+        events=args.events,
+        source=args.source,
     )
     work.mkdir(parents=True)
     log = (work / "job.log").open("w")
@@ -367,8 +377,16 @@ def main() -> None:
         default="embedded",
         help="the embedded broker, or Apache Kafka (one KRaft node)",
     )
+    parser.add_argument(
+        "--source",
+        choices=("python", "jvm"),
+        default="python",
+        help="who reads the events: keyplane's source, or Spark's connector (Apache Kafka)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.source == "jvm" and args.broker != "kafka":
+        parser.error("--source jvm reads through Spark's connector: run it with --broker kafka")
 
     spec = ZipfEvolvingWorkload(
         n_events=args.events, n_keys=args.keys, exponent=0.6, shifts=(0.9,), seed=12

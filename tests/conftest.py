@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from keyplane.settings import KafkaSource
 from keyplane.testing import free_port
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -73,6 +74,15 @@ def engine_broker(request: pytest.FixtureRequest) -> str:
     """
     name = "broker" if request.param == "embedded" else "apache_kafka_broker"
     return str(request.getfixturevalue(name))
+
+
+@pytest.fixture
+def kafka_source(request: pytest.FixtureRequest) -> KafkaSource:
+    """Who reads the events in this case of a module's own ``engine_broker``: Spark's
+    connector in a ``kafka-connector`` case (its events routed in the JVM, its batches'
+    routing read back from Spark's offset log), keyplane's source otherwise."""
+    connector = request.node.callspec.params.get("engine_broker") == "kafka-connector"
+    return "jvm" if connector else "python"
 
 
 @pytest.fixture(scope="session")

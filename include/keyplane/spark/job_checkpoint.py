@@ -112,6 +112,16 @@ def last_committed_batch(checkpoint: Path, topic: str) -> CommittedBatch | None:
     return None
 
 
+def newest_events_read(checkpoint: Path, topic: str) -> dict[str, int] | None:
+    """:func:`events_read` of the checkpoint's newest offset log entry (the batch a
+    restart runs first), or None before the first batch or when it cannot be read so."""
+    try:
+        last = newest_logged_batch(checkpoint)
+        return None if last is None else events_read(offset_log_entry(checkpoint, last), topic)
+    except (OSError, ValueError):
+        return None
+
+
 def events_read(lines: list[str], topic: str) -> dict[str, int] | None:
     """The end offsets per partition of ``topic`` in an offset log entry's ``lines``.
 

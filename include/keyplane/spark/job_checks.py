@@ -13,13 +13,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from keyplane.aggregates import canonical_spec
 from keyplane.kafka.admin import TopicError, high_watermarks
 from keyplane.kafka.offsets import CheckpointAheadError, check_not_ahead
 from keyplane.routing import config as config_store
 from keyplane.settings import StageEngine
-from keyplane.spark.job_checkpoint import checkpoint_partitions, last_commit, newest_source_offset
+from keyplane.spark.job_checkpoint import (
+    checkpoint_partitions,
+    last_commit,
+    newest_events_read,
+    newest_source_offset,
+)
 from keyplane.spark.job_record import JobError, JobRecord, describe_aggregates
 from keyplane.util.processes import write_atomically
 
@@ -146,7 +152,7 @@ def check_checkpoint_engine(checkpoint: Path, directory: Path, stage_engine: Sta
 
 
 def check_checkpoint_not_ahead(
-    checkpoint: Path, bootstrap: str, control_topic: str, migration_topic: str
+    checkpoint: Path, bootstrap: str, events_topic: str, control_topic: str, migration_topic: str
 ) -> None:
     """Refuse to start a checkpoint that has read further than its topics now reach.
 
@@ -159,14 +165,10 @@ def check_checkpoint_not_ahead(
     offsets = newest_source_offset(checkpoint)
     if offsets is None:
         return
-    read: list[tuple[str, dict[str, int]]] = [
-        (topic, dict(parts)) for topic, parts in offsets.get("events", {}).items()
-    ]
-    if "control" in offsets:
-        read.append((control_topic, {"0": int(offsets["control"])}))
-    if isinstance(offsets.get("migration"), dict):
-        read.append((migration_topic, dict(offsets["migration"])))
-    for topic, through in read:
+    for topic, through in checkpoint_reads(
+        offsets, newest_events_read(checkpoint, events_topic), events_topic, control_topic,
+        migration_topic,
+    ):  # fmt: skip
         if not any(int(offset) > 0 for offset in through.values()):
             continue
         try:
@@ -179,6 +181,29 @@ def check_checkpoint_not_ahead(
             raise JobError(
                 f"{error}".replace("the checkpoint has", f"the checkpoint {checkpoint} has")
             ) from None
+
+
+def checkpoint_reads(
+    offsets: dict[str, Any],
+    events: dict[str, int] | None,
+    events_topic: str,
+    control_topic: str,
+    migration_topic: str,
+) -> list[tuple[str, dict[str, int]]]:
+    """(topic, end offset per partition) of each topic a batch read: ``offsets`` is the
+    routed source's, ``events`` what the batch read of ``events_topic`` by either source
+    (:func:`~keyplane.spark.job_checkpoint.events_read`: Spark's connector keeps its own
+    offsets when it reads the events)."""
+    read: list[tuple[str, dict[str, int]]] = [
+        (topic, dict(parts)) for topic, parts in offsets.get("events", {}).items()
+    ]
+    if events and events_topic not in offsets.get("events", {}):
+        read.append((events_topic, dict(events)))
+    if "control" in offsets:
+        read.append((control_topic, {"0": int(offsets["control"])}))
+    if isinstance(offsets.get("migration"), dict):
+        read.append((migration_topic, dict(offsets["migration"])))
+    return read
 
 
 def _same_value(text: str) -> str:

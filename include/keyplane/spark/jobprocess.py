@@ -429,7 +429,11 @@ class JobProcess:
                 "broker with `keyplane broker start` or set KEYPLANE_BOOTSTRAP_SERVERS"
             )
         check_checkpoint_not_ahead(
-            self.checkpoint, bootstrap, self.settings.control_topic, self.settings.migration_topic
+            self.checkpoint,
+            bootstrap,
+            settings.events_topic,
+            settings.control_topic,
+            settings.migration_topic,
         )
         try:
             partitions = partitions_of(bootstrap, settings.events_topic, timeout_s=2.0)

@@ -30,6 +30,7 @@ from keyplane.reference.verification import compare_counts, expected_counts
 from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import OperatorRouting, RoutingConfig, save
 from keyplane.routing.handoff import routed_key_table
+from keyplane.settings import KafkaSource
 from keyplane.spark.counts_job import (
     read_output,
     read_partials,
@@ -64,16 +65,36 @@ def _records(broker: str, topic: str) -> list[dict]:
         consumer.close()
 
 
+@pytest.fixture(
+    params=[
+        "embedded",
+        pytest.param("kafka", marks=pytest.mark.apache_kafka),
+        pytest.param("kafka-connector", marks=[pytest.mark.apache_kafka, pytest.mark.slow]),
+    ],
+)
+def engine_broker(request: pytest.FixtureRequest) -> str:
+    """The conftest's engines, and in the slow suite Apache Kafka with Spark's connector
+    reading the events (the conftest's ``kafka_source``)."""
+    name = "broker" if request.param == "embedded" else "apache_kafka_broker"
+    return str(request.getfixturevalue(name))
+
+
 @pytest.mark.integration
 def test_v1_v2_v3_go_live_without_restart_and_counts_stay_exact(
-    spark, engine_broker: str, topic_name: str, tmp_path: Path
+    spark, engine_broker: str, kafka_source: KafkaSource, topic_name: str, tmp_path: Path
 ) -> None:
     spec = ZipfEvolvingWorkload(n_keys=400, exponent=1.2, n_categories=12, n_events=40_000, seed=9)
     truth = expected_counts(spec)
     a_keys, b_keys = stage_keys_by_count(truth)
     store = tmp_path / "routing"
     settings = routed_job_settings(
-        engine_broker, topic_name, tmp_path, parallelism=P, batch=2_000, trigger="0 seconds"
+        engine_broker,
+        topic_name,
+        tmp_path,
+        parallelism=P,
+        batch=2_000,
+        trigger="0 seconds",
+        source=kafka_source,
     )
 
     v1 = RoutingConfig.all_hash(P, OPERATORS)

@@ -92,15 +92,6 @@ def engine_broker(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(name))
 
 
-@pytest.fixture
-def kafka_source(request: pytest.FixtureRequest) -> KafkaSource:
-    """Who reads the events in this case of :func:`engine_broker`: Spark's connector in
-    ``kafka-connector``, whose batches replayed after a kill find their routing in
-    Spark's offset log; keyplane's source otherwise."""
-    connector = request.node.callspec.params["engine_broker"] == "kafka-connector"
-    return "jvm" if connector else "python"
-
-
 P = 4
 SLICES = 9
 """One slice of events before the first start, one after each of the seven
