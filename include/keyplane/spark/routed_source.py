@@ -463,10 +463,11 @@ class RoutedEventsReader(DataSourceStreamReader):
         tables = tables_for(self.store, self.parallelism)
 
         def plan() -> None:
+            if not self.read_events:
+                # First, so that the connector's tasks load it ahead of the switch.
+                export_tables(tables, prepared, self.stages)
             for operator in self.stages:
                 tables.moves(operator, active, prepared)
-            if not self.read_events:
-                export_tables(tables, prepared, self.stages)
 
         if self._planner is None:
             self._planner = ThreadPoolExecutor(1, thread_name_prefix="keyplane-handoffs")

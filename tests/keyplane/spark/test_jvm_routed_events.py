@@ -163,10 +163,17 @@ def _comparable(row: dict[str, Any]) -> tuple[Any, ...]:
     return tuple((k, v) for k, v in sorted(fields.items()) if k != "pad")
 
 
-def _write_plan(checkpoint: Path, version_a: int, version_b: int) -> None:
+def _write_plan(
+    checkpoint: Path, version_a: int, version_b: int, prepared: int | None = None
+) -> None:
     offsets = checkpoint / "offsets"
     offsets.mkdir(parents=True, exist_ok=True)
-    plan = {"plan": BATCH, "routing": {"A": version_a, "B": version_b}, "protocol": {}}
+    plan = {
+        "plan": BATCH,
+        "routing": {"A": version_a, "B": version_b},
+        "protocol": {},
+        "prepared": prepared,
+    }
     lines = ["v1", json.dumps({"batchWatermarkMs": 0}), '{"logOffset":3}', json.dumps(plan)]
     (offsets / str(BATCH)).write_text("\n".join(lines) + "\n")
 
@@ -175,7 +182,7 @@ def _write_plan(checkpoint: Path, version_a: int, version_b: int) -> None:
 def test_the_jvm_router_refuses_routes_and_combines_as_the_python_router(
     spark: Any, store: Path, tmp_path: Path, version_a: int, handoff: Any
 ) -> None:
-    _write_plan(tmp_path, version_a, 1)
+    _write_plan(tmp_path, version_a, 1, prepared=2 if version_a == 1 else None)
     sources: dict[str, list[bytes | None]] = {
         "events[2]": [*_events(1_500, seed=1), *REFUSED[:13]],
         "events[0]": [*ACCEPTED, *REFUSED[13:], *_events(1_500, seed=2)],
@@ -203,3 +210,14 @@ def test_a_batch_whose_table_was_never_written_fails_its_task_saying_which(
     router = ConnectorEventsRouter(str(tmp_path), str(store), P, "pairs", "per-key", MAX_BYTES)
     with pytest.raises(Exception, match=r"v9: no routed-key table .*v9-p4\.json"):
         _jvm(spark, router, {"events[0]": _events(3, seed=3)})
+
+
+def test_a_prepared_version_not_yet_written_is_loaded_later_and_the_batch_routes(
+    spark: Any, store: Path, tmp_path: Path
+) -> None:
+    """The driver writes a prepared version's tables on a thread of their own: a batch
+    planned before they are written loads them in a later batch, not now."""
+    _write_plan(tmp_path, 1, 1, prepared=9)
+    router = ConnectorEventsRouter(str(tmp_path), str(store), P, "pairs", "per-key", MAX_BYTES)
+    rows = _jvm(spark, router, {"events[0]": _events(50, seed=4)})
+    assert sum(r["n"] for r in rows if r["kind"] == "event") == 50

@@ -167,6 +167,13 @@ public final class RoutedEvents {
       Table tableA = Table.of(settings.store, versionA, settings.parallelism, RoutedStages.FIRST_STAGE);
       Table tableB =
           Table.of(settings.store, versionB, settings.parallelism, RoutedStages.SECOND_STAGE);
+      JsonNode prepared = plan.get("prepared");
+      if (prepared != null && prepared.canConvertToInt()) {
+        // 000 §3.4: an instance that acknowledges a PREPARE holds the new configuration.
+        // Loading it in the batches before the switch keeps its cost out of the switch and
+        // install batches, as the Python router does; once the driver has written it.
+        Table.preload(settings.store, prepared.asInt(), settings.parallelism);
+      }
       List<Row> out = new ArrayList<>();
       for (List<String> end : settings.batchEnd) {
         String stage = end.get(0);
@@ -545,7 +552,7 @@ public final class RoutedEvents {
       String name = store + "\u0000" + version + "\u0000" + n + "\u0000" + stage;
       Table table = KEPT.get(name);
       if (table == null) {
-        Path file = Paths.get(store, "jvm-tables", "v" + version + "-p" + n + ".json");
+        Path file = file(store, version, n);
         if (!Files.isRegularFile(file)) {
           throw new IOException(
               "v" + version + ": no routed-key table " + file + "; the driver writes it when it "
@@ -556,6 +563,18 @@ public final class RoutedEvents {
         KEPT.put(name, table);
       }
       return table;
+    }
+
+    /** Both stages' tables of {@code version}, if the driver has written them yet. */
+    static void preload(String store, int version, int n) throws IOException {
+      if (Files.isRegularFile(file(store, version, n))) {
+        of(store, version, n, RoutedStages.FIRST_STAGE);
+        of(store, version, n, RoutedStages.SECOND_STAGE);
+      }
+    }
+
+    static Path file(String store, int version, int n) {
+      return Paths.get(store, "jvm-tables", "v" + version + "-p" + n + ".json");
     }
 
     List<String> route(String key) {
