@@ -64,8 +64,11 @@ REFUSED: list[bytes | None] = [
     b'{"seq":1,"a":"\\ud800","b":"j","ts":5}',
     b'{"seq":1,"a":"k1","b":"j","ts":5,"\\udc00":1}',
     b'{"seq":1,"a":"qa","b":"qb","ts":5}',
+    b"x" * 1023 + "é".encode() + b" cut inside a character",
+    b"x" * 1021 + "\ufffd".encode() + b" a replacement character kept whole",
 ]
-"""Records that are not valid events, one of each reason and of the JSON readers' corners."""
+"""Records that are not valid events, one of each reason and of the JSON readers' corners, and
+two whose dead letters keep their first 1,024 bytes, cut inside a character and after one."""
 
 ACCEPTED = [
     b'{"seq":1,"a":"k1","b":"j","ts":5,"pad":NaN}',

@@ -74,7 +74,9 @@ public final class RoutedEvents {
   static final long TS_MIN_MS = -62135596800000L;
   static final long TS_MAX_MS = 253402300799999L;
   /** Versions whose tables an executor keeps, as {@code keyplane.routing.handoff.KEPT_VERSIONS}. */
-  static final int KEPT_TABLES = 8;
+  static final int KEPT_VERSIONS = 4;
+  /** Hash-fallback values a scaled-in table keeps, {@code keyplane.routing.routedkeys.FOLDS_KEPT}. */
+  static final int FOLDS_KEPT = 1 << 15;
 
   /**
    * Reads JSON as Python's {@code json.loads} does where it matters to a verdict: the last of
@@ -107,7 +109,7 @@ public final class RoutedEvents {
   /**
    * The connector's records ({@code topic}, {@code partition}, {@code offset}, {@code value})
    * routed on each batch's plan; {@code settings} is the JSON of {@code
-   * keyplane.spark.connector_events.JvmRouterSettings}.
+   * keyplane.spark.connector_events.ConnectorEventsRouter.jvm_settings}.
    */
   public static Dataset<Row> route(Dataset<Row> records, String settings) throws IOException {
     Settings s = Settings.parse(settings);
@@ -164,9 +166,9 @@ public final class RoutedEvents {
       JsonNode versions = plan.get("routing");
       int versionA = versions.get(RoutedStages.FIRST_STAGE).asInt();
       int versionB = versions.get(RoutedStages.SECOND_STAGE).asInt();
-      Table tableA = Table.of(settings.store, versionA, settings.parallelism, RoutedStages.FIRST_STAGE);
-      Table tableB =
-          Table.of(settings.store, versionB, settings.parallelism, RoutedStages.SECOND_STAGE);
+      int n = settings.parallelism;
+      Table tableA = Table.of(settings.store, versionA, n).get(RoutedStages.FIRST_STAGE);
+      Table tableB = Table.of(settings.store, versionB, n).get(RoutedStages.SECOND_STAGE);
       JsonNode prepared = plan.get("prepared");
       if (prepared != null && prepared.canConvertToInt()) {
         // 000 §3.4: an instance that acknowledges a PREPARE holds the new configuration.
@@ -199,16 +201,19 @@ public final class RoutedEvents {
           continue;
         }
         String ra = toA.pick(tableA.route(event.a), 1);
-        long[] pair = pairs.computeIfAbsent(List.of(ra, event.a, event.b), k -> new long[] {0, Long.MIN_VALUE});
+        long[] pair =
+            pairs.computeIfAbsent(List.of(ra, event.a, event.b), k -> new long[] {0, Long.MIN_VALUE});
         pair[0] += 1;
         pair[1] = Math.max(pair[1], event.ts);
       }
       LeastLoaded toB = new LeastLoaded(tableB);
       List<Map.Entry<List<String>, long[]>> rows = new ArrayList<>(pairs.entrySet());
       String[] rb = new String[rows.size()];
+      List<List<String>> routesB = new ArrayList<>(rows.size());
       List<Integer> split = new ArrayList<>();
       for (int i = 0; i < rows.size(); i++) {
         List<String> routes = tableB.route(rows.get(i).getKey().get(2));
+        routesB.add(routes);
         if (routes.size() == 1) {
           rb[i] = toB.pick(routes, rows.get(i).getValue()[0]);
         } else {
@@ -218,7 +223,7 @@ public final class RoutedEvents {
       // Heaviest first (longest processing time first), ties in the rows' order.
       split.sort((i, j) -> Long.compare(rows.get(j).getValue()[0], rows.get(i).getValue()[0]));
       for (int i : split) {
-        rb[i] = toB.pick(tableB.route(rows.get(i).getKey().get(2)), rows.get(i).getValue()[0]);
+        rb[i] = toB.pick(routesB.get(i), rows.get(i).getValue()[0]);
       }
       for (int i = 0; i < rows.size(); i++) {
         List<String> key = rows.get(i).getKey();
@@ -290,12 +295,9 @@ public final class RoutedEvents {
     if (strictUtf8(raw) == null) {
       detail.put("value_base64", Base64.getEncoder().encodeToString(kept));
     } else {
-      // Valid UTF-8 cut at the limit may end inside a character: that piece is dropped.
-      String text = new String(kept, StandardCharsets.UTF_8);
-      if (text.endsWith("\uFFFD") && kept.length < raw.length) {
-        text = text.substring(0, text.length() - 1);
-      }
-      detail.put("value", text);
+      // Valid UTF-8 cut at the limit may end inside a character: that piece is dropped,
+      // as Python's decode(..., "ignore") drops it.
+      detail.put("value", decodeUtf8(kept, CodingErrorAction.IGNORE));
     }
     return RoutedStages.JSON.writeValueAsString(detail);
   }
@@ -388,15 +390,20 @@ public final class RoutedEvents {
   /** The value as text when it is strict UTF-8 (no overlong forms, no encoded surrogates). */
   static String strictUtf8(byte[] value) {
     try {
-      return StandardCharsets.UTF_8
-          .newDecoder()
-          .onMalformedInput(CodingErrorAction.REPORT)
-          .onUnmappableCharacter(CodingErrorAction.REPORT)
-          .decode(ByteBuffer.wrap(value))
-          .toString();
+      return decodeUtf8(value, CodingErrorAction.REPORT);
     } catch (CharacterCodingException e) {
       return null;
     }
+  }
+
+  static String decodeUtf8(byte[] value, CodingErrorAction malformed)
+      throws CharacterCodingException {
+    return StandardCharsets.UTF_8
+        .newDecoder()
+        .onMalformedInput(malformed)
+        .onUnmappableCharacter(malformed)
+        .decode(ByteBuffer.wrap(value))
+        .toString();
   }
 
   /**
@@ -503,14 +510,15 @@ public final class RoutedEvents {
    * keyplane.routing.routedkeys.RoutedKeyTable.route}, its salts already searched.
    */
   static final class Table {
-    private static final Map<String, Table> KEPT =
+    /** Each version's tables by stage, its file read once per executor. */
+    private static final Map<String, Map<String, Table>> KEPT =
         Collections.synchronizedMap(
             new LinkedHashMap<>(16, 0.75f, true) {
               private static final long serialVersionUID = 1L;
 
               @Override
-              protected boolean removeEldestEntry(Map.Entry<String, Table> eldest) {
-                return size() > KEPT_TABLES;
+              protected boolean removeEldestEntry(Map.Entry<String, Map<String, Table>> eldest) {
+                return size() > KEPT_VERSIONS;
               }
             });
 
@@ -547,29 +555,33 @@ public final class RoutedEvents {
       this.split = stage.get("split").asBoolean();
     }
 
-    /** The table of {@code stage} in stored version {@code version}, read once per executor. */
-    static Table of(String store, int version, int n, String stage) throws IOException {
-      String name = store + "\u0000" + version + "\u0000" + n + "\u0000" + stage;
-      Table table = KEPT.get(name);
-      if (table == null) {
+    /** Every stage's table in stored version {@code version}, its file read once per executor. */
+    static Map<String, Table> of(String store, int version, int n) throws IOException {
+      String name = store + "\u0000" + version + "\u0000" + n;
+      Map<String, Table> tables = KEPT.get(name);
+      if (tables == null) {
         Path file = file(store, version, n);
         if (!Files.isRegularFile(file)) {
           throw new IOException(
               "v" + version + ": no routed-key table " + file + "; the driver writes it when it "
                   + "first plans a batch on that version, and the executors must see the store");
         }
-        JsonNode root = READER.readTree(Files.readAllBytes(file));
-        table = new Table(root.get("operators").get(stage), n);
-        KEPT.put(name, table);
+        tables = new HashMap<>();
+        Iterator<Map.Entry<String, JsonNode>> stages =
+            READER.readTree(Files.readAllBytes(file)).get("operators").fields();
+        while (stages.hasNext()) {
+          Map.Entry<String, JsonNode> stage = stages.next();
+          tables.put(stage.getKey(), new Table(stage.getValue(), n));
+        }
+        KEPT.put(name, tables);
       }
-      return table;
+      return tables;
     }
 
-    /** Both stages' tables of {@code version}, if the driver has written them yet. */
+    /** Every stage's table of {@code version}, if the driver has written them yet. */
     static void preload(String store, int version, int n) throws IOException {
       if (Files.isRegularFile(file(store, version, n))) {
-        of(store, version, n, RoutedStages.FIRST_STAGE);
-        of(store, version, n, RoutedStages.SECOND_STAGE);
+        of(store, version, n);
       }
     }
 
@@ -589,7 +601,7 @@ public final class RoutedEvents {
         String value = folded.get(key);
         if (value == null) {
           value = fallbackValue(key);
-          if (folded.size() > (1 << 15)) {
+          if (folded.size() > FOLDS_KEPT) {
             folded.clear();
           }
           folded.put(key, value);
