@@ -52,19 +52,23 @@ def _last_offset_log_entry(checkpoint: Path) -> list[str] | None:
     return None if last is None else offset_log_entry(checkpoint, last)
 
 
-def newest_source_offset(checkpoint: Path) -> dict[str, Any] | None:
-    """The routed source's offset in the checkpoint's newest offset log entry (the batch a
-    restart runs first), or None before the first batch or when it cannot be read so."""
+def newest_offset_log_entry(checkpoint: Path) -> list[str] | None:
+    """The lines of the checkpoint's newest offset log entry (the batch a restart runs
+    first), or None before the first batch or when it cannot be read."""
     try:
         last = newest_logged_batch(checkpoint)
-        if last is None:
-            return None
-        for line in offset_log_entry(checkpoint, last)[2:]:
-            offset = json.loads(line)
-            if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
-                return offset
-    except (OSError, ValueError):
+        return None if last is None else offset_log_entry(checkpoint, last)
+    except OSError:
         return None
+
+
+def source_offset(lines: list[str]) -> dict[str, Any] | None:
+    """The routed source's offset among an offset log entry's ``lines``, or None. Raises
+    ValueError on a line that is not JSON."""
+    for line in lines[2:]:
+        offset = json.loads(line)
+        if isinstance(offset, dict) and isinstance(offset.get("events"), dict):
+            return offset
     return None
 
 
@@ -110,16 +114,6 @@ def last_committed_batch(checkpoint: Path, topic: str) -> CommittedBatch | None:
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     return None
-
-
-def newest_events_read(checkpoint: Path, topic: str) -> dict[str, int] | None:
-    """:func:`events_read` of the checkpoint's newest offset log entry (the batch a
-    restart runs first), or None before the first batch or when it cannot be read so."""
-    try:
-        last = newest_logged_batch(checkpoint)
-        return None if last is None else events_read(offset_log_entry(checkpoint, last), topic)
-    except (OSError, ValueError):
-        return None
 
 
 def events_read(lines: list[str], topic: str) -> dict[str, int] | None:

@@ -22,9 +22,10 @@ from keyplane.routing import config as config_store
 from keyplane.settings import StageEngine
 from keyplane.spark.job_checkpoint import (
     checkpoint_partitions,
+    events_read,
     last_commit,
-    newest_events_read,
-    newest_source_offset,
+    newest_offset_log_entry,
+    source_offset,
 )
 from keyplane.spark.job_record import JobError, JobRecord, describe_aggregates
 from keyplane.util.processes import write_atomically
@@ -162,13 +163,21 @@ def check_checkpoint_not_ahead(
     checkpoint's newest batch, which a restart replays, are compared with
     the topics' ends first, and the first partition ahead is named.
     """
-    offsets = newest_source_offset(checkpoint)
+    lines = newest_offset_log_entry(checkpoint)
+    if lines is None:
+        return
+    try:
+        offsets = source_offset(lines)
+    except ValueError:
+        return
     if offsets is None:
         return
-    for topic, through in checkpoint_reads(
-        offsets, newest_events_read(checkpoint, events_topic), events_topic, control_topic,
-        migration_topic,
-    ):  # fmt: skip
+    try:
+        events = events_read(lines, events_topic)
+    except ValueError:
+        events = None
+    reads = checkpoint_reads(offsets, events, events_topic, control_topic, migration_topic)
+    for topic, through in reads:
         if not any(int(offset) > 0 for offset in through.values()):
             continue
         try:
