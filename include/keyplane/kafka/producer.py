@@ -177,6 +177,18 @@ class LongLivedProducer:
             producer.close(timeout=timeout_s)
 
 
+_EXECUTOR_PRODUCERS: dict[tuple[str, Delivery], LongLivedProducer] = {}
+"""One producer per broker and delivery in each Python worker, kept across its tasks."""
+
+
+def executor_producer(bootstrap_servers: str, delivery: Delivery) -> LongLivedProducer:
+    """This worker's producer for ``bootstrap_servers``: a task does not pay a connection."""
+    key = (bootstrap_servers, delivery)
+    if key not in _EXECUTOR_PRODUCERS:
+        _EXECUTOR_PRODUCERS[key] = LongLivedProducer(bootstrap_servers, delivery)
+    return _EXECUTOR_PRODUCERS[key]
+
+
 def check_workload_options(rate: float | None, partitions: int) -> None:
     """Refuse, with a ValueError, a ``rate`` or ``partitions`` that :func:`produce_workload`
     cannot honour.

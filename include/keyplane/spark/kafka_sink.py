@@ -1,13 +1,14 @@
 """Write a micro-batch to Kafka from ``foreachBatch``.
 
 PySpark's Python streaming sinks support append mode only, so stateful
-output goes through ``foreachBatch``. Each Spark partition sends its rows with
-an idempotent producer (``acks=all``) by default, so broker-side retries never
-duplicate a record; the job's ``producer_acks`` and ``producer_idempotent``
-settings relax it to measure the cost (:class:`keyplane.kafka.producer.Delivery`).
-Every record's delivery is checked
-(:func:`keyplane.kafka.producer.send_confirmed`): a record the producer gave
-up on fails the batch instead of being lost.
+output goes through ``foreachBatch``. Each Spark partition sends its rows
+through its Python worker's producer, kept across tasks
+(:func:`keyplane.kafka.producer.executor_producer`): idempotent
+(``acks=all``) by default, so broker-side retries never duplicate a record;
+the job's ``producer_acks`` and ``producer_idempotent`` settings relax it to
+measure the cost (:class:`keyplane.kafka.producer.Delivery`). Every record's
+delivery is checked (:func:`keyplane.kafka.producer.send_confirmed`): a
+record the producer gave up on fails the batch instead of being lost.
 A replayed micro-batch is re-sent: consumers of keyplane's result topics key
 by (stage, key) and keep the latest count, which makes replays harmless.
 """
@@ -19,29 +20,22 @@ from collections.abc import Iterator
 
 from pyspark.sql import DataFrame, Row
 
-from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, send_confirmed
+from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, executor_producer
 
 
 def _send_partition(
     rows: Iterator[Row], bootstrap_servers: str, topic: str, key_column: str, delivery: Delivery
 ) -> None:
-    from keyplane.kafka.producer import make_producer
-
-    producer = make_producer(bootstrap_servers, delivery)
-    try:
-        send_confirmed(
-            producer,
-            topic,
+    executor_producer(bootstrap_servers, delivery).send(
+        topic,
+        (
             (
-                (
-                    str(record[key_column]).encode(),
-                    json.dumps(record, default=str, separators=(",", ":")).encode(),
-                )
-                for record in (row.asDict() for row in rows)
-            ),
-        )
-    finally:
-        producer.close()
+                str(record[key_column]).encode(),
+                json.dumps(record, default=str, separators=(",", ":")).encode(),
+            )
+            for record in (row.asDict() for row in rows)
+        ),
+    )
 
 
 def write_to_kafka(

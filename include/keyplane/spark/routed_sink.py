@@ -78,7 +78,13 @@ from keyplane.algorithms.batchmetrics import BatchMetrics, combined_metrics, tra
 from keyplane.algorithms.partials import last_of_each, latest_partials
 from keyplane.control.operators import OPERATORS
 from keyplane.kafka.migration_topic import move_records
-from keyplane.kafka.producer import SAFE_DELIVERY, Delivery, DeliveryError, LongLivedProducer
+from keyplane.kafka.producer import (
+    SAFE_DELIVERY,
+    Delivery,
+    DeliveryError,
+    LongLivedProducer,
+    executor_producer,
+)
 from keyplane.pipeline import Sink
 from keyplane.settings import SinkWriter
 from keyplane.spark.pipeline_sink import MergedResults, write_results
@@ -172,17 +178,6 @@ of the batch's :class:`BatchMetrics` as JSON) and, when the pipeline's sink need
 task's latest partials as ``count`` rows (:data:`COUNT_COLUMNS`)."""
 
 _REPORT_FIELDS = [field.split()[0] for field in REPORT_SCHEMA.split(", ")]
-
-_EXECUTOR_PRODUCERS: dict[tuple[str, Delivery], LongLivedProducer] = {}
-"""One producer per broker and delivery in each Python worker, kept across its tasks."""
-
-
-def executor_producer(bootstrap_servers: str, delivery: Delivery) -> LongLivedProducer:
-    """This worker's producer for ``bootstrap_servers``: a task does not pay a connection."""
-    key = (bootstrap_servers, delivery)
-    if key not in _EXECUTOR_PRODUCERS:
-        _EXECUTOR_PRODUCERS[key] = LongLivedProducer(bootstrap_servers, delivery)
-    return _EXECUTOR_PRODUCERS[key]
 
 
 @dataclass(frozen=True)

@@ -74,24 +74,30 @@ def test_a_send_that_two_fake_producers_cannot_deliver_raises_and_closes_both(
     assert len(made) == 2 and all(producer.closed for producer in made)
 
 
-def test_kafka_sink_partition_with_fake_producer_sends_every_row(fake_producers: Any) -> None:
+def test_kafka_sink_partitions_with_fake_producer_send_every_row_through_one_kept_producer(
+    fake_producers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's tasks share its producer: the next partition pays no connection."""
+    monkeypatch.setattr(keyplane.kafka.producer, "_EXECUTOR_PRODUCERS", {})
     made = fake_producers(keyplane.kafka.producer, None)
     rows = [Row(stage="A", key=f"k{i}", count=i) for i in range(3)]
-    _send_partition(iter(rows), "broker:9092", "job.results", "key", SAFE_DELIVERY)
+    _send_partition(iter(rows[:2]), "broker:9092", "job.results", "key", SAFE_DELIVERY)
+    _send_partition(iter(rows[2:]), "broker:9092", "job.results", "key", SAFE_DELIVERY)
     [producer] = made
     assert [json.loads(value)["key"] for _, value in producer.sent] == ["k0", "k1", "k2"]
-    assert producer.closed
+    assert not producer.closed
 
 
-def test_kafka_sink_partition_with_fake_producer_raises_when_a_delivery_fails(
-    fake_producers: Any,
+def test_kafka_sink_partition_with_fake_producers_raises_when_a_delivery_fails_twice(
+    fake_producers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    made = fake_producers(keyplane.kafka.producer, 1)
+    """A failed send goes out once more through a new producer, then fails the task."""
+    monkeypatch.setattr(keyplane.kafka.producer, "_EXECUTOR_PRODUCERS", {})
+    made = fake_producers(keyplane.kafka.producer, 1, 1)
     rows = [Row(stage="A", key=f"k{i}", count=i) for i in range(3)]
     with pytest.raises(DeliveryError, match=r"2 of 3 records to topic 'job.results'"):
         _send_partition(iter(rows), "broker:9092", "job.results", "key", SAFE_DELIVERY)
-    [producer] = made
-    assert producer.closed
+    assert len(made) == 2 and all(producer.closed for producer in made)
 
 
 def _task_output() -> pd.DataFrame:
@@ -134,7 +140,7 @@ def test_a_task_with_a_fake_producer_writes_its_part_sends_its_records_and_repor
     partial per routed key; the moved state, dead letter and results reach their topics;
     the driver gets one metrics row, and the partials too only when a pipeline sink needs
     them."""
-    monkeypatch.setattr(routed_sink, "_EXECUTOR_PRODUCERS", {})
+    monkeypatch.setattr(keyplane.kafka.producer, "_EXECUTOR_PRODUCERS", {})
     made = fake_producers(keyplane.kafka.producer, None)
     output = _task_output()
 
@@ -162,7 +168,7 @@ def test_a_task_whose_records_fake_producers_cannot_deliver_fails_and_leaves_no_
 ) -> None:
     """The batch must not commit without the task's records: the task raises, and its part
     is not renamed into the batch, so the retried task or the replayed batch writes it."""
-    monkeypatch.setattr(routed_sink, "_EXECUTOR_PRODUCERS", {})
+    monkeypatch.setattr(keyplane.kafka.producer, "_EXECUTOR_PRODUCERS", {})
     fake_producers(keyplane.kafka.producer, 0, 0)
     with pytest.raises(DeliveryError, match=r"topic .job\.migration."):
         list(_part_writer(tmp_path, with_partials=False)(iter([_task_output()])))
