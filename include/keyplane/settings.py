@@ -46,7 +46,8 @@ updates; or ``driver``, which gathers the batch first and is faster while batche
 
 KafkaSource = Literal["python", "jvm"]
 """Who reads the events topic: ``python``, keyplane's Python Data Source, or ``jvm``,
-Spark's own Kafka connector (:mod:`keyplane.spark.connector_events` for the routed job)."""
+Spark's own Kafka connector (:mod:`keyplane.spark.connector_events` for the routed job,
+:mod:`keyplane.spark.chain_connector` for a pipeline on the chain engine)."""
 
 
 _HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")
@@ -154,7 +155,7 @@ class Settings(BaseSettings):
         default="python",
         description="Who reads the events topic. 'python': keyplane's Python Data Source; "
         "'jvm': Spark's own Kafka connector (installed by scripts/install-jars), for the "
-        "routed job's reference stages, on Apache Kafka only (not the embedded broker).",
+        "routed job of any pipeline, on Apache Kafka only (not the embedded broker).",
     )
     sink_writer: SinkWriter = Field(
         default="executors",

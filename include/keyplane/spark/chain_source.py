@@ -113,47 +113,76 @@ class ChainEventsPartition(InputPartition):
 def read_records(part: ChainEventsPartition) -> Iterator[pa.RecordBatch]:
     """One partition's records as ``event`` rows; an oversized one as an ``invalid`` row."""
     if part.prepared is not None:
-        # 000 §3.4: the instance holds the acknowledged version before its switch batch.
-        tables = tables_for(part.store, part.parallelism)
-        for stage in part.stages:
-            tables.table(part.prepared, stage)
-    source = f"{part.events.topic}[{part.events.partition}]"
-    versions = list(part.versions)
+        load_tables(part.store, part.parallelism, part.stages, part.prepared)
     for records in read_range(part.events):
-        values = records.column("value").to_pylist()
-        offsets = records.column("offset").to_pylist()
-        fits = [v is None or len(v) <= part.max_event_bytes for v in values]
-        kept = [i for i, ok in enumerate(fits) if ok]
-        if kept:
-            yield _rows(
-                len(kept),
-                kind=["event"] * len(kept),
-                topic=[part.events.topic] * len(kept),
-                partition=[part.events.partition] * len(kept),
-                offset=[offsets[i] for i in kept],
-                value=[values[i] for i in kept],
-                versions=[versions] * len(kept),
+        yield from record_rows(
+            records,
+            part.events.topic,
+            part.events.partition,
+            part.versions,
+            stages=part.stages,
+            parallelism=part.parallelism,
+            max_event_bytes=part.max_event_bytes,
+        )
+
+
+def load_tables(store: str, parallelism: int, stages: Sequence[str], version: int) -> None:
+    """Load ``version``'s tables of every stage into this worker's cache.
+
+    000 §3.4: an instance holds a version it acknowledged before the batch
+    that switches to it, so the switch batch does not wait for its tables.
+    """
+    tables = tables_for(store, parallelism)
+    for stage in stages:
+        tables.table(version, stage)
+
+
+def record_rows(
+    records: pa.RecordBatch,
+    topic: str,
+    partition: int,
+    versions: Sequence[int],
+    *,
+    stages: Sequence[str],
+    parallelism: int,
+    max_event_bytes: int,
+) -> Iterator[pa.RecordBatch]:
+    """``records`` (``offset``, ``value``) of one Kafka partition as ``event`` rows routed
+    on ``versions``; one larger than ``max_event_bytes`` as an ``invalid`` row."""
+    source = f"{topic}[{partition}]"
+    values = records.column("value").to_pylist()
+    offsets = records.column("offset").to_pylist()
+    fits = [v is None or len(v) <= max_event_bytes for v in values]
+    kept = [i for i, ok in enumerate(fits) if ok]
+    if kept:
+        yield _rows(
+            len(kept),
+            kind=["event"] * len(kept),
+            topic=[topic] * len(kept),
+            partition=[partition] * len(kept),
+            offset=[offsets[i] for i in kept],
+            value=[values[i] for i in kept],
+            versions=[list(versions)] * len(kept),
+        )
+    refused = [i for i, ok in enumerate(fits) if not ok]
+    if refused:
+        details = [
+            json.dumps(
+                {
+                    "source": source,
+                    "offset": offsets[i],
+                    "reason": "oversized",
+                    **dead_letter_value(values[i]),
+                }
             )
-        refused = [i for i, ok in enumerate(fits) if not ok]
-        if refused:
-            details = [
-                json.dumps(
-                    {
-                        "source": source,
-                        "offset": offsets[i],
-                        "reason": "oversized",
-                        **dead_letter_value(values[i]),
-                    }
-                )
-                for i in refused
-            ]
-            yield _rows(
-                len(refused),
-                kind=["invalid"] * len(refused),
-                detail=details,
-                routes=[[control_group(stage, source, part.parallelism) for stage in part.stages]]
-                * len(refused),
-            )
+            for i in refused
+        ]
+        yield _rows(
+            len(refused),
+            kind=["invalid"] * len(refused),
+            detail=details,
+            routes=[[control_group(stage, source, parallelism) for stage in stages]] * len(refused),
+        )
 
 
 def read_evictions(p: EvictPartition, stages: Sequence[str]) -> Iterator[pa.RecordBatch]:

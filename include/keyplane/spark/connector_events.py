@@ -144,6 +144,26 @@ def by_source(chunk: pa.RecordBatch) -> Iterator[tuple[str, tuple[pa.RecordBatch
         yield name, (chunk.filter(mask),)
 
 
+def connector_records(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    max_offsets_per_trigger: int | None = None,
+    tasks: int | None = None,
+) -> DataFrame:
+    """``topic``'s records (:data:`CONNECTOR_COLUMNS`) as Spark's connector reads them, in
+    at most ``tasks`` tasks a batch (see :func:`read_connector_events`)."""
+    records = read_kafka(
+        spark,
+        bootstrap_servers,
+        topic,
+        max_offsets_per_trigger=max_offsets_per_trigger,
+        implementation="jvm",
+    ).select(*CONNECTOR_COLUMNS)
+    return records if tasks is None else records.coalesce(tasks)
+
+
 def read_connector_events(
     spark: SparkSession,
     bootstrap_servers: str,
@@ -161,15 +181,13 @@ def read_connector_events(
     partition, and ``coalesce`` has each task route several partitions' records
     one after another, whose pairs it then combines into fewer rows for stage A.
     """
-    records = read_kafka(
+    records = connector_records(
         spark,
         bootstrap_servers,
         topic,
         max_offsets_per_trigger=max_offsets_per_trigger,
-        implementation="jvm",
-    ).select(*CONNECTOR_COLUMNS)
-    if tasks is not None:
-        records = records.coalesce(tasks)
+        tasks=tasks,
+    )
     if router.routes_in_jvm(spark):
         return route_in_jvm(records, router)
     log.warning(

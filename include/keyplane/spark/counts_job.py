@@ -63,6 +63,7 @@ from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
 from keyplane.settings import BootstrapServers, KafkaSource, Settings, SinkWriter
 from keyplane.spark import jvm as jvm_stages
+from keyplane.spark.chain_connector import read_chain_connector_events
 from keyplane.spark.chain_source import read_chain_events
 from keyplane.spark.chain_stages import routed_chain
 from keyplane.spark.connector import check_loaded as check_connector
@@ -477,15 +478,16 @@ def _start_routed_query(spark: SparkSession, settings: CountsJobSettings) -> Str
         max_event_bytes=settings.max_event_bytes,
         max_partitions=tasks,
     )
-    if engine == "chain" and settings.source == "jvm":
-        raise StageEngineError(
-            "source 'jvm' (Spark's Kafka connector) feeds the reference pipeline's stages; "
-            f"pipeline {pipeline.name!r} runs on the chain engine, which reads its events "
-            "through keyplane's source: use --source python"
-        )
     if engine == "chain":
+        if settings.source == "jvm":
+            checkpoint = settings.checkpoint.resolve()
+            records = read_chain_connector_events(
+                spark, options, stages=pipeline.stage_names, checkpoint=checkpoint
+            )
+        else:
+            records = read_chain_events(spark, options, stages=pipeline.stage_names)
         inputs = routed_rows(
-            read_chain_events(spark, options, stages=pipeline.stage_names),
+            records,
             pipeline,
             store,
             partitions,

@@ -41,7 +41,9 @@ from keyplane.kafka.migration_topic import read_moves
 from keyplane.kafka.producer import LongLivedProducer
 from keyplane.pipeline import ParquetSink, Pipeline
 from keyplane.routing.config import save
+from keyplane.settings import KafkaSource
 from keyplane.spark.counts_job import read_partials, start_counts_query, stop_between_batches
+from keyplane.spark.job_checkpoint import events_read, newest_offset_log_entry, source_offset
 from keyplane.spark.pipeline_sink import read_parquet_results
 from keyplane.testing import routed_job_settings
 
@@ -55,9 +57,10 @@ def run_live(
     pipeline: Pipeline,
     batches: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]],
     keys: Callable[[pd.DataFrame], dict[str, list[str]]],
+    source: KafkaSource = "python",
 ) -> pd.DataFrame:
     """Run ``pipeline`` on v1 over the first events, roll out v2, write the second events,
-    roll out v3, write the third; the sink's rows.
+    roll out v3, write the third; the sink's rows. ``source`` reads the events.
 
     Checks on the way that each rollout moved state in every stage and that v2's hot
     keys reported partials from three routed keys each."""
@@ -68,7 +71,7 @@ def run_live(
     save(v1, store)
     settings = routed_job_settings(
         broker, topic, work, parallelism=P, batch=1_000, trigger="0 seconds",
-        pipeline=pipeline_spec, stage_engine="auto",
+        pipeline=pipeline_spec, stage_engine="auto", source=source,
     )  # fmt: skip
     query = start_counts_query(spark, settings)
     try:
@@ -97,9 +100,22 @@ def run_live(
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    "engine_broker",
+    ["embedded", pytest.param("kafka-connector", marks=pytest.mark.apache_kafka)],
+    indirect=True,
+)
 def test_a_three_stage_pipeline_stays_exact_through_moves_splits_and_an_unsplit(
-    spark, broker: str, topic_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark,
+    engine_broker: str,
+    kafka_source: KafkaSource,
+    topic_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Also on Apache Kafka with Spark's connector reading the events: the offset log
+    then holds the connector's offsets of every event, and keyplane's source read none."""
+    broker = engine_broker
     monkeypatch.setenv("CLICKS_TOPIC", topic_name)
     monkeypatch.setenv("CLICKS_OUTPUT", str(tmp_path / "results"))
     monkeypatch.setenv("KEYPLANE_PIPELINE", "examples.clickstream.pipeline:clicks")
@@ -114,13 +130,21 @@ def test_a_three_stage_pipeline_stays_exact_through_moves_splits_and_an_unsplit(
 
     rows = run_live(
         spark, broker, topic_name, tmp_path, "examples.clickstream.pipeline:clicks", clicks(),
-        (views[:2_000], views[2_000:3_500], views[3_500:]), keys,
+        (views[:2_000], views[2_000:3_500], views[3_500:]), keys, kafka_source,
     )  # fmt: skip
 
     events = records(broker, topic_name)
     assert len(events) == 4_500
     assert latest_results(rows) == clicks_truth(events)
     assert rows["batch_id"].is_monotonic_increasing
+    logged = newest_offset_log_entry(tmp_path / "checkpoint")
+    assert logged is not None
+    own = source_offset(logged)
+    assert own is not None
+    read_by_source = sum(own["events"].get(topic_name, {}).values())
+    read = events_read(logged, topic_name)
+    assert read is not None and sum(read.values()) == 4_500
+    assert read_by_source == (0 if kafka_source == "jvm" else 4_500)
 
 
 @pytest.mark.integration
