@@ -6,6 +6,7 @@ of pure logic, and such tests say so in their names.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -70,7 +71,9 @@ def engine_broker(request: pytest.FixtureRequest) -> str:
 
     For the end-to-end tests that must hold on the broker users run in
     production as well as on the embedded one; ``-m "not apache_kafka"``
-    leaves the second out.
+    leaves the second out. A test that parametrises it indirectly may add a
+    ``kafka-connector`` case: Apache Kafka again, read by Spark's connector
+    (:func:`kafka_source`).
     """
     name = "broker" if request.param == "embedded" else "apache_kafka_broker"
     return str(request.getfixturevalue(name))
@@ -78,10 +81,12 @@ def engine_broker(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def kafka_source(request: pytest.FixtureRequest) -> KafkaSource:
-    """Who reads the events in this case of a module's own ``engine_broker``: Spark's
-    connector in a ``kafka-connector`` case (its events routed in the JVM, its batches'
-    routing read back from Spark's offset log), keyplane's source otherwise."""
-    connector = request.node.callspec.params.get("engine_broker") == "kafka-connector"
+    """Who reads the events in this case of a test's ``engine_broker`` (a module's own, or
+    the conftest's parametrised indirectly) or ``engine`` parameter: Spark's connector in a
+    ``kafka-connector`` case (its events routed in the JVM, its batches' routing read back
+    from Spark's offset log), keyplane's source otherwise."""
+    params = request.node.callspec.params
+    connector = "kafka-connector" in (params.get("engine_broker"), params.get("engine"))
     return "jvm" if connector else "python"
 
 
@@ -113,7 +118,13 @@ def _no_idle_consumers_outlive_their_test() -> Iterator[None]:
 
 @pytest.fixture
 def topic_name(request: pytest.FixtureRequest) -> str:
-    return "t-" + request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:80]
+    """A topic of this test's own, named after it: at most 82 characters, a long name cut
+    and ended by a hash of the whole, so that two cases of a long-named test sharing a
+    broker (``kafka`` and ``kafka-connector``) do not share their topics."""
+    name = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")
+    if len(name) > 80:
+        name = name[:71] + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return "t-" + name
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from keyplane.orchestration.deployment import routed_job_topics
 from keyplane.reference.pipeline import FIRST_STAGE, SECOND_STAGE
 from keyplane.routing import config as config_store
 from keyplane.routing.routedkeys import spark_partition
+from keyplane.spark.job_checkpoint import events_read, newest_offset_log_entry, source_offset
 from keyplane.spark.progress import records_read
 
 if TYPE_CHECKING:
@@ -315,6 +316,22 @@ def start_job_process(settings: CountsJobSettings, log: Path) -> subprocess.Pope
         return subprocess.Popen(
             job_command(settings), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+def events_read_by_connector(checkpoint: Path, topic: str) -> int | None:
+    """Events of ``topic`` that Spark's Kafka connector had read through by the newest batch
+    in ``checkpoint``'s offset log (its own offset there, ``{topic: {partition: offset}}``).
+
+    None when keyplane's routed source read events of ``topic`` itself, when no
+    connector's offset of ``topic`` is there, or before the first batch: a test of
+    the job with source ``jvm`` checks with it that the connector really read the events.
+    """
+    lines = newest_offset_log_entry(checkpoint)
+    own = source_offset(lines or [])
+    if lines is None or own is None or topic in own["events"]:
+        return None
+    read = events_read(lines, topic)
+    return sum(read.values()) if read else None
 
 
 def wait_while_job_runs(

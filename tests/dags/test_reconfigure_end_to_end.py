@@ -20,6 +20,12 @@ it rolls out measures four times the mean load on one instance. ``verify``
 detects the regression, the ``rollback`` group republishes the previous
 routing as a new version, the run ends failed with the reason, and the job
 ends on the previous routing with every count exact.
+
+It runs on the embedded broker and on Apache Kafka with keyplane's source
+reading the events, and in the slow suite on Apache Kafka with Spark's Kafka
+connector reading them (``kafka-connector``: the job runs with source ``jvm``
+and routes the events in the JVM; every assertion above holds there too, and
+the checkpoint's offset log shows that the connector read every event).
 """
 
 from __future__ import annotations
@@ -53,8 +59,14 @@ from keyplane.routing import config as config_store
 from keyplane.routing.config import OperatorRouting, RoutingConfig
 from keyplane.routing.migration import plan_migration
 from keyplane.routing.routedkeys import spark_partition
+from keyplane.settings import KafkaSource
 from keyplane.spark.counts_job import read_output
-from keyplane.testing import routed_job_settings, start_job_process, wait_while_job_runs
+from keyplane.testing import (
+    events_read_by_connector,
+    routed_job_settings,
+    start_job_process,
+    wait_while_job_runs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -70,8 +82,17 @@ def _message_ids(broker: str, topic: str) -> list[str]:
         return [str(message.message_id) for _, message in channel.read(0).messages]
 
 
+@pytest.mark.parametrize(
+    "engine_broker",
+    [
+        "embedded",
+        pytest.param("kafka", marks=pytest.mark.apache_kafka),
+        pytest.param("kafka-connector", marks=[pytest.mark.apache_kafka, pytest.mark.slow]),
+    ],
+    indirect=True,
+)
 def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_back(
-    engine_broker: str, topic_name: str, tmp_path: Path
+    engine_broker: str, kafka_source: KafkaSource, topic_name: str, tmp_path: Path
 ) -> None:
     before = PairsWorkload(n_keys=48, locality=0.9, n_events=8_000, seed=5)
     assert produce_workload(before, engine_broker, topic_name, partitions=2) == before.n_events
@@ -88,6 +109,7 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
         batch=2_000,
         trigger="1 second",
         version=1,
+        source=kafka_source,
     )
     job_log = tmp_path / "job.log"
     job = start_job_process(settings, job_log)
@@ -274,6 +296,8 @@ def test_scheduled_run_publishes_reruns_change_nothing_and_a_regression_rolls_ba
     report = compare_counts(truth, read_output(settings.output))
     assert report.expected_events == total
     assert report.exact, report
+    if kafka_source == "jvm":
+        assert events_read_by_connector(settings.checkpoint, topic_name) == total
     with ControlChannel(engine_broker, settings.control_topic) as channel:
         messages = channel.read(0).messages
     assert all(message.config_version != bad.version for _, message in messages)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import cast
 
@@ -13,6 +14,7 @@ from keyplane.algorithms.statistics import read_snapshot
 from keyplane.routing.routedkeys import spark_partition
 from keyplane.spark.counts_job import CountsJobSettings, job_command
 from keyplane.testing import (
+    events_read_by_connector,
     moved_off_hash,
     moved_off_hash_config,
     paired_tuple_counts,
@@ -172,3 +174,25 @@ def test_wait_for_records_gives_up_after_its_timeout_with_a_fake_query() -> None
     with pytest.raises(AssertionError, match=r"fewer than 10 events in 0\.05 s"):
         wait_for_records(cast(StreamingQuery, query), 10, timeout_s=0.05, poll_s=0.01)
     assert query.polls > 1
+
+
+def test_events_read_by_connector_come_from_its_offset_in_the_newest_batch_pure(
+    tmp_path: Path,
+) -> None:
+    """Spark's connector's own offset in the newest offset log entry counts the events it
+    read; a checkpoint whose events keyplane's source read (or with no batch) has none."""
+    checkpoint = tmp_path / "checkpoint"
+    assert events_read_by_connector(checkpoint, "clicks") is None
+    offsets = checkpoint / "offsets"
+    offsets.mkdir(parents=True)
+    head = ["v1", json.dumps({"batchWatermarkMs": 0, "conf": {}})]
+
+    def entry(batch: int, *sources: dict[str, object]) -> None:
+        (offsets / str(batch)).write_text("\n".join([*head, *map(json.dumps, sources)]))
+
+    entry(0, {"events": {}}, {"clicks": {"0": 10, "1": 5}})
+    entry(1, {"events": {}}, {"clicks": {"0": 30, "1": 12}})
+    assert events_read_by_connector(checkpoint, "clicks") == 42
+    assert events_read_by_connector(checkpoint, "other") is None
+    entry(2, {"events": {"clicks": {"0": 50}}})
+    assert events_read_by_connector(checkpoint, "clicks") is None

@@ -2,14 +2,17 @@
 
 The routed job runs as its own process on the embedded broker with ``s3``
 storage (a real local S3 server), then on Apache Kafka with its log
-directories on disk. The broker is SIGKILLed and started again
-twice: once mid-stream, and once in the middle of a live migration (paper
-000 §3.4), after stage A's moved state reached the migration topic and
-before the job reported MIGRATED. Each time the broker stays down for a
-while, so the job's reads, its protocol replies and its producers meet a
-dead broker. The moved state, the control topic and the input survive in
-the object store or the log directories; the rollout completes and every
-count is exact.
+directories on disk, and in the slow suite on Apache Kafka again with Spark's
+Kafka connector reading the events (``kafka-connector``: the job runs with
+source ``jvm`` and routes them in the JVM; the checkpoint's offset log shows
+that the connector, not keyplane's source, read every event). The broker is
+SIGKILLed and started again twice: once mid-stream, and once in the middle
+of a live migration (paper 000 §3.4), after stage A's moved state reached
+the migration topic and before the job reported MIGRATED. Each time the
+broker stays down for a while, so the job's reads, its protocol replies and
+its producers meet a dead broker. The moved state, the control topic and the
+input survive in the object store or the log directories; the rollout
+completes and every count is exact.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from keyplane.reference.verification import compare_counts, expected_counts
 from keyplane.reference.workloads import ZipfEvolvingWorkload
 from keyplane.routing.config import RoutingConfig, save
 from keyplane.routing.handoff import routed_key_table
+from keyplane.settings import KafkaSource
 from keyplane.spark.counts_job import read_output, read_partials
 from keyplane.spark.job_status import read_metrics_topic, read_rollout
 from keyplane.testing import (
     crash_broker,
+    events_read_by_connector,
     free_port,
     moved_off_hash_config,
     routed_job_settings,
@@ -60,10 +65,15 @@ def _crash_and_restart(broker: EmbeddedBroker | ApacheKafkaBroker) -> None:
 
 
 @pytest.mark.parametrize(
-    "engine", ["embedded", pytest.param("kafka", marks=pytest.mark.apache_kafka)]
+    "engine",
+    [
+        "embedded",
+        pytest.param("kafka", marks=pytest.mark.apache_kafka),
+        pytest.param("kafka-connector", marks=[pytest.mark.apache_kafka, pytest.mark.slow]),
+    ],
 )
 def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(
-    engine: str, tmp_path: Path
+    engine: str, kafka_source: KafkaSource, tmp_path: Path
 ) -> None:
     crashing: EmbeddedBroker | ApacheKafkaBroker = (
         EmbeddedBroker(tmp_path / "broker", free_port(), storage="s3")
@@ -97,7 +107,14 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(
         # crash a window between the switch batch (moved state written) and the install
         # batch (MIGRATED); with 2 seconds a slow batch closed it.
         settings = routed_job_settings(
-            bootstrap, topic, tmp_path, parallelism=P, batch=1_000, trigger="5 seconds", version=1
+            bootstrap,
+            topic,
+            tmp_path,
+            parallelism=P,
+            batch=1_000,
+            trigger="5 seconds",
+            version=1,
+            source=kafka_source,
         )
         log = tmp_path / "job.log"
         output = settings.output
@@ -167,6 +184,8 @@ def test_broker_crashes_mid_stream_and_mid_migration_counts_stay_exact(
     report = compare_counts(truth, read_output(output))
     assert report.expected_events == spec.n_events
     assert report.exact, report
+    if kafka_source == "jvm":
+        assert events_read_by_connector(settings.checkpoint, topic) == spec.n_events
     latest = latest_partials(read_partials(output))
     live = latest[latest["count"] > 0]
     for stage in OPERATORS:
