@@ -102,7 +102,10 @@ def run_live(
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "engine_broker",
-    ["embedded", pytest.param("kafka-connector", marks=pytest.mark.apache_kafka)],
+    [
+        "embedded",
+        pytest.param("kafka-connector", marks=[pytest.mark.apache_kafka, pytest.mark.slow]),
+    ],
     indirect=True,
 )
 def test_a_three_stage_pipeline_stays_exact_through_moves_splits_and_an_unsplit(
