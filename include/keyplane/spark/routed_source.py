@@ -507,10 +507,9 @@ class RoutedEventsReader(DataSourceStreamReader):
         their own: a task of its own for 10,000 moves ran after every events
         task, alone, and lengthened the switch and install batches by its
         whole duration. With no new events, and always beside Spark's connector
-        (``events=skip``), the shares are tasks of their own
-        (:func:`handoff_tasks`), as many as the tasks that read a batch
-        (``maxPartitions``), each reading its share of every switch and of the
-        moved states: a Python task has a fixed cost whatever it reads.
+        (``events=skip``), the shares are tasks of their own, as many as the tasks
+        that read a batch (``maxPartitions``): one task reading all of a rollout's
+        moves ran long after the connector's tasks had finished.
         """
         events = self._event_partitions(start, end) if self.read_events else []
         shares = len(events) or self.max_partitions or 1
@@ -543,7 +542,7 @@ class RoutedEventsReader(DataSourceStreamReader):
                     for piece in split_range(kafka, shares)
                 ]
         if not events:
-            return handoff_tasks(handoffs, shares)
+            return list(handoffs)
         if self.handoff == "per-instance":
             events[0] = dataclasses.replace(events[0], batch_end=True)
         tasks = spread_handoffs(events, handoffs)
@@ -593,15 +592,8 @@ class RoutedEventsReader(DataSourceStreamReader):
         if isinstance(partition, ReadTask):
             # partitions() groups only events partitions into tasks (grouped_into_tasks).
             events = [p for p in partition.parts if isinstance(p, RoutedEventsPartition)]
-            if not events and all(isinstance(p, HandOff) for p in partition.parts):
-                for handoff in partition.parts:
-                    yield from self.read(handoff)
-                return
             if len(events) != len(partition.parts):
-                raise TypeError(
-                    "a routed-source task groups events partitions or hand-offs, not both: "
-                    f"{partition!r}"
-                )
+                raise TypeError(f"a routed-source task groups events partitions: {partition!r}")
             yield from self._read_event_task(events)
         elif isinstance(partition, RoutedEventsPartition):
             yield from self._read_event_task([partition])
@@ -627,13 +619,6 @@ class RoutedEventsReader(DataSourceStreamReader):
 
 def _by_partition(item: tuple[str, int]) -> int:
     return int(item[0])
-
-
-def handoff_tasks(handoffs: list[HandOff], shares: int) -> list[InputPartition]:
-    """``handoffs`` in ``shares`` tasks, the i-th to task i mod ``shares``: each switch's
-    shares and each range's pieces, made ``shares`` at a time, are one a task."""
-    dealt = [tuple(handoffs[task::shares]) for task in range(shares)]
-    return [ReadTask(mine) if len(mine) > 1 else mine[0] for mine in dealt if mine]
 
 
 def spread_handoffs(

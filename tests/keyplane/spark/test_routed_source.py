@@ -460,8 +460,7 @@ def test_beside_sparks_connector_the_source_reads_a_rollouts_rows_and_no_events_
     """With ``events=skip`` Spark's connector reads the events in the same query: the
     source's tasks read the switch's evictions and the moved states only, and it reports
     no events of its own. A rollout's moves are shared out over as many tasks as read a
-    batch, each task a share of the switch and a piece of the moved states, each move and
-    each moved state read exactly once."""
+    batch, each move and each moved state read exactly once."""
     store, v1, v2 = _rollout_store(tmp_path)
     skip = {**OPTIONS, "routing.store": str(store), "events": "skip"}
     with pytest.raises(KafkaSourceOptionError, match="needs option 'checkpoint'"):
@@ -470,11 +469,11 @@ def test_beside_sparks_connector_the_source_reads_a_rollouts_rows_and_no_events_
         {**skip, "checkpoint": str(tmp_path / "checkpoint"), "maxPartitions": "2"}
     )
     switch = [{"operator": "A", "from_version": 1, "to_version": 2}]
-    tasks = reader.partitions(_offsets({}, {"0": 10}, []), _offsets({}, {"0": 13}, switch))
-    assert [type(t) for t in tasks] == [ReadTask, ReadTask]
-    assert [[type(p) for p in t.parts] for t in tasks] == [[EvictPartition, MigrationPartition]] * 2
-    evictions = [p for t in tasks for p in t.parts if isinstance(p, EvictPartition)]
-    installs = [p for t in tasks for p in t.parts if isinstance(p, MigrationPartition)]
+    parts = reader.partitions(_offsets({}, {"0": 10}, []), _offsets({}, {"0": 13}, switch))
+    assert not any(isinstance(p, RoutedEventsPartition) for p in parts)
+    evictions = [p for p in parts if isinstance(p, EvictPartition)]
+    installs = [p for p in parts if isinstance(p, MigrationPartition)]
+    assert len(evictions) == 2 and len(installs) == 2 and len(parts) == 4
     planned = [move for share in evictions for move in share.moves]
     moves = state_moves(v1, v2, "A", 4)
     assert Counter(planned) == Counter((m.key, m.source, m.target) for m in moves)
@@ -482,12 +481,6 @@ def test_beside_sparks_connector_the_source_reads_a_rollouts_rows_and_no_events_
     read = sorted(o for p in installs for o in range(p.records.start, p.records.end))
     assert read == [10, 11, 12]
     assert reader.reportLatestOffset() == {"events": {}}
-    # A task reads its hand-offs one after another: here, both shares' evict rows.
-    evicted = [b for b in reader.read(ReadTask(tuple(evictions))) if b.num_rows]
-    assert sum(b.num_rows for b in evicted) == len(moves)
-    with pytest.raises(TypeError, match="events partitions or hand-offs, not both"):
-        events = RoutedEventsPartition(installs[0].records, EventRouting(str(store), 4, 1, 1))
-        list(reader.read(ReadTask((evictions[0], events))))
     with pytest.raises(KafkaSourceOptionError, match="option 'events' is one of read, skip"):
         RoutedEventsReader({**OPTIONS, "routing.store": str(store), "events": "connector"})
 
