@@ -506,13 +506,10 @@ class RoutedEventsReader(DataSourceStreamReader):
         reading a share (:func:`spread_handoffs`), rather than in tasks of
         their own: a task of its own for 10,000 moves ran after every events
         task, alone, and lengthened the switch and install batches by its
-        whole duration. With no new events, and always beside Spark's connector
-        (``events=skip``), the shares are tasks of their own, as many as the tasks
-        that read a batch (``maxPartitions``): one task reading all of a rollout's
-        moves ran long after the connector's tasks had finished.
+        whole duration. With no new events, the shares are the tasks.
         """
         events = self._event_partitions(start, end) if self.read_events else []
-        shares = len(events) or self.max_partitions or 1
+        shares = max(1, len(events))
         handoffs: list[HandOff] = []
         tables = tables_for(self.store, self.parallelism)
         if end["switch"]:
