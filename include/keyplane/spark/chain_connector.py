@@ -19,6 +19,7 @@ records are parsed, keyed and routed by the chain's own steps
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,8 @@ from keyplane.spark.connector_events import by_source, connector_records
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ def read_chain_connector_events(
     ``maxPartitions`` tasks a batch.
     """
     check_connector(spark)
+    log.info("keyplane: Spark's connector reads the pipeline's events")
     handoffs = read_chain_events(
         spark, {**options, "events": "skip", "checkpoint": str(checkpoint)}, stages=stages
     )

@@ -189,6 +189,7 @@ def read_connector_events(
         tasks=tasks,
     )
     if router.routes_in_jvm(spark):
+        log.info("keyplane: Spark's connector reads the events; they are routed in the JVM")
         return route_in_jvm(records, router)
     log.warning(
         "keyplane: the connector's events are routed in Python (%s)",
