@@ -79,15 +79,14 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(
     params=[
         pytest.param("embedded", marks=pytest.mark.slow),
-        pytest.param("kafka", marks=pytest.mark.apache_kafka),
+        pytest.param("kafka", marks=[pytest.mark.apache_kafka, pytest.mark.slow]),
         pytest.param("kafka-connector", marks=[pytest.mark.apache_kafka, pytest.mark.slow]),
     ],
 )
 def engine_broker(request: pytest.FixtureRequest) -> str:
-    """The conftest's engines, with the embedded broker's run in the slow suite: the
-    scenario takes minutes, and ``make test`` runs it on Apache Kafka. The slow suite
-    also runs it on Apache Kafka with Spark's connector reading the events
-    (:func:`kafka_source`)."""
+    """The conftest's engines, each run in the slow suite (the scenario takes minutes):
+    the embedded broker, Apache Kafka with keyplane's source, and Apache Kafka with Spark's
+    connector reading the events (:func:`kafka_source`)."""
     name = "broker" if request.param == "embedded" else "apache_kafka_broker"
     return str(request.getfixturevalue(name))
 
