@@ -44,6 +44,10 @@ each task its share, so the driver's time per batch stays flat however many keys
 updates; or ``driver``, which gathers the batch first and is faster while batches are small
 (up to about 100,000 events, see docs/benchmarks.md)."""
 
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+"""How much of its own activity the routed job writes to its log
+(:func:`keyplane.spark.job_log.configure_job_logging`)."""
+
 KafkaSource = Literal["python", "jvm"]
 """Who reads the events topic: ``python``, keyplane's Python Data Source, or ``jvm``,
 Spark's own Kafka connector (:mod:`keyplane.spark.connector_events` for the routed job,
@@ -161,6 +165,11 @@ class Settings(BaseSettings):
         default="executors",
         description="Who writes the routed job's batch output: 'executors' (each task its "
         "share; the driver's time stays flat) or 'driver' (faster for small batches).",
+    )
+    log_level: LogLevel = Field(
+        default="INFO",
+        description="The least severe of keyplane's own lines that the routed job writes to "
+        "its log (other libraries write their warnings and errors only).",
     )
     spark_master: str = "local[2]"
     executors_initial: Annotated[int | None, BeforeValidator(_blank_is_unset)] = Field(

@@ -88,7 +88,7 @@ def read_chain_connector_events(
     ``maxPartitions`` tasks a batch.
     """
     check_connector(spark)
-    log.info("keyplane: Spark's connector reads the pipeline's events")
+    log.info("Spark's connector reads the pipeline's events")
     handoffs = read_chain_events(
         spark, {**options, "events": "skip", "checkpoint": str(checkpoint)}, stages=stages
     )

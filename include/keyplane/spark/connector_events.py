@@ -189,10 +189,10 @@ def read_connector_events(
         tasks=tasks,
     )
     if router.routes_in_jvm(spark):
-        log.info("keyplane: Spark's connector reads the events; they are routed in the JVM")
+        log.info("Spark's connector reads the events; they are routed in the JVM")
         return route_in_jvm(records, router)
     log.warning(
-        "keyplane: the connector's events are routed in Python (%s)",
+        "the connector's events are routed in Python (%s)",
         "tuples mode" if router.forward == "tuples" else "keyplane's jar is not loaded",
     )
     return records.mapInArrow(router, routed_input_schema(router.forward))

@@ -61,7 +61,7 @@ from keyplane.reference.pipeline import FIRST_STAGE, REFERENCE_PIPELINE, SECOND_
 from keyplane.reference.pipeline import counts as reference_counts
 from keyplane.routing import config as config_store
 from keyplane.routing.config import RoutingConfig
-from keyplane.settings import BootstrapServers, KafkaSource, Settings, SinkWriter
+from keyplane.settings import BootstrapServers, KafkaSource, LogLevel, Settings, SinkWriter
 from keyplane.spark import jvm as jvm_stages
 from keyplane.spark.chain_connector import read_chain_connector_events
 from keyplane.spark.chain_source import read_chain_events
@@ -69,6 +69,7 @@ from keyplane.spark.chain_stages import routed_chain
 from keyplane.spark.connector import check_loaded as check_connector
 from keyplane.spark.connector_events import ConnectorEventsRouter, read_connector_events
 from keyplane.spark.executors import DriverExecutors, local_master, start_with_executors
+from keyplane.spark.job_log import configure_job_logging
 from keyplane.spark.kafka_sink import write_to_kafka
 from keyplane.spark.kafka_source import read_kafka
 from keyplane.spark.pipeline_frames import (
@@ -94,7 +95,9 @@ from keyplane.spark.running_counts import latest_counts, parse_events, running_c
 from keyplane.spark.session import build_session
 from keyplane.util.parquet_files import read_frame
 
-log = logging.getLogger(__name__)
+# By name: the job runs as ``python -m keyplane.spark.counts_job``, where ``__name__`` is
+# ``__main__``, outside the ``keyplane`` logger that the job's log level applies to.
+log = logging.getLogger("keyplane.spark.counts_job")
 
 
 class CountsJobSettings(BaseModel):
@@ -211,6 +214,10 @@ class CountsJobSettings(BaseModel):
         "the batch file and of the topics' records, so the driver's time per batch stays "
         "flat as batches grow; 'driver', which gathers the batch first and is faster while "
         "batches are small (keyplane.spark.routed_sink).",
+    )
+    log_level: LogLevel = Field(
+        default="INFO",
+        description="The least severe of keyplane's own lines the job writes to its log.",
     )
     restarts: int = Field(
         default=0,
@@ -844,6 +851,13 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         "driver (faster for small batches) (default: KEYPLANE_SINK_WRITER or executors)",
     )
     parser.add_argument(
+        "--log-level",
+        choices=get_args(LogLevel),
+        default=Settings().log_level,
+        help="the least severe of keyplane's own lines to log (default: KEYPLANE_LOG_LEVEL "
+        "or INFO); other libraries log their warnings and errors only",
+    )
+    parser.add_argument(
         "--pipeline",
         metavar="MODULE:ATTR",
         help="the routed job's pipeline (default: KEYPLANE_PIPELINE)",
@@ -923,6 +937,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     settings = parse_settings(argv)
+    configure_job_logging(settings.log_level)
     try:
         run_counts_job(settings, on_progress=_print_progress, should_stop=stop.is_set)
     except (StageEngineError, PoisonUnresolved, PipelineError) as exc:

@@ -1,23 +1,42 @@
-"""The routed job's log: its progress lines, followed as they come or read backwards,
-and the line of a failure's tail that explains it.
+"""The routed job's log: what the job writes to it, its progress lines, followed as they
+come or read backwards, and the line of a failure's tail that explains it.
 
 The job writes one ``progress`` line per batch that read events
-(:data:`~keyplane.spark.counts_job.PROGRESS_PREFIX`). ``keyplane.spark.counts_job``
-imports PySpark, which takes seconds, so it is imported where it is used.
+(:data:`~keyplane.spark.progress.PROGRESS_PREFIX`). Nothing here imports PySpark, which
+takes seconds, so the command line can read the log at once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress
+
 if TYPE_CHECKING:
-    from keyplane.spark.counts_job import BatchProgress
+    from keyplane.settings import LogLevel
 
 LOG_TAIL_LINES = 20
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_job_logging(level: LogLevel) -> None:
+    """keyplane's own lines from ``level`` up, and other libraries' warnings, to stderr.
+
+    The job's stderr is its log (:mod:`keyplane.spark.jobprocess`). With no
+    handler, Python writes warnings only, so the lines that say which engine
+    runs the stages and who reads the events would never show. kafka-python
+    and py4j log every connection at INFO, so the other libraries stay at
+    WARNING whatever ``level`` is.
+    """
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("keyplane").setLevel(level)
 
 
 class LogFollower:
@@ -42,8 +61,6 @@ class LogFollower:
 
 def parse_progress(line: str) -> BatchProgress | None:
     """The batch a ``progress`` line of the job reports; None for any other line."""
-    from keyplane.spark.counts_job import PROGRESS_PREFIX, BatchProgress
-
     if not line.startswith(PROGRESS_PREFIX):
         return None
     try:
@@ -55,8 +72,6 @@ def parse_progress(line: str) -> BatchProgress | None:
 def last_progress(log: Path, start: int, block: int = 65_536) -> BatchProgress | None:
     """The last complete ``progress`` line after byte ``start`` of ``log``, read backwards,
     so that a log grown over days costs one block, not a full read."""
-    from keyplane.spark.counts_job import PROGRESS_PREFIX
-
     prefix = PROGRESS_PREFIX.encode()
     try:
         handle = log.open("rb")

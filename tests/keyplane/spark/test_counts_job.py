@@ -132,6 +132,7 @@ def test_every_setting_round_trips_through_the_job_command_line_even_a_dash_lead
         read_tasks=3,
         stage_engine="python",
         sink_writer="driver",
+        log_level="WARNING",
         restarts=2,
         restart_delay_s=0.0,
         executors_initial=2,

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
+
+import pytest
 
 from keyplane.spark.job_log import last_progress
 from keyplane.spark.progress import PROGRESS_PREFIX, BatchProgress
@@ -30,3 +35,52 @@ def test_last_progress_is_the_last_complete_line_of_this_run(tmp_path: Path) -> 
     assert only_earlier == found
     assert none_yet is None
     assert last_progress(tmp_path / "missing.log", 0) is None
+
+
+_LOGS = """
+import logging
+from keyplane.spark.job_log import configure_job_logging
+configure_job_logging({level!r})
+logging.getLogger("keyplane.spark.counts_job").debug("a keyplane debug line")
+logging.getLogger("keyplane.spark.counts_job").info("a keyplane info line")
+logging.getLogger("keyplane.kafka.producer").warning("a keyplane warning")
+logging.getLogger("kafka.conn").info("a kafka-python info line")
+logging.getLogger("py4j.clientserver").warning("a py4j warning")
+"""
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [
+        (
+            "INFO",
+            [
+                "INFO keyplane.spark.counts_job: a keyplane info line",
+                "WARNING keyplane.kafka.producer: a keyplane warning",
+                "WARNING py4j.clientserver: a py4j warning",
+            ],
+        ),
+        (
+            "WARNING",
+            [
+                "WARNING keyplane.kafka.producer: a keyplane warning",
+                "WARNING py4j.clientserver: a py4j warning",
+            ],
+        ),
+    ],
+)
+def test_the_job_logs_its_own_lines_from_the_level_and_other_libraries_warnings(
+    level: str, expected: list[str]
+) -> None:
+    # A process of its own, as the job is: pytest's own handlers on the root logger would
+    # make logging.basicConfig a no-op here.
+    done = subprocess.run(
+        [sys.executable, "-c", _LOGS.format(level=level)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+
+    lines = done.stderr.splitlines()
+    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+    assert all(stamp.match(line) for line in lines), lines
+    assert [stamp.sub("", line) for line in lines] == expected
+    assert done.stdout == ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -194,6 +195,11 @@ def test_start_status_stop_restart_of_the_routed_job(
     # workers' pandas warning about PySpark's own code is filtered out.
     log_text = job.log.read_text()
     assert "SPARK_JOB_CANCELLED" not in log_text and "FutureWarning" not in log_text
+    # keyplane's own INFO lines reach the log: which engine runs the stages.
+    assert re.search(
+        r" INFO keyplane\.spark\.counts_job: pipeline '\w+': stages A, B run in ", log_text
+    )
+    assert " INFO kafka." not in log_text
     assert stopped_again.outcome == "not running"
     assert not alive(started.record.pid, started.record.command)
     results = read_results(job.output, {"A": RunningCount(), "B": ValueCounts()})
