@@ -1,10 +1,11 @@
 """The routed job's driver time per micro-batch against the keys a batch updates, on Apache Kafka.
 
-The routed job's sink is split: the tasks of the batch's last stage write
-the output file's parts and the protocol records, the driver adds up one
-summary row per task and renames the file into place. Whatever the driver
-still did per updated key would show here as driver time that grows with
-the keys a batch updates. For each size N (default 10,000,
+The routed job's sink, at its default writer ``auto``, gathers a small batch
+on the driver and splits a large one: the tasks of the batch's last stage
+write the output file's parts and the protocol records, the driver adds up
+one summary row per task and renames the file into place. Whatever the
+driver still did per updated key would show here as driver time that grows
+with the keys a batch updates. For each size N (default 10,000,
 100,000 and 1,000,000), a topic of ``--batches`` × N pairs events over 10 N
 keys, read N events a batch, so each batch updates about 0.95 N keys of each
 stage. The job is the routed job as ``keyplane job start`` runs it (all-hash

@@ -38,11 +38,15 @@ for a pipeline of another shape. Here, like :data:`MAX_EVENT_BYTES`, so that the
 line can offer it without importing Spark."""
 STAGE_ENGINES: tuple[StageEngine, ...] = ("auto", "jvm", "python", "chain")
 
-SinkWriter = Literal["executors", "driver"]
-"""Who writes each micro-batch's output (:mod:`keyplane.spark.routed_sink`): ``executors``,
+BatchWriter = Literal["executors", "driver"]
+"""Who writes one micro-batch's output (:mod:`keyplane.spark.routed_sink`): ``executors``,
 each task its share, so the driver's time per batch stays flat however many keys a batch
 updates; or ``driver``, which gathers the batch first and is faster while batches are small
-(up to about 100,000 events, see docs/benchmarks.md)."""
+(see docs/benchmarks.md)."""
+
+SinkWriter = Literal["auto", "executors", "driver"]
+"""The job's :data:`BatchWriter`, or ``auto``: the driver while the batch before had few
+output rows (:func:`keyplane.spark.routed_sink.writer_for_batch`), the tasks otherwise."""
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 """How much of its own activity the routed job writes to its log
@@ -162,9 +166,11 @@ class Settings(BaseSettings):
         "routed job of any pipeline, on Apache Kafka only (not the embedded broker).",
     )
     sink_writer: SinkWriter = Field(
-        default="executors",
+        default="auto",
         description="Who writes the routed job's batch output: 'executors' (each task its "
-        "share; the driver's time stays flat) or 'driver' (faster for small batches).",
+        "share; the driver's time stays flat), 'driver' (faster for small batches), or "
+        "'auto': the driver while the batch before had at most 50,000 output rows, the "
+        "tasks otherwise and for a run's first batch.",
     )
     log_level: LogLevel = Field(
         default="INFO",

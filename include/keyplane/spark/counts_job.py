@@ -209,11 +209,12 @@ class CountsJobSettings(BaseModel):
         "the JVM when both stages run the running count and the session has the jar.",
     )
     sink_writer: SinkWriter = Field(
-        default="executors",
+        default="auto",
         description="Who writes each batch's output: 'executors', each task its share of "
         "the batch file and of the topics' records, so the driver's time per batch stays "
         "flat as batches grow; 'driver', which gathers the batch first and is faster while "
-        "batches are small (keyplane.spark.routed_sink).",
+        "batches are small; 'auto', the driver while the batch before was small "
+        "(keyplane.spark.routed_sink).",
     )
     log_level: LogLevel = Field(
         default="INFO",
@@ -847,8 +848,9 @@ def parse_settings(argv: list[str] | None = None) -> CountsJobSettings:
         "--sink-writer",
         choices=get_args(SinkWriter),
         default=Settings().sink_writer,
-        help="who writes each batch's output: executors (the driver's time stays flat) or "
-        "driver (faster for small batches) (default: KEYPLANE_SINK_WRITER or executors)",
+        help="who writes each batch's output: executors (the driver's time stays flat), "
+        "driver (faster for small batches) or auto (the driver while the batch before was "
+        "small) (default: KEYPLANE_SINK_WRITER or auto)",
     )
     parser.add_argument(
         "--log-level",

@@ -37,7 +37,9 @@ The other writer, ``driver`` (:data:`keyplane.settings.SinkWriter`), gathers
 the whole batch on the driver with one collect and writes it from there as
 a single file. While a batch is small the collect costs less than a Python
 step in every task; the driver's time then grows with the keys the batch
-updated.
+updated. ``auto``, the default, takes the driver for a batch while the batch
+before it had at most :data:`AUTO_DRIVER_ROWS` output rows, and the tasks
+otherwise (:func:`writer_for_batch`).
 
 Every record sent to a topic is checked for delivery
 (:func:`keyplane.kafka.producer.send_confirmed`): if the broker stays down
@@ -86,15 +88,34 @@ from keyplane.kafka.producer import (
     executor_producer,
 )
 from keyplane.pipeline import Sink
-from keyplane.settings import SinkWriter
+from keyplane.settings import BatchWriter, SinkWriter
 from keyplane.spark.pipeline_sink import MergedResults, write_results
 from keyplane.spark.progress import phases_ms, planning_source, progress_of
 from keyplane.spark.routed_counts import OUTPUT_FIELDS
 
 log = logging.getLogger(__name__)
 
+AUTO_DRIVER_ROWS = 50_000
+"""``auto``'s bound: a batch is gathered on the driver while the batch before it had at most
+this many output rows, a few megabytes of partials, moves and traffic rows."""
+
 COUNT_COLUMNS = ["stage", "key", "routed_key", "instance", "count", "state"]
 PARTIAL_KEY = ["stage", "key", "routed_key", "instance"]
+
+
+def writer_for_batch(setting: SinkWriter, rows_before: int | None) -> BatchWriter:
+    """Who writes the next batch, given the job's setting and the output rows of the batch
+    before it (None for a run's first batch).
+
+    ``auto`` decides on the batch before, since a batch's own size is known only once it
+    ran, and consecutive batches of a stream are alike in size. A run's first batch goes to
+    the tasks: it may be the backlog of a restart, however small the batches were before.
+    """
+    if setting != "auto":
+        return setting
+    if rows_before is not None and rows_before <= AUTO_DRIVER_ROWS:
+        return "driver"
+    return "executors"
 
 
 def latest_partials_of_batch(output: pd.DataFrame) -> pd.DataFrame:
@@ -174,8 +195,9 @@ REPORT_SCHEMA = (
     "state STRING, detail STRING"
 )
 """What each task of the sink tells the driver: one ``metrics`` row (``detail``: its share
-of the batch's :class:`BatchMetrics` as JSON) and, when the pipeline's sink needs them, the
-task's latest partials as ``count`` rows (:data:`COUNT_COLUMNS`)."""
+of the batch's :class:`BatchMetrics` as JSON; ``count``: the output rows it wrote) and, when
+the pipeline's sink needs them, the task's latest partials as ``count`` rows
+(:data:`COUNT_COLUMNS`)."""
 
 _REPORT_FIELDS = [field.split()[0] for field in REPORT_SCHEMA.split(", ")]
 
@@ -208,6 +230,7 @@ class BatchPartWriter:
 
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         given = [frame for frame in frames if len(frame)]
+        rows = sum(len(frame) for frame in given)
         empty = pd.DataFrame(columns=list(OUTPUT_FIELDS))
         output = unpacked_partials(pd.concat(given, ignore_index=True) if given else empty)
         partials = latest_partials_of_batch(output)
@@ -218,12 +241,16 @@ class BatchPartWriter:
         self.send(output, partials)
         tmp.rename(self.parts / part)
         metrics = traffic_metrics(self.batch_id, output, self.parallelism)
-        rows: list[dict[Any, Any]] = [{"kind": "metrics", "detail": metrics.model_dump_json()}]
+        report: list[dict[Any, Any]] = [
+            {"kind": "metrics", "count": rows, "detail": metrics.model_dump_json()}
+        ]
         if self.with_partials:
             known = partials.astype(object).where(partials.notna(), None)
-            rows += [{**row, "kind": "count"} for row in known.to_dict("records")]
+            report += [{**row, "kind": "count"} for row in known.to_dict("records")]
         # Object columns, None for null: Arrow takes them as the schema's types.
-        yield pd.DataFrame([{**dict.fromkeys(_REPORT_FIELDS), **row} for row in rows], dtype=object)
+        yield pd.DataFrame(
+            [{**dict.fromkeys(_REPORT_FIELDS), **row} for row in report], dtype=object
+        )
 
     def send(self, output: pd.DataFrame, partials: pd.DataFrame) -> None:
         """The part's moved states, dead letters and results, each delivery confirmed."""
@@ -295,12 +322,15 @@ class RoutedBatchWriter:
         stages: tuple[str, ...] | None = None,
         results_topic: str | None = None,
         delivery: Delivery = SAFE_DELIVERY,
-        writer: SinkWriter = "executors",
+        writer: SinkWriter = "auto",
         sink: tuple[Sink, MergedResults] | None = None,
     ) -> None:
         self.output = output
         self.writer = writer
-        """Who writes the batch: its tasks (:class:`BatchPartWriter`) or the driver."""
+        """Who writes a batch: its tasks (:class:`BatchPartWriter`), the driver, or ``auto``
+        (:func:`writer_for_batch`)."""
+        self.rows_before: int | None = None
+        """The output rows of the batch this query run wrote last (None before its first)."""
         self.sink = sink
         """The pipeline's sink and the merge that feeds it (:mod:`keyplane.spark.pipeline_sink`)."""
         self.migration_topic = migration_topic
@@ -316,18 +346,20 @@ class RoutedBatchWriter:
         output.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        if self.writer == "driver":
-            self.write_on_driver(batch, batch_id)
+        if writer_for_batch(self.writer, self.rows_before) == "driver":
+            self.rows_before = self.write_on_driver(batch, batch_id)
         else:
-            self.write_on_executors(batch, batch_id)
+            self.rows_before = self.write_on_executors(batch, batch_id)
 
-    def write_on_driver(self, batch: DataFrame, batch_id: int) -> None:
-        """The whole batch gathered on the driver and written from there, as one file.
+    def write_on_driver(self, batch: DataFrame, batch_id: int) -> int:
+        """The whole batch gathered on the driver and written from there, as one file;
+        returns the output rows gathered.
 
         One collect costs less than a Python step in every task while batches
         are small; the driver's time then grows with the keys a batch updates.
         """
-        output = unpacked_partials(batch.toPandas())
+        collected = batch.toPandas()
+        output = unpacked_partials(collected)
         partials = latest_partials_of_batch(output)
         tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
         partials.to_parquet(tmp, index=False)
@@ -345,6 +377,7 @@ class RoutedBatchWriter:
         self.metrics[batch_id] = traffic_metrics(
             batch_id, output, dict.fromkeys(self.stages, self.parallelism)
         )
+        return len(collected)
 
     def feed_sink(self, batch: DataFrame, batch_id: int, partials: pd.DataFrame) -> None:
         """The pipeline's own sink, if it has one: the batch's results merged per key."""
@@ -353,9 +386,10 @@ class RoutedBatchWriter:
             results = merged.batch(partials, batch_id)
             write_results(sink, results, batch_id, spark=batch.sparkSession, producer=self.producer)
 
-    def write_on_executors(self, batch: DataFrame, batch_id: int) -> None:
+    def write_on_executors(self, batch: DataFrame, batch_id: int) -> int:
         """Each task writes its share (:class:`BatchPartWriter`); the driver adds up one
-        summary row per task and renames the batch's directory of parts into place."""
+        summary row per task and renames the batch's directory of parts into place.
+        Returns the output rows the tasks wrote."""
         name = f"batch-{batch_id:08d}.parquet"
         parts = self.output / f".{name}.tmp"
         shutil.rmtree(parts, ignore_errors=True)
@@ -384,14 +418,13 @@ class RoutedBatchWriter:
             partials = partials.astype({"instance": "Int32", "count": "int64"})
             self.feed_sink(batch, batch_id, partials.reset_index(drop=True))
         replace_batch_file(parts, self.output / name)
+        summaries = reports[reports["kind"] == "metrics"]
         self.metrics[batch_id] = combined_metrics(
             batch_id,
-            [
-                BatchMetrics.model_validate_json(text)
-                for text in reports.loc[reports["kind"] == "metrics", "detail"].tolist()
-            ],
+            [BatchMetrics.model_validate_json(text) for text in summaries["detail"].tolist()],
             parallelism,
         )
+        return int(summaries["count"].sum())
 
 
 def replace_batch_file(source: Path, target: Path) -> None:

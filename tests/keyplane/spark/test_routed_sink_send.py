@@ -153,6 +153,7 @@ def test_a_task_with_a_fake_producer_writes_its_part_sends_its_records_and_repor
     assert topics == ["job.migration", "job.dead", "job.results", "job.results"]
     assert [move["target"] for move in moves_of(producer.sent[0][1])] == ["b1#1"]
     assert list(report["kind"]) == ["metrics"]
+    assert report["count"].tolist() == [len(output)], "the output rows the task wrote"
     metrics = BatchMetrics.model_validate_json(report["detail"][0])
     expected = traffic_metrics(5, unpacked_partials(output), {"A": 2, "B": 2})
     assert metrics == expected and (metrics.moved_states, metrics.invalid_events) == (1, 1)
