@@ -362,6 +362,7 @@ class RoutedBatchWriter:
         output = unpacked_partials(collected)
         partials = latest_partials_of_batch(output)
         tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
+        remove_leftover(tmp)
         partials.to_parquet(tmp, index=False)
         send_batch_records(
             self.producer,
@@ -392,7 +393,7 @@ class RoutedBatchWriter:
         Returns the output rows the tasks wrote."""
         name = f"batch-{batch_id:08d}.parquet"
         parts = self.output / f".{name}.tmp"
-        shutil.rmtree(parts, ignore_errors=True)
+        remove_leftover(parts)
         parts.mkdir()
         parallelism = dict.fromkeys(self.stages, self.parallelism)
         writer = BatchPartWriter(
@@ -425,6 +426,20 @@ class RoutedBatchWriter:
             parallelism,
         )
         return int(summaries["count"].sum())
+
+
+def remove_leftover(path: Path) -> None:
+    """Remove what a run killed while writing a batch left at ``path``.
+
+    The two writers share the name of a batch's unfinished output, and a
+    replayed batch may be written by the other one (``auto`` has the tasks
+    write a run's first batch): a file the driver left, or a directory of
+    parts the tasks left.
+    """
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def replace_batch_file(source: Path, target: Path) -> None:
