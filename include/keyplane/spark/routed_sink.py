@@ -361,8 +361,7 @@ class RoutedBatchWriter:
         collected = batch.toPandas()
         output = unpacked_partials(collected)
         partials = latest_partials_of_batch(output)
-        tmp = self.output / f".batch-{batch_id:08d}.parquet.tmp"
-        remove_leftover(tmp)
+        tmp, final = self.batch_paths(batch_id)
         partials.to_parquet(tmp, index=False)
         send_batch_records(
             self.producer,
@@ -374,11 +373,19 @@ class RoutedBatchWriter:
             results_topic=self.results_topic,
         )
         self.feed_sink(batch, batch_id, partials)
-        replace_batch_file(tmp, self.output / f"batch-{batch_id:08d}.parquet")
+        replace_batch_file(tmp, final)
         self.metrics[batch_id] = traffic_metrics(
             batch_id, output, dict.fromkeys(self.stages, self.parallelism)
         )
         return len(collected)
+
+    def batch_paths(self, batch_id: int) -> tuple[Path, Path]:
+        """Where either writer puts the batch's unfinished output, cleared of what a killed
+        run left there (:func:`remove_leftover`), and the batch file it becomes."""
+        final = self.output / f"batch-{batch_id:08d}.parquet"
+        unfinished = final.with_name(f".{final.name}.tmp")
+        remove_leftover(unfinished)
+        return unfinished, final
 
     def feed_sink(self, batch: DataFrame, batch_id: int, partials: pd.DataFrame) -> None:
         """The pipeline's own sink, if it has one: the batch's results merged per key."""
@@ -391,9 +398,7 @@ class RoutedBatchWriter:
         """Each task writes its share (:class:`BatchPartWriter`); the driver adds up one
         summary row per task and renames the batch's directory of parts into place.
         Returns the output rows the tasks wrote."""
-        name = f"batch-{batch_id:08d}.parquet"
-        parts = self.output / f".{name}.tmp"
-        remove_leftover(parts)
+        parts, final = self.batch_paths(batch_id)
         parts.mkdir()
         parallelism = dict.fromkeys(self.stages, self.parallelism)
         writer = BatchPartWriter(
@@ -418,7 +423,7 @@ class RoutedBatchWriter:
             partials = reports.loc[reports["kind"] == "count", COUNT_COLUMNS]
             partials = partials.astype({"instance": "Int32", "count": "int64"})
             self.feed_sink(batch, batch_id, partials.reset_index(drop=True))
-        replace_batch_file(parts, self.output / name)
+        replace_batch_file(parts, final)
         summaries = reports[reports["kind"] == "metrics"]
         self.metrics[batch_id] = combined_metrics(
             batch_id,
