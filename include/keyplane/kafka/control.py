@@ -34,7 +34,7 @@ from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from keyplane.control.messages import ControlMessage, InvalidMessage, decode, encode
 from keyplane.control.signing import control_key
-from keyplane.kafka.admin import TopicError, ensure_topic, high_watermarks
+from keyplane.kafka.admin import HighWatermarks, TopicError, ensure_topic
 from keyplane.kafka.offsets import check_not_ahead
 from keyplane.kafka.producer import DeliveryError, LongLivedProducer
 from keyplane.kafka.security import client_config
@@ -86,6 +86,7 @@ class ControlChannel:
         self._partition = TopicPartition(topic, PARTITION)
         self._sends = LongLivedProducer(bootstrap_servers)
         self._consumer: KafkaConsumer | None = None
+        self._marks = HighWatermarks(bootstrap_servers)
 
     def __repr__(self) -> str:
         return f"ControlChannel({self.bootstrap_servers!r}, {self.topic!r})"
@@ -137,10 +138,13 @@ class ControlChannel:
     def end_offset(self) -> int:
         """The high watermark of the control partition: the offset of the next record.
 
-        Asked through :func:`keyplane.kafka.admin.high_watermarks`, since the
-        embedded broker's ListOffsets does not report it (see that module).
+        Asked through :class:`keyplane.kafka.admin.HighWatermarks`, since the
+        embedded broker's ListOffsets does not report it (see that module). The
+        job's driver asks at every micro-batch boundary, so the channel keeps
+        that consumer open: a consumer of its own for each query costs a
+        connection and a metadata round trip, most of a boundary's time.
         """
-        return high_watermarks(self.bootstrap_servers, self.topic, [PARTITION])[PARTITION]
+        return self._marks.of(self.topic, [PARTITION])[PARTITION]
 
     def read(self, start: int, end: int | None = None) -> ControlRead:
         """Every record at offsets ``[start, end)``; ``end`` defaults to the high watermark.
@@ -234,11 +238,12 @@ class ControlChannel:
         return self._consumer
 
     def close(self) -> None:
-        """Close the producer (after sending what it holds) and the consumer."""
+        """Close the producer (after sending what it holds) and the consumers."""
         consumer, self._consumer = self._consumer, None
         try:
             self._sends.close(timeout_s=10)
         finally:
+            self._marks.close()
             if consumer is not None:
                 consumer.close()
 

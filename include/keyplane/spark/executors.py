@@ -62,6 +62,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from keyplane.kafka.admin import HighWatermarks
+
 log = logging.getLogger(__name__)
 
 LOCAL_MODE_REFUSAL = "executors cannot be added in local mode; run on a cluster"
@@ -182,6 +184,8 @@ class ExecutorChannel:
 
         self._sends = LongLivedProducer(bootstrap_servers)
         self._consumer: KafkaConsumer | None = None
+        self._marks: HighWatermarks | None = None
+        """Kept open: the job's driver asks for the end every few seconds."""
 
     def ensure(self) -> None:
         from keyplane.kafka.admin import ensure_topic
@@ -189,9 +193,11 @@ class ExecutorChannel:
         ensure_topic(self.bootstrap_servers, self.topic, 1)
 
     def end(self) -> int:
-        from keyplane.kafka.admin import high_watermarks
+        from keyplane.kafka.admin import HighWatermarks
 
-        return high_watermarks(self.bootstrap_servers, self.topic, [PARTITION])[PARTITION]
+        if self._marks is None:
+            self._marks = HighWatermarks(self.bootstrap_servers)
+        return self._marks.of(self.topic, [PARTITION])[PARTITION]
 
     def earliest(self) -> int:
         from keyplane.kafka.admin import earliest_offsets
@@ -253,6 +259,8 @@ class ExecutorChannel:
 
     def close(self) -> None:
         self._sends.close(timeout_s=10)
+        if self._marks is not None:
+            self._marks.close()
         if self._consumer is not None:
             self._consumer.close()
         self._consumer = None

@@ -18,7 +18,7 @@ from kafka import KafkaProducer
 import keyplane.kafka.producer
 from keyplane.control.messages import ControlMessage, decode, encode
 from keyplane.control.signing import KEY_ENV_VAR, MissingKeyError, canonical_json, sign
-from keyplane.kafka import control
+from keyplane.kafka import admin, control
 from keyplane.kafka.admin import TopicError, ensure_topic
 from keyplane.kafka.control import ControlChannel
 
@@ -79,6 +79,31 @@ def test_signed_messages_round_trip_in_order_and_reads_are_exact(
         (3, "DONE v2")
     ]
     assert since_last.end == 4
+
+
+@pytest.mark.integration
+def test_the_end_is_asked_over_one_consumer_that_sees_every_new_record(
+    broker: str, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's driver asks for the end at every batch boundary; a consumer opened for
+    each ask costs a connection and a metadata round trip every time."""
+    opened: list[object] = []
+
+    class CountedConsumer(admin.KafkaConsumer):
+        def __init__(self, **config: Any) -> None:
+            super().__init__(**config)
+            opened.append(self)
+
+    with ControlChannel(broker, topic_name, key=KEY) as channel:
+        channel.ensure()
+        monkeypatch.setattr(admin, "KafkaConsumer", CountedConsumer)
+        ends = [channel.end_offset()]
+        for version in range(2, 6):
+            channel.send([command("PREPARE", version)])
+            ends.append(channel.end_offset())
+
+    assert ends == [0, 1, 2, 3, 4]
+    assert len(opened) == 1
 
 
 @pytest.mark.integration
