@@ -142,7 +142,7 @@ class ControlChannel:
         embedded broker's ListOffsets does not report it (see that module). The
         job's driver asks at every micro-batch boundary, so the channel keeps
         that consumer open: a consumer of its own for each query costs a
-        connection and a metadata round trip, most of a boundary's time.
+        connection and a metadata round trip each time.
         """
         return self._marks.of(self.topic, [PARTITION])[PARTITION]
 

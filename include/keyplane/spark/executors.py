@@ -62,8 +62,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from keyplane.kafka.admin import HighWatermarks
-
 log = logging.getLogger(__name__)
 
 LOCAL_MODE_REFUSAL = "executors cannot be added in local mode; run on a cluster"
@@ -180,11 +178,12 @@ class ExecutorChannel:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self._key = control_key(key)
+        from keyplane.kafka.admin import HighWatermarks
         from keyplane.kafka.producer import LongLivedProducer
 
         self._sends = LongLivedProducer(bootstrap_servers)
         self._consumer: KafkaConsumer | None = None
-        self._marks: HighWatermarks | None = None
+        self._marks = HighWatermarks(bootstrap_servers)
         """Kept open: the job's driver asks for the end every few seconds."""
 
     def ensure(self) -> None:
@@ -193,10 +192,6 @@ class ExecutorChannel:
         ensure_topic(self.bootstrap_servers, self.topic, 1)
 
     def end(self) -> int:
-        from keyplane.kafka.admin import HighWatermarks
-
-        if self._marks is None:
-            self._marks = HighWatermarks(self.bootstrap_servers)
         return self._marks.of(self.topic, [PARTITION])[PARTITION]
 
     def earliest(self) -> int:
@@ -259,8 +254,7 @@ class ExecutorChannel:
 
     def close(self) -> None:
         self._sends.close(timeout_s=10)
-        if self._marks is not None:
-            self._marks.close()
+        self._marks.close()
         if self._consumer is not None:
             self._consumer.close()
         self._consumer = None
